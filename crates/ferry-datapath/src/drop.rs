@@ -1,0 +1,209 @@
+//! Why a packet was dropped: one enum for the whole datapath, counted per reason.
+//!
+//! Every stage that discards a packet names a [`DropReason`]. The names returned by
+//! [`DropReason::name`] are stable (`snake_case`): they appear in replay verdicts,
+//! metrics and traces, so renaming one is a breaking change.
+
+use std::fmt;
+
+macro_rules! drop_reasons {
+    ($( $(#[doc = $doc:literal])* $variant:ident => $name:literal, )*) => {
+        /// A reason for discarding a packet. See the module documentation.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[repr(u8)]
+        pub enum DropReason {
+            $( $(#[doc = $doc])* $variant, )*
+        }
+
+        impl DropReason {
+            /// Every reason, in declaration order.
+            pub const ALL: &'static [DropReason] = &[$(DropReason::$variant,)*];
+            /// Number of reasons.
+            pub const COUNT: usize = DropReason::ALL.len();
+
+            /// The stable snake_case name of this reason.
+            pub const fn name(self) -> &'static str {
+                match self { $(DropReason::$variant => $name,)* }
+            }
+
+            /// The reason with this stable name, if any.
+            pub fn from_name(name: &str) -> Option<DropReason> {
+                match name { $($name => Some(DropReason::$variant),)* _ => None }
+            }
+        }
+    };
+}
+
+drop_reasons! {
+    // --- link layer
+    /// Frame shorter than an Ethernet header.
+    FrameTooShort => "frame_too_short",
+    /// More than one 802.1Q/802.1ad tag.
+    TooManyVlanTags => "too_many_vlan_tags",
+    /// An EtherType the datapath does not forward.
+    UnsupportedEthertype => "unsupported_ethertype",
+    /// ARP packet too short or not Ethernet/IPv4 ARP.
+    ArpMalformed => "arp_malformed",
+    /// ARP is parsed but not answered or forwarded by this pipeline yet.
+    ArpNotHandled => "arp_not_handled",
+    // --- IPv4
+    /// IPv4 header shorter than 20 bytes, IHL below 5, or version not 4.
+    Ipv4HeaderMalformed => "ipv4_header_malformed",
+    /// IPv4 header checksum does not verify.
+    Ipv4BadChecksum => "ipv4_bad_checksum",
+    /// IP total/payload length disagrees with the header or the frame.
+    IpLengthInvalid => "ip_length_invalid",
+    // --- IPv6
+    /// IPv6 header truncated or version not 6.
+    Ipv6HeaderMalformed => "ipv6_header_malformed",
+    /// An IPv6 extension header is truncated or misplaced.
+    Ipv6ExtHeaderMalformed => "ipv6_ext_header_malformed",
+    // --- transport
+    /// TCP header truncated or data offset invalid.
+    TcpHeaderMalformed => "tcp_header_malformed",
+    /// UDP header truncated or its length field invalid.
+    UdpHeaderMalformed => "udp_header_malformed",
+    /// ICMP/ICMPv6 message shorter than its header.
+    IcmpMalformed => "icmp_malformed",
+    /// VXLAN header truncated or without the valid-VNI flag.
+    VxlanMalformed => "vxlan_malformed",
+    /// A partial-checksum request (virtio-net NEEDS_CSUM) points outside the packet.
+    CsumOffloadInvalid => "csum_offload_invalid",
+    // --- IP fragments
+    /// A fragment overlaps another fragment of the same datagram; the datagram is dropped.
+    FragOverlap => "frag_overlap",
+    /// A non-final fragment smaller than the configured minimum.
+    FragTooSmall => "frag_too_small",
+    /// A non-final IPv6 fragment whose payload length is not a multiple of 8.
+    FragLengthNotMultipleOf8 => "frag_length_not_multiple_of_8",
+    /// An IPv6 first fragment without the whole header chain (RFC 7112).
+    FragIncompleteHeaderChain => "frag_incomplete_header_chain",
+    /// A first fragment too short to hold the transport header (RFC 1858).
+    FragFirstTooShort => "frag_first_too_short",
+    /// A TCP fragment at offset 8 bytes, which could rewrite the TCP flags (RFC 3128).
+    FragTcpOffsetOne => "frag_tcp_offset_one",
+    /// The reassembled datagram would exceed 65535 bytes.
+    FragDatagramTooBig => "frag_datagram_too_big",
+    /// Fragments disagree about where the datagram ends.
+    FragInconsistentEnd => "frag_inconsistent_end",
+    /// The fragment table is full (datagrams or bytes); new datagrams are refused.
+    FragTableFull => "frag_table_full",
+    /// A fragment held for reassembly expired before its datagram completed.
+    FragExpired => "frag_expired",
+    /// A fragment of a datagram that was already dropped for another reason.
+    FragDatagramFailed => "frag_datagram_failed",
+    // --- GSO
+    /// A GSO request that is inconsistent with the packet it describes.
+    GsoMalformed => "gso_malformed",
+    /// A GSO type the datapath cannot segment (e.g. ECN-only or unknown).
+    GsoUnsupported => "gso_unsupported",
+    // --- forwarding
+    /// The packet arrived on a port that the tables do not know.
+    UnknownPort => "unknown_port",
+    /// No route for the destination address.
+    NoRoute => "no_route",
+    /// The route leads back out of the port the packet came in on and nothing changed.
+    Hairpin => "hairpin",
+    /// TTL or hop limit reached zero.
+    TtlExceeded => "ttl_exceeded",
+    /// Too big for the egress MTU with DF set (IPv4) or IPv6 not from reassembly.
+    TooBig => "too_big",
+    /// The egress MTU is too small to carry even one fragment.
+    MtuTooSmall => "mtu_too_small",
+}
+
+impl fmt::Display for DropReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Per-reason drop counters.
+#[derive(Clone, Debug)]
+pub struct DropCounters {
+    counts: [u64; DropReason::COUNT],
+}
+
+impl Default for DropCounters {
+    fn default() -> Self {
+        DropCounters {
+            counts: [0; DropReason::COUNT],
+        }
+    }
+}
+
+impl DropCounters {
+    /// Counts one drop for `reason`.
+    #[inline]
+    pub fn count(&mut self, reason: DropReason) {
+        self.add(reason, 1);
+    }
+
+    /// Counts `n` drops for `reason`.
+    #[inline]
+    pub fn add(&mut self, reason: DropReason, n: u64) {
+        self.counts[reason as usize] += n;
+    }
+
+    /// Drops counted for `reason`.
+    pub fn get(&self, reason: DropReason) -> u64 {
+        self.counts[reason as usize]
+    }
+
+    /// Total drops over all reasons.
+    pub fn total(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// The reasons with a non-zero count, in declaration order.
+    pub fn nonzero(&self) -> impl Iterator<Item = (DropReason, u64)> + '_ {
+        DropReason::ALL
+            .iter()
+            .map(|r| (*r, self.counts[*r as usize]))
+            .filter(|(_, n)| *n > 0)
+    }
+
+    /// Adds every count of `other` to this one.
+    pub fn merge(&mut self, other: &DropCounters) {
+        for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
+            *a += b;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_snake_case_and_round_trip() {
+        let mut seen = std::collections::HashSet::new();
+        for r in DropReason::ALL {
+            let n = r.name();
+            assert!(seen.insert(n), "duplicate name {n}");
+            assert!(
+                n.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+                "{n} is not snake_case"
+            );
+            assert_eq!(DropReason::from_name(n), Some(*r));
+        }
+        assert_eq!(DropReason::from_name("no_such_reason"), None);
+    }
+
+    #[test]
+    fn counters_count_per_reason() {
+        let mut c = DropCounters::default();
+        c.count(DropReason::NoRoute);
+        c.add(DropReason::FragOverlap, 3);
+        assert_eq!(c.get(DropReason::NoRoute), 1);
+        assert_eq!(c.get(DropReason::FragOverlap), 3);
+        assert_eq!(c.get(DropReason::TooBig), 0);
+        assert_eq!(c.total(), 4);
+        let v: Vec<_> = c.nonzero().collect();
+        assert_eq!(
+            v,
+            vec![(DropReason::FragOverlap, 3), (DropReason::NoRoute, 1)]
+        );
+    }
+}

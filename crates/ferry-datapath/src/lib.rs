@@ -1,0 +1,13 @@
+//! ferry's datapath: the packet pipeline and its tables.
+//!
+//! Pure by design: no syscalls, no threads, no clock reads (time is passed in with each
+//! packet), so every behaviour can be unit-tested and replayed from pcap files.
+
+pub mod drop;
+pub mod flow;
+pub mod packet;
+pub mod wire;
+
+pub use drop::{DropCounters, DropReason};
+pub use flow::FlowKey;
+pub use packet::{Meta, Packet, PortId, VnetHdr};

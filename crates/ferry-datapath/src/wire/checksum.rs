@@ -1,0 +1,214 @@
+//! Internet checksums (RFC 1071): full, pseudo-header, incremental (RFC 1624), and the
+//! completion of a partial checksum announced by a virtio-net header.
+//!
+//! This is the only checksum code in ferry. Sums are carried unfolded in a `u64` so that
+//! pieces (pseudo-header, header, payload) can be added before one final [`finish`].
+
+use crate::drop::DropReason;
+
+/// Adds `data` to a running sum, as big-endian 16-bit words. Only the last piece added
+/// may have an odd length (its final byte is padded with zero, as RFC 1071 says).
+#[inline]
+pub fn add(data: &[u8], mut sum: u64) -> u64 {
+    let mut chunks = data.chunks_exact(8);
+    for c in &mut chunks {
+        let v = u64::from_be_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+        sum += (v >> 32) + (v & 0xffff_ffff);
+    }
+    let rest = chunks.remainder();
+    let mut words = rest.chunks_exact(2);
+    for w in &mut words {
+        sum += u64::from(u16::from_be_bytes([w[0], w[1]]));
+    }
+    if let [last] = words.remainder() {
+        sum += u64::from(*last) << 8;
+    }
+    sum
+}
+
+/// Folds a running sum to 16 bits (ones' complement addition), not complemented.
+#[inline]
+pub fn fold(mut sum: u64) -> u16 {
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
+
+/// The checksum value for a running sum: folded and complemented.
+#[inline]
+pub fn finish(sum: u64) -> u16 {
+    !fold(sum)
+}
+
+/// The checksum of `data` alone (e.g. an IPv4 header with its checksum field zeroed).
+#[inline]
+pub fn checksum(data: &[u8]) -> u16 {
+    finish(add(data, 0))
+}
+
+/// The IPv4 pseudo-header sum for a transport checksum.
+#[inline]
+pub fn pseudo_v4(src: [u8; 4], dst: [u8; 4], proto: u8, l4_len: u16) -> u64 {
+    add(&src, 0) + add(&dst, 0) + u64::from(proto) + u64::from(l4_len)
+}
+
+/// The IPv6 pseudo-header sum for a transport checksum (RFC 8200 section 8.1).
+#[inline]
+pub fn pseudo_v6(src: &[u8; 16], dst: &[u8; 16], next_header: u8, l4_len: u32) -> u64 {
+    add(src, 0)
+        + add(dst, 0)
+        + u64::from(next_header)
+        + u64::from(l4_len >> 16)
+        + u64::from(l4_len & 0xffff)
+}
+
+/// RFC 1624 eqn. 3: the checksum after one 16-bit word changed from `old` to `new`.
+#[inline]
+pub fn update16(csum: u16, old: u16, new: u16) -> u16 {
+    let sum = u64::from(!csum) + u64::from(!old) + u64::from(new);
+    !fold(sum)
+}
+
+/// RFC 1624 for a run of bytes (even length, 16-bit aligned in the checksummed data)
+/// that changed from `old` to `new`; used for addresses and ports.
+#[inline]
+pub fn update(csum: u16, old: &[u8], new: &[u8]) -> u16 {
+    debug_assert_eq!(old.len(), new.len());
+    debug_assert!(old.len() % 2 == 0);
+    let mut sum = u64::from(!csum);
+    for (o, n) in old.chunks_exact(2).zip(new.chunks_exact(2)) {
+        sum += u64::from(!u16::from_be_bytes([o[0], o[1]]))
+            + u64::from(u16::from_be_bytes([n[0], n[1]]));
+    }
+    !fold(sum)
+}
+
+/// Completes a partial checksum as the kernel announces it with `VIRTIO_NET_HDR_F_NEEDS_CSUM`:
+/// the field at `csum_start + csum_offset` already holds the folded pseudo-header sum;
+/// everything from `csum_start` to the end is summed and the complement stored there.
+pub fn complete_partial(
+    frame: &mut [u8],
+    csum_start: usize,
+    csum_offset: usize,
+) -> Result<(), DropReason> {
+    let field = csum_start
+        .checked_add(csum_offset)
+        .ok_or(DropReason::CsumOffloadInvalid)?;
+    if field.checked_add(2).is_none_or(|end| end > frame.len()) {
+        return Err(DropReason::CsumOffloadInvalid);
+    }
+    let mut c = finish(add(&frame[csum_start..], 0));
+    // A UDP checksum of zero means "none"; every L4 protocol accepts 0xffff for it.
+    if c == 0 {
+        c = 0xffff;
+    }
+    frame[field..field + 2].copy_from_slice(&c.to_be_bytes());
+    Ok(())
+}
+
+/// Computes and stores the IPv4 header checksum of `header` (IHL*4 bytes).
+#[inline]
+pub fn set_ipv4_header(header: &mut [u8]) {
+    header[10] = 0;
+    header[11] = 0;
+    let c = checksum(header);
+    header[10..12].copy_from_slice(&c.to_be_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reference implementation straight from RFC 1071, 16 bits at a time.
+    fn naive(data: &[u8]) -> u16 {
+        let mut sum: u32 = 0;
+        for w in data.chunks(2) {
+            let v = if w.len() == 2 {
+                u16::from_be_bytes([w[0], w[1]])
+            } else {
+                u16::from(w[0]) << 8
+            };
+            sum += u32::from(v);
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        !(sum as u16)
+    }
+
+    #[test]
+    fn test_rfc1071_example() {
+        // RFC 1071 section 3 example: words 0001 f203 f4f5 f6f7 sum to ddf2.
+        let data = [0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7];
+        assert_eq!(fold(add(&data, 0)), 0xddf2);
+        assert_eq!(checksum(&data), !0xddf2);
+    }
+
+    #[test]
+    fn test_ipv4_header() {
+        // A real IPv4 header (checksum 0xb861), from a well-known example.
+        let mut h = [
+            0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0xb8, 0x61, 0xc0, 0xa8,
+            0x00, 0x01, 0xc0, 0xa8, 0x00, 0xc7,
+        ];
+        assert_eq!(
+            checksum(&h),
+            0,
+            "a header with a valid checksum sums to zero"
+        );
+        set_ipv4_header(&mut h);
+        assert_eq!(u16::from_be_bytes([h[10], h[11]]), 0xb861);
+    }
+
+    #[test]
+    fn test_odd_lengths_match_reference() {
+        let data: Vec<u8> = (0..=255u8).cycle().take(1001).collect();
+        for len in 0..data.len() {
+            assert_eq!(checksum(&data[..len]), naive(&data[..len]), "len {len}");
+        }
+    }
+
+    #[test]
+    fn test_incremental_matches_full() {
+        let mut data: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37)).collect();
+        let before = checksum(&data);
+        let old = [data[12], data[13], data[14], data[15]];
+        let new = [10, 244, 1, 5];
+        data[12..16].copy_from_slice(&new);
+        assert_eq!(update(before, &old, &new), checksum(&data));
+        let old16 = u16::from_be_bytes([data[20], data[21]]);
+        let before = checksum(&data);
+        data[20..22].copy_from_slice(&8080u16.to_be_bytes());
+        assert_eq!(update16(before, old16, 8080), checksum(&data));
+    }
+
+    #[test]
+    fn test_complete_partial() {
+        // UDP over IPv4 with NEEDS_CSUM: the field holds the folded pseudo-header sum.
+        let src = [10, 0, 0, 1];
+        let dst = [10, 0, 0, 2];
+        let mut udp = vec![
+            0x30, 0x39, 0x00, 0x35, 0x00, 0x0d, 0, 0, b'h', b'e', b'l', b'l', b'o',
+        ];
+        let pseudo = fold(pseudo_v4(src, dst, 17, udp.len() as u16));
+        udp[6..8].copy_from_slice(&pseudo.to_be_bytes());
+        let mut frame = vec![0u8; 34];
+        frame.extend_from_slice(&udp);
+        complete_partial(&mut frame, 34, 6).unwrap();
+        let got = u16::from_be_bytes([frame[40], frame[41]]);
+        let mut zeroed = udp.clone();
+        zeroed[6] = 0;
+        zeroed[7] = 0;
+        assert_eq!(
+            got,
+            finish(add(&zeroed, pseudo_v4(src, dst, 17, udp.len() as u16)))
+        );
+        assert_eq!(
+            complete_partial(&mut frame, 40, 10),
+            Err(DropReason::CsumOffloadInvalid)
+        );
+        assert_eq!(
+            complete_partial(&mut frame, usize::MAX, 10),
+            Err(DropReason::CsumOffloadInvalid)
+        );
+    }
+}

@@ -1,0 +1,8 @@
+//! The wire layer: parsing, checksums and header views. No I/O.
+
+pub mod build;
+pub mod checksum;
+pub mod parse;
+pub mod vxlan;
+
+pub use parse::{Frag, L3, Parsed, parse};

@@ -1,0 +1,585 @@
+//! Frame parsing: Ethernet (one optional 802.1Q tag), ARP, IPv4 with options, IPv6 with
+//! its extension-header chain, and the TCP/UDP/ICMP/ICMPv6 header that yields the flow key.
+//!
+//! Individual headers are read through etherparse's header slices, which validate lengths
+//! and versions. The chain walk is ferry's own because it must be fragment-aware: in a
+//! fragment that is not the first, the bytes after the IPv6 fragment header are data, not
+//! headers, whatever the fragment header's next-header field says.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use etherparse::{
+    ArpPacketSlice, Ethernet2HeaderSlice, IpAuthHeaderSlice, Ipv4HeaderSlice,
+    Ipv6FragmentHeaderSlice, Ipv6HeaderSlice, Ipv6RawExtHeaderSlice, SingleVlanHeaderSlice,
+    TcpHeaderSlice, UdpHeaderSlice,
+};
+
+use crate::drop::DropReason;
+use crate::flow::{FlowKey, proto};
+
+/// EtherTypes ferry understands.
+pub mod ethertype {
+    /// IPv4.
+    pub const IPV4: u16 = 0x0800;
+    /// ARP.
+    pub const ARP: u16 = 0x0806;
+    /// 802.1Q VLAN tag.
+    pub const VLAN: u16 = 0x8100;
+    /// 802.1ad service tag.
+    pub const QINQ: u16 = 0x88a8;
+    /// IPv6.
+    pub const IPV6: u16 = 0x86dd;
+}
+
+/// IPv6 extension header numbers walked by the parser.
+mod ext {
+    pub const HOP_BY_HOP: u8 = 0;
+    pub const ROUTING: u8 = 43;
+    pub const FRAGMENT: u8 = 44;
+    pub const AUTH: u8 = 51;
+    pub const DEST_OPTS: u8 = 60;
+}
+
+/// Length of an Ethernet header without a tag.
+pub const ETH_LEN: usize = 14;
+/// Length of an IPv6 fixed header.
+pub const IPV6_LEN: usize = 40;
+
+/// The network layer of a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum L3 {
+    /// IPv4.
+    Ipv4,
+    /// IPv6.
+    Ipv6,
+    /// ARP (Ethernet/IPv4).
+    Arp,
+}
+
+/// Fragment information of an IP packet that is a real fragment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frag {
+    /// Identification (16 bits for IPv4, 32 for IPv6).
+    pub id: u32,
+    /// Offset of this fragment's data in the datagram, in bytes.
+    pub offset: u16,
+    /// More fragments follow.
+    pub more: bool,
+}
+
+/// Where the headers of a frame are, and its flow key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Parsed {
+    /// The 802.1Q tag control information, when tagged.
+    pub vlan: Option<u16>,
+    /// Network layer kind.
+    pub l3: L3,
+    /// Offset of the IP (or ARP) header.
+    pub l3_off: usize,
+    /// End of the IP packet per its length field; the frame may carry padding beyond.
+    pub ip_end: usize,
+    /// IPv6: offset of the fragment header, or 0 when there is none.
+    pub frag_hdr_off: usize,
+    /// Offset of the upper-layer header; for a fragment that is not the first, the
+    /// offset of its fragment data.
+    pub l4_off: usize,
+    /// Upper-layer protocol (IPv4 protocol / final IPv6 next header).
+    pub proto: u8,
+    /// Set when the packet is a fragment (not an IPv6 atomic fragment).
+    pub frag: Option<Frag>,
+    /// IPv4 DF bit.
+    pub dont_fragment: bool,
+    /// The whole IPv6 header chain through the upper-layer header is present.
+    pub chain_complete: bool,
+    /// The transport header is present and valid, so the key's ports are real.
+    pub l4_complete: bool,
+    /// TCP flags byte (zero for other protocols).
+    pub tcp_flags: u8,
+    /// TTL / hop limit.
+    pub ttl: u8,
+    /// The flow key (for IP; zeroed addresses for ARP).
+    pub key: FlowKey,
+}
+
+impl Parsed {
+    /// True for an IPv4 or IPv6 packet.
+    pub fn is_ip(&self) -> bool {
+        self.l3 != L3::Arp
+    }
+
+    /// True for a fragment whose offset is not zero.
+    pub fn is_later_fragment(&self) -> bool {
+        self.frag.is_some_and(|f| f.offset != 0)
+    }
+
+    /// Bytes of the IP packet, header included.
+    pub fn ip_len(&self) -> usize {
+        self.ip_end - self.l3_off
+    }
+}
+
+/// Parses a frame from the Ethernet header on. Malformed frames return the reason to
+/// count; nothing here panics on any input.
+pub fn parse(frame: &[u8], zone: u16) -> Result<Parsed, DropReason> {
+    let eth = Ethernet2HeaderSlice::from_slice(frame).map_err(|_| DropReason::FrameTooShort)?;
+    let mut etype = eth.ether_type().0;
+    let mut l3_off = ETH_LEN;
+    let mut vlan = None;
+    if etype == ethertype::VLAN || etype == ethertype::QINQ {
+        let tag = SingleVlanHeaderSlice::from_slice(&frame[ETH_LEN..])
+            .map_err(|_| DropReason::FrameTooShort)?;
+        etype = tag.ether_type().0;
+        if etype == ethertype::VLAN || etype == ethertype::QINQ {
+            return Err(DropReason::TooManyVlanTags);
+        }
+        let s = tag.slice();
+        vlan = Some(u16::from_be_bytes([s[0], s[1]]));
+        l3_off += 4;
+    }
+    let rest = &frame[l3_off..];
+    let mut p = match etype {
+        ethertype::IPV4 => parse_ipv4(rest, l3_off, zone)?,
+        ethertype::IPV6 => parse_ipv6(rest, l3_off, zone)?,
+        ethertype::ARP => {
+            let arp = ArpPacketSlice::from_slice(rest).map_err(|_| DropReason::ArpMalformed)?;
+            if arp.hw_addr_size() != 6 || arp.proto_addr_size() != 4 {
+                return Err(DropReason::ArpMalformed);
+            }
+            return Ok(Parsed {
+                vlan,
+                l3: L3::Arp,
+                l3_off,
+                ip_end: l3_off + arp.slice().len(),
+                frag_hdr_off: 0,
+                l4_off: l3_off + arp.slice().len(),
+                proto: 0,
+                frag: None,
+                dont_fragment: false,
+                chain_complete: true,
+                l4_complete: true,
+                tcp_flags: 0,
+                ttl: 0,
+                key: FlowKey {
+                    zone,
+                    src: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                    dst: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                    proto: 0,
+                    src_port: 0,
+                    dst_port: 0,
+                },
+            });
+        }
+        _ => return Err(DropReason::UnsupportedEthertype),
+    };
+    p.vlan = vlan;
+    Ok(p)
+}
+
+fn parse_ipv4(b: &[u8], l3_off: usize, zone: u16) -> Result<Parsed, DropReason> {
+    let h = Ipv4HeaderSlice::from_slice(b).map_err(|_| DropReason::Ipv4HeaderMalformed)?;
+    let hlen = h.slice().len();
+    let total = usize::from(h.total_len());
+    if total < hlen || total > b.len() {
+        return Err(DropReason::IpLengthInvalid);
+    }
+    if crate::wire::checksum::checksum(h.slice()) != 0 {
+        return Err(DropReason::Ipv4BadChecksum);
+    }
+    let offset = h.fragments_offset().value() * 8;
+    let more = h.more_fragments();
+    let frag = (offset != 0 || more).then_some(Frag {
+        id: u32::from(h.identification()),
+        offset,
+        more,
+    });
+    let protocol = h.protocol().0;
+    let mut p = Parsed {
+        vlan: None,
+        l3: L3::Ipv4,
+        l3_off,
+        ip_end: l3_off + total,
+        frag_hdr_off: 0,
+        l4_off: l3_off + hlen,
+        proto: protocol,
+        frag,
+        dont_fragment: h.dont_fragment(),
+        chain_complete: true,
+        l4_complete: false,
+        tcp_flags: 0,
+        ttl: h.ttl(),
+        key: FlowKey {
+            zone,
+            src: IpAddr::V4(h.source_addr()),
+            dst: IpAddr::V4(h.destination_addr()),
+            proto: protocol,
+            src_port: 0,
+            dst_port: 0,
+        },
+    };
+    if offset == 0 {
+        parse_l4(&mut p, &b[hlen..total])?;
+    }
+    Ok(p)
+}
+
+fn parse_ipv6(b: &[u8], l3_off: usize, zone: u16) -> Result<Parsed, DropReason> {
+    let h = Ipv6HeaderSlice::from_slice(b).map_err(|_| DropReason::Ipv6HeaderMalformed)?;
+    let payload_len = usize::from(h.payload_length());
+    // A zero payload length announces a jumbogram, which ferry does not carry.
+    if payload_len == 0 && h.next_header().0 != 59 || IPV6_LEN + payload_len > b.len() {
+        return Err(DropReason::IpLengthInvalid);
+    }
+    let end = IPV6_LEN + payload_len;
+    let d = &b[..end];
+    let mut p = Parsed {
+        vlan: None,
+        l3: L3::Ipv6,
+        l3_off,
+        ip_end: l3_off + end,
+        frag_hdr_off: 0,
+        l4_off: 0,
+        proto: 0,
+        frag: None,
+        dont_fragment: false,
+        chain_complete: false,
+        l4_complete: false,
+        tcp_flags: 0,
+        ttl: h.hop_limit(),
+        key: FlowKey {
+            zone,
+            src: IpAddr::V6(h.source_addr()),
+            dst: IpAddr::V6(h.destination_addr()),
+            proto: 0,
+            src_port: 0,
+            dst_port: 0,
+        },
+    };
+    let mut nh = h.next_header().0;
+    let mut off = IPV6_LEN;
+    let mut first = true;
+    loop {
+        // In a first fragment the chain may legitimately run past the fragment's end;
+        // ipf refuses that (RFC 7112). In any other packet it is malformed.
+        let truncated = |p: &Parsed| {
+            if p.frag.is_some() {
+                Ok(())
+            } else {
+                Err(DropReason::Ipv6ExtHeaderMalformed)
+            }
+        };
+        match nh {
+            ext::HOP_BY_HOP | ext::ROUTING | ext::DEST_OPTS => {
+                if nh == ext::HOP_BY_HOP && !first {
+                    return Err(DropReason::Ipv6ExtHeaderMalformed);
+                }
+                let Ok(e) = Ipv6RawExtHeaderSlice::from_slice(&d[off..]) else {
+                    truncated(&p)?;
+                    p.l4_off = l3_off + off;
+                    p.proto = nh;
+                    p.key.proto = nh;
+                    return Ok(p);
+                };
+                nh = e.next_header().0;
+                off += e.slice().len();
+            }
+            ext::AUTH => {
+                let Ok(e) = IpAuthHeaderSlice::from_slice(&d[off..]) else {
+                    truncated(&p)?;
+                    p.l4_off = l3_off + off;
+                    p.proto = nh;
+                    p.key.proto = nh;
+                    return Ok(p);
+                };
+                nh = e.next_header().0;
+                off += e.slice().len();
+            }
+            ext::FRAGMENT => {
+                if p.frag_hdr_off != 0 {
+                    return Err(DropReason::Ipv6ExtHeaderMalformed);
+                }
+                let f = Ipv6FragmentHeaderSlice::from_slice(&d[off..])
+                    .map_err(|_| DropReason::Ipv6ExtHeaderMalformed)?;
+                let offset = f.fragment_offset().value() * 8;
+                let more = f.more_fragments();
+                p.frag_hdr_off = l3_off + off;
+                nh = f.next_header().0;
+                off += 8;
+                // An atomic fragment (offset 0, no more) is processed as a whole packet (RFC 6946).
+                if offset != 0 || more {
+                    p.frag = Some(Frag {
+                        id: f.identification(),
+                        offset,
+                        more,
+                    });
+                }
+                if offset != 0 {
+                    p.l4_off = l3_off + off;
+                    p.proto = nh;
+                    p.key.proto = nh;
+                    return Ok(p);
+                }
+            }
+            _ => break,
+        }
+        first = false;
+    }
+    p.chain_complete = true;
+    p.l4_off = l3_off + off;
+    p.proto = nh;
+    p.key.proto = nh;
+    parse_l4(&mut p, &d[off..])?;
+    Ok(p)
+}
+
+/// Reads the transport header at the start of `l4` (the rest of the IP payload).
+/// For a first fragment, a header that does not fit leaves `l4_complete` false so that
+/// ipf can refuse it with its own reason.
+fn parse_l4(p: &mut Parsed, l4: &[u8]) -> Result<(), DropReason> {
+    let fragment = p.frag.is_some();
+    let short = |reason| if fragment { Ok(()) } else { Err(reason) };
+    match p.proto {
+        proto::TCP => match TcpHeaderSlice::from_slice(l4) {
+            Ok(t) => {
+                p.key.src_port = t.source_port();
+                p.key.dst_port = t.destination_port();
+                p.tcp_flags = t.slice()[13];
+                p.l4_complete = true;
+            }
+            Err(_) => short(DropReason::TcpHeaderMalformed)?,
+        },
+        proto::UDP => match UdpHeaderSlice::from_slice(l4) {
+            Ok(u) => {
+                let len = usize::from(u.length());
+                if !fragment && (len < 8 || len > l4.len()) {
+                    return Err(DropReason::UdpHeaderMalformed);
+                }
+                p.key.src_port = u.source_port();
+                p.key.dst_port = u.destination_port();
+                p.l4_complete = true;
+            }
+            Err(_) => short(DropReason::UdpHeaderMalformed)?,
+        },
+        proto::ICMP | proto::ICMPV6 => {
+            if l4.len() < 8 {
+                return short(DropReason::IcmpMalformed);
+            }
+            let (ty, code) = (l4[0], l4[1]);
+            let echo = if p.proto == proto::ICMP {
+                matches!(ty, 0 | 8)
+            } else {
+                matches!(ty, 128 | 129)
+            };
+            p.key.src_port = if echo {
+                u16::from_be_bytes([l4[4], l4[5]])
+            } else {
+                0
+            };
+            p.key.dst_port = u16::from(ty) << 8 | u16::from(code);
+            p.l4_complete = true;
+        }
+        _ => p.l4_complete = true,
+    }
+    Ok(())
+}
+
+/// The addresses of an IPv6 key as arrays (for pseudo-headers).
+pub fn v6_octets(a: IpAddr) -> [u8; 16] {
+    match a {
+        IpAddr::V6(v) => v.octets(),
+        IpAddr::V4(v) => v.to_ipv6_mapped().octets(),
+    }
+}
+
+/// The IPv4 address as an array, or the unspecified address for IPv6.
+pub fn v4_octets(a: IpAddr) -> [u8; 4] {
+    match a {
+        IpAddr::V4(v) => v.octets(),
+        IpAddr::V6(_) => [0; 4],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::build::{self, IpOpts, tcp_flags};
+
+    fn v4(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn test_parse_udp_v4_key() {
+        let f = build::udp(
+            v4("10.0.0.1"),
+            v4("10.0.0.2"),
+            4000,
+            53,
+            b"query",
+            &IpOpts::default(),
+        );
+        let p = parse(&f, 7).unwrap();
+        assert_eq!(p.l3, L3::Ipv4);
+        assert_eq!((p.l3_off, p.l4_off, p.ip_end), (14, 34, f.len()));
+        assert!(p.frag.is_none() && p.l4_complete);
+        assert_eq!(
+            p.key,
+            FlowKey {
+                zone: 7,
+                src: v4("10.0.0.1"),
+                dst: v4("10.0.0.2"),
+                proto: proto::UDP,
+                src_port: 4000,
+                dst_port: 53
+            }
+        );
+    }
+
+    #[test]
+    fn test_parse_tcp_v6_flags() {
+        let f = build::tcp(
+            v4("fd00::1"),
+            v4("fd00::2"),
+            40000,
+            80,
+            1,
+            0,
+            tcp_flags::SYN,
+            b"",
+            &IpOpts::default(),
+        );
+        let p = parse(&f, 0).unwrap();
+        assert_eq!(p.l3, L3::Ipv6);
+        assert_eq!(p.l4_off, 14 + 40);
+        assert_eq!(p.tcp_flags, tcp_flags::SYN);
+        assert_eq!(
+            (p.key.src_port, p.key.dst_port, p.key.proto),
+            (40000, 80, proto::TCP)
+        );
+    }
+
+    #[test]
+    fn test_parse_icmp_echo_key() {
+        let f = build::echo_request(
+            v4("10.0.0.1"),
+            v4("10.0.0.2"),
+            0x77,
+            1,
+            b"ping",
+            &IpOpts::default(),
+        );
+        let p = parse(&f, 0).unwrap();
+        assert_eq!((p.key.src_port, p.key.dst_port), (0x77, 8 << 8));
+        assert_eq!(p.key.icmp_type(), Some(8));
+        let f = build::echo_request(
+            v4("fd00::1"),
+            v4("fd00::2"),
+            0x78,
+            1,
+            b"ping",
+            &IpOpts::default(),
+        );
+        let p = parse(&f, 0).unwrap();
+        assert_eq!((p.key.src_port, p.key.dst_port), (0x78, 128 << 8));
+    }
+
+    #[test]
+    fn test_parse_vlan_and_padding() {
+        let f = build::udp(
+            v4("10.0.0.1"),
+            v4("10.0.0.2"),
+            1,
+            2,
+            b"",
+            &IpOpts::default(),
+        );
+        let mut tagged = f[..12].to_vec();
+        tagged.extend_from_slice(&[0x81, 0x00, 0x00, 0x64]);
+        tagged.extend_from_slice(&f[12..]);
+        tagged.extend_from_slice(&[0; 10]); // Ethernet padding past the IP packet
+        let p = parse(&tagged, 0).unwrap();
+        assert_eq!(p.vlan, Some(100));
+        assert_eq!(p.l3_off, 18);
+        assert_eq!(p.ip_end, 18 + 28);
+        // QinQ is refused.
+        let mut qinq = f[..12].to_vec();
+        qinq.extend_from_slice(&[0x88, 0xa8, 0, 1, 0x81, 0x00, 0, 2]);
+        qinq.extend_from_slice(&f[12..]);
+        assert_eq!(parse(&qinq, 0), Err(DropReason::TooManyVlanTags));
+    }
+
+    #[test]
+    fn test_parse_rejects_malformed() {
+        let f = build::udp(
+            v4("10.0.0.1"),
+            v4("10.0.0.2"),
+            1,
+            2,
+            b"abcd",
+            &IpOpts::default(),
+        );
+        assert_eq!(parse(&f[..10], 0), Err(DropReason::FrameTooShort));
+        let mut bad = f.clone();
+        bad[24] ^= 0xff; // header checksum
+        assert_eq!(parse(&bad, 0), Err(DropReason::Ipv4BadChecksum));
+        assert_eq!(
+            parse(&f[..f.len() - 1], 0),
+            Err(DropReason::IpLengthInvalid)
+        );
+        let mut ihl = f.clone();
+        ihl[14] = 0x44;
+        assert_eq!(parse(&ihl, 0), Err(DropReason::Ipv4HeaderMalformed));
+        let mut et = f.clone();
+        et[12] = 0x88;
+        et[13] = 0xcc;
+        assert_eq!(parse(&et, 0), Err(DropReason::UnsupportedEthertype));
+        let mut ulen = f.clone();
+        ulen[14 + 20 + 4] = 0xff; // UDP length beyond the packet
+        assert_eq!(parse(&ulen, 0), Err(DropReason::UdpHeaderMalformed));
+    }
+
+    #[test]
+    fn test_parse_v6_later_fragment_is_data() {
+        // Fragment header (next header = destination options) at offset 8: the bytes
+        // after it are data and must not be parsed as a destination-options header.
+        let f = build::udp(
+            v4("fd00::1"),
+            v4("fd00::2"),
+            1,
+            2,
+            &[0u8; 16],
+            &IpOpts::default(),
+        );
+        let mut g = f[..14 + 40].to_vec();
+        g[14 + 6] = 44; // next header: fragment
+        g.extend_from_slice(&[60, 0, 0x00, 0x09, 0, 0, 0, 42]); // offset 1 (8 bytes), M=1, id 42
+        g.extend_from_slice(&[0xff; 16]); // "dest opts" with a length far past the end
+        let plen = (g.len() - 14 - 40) as u16;
+        g[14 + 4..14 + 6].copy_from_slice(&plen.to_be_bytes());
+        let p = parse(&g, 0).unwrap();
+        assert_eq!(
+            p.frag,
+            Some(Frag {
+                id: 42,
+                offset: 8,
+                more: true
+            })
+        );
+        assert_eq!(p.frag_hdr_off, 14 + 40);
+        assert_eq!(p.l4_off, 14 + 48);
+        assert_eq!(p.proto, 60);
+        assert_eq!((p.key.src_port, p.key.dst_port), (0, 0));
+    }
+
+    #[test]
+    fn test_parse_arp() {
+        let mut f = vec![0xff; 6];
+        f.extend_from_slice(&build::MAC_SRC);
+        f.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+        f.extend_from_slice(&build::MAC_SRC);
+        f.extend_from_slice(&[10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 10, 0, 0, 2]);
+        let p = parse(&f, 0).unwrap();
+        assert_eq!(p.l3, L3::Arp);
+        assert!(!p.is_ip());
+        assert_eq!(parse(&f[..20], 0), Err(DropReason::ArpMalformed));
+    }
+}
