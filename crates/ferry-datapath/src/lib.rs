@@ -5,6 +5,7 @@
 
 pub mod drop;
 pub mod flow;
+pub mod gso;
 pub mod packet;
 pub mod wire;
 

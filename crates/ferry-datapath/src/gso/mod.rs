@@ -1,0 +1,227 @@
+//! Segmentation of GSO super-packets: TCP (TSO) and UDP (USO), never IP fragmentation.
+//!
+//! A host that coalesced a flow (GRO, or a guest using TSO through a TAP's virtio-net
+//! header) hands ferry one large packet plus a [`VnetHdr`] saying how to cut it. When such
+//! a packet meets an MTU, it is cut here into plain packets, each with a complete,
+//! freshly computed checksum: the super-packet's own checksum may be partial
+//! (`NEEDS_CSUM`) or stale, so it is never trusted.
+//!
+//! Each segment is allocated once with its exact size, the headers and its payload are
+//! copied into it, the length/sequence/identification fields are fixed, and the transport
+//! checksum is computed in one pass over the segment's transport bytes.
+
+use crate::drop::DropReason;
+use crate::flow::proto;
+use crate::packet::{Meta, Packet, VnetHdr};
+use crate::wire::Parsed;
+use crate::wire::build::tcp_flags;
+use crate::wire::checksum;
+use crate::wire::parse::{IPV6_LEN, L3};
+
+/// TCP header length without options.
+const TCP_MIN_LEN: usize = 20;
+/// UDP header length.
+const UDP_LEN: usize = 8;
+
+/// What kind of segmentation a super-packet asks for, once checked against the packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Tcp,
+    Udp,
+}
+
+/// Where the pieces of a checked super-packet are.
+struct Layout {
+    kind: Kind,
+    l3: L3,
+    l3_off: usize,
+    l4_off: usize,
+    /// End of the transport header: everything before it is copied into every segment.
+    hdr_end: usize,
+    ip_end: usize,
+}
+
+/// Cuts a GSO super-packet (`pkt.meta.vnet.is_gso()`) into segments whose whole IP packet
+/// length is at most `max_ip_len`, appending them to `out`.
+///
+/// Segment payload size is `min(vnet.gso_size, what fits in max_ip_len)`. TCP segments get
+/// advancing sequence numbers, FIN/PSH only on the last segment and CWR only on the first;
+/// UDP (USO) segments are separate datagrams with their own UDP header. IPv4
+/// identification increments by one per segment from the original. Link-layer headers
+/// (including an 802.1Q tag), IP options and IPv6 extension headers are copied into every
+/// segment. Output packets carry the input's metadata with a default [`VnetHdr`]: they are
+/// plain packets with complete checksums. A packet whose payload fits in one segment still
+/// comes out as one such plain packet.
+///
+/// A GSO packet is never turned into IP fragments: old UFO (`GSO_UDP`) is refused with
+/// [`DropReason::GsoUnsupported`], as is an unknown GSO type. A request that does not
+/// match the packet (wrong family or protocol, `gso_size` 0, truncated headers, a
+/// fragment, or a packet that is not GSO at all) is [`DropReason::GsoMalformed`]; an
+/// MTU that leaves no room for payload is [`DropReason::MtuTooSmall`]. On error nothing
+/// is appended to `out`.
+pub fn segment(
+    pkt: &Packet,
+    parsed: &Parsed,
+    max_ip_len: usize,
+    out: &mut Vec<Packet>,
+) -> Result<(), DropReason> {
+    let vnet = pkt.meta.vnet;
+    let lay = check(&pkt.data, parsed, &vnet)?;
+    let ip_hdr_len = lay.hdr_end - lay.l3_off;
+    let room = max_ip_len
+        .checked_sub(ip_hdr_len)
+        .filter(|r| *r > 0)
+        .ok_or(DropReason::MtuTooSmall)?;
+    let mss = room.min(usize::from(vnet.gso_size));
+    let payload = &pkt.data[lay.hdr_end..lay.ip_end];
+    let headers = &pkt.data[..lay.hdr_end];
+    let meta = Meta {
+        vnet: VnetHdr::default(),
+        ..pkt.meta
+    };
+
+    let v4_id = match lay.l3 {
+        L3::Ipv4 => u16::from_be_bytes([headers[lay.l3_off + 4], headers[lay.l3_off + 5]]),
+        _ => 0,
+    };
+    let (seq0, flags0) = match lay.kind {
+        Kind::Tcp => {
+            let t = &headers[lay.l4_off..];
+            (u32::from_be_bytes([t[4], t[5], t[6], t[7]]), t[13])
+        }
+        Kind::Udp => (0, 0),
+    };
+
+    let count = payload.len().div_ceil(mss).max(1);
+    out.reserve(count);
+    for i in 0..count {
+        let start = i * mss;
+        let chunk = &payload[start..payload.len().min(start + mss)];
+        let last = i + 1 == count;
+        let mut seg = Vec::with_capacity(headers.len() + chunk.len());
+        seg.extend_from_slice(headers);
+        seg.extend_from_slice(chunk);
+
+        let ip_len = seg.len() - lay.l3_off;
+        let l4_len = seg.len() - lay.l4_off;
+        let pseudo = match lay.l3 {
+            L3::Ipv4 => {
+                let ip = &mut seg[lay.l3_off..lay.l4_off];
+                ip[2..4].copy_from_slice(&(ip_len as u16).to_be_bytes());
+                ip[4..6].copy_from_slice(&v4_id.wrapping_add(i as u16).to_be_bytes());
+                checksum::set_ipv4_header(ip);
+                let src = [ip[12], ip[13], ip[14], ip[15]];
+                let dst = [ip[16], ip[17], ip[18], ip[19]];
+                checksum::pseudo_v4(src, dst, ip[9], l4_len as u16)
+            }
+            _ => {
+                let ip = &mut seg[lay.l3_off..];
+                ip[4..6].copy_from_slice(&((ip_len - IPV6_LEN) as u16).to_be_bytes());
+                let mut src = [0u8; 16];
+                let mut dst = [0u8; 16];
+                src.copy_from_slice(&ip[8..24]);
+                dst.copy_from_slice(&ip[24..40]);
+                let nh = match lay.kind {
+                    Kind::Tcp => proto::TCP,
+                    Kind::Udp => proto::UDP,
+                };
+                checksum::pseudo_v6(&src, &dst, nh, l4_len as u32)
+            }
+        };
+
+        let l4 = &mut seg[lay.l4_off..];
+        let csum_at = match lay.kind {
+            Kind::Tcp => {
+                let seq = seq0.wrapping_add(start as u32);
+                l4[4..8].copy_from_slice(&seq.to_be_bytes());
+                let mut flags = flags0;
+                if !last {
+                    flags &= !(tcp_flags::FIN | tcp_flags::PSH);
+                }
+                if i != 0 {
+                    flags &= !tcp_flags::CWR;
+                }
+                l4[13] = flags;
+                16
+            }
+            Kind::Udp => {
+                l4[4..6].copy_from_slice(&(l4_len as u16).to_be_bytes());
+                6
+            }
+        };
+        l4[csum_at] = 0;
+        l4[csum_at + 1] = 0;
+        let mut c = checksum::finish(checksum::add(l4, pseudo));
+        // In UDP a zero checksum means "none"; its ones' complement twin says the same sum.
+        if lay.kind == Kind::Udp && c == 0 {
+            c = 0xffff;
+        }
+        l4[csum_at..csum_at + 2].copy_from_slice(&c.to_be_bytes());
+
+        out.push(Packet { data: seg, meta });
+    }
+    Ok(())
+}
+
+/// Checks that the GSO request matches the packet and finds its pieces.
+fn check(data: &[u8], p: &Parsed, vnet: &VnetHdr) -> Result<Layout, DropReason> {
+    let kind = match vnet.gso_type & !VnetHdr::GSO_ECN {
+        VnetHdr::GSO_TCPV4 => {
+            if p.l3 != L3::Ipv4 || p.proto != proto::TCP {
+                return Err(DropReason::GsoMalformed);
+            }
+            Kind::Tcp
+        }
+        VnetHdr::GSO_TCPV6 => {
+            if p.l3 != L3::Ipv6 || p.proto != proto::TCP {
+                return Err(DropReason::GsoMalformed);
+            }
+            Kind::Tcp
+        }
+        VnetHdr::GSO_UDP_L4 => {
+            // ECN is a TCP notion; USO with it set is not a request the kernel makes.
+            if !p.is_ip() || p.proto != proto::UDP || vnet.gso_type & VnetHdr::GSO_ECN != 0 {
+                return Err(DropReason::GsoMalformed);
+            }
+            Kind::Udp
+        }
+        VnetHdr::GSO_NONE => return Err(DropReason::GsoMalformed),
+        _ => return Err(DropReason::GsoUnsupported),
+    };
+    if vnet.gso_size == 0 || p.frag.is_some() || p.frag_hdr_off != 0 || !p.l4_complete {
+        return Err(DropReason::GsoMalformed);
+    }
+    // `p` comes from the caller: check its offsets against these bytes before slicing.
+    if p.ip_end > data.len() || p.l4_off > p.ip_end || p.l3_off >= p.l4_off {
+        return Err(DropReason::GsoMalformed);
+    }
+    let l4_hdr_len = match kind {
+        Kind::Tcp => {
+            let off = data.get(p.l4_off + 12).ok_or(DropReason::GsoMalformed)?;
+            usize::from(off >> 4) * 4
+        }
+        Kind::Udp => UDP_LEN,
+    };
+    let hdr_end = p.l4_off + l4_hdr_len;
+    if (kind == Kind::Tcp && l4_hdr_len < TCP_MIN_LEN) || hdr_end > p.ip_end {
+        return Err(DropReason::GsoMalformed);
+    }
+    let min_l3 = match p.l3 {
+        L3::Ipv4 => 20,
+        _ => IPV6_LEN,
+    };
+    if p.l4_off - p.l3_off < min_l3 {
+        return Err(DropReason::GsoMalformed);
+    }
+    Ok(Layout {
+        kind,
+        l3: p.l3,
+        l3_off: p.l3_off,
+        l4_off: p.l4_off,
+        hdr_end,
+        ip_end: p.ip_end,
+    })
+}
+
+#[cfg(test)]
+mod tests;
