@@ -6,6 +6,7 @@
 pub mod drop;
 pub mod flow;
 pub mod gso;
+pub mod icmp;
 pub mod packet;
 pub mod wire;
 
