@@ -1,0 +1,10 @@
+//! ferry's Linux side: the ports that move frames between the kernel and the datapath,
+//! and the namespace helpers that end-to-end tests and the lab use.
+//!
+//! Every `unsafe` block of ferry lives in this crate, next to a `// SAFETY:` comment that
+//! says why it is sound; the types exported here are safe to use.
+
+pub mod netns;
+pub mod tap;
+
+pub use tap::Tap;

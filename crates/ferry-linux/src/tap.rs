@@ -1,0 +1,295 @@
+//! A TAP device: Ethernet frames in and out of the kernel through `/dev/net/tun`.
+//!
+//! Frames written to the [`Tap`] are received by the kernel on the interface; frames the
+//! kernel sends out of the interface are read from it. The device lives as long as the
+//! file descriptor: it is created by [`Tap::open`] (unless it already exists as a
+//! persistent device) and disappears when the [`Tap`] is dropped. The descriptor keeps
+//! working when the interface is moved into another network namespace.
+//!
+//! The ioctls are in this file only, each with the reason it is sound.
+
+use std::ffi::c_int;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::time::Duration;
+
+/// Longest interface name, without the terminating NUL (`IFNAMSIZ - 1`).
+pub const MAX_NAME_LEN: usize = libc::IFNAMSIZ - 1;
+
+/// Offload flags for [`Tap::set_offload`] (`TUN_F_*`): what the kernel may hand us
+/// unfinished (partial checksums, TSO/USO super-packets) once a vnet header is on.
+pub mod offload {
+    /// Partial checksums (`NEEDS_CSUM`).
+    pub const CSUM: u32 = libc::TUN_F_CSUM;
+    /// TCP over IPv4 super-packets.
+    pub const TSO4: u32 = libc::TUN_F_TSO4;
+    /// TCP over IPv6 super-packets.
+    pub const TSO6: u32 = libc::TUN_F_TSO6;
+    /// TSO with the ECN bit.
+    pub const TSO_ECN: u32 = libc::TUN_F_TSO_ECN;
+    /// UDP over IPv4 segmentation offload.
+    pub const USO4: u32 = libc::TUN_F_USO4;
+    /// UDP over IPv6 segmentation offload.
+    pub const USO6: u32 = libc::TUN_F_USO6;
+}
+
+/// `struct ifreq` as TUNSETIFF reads and writes it: the name and the flags member of the
+/// union, padded to (at least) the kernel's size of the structure.
+#[repr(C)]
+struct IfReqFlags {
+    name: [u8; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+/// An open TAP device. The device's file descriptor is closed on drop.
+#[derive(Debug)]
+pub struct Tap {
+    file: File,
+    name: String,
+    vnet_hdr: bool,
+}
+
+impl Tap {
+    /// Opens (creating if needed) the TAP device `name`, without packet information or
+    /// vnet header: reads and writes are bare Ethernet frames. An empty name lets the
+    /// kernel choose one (see [`Tap::name`]).
+    pub fn open(name: &str) -> io::Result<Tap> {
+        Tap::open_with(name, false)
+    }
+
+    /// Opens the TAP device `name` with `IFF_VNET_HDR`: every frame read or written is
+    /// preceded by a virtio-net header (see [`Tap::set_vnet_hdr_size`]).
+    pub fn open_with_vnet_hdr(name: &str) -> io::Result<Tap> {
+        Tap::open_with(name, true)
+    }
+
+    fn open_with(name: &str, vnet_hdr: bool) -> io::Result<Tap> {
+        if name.len() > MAX_NAME_LEN || name.bytes().any(|b| b == 0 || b == b'/') {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "invalid interface name {name:?} (at most {MAX_NAME_LEN} bytes, no NUL or '/')"
+                ),
+            ));
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/net/tun")?;
+        let mut req = IfReqFlags {
+            name: [0; libc::IFNAMSIZ],
+            flags: (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short,
+            _pad: [0; 22],
+        };
+        if vnet_hdr {
+            req.flags |= libc::IFF_VNET_HDR as libc::c_short;
+        }
+        req.name[..name.len()].copy_from_slice(name.as_bytes());
+        // SAFETY: TUNSETIFF reads and writes one `struct ifreq` through the pointer; `req`
+        // is a live, exclusively borrowed, #[repr(C)] value at least as large as it, and
+        // its name is NUL-terminated (at most IFNAMSIZ - 1 bytes were copied into zeros).
+        let rc = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut req) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let len = req
+            .name
+            .iter()
+            .position(|b| *b == 0)
+            .unwrap_or(req.name.len());
+        let name = String::from_utf8_lossy(&req.name[..len]).into_owned();
+        Ok(Tap {
+            file,
+            name,
+            vnet_hdr,
+        })
+    }
+
+    /// The interface name (as the kernel assigned it).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// True when frames carry a virtio-net header.
+    pub fn has_vnet_hdr(&self) -> bool {
+        self.vnet_hdr
+    }
+
+    /// Switches non-blocking mode on or off; reads then return `WouldBlock` when empty.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        let fd = self.file.as_raw_fd();
+        // SAFETY: F_GETFL takes no argument and only reads the descriptor's flags; `fd`
+        // is owned by `self.file` and open for the duration of the call.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let flags = if on {
+            flags | libc::O_NONBLOCK
+        } else {
+            flags & !libc::O_NONBLOCK
+        };
+        // SAFETY: F_SETFL takes an int by value; `fd` is open as above.
+        if unsafe { libc::fcntl(fd, libc::F_SETFL, flags) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Waits until a frame can be read, at most `timeout`. Returns false on timeout.
+    pub fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
+        let mut pfd = libc::pollfd {
+            fd: self.file.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = c_int::try_from(timeout.as_millis()).unwrap_or(c_int::MAX);
+        loop {
+            // SAFETY: `pfd` is one valid, exclusively borrowed pollfd and the count is 1;
+            // the descriptor is owned by `self.file` and stays open during the call.
+            let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if rc >= 0 {
+                return Ok(rc > 0);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    /// Reads one frame into `buf` (truncated if `buf` is too small); returns its length.
+    pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        (&self.file).read(buf)
+    }
+
+    /// Writes one whole frame; the kernel receives it on the interface.
+    pub fn write(&self, frame: &[u8]) -> io::Result<usize> {
+        (&self.file).write(frame)
+    }
+
+    /// Tells the kernel which offloads ferry accepts ([`offload`] flags; 0 for none).
+    pub fn set_offload(&self, flags: u32) -> io::Result<()> {
+        // SAFETY: TUNSETOFFLOAD takes its argument by value (an unsigned long of
+        // TUN_F_* bits); no memory is passed.
+        let rc = unsafe {
+            libc::ioctl(
+                self.file.as_raw_fd(),
+                libc::TUNSETOFFLOAD,
+                libc::c_ulong::from(flags),
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Sets the length of the virtio-net header in front of every frame (10, or 12 with
+    /// the `num_buffers` field). Only meaningful with [`Tap::open_with_vnet_hdr`].
+    pub fn set_vnet_hdr_size(&self, size: u32) -> io::Result<()> {
+        let size = c_int::try_from(size)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "vnet header size"))?;
+        // SAFETY: TUNSETVNETHDRSZ reads one int through the pointer, which points at a
+        // live local for the duration of the call.
+        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), libc::TUNSETVNETHDRSZ, &size) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl AsRawFd for Tap {
+    fn as_raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+}
+
+impl AsFd for Tap {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// These tests create devices: they need CAP_NET_ADMIN, and fail (not skip) without.
+    fn open(name: &str, vnet: bool) -> Tap {
+        let r = if vnet {
+            Tap::open_with_vnet_hdr(name)
+        } else {
+            Tap::open(name)
+        };
+        r.unwrap_or_else(|e| {
+            panic!("cannot create TAP {name}: {e}; these tests must run as root (CAP_NET_ADMIN) with /dev/net/tun present")
+        })
+    }
+
+    fn unique(tag: &str) -> String {
+        format!("ftap{}{tag}", std::process::id())
+    }
+
+    #[test]
+    fn test_open_rejects_invalid_names() {
+        for bad in ["a-name-far-too-long", "a/b", "a\0b"] {
+            let e = Tap::open(bad).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn test_device_exists_while_open_and_goes_on_drop() {
+        let name = unique("a");
+        let tap = open(&name, false);
+        assert_eq!(tap.name(), name);
+        assert!(!tap.has_vnet_hdr());
+        let sys = format!("/sys/class/net/{name}");
+        assert!(
+            Path::new(&sys).exists(),
+            "{sys} missing while the TAP is open"
+        );
+        assert_eq!(
+            std::fs::read_to_string(format!("{sys}/type"))
+                .unwrap()
+                .trim(),
+            "1",
+            "an Ethernet device"
+        );
+        drop(tap);
+        assert!(!Path::new(&sys).exists(), "{sys} still there after drop");
+    }
+
+    #[test]
+    fn test_nonblocking_read_with_nothing_to_read() {
+        let tap = open(&unique("b"), false);
+        tap.set_nonblocking(true).unwrap();
+        // The interface is down, so the kernel sends nothing out of it.
+        assert!(!tap.wait_readable(Duration::from_millis(20)).unwrap());
+        let mut buf = [0u8; 2048];
+        let e = tap.read(&mut buf).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        tap.set_nonblocking(false).unwrap();
+    }
+
+    #[test]
+    fn test_vnet_hdr_and_offloads_are_accepted() {
+        let tap = open(&unique("c"), true);
+        assert!(tap.has_vnet_hdr());
+        tap.set_vnet_hdr_size(12).unwrap();
+        tap.set_offload(offload::CSUM | offload::TSO4 | offload::TSO6 | offload::TSO_ECN)
+            .unwrap();
+        tap.set_offload(0).unwrap();
+        let e = tap.set_vnet_hdr_size(4).unwrap_err();
+        assert_eq!(
+            e.raw_os_error(),
+            Some(libc::EINVAL),
+            "too small a header is refused"
+        );
+    }
+}
