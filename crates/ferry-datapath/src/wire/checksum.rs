@@ -75,7 +75,7 @@ pub fn update16(csum: u16, old: u16, new: u16) -> u16 {
 #[inline]
 pub fn update(csum: u16, old: &[u8], new: &[u8]) -> u16 {
     debug_assert_eq!(old.len(), new.len());
-    debug_assert!(old.len() % 2 == 0);
+    debug_assert!(old.len().is_multiple_of(2));
     let mut sum = u64::from(!csum);
     for (o, n) in old.chunks_exact(2).zip(new.chunks_exact(2)) {
         sum += u64::from(!u16::from_be_bytes([o[0], o[1]]))
