@@ -5,6 +5,7 @@
 
 pub mod drop;
 pub mod flow;
+pub mod ipf;
 pub mod packet;
 pub mod wire;
 
