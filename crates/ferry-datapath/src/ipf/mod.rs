@@ -17,10 +17,12 @@
 
 mod ranges;
 mod reassembly;
+mod refragment;
 #[cfg(test)]
 mod tests;
 
 pub use reassembly::Reassembler;
+pub use refragment::refragment;
 
 use crate::drop::DropReason;
 use crate::packet::Packet;

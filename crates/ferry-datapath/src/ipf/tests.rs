@@ -7,7 +7,7 @@ use super::*;
 use crate::drop::DropCounters;
 use crate::flow::proto;
 use crate::wire::build::{self, IpOpts, tcp_flags};
-use crate::wire::parse;
+use crate::wire::{L3, parse};
 
 const ETH: usize = 14;
 
@@ -780,4 +780,182 @@ fn test_v6_fragments_are_keyed_by_the_fragment_headers_next_header() {
     assert_eq!(parse(&frags[1], 0).unwrap().proto, 60);
     let mut r = Reassembler::new(Config::default());
     assert_eq!(reassemble(&mut r, &frags, &[2, 0, 1]).0.data, whole);
+}
+
+// ---------------------------------------------------------------- refragmentation
+
+/// Refragments a frame whose meta says it was reassembled (MRU and id set).
+fn refrag(frame: &[u8], max: usize, frag_id: u32) -> Result<Vec<Packet>, DropReason> {
+    let (mut p, parsed) = packet(frame, 0, 42);
+    p.meta.mru = 1500;
+    p.meta.frag_id = frag_id;
+    let mut out = Vec::new();
+    refragment(&p, &parsed, max, &mut out).map(|()| out)
+}
+
+/// Checks the shape of refragmented output and reassembles it in reverse order.
+fn check_and_reassemble(frags: &[Packet], max: usize) -> Vec<u8> {
+    let parsed: Vec<Parsed> = frags.iter().map(|f| parse(&f.data, 0).unwrap()).collect();
+    for (i, p) in parsed.iter().enumerate() {
+        assert!(p.ip_len() <= max, "fragment {i} is {} > {max}", p.ip_len());
+        let frag = p.frag.expect("every output is a fragment");
+        assert_eq!(frag.more, i + 1 < frags.len());
+        if frag.more {
+            let start = if p.l3 == L3::Ipv6 {
+                p.frag_hdr_off + 8
+            } else {
+                p.l4_off
+            };
+            assert_eq!((p.ip_end - start) % 8, 0);
+        }
+        assert_eq!((frags[i].meta.mru, frags[i].meta.frag_id), (0, 0));
+    }
+    let mut r = Reassembler::new(small_min());
+    let order: Vec<usize> = (0..frags.len()).rev().collect();
+    let data: Vec<Vec<u8>> = frags.iter().map(|p| p.data.clone()).collect();
+    reassemble(&mut r, &data, &order).0.data
+}
+
+#[test]
+fn test_reassemble_of_refragment_is_the_original_v4_and_v6() {
+    for v6 in [false, true] {
+        for len in [600, 1473, 3000, 8000] {
+            for max in [576, 1280, 1500] {
+                let whole = udp_frame(v6, len, 3);
+                if whole.len() - ETH <= max {
+                    continue;
+                }
+                let frags = refrag(&whole, max, 0x5151).unwrap();
+                assert!(frags.len() > 1);
+                assert_eq!(
+                    check_and_reassemble(&frags, max),
+                    whole,
+                    "v6 {v6} {len} {max}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn test_refragment_v4_first_keeps_all_options_later_only_copied_ones() {
+    // Loose source route (copied), NOP, record route (not copied), end of options.
+    let lsrr = [0x83, 7, 4, 10, 0, 0, 9];
+    let mut opts = lsrr.to_vec();
+    opts.extend_from_slice(&[1, 7, 7, 4, 0, 0, 0, 0, 0]);
+    assert_eq!(opts.len(), 16);
+    let whole = with_v4_options(&udp_frame(false, 3000, 1), &opts);
+    let frags = refrag(&whole, 1000, 0).unwrap();
+    assert_eq!(frags[0].data[ETH], 0x49);
+    assert_eq!(&frags[0].data[ETH + 20..ETH + 36], &opts[..]);
+    for f in &frags[1..] {
+        assert_eq!(f.data[ETH], 0x47, "20 bytes + LSRR padded to 28");
+        assert_eq!(&f.data[ETH + 20..ETH + 27], &lsrr);
+        assert_eq!(f.data[ETH + 27], 0);
+        // parse() verifies the header checksum.
+        assert!(parse(&f.data, 0).is_ok());
+    }
+    assert_eq!(check_and_reassemble(&frags, 1000), whole);
+}
+
+#[test]
+fn test_refragment_v4_clears_df_and_sets_mf_on_all_but_the_last() {
+    let o = IpOpts {
+        dont_fragment: true,
+        id: 0x7777,
+        ..IpOpts::default()
+    };
+    let whole = build::udp(ip("10.0.0.1"), ip("10.0.0.2"), 1, 2, &[7; 4000], &o);
+    let frags = refrag(&whole, 1500, 0).unwrap();
+    assert_eq!(frags.len(), 3);
+    let mut next_offset = 0;
+    for (i, f) in frags.iter().enumerate() {
+        let p = parse(&f.data, 0).unwrap();
+        assert!(!p.dont_fragment);
+        let frag = p.frag.unwrap();
+        assert_eq!(frag.id, 0x7777);
+        assert_eq!(frag.more, i < 2);
+        assert_eq!(usize::from(frag.offset), next_offset);
+        next_offset += p.ip_end - p.l4_off;
+        assert_eq!(p.ip_len(), f.data.len() - ETH, "total length right");
+    }
+    assert_eq!(next_offset, 4008);
+}
+
+#[test]
+fn test_refragment_refuses_an_mtu_that_cannot_carry_8_bytes() {
+    let v4 = udp_frame(false, 100, 1);
+    assert_eq!(refrag(&v4, 27, 0).unwrap_err(), DropReason::MtuTooSmall);
+    assert_eq!(check_and_reassemble(&refrag(&v4, 28, 0).unwrap(), 28), v4);
+    let v6 = udp_frame(true, 100, 1);
+    assert_eq!(refrag(&v6, 55, 1).unwrap_err(), DropReason::MtuTooSmall);
+    assert_eq!(check_and_reassemble(&refrag(&v6, 56, 1).unwrap(), 56), v6);
+}
+
+#[test]
+fn test_refragment_v6_repeats_hop_by_hop_and_routing_in_every_fragment() {
+    // HBH, dest-opts before routing, routing, dest-opts after routing, UDP.
+    let whole = with_v6_ext(
+        &udp_frame(true, 3000, 1),
+        &[(0, 8), (60, 8), (43, 16), (60, 16)],
+    );
+    let frags = refrag(&whole, 1280, 9).unwrap();
+    for (i, f) in frags.iter().enumerate() {
+        let p = parse(&f.data, 0).unwrap();
+        assert_eq!(p.frag_hdr_off, ETH + 72, "fragment {i}");
+        // The unfragmentable part is repeated as is, except the routing header's next header.
+        assert_eq!(&f.data[ETH..ETH + 4], &whole[ETH..ETH + 4]);
+        assert_eq!(&f.data[ETH + 6..ETH + 56], &whole[ETH + 6..ETH + 56]);
+        assert_eq!(&f.data[ETH + 57..ETH + 72], &whole[ETH + 57..ETH + 72]);
+        assert_eq!(f.data[ETH + 56], 44);
+        assert_eq!(f.data[ETH + 72], 60, "fragment header names the dest-opts");
+    }
+    assert_eq!(check_and_reassemble(&frags, 1280), whole);
+}
+
+#[test]
+fn test_refragment_v6_uses_frag_id_or_derives_one_deterministically() {
+    let whole = udp_frame(true, 3000, 1);
+    let ids = |frags: &[Packet]| -> Vec<u32> {
+        frags
+            .iter()
+            .map(|f| parse(&f.data, 0).unwrap().frag.unwrap().id)
+            .collect()
+    };
+    assert_eq!(ids(&refrag(&whole, 1280, 0xabcd).unwrap()), [0xabcd; 3]);
+    let a = ids(&refrag(&whole, 1280, 0).unwrap());
+    let b = ids(&refrag(&whole, 1280, 0).unwrap());
+    assert_eq!(a, b);
+    assert!(a[0] != 0 && a.iter().all(|&id| id == a[0]));
+}
+
+#[test]
+fn test_refragment_leaves_a_packet_that_fits_alone() {
+    let whole = udp_frame(false, 1000, 1);
+    let mut padded = whole.clone();
+    padded.extend_from_slice(&[0; 4]);
+    let out = refrag(&padded, 1500, 5).unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].data, whole);
+    assert_eq!((out[0].meta.mru, out[0].meta.frag_id), (0, 0));
+}
+
+#[test]
+fn test_refragment_keeps_l2_header_vlan_and_meta() {
+    let plain = udp_frame(false, 3000, 1);
+    let mut whole = plain[..12].to_vec();
+    whole.extend_from_slice(&[0x81, 0x00, 0x00, 0x2a]);
+    whole.extend_from_slice(&plain[12..]);
+    let (mut p, parsed) = packet(&whole, 3, 99);
+    p.meta.in_port = 4;
+    p.meta.mru = 1400;
+    p.meta.frag_id = 1;
+    let mut out = Vec::new();
+    refragment(&p, &parsed, 1400, &mut out).unwrap();
+    for f in &out {
+        assert_eq!(&f.data[..18], &whole[..18]);
+        assert_eq!((f.meta.in_port, f.meta.time_ns, f.meta.zone), (4, 99, 3));
+        assert_eq!((f.meta.mru, f.meta.frag_id), (0, 0));
+    }
+    assert_eq!(check_and_reassemble(&out, 1400), whole);
 }
