@@ -959,3 +959,176 @@ fn test_refragment_keeps_l2_header_vlan_and_meta() {
     }
     assert_eq!(check_and_reassemble(&out, 1400), whole);
 }
+
+// ---------------------------------------------------------------- properties
+
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A small deterministic generator, so that one seed drives shuffles and picks.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// A whole frame, its hand-cut fragments and their data ranges.
+    type Cut = (Vec<u8>, Vec<Vec<u8>>, Vec<(usize, usize)>);
+
+    /// The datagram, its hand-cut fragments and their data ranges.
+    fn datagram(v6: bool, len: usize, unit: usize) -> Cut {
+        let whole = udp_frame(v6, len, (len % 251) as u8 as u16);
+        let ranges = pieces(len + 8, unit * 8);
+        let frags = if v6 {
+            cut_v6(&whole, 0, &ranges, 0x0102_0304)
+        } else {
+            cut_v4(&whole, &ranges, false)
+        };
+        (whole, frags, ranges)
+    }
+
+    fn shuffled(n: usize, rng: &mut Rng) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            order.swap(i, rng.below(i + 1));
+        }
+        order
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn prop_any_permutation_and_duplication_reassembles_exactly(
+            v6 in any::<bool>(),
+            len in 1usize..9000,
+            unit in 1usize..200,
+            seed in 1u64..u64::MAX,
+            dups in 0usize..8,
+        ) {
+            let (whole, frags, _) = datagram(v6, len, unit);
+            prop_assume!(frags.len() > 1);
+            let mut rng = Rng(seed);
+            let mut order = shuffled(frags.len(), &mut rng);
+            // Duplicates of anything but the fragment that completes, anywhere before it.
+            let last = order.pop().unwrap();
+            for _ in 0..dups {
+                let dup = order[rng.below(order.len())];
+                let at = rng.below(order.len() + 1);
+                order.insert(at, dup);
+            }
+            order.push(last);
+            let mut r = Reassembler::new(small_min());
+            let mut d = DropCounters::default();
+            for (n, &i) in order.iter().enumerate() {
+                match feed(&mut r, &frags[i], 5, n as u64, &mut d) {
+                    Outcome::Held => prop_assert!(n + 1 < order.len()),
+                    Outcome::Complete(p, parsed) => {
+                        prop_assert_eq!(n + 1, order.len());
+                        prop_assert_eq!(&p.data, &whole);
+                        prop_assert_eq!(parsed.key, parse(&whole, 5).unwrap().key);
+                        prop_assert_eq!((parsed.key.src_port, parsed.key.dst_port), (4000, 53));
+                    }
+                    Outcome::Dropped(reason) => prop_assert!(false, "dropped: {}", reason),
+                }
+            }
+            prop_assert_eq!(d.total(), 0);
+            prop_assert_eq!((r.held_datagrams(), r.held_bytes()), (0, 0));
+            let s = if v6 { r.stats().v6 } else { r.stats().v4 };
+            prop_assert_eq!(s.duplicates, dups as u64);
+        }
+
+        #[test]
+        fn prop_a_set_with_an_overlap_never_delivers(
+            v6 in any::<bool>(),
+            len in 16usize..9000,
+            unit in 1usize..200,
+            seed in 1u64..u64::MAX,
+        ) {
+            let (whole, frags, ranges) = datagram(v6, len, unit);
+            prop_assume!(frags.len() > 1);
+            let total = len + 8;
+            let mut rng = Rng(seed);
+            // A range on 8-byte boundaries that is not one of the pieces.
+            let a = rng.below(total.div_ceil(8)) * 8;
+            let b = (a + 8 * (1 + rng.below(400))).min(total);
+            prop_assume!(a < b && !ranges.contains(&(a, b)) && (a, b) != (0, total));
+            let evil = if v6 {
+                cut_v6(&whole, 0, &[(a, b)], 0x0102_0304)
+            } else {
+                cut_v4(&whole, &[(a, b)], false)
+            };
+            let mut order = shuffled(frags.len(), &mut rng);
+            let at = rng.below(order.len());
+            order.insert(at, usize::MAX);
+            let mut r = Reassembler::new(small_min());
+            let mut d = DropCounters::default();
+            for &i in &order {
+                let f = if i == usize::MAX { &evil[0] } else { &frags[i] };
+                let o = feed(&mut r, f, 0, 0, &mut d);
+                prop_assert!(!matches!(o, Outcome::Complete(..)), "delivered despite an overlap");
+            }
+            prop_assert_eq!(r.held_bytes(), 0);
+        }
+
+        #[test]
+        fn prop_random_bytes_and_truncations_never_panic(
+            v6 in any::<bool>(),
+            len in 1usize..3000,
+            cut in 0usize..3100,
+            flips in proptest::collection::vec((0usize..3100, any::<u8>()), 0..6),
+            noise in proptest::collection::vec(any::<u8>(), 0..200),
+            max in 0usize..2000,
+        ) {
+            let (_, frags, _) = datagram(v6, len, 50);
+            let mut r = Reassembler::new(small_min());
+            let mut d = DropCounters::default();
+            let mut inputs: Vec<Vec<u8>> = Vec::new();
+            for f in &frags {
+                let mut g = f.clone();
+                for &(at, x) in &flips {
+                    if let Some(b) = g.get_mut(at) {
+                        *b ^= x;
+                    }
+                }
+                if v6 || g.len() < ETH + 20 {
+                } else {
+                    // Keep the IPv4 checksum right so mutations get past the parser.
+                    let ihl = usize::from(g[ETH] & 0x0f) * 4;
+                    if ihl >= 20 && ETH + ihl <= g.len() {
+                        crate::wire::checksum::set_ipv4_header(&mut g[ETH..ETH + ihl]);
+                    }
+                }
+                g.truncate(cut.max(ETH));
+                inputs.push(g);
+            }
+            let mut junk = frags[0][..ETH.min(frags[0].len())].to_vec();
+            junk.extend_from_slice(&noise);
+            inputs.push(junk);
+            for g in &inputs {
+                let Ok(parsed) = parse(g, 0) else { continue };
+                let mut out = Vec::new();
+                let _ = refragment(&Packet::new(g.clone(), 0, 0), &parsed, max, &mut out);
+                if parsed.frag.is_some() {
+                    let _ = r.process(Packet::new(g.clone(), 0, 0), &parsed, &mut d);
+                    // A Parsed that does not describe the packet must not panic either.
+                    let short = g[..g.len() / 2].to_vec();
+                    let _ = r.process(Packet::new(short, 0, 0), &parsed, &mut d);
+                }
+            }
+            r.expire(u64::MAX, usize::MAX, &mut d);
+            prop_assert_eq!((r.held_datagrams(), r.held_bytes()), (0, 0));
+        }
+    }
+}
