@@ -7,6 +7,7 @@ pub mod drop;
 pub mod flow;
 pub mod gso;
 pub mod icmp;
+pub mod ipf;
 pub mod packet;
 pub mod wire;
 
