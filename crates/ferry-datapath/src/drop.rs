@@ -102,8 +102,6 @@ drop_reasons! {
     UnknownPort => "unknown_port",
     /// No route for the destination address.
     NoRoute => "no_route",
-    /// The route leads back out of the port the packet came in on and nothing changed.
-    Hairpin => "hairpin",
     /// TTL or hop limit reached zero.
     TtlExceeded => "ttl_exceeded",
     /// Too big for the egress MTU with DF set (IPv4) or IPv6 not from reassembly.

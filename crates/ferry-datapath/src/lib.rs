@@ -4,11 +4,14 @@
 //! packet), so every behaviour can be unit-tested and replayed from pcap files.
 
 pub mod drop;
+pub mod fib;
 pub mod flow;
 pub mod gso;
 pub mod icmp;
 pub mod ipf;
 pub mod packet;
+pub mod pipeline;
+pub mod tables;
 pub mod wire;
 
 pub use drop::{DropCounters, DropReason};

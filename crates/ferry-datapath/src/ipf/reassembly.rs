@@ -290,20 +290,7 @@ impl Reassembler {
 
     /// Refusals that depend on the fragment alone.
     fn check(&self, f: &FragInfo, parsed: &Parsed) -> Result<(), DropReason> {
-        let len = f.end - f.offset;
-        if f.more {
-            if !len.is_multiple_of(8) {
-                return Err(DropReason::FragLengthNotMultipleOf8);
-            }
-            let min = if f.v6 {
-                self.config.min_fragment_v6
-            } else {
-                self.config.min_fragment_v4
-            };
-            if len == 0 || f.ip_len < usize::from(min) {
-                return Err(DropReason::FragTooSmall);
-            }
-        }
+        // The attack-specific reasons first: they say more than "too small".
         if f.offset == 0 {
             if !parsed.chain_complete {
                 return Err(DropReason::FragIncompleteHeaderChain);
@@ -318,6 +305,20 @@ impl Reassembler {
         }
         if f.offset == 8 && parsed.proto == proto::TCP {
             return Err(DropReason::FragTcpOffsetOne);
+        }
+        let len = f.end - f.offset;
+        if f.more {
+            if !len.is_multiple_of(8) {
+                return Err(DropReason::FragLengthNotMultipleOf8);
+            }
+            let min = if f.v6 {
+                self.config.min_fragment_v6
+            } else {
+                self.config.min_fragment_v4
+            };
+            if len == 0 || f.ip_len < usize::from(min) {
+                return Err(DropReason::FragTooSmall);
+            }
         }
         // Header bytes that count against the 65535 limit: the IPv4 header, or the IPv6
         // extension headers that stay once the fragment header is removed.

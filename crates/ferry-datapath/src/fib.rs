@@ -1,0 +1,142 @@
+//! Longest-prefix-match routing table.
+//!
+//! One hash map per prefix length present, probed from the longest length down: lookups
+//! cost one probe per distinct length in use, whatever the number of routes.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+/// A longest-prefix-match table from IP prefixes to values.
+#[derive(Clone, Debug)]
+pub struct Fib<T> {
+    v4: Family<u32, T>,
+    v6: Family<u128, T>,
+}
+
+#[derive(Clone, Debug)]
+struct Family<A, T> {
+    /// (prefix length, network address -> value), longest length first.
+    by_len: Vec<(u8, HashMap<A, T, ahash::RandomState>)>,
+}
+
+impl<A: std::hash::Hash + Eq + Copy, T> Family<A, T> {
+    fn insert(&mut self, len: u8, net: A, value: T) -> Option<T> {
+        let i = match self.by_len.binary_search_by(|(l, _)| len.cmp(l)) {
+            Ok(i) => i,
+            Err(i) => {
+                self.by_len.insert(i, (len, HashMap::default()));
+                i
+            }
+        };
+        self.by_len[i].1.insert(net, value)
+    }
+}
+
+impl<T> Default for Fib<T> {
+    fn default() -> Self {
+        Fib {
+            v4: Family { by_len: Vec::new() },
+            v6: Family { by_len: Vec::new() },
+        }
+    }
+}
+
+fn mask4(a: u32, len: u8) -> u32 {
+    if len == 0 {
+        0
+    } else {
+        a & (u32::MAX << (32 - u32::from(len)))
+    }
+}
+
+fn mask6(a: u128, len: u8) -> u128 {
+    if len == 0 {
+        0
+    } else {
+        a & (u128::MAX << (128 - u32::from(len)))
+    }
+}
+
+impl<T> Fib<T> {
+    /// An empty table.
+    pub fn new() -> Fib<T> {
+        Fib::default()
+    }
+
+    /// Adds a route; returns the value it replaced for the same prefix.
+    pub fn insert(&mut self, prefix: IpNet, value: T) -> Option<T> {
+        let len = prefix.prefix_len();
+        match prefix {
+            IpNet::V4(n) => self.v4.insert(len, mask4(u32::from(n.addr()), len), value),
+            IpNet::V6(n) => self.v6.insert(len, mask6(u128::from(n.addr()), len), value),
+        }
+    }
+
+    /// The value of the longest prefix containing `addr`.
+    #[inline]
+    pub fn lookup(&self, addr: IpAddr) -> Option<&T> {
+        match addr {
+            IpAddr::V4(a) => {
+                let a = u32::from(a);
+                self.v4
+                    .by_len
+                    .iter()
+                    .find_map(|(len, m)| m.get(&mask4(a, *len)))
+            }
+            IpAddr::V6(a) => {
+                let a = u128::from(a);
+                self.v6
+                    .by_len
+                    .iter()
+                    .find_map(|(len, m)| m.get(&mask6(a, *len)))
+            }
+        }
+    }
+
+    /// Number of routes.
+    pub fn len(&self) -> usize {
+        self.v4.by_len.iter().map(|(_, m)| m.len()).sum::<usize>()
+            + self.v6.by_len.iter().map(|(_, m)| m.len()).sum::<usize>()
+    }
+
+    /// True when the table has no routes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn test_longest_prefix_wins() {
+        let mut f = Fib::new();
+        f.insert("0.0.0.0/0".parse().unwrap(), "default");
+        f.insert("10.244.0.0/16".parse().unwrap(), "cluster");
+        f.insert("10.244.1.0/24".parse().unwrap(), "node1");
+        f.insert("10.244.1.5/32".parse().unwrap(), "pod");
+        f.insert("fd00::/8".parse().unwrap(), "v6");
+        assert_eq!(f.lookup(ip("10.244.1.5")), Some(&"pod"));
+        assert_eq!(f.lookup(ip("10.244.1.6")), Some(&"node1"));
+        assert_eq!(f.lookup(ip("10.244.2.1")), Some(&"cluster"));
+        assert_eq!(f.lookup(ip("192.0.2.1")), Some(&"default"));
+        assert_eq!(f.lookup(ip("fd12::1")), Some(&"v6"));
+        assert_eq!(f.lookup(ip("2001:db8::1")), None);
+        assert_eq!(f.len(), 5);
+    }
+
+    #[test]
+    fn test_host_bits_in_prefix_are_ignored() {
+        let mut f = Fib::new();
+        f.insert("10.1.2.3/8".parse().unwrap(), 1);
+        assert_eq!(f.lookup(ip("10.200.0.1")), Some(&1));
+        assert_eq!(f.insert("10.0.0.0/8".parse().unwrap(), 2), Some(1));
+    }
+}

@@ -1,0 +1,877 @@
+//! One node's pipeline: parse -> defrag -> route -> TTL -> L2 rewrite -> egress MTU.
+//!
+//! Later stages (decap, services, conntrack, policy, encap) slot in between defrag and
+//! route. The pipeline owns its per-worker state (fragment buffers, ICMP budget,
+//! counters) and reads the node tables through an `Arc` that the control plane swaps.
+
+use std::sync::Arc;
+
+use crate::drop::{DropCounters, DropReason};
+use crate::flow::proto;
+use crate::gso;
+use crate::icmp::{self, ErrorKind, RateLimiter};
+use crate::ipf::{self, Reassembler};
+use crate::packet::{Packet, PortId, VnetHdr};
+use crate::tables::{Port, Tables};
+use crate::wire::checksum;
+use crate::wire::{L3, Parsed, parse};
+
+/// What became of one input packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Sent on (possibly as several packets, possibly with an ICMP error besides).
+    Forwarded,
+    /// Held for reassembly; it leaves as part of its datagram, or expires.
+    Held,
+    /// Dropped for this reason.
+    Dropped(DropReason),
+}
+
+impl Verdict {
+    /// `forwarded`, `held` or `dropped`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Verdict::Forwarded => "forwarded",
+            Verdict::Held => "held",
+            Verdict::Dropped(_) => "dropped",
+        }
+    }
+}
+
+/// One stage's note in a packet's trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceEvent {
+    /// Stage name (`parse`, `ipf`, `route`, ...).
+    pub stage: &'static str,
+    /// What the stage did.
+    pub detail: String,
+}
+
+/// A packet's trace: one event per stage, recorded only when enabled.
+#[derive(Clone, Debug, Default)]
+pub struct Trace {
+    enabled: bool,
+    /// The events, in stage order.
+    pub events: Vec<TraceEvent>,
+}
+
+impl Trace {
+    /// A trace that records.
+    pub fn enabled() -> Trace {
+        Trace {
+            enabled: true,
+            events: Vec::new(),
+        }
+    }
+
+    /// A trace that records nothing (the fast path).
+    pub fn disabled() -> Trace {
+        Trace::default()
+    }
+
+    /// Records an event; `detail` is only evaluated when tracing is on.
+    #[inline]
+    pub fn note(&mut self, stage: &'static str, detail: impl FnOnce() -> String) {
+        if self.enabled {
+            self.events.push(TraceEvent {
+                stage,
+                detail: detail(),
+            });
+        }
+    }
+
+    /// Forgets the events, keeping the setting.
+    pub fn clear(&mut self) {
+        self.events.clear();
+    }
+}
+
+/// Per-port packet and byte counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortStats {
+    /// Packets received.
+    pub rx_packets: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Packets sent.
+    pub tx_packets: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+}
+
+/// Pipeline-wide counters besides drops.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Datagrams completed from fragments.
+    pub reassembled: u64,
+    /// Fragments sent by refragmentation or router fragmentation.
+    pub fragments_out: u64,
+    /// Received super-packets treated as coalesced TCP (port `gro`).
+    pub gro_marked: u64,
+    /// GSO packets segmented.
+    pub segmented: u64,
+    /// Segments sent from segmentation.
+    pub segments_out: u64,
+    /// ICMP errors sent.
+    pub icmp_sent: u64,
+    /// ICMP errors not sent: rate limited.
+    pub icmp_rate_limited: u64,
+    /// ICMP errors not sent: no node address on the port, or forbidden by RFC 1122.
+    pub icmp_suppressed: u64,
+}
+
+/// Datagrams expired per call of [`Pipeline::tick`] at most: bounded work per batch.
+pub const EXPIRE_BUDGET: usize = 64;
+
+/// One node's packet pipeline.
+pub struct Pipeline {
+    tables: Arc<Tables>,
+    ipf: Reassembler,
+    icmp: RateLimiter,
+    drops: DropCounters,
+    stats: Stats,
+    ports: Vec<PortStats>,
+    scratch: Vec<Packet>,
+}
+
+impl Pipeline {
+    /// A pipeline over `tables`, with fragment and ICMP limits from them.
+    pub fn new(tables: Arc<Tables>) -> Pipeline {
+        let mut cfg = ipf::Config::default();
+        let s = &tables.ipf;
+        if let Some(ms) = s.timeout_ms {
+            cfg.timeout_ns = ms.saturating_mul(1_000_000);
+        }
+        if let Some(v) = s.max_datagrams {
+            cfg.max_datagrams = v;
+        }
+        if let Some(v) = s.max_bytes {
+            cfg.max_bytes = v;
+        }
+        if let Some(v) = s.min_fragment_v4 {
+            cfg.min_fragment_v4 = v;
+        }
+        if let Some(v) = s.min_fragment_v6 {
+            cfg.min_fragment_v6 = v;
+        }
+        let icmp = RateLimiter::new(
+            tables.icmp.per_second.unwrap_or(RateLimiter::DEFAULT_PER_SECOND),
+            tables.icmp.burst.unwrap_or(RateLimiter::DEFAULT_BURST),
+        );
+        Pipeline {
+            ports: vec![PortStats::default(); tables.ports.len()],
+            tables,
+            ipf: Reassembler::new(cfg),
+            icmp,
+            drops: DropCounters::default(),
+            stats: Stats::default(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The tables in use.
+    pub fn tables(&self) -> &Arc<Tables> {
+        &self.tables
+    }
+
+    /// Drop counters per reason.
+    pub fn drops(&self) -> &DropCounters {
+        &self.drops
+    }
+
+    /// Pipeline counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Per-port counters, indexed by `PortId`.
+    pub fn port_stats(&self) -> &[PortStats] {
+        &self.ports
+    }
+
+    /// The fragment reassembler (for its counters and usage).
+    pub fn reassembler(&self) -> &Reassembler {
+        &self.ipf
+    }
+
+    /// Advances the pipeline's clock: expires fragments, with bounded work.
+    pub fn tick(&mut self, now_ns: u64) {
+        self.ipf.expire(now_ns, EXPIRE_BUDGET, &mut self.drops);
+    }
+
+    fn drop(&mut self, reason: DropReason, trace: &mut Trace) -> Verdict {
+        self.drops.count(reason);
+        trace.note("drop", || reason.name().to_string());
+        Verdict::Dropped(reason)
+    }
+
+    fn send(&mut self, port: PortId, pkt: Packet, out: &mut Vec<(PortId, Packet)>) {
+        let s = &mut self.ports[usize::from(port)];
+        s.tx_packets += 1;
+        s.tx_bytes += pkt.data.len() as u64;
+        out.push((port, pkt));
+    }
+
+    /// Runs one packet through the pipeline. Packets to send are appended to `out` with
+    /// their egress port (an ICMP error goes out of the ingress port).
+    pub fn process(
+        &mut self,
+        mut pkt: Packet,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) -> Verdict {
+        let tables = Arc::clone(&self.tables);
+        let in_id = pkt.meta.in_port;
+        let Some(in_port) = tables.ports.get(usize::from(in_id)) else {
+            return self.drop(DropReason::UnknownPort, trace);
+        };
+        let rx = &mut self.ports[usize::from(in_id)];
+        rx.rx_packets += 1;
+        rx.rx_bytes += pkt.data.len() as u64;
+        pkt.meta.zone = in_port.zone;
+
+        let parsed = match parse(&pkt.data, in_port.zone) {
+            Ok(p) => p,
+            Err(r) => return self.drop(r, trace),
+        };
+        if parsed.l3 == L3::Arp {
+            return self.drop(DropReason::ArpNotHandled, trace);
+        }
+        // Ethernet padding is not part of the packet and must not reach checksums.
+        pkt.data.truncate(parsed.ip_end);
+        trace.note("parse", || {
+            let frag = match parsed.frag {
+                Some(f) => format!(" fragment id {} offset {} more {}", f.id, f.offset, f.more),
+                None => String::new(),
+            };
+            format!("{}, {} bytes{frag}", parsed.key, parsed.ip_len())
+        });
+
+        if in_port.gro
+            && parsed.proto == proto::TCP
+            && parsed.frag.is_none()
+            && parsed.l4_complete
+            && !pkt.meta.vnet.is_gso()
+            && parsed.ip_len() > usize::from(in_port.mtu)
+        {
+            mark_coalesced(&mut pkt, &parsed, in_port);
+            self.stats.gro_marked += 1;
+            trace.note("gro", || {
+                format!(
+                    "coalesced TCP super-packet, segment size {}",
+                    pkt.meta.vnet.gso_size
+                )
+            });
+        }
+
+        let (mut pkt, parsed) = if parsed.frag.is_some() {
+            match self.ipf.process(pkt, &parsed, &mut self.drops) {
+                ipf::Outcome::Held => {
+                    trace.note("ipf", || {
+                        format!(
+                            "held for reassembly ({} datagrams, {} bytes in flight)",
+                            self.ipf.held_datagrams(),
+                            self.ipf.held_bytes()
+                        )
+                    });
+                    return Verdict::Held;
+                }
+                ipf::Outcome::Complete(p, pp) => {
+                    self.stats.reassembled += 1;
+                    trace.note("ipf", || {
+                        format!(
+                            "reassembled {} bytes, mru {}, key rebuilt: {}",
+                            pp.ip_len(),
+                            p.meta.mru,
+                            pp.key
+                        )
+                    });
+                    (p, pp)
+                }
+                ipf::Outcome::Dropped(r) => {
+                    trace.note("ipf", || format!("refused: {r}"));
+                    return self.drop(r, trace);
+                }
+            }
+        } else {
+            (pkt, parsed)
+        };
+
+        let Some(route) = tables.fib.lookup(parsed.key.dst).copied() else {
+            return self.drop(DropReason::NoRoute, trace);
+        };
+        let out_port = &tables.ports[usize::from(route.port)];
+        trace.note("route", || {
+            format!("{} -> port {}", parsed.key.dst, out_port.name)
+        });
+
+        if parsed.ttl <= 1 {
+            self.icmp_error(&pkt, &parsed, in_port, ErrorKind::TimeExceeded, out, trace);
+            return self.drop(DropReason::TtlExceeded, trace);
+        }
+
+        let mtu = usize::from(out_port.mtu);
+        let limit = if pkt.meta.mru != 0 {
+            mtu.min(usize::from(pkt.meta.mru))
+        } else {
+            mtu
+        };
+        let gso = pkt.meta.vnet.is_gso();
+        let too_big = !gso && parsed.ip_len() > limit;
+        if too_big && pkt.meta.mru == 0 && (parsed.l3 == L3::Ipv6 || parsed.dont_fragment) {
+            // Quote the packet as it arrived: before the TTL and MAC rewrites.
+            self.icmp_error(
+                &pkt,
+                &parsed,
+                in_port,
+                ErrorKind::TooBig {
+                    mtu: u32::from(out_port.mtu),
+                },
+                out,
+                trace,
+            );
+            return self.drop(DropReason::TooBig, trace);
+        }
+
+        decrement_ttl(&mut pkt.data, &parsed);
+        pkt.data[0..6].copy_from_slice(&route.next_hop_mac);
+        pkt.data[6..12].copy_from_slice(&out_port.mac);
+
+        if gso {
+            if out_port.gso {
+                trace.note("egress", || {
+                    format!("GSO packet sent whole to {}", out_port.name)
+                });
+                self.send(route.port, pkt, out);
+                return Verdict::Forwarded;
+            }
+            let mut segs = std::mem::take(&mut self.scratch);
+            segs.clear();
+            let r = gso::segment(&pkt, &parsed, mtu, &mut segs);
+            if let Err(r) = r {
+                self.scratch = segs;
+                return self.drop(r, trace);
+            }
+            self.stats.segmented += 1;
+            self.stats.segments_out += segs.len() as u64;
+            trace.note("egress", || {
+                format!(
+                    "segmented into {} TCP/UDP segments for mtu {} on {}",
+                    segs.len(),
+                    mtu,
+                    out_port.name
+                )
+            });
+            for s in segs.drain(..) {
+                self.send(route.port, s, out);
+            }
+            self.scratch = segs;
+            return Verdict::Forwarded;
+        }
+
+        if pkt.meta.vnet.needs_csum() && (!out_port.gso || too_big) {
+            let v = pkt.meta.vnet;
+            if let Err(r) = checksum::complete_partial(
+                &mut pkt.data,
+                usize::from(v.csum_start),
+                usize::from(v.csum_offset),
+            ) {
+                return self.drop(r, trace);
+            }
+            pkt.meta.vnet = VnetHdr::default();
+        }
+
+        if !too_big {
+            trace.note("egress", || format!("sent to {}", out_port.name));
+            self.send(route.port, pkt, out);
+            return Verdict::Forwarded;
+        }
+
+        let mut frags = std::mem::take(&mut self.scratch);
+        frags.clear();
+        if let Err(r) = ipf::refragment(&pkt, &parsed, limit, &mut frags) {
+            self.scratch = frags;
+            return self.drop(r, trace);
+        }
+        self.stats.fragments_out += frags.len() as u64;
+        trace.note("egress", || {
+            let why = if pkt.meta.mru != 0 {
+                format!(
+                    "refragmented to min(mru {}, mtu {mtu}) = {limit}",
+                    pkt.meta.mru
+                )
+            } else {
+                format!("fragmented to mtu {mtu}")
+            };
+            format!("{why}: {} fragments to {}", frags.len(), out_port.name)
+        });
+        for f in frags.drain(..) {
+            self.send(route.port, f, out);
+        }
+        self.scratch = frags;
+        Verdict::Forwarded
+    }
+
+    fn icmp_error(
+        &mut self,
+        pkt: &Packet,
+        parsed: &Parsed,
+        in_port: &Port,
+        kind: ErrorKind,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) {
+        let src = if parsed.l3 == L3::Ipv4 {
+            in_port.addr_v4
+        } else {
+            in_port.addr_v6
+        };
+        let Some(src) = src else {
+            self.stats.icmp_suppressed += 1;
+            trace.note("icmp", || {
+                format!(
+                    "no {kind:?} sent: port {} has no address of this family",
+                    in_port.name
+                )
+            });
+            return;
+        };
+        let Some(frame) = icmp::build_error(&pkt.data, parsed, kind, src, in_port.mac) else {
+            self.stats.icmp_suppressed += 1;
+            trace.note("icmp", || {
+                format!("no {kind:?} sent: not allowed for this packet")
+            });
+            return;
+        };
+        if !self.icmp.allow(pkt.meta.time_ns) {
+            self.stats.icmp_rate_limited += 1;
+            trace.note("icmp", || format!("no {kind:?} sent: rate limited"));
+            return;
+        }
+        self.stats.icmp_sent += 1;
+        trace.note("icmp", || {
+            format!(
+                "{kind:?} sent from {src} to {} via {}",
+                parsed.key.src, in_port.name
+            )
+        });
+        let in_id = pkt.meta.in_port;
+        self.send(in_id, Packet::new(frame, in_id, pkt.meta.time_ns), out);
+    }
+}
+
+/// Marks an oversized TCP packet from a GRO port as the super-packet it is: the segment
+/// size is what the port's MTU carries with these headers.
+fn mark_coalesced(pkt: &mut Packet, parsed: &Parsed, port: &Port) {
+    let tcp_hdr = usize::from(pkt.data[parsed.l4_off + 12] >> 4) * 4;
+    let headers = parsed.l4_off - parsed.l3_off + tcp_hdr;
+    let mss = usize::from(port.mtu).saturating_sub(headers).max(8);
+    pkt.meta.vnet.gso_type = if parsed.l3 == L3::Ipv4 {
+        VnetHdr::GSO_TCPV4
+    } else {
+        VnetHdr::GSO_TCPV6
+    };
+    pkt.meta.vnet.gso_size = mss as u16;
+    pkt.meta.vnet.hdr_len = (parsed.l4_off + tcp_hdr) as u16;
+}
+
+/// Decrements the TTL (IPv4, with an incremental header checksum update) or hop limit.
+fn decrement_ttl(data: &mut [u8], parsed: &Parsed) {
+    let o = parsed.l3_off;
+    match parsed.l3 {
+        L3::Ipv4 => {
+            let old = u16::from_be_bytes([data[o + 8], data[o + 9]]);
+            data[o + 8] -= 1;
+            let new = u16::from_be_bytes([data[o + 8], data[o + 9]]);
+            let c = u16::from_be_bytes([data[o + 10], data[o + 11]]);
+            data[o + 10..o + 12].copy_from_slice(&checksum::update16(c, old, new).to_be_bytes());
+        }
+        L3::Ipv6 => data[o + 7] -= 1,
+        L3::Arp => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::*;
+    use crate::tables::{IcmpSpec, IpfSpec, MacAddr, PortSpec, RouteSpec, TablesSpec};
+    use crate::wire::build::{self, IpOpts, tcp_flags};
+
+    const UPLINK: PortId = 0;
+    const POD: PortId = 1;
+    const BIG: PortId = 2;
+    const POD_MAC: [u8; 6] = [0x0a, 0x58, 0, 0, 0, 5];
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn port(name: &str, last: u8, mtu: u16, addrs: &[&str], gro: bool, gso: bool) -> PortSpec {
+        PortSpec {
+            name: name.into(),
+            mac: MacAddr([2, 0xfe, 0, 0, 0, last]),
+            mtu,
+            zone: 0,
+            addresses: addrs.iter().map(|a| ip(a)).collect(),
+            gro,
+            gso,
+        }
+    }
+
+    fn route(prefix: &str, port: &str, mac: [u8; 6]) -> RouteSpec {
+        RouteSpec {
+            prefix: prefix.parse().unwrap(),
+            port: port.into(),
+            next_hop_mac: MacAddr(mac),
+        }
+    }
+
+    /// uplink (1500, GRO, addresses), pod (1450), big (9000, GSO-capable).
+    fn pipeline() -> Pipeline {
+        let spec = TablesSpec {
+            ports: vec![
+                port(
+                    "uplink",
+                    1,
+                    1500,
+                    &["192.168.50.10", "fd00:50::10"],
+                    true,
+                    false,
+                ),
+                port("pod", 2, 1450, &["169.254.1.1"], false, false),
+                port("big", 3, 9000, &[], false, true),
+            ],
+            routes: vec![
+                route("10.244.1.5/32", "pod", POD_MAC),
+                route("fd00:10:244:1::5/128", "pod", POD_MAC),
+                route("10.244.9.0/24", "big", [0x0a, 0x58, 0, 0, 0, 9]),
+                route("0.0.0.0/0", "uplink", [2, 0, 0, 0, 0, 0xfe]),
+                route("::/0", "uplink", [2, 0, 0, 0, 0, 0xfe]),
+            ],
+            ipf: IpfSpec::default(),
+            icmp: IcmpSpec::default(),
+        };
+        Pipeline::new(Arc::new(spec.compile().unwrap()))
+    }
+
+    fn run(
+        p: &mut Pipeline,
+        frame: Vec<u8>,
+        port: PortId,
+        t: u64,
+    ) -> (Verdict, Vec<(PortId, Packet)>) {
+        let mut out = Vec::new();
+        let v = p.process(
+            Packet::new(frame, port, t),
+            &mut out,
+            &mut Trace::disabled(),
+        );
+        (v, out)
+    }
+
+    fn frags(frame: Vec<u8>, id: u32, max: usize) -> Vec<Vec<u8>> {
+        let parsed = parse(&frame, 0).unwrap();
+        let mut pkt = Packet::new(frame, 0, 0);
+        pkt.meta.frag_id = id;
+        let mut out = Vec::new();
+        ipf::refragment(&pkt, &parsed, max, &mut out).unwrap();
+        out.into_iter().map(|p| p.data).collect()
+    }
+
+    #[test]
+    fn test_forward_decrements_ttl_and_rewrites_macs() {
+        let mut p = pipeline();
+        let f = build::udp(
+            ip("192.168.50.1"),
+            ip("10.244.1.5"),
+            1,
+            2,
+            b"hi",
+            &IpOpts::default(),
+        );
+        let (v, out) = run(&mut p, f, UPLINK, 0);
+        assert_eq!(v, Verdict::Forwarded);
+        assert_eq!(out.len(), 1);
+        let (port, pkt) = &out[0];
+        assert_eq!(*port, POD);
+        assert_eq!(&pkt.data[0..6], &POD_MAC);
+        assert_eq!(&pkt.data[6..12], &[2, 0xfe, 0, 0, 0, 2]);
+        let q = parse(&pkt.data, 0).expect("header checksum still valid after the TTL update");
+        assert_eq!(q.ttl, 63);
+        assert_eq!(p.port_stats()[usize::from(POD)].tx_packets, 1);
+    }
+
+    #[test]
+    fn test_unknown_port_no_route_and_arp_are_counted() {
+        let mut p = pipeline();
+        let f = build::udp(
+            ip("192.168.50.1"),
+            ip("10.244.1.5"),
+            1,
+            2,
+            b"",
+            &IpOpts::default(),
+        );
+        assert_eq!(
+            run(&mut p, f, 9, 0).0,
+            Verdict::Dropped(DropReason::UnknownPort)
+        );
+        let f = build::udp(ip("fd00::1"), ip("fd00::2"), 1, 2, b"", &IpOpts::default());
+        let spec = TablesSpec {
+            ports: vec![port("only", 1, 1500, &[], false, false)],
+            routes: vec![],
+            ipf: IpfSpec::default(),
+            icmp: IcmpSpec::default(),
+        };
+        let mut q = Pipeline::new(Arc::new(spec.compile().unwrap()));
+        assert_eq!(
+            run(&mut q, f, 0, 0).0,
+            Verdict::Dropped(DropReason::NoRoute)
+        );
+        assert_eq!(q.drops().get(DropReason::NoRoute), 1);
+        let mut arp = vec![0xff; 6];
+        arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+        arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 10, 0, 0, 2]);
+        assert_eq!(
+            run(&mut p, arp, UPLINK, 0).0,
+            Verdict::Dropped(DropReason::ArpNotHandled)
+        );
+    }
+
+    #[test]
+    fn test_ttl_one_is_answered_with_time_exceeded() {
+        let mut p = pipeline();
+        let o = IpOpts {
+            ttl: 1,
+            ..IpOpts::default()
+        };
+        let f = build::udp(ip("192.168.50.1"), ip("10.244.1.5"), 1, 2, b"x", &o);
+        let (v, out) = run(&mut p, f, UPLINK, 0);
+        assert_eq!(v, Verdict::Dropped(DropReason::TtlExceeded));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0, UPLINK);
+        let q = parse(&out[0].1.data, 0).unwrap();
+        assert_eq!(q.key.dst_port, 11 << 8, "ICMP time exceeded");
+        assert_eq!(q.key.src, ip("192.168.50.10"));
+    }
+
+    #[test]
+    fn test_df_too_big_gets_fragmentation_needed_with_mtu() {
+        let mut p = pipeline();
+        let o = IpOpts {
+            dont_fragment: true,
+            ..IpOpts::default()
+        };
+        let f = build::udp(ip("192.168.50.1"), ip("10.244.1.5"), 1, 2, &[0; 1472], &o);
+        let (v, out) = run(&mut p, f, UPLINK, 0);
+        assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
+        assert_eq!(out.len(), 1);
+        let icmp = &out[0].1.data;
+        let q = parse(icmp, 0).unwrap();
+        assert_eq!(q.key.dst_port, 3 << 8 | 4);
+        assert_eq!(
+            u16::from_be_bytes([icmp[q.l4_off + 6], icmp[q.l4_off + 7]]),
+            1450
+        );
+        // IPv6 is never fragmented by a router: packet too big.
+        let f = build::udp(
+            ip("fd00:50::1"),
+            ip("fd00:10:244:1::5"),
+            1,
+            2,
+            &[0; 1452],
+            &IpOpts::default(),
+        );
+        let (v, out) = run(&mut p, f, UPLINK, 0);
+        assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
+        let q = parse(&out[0].1.data, 0).unwrap();
+        assert_eq!(q.key.dst_port, 2 << 8);
+        assert_eq!(p.stats().icmp_sent, 2);
+    }
+
+    #[test]
+    fn test_ipv4_without_df_is_fragmented_to_mtu() {
+        let mut p = pipeline();
+        let f = build::udp(
+            ip("192.168.50.1"),
+            ip("10.244.1.5"),
+            1,
+            2,
+            &[7; 1472],
+            &IpOpts::default(),
+        );
+        let (v, out) = run(&mut p, f, UPLINK, 0);
+        assert_eq!(v, Verdict::Forwarded);
+        assert_eq!(out.len(), 2);
+        assert!(
+            out.iter()
+                .all(|(port, f)| *port == POD && f.data.len() - 14 <= 1450)
+        );
+    }
+
+    #[test]
+    fn test_reassembled_datagram_is_refragmented_to_mru_not_mtu() {
+        let mut p = pipeline();
+        let whole = build::udp(
+            ip("192.168.50.1"),
+            ip("10.244.9.7"),
+            40000,
+            8080,
+            &build::pattern(3000, 1),
+            &IpOpts::default(),
+        );
+        let fs = frags(whole, 0x42, 1000);
+        let n = fs.len();
+        let mut last = (Verdict::Held, Vec::new());
+        for (i, f) in fs.into_iter().rev().enumerate() {
+            last = run(&mut p, f, UPLINK, i as u64);
+            if i + 1 < n {
+                assert_eq!(last.0, Verdict::Held);
+            }
+        }
+        assert_eq!(last.0, Verdict::Forwarded);
+        // Port "big" has MTU 9000 but the fragments were at most 1000 bytes: refragment to 1000.
+        assert_eq!(last.1.len(), n);
+        for (port, f) in &last.1 {
+            assert_eq!(*port, BIG);
+            assert!(f.data.len() - 14 <= 1000);
+        }
+        assert_eq!(p.stats().reassembled, 1);
+    }
+
+    #[test]
+    fn test_gro_super_packet_is_segmented_never_fragmented() {
+        let mut p = pipeline();
+        let o = IpOpts {
+            dont_fragment: true,
+            ..IpOpts::default()
+        };
+        let f = build::tcp(
+            ip("192.168.50.1"),
+            ip("10.244.1.5"),
+            443,
+            5000,
+            100,
+            1,
+            tcp_flags::ACK,
+            &build::pattern(6000, 2),
+            &o,
+        );
+        let (v, out) = run(&mut p, f, UPLINK, 0);
+        assert_eq!(v, Verdict::Forwarded);
+        assert!(out.len() >= 5);
+        let mut seq = 100u32;
+        for (port, s) in &out {
+            assert_eq!(*port, POD);
+            let q = parse(&s.data, 0).unwrap();
+            assert!(q.frag.is_none());
+            assert!(q.ip_len() <= 1450);
+            let got = u32::from_be_bytes(s.data[q.l4_off + 4..q.l4_off + 8].try_into().unwrap());
+            assert_eq!(got, seq);
+            seq += (q.ip_end - q.l4_off - 20) as u32;
+        }
+        assert_eq!(seq, 6100);
+        assert_eq!(p.stats().gro_marked, 1);
+    }
+
+    #[test]
+    fn test_gso_packet_goes_whole_to_a_gso_port() {
+        let mut p = pipeline();
+        let f = build::tcp(
+            ip("192.168.50.1"),
+            ip("10.244.9.7"),
+            443,
+            5000,
+            1,
+            1,
+            tcp_flags::ACK,
+            &build::pattern(20000, 2),
+            &IpOpts::default(),
+        );
+        let mut pkt = Packet::new(f, UPLINK, 0);
+        pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV4;
+        pkt.meta.vnet.gso_size = 1448;
+        let mut out = Vec::new();
+        assert_eq!(
+            p.process(pkt, &mut out, &mut Trace::disabled()),
+            Verdict::Forwarded
+        );
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].1.meta.vnet.gso_size, 1448);
+    }
+
+    #[test]
+    fn test_partial_checksum_is_completed_for_a_plain_port() {
+        let mut p = pipeline();
+        let mut f = build::udp(
+            ip("192.168.50.1"),
+            ip("10.244.1.5"),
+            1,
+            2,
+            b"payload",
+            &IpOpts::default(),
+        );
+        let want = f.clone();
+        let l4 = 34;
+        let pseudo = checksum::fold(checksum::pseudo_v4(
+            [192, 168, 50, 1],
+            [10, 244, 1, 5],
+            17,
+            15,
+        ));
+        f[l4 + 6..l4 + 8].copy_from_slice(&pseudo.to_be_bytes());
+        let mut pkt = Packet::new(f, UPLINK, 0);
+        pkt.meta.vnet.flags = VnetHdr::F_NEEDS_CSUM;
+        pkt.meta.vnet.csum_start = l4 as u16;
+        pkt.meta.vnet.csum_offset = 6;
+        let mut out = Vec::new();
+        assert_eq!(
+            p.process(pkt, &mut out, &mut Trace::disabled()),
+            Verdict::Forwarded
+        );
+        assert_eq!(&out[0].1.data[l4 + 6..l4 + 8], &want[l4 + 6..l4 + 8]);
+        assert!(!out[0].1.meta.vnet.needs_csum());
+    }
+
+    #[test]
+    fn test_incomplete_datagram_expires_on_tick() {
+        let mut p = pipeline();
+        let whole = build::udp(
+            ip("192.168.50.1"),
+            ip("10.244.1.5"),
+            1,
+            2,
+            &[1; 3000],
+            &IpOpts::default(),
+        );
+        let first = frags(whole, 9, 1500).remove(0);
+        assert_eq!(run(&mut p, first, UPLINK, 0).0, Verdict::Held);
+        assert_eq!(p.reassembler().held_datagrams(), 1);
+        p.tick(29 * 1_000_000_000);
+        assert_eq!(p.reassembler().held_datagrams(), 1);
+        p.tick(31 * 1_000_000_000);
+        assert_eq!(p.reassembler().held_datagrams(), 0);
+        assert_eq!(p.reassembler().held_bytes(), 0);
+        assert_eq!(p.drops().get(DropReason::FragExpired), 1);
+    }
+
+    #[test]
+    fn test_trace_records_each_stage() {
+        let mut p = pipeline();
+        let f = build::udp(
+            ip("192.168.50.1"),
+            ip("10.244.1.5"),
+            1,
+            2,
+            b"hi",
+            &IpOpts::default(),
+        );
+        let mut t = Trace::enabled();
+        let mut out = Vec::new();
+        p.process(Packet::new(f, UPLINK, 0), &mut out, &mut t);
+        let stages: Vec<&str> = t.events.iter().map(|e| e.stage).collect();
+        assert_eq!(stages, ["parse", "route", "egress"]);
+    }
+}
