@@ -1,0 +1,256 @@
+//! `ferry replay`: pcap files through one node's pipeline, offline and deterministic.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use ferry_datapath::DropReason;
+use ferry_datapath::packet::{Packet, PortId};
+use ferry_datapath::pipeline::{Pipeline, PortStats, Stats, Trace, Verdict};
+use ferry_datapath::tables::{Tables, TablesSpec};
+use serde::Serialize;
+
+use crate::pcap;
+
+/// Arguments of `ferry replay`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The node tables (YAML; see docs/tables.md).
+    #[arg(long, value_name = "FILE")]
+    pub tables: PathBuf,
+    /// Input: a port name and a pcap/pcapng file of frames received on it. Repeatable.
+    #[arg(long = "in", value_name = "PORT=FILE", required = true)]
+    pub inputs: Vec<String>,
+    /// Output directory: PORT.pcap for each port that sends, and verdicts.jsonl.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+}
+
+/// Reads and compiles a tables file; errors name the file and the problem.
+pub fn load_tables(path: &Path) -> Result<Tables> {
+    let text =
+        fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let spec: TablesSpec =
+        serde_saphyr::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    spec.compile()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+#[derive(Serialize)]
+struct Output<'a> {
+    port: &'a str,
+    packets: usize,
+}
+
+#[derive(Serialize)]
+struct Event<'a> {
+    stage: &'a str,
+    detail: &'a str,
+}
+
+#[derive(Serialize)]
+struct VerdictLine<'a> {
+    port: &'a str,
+    index: usize,
+    time_ns: u64,
+    verdict: &'static str,
+    drop_reason: Option<&'static str>,
+    outputs: Vec<Output<'a>>,
+    trace: Vec<Event<'a>>,
+}
+
+/// What a replay did, for the summary.
+pub struct Summary {
+    /// Output directory.
+    pub out: PathBuf,
+    /// Port names by id.
+    pub ports: Vec<String>,
+    /// Input packets.
+    pub packets: usize,
+    /// Verdict counts by name.
+    pub verdicts: BTreeMap<&'static str, usize>,
+    /// Drops by reason.
+    pub drops: Vec<(DropReason, u64)>,
+    /// Pipeline counters.
+    pub stats: Stats,
+    /// Per-port counters.
+    pub port_stats: Vec<PortStats>,
+    /// Datagrams still incomplete when input ended.
+    pub held_datagrams: usize,
+}
+
+impl Summary {
+    /// A human-readable summary.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "replayed {} packets into {}",
+            self.packets,
+            self.out.display()
+        );
+        let v: Vec<String> = self
+            .verdicts
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        let _ = writeln!(s, "  verdicts: {}", v.join(", "));
+        let st = &self.stats;
+        let _ = writeln!(
+            s,
+            "  reassembled {} datagrams; sent {} fragments; segmented {} super-packets into {} segments; ICMP errors sent {}, rate-limited {}",
+            st.reassembled,
+            st.fragments_out,
+            st.segmented,
+            st.segments_out,
+            st.icmp_sent,
+            st.icmp_rate_limited
+        );
+        if self.held_datagrams > 0 {
+            let _ = writeln!(
+                s,
+                "  {} datagrams were still incomplete when the input ended",
+                self.held_datagrams
+            );
+        }
+        for (r, n) in &self.drops {
+            let _ = writeln!(s, "  dropped {n:>6}  {r}");
+        }
+        for (name, p) in self.ports.iter().zip(&self.port_stats) {
+            let _ = writeln!(
+                s,
+                "  port {name:<12} rx {:>5} pkts {:>8} B   tx {:>5} pkts {:>8} B",
+                p.rx_packets, p.rx_bytes, p.tx_packets, p.tx_bytes
+            );
+        }
+        s
+    }
+}
+
+struct Input {
+    port: PortId,
+    index: usize,
+    frame: pcap::Frame,
+}
+
+/// Runs a replay as `args` say.
+pub fn run(args: &Args) -> Result<Summary> {
+    let tables = Arc::new(load_tables(&args.tables)?);
+    let mut inputs = Vec::new();
+    for spec in &args.inputs {
+        let Some((name, file)) = spec.split_once('=') else {
+            bail!("--in {spec:?}: expected PORT=FILE");
+        };
+        let Some(port) = tables.port_id(name) else {
+            let known: Vec<&str> = tables.ports.iter().map(|p| p.name.as_str()).collect();
+            bail!(
+                "--in {spec:?}: no port {name:?} in {} (ports: {})",
+                args.tables.display(),
+                known.join(", ")
+            );
+        };
+        for (index, frame) in pcap::read_all(Path::new(file))?.into_iter().enumerate() {
+            inputs.push(Input { port, index, frame });
+        }
+    }
+    // pcap time is the pipeline's clock; ties keep argument and file order.
+    inputs.sort_by_key(|i| i.frame.time_ns);
+
+    fs::create_dir_all(&args.out)
+        .with_context(|| format!("{}: cannot create directory", args.out.display()))?;
+    let vpath = args.out.join("verdicts.jsonl");
+    let mut verdicts = BufWriter::new(
+        File::create(&vpath).with_context(|| format!("{}: cannot create", vpath.display()))?,
+    );
+    let mut writers: Vec<Option<pcap::Writer>> = (0..tables.ports.len()).map(|_| None).collect();
+    // Stale outputs of an earlier run would mislead: remove those of ports that stay silent.
+    for p in &tables.ports {
+        let f = args.out.join(format!("{}.pcap", p.name));
+        if f.exists() {
+            fs::remove_file(&f)
+                .with_context(|| format!("{}: cannot remove stale output", f.display()))?;
+        }
+    }
+
+    let mut pipeline = Pipeline::new(Arc::clone(&tables));
+    let mut out = Vec::new();
+    let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let packets = inputs.len();
+    for input in inputs {
+        let now = input.frame.time_ns;
+        pipeline.tick(now);
+        let mut trace = Trace::enabled();
+        out.clear();
+        let verdict = pipeline.process(
+            Packet::new(input.frame.data, input.port, now),
+            &mut out,
+            &mut trace,
+        );
+        *counts.entry(verdict.name()).or_default() += 1;
+        let mut per_port: Vec<(PortId, usize)> = Vec::new();
+        for (port, pkt) in &out {
+            match per_port.iter_mut().find(|(p, _)| p == port) {
+                Some((_, n)) => *n += 1,
+                None => per_port.push((*port, 1)),
+            }
+            let w = &mut writers[usize::from(*port)];
+            if w.is_none() {
+                *w = Some(pcap::Writer::create(
+                    &args
+                        .out
+                        .join(format!("{}.pcap", tables.ports[usize::from(*port)].name)),
+                )?);
+            }
+            if let Some(w) = w {
+                w.write(now, &pkt.data)?;
+            }
+        }
+        let line = VerdictLine {
+            port: &tables.ports[usize::from(input.port)].name,
+            index: input.index,
+            time_ns: now,
+            verdict: verdict.name(),
+            drop_reason: match verdict {
+                Verdict::Dropped(r) => Some(r.name()),
+                _ => None,
+            },
+            outputs: per_port
+                .iter()
+                .map(|(p, n)| Output {
+                    port: &tables.ports[usize::from(*p)].name,
+                    packets: *n,
+                })
+                .collect(),
+            trace: trace
+                .events
+                .iter()
+                .map(|e| Event {
+                    stage: e.stage,
+                    detail: &e.detail,
+                })
+                .collect(),
+        };
+        serde_json::to_writer(&mut verdicts, &line)?;
+        verdicts.write_all(b"\n")?;
+    }
+    verdicts
+        .flush()
+        .with_context(|| format!("{}: cannot write", vpath.display()))?;
+    for w in writers.into_iter().flatten() {
+        w.finish()?;
+    }
+    Ok(Summary {
+        out: args.out.clone(),
+        ports: tables.ports.iter().map(|p| p.name.clone()).collect(),
+        packets,
+        verdicts: counts,
+        drops: pipeline.drops().nonzero().collect(),
+        stats: *pipeline.stats(),
+        port_stats: pipeline.port_stats().to_vec(),
+        held_datagrams: pipeline.reassembler().held_datagrams(),
+    })
+}
