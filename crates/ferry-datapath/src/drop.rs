@@ -74,7 +74,7 @@ drop_reasons! {
     FragOverlap => "frag_overlap",
     /// A non-final fragment smaller than the configured minimum.
     FragTooSmall => "frag_too_small",
-    /// A non-final IPv6 fragment whose payload length is not a multiple of 8.
+    /// A non-final fragment whose data length is not a multiple of 8.
     FragLengthNotMultipleOf8 => "frag_length_not_multiple_of_8",
     /// An IPv6 first fragment without the whole header chain (RFC 7112).
     FragIncompleteHeaderChain => "frag_incomplete_header_chain",
@@ -97,6 +97,14 @@ drop_reasons! {
     GsoMalformed => "gso_malformed",
     /// A GSO type the datapath cannot segment (e.g. ECN-only or unknown).
     GsoUnsupported => "gso_unsupported",
+    // --- connection tracking and NAT
+    /// Conntrack found the packet INVALID (out of window, unsolicited reply, an ICMP
+    /// error about no known connection, ...); dropped unless configured to pass.
+    CtInvalid => "ct_invalid",
+    /// The connection table is full and nothing could be evicted; new connection refused.
+    CtTableFull => "ct_table_full",
+    /// No free NAT port for a new connection; it is refused, existing ones are untouched.
+    NatPortExhausted => "nat_port_exhausted",
     // --- forwarding
     /// The packet arrived on a port that the tables do not know.
     UnknownPort => "unknown_port",
