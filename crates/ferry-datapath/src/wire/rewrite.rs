@@ -247,8 +247,8 @@ fn store_l4(frame: &mut [u8], at: usize, p: u8, c: Csum) -> Result<(), DropReaso
 ///
 /// `parsed.key` is not updated (the caller does that). Errors, without a panic on any
 /// input: `DropReason::IpLengthInvalid` if `to` differs in family or protocol, for a
-/// non-IP packet, or if `parsed` does not fit the frame. The frame is left unchanged on
-/// every error but the last kind.
+/// non-IP packet, or if `parsed` does not fit the frame. Only a `parsed` that does not
+/// describe this frame can fail after some fields were written.
 pub fn rewrite(
     frame: &mut [u8],
     parsed: &Parsed,
