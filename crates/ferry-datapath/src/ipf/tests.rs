@@ -1074,10 +1074,21 @@ mod props {
             order.insert(at, usize::MAX);
             let mut r = Reassembler::new(small_min());
             let mut d = DropCounters::default();
+            // The odd range may tile exactly with what came before it (e.g. it covers the
+            // two last pieces at once): then the datagram legitimately completes before any
+            // overlap was seen. Once an overlap arrived, nothing may complete.
+            let mut seen: Vec<(usize, usize)> = Vec::new();
+            let mut overlapped = false;
             for &i in &order {
-                let f = if i == usize::MAX { &evil[0] } else { &frags[i] };
+                let (f, range) = if i == usize::MAX { (&evil[0], (a, b)) } else { (&frags[i], ranges[i]) };
+                overlapped |= seen.iter().any(|&(x, y)| x < range.1 && range.0 < y && (x, y) != range);
+                seen.push(range);
                 let o = feed(&mut r, f, 0, 0, &mut d);
-                prop_assert!(!matches!(o, Outcome::Complete(..)), "delivered despite an overlap");
+                if overlapped {
+                    prop_assert!(!matches!(o, Outcome::Complete(..)), "delivered despite an overlap");
+                } else if matches!(o, Outcome::Complete(..)) {
+                    break;
+                }
             }
             prop_assert_eq!(r.held_bytes(), 0);
         }
