@@ -155,7 +155,10 @@ impl Pipeline {
             cfg.min_fragment_v6 = v;
         }
         let icmp = RateLimiter::new(
-            tables.icmp.per_second.unwrap_or(RateLimiter::DEFAULT_PER_SECOND),
+            tables
+                .icmp
+                .per_second
+                .unwrap_or(RateLimiter::DEFAULT_PER_SECOND),
             tables.icmp.burst.unwrap_or(RateLimiter::DEFAULT_BURST),
         );
         Pipeline {
