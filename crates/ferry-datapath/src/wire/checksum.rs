@@ -15,12 +15,16 @@ pub fn add(data: &[u8], mut sum: u64) -> u64 {
         let v = u64::from_be_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
         sum += (v >> 32) + (v & 0xffff_ffff);
     }
-    let rest = chunks.remainder();
-    let mut words = rest.chunks_exact(2);
-    for w in &mut words {
-        sum += u64::from(u16::from_be_bytes([w[0], w[1]]));
+    let mut rest = chunks.remainder();
+    if rest.len() >= 4 {
+        sum += u64::from(u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]));
+        rest = &rest[4..];
     }
-    if let [last] = words.remainder() {
+    if rest.len() >= 2 {
+        sum += u64::from(u16::from_be_bytes([rest[0], rest[1]]));
+        rest = &rest[2..];
+    }
+    if let [last] = rest {
         sum += u64::from(*last) << 8;
     }
     sum

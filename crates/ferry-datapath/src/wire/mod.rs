@@ -2,7 +2,9 @@
 
 pub mod build;
 pub mod checksum;
+pub mod icmp_error;
 pub mod parse;
+pub mod rewrite;
 pub mod vxlan;
 
 pub use parse::{Frag, L3, Parsed, parse};

@@ -137,15 +137,15 @@ pub fn parse(frame: &[u8], zone: u16) -> Result<Parsed, DropReason> {
         l3_off += 4;
     }
     let rest = &frame[l3_off..];
-    let mut p = match etype {
-        ethertype::IPV4 => parse_ipv4(rest, l3_off, zone)?,
-        ethertype::IPV6 => parse_ipv6(rest, l3_off, zone)?,
+    match etype {
+        ethertype::IPV4 => parse_ipv4(rest, l3_off, vlan, zone),
+        ethertype::IPV6 => parse_ipv6(rest, l3_off, vlan, zone),
         ethertype::ARP => {
             let arp = ArpPacketSlice::from_slice(rest).map_err(|_| DropReason::ArpMalformed)?;
             if arp.hw_addr_size() != 6 || arp.proto_addr_size() != 4 {
                 return Err(DropReason::ArpMalformed);
             }
-            return Ok(Parsed {
+            Ok(Parsed {
                 vlan,
                 l3: L3::Arp,
                 l3_off,
@@ -167,15 +167,13 @@ pub fn parse(frame: &[u8], zone: u16) -> Result<Parsed, DropReason> {
                     src_port: 0,
                     dst_port: 0,
                 },
-            });
+            })
         }
-        _ => return Err(DropReason::UnsupportedEthertype),
-    };
-    p.vlan = vlan;
-    Ok(p)
+        _ => Err(DropReason::UnsupportedEthertype),
+    }
 }
 
-fn parse_ipv4(b: &[u8], l3_off: usize, zone: u16) -> Result<Parsed, DropReason> {
+fn parse_ipv4(b: &[u8], l3_off: usize, vlan: Option<u16>, zone: u16) -> Result<Parsed, DropReason> {
     let h = Ipv4HeaderSlice::from_slice(b).map_err(|_| DropReason::Ipv4HeaderMalformed)?;
     let hlen = h.slice().len();
     let total = usize::from(h.total_len());
@@ -193,8 +191,15 @@ fn parse_ipv4(b: &[u8], l3_off: usize, zone: u16) -> Result<Parsed, DropReason> 
         more,
     });
     let protocol = h.protocol().0;
-    let mut p = Parsed {
-        vlan: None,
+    // Everything is read into locals first and `Parsed` built once at the end: building
+    // it in place and patching fields made the hot path pay for stack copies.
+    let l4 = if offset == 0 {
+        parse_l4(protocol, frag.is_some(), &b[hlen..total])?
+    } else {
+        L4::default()
+    };
+    Ok(Parsed {
+        vlan,
         l3: L3::Ipv4,
         l3_off,
         ip_end: l3_off + total,
@@ -204,148 +209,152 @@ fn parse_ipv4(b: &[u8], l3_off: usize, zone: u16) -> Result<Parsed, DropReason> 
         frag,
         dont_fragment: h.dont_fragment(),
         chain_complete: true,
-        l4_complete: false,
-        tcp_flags: 0,
+        l4_complete: l4.complete,
+        tcp_flags: l4.tcp_flags,
         ttl: h.ttl(),
         key: FlowKey {
             zone,
             src: IpAddr::V4(h.source_addr()),
             dst: IpAddr::V4(h.destination_addr()),
             proto: protocol,
-            src_port: 0,
-            dst_port: 0,
+            src_port: l4.src_port,
+            dst_port: l4.dst_port,
         },
-    };
-    if offset == 0 {
-        parse_l4(&mut p, &b[hlen..total])?;
-    }
-    Ok(p)
+    })
 }
 
-fn parse_ipv6(b: &[u8], l3_off: usize, zone: u16) -> Result<Parsed, DropReason> {
+fn parse_ipv6(b: &[u8], l3_off: usize, vlan: Option<u16>, zone: u16) -> Result<Parsed, DropReason> {
     let h = Ipv6HeaderSlice::from_slice(b).map_err(|_| DropReason::Ipv6HeaderMalformed)?;
     let payload_len = usize::from(h.payload_length());
     // A zero payload length announces a jumbogram, which ferry does not carry.
     if payload_len == 0 && h.next_header().0 != 59 || IPV6_LEN + payload_len > b.len() {
         return Err(DropReason::IpLengthInvalid);
     }
-    let end = IPV6_LEN + payload_len;
-    let d = &b[..end];
-    let mut p = Parsed {
-        vlan: None,
-        l3: L3::Ipv6,
-        l3_off,
-        ip_end: l3_off + end,
-        frag_hdr_off: 0,
-        l4_off: 0,
-        proto: 0,
-        frag: None,
-        dont_fragment: false,
-        chain_complete: false,
-        l4_complete: false,
-        tcp_flags: 0,
-        ttl: h.hop_limit(),
-        key: FlowKey {
-            zone,
-            src: IpAddr::V6(h.source_addr()),
-            dst: IpAddr::V6(h.destination_addr()),
-            proto: 0,
-            src_port: 0,
-            dst_port: 0,
-        },
-    };
+    let d = &b[..IPV6_LEN + payload_len];
+    // As for IPv4, the walk works on locals and `Parsed` is built once at the end.
     let mut nh = h.next_header().0;
     let mut off = IPV6_LEN;
+    let mut frag = None;
+    let mut frag_hdr_off = 0;
+    let mut chain_complete = true;
     let mut first = true;
     loop {
-        // In a first fragment the chain may legitimately run past the fragment's end;
-        // ipf refuses that (RFC 7112). In any other packet it is malformed.
-        let truncated = |p: &Parsed| {
-            if p.frag.is_some() {
-                Ok(())
-            } else {
-                Err(DropReason::Ipv6ExtHeaderMalformed)
-            }
-        };
-        match nh {
+        // A header that does not fit: malformed, except in a first fragment, whose chain
+        // may legitimately run past its end (ipf refuses that, RFC 7112).
+        let ext_len = match nh {
             ext::HOP_BY_HOP | ext::ROUTING | ext::DEST_OPTS => {
                 if nh == ext::HOP_BY_HOP && !first {
                     return Err(DropReason::Ipv6ExtHeaderMalformed);
                 }
-                let Ok(e) = Ipv6RawExtHeaderSlice::from_slice(&d[off..]) else {
-                    truncated(&p)?;
-                    p.l4_off = l3_off + off;
-                    p.proto = nh;
-                    p.key.proto = nh;
-                    return Ok(p);
-                };
-                nh = e.next_header().0;
-                off += e.slice().len();
+                Ipv6RawExtHeaderSlice::from_slice(&d[off..])
+                    .map(|e| (e.next_header().0, e.slice().len()))
+                    .ok()
             }
-            ext::AUTH => {
-                let Ok(e) = IpAuthHeaderSlice::from_slice(&d[off..]) else {
-                    truncated(&p)?;
-                    p.l4_off = l3_off + off;
-                    p.proto = nh;
-                    p.key.proto = nh;
-                    return Ok(p);
-                };
-                nh = e.next_header().0;
-                off += e.slice().len();
-            }
+            ext::AUTH => IpAuthHeaderSlice::from_slice(&d[off..])
+                .map(|e| (e.next_header().0, e.slice().len()))
+                .ok(),
             ext::FRAGMENT => {
-                if p.frag_hdr_off != 0 {
+                if frag_hdr_off != 0 {
                     return Err(DropReason::Ipv6ExtHeaderMalformed);
                 }
                 let f = Ipv6FragmentHeaderSlice::from_slice(&d[off..])
                     .map_err(|_| DropReason::Ipv6ExtHeaderMalformed)?;
                 let offset = f.fragment_offset().value() * 8;
                 let more = f.more_fragments();
-                p.frag_hdr_off = l3_off + off;
-                nh = f.next_header().0;
-                off += 8;
+                frag_hdr_off = l3_off + off;
                 // An atomic fragment (offset 0, no more) is processed as a whole packet (RFC 6946).
                 if offset != 0 || more {
-                    p.frag = Some(Frag {
+                    frag = Some(Frag {
                         id: f.identification(),
                         offset,
                         more,
                     });
                 }
+                nh = f.next_header().0;
+                off += 8;
                 if offset != 0 {
-                    p.l4_off = l3_off + off;
-                    p.proto = nh;
-                    p.key.proto = nh;
-                    return Ok(p);
+                    // What follows is fragment data, not headers.
+                    break;
                 }
+                first = false;
+                continue;
             }
             _ => break,
+        };
+        match ext_len {
+            Some((next, len)) => {
+                nh = next;
+                off += len;
+            }
+            None if frag.is_some() => {
+                chain_complete = false;
+                break;
+            }
+            None => return Err(DropReason::Ipv6ExtHeaderMalformed),
         }
         first = false;
     }
-    p.chain_complete = true;
-    p.l4_off = l3_off + off;
-    p.proto = nh;
-    p.key.proto = nh;
-    parse_l4(&mut p, &d[off..])?;
-    Ok(p)
+    let later_fragment = frag.is_some_and(|f: Frag| f.offset != 0);
+    let l4 = if chain_complete && !later_fragment {
+        parse_l4(nh, frag.is_some(), &d[off..])?
+    } else {
+        L4::default()
+    };
+    Ok(Parsed {
+        vlan,
+        l3: L3::Ipv6,
+        l3_off,
+        ip_end: l3_off + d.len(),
+        frag_hdr_off,
+        l4_off: l3_off + off,
+        proto: nh,
+        frag,
+        dont_fragment: false,
+        chain_complete: chain_complete && !later_fragment,
+        l4_complete: l4.complete,
+        tcp_flags: l4.tcp_flags,
+        ttl: h.hop_limit(),
+        key: FlowKey {
+            zone,
+            src: IpAddr::V6(h.source_addr()),
+            dst: IpAddr::V6(h.destination_addr()),
+            proto: nh,
+            src_port: l4.src_port,
+            dst_port: l4.dst_port,
+        },
+    })
+}
+
+/// What the transport header says: the key's ports, the TCP flags, and whether it was there.
+#[derive(Clone, Copy, Default)]
+struct L4 {
+    src_port: u16,
+    dst_port: u16,
+    tcp_flags: u8,
+    complete: bool,
 }
 
 /// Reads the transport header at the start of `l4` (the rest of the IP payload).
-/// For a first fragment, a header that does not fit leaves `l4_complete` false so that
+/// For a first fragment, a header that does not fit leaves `complete` false so that
 /// ipf can refuse it with its own reason.
-fn parse_l4(p: &mut Parsed, l4: &[u8]) -> Result<(), DropReason> {
-    let fragment = p.frag.is_some();
-    let short = |reason| if fragment { Ok(()) } else { Err(reason) };
-    match p.proto {
+#[inline]
+fn parse_l4(proto: u8, fragment: bool, l4: &[u8]) -> Result<L4, DropReason> {
+    let short = |reason| {
+        if fragment {
+            Ok(L4::default())
+        } else {
+            Err(reason)
+        }
+    };
+    match proto {
         proto::TCP => match TcpHeaderSlice::from_slice(l4) {
-            Ok(t) => {
-                p.key.src_port = t.source_port();
-                p.key.dst_port = t.destination_port();
-                p.tcp_flags = t.slice()[13];
-                p.l4_complete = true;
-            }
-            Err(_) => short(DropReason::TcpHeaderMalformed)?,
+            Ok(t) => Ok(L4 {
+                src_port: t.source_port(),
+                dst_port: t.destination_port(),
+                tcp_flags: t.slice()[13],
+                complete: true,
+            }),
+            Err(_) => short(DropReason::TcpHeaderMalformed),
         },
         proto::UDP => match UdpHeaderSlice::from_slice(l4) {
             Ok(u) => {
@@ -353,33 +362,41 @@ fn parse_l4(p: &mut Parsed, l4: &[u8]) -> Result<(), DropReason> {
                 if !fragment && (len < 8 || len > l4.len()) {
                     return Err(DropReason::UdpHeaderMalformed);
                 }
-                p.key.src_port = u.source_port();
-                p.key.dst_port = u.destination_port();
-                p.l4_complete = true;
+                Ok(L4 {
+                    src_port: u.source_port(),
+                    dst_port: u.destination_port(),
+                    tcp_flags: 0,
+                    complete: true,
+                })
             }
-            Err(_) => short(DropReason::UdpHeaderMalformed)?,
+            Err(_) => short(DropReason::UdpHeaderMalformed),
         },
         proto::ICMP | proto::ICMPV6 => {
             if l4.len() < 8 {
                 return short(DropReason::IcmpMalformed);
             }
             let (ty, code) = (l4[0], l4[1]);
-            let echo = if p.proto == proto::ICMP {
+            let echo = if proto == proto::ICMP {
                 matches!(ty, 0 | 8)
             } else {
                 matches!(ty, 128 | 129)
             };
-            p.key.src_port = if echo {
-                u16::from_be_bytes([l4[4], l4[5]])
-            } else {
-                0
-            };
-            p.key.dst_port = u16::from(ty) << 8 | u16::from(code);
-            p.l4_complete = true;
+            Ok(L4 {
+                src_port: if echo {
+                    u16::from_be_bytes([l4[4], l4[5]])
+                } else {
+                    0
+                },
+                dst_port: u16::from(ty) << 8 | u16::from(code),
+                tcp_flags: 0,
+                complete: true,
+            })
         }
-        _ => p.l4_complete = true,
+        _ => Ok(L4 {
+            complete: true,
+            ..L4::default()
+        }),
     }
-    Ok(())
 }
 
 /// The addresses of an IPv6 key as arrays (for pseudo-headers).

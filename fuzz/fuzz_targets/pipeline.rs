@@ -1,0 +1,64 @@
+//! Arbitrary frames, ports, offload state and times through a whole node pipeline: it never
+//! panics and nothing it sends exceeds the egress MTU unless the port takes GSO.
+#![no_main]
+
+use std::sync::{Arc, OnceLock};
+
+use ferry_datapath::packet::Packet;
+use ferry_datapath::pipeline::{Pipeline, Trace};
+use ferry_datapath::tables::{Tables, TablesSpec};
+use libfuzzer_sys::fuzz_target;
+
+const TABLES: &str = r#"{
+  "ports": [
+    {"name": "uplink", "mac": "02:00:00:00:00:01", "mtu": 1500, "gro": true, "addresses": ["192.168.0.1", "fd00::1"]},
+    {"name": "pod", "mac": "02:00:00:00:00:02", "mtu": 1400, "addresses": ["169.254.1.1", "fe80::1"]},
+    {"name": "tap", "mac": "02:00:00:00:00:03", "mtu": 9000, "gso": true}
+  ],
+  "routes": [
+    {"prefix": "10.0.0.0/24", "port": "pod", "next_hop_mac": "02:00:00:00:00:10"},
+    {"prefix": "10.0.1.0/24", "port": "tap", "next_hop_mac": "02:00:00:00:00:11"},
+    {"prefix": "fd10::/64", "port": "pod", "next_hop_mac": "02:00:00:00:00:10"},
+    {"prefix": "0.0.0.0/0", "port": "uplink", "next_hop_mac": "02:00:00:00:00:fe"},
+    {"prefix": "::/0", "port": "uplink", "next_hop_mac": "02:00:00:00:00:fe"}
+  ],
+  "ipf": {"max_datagrams": 16, "min_fragment_v4": 68, "min_fragment_v6": 100}
+}"#;
+
+fn tables() -> Arc<Tables> {
+    static T: OnceLock<Arc<Tables>> = OnceLock::new();
+    T.get_or_init(|| {
+        let spec: TablesSpec = serde_saphyr::from_str(TABLES).expect("fuzz tables parse");
+        Arc::new(spec.compile().expect("fuzz tables compile"))
+    })
+    .clone()
+}
+
+fuzz_target!(|data: &[u8]| {
+    let t = tables();
+    let mut p = Pipeline::new(t.clone());
+    let mut out = Vec::new();
+    let mut now = 0u64;
+    let mut rest = data;
+    // Each packet: port, gso type, gso size (2), flags, time step, length (2), frame.
+    while rest.len() >= 8 {
+        let (h, tail) = rest.split_at(8);
+        let len = usize::from(u16::from_le_bytes([h[6], h[7]])) % 9000;
+        let frame = &tail[..len.min(tail.len())];
+        rest = &tail[frame.len()..];
+        now += u64::from(h[5]) * 100_000_000;
+        let mut pkt = Packet::new(frame.to_vec(), u16::from(h[0] % 4), now);
+        pkt.meta.vnet.gso_type = h[1];
+        pkt.meta.vnet.gso_size = u16::from_le_bytes([h[2], h[3]]);
+        pkt.meta.vnet.flags = h[4];
+        p.tick(now);
+        out.clear();
+        p.process(pkt, &mut out, &mut Trace::disabled());
+        for (port, o) in &out {
+            let port = &t.ports[usize::from(*port)];
+            if !port.gso {
+                assert!(o.data.len() <= usize::from(port.mtu) + 18, "{} bytes out of {}", o.data.len(), port.name);
+            }
+        }
+    }
+});
