@@ -13,12 +13,21 @@
 //! timing wheel ([`Conntrack::expire`] does bounded work per call), with per-state
 //! timeouts close to Linux's ([`Timeouts`]).
 //!
+//! NAT is decided once, when a connection is created ([`Nat`]): the reply tuple is the
+//! reverse of the translated original tuple, unique in the table (SNAT picks another port
+//! when needed). Every packet of the connection is then translated, the original
+//! direction to the translated tuple and the reply direction back; ICMP errors about it
+//! are translated outside and in the quoted packet.
+//!
 //! Everything here is pure: time comes in as `now_ns`.
 
 mod dump;
 mod entry;
 mod expiry;
 mod icmp;
+mod nat;
+#[cfg(test)]
+mod nat_tests;
 mod table;
 mod tcp;
 #[cfg(test)]
@@ -38,6 +47,8 @@ use crate::drop::DropReason;
 use crate::flow::{FlowKey, proto};
 use crate::packet::Packet;
 use crate::wire::Parsed;
+use crate::wire::icmp_error;
+use crate::wire::rewrite::{rewrite, rewrite_icmp_error};
 
 /// Identifies an entry until it is removed (expired, deleted, evicted or replaced by a
 /// reopened TCP connection); ids of removed entries are reused.
@@ -378,6 +389,13 @@ impl Conntrack {
         }
         self.table.refresh(id, &self.config.timeouts);
         self.stats.found += 1;
+        if let Some(e) = self.table.get(id)
+            && e.status.nat()
+        {
+            // Original direction: to the translated tuple; reply direction: back.
+            let to = reverse(e.tuple(1 - dir));
+            translate(pkt, parsed, &to)?;
+        }
         Ok(CtResult {
             state: CtState::Established,
             reply,
@@ -391,7 +409,7 @@ impl Conntrack {
         &mut self,
         pkt: &mut Packet,
         parsed: &mut Parsed,
-        _nat: Option<&Nat>,
+        nat: Option<&Nat>,
         now_ns: u64,
     ) -> Result<CtResult, DropReason> {
         let key = parsed.key;
@@ -414,12 +432,24 @@ impl Conntrack {
             }
             _ => ProtoState::Other,
         };
-        let reply = reverse(&key);
-        if self.table.contains(&reply) {
-            self.stats.clash += 1;
-            return Ok(self.invalid());
+        let (post, nat_status) = match nat::decide(&self.table, &key, nat) {
+            Ok(d) => d,
+            Err(nat::Refusal::Exhausted) => {
+                self.stats.nat_port_exhausted += 1;
+                return Err(DropReason::NatPortExhausted);
+            }
+            Err(nat::Refusal::Clash) => {
+                self.stats.clash += 1;
+                return Ok(self.invalid());
+            }
+            Err(nat::Refusal::Family) => return Ok(self.invalid()),
+        };
+        let reply = reverse(&post);
+        if post != key {
+            translate(pkt, parsed, &post)?;
         }
         let mut entry = Entry::new(key, reply, ps, now_ns);
+        entry.status.set(nat_status);
         entry.packets[ORIGINAL] = 1;
         entry.bytes[ORIGINAL] = parsed.ip_len() as u64;
         self.stats.new += 1;
@@ -431,9 +461,47 @@ impl Conntrack {
         })
     }
 
-    /// An ICMP error: RELATED to the connection its quoted packet belongs to.
-    fn related(&mut self, _pkt: &mut Packet, _parsed: &mut Parsed) -> Result<CtResult, DropReason> {
-        Ok(self.invalid())
+    /// An ICMP error: RELATED to the connection its quoted packet belongs to, whoever sent
+    /// it (the peer or a router on the way).
+    ///
+    /// The quote is the packet as its sender sent it, so its reverse is the tuple of the
+    /// direction the error travels in. The error must be addressed to that direction's
+    /// destination. For a translated connection the error is translated like a packet of
+    /// that direction: outer destination, outer source when it is the peer itself (a
+    /// router's address is kept), and the quote into the tuple its sender knows.
+    fn related(&mut self, pkt: &mut Packet, parsed: &mut Parsed) -> Result<CtResult, DropReason> {
+        let Some(emb) = icmp_error::embedded(&pkt.data, parsed)? else {
+            return Ok(self.invalid());
+        };
+        let Some((id, dir)) = self.table.lookup(&reverse(&emb.key)) else {
+            return Ok(self.invalid());
+        };
+        let Some(e) = self.table.get(id) else {
+            return Ok(self.invalid());
+        };
+        let (here, other) = (*e.tuple(dir), *e.tuple(1 - dir));
+        if here.dst != parsed.key.dst {
+            // Quotes a connection that the error is not addressed to.
+            return Ok(self.invalid());
+        }
+        if e.status.nat() {
+            let outer_dst = other.src;
+            let outer_src = if parsed.key.src == here.src {
+                other.dst
+            } else {
+                parsed.key.src
+            };
+            rewrite_icmp_error(&mut pkt.data, parsed, &emb, outer_src, outer_dst, &other)?;
+            parsed.key.src = outer_src;
+            parsed.key.dst = outer_dst;
+        }
+        self.stats.related += 1;
+        Ok(CtResult {
+            state: CtState::Related,
+            reply: dir == REPLY,
+            entry: Some(id),
+            pending: None,
+        })
     }
 
     fn invalid(&mut self) -> CtResult {
@@ -547,4 +615,13 @@ impl Conntrack {
     pub(crate) fn check(&self) {
         self.table.check();
     }
+}
+
+/// Rewrites a packet to the tuple `to` and makes `to` its key.
+fn translate(pkt: &mut Packet, parsed: &mut Parsed, to: &FlowKey) -> Result<(), DropReason> {
+    if *to != parsed.key {
+        rewrite(&mut pkt.data, parsed, pkt.meta.vnet.needs_csum(), to)?;
+        parsed.key = *to;
+    }
+    Ok(())
 }

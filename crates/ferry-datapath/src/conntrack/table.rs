@@ -85,6 +85,12 @@ impl Table {
         self.hasher.hash_one(k)
     }
 
+    /// The keyed hash of a tuple (also a per-connection seed for port allocation).
+    #[inline]
+    pub(crate) fn hash_key(&self, k: &FlowKey) -> u64 {
+        self.hash(k)
+    }
+
     /// Live entries.
     #[inline]
     pub(crate) fn len(&self) -> usize {
