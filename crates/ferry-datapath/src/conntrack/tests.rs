@@ -644,3 +644,194 @@ fn tcp_close_sequence_shortens_timeouts() {
         "TIME_WAIT's 120 s, not 5 days"
     );
 }
+
+// --- dump, delete, display
+
+fn populated() -> Conntrack {
+    let mut ct = ct();
+    let nat = Nat {
+        dnat: Some((ip("10.244.1.5"), Some(8080))),
+        snat: None,
+    };
+    run(
+        &mut ct,
+        &mut tcp(C, 40000, "10.96.0.10", 80, 1000, 0, SYN, 0),
+        Some(&nat),
+        0,
+    );
+    run(&mut ct, &mut udp("10.0.0.3", 5000, "10.0.0.4", 53), None, 0);
+    run(&mut ct, &mut ping("10.0.0.3", "10.0.0.5", 9), None, 0);
+    let mut z7 = udp("10.0.0.3", 5000, "10.0.0.4", 53);
+    z7.parsed.key.zone = 7;
+    run(&mut ct, &mut z7, None, 0);
+    ct
+}
+
+fn count(ct: &Conntrack, f: Filter) -> usize {
+    ct.dump(&f).count()
+}
+
+#[test]
+fn dump_filters_by_zone_address_port_protocol_and_state() {
+    let ct = populated();
+    assert_eq!(count(&ct, Filter::default()), 4);
+    let f = Filter::default();
+    assert_eq!(count(&ct, Filter { zone: Some(7), ..f }), 1);
+    // The backend address appears only in the reply tuple: still selected.
+    assert_eq!(
+        count(
+            &ct,
+            Filter {
+                addr: Some(ip("10.244.1.5")),
+                ..f
+            }
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            &ct,
+            Filter {
+                addr: Some(ip("10.0.0.3")),
+                ..f
+            }
+        ),
+        3
+    );
+    assert_eq!(
+        count(
+            &ct,
+            Filter {
+                port: Some(8080),
+                ..f
+            }
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            &ct,
+            Filter {
+                proto: Some(proto::UDP),
+                zone: Some(0),
+                ..f
+            }
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            &ct,
+            Filter {
+                state: Some(TcpState::SynSent),
+                ..f
+            }
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            &ct,
+            Filter {
+                state: Some(TcpState::Established),
+                ..f
+            }
+        ),
+        0
+    );
+}
+
+#[test]
+fn delete_by_filter_removes_both_directions_from_the_index() {
+    let mut ct = populated();
+    let backend = Filter {
+        addr: Some(ip("10.244.1.5")),
+        ..Filter::default()
+    };
+    let (id, e) = ct
+        .dump(&backend)
+        .next()
+        .map(|(i, e)| (i, e.clone()))
+        .unwrap();
+    assert_eq!(ct.delete(&backend), 1);
+    ct.check();
+    assert!(ct.get(id).is_none());
+    assert_eq!(ct.lookup(&e.original), None);
+    assert_eq!(ct.lookup(&e.reply), None);
+    assert_eq!(ct.len(), 3);
+    assert_eq!(ct.stats().deleted, 1);
+    // A reply of the deleted connection is no longer recognised.
+    let r = run(
+        &mut ct,
+        &mut tcp("10.244.1.5", 8080, C, 40000, 5000, 1001, SYN | ACK, 0),
+        None,
+        1,
+    );
+    assert_eq!(r.state, CtState::Invalid);
+    assert_eq!(ct.delete(&Filter::default()), 3);
+    assert!(ct.is_empty());
+    ct.check();
+}
+
+#[test]
+fn entry_line_looks_like_conntrack_list() {
+    let mut ct = ct();
+    let nat = Nat {
+        dnat: Some((ip("10.244.1.5"), Some(8080))),
+        snat: None,
+    };
+    let id = run(
+        &mut ct,
+        &mut tcp(C, 40000, "10.96.0.10", 80, 1000, 0, SYN, 0),
+        Some(&nat),
+        0,
+    )
+    .entry
+    .unwrap();
+    let t = ct.config().timeouts;
+    assert_eq!(
+        ct.get(id).unwrap().line(&t, S).to_string(),
+        "tcp 6 119 SYN_SENT src=10.0.0.1 dst=10.96.0.10 sport=40000 dport=80 [UNREPLIED] \
+         src=10.244.1.5 dst=10.0.0.1 sport=8080 dport=40000 zone=0 mark=0"
+    );
+    run(
+        &mut ct,
+        &mut tcp("10.244.1.5", 8080, C, 40000, 5000, 1001, SYN | ACK, 0),
+        None,
+        1,
+    );
+    run(
+        &mut ct,
+        &mut tcp(C, 40000, "10.96.0.10", 80, 1001, 5001, ACK, 0),
+        None,
+        2,
+    );
+    let e = ct.get_mut(id).unwrap();
+    e.mark = 3;
+    e.tunnel_peer = Some(ip("192.168.0.2"));
+    let e = ct.get(id).unwrap();
+    assert_eq!(
+        e.line(&t, 2 + S).to_string(),
+        "tcp 6 431999 ESTABLISHED src=10.0.0.1 dst=10.96.0.10 sport=40000 dport=80 \
+         src=10.244.1.5 dst=10.0.0.1 sport=8080 dport=40000 [ASSURED] zone=0 mark=3 \
+         tunnel_peer=192.168.0.2"
+    );
+    assert!(e.to_string().starts_with("tcp 6 432000 ESTABLISHED"));
+    let icmp = run(&mut ct, &mut ping("10.0.0.3", "10.0.0.5", 9), None, 0)
+        .entry
+        .unwrap();
+    assert_eq!(
+        ct.get(icmp).unwrap().line(&t, 0).to_string(),
+        "icmp 1 30 src=10.0.0.3 dst=10.0.0.5 type=8 code=0 id=9 [UNREPLIED] \
+         src=10.0.0.5 dst=10.0.0.3 type=0 code=0 id=9 zone=0 mark=0"
+    );
+}
+
+#[test]
+fn entry_is_serializable_for_json_dumps() {
+    fn serializable<T: serde::Serialize>(_: &T) {}
+    let ct = populated();
+    for (_, e) in ct.dump(&Filter::default()) {
+        serializable(e);
+    }
+}
