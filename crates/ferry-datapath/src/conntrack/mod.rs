@@ -28,6 +28,8 @@ mod icmp;
 mod nat;
 #[cfg(test)]
 mod nat_tests;
+#[cfg(test)]
+mod proptests;
 mod table;
 mod tcp;
 #[cfg(test)]
