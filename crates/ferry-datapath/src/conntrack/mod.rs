@@ -313,7 +313,7 @@ impl Conntrack {
                     self.stats.untracked += 1;
                     return Ok(CtResult::plain(CtState::Untracked));
                 }
-                Kind::Error => return self.related(pkt, parsed),
+                Kind::Error => return self.related(pkt, parsed, now_ns),
                 Kind::Request | Kind::Reply => {}
             }
         }
@@ -471,14 +471,24 @@ impl Conntrack {
     /// destination. For a translated connection the error is translated like a packet of
     /// that direction: outer destination, outer source when it is the peer itself (a
     /// router's address is kept), and the quote into the tuple its sender knows.
-    fn related(&mut self, pkt: &mut Packet, parsed: &mut Parsed) -> Result<CtResult, DropReason> {
+    fn related(
+        &mut self,
+        pkt: &mut Packet,
+        parsed: &mut Parsed,
+        now_ns: u64,
+    ) -> Result<CtResult, DropReason> {
         let Some(emb) = icmp_error::embedded(&pkt.data, parsed)? else {
             return Ok(self.invalid());
         };
         let Some((id, dir)) = self.table.lookup(&reverse(&emb.key)) else {
             return Ok(self.invalid());
         };
-        let Some(e) = self.table.get(id) else {
+        let Some(e) = self
+            .table
+            .get(id)
+            .filter(|e| e.deadline_ns(&self.config.timeouts) > now_ns)
+        else {
+            // Gone, or timed out and not yet reaped.
             return Ok(self.invalid());
         };
         let (here, other) = (*e.tuple(dir), *e.tuple(1 - dir));

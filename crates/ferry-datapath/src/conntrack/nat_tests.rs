@@ -387,6 +387,16 @@ fn icmp_error_from_a_router_is_related_and_keeps_the_router_address() {
 }
 
 #[test]
+fn icmp_error_about_a_timed_out_connection_is_invalid() {
+    let mut ct = Conntrack::new(Config::default());
+    let mut p = udp("10.0.0.1", 40000, "10.0.0.2", 53);
+    run(&mut ct, &mut p, None, 0);
+    let mut err = error_about(&p, "10.0.0.2", ErrorKind::Unreachable { code: 3 });
+    let r = run(&mut ct, &mut err, None, 31 * S);
+    assert_eq!(r.state, CtState::Invalid, "unreplied UDP lasts 30 s");
+}
+
+#[test]
 fn icmp_error_about_no_known_connection_is_invalid() {
     let mut ct = Conntrack::new(Config::default());
     let p = udp("10.0.0.1", 40000, "10.0.0.2", 53);
@@ -405,5 +415,4 @@ fn icmp_error_about_no_known_connection_is_invalid() {
     let r = run(&mut ct, &mut err, None, 0);
     assert_eq!(r.state, CtState::Invalid);
     assert_eq!(ct.stats().related, 0);
-    let _ = S;
 }

@@ -5,6 +5,11 @@
 //! The index is a `HashTable<u32>` holding `slab id << 1 | direction`: 4 bytes and one
 //! control byte per tuple, keyed through the entry itself, so a tuple is stored once. The
 //! hasher is a randomly keyed `ahash`, so that packet fields cannot be chosen to collide.
+//!
+//! Memory per connection: an `Entry` is 208 bytes (its two tuples alone are 84), its list
+//! links 20, and the index 10 bytes of slots per connection at most 7/8 full: 248 bytes
+//! per connection in a full table of the default 262144 entries (measured by the test
+//! `size_of_entry_and_memory_per_connection`), against nf_conntrack's ~300.
 
 use ahash::RandomState;
 use hashbrown::HashTable;
