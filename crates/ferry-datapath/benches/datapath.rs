@@ -152,8 +152,7 @@ fn pipeline(c: &mut Criterion) {
             port: "b".into(),
             next_hop_mac: MacAddr([2, 0, 0, 0, 0, 3]),
         }],
-        ipf: Default::default(),
-        icmp: Default::default(),
+        ..TablesSpec::default()
     };
     let mut p = Pipeline::new(Arc::new(spec.compile().unwrap()));
     let f = frame64();

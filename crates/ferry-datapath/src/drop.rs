@@ -213,3 +213,21 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod docs {
+    use super::DropReason;
+
+    /// Users look reasons up in docs/datapath.md: every reason must be listed there.
+    #[test]
+    fn every_reason_is_documented() {
+        let doc = include_str!("../../../docs/datapath.md");
+        for r in DropReason::ALL {
+            assert!(
+                doc.contains(&format!("| `{}` |", r.name())),
+                "docs/datapath.md does not list {}",
+                r.name()
+            );
+        }
+    }
+}

@@ -499,7 +499,7 @@ mod tests {
     use std::net::IpAddr;
 
     use super::*;
-    use crate::tables::{IcmpSpec, IpfSpec, MacAddr, PortSpec, RouteSpec, TablesSpec};
+    use crate::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
     use crate::wire::build::{self, IpOpts, tcp_flags};
 
     const UPLINK: PortId = 0;
@@ -553,8 +553,7 @@ mod tests {
                 route("0.0.0.0/0", "uplink", [2, 0, 0, 0, 0, 0xfe]),
                 route("::/0", "uplink", [2, 0, 0, 0, 0, 0xfe]),
             ],
-            ipf: IpfSpec::default(),
-            icmp: IcmpSpec::default(),
+            ..TablesSpec::default()
         };
         Pipeline::new(Arc::new(spec.compile().unwrap()))
     }
@@ -625,8 +624,7 @@ mod tests {
         let spec = TablesSpec {
             ports: vec![port("only", 1, 1500, &[], false, false)],
             routes: vec![],
-            ipf: IpfSpec::default(),
-            icmp: IcmpSpec::default(),
+            ..TablesSpec::default()
         };
         let mut q = Pipeline::new(Arc::new(spec.compile().unwrap()));
         assert_eq!(

@@ -12,6 +12,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Deserializer};
 
 use crate::fib::Fib;
+use crate::flow::{FlowKey, proto};
 use crate::packet::PortId;
 
 /// An Ethernet address, written `02:00:00:00:00:01`.
@@ -128,7 +129,7 @@ pub struct IcmpSpec {
 }
 
 /// The whole tables file.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TablesSpec {
     /// Ports, in order; a port's index is its `PortId`.
@@ -142,9 +143,156 @@ pub struct TablesSpec {
     /// ICMP error rate limit.
     #[serde(default)]
     pub icmp: IcmpSpec,
+    /// Connection tracking settings.
+    #[serde(default)]
+    pub ct: CtSpec,
+    /// Static NAT rules, first match wins; applied when a connection starts.
+    #[serde(default)]
+    pub nat: Vec<NatRuleSpec>,
 }
 
-/// A compiled port.
+/// Connection tracking settings; every field optional.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CtSpec {
+    /// Most connections tracked at once (default 262144).
+    pub max_entries: Option<usize>,
+    /// Let packets that conntrack finds INVALID through instead of dropping them
+    /// (default false, as kube-proxy's `ctstate INVALID -j DROP`).
+    #[serde(default)]
+    pub pass_invalid: bool,
+    /// Pick up TCP connections mid-stream, e.g. after a restart (default true).
+    pub tcp_pickup: Option<bool>,
+}
+
+/// What a NAT rule matches; every field optional, all given fields must match.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatchSpec {
+    /// The port the packet arrived on.
+    pub in_port: Option<String>,
+    /// `tcp`, `udp`, `icmp`, `icmpv6`, or a protocol number.
+    pub proto: Option<String>,
+    /// Source prefix.
+    pub src: Option<IpNet>,
+    /// Destination prefix.
+    pub dst: Option<IpNet>,
+    /// Source port.
+    pub src_port: Option<u16>,
+    /// Destination port.
+    pub dst_port: Option<u16>,
+}
+
+/// A static NAT rule as the tables file describes it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatRuleSpec {
+    /// What the first packet of a connection must look like.
+    #[serde(rename = "match", default)]
+    pub matches: MatchSpec,
+    /// Destination NAT: `ADDR`, `ADDR:PORT` or `[V6ADDR]:PORT`.
+    pub dnat: Option<String>,
+    /// Source NAT: `ADDR`, `ADDR:LO-HI` or `[V6ADDR]:LO-HI`.
+    pub snat: Option<String>,
+    /// Source NAT to the egress port's address of the packet's family.
+    #[serde(default)]
+    pub masquerade: bool,
+}
+
+/// Source NAT of a compiled rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Snat {
+    /// No source NAT.
+    None,
+    /// To this address, with a source port from the range when given.
+    To(IpAddr, Option<(u16, u16)>),
+    /// To the egress port's address.
+    Masquerade,
+}
+
+/// A compiled NAT rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NatRule {
+    /// Ingress port to match.
+    pub in_port: Option<PortId>,
+    /// Protocol to match.
+    pub proto: Option<u8>,
+    /// Source prefix to match.
+    pub src: Option<IpNet>,
+    /// Destination prefix to match.
+    pub dst: Option<IpNet>,
+    /// Source port to match.
+    pub src_port: Option<u16>,
+    /// Destination port to match.
+    pub dst_port: Option<u16>,
+    /// Destination NAT: address and optional port.
+    pub dnat: Option<(IpAddr, Option<u16>)>,
+    /// Source NAT.
+    pub snat: Snat,
+}
+
+impl NatRule {
+    /// True when a packet with `key` received on `in_port` matches.
+    pub fn matches(&self, in_port: PortId, key: &FlowKey) -> bool {
+        self.in_port.is_none_or(|p| p == in_port)
+            && self.proto.is_none_or(|p| p == key.proto)
+            && self.src.is_none_or(|n| n.contains(&key.src))
+            && self.dst.is_none_or(|n| n.contains(&key.dst))
+            && self.src_port.is_none_or(|p| p == key.src_port)
+            && self.dst_port.is_none_or(|p| p == key.dst_port)
+    }
+}
+
+fn parse_proto(s: &str) -> Result<u8, String> {
+    match s {
+        "tcp" => Ok(proto::TCP),
+        "udp" => Ok(proto::UDP),
+        "icmp" => Ok(proto::ICMP),
+        "icmpv6" => Ok(proto::ICMPV6),
+        n => n
+            .parse()
+            .map_err(|_| format!("proto {s:?}: expected tcp, udp, icmp, icmpv6 or a number")),
+    }
+}
+
+/// Splits `ADDR`, `ADDR:REST` or `[V6]:REST` into the address and what follows the colon.
+fn split_addr(s: &str) -> Result<(IpAddr, Option<&str>), String> {
+    if let Some(rest) = s.strip_prefix('[') {
+        let (a, tail) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("{s:?}: missing ']'"))?;
+        let a: IpAddr = a.parse().map_err(|_| format!("{s:?}: bad IPv6 address"))?;
+        return match tail {
+            "" => Ok((a, None)),
+            t => Ok((
+                a,
+                Some(
+                    t.strip_prefix(':')
+                        .ok_or_else(|| format!("{s:?}: expected ':' after ']'"))?,
+                ),
+            )),
+        };
+    }
+    if let Ok(a) = s.parse::<IpAddr>() {
+        return Ok((a, None));
+    }
+    let (a, p) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{s:?}: not an address"))?;
+    let a: IpAddr = a
+        .parse()
+        .map_err(|_| format!("{s:?}: bad address (IPv6 with a port is written [ADDR]:PORT)"))?;
+    Ok((a, Some(p)))
+}
+
+fn parse_port(s: &str, whole: &str) -> Result<u16, String> {
+    match s.parse::<u16>() {
+        Ok(p) if p != 0 => Ok(p),
+        _ => Err(format!("{whole:?}: bad port {s:?} (1-65535)")),
+    }
+}
+
+/// The compiled, immutable tables the pipeline reads.
 #[derive(Clone, Debug)]
 pub struct Port {
     /// Name.
@@ -174,7 +322,6 @@ pub struct Route {
     pub next_hop_mac: [u8; 6],
 }
 
-/// The compiled, immutable tables the pipeline reads.
 #[derive(Clone, Debug)]
 pub struct Tables {
     /// Ports by `PortId`.
@@ -185,6 +332,10 @@ pub struct Tables {
     pub ipf: IpfSpec,
     /// ICMP rate limit as given.
     pub icmp: IcmpSpec,
+    /// Connection tracking settings as given.
+    pub ct: CtSpec,
+    /// NAT rules in order.
+    pub nat: Vec<NatRule>,
 }
 
 /// The smallest MTU a port may have: IPv6's minimum link MTU.
@@ -251,11 +402,114 @@ impl TablesSpec {
                 return Err(format!("routes[{i}] ({}): duplicate prefix", r.prefix));
             }
         }
+        let mut nat = Vec::with_capacity(self.nat.len());
+        for (i, r) in self.nat.iter().enumerate() {
+            nat.push(self.compile_nat(r).map_err(|e| format!("nat[{i}]: {e}"))?);
+        }
+        if self.ct.max_entries == Some(0) {
+            return Err("ct: max_entries must be at least 1".into());
+        }
         Ok(Tables {
             ports,
             fib,
             ipf: self.ipf.clone(),
             icmp: self.icmp.clone(),
+            ct: self.ct.clone(),
+            nat,
+        })
+    }
+
+    fn compile_nat(&self, r: &NatRuleSpec) -> Result<NatRule, String> {
+        let m = &r.matches;
+        let in_port = match &m.in_port {
+            None => None,
+            Some(n) => Some(
+                self.ports
+                    .iter()
+                    .position(|p| &p.name == n)
+                    .ok_or_else(|| format!("match.in_port: no port named {n:?}"))?
+                    as PortId,
+            ),
+        };
+        let proto = m
+            .proto
+            .as_deref()
+            .map(parse_proto)
+            .transpose()
+            .map_err(|e| format!("match.{e}"))?;
+        if (m.src_port.is_some() || m.dst_port.is_some())
+            && !matches!(proto, Some(proto::TCP | proto::UDP))
+        {
+            return Err("match: ports need proto tcp or udp".into());
+        }
+        let dnat = match &r.dnat {
+            None => None,
+            Some(s) => {
+                let (a, p) = split_addr(s).map_err(|e| format!("dnat {e}"))?;
+                let port = p
+                    .map(|p| parse_port(p, s))
+                    .transpose()
+                    .map_err(|e| format!("dnat {e}"))?;
+                if port.is_some() && !matches!(proto, Some(proto::TCP | proto::UDP)) {
+                    return Err(format!("dnat {s:?}: a port needs match.proto tcp or udp"));
+                }
+                Some((a, port))
+            }
+        };
+        let snat = match (&r.snat, r.masquerade) {
+            (Some(_), true) => return Err("snat and masquerade exclude each other".into()),
+            (None, true) => Snat::Masquerade,
+            (None, false) => Snat::None,
+            (Some(s), false) => {
+                let (a, range) = split_addr(s).map_err(|e| format!("snat {e}"))?;
+                let range = match range {
+                    None => None,
+                    Some(t) => {
+                        let (lo, hi) = t.split_once('-').unwrap_or((t, t));
+                        let (lo, hi) = (parse_port(lo, s), parse_port(hi, s));
+                        let (lo, hi) = (
+                            lo.map_err(|e| format!("snat {e}"))?,
+                            hi.map_err(|e| format!("snat {e}"))?,
+                        );
+                        if lo > hi {
+                            return Err(format!("snat {s:?}: empty port range"));
+                        }
+                        Some((lo, hi))
+                    }
+                };
+                Snat::To(a, range)
+            }
+        };
+        if dnat.is_none() && snat == Snat::None {
+            return Err("a rule needs dnat, snat or masquerade".into());
+        }
+        // Every address of a rule must be of one family.
+        let mut families = [
+            m.src.map(|n| n.addr()),
+            m.dst.map(|n| n.addr()),
+            dnat.map(|d| d.0),
+        ]
+        .into_iter()
+        .flatten()
+        .chain(match snat {
+            Snat::To(a, _) => Some(a),
+            _ => None,
+        })
+        .map(|a| a.is_ipv4());
+        if let Some(first) = families.next()
+            && families.any(|f| f != first)
+        {
+            return Err("addresses of one rule must all be IPv4 or all IPv6".into());
+        }
+        Ok(NatRule {
+            in_port,
+            proto,
+            src: m.src.map(|n| n.trunc()),
+            dst: m.dst.map(|n| n.trunc()),
+            src_port: m.src_port,
+            dst_port: m.dst_port,
+            dnat,
+            snat,
         })
     }
 }
@@ -298,6 +552,8 @@ mod tests {
                 .collect(),
             ipf: IpfSpec::default(),
             icmp: IcmpSpec::default(),
+            ct: CtSpec::default(),
+            nat: vec![],
         }
     }
 
@@ -344,5 +600,141 @@ mod tests {
             .unwrap_err();
         assert!(e.contains("duplicate prefix"), "{e}");
         assert!(spec(&[], &[]).compile().is_err());
+    }
+
+    fn nat_rule(
+        m: MatchSpec,
+        dnat: Option<&str>,
+        snat: Option<&str>,
+        masquerade: bool,
+    ) -> Result<NatRule, String> {
+        let mut t = spec(&[("uplink", 1500), ("pod", 1500)], &[]);
+        t.nat = vec![NatRuleSpec {
+            matches: m,
+            dnat: dnat.map(str::to_string),
+            snat: snat.map(str::to_string),
+            masquerade,
+        }];
+        t.compile().map(|c| c.nat[0].clone())
+    }
+
+    fn tcp_to(dst: &str, port: u16) -> MatchSpec {
+        MatchSpec {
+            proto: Some("tcp".into()),
+            dst: Some(dst.parse().unwrap()),
+            dst_port: Some(port),
+            ..MatchSpec::default()
+        }
+    }
+
+    #[test]
+    fn test_nat_rules_compile_and_match() {
+        let r = nat_rule(
+            tcp_to("10.96.0.10/32", 80),
+            Some("10.244.1.5:8080"),
+            None,
+            false,
+        )
+        .unwrap();
+        assert_eq!(r.dnat, Some(("10.244.1.5".parse().unwrap(), Some(8080))));
+        assert_eq!(r.snat, Snat::None);
+        let key = |dst: &str, port: u16, proto: u8| FlowKey {
+            zone: 0,
+            src: "10.0.0.1".parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            proto,
+            src_port: 40000,
+            dst_port: port,
+        };
+        assert!(r.matches(0, &key("10.96.0.10", 80, proto::TCP)));
+        assert!(!r.matches(0, &key("10.96.0.10", 81, proto::TCP)));
+        assert!(!r.matches(0, &key("10.96.0.10", 80, proto::UDP)));
+        assert!(!r.matches(0, &key("10.96.0.11", 80, proto::TCP)));
+
+        let r = nat_rule(
+            MatchSpec::default(),
+            None,
+            Some("[fd00::1]:30000-30010"),
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            r.snat,
+            Snat::To("fd00::1".parse().unwrap(), Some((30000, 30010)))
+        );
+        let r = nat_rule(MatchSpec::default(), None, Some("192.168.0.1"), false).unwrap();
+        assert_eq!(r.snat, Snat::To("192.168.0.1".parse().unwrap(), None));
+        let r = nat_rule(
+            MatchSpec {
+                in_port: Some("pod".into()),
+                ..MatchSpec::default()
+            },
+            None,
+            None,
+            true,
+        )
+        .unwrap();
+        assert_eq!((r.in_port, r.snat), (Some(1), Snat::Masquerade));
+        assert!(!r.matches(0, &key("1.1.1.1", 1, proto::UDP)));
+        // Hairpin: DNAT and SNAT in one rule.
+        let r = nat_rule(
+            tcp_to("10.96.0.10/32", 80),
+            Some("10.244.1.5:8080"),
+            Some("10.244.1.1"),
+            false,
+        )
+        .unwrap();
+        assert!(r.dnat.is_some() && r.snat != Snat::None);
+    }
+
+    #[test]
+    fn test_nat_rule_errors_are_clear() {
+        let err = |m, d, s, masq| nat_rule(m, d, s, masq).unwrap_err();
+        assert!(
+            err(MatchSpec::default(), None, None, false).contains("needs dnat, snat or masquerade")
+        );
+        assert!(err(MatchSpec::default(), None, Some("1.1.1.1"), true).contains("exclude"));
+        assert!(
+            err(MatchSpec::default(), Some("10.0.0.1:80"), None, false)
+                .contains("needs match.proto")
+        );
+        assert!(
+            err(tcp_to("10.96.0.10/32", 80), Some("10.0.0.1:0"), None, false).contains("bad port")
+        );
+        assert!(
+            err(tcp_to("10.96.0.10/32", 80), Some("fd00::1"), None, false)
+                .contains("IPv4 or all IPv6")
+        );
+        assert!(
+            err(tcp_to("10.96.0.10/32", 80), Some("nonsense"), None, false)
+                .contains("not an address")
+        );
+        assert!(
+            err(MatchSpec::default(), None, Some("1.1.1.1:20-10"), false)
+                .contains("empty port range")
+        );
+        let e = err(
+            MatchSpec {
+                in_port: Some("nope".into()),
+                ..MatchSpec::default()
+            },
+            None,
+            None,
+            true,
+        );
+        assert!(
+            e.starts_with("nat[0]: match.in_port") && e.contains("nope"),
+            "{e}"
+        );
+        let e = err(
+            MatchSpec {
+                proto: Some("sctp".into()),
+                ..MatchSpec::default()
+            },
+            None,
+            None,
+            true,
+        );
+        assert!(e.contains("proto \"sctp\""), "{e}");
     }
 }
