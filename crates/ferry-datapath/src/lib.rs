@@ -3,6 +3,7 @@
 //! Pure by design: no syscalls, no threads, no clock reads (time is passed in with each
 //! packet), so every behaviour can be unit-tested and replayed from pcap files.
 
+pub mod conntrack;
 pub mod drop;
 pub mod fib;
 pub mod flow;

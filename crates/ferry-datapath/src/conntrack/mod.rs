@@ -1,0 +1,639 @@
+//! Connection tracking with zones and NAT.
+//!
+//! Every IP datagram (whole: ipf reassembles fragments first) goes through
+//! [`Conntrack::process`], which finds its connection from either direction, advances the
+//! protocol state (TCP state machine with sequence windows, UDP unreplied / replied /
+//! assured, ICMP echo by identifier), and says whether the packet is NEW, ESTABLISHED,
+//! RELATED (an ICMP error about a tracked connection) or INVALID. A NEW packet carries a
+//! [`Pending`] connection that later stages may refuse (policy); [`Conntrack::commit`]
+//! inserts it.
+//!
+//! The table is bounded ([`Config::max_entries`]): when full, the oldest entry that never
+//! saw a reply is evicted, else the new connection is refused. Entries expire through a
+//! timing wheel ([`Conntrack::expire`] does bounded work per call), with per-state
+//! timeouts close to Linux's ([`Timeouts`]).
+//!
+//! NAT is decided once, when a connection is created ([`Nat`]): the reply tuple is the
+//! reverse of the translated original tuple, unique in the table (SNAT picks another port
+//! when needed). Every packet of the connection is then translated, the original
+//! direction to the translated tuple and the reply direction back; ICMP errors about it
+//! are translated outside and in the quoted packet.
+//!
+//! Everything here is pure: time comes in as `now_ns`.
+
+mod dump;
+mod entry;
+mod expiry;
+mod icmp;
+mod nat;
+#[cfg(test)]
+mod nat_tests;
+#[cfg(test)]
+mod proptests;
+mod table;
+mod tcp;
+#[cfg(test)]
+mod tests;
+
+pub use dump::Filter;
+pub use entry::{Entry, Line, ORIGINAL, ProtoState, REPLY, Status};
+pub use icmp::reverse;
+pub use tcp::{TcpConn, TcpState};
+
+use std::net::IpAddr;
+
+use self::icmp::Kind;
+use self::table::Table;
+use self::tcp::{Segment, Verdict};
+use crate::drop::DropReason;
+use crate::flow::{FlowKey, proto};
+use crate::packet::Packet;
+use crate::wire::Parsed;
+use crate::wire::icmp_error;
+use crate::wire::rewrite::{rewrite, rewrite_icmp_error};
+
+/// Identifies an entry until it is removed (expired, deleted, evicted or replaced by a
+/// reopened TCP connection); ids of removed entries are reused.
+pub type EntryId = u32;
+
+const SEC: u64 = 1_000_000_000;
+
+/// How long an entry lives after the last packet that refreshed it, per protocol state.
+/// Defaults follow Linux's `nf_conntrack_*_timeout*` sysctls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// TCP SYN_SENT: 120 s (Linux `tcp_timeout_syn_sent`).
+    pub tcp_syn_sent_ns: u64,
+    /// TCP SYN_RECV: 60 s (`tcp_timeout_syn_recv`).
+    pub tcp_syn_recv_ns: u64,
+    /// TCP ESTABLISHED: 5 days (`tcp_timeout_established`).
+    pub tcp_established_ns: u64,
+    /// TCP FIN_WAIT: 120 s (`tcp_timeout_fin_wait`).
+    pub tcp_fin_wait_ns: u64,
+    /// TCP CLOSE_WAIT: 60 s (`tcp_timeout_close_wait`).
+    pub tcp_close_wait_ns: u64,
+    /// TCP LAST_ACK: 30 s (`tcp_timeout_last_ack`).
+    pub tcp_last_ack_ns: u64,
+    /// TCP TIME_WAIT: 120 s (`tcp_timeout_time_wait`).
+    pub tcp_time_wait_ns: u64,
+    /// TCP CLOSE: 10 s (`tcp_timeout_close`).
+    pub tcp_close_ns: u64,
+    /// Cap for a TCP connection not (yet) assured, e.g. picked up mid-stream and never
+    /// answered: 300 s (`tcp_timeout_unacknowledged`).
+    pub tcp_unassured_ns: u64,
+    /// UDP, no reply seen: 30 s (`udp_timeout`).
+    pub udp_unreplied_ns: u64,
+    /// UDP, one reply seen (a DNS exchange): 30 s (`udp_timeout`).
+    pub udp_replied_ns: u64,
+    /// UDP seen both ways more than once (a stream): 120 s (`udp_timeout_stream`).
+    pub udp_assured_ns: u64,
+    /// ICMP/ICMPv6 echo: 30 s (`icmp_timeout`, `icmpv6_timeout`).
+    pub icmp_ns: u64,
+    /// Any other protocol: 600 s (`generic_timeout`).
+    pub other_ns: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            tcp_syn_sent_ns: 120 * SEC,
+            tcp_syn_recv_ns: 60 * SEC,
+            tcp_established_ns: 5 * 24 * 3600 * SEC,
+            tcp_fin_wait_ns: 120 * SEC,
+            tcp_close_wait_ns: 60 * SEC,
+            tcp_last_ack_ns: 30 * SEC,
+            tcp_time_wait_ns: 120 * SEC,
+            tcp_close_ns: 10 * SEC,
+            tcp_unassured_ns: 300 * SEC,
+            udp_unreplied_ns: 30 * SEC,
+            udp_replied_ns: 30 * SEC,
+            udp_assured_ns: 120 * SEC,
+            icmp_ns: 30 * SEC,
+            other_ns: 600 * SEC,
+        }
+    }
+}
+
+impl Timeouts {
+    /// The timeout of a TCP state.
+    pub fn tcp(&self, s: TcpState) -> u64 {
+        match s {
+            TcpState::SynSent => self.tcp_syn_sent_ns,
+            TcpState::SynRecv => self.tcp_syn_recv_ns,
+            TcpState::Established => self.tcp_established_ns,
+            TcpState::FinWait => self.tcp_fin_wait_ns,
+            TcpState::CloseWait => self.tcp_close_wait_ns,
+            TcpState::LastAck => self.tcp_last_ack_ns,
+            TcpState::TimeWait => self.tcp_time_wait_ns,
+            TcpState::Close => self.tcp_close_ns,
+        }
+    }
+}
+
+/// Conntrack configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Most connections tracked. Default 262144 (Linux's `nf_conntrack_max` on a host with
+    /// a few GiB of memory); at most 2^31.
+    pub max_entries: usize,
+    /// Timeouts per protocol state.
+    pub timeouts: Timeouts,
+    /// Pick up TCP connections mid-stream (a first packet that is not a SYN creates an
+    /// ESTABLISHED entry), so connections survive a dataplane restart. Default on, like
+    /// Linux's `tcp_loose`.
+    pub tcp_pickup: bool,
+}
+
+impl Config {
+    /// Default for [`Config::max_entries`].
+    pub const DEFAULT_MAX_ENTRIES: usize = 262_144;
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_entries: Config::DEFAULT_MAX_ENTRIES,
+            timeouts: Timeouts::default(),
+            tcp_pickup: true,
+        }
+    }
+}
+
+/// The state of a packet as conntrack sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CtState {
+    /// The packet starts a connection (see [`CtResult::pending`]).
+    New,
+    /// The packet belongs to a tracked connection.
+    Established,
+    /// An ICMP error about a tracked connection.
+    Related,
+    /// Out of window, an unsolicited reply, an ICMP error about no known connection, a
+    /// clash with another connection's tuple...: dropped by default.
+    Invalid,
+    /// Not subject to tracking: ICMP messages other than echo and errors (neighbour
+    /// discovery, router advertisements, ...) and non-IP frames.
+    Untracked,
+}
+
+impl CtState {
+    /// Lower-case name, as verdict logs show it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CtState::New => "new",
+            CtState::Established => "established",
+            CtState::Related => "related",
+            CtState::Invalid => "invalid",
+            CtState::Untracked => "untracked",
+        }
+    }
+}
+
+/// A connection decided by [`Conntrack::process`] (NAT chosen, packet already
+/// translated), inserted only by [`Conntrack::commit`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pending {
+    entry: Entry,
+}
+
+impl Pending {
+    /// The entry that commit will insert.
+    pub fn entry(&self) -> &Entry {
+        &self.entry
+    }
+
+    /// The entry, for stages that set its mark, labels or tunnel peer before commit.
+    pub fn entry_mut(&mut self) -> &mut Entry {
+        &mut self.entry
+    }
+}
+
+/// What [`Conntrack::process`] says about a packet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CtResult {
+    /// The packet's state.
+    pub state: CtState,
+    /// The packet goes in the reply direction of its connection.
+    pub reply: bool,
+    /// The connection, when tracked.
+    pub entry: Option<EntryId>,
+    /// For a NEW packet: the connection to commit.
+    pub pending: Option<Pending>,
+}
+
+impl CtResult {
+    fn plain(state: CtState) -> CtResult {
+        CtResult {
+            state,
+            reply: false,
+            entry: None,
+            pending: None,
+        }
+    }
+}
+
+/// NAT to apply when a connection is created (a Service's backend, masquerade...).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Nat {
+    /// Destination address, and port (TCP/UDP) when it changes.
+    pub dnat: Option<(IpAddr, Option<u16>)>,
+    /// Source address, and the range of ports (TCP/UDP) or ICMP echo identifiers to
+    /// choose from, inclusive. Without a range the source port is kept when free, else
+    /// one from 1024-65535 is chosen.
+    pub snat: Option<(IpAddr, Option<(u16, u16)>)>,
+}
+
+/// Conntrack counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Packets of tracked connections.
+    pub found: u64,
+    /// Packets that started a connection (pending).
+    pub new: u64,
+    /// Packets found INVALID.
+    pub invalid: u64,
+    /// Packets not tracked (see [`CtState::Untracked`]).
+    pub untracked: u64,
+    /// ICMP errors RELATED to a tracked connection.
+    pub related: u64,
+    /// Connections inserted by commit.
+    pub inserted: u64,
+    /// Connections refused because the table was full and nothing could be evicted.
+    pub insert_failed: u64,
+    /// New connections whose reply tuple was already taken and no NAT could change it.
+    pub clash: u64,
+    /// Unreplied entries evicted to make room.
+    pub evicted: u64,
+    /// Entries removed because their timeout passed.
+    pub expired: u64,
+    /// Entries removed by [`Conntrack::delete`] or replaced by a reopened connection.
+    pub deleted: u64,
+    /// New connections refused because no NAT port was free.
+    pub nat_port_exhausted: u64,
+}
+
+/// The connection table and its trackers.
+pub struct Conntrack {
+    config: Config,
+    table: Table,
+    stats: Stats,
+}
+
+impl Conntrack {
+    /// An empty table.
+    pub fn new(mut config: Config) -> Conntrack {
+        config.max_entries = config.max_entries.min(table::MAX_ENTRIES);
+        Conntrack {
+            config,
+            table: Table::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// Tracks one packet: a whole datagram (never a fragment). See the module documentation.
+    pub fn process(
+        &mut self,
+        pkt: &mut Packet,
+        parsed: &mut Parsed,
+        nat: Option<&Nat>,
+        now_ns: u64,
+    ) -> Result<CtResult, DropReason> {
+        if !parsed.is_ip() {
+            self.stats.untracked += 1;
+            return Ok(CtResult::plain(CtState::Untracked));
+        }
+        if parsed.frag.is_some() || !parsed.l4_complete || parsed.ip_end > pkt.data.len() {
+            self.stats.invalid += 1;
+            return Ok(CtResult::plain(CtState::Invalid));
+        }
+        let key = parsed.key;
+        if matches!(key.proto, proto::ICMP | proto::ICMPV6) {
+            match icmp::kind(key.proto, (key.dst_port >> 8) as u8) {
+                Kind::Untracked => {
+                    self.stats.untracked += 1;
+                    return Ok(CtResult::plain(CtState::Untracked));
+                }
+                Kind::Error => return self.related(pkt, parsed, now_ns),
+                Kind::Request | Kind::Reply => {}
+            }
+        }
+        if let Some((id, dir)) = self.table.lookup(&key) {
+            let live = self
+                .table
+                .get(id)
+                .is_some_and(|e| e.deadline_ns(&self.config.timeouts) > now_ns);
+            if live {
+                return self.update(id, dir, pkt, parsed, nat, now_ns);
+            }
+            // Expired but not yet reaped: gone for this packet.
+            self.table.remove(id);
+            self.stats.expired += 1;
+        }
+        self.create(pkt, parsed, nat, now_ns)
+    }
+
+    /// A packet of a tracked connection.
+    fn update(
+        &mut self,
+        id: EntryId,
+        dir: usize,
+        pkt: &mut Packet,
+        parsed: &mut Parsed,
+        nat: Option<&Nat>,
+        now_ns: u64,
+    ) -> Result<CtResult, DropReason> {
+        let reply = dir == REPLY;
+        let invalid = CtResult {
+            state: CtState::Invalid,
+            reply,
+            entry: Some(id),
+            pending: None,
+        };
+        let Some(e) = self.table.get_mut(id) else {
+            self.stats.invalid += 1;
+            return Ok(CtResult::plain(CtState::Invalid));
+        };
+        let mut refresh = true;
+        if let ProtoState::Tcp(c) = &mut e.proto_state {
+            let Some(seg) = Segment::read(&pkt.data, parsed) else {
+                self.stats.invalid += 1;
+                return Ok(invalid);
+            };
+            match c.packet(dir, &seg) {
+                Verdict::Accept => {}
+                Verdict::Ignore => refresh = false,
+                Verdict::Invalid => {
+                    self.stats.invalid += 1;
+                    return Ok(invalid);
+                }
+                Verdict::Reopen => {
+                    self.table.remove(id);
+                    self.stats.deleted += 1;
+                    return self.create(pkt, parsed, nat, now_ns);
+                }
+            }
+        }
+        let replied_before = e.status.has(Status::SEEN_REPLY);
+        e.packets[dir] += 1;
+        e.bytes[dir] += parsed.ip_len() as u64;
+        if refresh {
+            e.last_seen_ns = e.last_seen_ns.max(now_ns);
+        }
+        let assured = match &e.proto_state {
+            ProtoState::Tcp(c) => c.state == TcpState::Established && (replied_before || reply),
+            _ => replied_before,
+        };
+        if assured {
+            e.status.set(Status::ASSURED);
+        }
+        if reply && !replied_before {
+            self.table.set_replied(id);
+        }
+        self.table.refresh(id, &self.config.timeouts);
+        self.stats.found += 1;
+        if let Some(e) = self.table.get(id)
+            && e.status.nat()
+        {
+            // Original direction: to the translated tuple; reply direction: back.
+            let to = reverse(e.tuple(1 - dir));
+            translate(pkt, parsed, &to)?;
+        }
+        Ok(CtResult {
+            state: CtState::Established,
+            reply,
+            entry: Some(id),
+            pending: None,
+        })
+    }
+
+    /// A packet of no tracked connection: decides the connection it would start.
+    fn create(
+        &mut self,
+        pkt: &mut Packet,
+        parsed: &mut Parsed,
+        nat: Option<&Nat>,
+        now_ns: u64,
+    ) -> Result<CtResult, DropReason> {
+        let key = parsed.key;
+        let ps = match key.proto {
+            proto::TCP => {
+                let c = Segment::read(&pkt.data, parsed)
+                    .and_then(|seg| TcpConn::new(&seg, self.config.tcp_pickup));
+                match c {
+                    Some(c) => ProtoState::Tcp(c),
+                    None => return Ok(self.invalid()),
+                }
+            }
+            proto::UDP => ProtoState::Udp,
+            proto::ICMP | proto::ICMPV6 => {
+                if icmp::kind(key.proto, (key.dst_port >> 8) as u8) != Kind::Request {
+                    // An echo reply nobody asked for.
+                    return Ok(self.invalid());
+                }
+                ProtoState::Icmp
+            }
+            _ => ProtoState::Other,
+        };
+        let (post, nat_status) = match nat::decide(&self.table, &key, nat) {
+            Ok(d) => d,
+            Err(nat::Refusal::Exhausted) => {
+                self.stats.nat_port_exhausted += 1;
+                return Err(DropReason::NatPortExhausted);
+            }
+            Err(nat::Refusal::Clash) => {
+                self.stats.clash += 1;
+                return Ok(self.invalid());
+            }
+            Err(nat::Refusal::Family) => return Ok(self.invalid()),
+        };
+        let reply = reverse(&post);
+        if post != key {
+            translate(pkt, parsed, &post)?;
+        }
+        let mut entry = Entry::new(key, reply, ps, now_ns);
+        entry.status.set(nat_status);
+        entry.packets[ORIGINAL] = 1;
+        entry.bytes[ORIGINAL] = parsed.ip_len() as u64;
+        self.stats.new += 1;
+        Ok(CtResult {
+            state: CtState::New,
+            reply: false,
+            entry: None,
+            pending: Some(Pending { entry }),
+        })
+    }
+
+    /// An ICMP error: RELATED to the connection its quoted packet belongs to, whoever sent
+    /// it (the peer or a router on the way).
+    ///
+    /// The quote is the packet as its sender sent it, so its reverse is the tuple of the
+    /// direction the error travels in. The error must be addressed to that direction's
+    /// destination. For a translated connection the error is translated like a packet of
+    /// that direction: outer destination, outer source when it is the peer itself (a
+    /// router's address is kept), and the quote into the tuple its sender knows.
+    fn related(
+        &mut self,
+        pkt: &mut Packet,
+        parsed: &mut Parsed,
+        now_ns: u64,
+    ) -> Result<CtResult, DropReason> {
+        let Some(emb) = icmp_error::embedded(&pkt.data, parsed)? else {
+            return Ok(self.invalid());
+        };
+        let Some((id, dir)) = self.table.lookup(&reverse(&emb.key)) else {
+            return Ok(self.invalid());
+        };
+        let Some(e) = self
+            .table
+            .get(id)
+            .filter(|e| e.deadline_ns(&self.config.timeouts) > now_ns)
+        else {
+            // Gone, or timed out and not yet reaped.
+            return Ok(self.invalid());
+        };
+        let (here, other) = (*e.tuple(dir), *e.tuple(1 - dir));
+        if here.dst != parsed.key.dst {
+            // Quotes a connection that the error is not addressed to.
+            return Ok(self.invalid());
+        }
+        if e.status.nat() {
+            let outer_dst = other.src;
+            let outer_src = if parsed.key.src == here.src {
+                other.dst
+            } else {
+                parsed.key.src
+            };
+            rewrite_icmp_error(&mut pkt.data, parsed, &emb, outer_src, outer_dst, &other)?;
+            parsed.key.src = outer_src;
+            parsed.key.dst = outer_dst;
+        }
+        self.stats.related += 1;
+        Ok(CtResult {
+            state: CtState::Related,
+            reply: dir == REPLY,
+            entry: Some(id),
+            pending: None,
+        })
+    }
+
+    fn invalid(&mut self) -> CtResult {
+        self.stats.invalid += 1;
+        CtResult::plain(CtState::Invalid)
+    }
+
+    /// Inserts a pending connection. When the table is full the oldest entry that never
+    /// saw a reply is evicted; when there is none, `Err(CtTableFull)`.
+    pub fn commit(&mut self, pending: Pending, now_ns: u64) -> Result<EntryId, DropReason> {
+        let e = pending.entry;
+        if self.table.contains(&e.original) || self.table.contains(&e.reply) {
+            // Only when the table changed since process(), which the contract rules out.
+            self.stats.clash += 1;
+            return Err(DropReason::CtInvalid);
+        }
+        while self.table.len() >= self.config.max_entries {
+            let Some(old) = self.table.oldest_unreplied() else {
+                self.stats.insert_failed += 1;
+                return Err(DropReason::CtTableFull);
+            };
+            let due = self
+                .table
+                .get(old)
+                .is_some_and(|o| o.deadline_ns(&self.config.timeouts) <= now_ns);
+            self.table.remove(old);
+            if due {
+                self.stats.expired += 1;
+            } else {
+                self.stats.evicted += 1;
+            }
+        }
+        let id = self.table.insert(e, &self.config.timeouts, now_ns);
+        self.stats.inserted += 1;
+        Ok(id)
+    }
+
+    /// Removes entries whose timeout passed, examining at most `budget` entries (plus at
+    /// most one turn of empty wheel slots). Returns how many were removed.
+    pub fn expire(&mut self, now_ns: u64, budget: usize) -> usize {
+        let n = self.table.expire(&self.config.timeouts, now_ns, budget);
+        self.stats.expired += n as u64;
+        n
+    }
+
+    /// The entry `id`.
+    pub fn get(&self, id: EntryId) -> Option<&Entry> {
+        self.table.get(id)
+    }
+
+    /// The entry `id`, for the mark, labels and tunnel peer that other stages set. Its
+    /// tuples and status must not be changed.
+    pub fn get_mut(&mut self, id: EntryId) -> Option<&mut Entry> {
+        self.table.get_mut(id)
+    }
+
+    /// The entry with the tuple `key`, and whether `key` is its reply tuple.
+    pub fn lookup(&self, key: &FlowKey) -> Option<(EntryId, bool)> {
+        self.table.lookup(key).map(|(id, dir)| (id, dir == REPLY))
+    }
+
+    /// The entries that `filter` selects.
+    pub fn dump<'a>(
+        &'a self,
+        filter: &'a Filter,
+    ) -> impl Iterator<Item = (EntryId, &'a Entry)> + 'a {
+        self.table.iter().filter(|(_, e)| filter.matches(e))
+    }
+
+    /// Removes the entries that `filter` selects (a control-plane operation: it scans the
+    /// table). Returns how many were removed.
+    pub fn delete(&mut self, filter: &Filter) -> usize {
+        let ids: Vec<EntryId> = self.dump(filter).map(|(id, _)| id).collect();
+        for &id in &ids {
+            self.table.remove(id);
+        }
+        self.stats.deleted += ids.len() as u64;
+        ids.len()
+    }
+
+    /// Live entries.
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// True when no connection is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.table.len() == 0
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Bytes of memory held by the table: slab, links and index (not the expiry wheel's
+    /// fixed 16 KiB).
+    pub fn memory_bytes(&self) -> usize {
+        self.table.slab_capacity()
+            * (std::mem::size_of::<Option<Entry>>() + std::mem::size_of::<table::Links>())
+            + self.table.index_bytes()
+    }
+
+    /// Checks the table's internal invariants (tests).
+    #[cfg(test)]
+    pub(crate) fn check(&self) {
+        self.table.check();
+    }
+}
+
+/// Rewrites a packet to the tuple `to` and makes `to` its key.
+fn translate(pkt: &mut Packet, parsed: &mut Parsed, to: &FlowKey) -> Result<(), DropReason> {
+    if *to != parsed.key {
+        rewrite(&mut pkt.data, parsed, pkt.meta.vnet.needs_csum(), to)?;
+        parsed.key = *to;
+    }
+    Ok(())
+}

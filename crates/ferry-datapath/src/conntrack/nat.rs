@@ -1,0 +1,121 @@
+//! NAT decisions: the translated tuple of a new connection, and the port allocation that
+//! keeps every reply tuple unique.
+//!
+//! A connection's reply tuple is the reverse of its translated original tuple, and it is
+//! what identifies replies, so no two entries may share it. DNAT takes the address (and
+//! port) it is given. SNAT keeps the source port (or ICMP echo identifier) when it is in
+//! the range and the resulting reply tuple is free, so a NAT that changes nothing never
+//! changes ports; otherwise it searches the range from a point that depends on the
+//! connection (keyed hash), for at most [`MAX_ATTEMPTS`] ports. Only SNAT allocates: a
+//! connection without SNAT whose reply tuple is taken is refused as a clash.
+
+use std::net::IpAddr;
+
+use super::Nat;
+use super::entry::Status;
+use super::icmp::{Kind, kind, reverse};
+use super::table::Table;
+use crate::flow::{FlowKey, proto};
+
+/// Most ports tried for one new connection, so that allocation is bounded work even in a
+/// large, nearly full range.
+pub(crate) const MAX_ATTEMPTS: u32 = 512;
+
+/// Why a NAT decision failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The reply tuple is taken and nothing may change it.
+    Clash,
+    /// No free port in the SNAT range.
+    Exhausted,
+    /// A NAT address of the other family.
+    Family,
+}
+
+/// The fields of a key that SNAT may choose: TCP/UDP source port, ICMP echo identifier.
+fn allocates(k: &FlowKey) -> bool {
+    match k.proto {
+        proto::TCP | proto::UDP => true,
+        proto::ICMP | proto::ICMPV6 => kind(k.proto, (k.dst_port >> 8) as u8) == Kind::Request,
+        _ => false,
+    }
+}
+
+/// The range searched when SNAT gives none: ICMP identifiers anywhere; ports of the same
+/// class as the original one (privileged ports stay privileged, as Linux does).
+fn default_range(k: &FlowKey) -> (u16, u16) {
+    match k.proto {
+        proto::ICMP | proto::ICMPV6 => (0, u16::MAX),
+        _ if k.src_port < 1024 => (1, 1023),
+        _ => (1024, u16::MAX),
+    }
+}
+
+/// The translated original-direction key of a new connection with key `key`, and the
+/// status bits (DNAT, SNAT) it gets. The reply tuple is `reverse(result)`.
+pub(crate) fn decide(
+    table: &Table,
+    key: &FlowKey,
+    nat: Option<&Nat>,
+) -> Result<(FlowKey, u8), Refusal> {
+    let mut post = *key;
+    let mut status = 0;
+    let Some(nat) = nat else {
+        return unique(table, post, status);
+    };
+    if let Some((addr, port)) = nat.dnat {
+        same_family(key.dst, addr)?;
+        post.dst = addr;
+        if matches!(key.proto, proto::TCP | proto::UDP) {
+            post.dst_port = port.unwrap_or(key.dst_port);
+        }
+        if post != *key {
+            status |= Status::DNAT;
+        }
+    }
+    let Some((addr, range)) = nat.snat else {
+        return unique(table, post, status);
+    };
+    same_family(key.src, addr)?;
+    post.src = addr;
+    if post.src != key.src {
+        status |= Status::SNAT;
+    }
+    if !allocates(key) {
+        return unique(table, post, status).map_err(|_| Refusal::Exhausted);
+    }
+    let (lo, hi) = range.unwrap_or_else(|| default_range(key));
+    let (lo, hi) = (lo.min(hi), lo.max(hi));
+    if (lo..=hi).contains(&key.src_port) && !table.contains(&reverse(&post)) {
+        return Ok((post, status));
+    }
+    let size = u32::from(hi - lo) + 1;
+    let start = (table.hash_key(key) % u64::from(size)) as u32;
+    for i in 0..size.min(MAX_ATTEMPTS) {
+        post.src_port = lo + ((start + i) % size) as u16;
+        if !table.contains(&reverse(&post)) {
+            if post.src_port != key.src_port {
+                status |= Status::SNAT;
+            }
+            return Ok((post, status));
+        }
+    }
+    Err(Refusal::Exhausted)
+}
+
+/// `post` if its reply tuple is free.
+fn unique(table: &Table, post: FlowKey, status: u8) -> Result<(FlowKey, u8), Refusal> {
+    if table.contains(&reverse(&post)) {
+        Err(Refusal::Clash)
+    } else {
+        Ok((post, status))
+    }
+}
+
+fn same_family(a: IpAddr, b: IpAddr) -> Result<(), Refusal> {
+    if a.is_ipv4() == b.is_ipv4() {
+        Ok(())
+    } else {
+        Err(Refusal::Family)
+    }
+}

@@ -1,0 +1,418 @@
+//! NAT and RELATED tests: packets translated both ways, checksums right, port allocation,
+//! hairpin, and ICMP errors translated outside and in.
+
+use super::tests::{S, ip, ping, pkt_in, pong, run, tcp, udp};
+use super::*;
+use crate::icmp::{ErrorKind, build_error};
+use crate::wire::build::tcp_flags::*;
+use crate::wire::checksum::{add, checksum, finish, pseudo_v4, pseudo_v6};
+use crate::wire::icmp_error::embedded;
+use crate::wire::parse::v6_octets;
+use crate::wire::{L3, parse};
+
+/// Parses the frame again (IPv4 header checksum included) and checks the L4 checksum.
+fn reparsed(p: &tests::Pkt) -> Parsed {
+    let f = &p.pkt.data;
+    let q = parse(f, p.parsed.key.zone).expect("frame still parses");
+    let l4 = &f[q.l4_off..q.ip_end];
+    let sum = match (q.l3, q.key.src, q.key.dst) {
+        (L3::Ipv4, IpAddr::V4(s), IpAddr::V4(d)) if q.proto != proto::ICMP => finish(add(
+            l4,
+            pseudo_v4(s.octets(), d.octets(), q.proto, l4.len() as u16),
+        )),
+        (L3::Ipv4, _, _) => checksum(l4),
+        _ => finish(add(
+            l4,
+            pseudo_v6(
+                &v6_octets(q.key.src),
+                &v6_octets(q.key.dst),
+                q.proto,
+                l4.len() as u32,
+            ),
+        )),
+    };
+    assert_eq!(sum, 0, "L4 checksum of {}", q.key);
+    assert_eq!(q.key, p.parsed.key, "parsed.key follows the rewrite");
+    q
+}
+
+fn dnat(addr: &str, port: Option<u16>) -> Nat {
+    Nat {
+        dnat: Some((ip(addr), port)),
+        snat: None,
+    }
+}
+
+fn snat(addr: &str, range: Option<(u16, u16)>) -> Nat {
+    Nat {
+        dnat: None,
+        snat: Some((ip(addr), range)),
+    }
+}
+
+fn key(p: &tests::Pkt) -> (IpAddr, u16, IpAddr, u16) {
+    let k = p.parsed.key;
+    (k.src, k.src_port, k.dst, k.dst_port)
+}
+
+#[test]
+fn dnat_translates_original_direction_and_reverses_replies() {
+    let mut ct = Conntrack::new(Config::default());
+    let nat = dnat("10.244.1.5", Some(8080));
+    let mut syn = tcp("10.0.0.1", 40000, "10.96.0.10", 80, 1000, 0, SYN, 0);
+    let r = run(&mut ct, &mut syn, Some(&nat), 0);
+    assert_eq!(r.state, CtState::New);
+    assert_eq!(
+        key(&syn),
+        (ip("10.0.0.1"), 40000, ip("10.244.1.5"), 8080),
+        "the first packet leaves translated"
+    );
+    reparsed(&syn);
+    let e = ct.get(r.entry.unwrap()).unwrap();
+    assert!(e.status.has(Status::DNAT) && !e.status.has(Status::SNAT));
+    assert_eq!(
+        (e.reply.src, e.reply.src_port, e.reply.dst, e.reply.dst_port),
+        (ip("10.244.1.5"), 8080, ip("10.0.0.1"), 40000)
+    );
+    let mut synack = tcp(
+        "10.244.1.5",
+        8080,
+        "10.0.0.1",
+        40000,
+        5000,
+        1001,
+        SYN | ACK,
+        0,
+    );
+    let r = run(&mut ct, &mut synack, None, 1);
+    assert_eq!((r.state, r.reply), (CtState::Established, true));
+    assert_eq!(key(&synack), (ip("10.96.0.10"), 80, ip("10.0.0.1"), 40000));
+    reparsed(&synack);
+    // Later packets of the original direction need no NAT argument.
+    let mut ack = tcp("10.0.0.1", 40000, "10.96.0.10", 80, 1001, 5001, ACK, 20);
+    let r = run(&mut ct, &mut ack, None, 2);
+    assert_eq!(r.state, CtState::Established);
+    assert_eq!(key(&ack), (ip("10.0.0.1"), 40000, ip("10.244.1.5"), 8080));
+    reparsed(&ack);
+}
+
+#[test]
+fn nat_that_changes_nothing_never_changes_ports() {
+    let mut ct = Conntrack::new(Config::default());
+    let nat = snat("10.0.0.1", Some((30000, 40000)));
+    let mut p = udp("10.0.0.1", 34567, "10.0.0.9", 53);
+    let before = p.pkt.data.clone();
+    let r = run(&mut ct, &mut p, Some(&nat), 0);
+    assert_eq!(p.pkt.data, before, "not a byte changed");
+    let e = ct.get(r.entry.unwrap()).unwrap();
+    assert!(!e.status.nat());
+    // SNAT to another address keeps the port when it is free.
+    let nat = snat("192.168.1.1", Some((30000, 40000)));
+    let mut p = udp("10.0.0.2", 34567, "10.0.0.9", 53);
+    run(&mut ct, &mut p, Some(&nat), 0);
+    assert_eq!(key(&p).0, ip("192.168.1.1"));
+    assert_eq!(key(&p).1, 34567);
+    reparsed(&p);
+}
+
+#[test]
+fn snat_collision_gets_another_port_in_range() {
+    let mut ct = Conntrack::new(Config::default());
+    let nat = snat("192.168.1.1", Some((30000, 30010)));
+    let mut a = udp("10.0.0.1", 30005, "8.8.8.8", 53);
+    let mut b = udp("10.0.0.2", 30005, "8.8.8.8", 53);
+    let ea = run(&mut ct, &mut a, Some(&nat), 0).entry.unwrap();
+    let eb = run(&mut ct, &mut b, Some(&nat), 0).entry.unwrap();
+    assert_eq!(key(&a).1, 30005);
+    let pb = key(&b).1;
+    assert_ne!(pb, 30005);
+    assert!((30000..=30010).contains(&pb));
+    reparsed(&b);
+    assert_ne!(ct.get(ea).unwrap().reply, ct.get(eb).unwrap().reply);
+    // A port outside the range is moved into it.
+    let mut c = udp("10.0.0.3", 5000, "8.8.8.8", 53);
+    run(&mut ct, &mut c, Some(&nat), 0);
+    assert!((30000..=30010).contains(&key(&c).1));
+    // Replies reach the right clients.
+    let mut rb = udp("8.8.8.8", 53, "192.168.1.1", pb);
+    let r = run(&mut ct, &mut rb, None, 1);
+    assert_eq!((r.state, r.entry), (CtState::Established, Some(eb)));
+    assert_eq!(key(&rb), (ip("8.8.8.8"), 53, ip("10.0.0.2"), 30005));
+    reparsed(&rb);
+}
+
+#[test]
+fn nat_port_exhaustion_refuses_new_and_keeps_existing() {
+    let mut ct = Conntrack::new(Config::default());
+    let nat = snat("192.168.1.1", Some((30000, 30001)));
+    let e1 = run(
+        &mut ct,
+        &mut udp("10.0.0.1", 1, "8.8.8.8", 53),
+        Some(&nat),
+        0,
+    )
+    .entry;
+    let e2 = run(
+        &mut ct,
+        &mut udp("10.0.0.2", 1, "8.8.8.8", 53),
+        Some(&nat),
+        0,
+    )
+    .entry;
+    let mut third = udp("10.0.0.3", 1, "8.8.8.8", 53);
+    let before = third.pkt.data.clone();
+    let r = ct.process(&mut third.pkt, &mut third.parsed, Some(&nat), 0);
+    assert_eq!(r, Err(DropReason::NatPortExhausted));
+    assert_eq!(ct.stats().nat_port_exhausted, 1);
+    assert_eq!(third.pkt.data, before, "refused packet not rewritten");
+    assert_eq!(ct.len(), 2);
+    for (e, c) in [(e1, "10.0.0.1"), (e2, "10.0.0.2")] {
+        let mut p = udp(c, 1, "8.8.8.8", 53);
+        let r = run(&mut ct, &mut p, None, 1);
+        assert_eq!((r.state, r.entry), (CtState::Established, e));
+    }
+}
+
+#[test]
+fn concurrent_first_udp_packets_to_a_service_get_distinct_reply_tuples() {
+    // Two clients behind the same masquerade address, same source port, same service:
+    // the second one's reply tuple would collide, so it gets another port.
+    let mut ct = Conntrack::new(Config::default());
+    let nat = Nat {
+        dnat: Some((ip("10.244.1.5"), Some(5353))),
+        snat: Some((ip("10.0.0.100"), None)),
+    };
+    let mut a = udp("10.1.0.1", 40000, "10.96.0.10", 53);
+    let mut b = udp("10.1.0.2", 40000, "10.96.0.10", 53);
+    let ra = ct
+        .process(&mut a.pkt, &mut a.parsed, Some(&nat), 0)
+        .unwrap();
+    let ia = ct.commit(ra.pending.unwrap(), 0).unwrap();
+    let rb = ct
+        .process(&mut b.pkt, &mut b.parsed, Some(&nat), 0)
+        .unwrap();
+    let ib = ct.commit(rb.pending.unwrap(), 0).unwrap();
+    ct.check();
+    let (ea, eb) = (ct.get(ia).unwrap(), ct.get(ib).unwrap());
+    assert_ne!(ea.reply, eb.reply);
+    assert_eq!(key(&a), (ip("10.0.0.100"), 40000, ip("10.244.1.5"), 5353));
+    assert_eq!(key(&b).0, ip("10.0.0.100"));
+    assert!(key(&b).1 >= 1024 && key(&b).1 != 40000);
+    // Without SNAT, different clients have distinct reply tuples by themselves.
+    let mut ct = Conntrack::new(Config::default());
+    let nat = dnat("10.244.1.5", Some(5353));
+    let ia = run(
+        &mut ct,
+        &mut udp("10.1.0.1", 40000, "10.96.0.10", 53),
+        Some(&nat),
+        0,
+    );
+    let ib = run(
+        &mut ct,
+        &mut udp("10.1.0.2", 40000, "10.96.0.10", 53),
+        Some(&nat),
+        0,
+    );
+    assert_eq!((ia.state, ib.state), (CtState::New, CtState::New));
+    assert_eq!(ct.len(), 2);
+}
+
+#[test]
+fn dnat_only_reply_clash_is_refused_not_reallocated() {
+    // Same client and port to two service addresses with the same backend: only SNAT
+    // allocates ports, so the second is a clash.
+    let mut ct = Conntrack::new(Config::default());
+    let nat = dnat("10.244.1.5", Some(8080));
+    run(
+        &mut ct,
+        &mut udp("10.0.0.1", 4000, "10.96.0.10", 80),
+        Some(&nat),
+        0,
+    );
+    let mut p = udp("10.0.0.1", 4000, "10.96.0.11", 80);
+    let r = run(&mut ct, &mut p, Some(&nat), 0);
+    assert_eq!(r.state, CtState::Invalid);
+    assert_eq!(ct.stats().clash, 1);
+    assert_eq!(ct.len(), 1);
+}
+
+#[test]
+fn icmp_echo_identifier_is_the_snat_port() {
+    let mut ct = Conntrack::new(Config::default());
+    let nat = snat("192.168.1.1", Some((100, 101)));
+    let mut a = ping("10.0.0.1", "8.8.8.8", 100);
+    let mut b = ping("10.0.0.2", "8.8.8.8", 100);
+    run(&mut ct, &mut a, Some(&nat), 0);
+    let eb = run(&mut ct, &mut b, Some(&nat), 0).entry.unwrap();
+    assert_eq!((key(&a).0, key(&a).1), (ip("192.168.1.1"), 100));
+    assert_eq!((key(&b).0, key(&b).1), (ip("192.168.1.1"), 101));
+    reparsed(&a);
+    reparsed(&b);
+    let mut reply = pong("8.8.8.8", "192.168.1.1", 101);
+    let r = run(&mut ct, &mut reply, None, 1);
+    assert_eq!(
+        (r.state, r.reply, r.entry),
+        (CtState::Established, true, Some(eb))
+    );
+    assert_eq!(
+        (key(&reply).2, key(&reply).0),
+        (ip("10.0.0.2"), ip("8.8.8.8"))
+    );
+    assert_eq!(key(&reply).1, 100, "identifier translated back");
+    reparsed(&reply);
+    // IPv6 as well.
+    let nat6 = snat("fd00::100", None);
+    let mut p = ping("fd00::1", "fd00::9", 7);
+    run(&mut ct, &mut p, Some(&nat6), 0);
+    assert_eq!(key(&p).0, ip("fd00::100"));
+    reparsed(&p);
+}
+
+#[test]
+fn hairpin_to_self_works_with_snat_both_directions() {
+    // Client C calls a service VIP whose backend is C itself; SNAT to the node address
+    // makes the connection's two tuples distinct and the reply come back through us.
+    let mut ct = Conntrack::new(Config::default());
+    let nat = Nat {
+        dnat: Some((ip("10.244.1.5"), Some(8080))),
+        snat: Some((ip("10.244.1.1"), None)),
+    };
+    let mut syn = tcp("10.244.1.5", 40000, "10.96.0.10", 80, 1000, 0, SYN, 0);
+    let r = run(&mut ct, &mut syn, Some(&nat), 0);
+    assert_eq!(r.state, CtState::New);
+    let id = r.entry.unwrap();
+    assert_eq!(key(&syn), (ip("10.244.1.1"), 40000, ip("10.244.1.5"), 8080));
+    reparsed(&syn);
+    // C, as the server, answers the node address.
+    let mut synack = tcp(
+        "10.244.1.5",
+        8080,
+        "10.244.1.1",
+        40000,
+        5000,
+        1001,
+        SYN | ACK,
+        0,
+    );
+    let r = run(&mut ct, &mut synack, None, 1);
+    assert_eq!(
+        (r.state, r.reply, r.entry),
+        (CtState::Established, true, Some(id))
+    );
+    // C, as the client, sees the service answer.
+    assert_eq!(
+        key(&synack),
+        (ip("10.96.0.10"), 80, ip("10.244.1.5"), 40000)
+    );
+    reparsed(&synack);
+    let mut ack = tcp("10.244.1.5", 40000, "10.96.0.10", 80, 1001, 5001, ACK, 0);
+    let r = run(&mut ct, &mut ack, None, 2);
+    assert_eq!((r.state, r.reply), (CtState::Established, false));
+    assert_eq!(key(&ack), (ip("10.244.1.1"), 40000, ip("10.244.1.5"), 8080));
+    assert_eq!(ct.get(id).unwrap().tcp_state(), Some(TcpState::Established));
+}
+
+/// An ICMP error about the frame in `p`, sent by `from`.
+fn error_about(p: &tests::Pkt, from: &str, kind: ErrorKind) -> tests::Pkt {
+    let f = build_error(&p.pkt.data, &p.parsed, kind, ip(from), [2, 0, 0, 0, 0, 9]).unwrap();
+    pkt_in(f, p.parsed.key.zone)
+}
+
+fn quoted_key(p: &tests::Pkt) -> FlowKey {
+    embedded(&p.pkt.data, &p.parsed).unwrap().unwrap().key
+}
+
+#[test]
+fn icmp_error_from_backend_is_related_and_translated_outside_and_inside() {
+    let mut ct = Conntrack::new(Config::default());
+    let nat = dnat("10.244.1.5", Some(8080));
+    let mut p = udp("10.0.0.1", 40000, "10.96.0.10", 80);
+    let id = run(&mut ct, &mut p, Some(&nat), 0).entry.unwrap();
+    // The backend answers "port unreachable" about the translated packet.
+    let mut err = error_about(&p, "10.244.1.5", ErrorKind::Unreachable { code: 3 });
+    let r = run(&mut ct, &mut err, None, 1);
+    assert_eq!(
+        (r.state, r.reply, r.entry),
+        (CtState::Related, true, Some(id))
+    );
+    // The client sees the error come from the service, about its own packet.
+    assert_eq!(
+        (err.parsed.key.src, err.parsed.key.dst),
+        (ip("10.96.0.10"), ip("10.0.0.1"))
+    );
+    reparsed(&err);
+    let q = quoted_key(&err);
+    assert_eq!(
+        (q.src, q.src_port, q.dst, q.dst_port),
+        (ip("10.0.0.1"), 40000, ip("10.96.0.10"), 80)
+    );
+    assert_eq!(ct.stats().related, 1);
+    // Related errors do not touch the connection.
+    assert_eq!(ct.get(id).unwrap().packets, [1, 0]);
+}
+
+#[test]
+fn icmp_error_from_a_router_is_related_and_keeps_the_router_address() {
+    let mut ct = Conntrack::new(Config::default());
+    let nat = snat("192.168.1.1", None);
+    let mut p = tcp("10.0.0.1", 40000, "8.8.8.8", 443, 1000, 0, SYN, 0);
+    let id = run(&mut ct, &mut p, Some(&nat), 0).entry.unwrap();
+    let mut err = error_about(&p, "172.16.0.1", ErrorKind::TooBig { mtu: 1400 });
+    let r = run(&mut ct, &mut err, None, 1);
+    assert_eq!(
+        (r.state, r.reply, r.entry),
+        (CtState::Related, true, Some(id))
+    );
+    assert_eq!(
+        (err.parsed.key.src, err.parsed.key.dst),
+        (ip("172.16.0.1"), ip("10.0.0.1"))
+    );
+    reparsed(&err);
+    let q = quoted_key(&err);
+    assert_eq!(
+        (q.src, q.src_port, q.dst),
+        (ip("10.0.0.1"), 40000, ip("8.8.8.8"))
+    );
+    // Untranslated connections: related, bytes untouched; IPv6 packet too big.
+    let mut p6 = tcp("fd00::1", 40000, "fd00::9", 443, 1000, 0, SYN, 0);
+    let id6 = run(&mut ct, &mut p6, None, 0).entry.unwrap();
+    let mut err6 = error_about(&p6, "fd00::fe", ErrorKind::TooBig { mtu: 1280 });
+    let before = err6.pkt.data.clone();
+    let r = run(&mut ct, &mut err6, None, 1);
+    assert_eq!(
+        (r.state, r.reply, r.entry),
+        (CtState::Related, true, Some(id6))
+    );
+    assert_eq!(err6.pkt.data, before);
+}
+
+#[test]
+fn icmp_error_about_a_timed_out_connection_is_invalid() {
+    let mut ct = Conntrack::new(Config::default());
+    let mut p = udp("10.0.0.1", 40000, "10.0.0.2", 53);
+    run(&mut ct, &mut p, None, 0);
+    let mut err = error_about(&p, "10.0.0.2", ErrorKind::Unreachable { code: 3 });
+    let r = run(&mut ct, &mut err, None, 31 * S);
+    assert_eq!(r.state, CtState::Invalid, "unreplied UDP lasts 30 s");
+}
+
+#[test]
+fn icmp_error_about_no_known_connection_is_invalid() {
+    let mut ct = Conntrack::new(Config::default());
+    let p = udp("10.0.0.1", 40000, "10.0.0.2", 53);
+    let mut err = error_about(&p, "10.0.0.2", ErrorKind::Unreachable { code: 3 });
+    let r = run(&mut ct, &mut err, None, 0);
+    assert_eq!(r.state, CtState::Invalid);
+    // Nor does an error about a tracked connection addressed to someone else relate.
+    let mut q = udp("10.0.0.1", 40000, "10.0.0.2", 53);
+    run(&mut ct, &mut q, None, 0);
+    let mut err = error_about(&q, "10.0.0.2", ErrorKind::Unreachable { code: 3 });
+    // Re-address the error to a third host (fixing the IPv4 header checksum).
+    let l3 = err.parsed.l3_off;
+    err.pkt.data[l3 + 16..l3 + 20].copy_from_slice(&[10, 0, 0, 77]);
+    crate::wire::checksum::set_ipv4_header(&mut err.pkt.data[l3..l3 + 20]);
+    let mut err = pkt_in(err.pkt.data, 0);
+    let r = run(&mut ct, &mut err, None, 0);
+    assert_eq!(r.state, CtState::Invalid);
+    assert_eq!(ct.stats().related, 0);
+}

@@ -1,0 +1,558 @@
+//! TCP: the connection state machine and sequence-window tracking, in the spirit of
+//! nf_conntrack's TCP tracker.
+//!
+//! Each direction keeps the highest sequence number sent (`end`), the highest sequence
+//! number the other side allowed it to send (`maxend`) and its largest window seen
+//! (`maxwin`), with the window scale from its SYN. A segment is in window when (RFC 793
+//! and "Real Stateful TCP Packet Filtering in IP Filter", as nf_conntrack applies them):
+//!
+//! 1. it does not start beyond what the receiver allowed: `seq <= sender.maxend`;
+//! 2. it does not end before the receiver's window could still reach back:
+//!    `end > sender.end - receiver.maxwin`;
+//! 3. it does not acknowledge data the receiver never sent: `ack <= receiver.end`;
+//! 4. it does not acknowledge too far back: `ack > receiver.end - max(sender.maxwin, 66000)`.
+//!
+//! An out-of-window segment is INVALID and leaves the connection unchanged. SACK blocks
+//! are not read: acknowledgement numbers alone bound the windows, which is stricter.
+
+use serde::Serialize;
+
+use crate::wire::Parsed;
+use crate::wire::build::tcp_flags::{ACK, CWR, ECE, FIN, PSH, RST, SYN, URG};
+
+/// TCP connection states (nf_conntrack's, without SYN_SENT2: a simultaneous open is let
+/// through without changing state).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TcpState {
+    /// SYN seen from the originator.
+    SynSent,
+    /// SYN-ACK seen from the responder.
+    SynRecv,
+    /// Handshake completed (or connection picked up mid-stream).
+    Established,
+    /// A FIN was seen.
+    FinWait,
+    /// The first FIN was acknowledged.
+    CloseWait,
+    /// Both sides sent a FIN.
+    LastAck,
+    /// The last FIN was acknowledged.
+    TimeWait,
+    /// Reset, or fully closed.
+    Close,
+}
+
+impl TcpState {
+    /// Every state, in order.
+    pub const ALL: [TcpState; 8] = [
+        TcpState::SynSent,
+        TcpState::SynRecv,
+        TcpState::Established,
+        TcpState::FinWait,
+        TcpState::CloseWait,
+        TcpState::LastAck,
+        TcpState::TimeWait,
+        TcpState::Close,
+    ];
+
+    /// The name `conntrack -L` shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            TcpState::SynSent => "SYN_SENT",
+            TcpState::SynRecv => "SYN_RECV",
+            TcpState::Established => "ESTABLISHED",
+            TcpState::FinWait => "FIN_WAIT",
+            TcpState::CloseWait => "CLOSE_WAIT",
+            TcpState::LastAck => "LAST_ACK",
+            TcpState::TimeWait => "TIME_WAIT",
+            TcpState::Close => "CLOSE",
+        }
+    }
+}
+
+/// Per-direction flag: this side sent the window scale option in its SYN.
+const F_WSCALE: u8 = 1;
+/// Per-direction flag: accept this side's segments without window checks (picked up
+/// mid-stream, until both directions were seen).
+const F_LIBERAL: u8 = 2;
+
+/// Largest window scale shift (RFC 7323 section 2.3).
+const MAX_WSCALE: u8 = 14;
+/// Smallest acknowledgement window nf_conntrack allows for check 4.
+const MIN_ACK_WINDOW: u32 = 66000;
+
+/// TCP state of a connection. Arrays are indexed by direction (original, reply).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct TcpConn {
+    /// Connection state.
+    pub state: TcpState,
+    /// Highest sequence number sent plus one (`td_end`).
+    pub end: [u32; 2],
+    /// Highest sequence number the other side allowed (`td_maxend`).
+    pub maxend: [u32; 2],
+    /// Largest (scaled) window advertised (`td_maxwin`); zero until the side is seen.
+    pub maxwin: [u32; 2],
+    /// Window scale shift.
+    pub scale: [u8; 2],
+    /// Per-direction flags.
+    #[serde(skip)]
+    flags: [u8; 2],
+}
+
+/// The fields of a TCP segment that tracking needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Segment {
+    pub seq: u32,
+    pub ack: u32,
+    pub win: u16,
+    pub flags: u8,
+    /// Sequence space used: payload bytes, plus one for SYN and one for FIN.
+    pub len: u32,
+    /// Window scale option (SYN only).
+    pub wscale: Option<u8>,
+}
+
+impl Segment {
+    /// Reads the segment at `parsed.l4_off`; `None` when the header does not fit.
+    pub(crate) fn read(frame: &[u8], parsed: &Parsed) -> Option<Segment> {
+        let l4 = frame.get(parsed.l4_off..parsed.ip_end)?;
+        if l4.len() < 20 {
+            return None;
+        }
+        let doff = usize::from(l4[12] >> 4) * 4;
+        if doff < 20 || doff > l4.len() {
+            return None;
+        }
+        let flags = l4[13];
+        let payload = (l4.len() - doff) as u32;
+        let len = payload + u32::from(flags & SYN != 0) + u32::from(flags & FIN != 0);
+        let wscale = if flags & SYN != 0 {
+            window_scale(&l4[20..doff])
+        } else {
+            None
+        };
+        Some(Segment {
+            seq: u32::from_be_bytes([l4[4], l4[5], l4[6], l4[7]]),
+            ack: u32::from_be_bytes([l4[8], l4[9], l4[10], l4[11]]),
+            win: u16::from_be_bytes([l4[14], l4[15]]),
+            flags,
+            len,
+            wscale,
+        })
+    }
+}
+
+/// The window scale option among TCP options, clamped to 14 (RFC 7323).
+fn window_scale(mut opts: &[u8]) -> Option<u8> {
+    while let [kind, rest @ ..] = opts {
+        match kind {
+            0 => return None,
+            1 => opts = rest,
+            _ => {
+                let len = usize::from(*rest.first()?);
+                if len < 2 || len > opts.len() {
+                    return None;
+                }
+                if *kind == 3 && len == 3 {
+                    return Some(opts[2].min(MAX_WSCALE));
+                }
+                opts = &opts[len..];
+            }
+        }
+    }
+    None
+}
+
+/// Flag combinations a well-behaved stack sends (PSH, ECE and CWR aside); others are
+/// INVALID whatever the state.
+fn valid_flags(flags: u8) -> bool {
+    const VALID: [u8; 9] = [
+        SYN,
+        SYN | URG,
+        SYN | ACK,
+        RST,
+        RST | ACK,
+        FIN | ACK,
+        FIN | ACK | URG,
+        ACK,
+        ACK | URG,
+    ];
+    VALID.contains(&(flags & !(PSH | ECE | CWR)))
+}
+
+/// The segment class that indexes the state table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    Syn,
+    SynAck,
+    Fin,
+    Ack,
+    Rst,
+}
+
+fn class(flags: u8) -> Class {
+    if flags & RST != 0 {
+        Class::Rst
+    } else if flags & SYN != 0 {
+        if flags & ACK != 0 {
+            Class::SynAck
+        } else {
+            Class::Syn
+        }
+    } else if flags & FIN != 0 {
+        Class::Fin
+    } else {
+        Class::Ack
+    }
+}
+
+/// What the state table says about a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    To(TcpState),
+    /// Let through without touching the connection (retransmitted SYN-ACK, a SYN on an
+    /// established connection whose challenge ACK must get through).
+    Ignore,
+    Invalid,
+    /// A SYN on a closed or TIME_WAIT connection: the old one ends, a new one starts.
+    Reopen,
+}
+
+/// The state table, per direction, segment class and current state.
+fn next(dir: usize, c: Class, s: TcpState) -> Next {
+    use Next::{Ignore as Ig, Invalid as Iv, Reopen, To};
+    use TcpState::*;
+    match (c, s) {
+        (Class::Rst, _) => To(Close),
+        (Class::Syn, SynSent) if dir == 0 => To(SynSent),
+        (Class::Syn, SynSent) => Ig, // simultaneous open
+        (Class::Syn, TimeWait) => Reopen,
+        (Class::Syn, Close) if dir == 0 => Reopen,
+        (Class::Syn, _) if dir == 0 => Ig,
+        (Class::Syn, _) => Iv,
+        (Class::SynAck, SynSent) if dir == 1 => To(SynRecv),
+        (Class::SynAck, SynRecv) if dir == 0 => To(SynRecv),
+        (Class::SynAck, SynSent) => Iv,
+        (Class::SynAck, _) if dir == 1 => Ig,
+        (Class::SynAck, _) => Iv,
+        (Class::Fin, SynSent) => Iv,
+        (Class::Fin, SynRecv | Established) => To(FinWait),
+        (Class::Fin, FinWait | CloseWait | LastAck) => To(LastAck),
+        (Class::Fin, TimeWait) => To(TimeWait),
+        (Class::Fin, Close) => To(Close),
+        (Class::Ack, SynSent) if dir == 0 => Iv,
+        (Class::Ack, SynSent) => Ig,
+        (Class::Ack, SynRecv) if dir == 0 => To(Established),
+        (Class::Ack, SynRecv) => To(SynRecv),
+        (Class::Ack, Established) => To(Established),
+        (Class::Ack, FinWait | CloseWait) => To(CloseWait),
+        (Class::Ack, LastAck | TimeWait) => To(TimeWait),
+        (Class::Ack, Close) => To(Close),
+    }
+}
+
+/// `a` comes before `b` in sequence space.
+#[inline]
+fn before(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) < 0
+}
+
+/// `a` comes after `b` in sequence space.
+#[inline]
+fn after(a: u32, b: u32) -> bool {
+    before(b, a)
+}
+
+/// What tracking says about a segment of a known connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Accepted; the connection was updated (its state may have changed).
+    Accept,
+    /// Let through; nothing was updated.
+    Ignore,
+    /// Invalid; nothing was updated.
+    Invalid,
+    /// The segment starts a new connection in place of this closed one.
+    Reopen,
+}
+
+impl TcpConn {
+    /// The connection a first segment creates: SYN_SENT for a SYN, ESTABLISHED with
+    /// liberal windows for a mid-stream segment when `pickup` allows it, else `None`
+    /// (INVALID: a SYN-ACK, FIN or RST without a connection, or pickup off).
+    pub(crate) fn new(seg: &Segment, pickup: bool) -> Option<TcpConn> {
+        if !valid_flags(seg.flags) {
+            return None;
+        }
+        let end = seg.seq.wrapping_add(seg.len);
+        let win = u32::from(seg.win).max(1);
+        match class(seg.flags) {
+            Class::Syn => {
+                let mut c = TcpConn {
+                    state: TcpState::SynSent,
+                    end: [end, 0],
+                    maxend: [end, 0],
+                    maxwin: [win, 0],
+                    scale: [0; 2],
+                    flags: [0; 2],
+                };
+                if let Some(s) = seg.wscale {
+                    c.scale[0] = s;
+                    c.flags[0] |= F_WSCALE;
+                }
+                Some(c)
+            }
+            Class::Ack if pickup => {
+                // The scales were in SYNs we never saw: assume the largest, so that real
+                // windows fit, while sequence numbers far off the stream still fail.
+                let maxwin = (win << MAX_WSCALE).max(1);
+                Some(TcpConn {
+                    state: TcpState::Established,
+                    end: [end, 0],
+                    maxend: [end.wrapping_add(maxwin), 0],
+                    maxwin: [maxwin, 0],
+                    scale: [MAX_WSCALE; 2],
+                    flags: [F_LIBERAL | F_WSCALE; 2],
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Tracks a segment in direction `dir` (0 original, 1 reply). On any verdict other
+    /// than `Accept` the connection is unchanged.
+    pub(crate) fn packet(&mut self, dir: usize, seg: &Segment) -> Verdict {
+        if !valid_flags(seg.flags) {
+            return Verdict::Invalid;
+        }
+        let new_state = match next(dir, class(seg.flags), self.state) {
+            Next::Invalid => return Verdict::Invalid,
+            Next::Ignore => return Verdict::Ignore,
+            Next::Reopen => return Verdict::Reopen,
+            Next::To(s) => s,
+        };
+        let mut c = *self;
+        if !c.in_window(dir, seg) {
+            return Verdict::Invalid;
+        }
+        c.state = new_state;
+        *self = c;
+        Verdict::Accept
+    }
+
+    /// Checks a segment against the windows and, when in window, updates them.
+    fn in_window(&mut self, dir: usize, seg: &Segment) -> bool {
+        let (s, r) = (dir, 1 - dir);
+        let mut seq = seg.seq;
+        let mut end = seg.seq.wrapping_add(seg.len);
+        let syn = seg.flags & SYN != 0;
+        let has_ack = seg.flags & ACK != 0;
+        let rst = seg.flags & RST != 0;
+        let mut win = u32::from(seg.win);
+
+        if self.maxwin[s] == 0 {
+            // First segment from this side.
+            if syn {
+                self.end[s] = end;
+                self.maxwin[s] = win.max(1);
+                self.maxend[s] = end.wrapping_add(self.maxwin[s]);
+                if let Some(sc) = seg.wscale {
+                    self.scale[s] = sc;
+                    self.flags[s] |= F_WSCALE;
+                }
+                // RFC 7323: scaling applies only when both SYNs carried the option.
+                if self.flags[s] & self.flags[r] & F_WSCALE == 0 {
+                    self.scale = [0; 2];
+                }
+                if !has_ack {
+                    return true;
+                }
+            } else {
+                self.end[s] = end;
+                let swin = (win << self.scale[s]).max(1);
+                self.maxwin[s] = swin;
+                self.maxend[s] = end.wrapping_add(swin);
+                if self.maxwin[r] == 0 {
+                    self.end[r] = seg.ack;
+                    self.maxend[r] = seg.ack;
+                } else if seg.ack == self.end[r].wrapping_add(1) {
+                    // Likely the answer to a keepalive probe.
+                    self.end[r] = self.end[r].wrapping_add(1);
+                }
+                // Both directions are seen now: windows are tracked from here on.
+                self.flags[0] &= !F_LIBERAL;
+                self.flags[1] &= !F_LIBERAL;
+            }
+        } else if syn
+            && after(end, self.end[s])
+            && ((self.state == TcpState::SynSent && dir == 0)
+                || (self.state == TcpState::SynRecv && dir == 1))
+        {
+            // A retransmitted SYN (or SYN-ACK) with a new initial sequence number.
+            self.end[s] = end;
+            self.maxend[s] = end;
+            self.maxwin[s] = win.max(1);
+            if let Some(sc) = seg.wscale {
+                self.scale[s] = sc;
+                self.flags[s] |= F_WSCALE;
+            }
+        }
+
+        let mut ack = seg.ack;
+        if !has_ack || (rst && ack == 0) {
+            // No acknowledgement (or a broken stack's RST with ACK and zero ack): treat
+            // as acknowledging everything.
+            ack = self.end[r];
+        }
+        if rst && seq == 0 && self.state == TcpState::SynSent {
+            // An RST answering a SYN.
+            seq = self.end[s];
+            end = seq;
+        }
+
+        let max_ack_win = self.maxwin[s].max(MIN_ACK_WINDOW);
+        let ok = before(seq, self.maxend[s].wrapping_add(1))
+            && after(
+                end,
+                self.end[s].wrapping_sub(self.maxwin[r]).wrapping_sub(1),
+            )
+            && before(ack, self.end[r].wrapping_add(1))
+            && after(ack, self.end[r].wrapping_sub(max_ack_win).wrapping_sub(1));
+
+        if ok {
+            if !syn {
+                win <<= self.scale[s];
+            }
+            self.maxwin[s] = self.maxwin[s].max(win);
+            if after(end, self.end[s]) {
+                self.end[s] = end;
+            }
+            if self.maxwin[r] != 0 && after(end, self.maxend[s]) {
+                self.maxwin[r] = self.maxwin[r].wrapping_add(end.wrapping_sub(self.maxend[s]));
+            }
+            let edge = ack.wrapping_add(win);
+            if after(edge, self.maxend[r].wrapping_sub(1)) {
+                self.maxend[r] = if win == 0 { edge.wrapping_add(1) } else { edge };
+            }
+            true
+        } else {
+            self.flags[s] & F_LIBERAL != 0
+        }
+    }
+
+    /// True while windows are not checked (picked up mid-stream, other side not seen).
+    pub fn liberal(&self) -> bool {
+        self.flags[0] & F_LIBERAL != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(seq: u32, ack: u32, flags: u8, payload: u32) -> Segment {
+        let len = payload + u32::from(flags & SYN != 0) + u32::from(flags & FIN != 0);
+        Segment {
+            seq,
+            ack,
+            win: 65535,
+            flags,
+            len,
+            wscale: None,
+        }
+    }
+
+    #[test]
+    fn window_scale_option_is_found_among_others() {
+        // MSS 1460, NOP, window scale 7, SACK permitted, end.
+        let opts = [2, 4, 5, 0xb4, 1, 3, 3, 7, 4, 2, 0, 0];
+        assert_eq!(window_scale(&opts), Some(7));
+        assert_eq!(window_scale(&[3, 3, 20]), Some(14));
+        assert_eq!(
+            window_scale(&[2, 0]),
+            None,
+            "a zero option length ends parsing"
+        );
+        assert_eq!(window_scale(&[2, 40, 0]), None);
+        assert_eq!(window_scale(&[]), None);
+    }
+
+    #[test]
+    fn handshake_data_and_close_walk_the_states() {
+        let mut c = TcpConn::new(&seg(1000, 0, SYN, 0), false).unwrap();
+        assert_eq!(c.state, TcpState::SynSent);
+        assert_eq!(c.packet(1, &seg(5000, 1001, SYN | ACK, 0)), Verdict::Accept);
+        assert_eq!(c.state, TcpState::SynRecv);
+        assert_eq!(c.packet(0, &seg(1001, 5001, ACK, 0)), Verdict::Accept);
+        assert_eq!(c.state, TcpState::Established);
+        assert_eq!(
+            c.packet(0, &seg(1001, 5001, ACK | PSH, 100)),
+            Verdict::Accept
+        );
+        assert_eq!(c.packet(1, &seg(5001, 1101, ACK, 0)), Verdict::Accept);
+        assert_eq!(c.packet(0, &seg(1101, 5001, FIN | ACK, 0)), Verdict::Accept);
+        assert_eq!(c.state, TcpState::FinWait);
+        assert_eq!(c.packet(1, &seg(5001, 1102, ACK, 0)), Verdict::Accept);
+        assert_eq!(c.state, TcpState::CloseWait);
+        assert_eq!(c.packet(1, &seg(5001, 1102, FIN | ACK, 0)), Verdict::Accept);
+        assert_eq!(c.state, TcpState::LastAck);
+        assert_eq!(c.packet(0, &seg(1102, 5002, ACK, 0)), Verdict::Accept);
+        assert_eq!(c.state, TcpState::TimeWait);
+        assert_eq!(c.packet(0, &seg(9000, 0, SYN, 0)), Verdict::Reopen);
+    }
+
+    /// Handshake with the given window scale options; the server then advertises a
+    /// window of 1000 (unscaled value) and the client sends 10 bytes 100000 bytes ahead.
+    fn far_segment_after_handshake(client: Option<u8>, server: Option<u8>) -> Verdict {
+        let syn = Segment {
+            wscale: client,
+            ..seg(1000, 0, SYN, 0)
+        };
+        let mut c = TcpConn::new(&syn, false).unwrap();
+        let synack = Segment {
+            wscale: server,
+            win: 1000,
+            ..seg(5000, 1001, SYN | ACK, 0)
+        };
+        assert_eq!(c.packet(1, &synack), Verdict::Accept);
+        assert_eq!(c.packet(0, &seg(1001, 5001, ACK, 0)), Verdict::Accept);
+        let ack = Segment {
+            win: 1000,
+            ..seg(5001, 1001, ACK, 0)
+        };
+        assert_eq!(c.packet(1, &ack), Verdict::Accept);
+        c.packet(0, &seg(1001 + 100_000, 5001, ACK, 10))
+    }
+
+    #[test]
+    fn window_scale_from_both_syns_widens_the_window() {
+        // 1000 << 7 = 128000 bytes allowed.
+        assert_eq!(
+            far_segment_after_handshake(Some(7), Some(7)),
+            Verdict::Accept
+        );
+        // One side without the option: no scaling either way (RFC 7323).
+        assert_eq!(far_segment_after_handshake(Some(7), None), Verdict::Invalid);
+        assert_eq!(far_segment_after_handshake(None, None), Verdict::Invalid);
+    }
+
+    #[test]
+    fn bad_flag_combinations_are_invalid() {
+        assert!(valid_flags(SYN));
+        assert!(valid_flags(SYN | ACK | ECE | CWR));
+        assert!(valid_flags(FIN | ACK | PSH));
+        assert!(!valid_flags(SYN | FIN));
+        assert!(!valid_flags(SYN | RST));
+        assert!(!valid_flags(FIN));
+        assert!(!valid_flags(0));
+        assert!(TcpConn::new(&seg(1, 0, SYN | FIN, 0), true).is_none());
+    }
+
+    #[test]
+    fn sequence_comparisons_wrap() {
+        assert!(before(u32::MAX, 0));
+        assert!(after(5, u32::MAX - 5));
+        assert!(!before(7, 7));
+    }
+}
