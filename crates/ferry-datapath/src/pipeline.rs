@@ -1,18 +1,20 @@
-//! One node's pipeline: parse -> defrag -> route -> TTL -> L2 rewrite -> egress MTU.
+//! One node's pipeline: parse -> defrag -> TTL -> conntrack (with NAT) -> route -> L2
+//! rewrite -> egress MTU.
 //!
-//! Later stages (decap, services, conntrack, policy, encap) slot in between defrag and
-//! route. The pipeline owns its per-worker state (fragment buffers, ICMP budget,
-//! counters) and reads the node tables through an `Arc` that the control plane swaps.
+//! Later stages (decap, services, policy, encap) slot in around conntrack. The pipeline
+//! owns its per-worker state (fragment buffers, connections, ICMP budget, counters) and
+//! reads the node tables through an `Arc` that the control plane swaps.
 
 use std::sync::Arc;
 
+use crate::conntrack::{self, Conntrack, CtState, Nat, Pending};
 use crate::drop::{DropCounters, DropReason};
 use crate::flow::proto;
 use crate::gso;
 use crate::icmp::{self, ErrorKind, RateLimiter};
 use crate::ipf::{self, Reassembler};
 use crate::packet::{Packet, PortId, VnetHdr};
-use crate::tables::{Port, Tables};
+use crate::tables::{Port, Snat, Tables};
 use crate::wire::checksum;
 use crate::wire::{L3, Parsed, parse};
 
@@ -53,6 +55,9 @@ pub struct Trace {
     enabled: bool,
     /// The events, in stage order.
     pub events: Vec<TraceEvent>,
+    /// What conntrack made of the packet, and whether it went in the reply direction;
+    /// recorded whether or not tracing is on.
+    pub ct: Option<(CtState, bool)>,
 }
 
 impl Trace {
@@ -61,6 +66,7 @@ impl Trace {
         Trace {
             enabled: true,
             events: Vec::new(),
+            ct: None,
         }
     }
 
@@ -80,9 +86,19 @@ impl Trace {
         }
     }
 
-    /// Forgets the events, keeping the setting.
+    /// Forgets the events and the conntrack state, keeping the setting.
     pub fn clear(&mut self) {
         self.events.clear();
+        self.ct = None;
+    }
+
+    /// The conntrack state as verdict logs name it: `new`, `established`, `reply`,
+    /// `related`, `invalid` or `untracked`; None when the packet never reached conntrack.
+    pub fn ct_name(&self) -> Option<&'static str> {
+        self.ct.map(|(state, reply)| match state {
+            CtState::Established if reply => "reply",
+            s => s.name(),
+        })
     }
 }
 
@@ -120,13 +136,15 @@ pub struct Stats {
     pub icmp_suppressed: u64,
 }
 
-/// Datagrams expired per call of [`Pipeline::tick`] at most: bounded work per batch.
+/// Datagrams (and connections) expired per call of [`Pipeline::tick`] at most: bounded
+/// work per batch.
 pub const EXPIRE_BUDGET: usize = 64;
 
 /// One node's packet pipeline.
 pub struct Pipeline {
     tables: Arc<Tables>,
     ipf: Reassembler,
+    ct: Conntrack,
     icmp: RateLimiter,
     drops: DropCounters,
     stats: Stats,
@@ -161,10 +179,18 @@ impl Pipeline {
                 .unwrap_or(RateLimiter::DEFAULT_PER_SECOND),
             tables.icmp.burst.unwrap_or(RateLimiter::DEFAULT_BURST),
         );
+        let mut ct = conntrack::Config::default();
+        if let Some(n) = tables.ct.max_entries {
+            ct.max_entries = n;
+        }
+        if let Some(p) = tables.ct.tcp_pickup {
+            ct.tcp_pickup = p;
+        }
         Pipeline {
             ports: vec![PortStats::default(); tables.ports.len()],
             tables,
             ipf: Reassembler::new(cfg),
+            ct: Conntrack::new(ct),
             icmp,
             drops: DropCounters::default(),
             stats: Stats::default(),
@@ -197,9 +223,21 @@ impl Pipeline {
         &self.ipf
     }
 
-    /// Advances the pipeline's clock: expires fragments, with bounded work.
+    /// The connection table.
+    pub fn conntrack(&self) -> &Conntrack {
+        &self.ct
+    }
+
+    /// The connection table, for deleting entries or setting marks.
+    pub fn conntrack_mut(&mut self) -> &mut Conntrack {
+        &mut self.ct
+    }
+
+    /// Advances the pipeline's clock: expires fragments and connections, with bounded
+    /// work.
     pub fn tick(&mut self, now_ns: u64) {
         self.ipf.expire(now_ns, EXPIRE_BUDGET, &mut self.drops);
+        self.ct.expire(now_ns, EXPIRE_BUDGET);
     }
 
     fn drop(&mut self, reason: DropReason, trace: &mut Trace) -> Verdict {
@@ -300,6 +338,35 @@ impl Pipeline {
             (pkt, parsed)
         };
 
+        if parsed.ttl <= 1 {
+            // Quote the packet as it arrived, before any NAT.
+            self.icmp_error(&pkt, &parsed, ErrorKind::TimeExceeded, false, out, trace);
+            return self.drop(DropReason::TtlExceeded, trace);
+        }
+
+        let mut parsed = parsed;
+        let nat = self.nat_for(&tables, in_id, &parsed);
+        let before = parsed.key;
+        let now = pkt.meta.time_ns;
+        let ct = match self.ct.process(&mut pkt, &mut parsed, nat.as_ref(), now) {
+            Ok(r) => r,
+            Err(r) => return self.drop(r, trace),
+        };
+        trace.ct = Some((ct.state, ct.reply));
+        trace.note("ct", || {
+            let dir = if ct.reply { " reply" } else { "" };
+            let nat = if before != parsed.key {
+                format!(", translated to {}", parsed.key)
+            } else {
+                String::new()
+            };
+            format!("{}{dir}{nat}", ct.state.name())
+        });
+        if ct.state == CtState::Invalid && !tables.ct.pass_invalid {
+            return self.drop(DropReason::CtInvalid, trace);
+        }
+        let mut pending = ct.pending;
+
         let Some(route) = tables.fib.lookup(parsed.key.dst).copied() else {
             return self.drop(DropReason::NoRoute, trace);
         };
@@ -307,11 +374,6 @@ impl Pipeline {
         trace.note("route", || {
             format!("{} -> port {}", parsed.key.dst, out_port.name)
         });
-
-        if parsed.ttl <= 1 {
-            self.icmp_error(&pkt, &parsed, in_port, ErrorKind::TimeExceeded, out, trace);
-            return self.drop(DropReason::TtlExceeded, trace);
-        }
 
         let mtu = usize::from(out_port.mtu);
         let limit = if pkt.meta.mru != 0 {
@@ -322,18 +384,20 @@ impl Pipeline {
         let gso = pkt.meta.vnet.is_gso();
         let too_big = !gso && parsed.ip_len() > limit;
         if too_big && pkt.meta.mru == 0 && (parsed.l3 == L3::Ipv6 || parsed.dont_fragment) {
-            // Quote the packet as it arrived: before the TTL and MAC rewrites.
-            self.icmp_error(
-                &pkt,
-                &parsed,
-                in_port,
-                ErrorKind::TooBig {
-                    mtu: u32::from(out_port.mtu),
-                },
-                out,
-                trace,
-            );
+            // The connection is kept although this packet is not sent, so that the error,
+            // which quotes the translated packet, is translated back for the sender; the
+            // sender retries smaller on the same connection.
+            if let Err(r) = self.commit(&mut pending, now, trace) {
+                return self.drop(r, trace);
+            }
+            let kind = ErrorKind::TooBig {
+                mtu: u32::from(out_port.mtu),
+            };
+            self.icmp_error(&pkt, &parsed, kind, true, out, trace);
             return self.drop(DropReason::TooBig, trace);
+        }
+        if let Err(r) = self.commit(&mut pending, now, trace) {
+            return self.drop(r, trace);
         }
 
         decrement_ttl(&mut pkt.data, &parsed);
@@ -419,11 +483,13 @@ impl Pipeline {
         &mut self,
         pkt: &Packet,
         parsed: &Parsed,
-        in_port: &Port,
         kind: ErrorKind,
+        translate: bool,
         out: &mut Vec<(PortId, Packet)>,
         trace: &mut Trace,
     ) {
+        let tables = Arc::clone(&self.tables);
+        let in_port = &tables.ports[usize::from(pkt.meta.in_port)];
         let src = if parsed.l3 == L3::Ipv4 {
             in_port.addr_v4
         } else {
@@ -446,7 +512,25 @@ impl Pipeline {
             });
             return;
         };
-        if !self.icmp.allow(pkt.meta.time_ns) {
+        let now = pkt.meta.time_ns;
+        let in_id = pkt.meta.in_port;
+        let mut err = Packet::new(frame, in_id, now);
+        if translate {
+            // The error quotes the packet as conntrack left it; conntrack finds it RELATED
+            // and translates it back, outside and inside, for the original sender.
+            let related = parse(&err.data, in_port.zone).ok().and_then(|mut p| {
+                let r = self.ct.process(&mut err, &mut p, None, now).ok()?;
+                (r.state == CtState::Related).then_some(())
+            });
+            if related.is_none() {
+                self.stats.icmp_suppressed += 1;
+                trace.note("icmp", || {
+                    format!("no {kind:?} sent: conntrack could not relate it")
+                });
+                return;
+            }
+        }
+        if !self.icmp.allow(now) {
             self.stats.icmp_rate_limited += 1;
             trace.note("icmp", || format!("no {kind:?} sent: rate limited"));
             return;
@@ -458,8 +542,49 @@ impl Pipeline {
                 parsed.key.src, in_port.name
             )
         });
-        let in_id = pkt.meta.in_port;
-        self.send(in_id, Packet::new(frame, in_id, pkt.meta.time_ns), out);
+        self.send(in_id, err, out);
+    }
+
+    /// Inserts the connection a NEW packet started, if any.
+    fn commit(
+        &mut self,
+        pending: &mut Option<Pending>,
+        now: u64,
+        trace: &mut Trace,
+    ) -> Result<(), DropReason> {
+        if let Some(p) = pending.take() {
+            self.ct.commit(p, now)?;
+            trace.note("commit", || "connection committed".to_string());
+        }
+        Ok(())
+    }
+
+    /// The NAT of the first static rule matching a packet, for conntrack to apply if the
+    /// packet starts a connection. Masquerade takes the address the egress port has for
+    /// the packet's family (after DNAT); without one, no source NAT.
+    fn nat_for(&self, tables: &Tables, in_port: PortId, parsed: &Parsed) -> Option<Nat> {
+        let rule = tables
+            .nat
+            .iter()
+            .find(|r| r.matches(in_port, &parsed.key))?;
+        let snat = match rule.snat {
+            Snat::None => None,
+            Snat::To(addr, range) => Some((addr, range)),
+            Snat::Masquerade => {
+                let dst = rule.dnat.map_or(parsed.key.dst, |d| d.0);
+                let port = &tables.ports[usize::from(tables.fib.lookup(dst)?.port)];
+                let addr = if dst.is_ipv4() {
+                    port.addr_v4
+                } else {
+                    port.addr_v6
+                };
+                addr.map(|a| (a, None))
+            }
+        };
+        Some(Nat {
+            dnat: rule.dnat,
+            snat,
+        })
     }
 }
 
@@ -501,6 +626,7 @@ mod tests {
     use super::*;
     use crate::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
     use crate::wire::build::{self, IpOpts, tcp_flags};
+    use crate::{DropCounters, ipf::Reassembler};
 
     const UPLINK: PortId = 0;
     const POD: PortId = 1;
@@ -873,6 +999,274 @@ mod tests {
         let mut out = Vec::new();
         p.process(Packet::new(f, UPLINK, 0), &mut out, &mut t);
         let stages: Vec<&str> = t.events.iter().map(|e| e.stage).collect();
-        assert_eq!(stages, ["parse", "route", "egress"]);
+        assert_eq!(stages, ["parse", "ct", "route", "commit", "egress"]);
+        assert_eq!(t.ct_name(), Some("new"));
+    }
+
+    /// The test node with a NAT rule: TCP/UDP to the VIP 10.96.0.10 port 53 goes to the pod
+    /// 10.244.1.5 port 5353; traffic from the pod to 192.168.60.0/24 is masqueraded.
+    fn nat_pipeline(pass_invalid: bool) -> Pipeline {
+        use crate::tables::{CtSpec, MatchSpec, NatRuleSpec};
+        let mut spec = TablesSpec {
+            ports: vec![
+                port(
+                    "uplink",
+                    1,
+                    1500,
+                    &["192.168.50.10", "fd00:50::10"],
+                    true,
+                    false,
+                ),
+                port("pod", 2, 1450, &["169.254.1.1"], false, false),
+            ],
+            routes: vec![
+                route("10.244.1.5/32", "pod", POD_MAC),
+                route("0.0.0.0/0", "uplink", [2, 0, 0, 0, 0, 0xfe]),
+            ],
+            ..TablesSpec::default()
+        };
+        for proto in ["udp", "tcp"] {
+            spec.nat.push(NatRuleSpec {
+                matches: MatchSpec {
+                    proto: Some(proto.into()),
+                    dst: Some("10.96.0.10/32".parse().unwrap()),
+                    dst_port: Some(53),
+                    ..MatchSpec::default()
+                },
+                dnat: Some("10.244.1.5:5353".into()),
+                snat: None,
+                masquerade: false,
+            });
+        }
+        spec.nat.push(NatRuleSpec {
+            matches: MatchSpec {
+                in_port: Some("pod".into()),
+                dst: Some("192.168.60.0/24".parse().unwrap()),
+                ..MatchSpec::default()
+            },
+            dnat: None,
+            snat: None,
+            masquerade: true,
+        });
+        spec.ct = CtSpec {
+            pass_invalid,
+            ..CtSpec::default()
+        };
+        Pipeline::new(Arc::new(spec.compile().unwrap()))
+    }
+
+    #[test]
+    fn test_dnat_rule_translates_both_directions() {
+        let mut p = nat_pipeline(false);
+        let q = build::udp(
+            ip("192.168.50.1"),
+            ip("10.96.0.10"),
+            40000,
+            53,
+            b"query",
+            &IpOpts::default(),
+        );
+        let mut t = Trace::enabled();
+        let mut out = Vec::new();
+        assert_eq!(
+            p.process(Packet::new(q, UPLINK, 0), &mut out, &mut t),
+            Verdict::Forwarded
+        );
+        assert_eq!(t.ct_name(), Some("new"));
+        let (port, fwd) = &out[0];
+        assert_eq!(*port, POD);
+        let k = parse(&fwd.data, 0).unwrap().key;
+        assert_eq!(
+            (k.dst, k.dst_port, k.src, k.src_port),
+            (ip("10.244.1.5"), 5353, ip("192.168.50.1"), 40000)
+        );
+        // The answer leaves with the VIP as its source.
+        let a = build::udp(
+            ip("10.244.1.5"),
+            ip("192.168.50.1"),
+            5353,
+            40000,
+            b"answer",
+            &IpOpts::default(),
+        );
+        let mut t = Trace::enabled();
+        out.clear();
+        assert_eq!(
+            p.process(Packet::new(a, POD, 1), &mut out, &mut t),
+            Verdict::Forwarded
+        );
+        assert_eq!(t.ct_name(), Some("reply"));
+        let k = parse(&out[0].1.data, 0).unwrap().key;
+        assert_eq!((k.src, k.src_port), (ip("10.96.0.10"), 53));
+        assert_eq!(p.conntrack().len(), 1);
+    }
+
+    #[test]
+    fn test_fragments_to_a_dnat_vip_are_reassembled_translated_and_refragmented() {
+        // The Antrea/OVS case: the connection is found for fragments whichever comes last.
+        let mut p = nat_pipeline(false);
+        let q = build::udp(
+            ip("192.168.50.1"),
+            ip("10.96.0.10"),
+            40000,
+            53,
+            &build::pattern(4000, 3),
+            &IpOpts::default(),
+        );
+        let first = build::udp(
+            ip("192.168.50.1"),
+            ip("10.96.0.10"),
+            40000,
+            53,
+            b"x",
+            &IpOpts::default(),
+        );
+        assert_eq!(run(&mut p, first, UPLINK, 0).0, Verdict::Forwarded);
+        let fs = frags(q.clone(), 0, 1500);
+        let n = fs.len();
+        let mut last = None;
+        for (i, f) in fs.into_iter().rev().enumerate() {
+            let mut t = Trace::enabled();
+            let mut out = Vec::new();
+            let v = p.process(Packet::new(f, UPLINK, 10 + i as u64), &mut out, &mut t);
+            if i + 1 < n {
+                assert_eq!(v, Verdict::Held);
+            } else {
+                assert_eq!(v, Verdict::Forwarded);
+                assert_eq!(
+                    t.ct_name(),
+                    Some("established"),
+                    "the reassembled datagram finds its connection"
+                );
+                last = Some(out);
+            }
+        }
+        let out = last.unwrap();
+        let mut r = Reassembler::new(ipf::Config::default());
+        let mut d = DropCounters::default();
+        let mut whole = None;
+        for (port, f) in out {
+            assert_eq!(port, POD);
+            assert!(f.data.len() - 14 <= 1450);
+            let pf = parse(&f.data, 0).unwrap();
+            if let ipf::Outcome::Complete(w, pw) = r.process(f, &pf, &mut d) {
+                whole = Some((w, pw));
+            }
+        }
+        let (w, pw) = whole.expect("the pod receives the whole datagram");
+        assert_eq!((pw.key.dst, pw.key.dst_port), (ip("10.244.1.5"), 5353));
+        assert_eq!(&w.data[pw.l4_off + 8..], &build::pattern(4000, 3)[..]);
+        let l4 = &w.data[pw.l4_off..pw.ip_end];
+        let sum = checksum::add(
+            l4,
+            checksum::pseudo_v4([192, 168, 50, 1], [10, 244, 1, 5], 17, l4.len() as u16),
+        );
+        assert_eq!(
+            checksum::fold(sum),
+            0xffff,
+            "UDP checksum of the translated datagram verifies"
+        );
+    }
+
+    #[test]
+    fn test_invalid_is_dropped_unless_configured_to_pass() {
+        // An ICMP error about a connection nobody made.
+        let bogus = build::udp(
+            ip("10.244.1.5"),
+            ip("192.168.50.1"),
+            1,
+            2,
+            b"x",
+            &IpOpts::default(),
+        );
+        let pb = parse(&bogus, 0).unwrap();
+        let err = icmp::build_error(
+            &bogus,
+            &pb,
+            ErrorKind::Unreachable { code: 3 },
+            ip("192.168.50.1"),
+            [2; 6],
+        )
+        .unwrap();
+        let mut p = nat_pipeline(false);
+        assert_eq!(
+            run(&mut p, err.clone(), UPLINK, 0).0,
+            Verdict::Dropped(DropReason::CtInvalid)
+        );
+        let mut p = nat_pipeline(true);
+        assert_eq!(run(&mut p, err, UPLINK, 0).0, Verdict::Forwarded);
+    }
+
+    #[test]
+    fn test_too_big_error_for_a_translated_packet_is_translated_back() {
+        let mut p = nat_pipeline(false);
+        let o = IpOpts {
+            dont_fragment: true,
+            ..IpOpts::default()
+        };
+        let q = build::udp(
+            ip("192.168.50.1"),
+            ip("10.96.0.10"),
+            40000,
+            53,
+            &[0; 1472],
+            &o,
+        );
+        let (v, out) = run(&mut p, q, UPLINK, 0);
+        assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
+        assert_eq!(out.len(), 1, "an ICMP error goes back");
+        let (port, e) = &out[0];
+        assert_eq!(*port, UPLINK);
+        let pe = parse(&e.data, 0).unwrap();
+        assert_eq!(pe.key.dst, ip("192.168.50.1"));
+        let emb = crate::wire::icmp_error::embedded(&e.data, &pe)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (emb.key.dst, emb.key.dst_port),
+            (ip("10.96.0.10"), 53),
+            "the client sees its own packet quoted"
+        );
+        let icmp = &e.data[pe.l4_off..pe.ip_end];
+        assert_eq!(
+            checksum::checksum(icmp),
+            0,
+            "ICMP checksum verifies after translation"
+        );
+    }
+
+    #[test]
+    fn test_masquerade_uses_the_egress_port_address() {
+        let mut p = nat_pipeline(false);
+        let f = build::tcp(
+            ip("10.244.1.5"),
+            ip("192.168.60.7"),
+            33000,
+            443,
+            1,
+            0,
+            tcp_flags::SYN,
+            b"",
+            &IpOpts::default(),
+        );
+        let (v, out) = run(&mut p, f, POD, 0);
+        assert_eq!(v, Verdict::Forwarded);
+        let k = parse(&out[0].1.data, 0).unwrap().key;
+        assert_eq!(k.src, ip("192.168.50.10"));
+        let back = build::tcp(
+            ip("192.168.60.7"),
+            k.src,
+            443,
+            k.src_port,
+            9,
+            2,
+            tcp_flags::SYN | tcp_flags::ACK,
+            b"",
+            &IpOpts::default(),
+        );
+        let (v, out) = run(&mut p, back, UPLINK, 1);
+        assert_eq!(v, Verdict::Forwarded);
+        let k = parse(&out[0].1.data, 0).unwrap().key;
+        assert_eq!((k.dst, k.dst_port), (ip("10.244.1.5"), 33000));
     }
 }
