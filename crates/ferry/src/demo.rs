@@ -14,7 +14,8 @@ use ferry_datapath::wire::{checksum, parse};
 
 use crate::{pcap, replay};
 
-/// The demo node: an uplink that coalesces TCP (GRO), a pod behind a smaller MTU.
+/// The demo node: an uplink that coalesces TCP (GRO), a pod behind a smaller MTU, and a
+/// DNAT rule standing for a Service.
 pub const TABLES: &str = r#"# A node with an uplink (MTU 1500, host GRO on) and one pod (MTU 1450).
 ports:
   - name: uplink
@@ -31,6 +32,10 @@ routes:
   - { prefix: "fd00:10:244:1::5/128", port: pod-a, next_hop_mac: "0a:58:0a:f4:01:05" }
   - { prefix: 0.0.0.0/0, port: uplink, next_hop_mac: "02:00:00:00:00:fe" }
   - { prefix: "::/0", port: uplink, next_hop_mac: "02:00:00:00:00:fe" }
+nat:
+  # A Service: UDP to 10.96.0.10:53 goes to the pod's port 5353.
+  - match: { proto: udp, dst: 10.96.0.10/32, dst_port: 53 }
+    dnat: "10.244.1.5:5353"
 "#;
 
 const SEC: u64 = 1_000_000_000;
@@ -51,6 +56,8 @@ fn fragments(frame: Vec<u8>, id: u32, max_ip_len: usize) -> Vec<Vec<u8>> {
 
 /// One scenario: a title, what to expect, and its input frames.
 struct Scenario {
+    /// The port the frames arrive on.
+    port: &'static str,
     title: &'static str,
     expect: &'static str,
     frames: Vec<Vec<u8>>,
@@ -85,6 +92,7 @@ fn scenarios() -> Vec<Scenario> {
     );
     f.reverse();
     v.push(Scenario {
+        port: "uplink",
         title: "IPv4 UDP, 4000 bytes in 3 fragments of 1500, last fragment first",
         expect: "held until complete; the key is rebuilt with the real ports (40000 -> 8080) although the \
                  last fragment carries none; refragmented to min(MRU 1500, pod MTU 1450)",
@@ -104,6 +112,7 @@ fn scenarios() -> Vec<Scenario> {
         1500,
     );
     v.push(Scenario {
+        port: "uplink",
         title: "IPv6 UDP, 3000 bytes in fragments of 1500, middle first",
         expect: "reassembled, then refragmented with a fragment header keeping identification 0x6006",
         frames: vec![f[1].clone(), f[0].clone(), f[2].clone()],
@@ -121,6 +130,7 @@ fn scenarios() -> Vec<Scenario> {
         &o(0x3000, true),
     );
     v.push(Scenario {
+        port: "uplink",
         title: "TCP, 8000 bytes coalesced by the uplink's GRO into one super-packet",
         expect: "segmented into TCP segments that fit the pod's MTU: never IP fragments",
         frames: vec![gro],
@@ -136,6 +146,7 @@ fn scenarios() -> Vec<Scenario> {
         &o(0x4000, true),
     );
     v.push(Scenario {
+        port: "uplink",
         title: "IPv4 UDP of 1500 bytes with DF to the pod (MTU 1450)",
         expect: "dropped as too_big; an ICMP \"fragmentation needed\" with MTU 1450 goes back out the uplink",
         frames: vec![df],
@@ -159,6 +170,7 @@ fn scenarios() -> Vec<Scenario> {
     second[20..22].copy_from_slice(&(off - 1).to_be_bytes());
     checksum::set_ipv4_header(&mut second[14..34]);
     v.push(Scenario {
+        port: "uplink",
         title: "IPv4 fragments that overlap (an evasion attempt)",
         expect: "the whole datagram is dropped: frag_overlap",
         frames: f,
@@ -184,6 +196,7 @@ fn scenarios() -> Vec<Scenario> {
     first[16..18].copy_from_slice(&28u16.to_be_bytes());
     checksum::set_ipv4_header(&mut first[14..34]);
     v.push(Scenario {
+        port: "uplink",
         title: "A tiny first TCP fragment that hides the ports and flags",
         expect: "refused: frag_first_too_short",
         frames: vec![first],
@@ -192,6 +205,7 @@ fn scenarios() -> Vec<Scenario> {
     let mut bad = build::udp(client, pod, 40004, 8080, b"hello", &o(0x8000, false));
     bad[24] ^= 0x5a;
     v.push(Scenario {
+        port: "uplink",
         title: "A frame with a corrupt IPv4 header checksum",
         expect: "dropped with a reason, never a panic: ipv4_bad_checksum",
         frames: vec![bad],
@@ -210,13 +224,53 @@ fn scenarios() -> Vec<Scenario> {
         1500,
     );
     v.push(Scenario {
+        port: "uplink",
         title: "A first fragment whose datagram never completes",
         expect: "held, then expired after the 30 s fragment timeout (counted as frag_expired)",
         frames: vec![lone[0].clone()],
     });
 
+    let vip = ip("10.96.0.10");
+    let mut f = fragments(
+        build::udp(
+            client,
+            vip,
+            40010,
+            53,
+            &build::pattern(4000, 10),
+            &o(0x5353, false),
+        ),
+        0x5353,
+        1500,
+    );
+    f.reverse();
+    v.push(Scenario {
+        port: "uplink",
+        title: "IPv4 UDP to a Service address (DNAT), 4000 bytes in 3 fragments, last first",
+        expect: "reassembled, key rebuilt (40010 -> 53), a new connection DNATed to the pod's port 5353, \
+                 refragmented for the pod",
+        frames: f,
+    });
+    let pod_o = IpOpts {
+        dst_mac: [0x02, 0xfe, 0, 0, 0, 2],
+        ..o(0x6363, false)
+    };
+    let answer = fragments(
+        build::udp(pod, client, 5353, 40010, &build::pattern(3000, 11), &pod_o),
+        0x6363,
+        1450,
+    );
+    v.push(Scenario {
+        port: "pod-a",
+        title: "The pod's 3000-byte answer, in fragments of 1450 (arriving on pod-a)",
+        expect: "reassembled; conntrack finds the reply direction and undoes the DNAT (source 10.96.0.10:53); \
+                 refragmented to its MRU (the largest fragment received, 1444 bytes) although the uplink takes 1500",
+        frames: answer,
+    });
+
     let ping = build::echo_request(client, pod, 9, 1, &build::pattern(56, 9), &o(0x9000, false));
     v.push(Scenario {
+        port: "uplink",
         title: "A ping 40 s later",
         expect: "forwarded; the pipeline clock (pcap time) has passed the fragment timeout",
         frames: vec![ping],
@@ -245,9 +299,16 @@ fn run_in(dir: &Path) -> Result<()> {
     let tables_path = dir.join("tables.yaml");
     fs::write(&tables_path, TABLES)
         .with_context(|| format!("{}: cannot write", tables_path.display()))?;
-    let input = dir.join("uplink-in.pcap");
     let scenarios = scenarios();
-    let mut w = pcap::Writer::create(&input)?;
+    let ports = ["uplink", "pod-a"];
+    let mut writers = Vec::new();
+    let mut inputs = Vec::new();
+    for port in ports {
+        let path = dir.join(format!("{port}-in.pcap"));
+        writers.push(pcap::Writer::create(&path)?);
+        inputs.push(format!("{port}={}", path.display()));
+    }
+    // Frames get increasing times in scenario order, so the verdicts come in that order.
     let mut owner = Vec::new();
     for (i, s) in scenarios.iter().enumerate() {
         let base = if i + 1 == scenarios.len() {
@@ -255,22 +316,30 @@ fn run_in(dir: &Path) -> Result<()> {
         } else {
             (i as u64 + 1) * SEC
         };
+        let w = ports
+            .iter()
+            .position(|p| *p == s.port)
+            .context("demo port")?;
         for (j, f) in s.frames.iter().enumerate() {
-            w.write(base + j as u64 * 1_000_000, f)?;
+            writers[w].write(base + j as u64 * 1_000_000, f)?;
             owner.push(i);
         }
     }
-    w.finish()?;
+    for w in writers {
+        w.finish()?;
+    }
 
     let out = dir.join("out");
     let args = replay::Args {
         tables: tables_path,
-        inputs: vec![format!("uplink={}", input.display())],
+        inputs,
         out: out.clone(),
     };
     let summary = replay::run(&args)?;
 
-    println!("ferry demo: one node, uplink MTU 1500 (GRO on), pod-a MTU 1450\n");
+    println!(
+        "ferry demo: one node, uplink MTU 1500 (GRO on), pod-a MTU 1450, a Service 10.96.0.10:53 -> pod-a:5353\n"
+    );
     let verdicts = fs::File::open(out.join("verdicts.jsonl")).context("verdicts.jsonl")?;
     let mut lines = std::io::BufReader::new(verdicts).lines();
     let mut current = usize::MAX;
@@ -300,14 +369,15 @@ fn run_in(dir: &Path) -> Result<()> {
             format!(" -> {}", outputs.join(", "))
         };
         println!(
-            "   packet {}: {}{reason}{outs}",
+            "   {} packet {}: {}{reason}{outs}",
+            v["port"].as_str().unwrap_or("?"),
             v["index"],
             v["verdict"].as_str().unwrap_or("?")
         );
         for e in v["trace"].as_array().into_iter().flatten() {
             if e["stage"] != "parse" {
                 println!(
-                    "      {:<7} {}",
+                    "      {:<8} {}",
                     e["stage"].as_str().unwrap_or(""),
                     e["detail"].as_str().unwrap_or("")
                 );

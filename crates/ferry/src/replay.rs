@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use ferry_datapath::DropReason;
+use ferry_datapath::conntrack::Filter;
 use ferry_datapath::packet::{Packet, PortId};
 use ferry_datapath::pipeline::{Pipeline, PortStats, Stats, Trace, Verdict};
 use ferry_datapath::tables::{Tables, TablesSpec};
@@ -59,6 +60,7 @@ struct VerdictLine<'a> {
     time_ns: u64,
     verdict: &'static str,
     drop_reason: Option<&'static str>,
+    ct: Option<&'static str>,
     outputs: Vec<Output<'a>>,
     trace: Vec<Event<'a>>,
 }
@@ -81,6 +83,10 @@ pub struct Summary {
     pub port_stats: Vec<PortStats>,
     /// Datagrams still incomplete when input ended.
     pub held_datagrams: usize,
+    /// Conntrack counters.
+    pub ct: ferry_datapath::conntrack::Stats,
+    /// Connections tracked when input ended.
+    pub connections: usize,
 }
 
 impl Summary {
@@ -109,6 +115,18 @@ impl Summary {
             st.segments_out,
             st.icmp_sent,
             st.icmp_rate_limited
+        );
+        let ct = &self.ct;
+        let _ = writeln!(
+            s,
+            "  conntrack: {} connections at the end; {} new, {} packets of known connections, {} related, {} invalid, {} refused (table full), {} NAT ports exhausted",
+            self.connections,
+            ct.inserted,
+            ct.found,
+            ct.related,
+            ct.invalid,
+            ct.insert_failed,
+            ct.nat_port_exhausted
         );
         if self.held_datagrams > 0 {
             let _ = writeln!(
@@ -218,6 +236,7 @@ pub fn run(args: &Args) -> Result<Summary> {
                 Verdict::Dropped(r) => Some(r.name()),
                 _ => None,
             },
+            ct: trace.ct_name(),
             outputs: per_port
                 .iter()
                 .map(|(p, n)| Output {
@@ -240,6 +259,7 @@ pub fn run(args: &Args) -> Result<Summary> {
     verdicts
         .flush()
         .with_context(|| format!("{}: cannot write", vpath.display()))?;
+    write_conntrack(&args.out.join("conntrack.jsonl"), &pipeline)?;
     for w in writers.into_iter().flatten() {
         w.finish()?;
     }
@@ -252,5 +272,21 @@ pub fn run(args: &Args) -> Result<Summary> {
         stats: *pipeline.stats(),
         port_stats: pipeline.port_stats().to_vec(),
         held_datagrams: pipeline.reassembler().held_datagrams(),
+        ct: *pipeline.conntrack().stats(),
+        connections: pipeline.conntrack().len(),
     })
+}
+
+/// The connections tracked when the input ended, one JSON object per line.
+fn write_conntrack(path: &Path, pipeline: &Pipeline) -> Result<()> {
+    let mut w = BufWriter::new(
+        File::create(path).with_context(|| format!("{}: cannot create", path.display()))?,
+    );
+    let all = Filter::default();
+    for (_, e) in pipeline.conntrack().dump(&all) {
+        serde_json::to_writer(&mut w, e)?;
+        w.write_all(b"\n")?;
+    }
+    w.flush()
+        .with_context(|| format!("{}: cannot write", path.display()))
 }

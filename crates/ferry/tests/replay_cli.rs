@@ -86,7 +86,7 @@ fn demo_refragments_to_mru_and_segments_coalesced_tcp() {
         &pod,
         &[
             "-Y",
-            "ip.flags.mf == 1 || ip.frag_offset > 0",
+            "ip.id == 0x4242 && (ip.flags.mf == 1 || ip.frag_offset > 0)",
             "-T",
             "fields",
             "-e",
@@ -153,6 +153,9 @@ fn demo_refragments_to_mru_and_segments_coalesced_tcp() {
     let bad = tshark(
         &pod,
         &[
+            // The demo's payloads are patterns, not mDNS: only the IP/UDP/TCP layers matter.
+            "--disable-protocol",
+            "mdns",
             "-o",
             "tcp.check_checksum:TRUE",
             "-o",
@@ -230,6 +233,72 @@ fn demo_verdicts_name_every_outcome() {
             .unwrap()
             .contains("192.168.50.1:40000 -> 10.244.1.5:8080"),
         "rebuilt key: {ipf}"
+    );
+}
+
+#[test]
+fn demo_service_dnat_survives_fragments_both_ways() {
+    let (_dir, out) = demo_dir();
+    // To the pod: the datagram sent to the Service address arrives for port 5353, whole.
+    let pod = tshark(
+        &out.join("pod-a.pcap"),
+        &[
+            "-Y",
+            "udp.srcport == 40010",
+            "-T",
+            "fields",
+            "-e",
+            "ip.dst",
+            "-e",
+            "udp.dstport",
+            "-e",
+            "udp.length",
+        ],
+    );
+    assert_eq!(
+        pod.trim(),
+        "10.244.1.5\t5353\t4008",
+        "DNATed datagram at the pod: {pod:?}"
+    );
+    // Back to the client: from the Service address, refragmented, whole when reassembled.
+    let up = tshark(
+        &out.join("uplink.pcap"),
+        &[
+            "-Y",
+            "udp.dstport == 40010",
+            "-T",
+            "fields",
+            "-e",
+            "ip.src",
+            "-e",
+            "udp.srcport",
+            "-e",
+            "udp.length",
+        ],
+    );
+    assert_eq!(
+        up.trim(),
+        "10.96.0.10\t53\t3008",
+        "answer at the client: {up:?}"
+    );
+    let frags = tshark(
+        &out.join("uplink.pcap"),
+        &["-Y", "ip.id == 0x6363", "-T", "fields", "-e", "ip.len"],
+    );
+    let lens: Vec<usize> = frags.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(lens.len(), 3, "the answer leaves as 3 fragments: {lens:?}");
+    assert!(
+        lens.iter().all(|l| *l <= 1444),
+        "refragmented to the MRU 1444: {lens:?}"
+    );
+    let v = verdicts(&out);
+    let cts: Vec<(&str, &str)> = v
+        .iter()
+        .filter_map(|l| Some((l["port"].as_str()?, l["ct"].as_str()?)))
+        .collect();
+    assert!(
+        cts.contains(&("pod-a", "reply")),
+        "the answer is in the reply direction: {cts:?}"
     );
 }
 
