@@ -9,6 +9,8 @@ use ferry_datapath::pipeline::{Pipeline, Trace};
 use ferry_datapath::tables::{Tables, TablesSpec};
 use libfuzzer_sys::fuzz_target;
 
+mod repair;
+
 const TABLES: &str = r#"{
   "ports": [
     {"name": "uplink", "mac": "02:00:00:00:00:01", "mtu": 1500, "gro": true, "addresses": ["192.168.0.1", "fd00::1"]},
@@ -47,7 +49,9 @@ fuzz_target!(|data: &[u8]| {
         let frame = &tail[..len.min(tail.len())];
         rest = &tail[frame.len()..];
         now += u64::from(h[5]) * 100_000_000;
-        let mut pkt = Packet::new(frame.to_vec(), u16::from(h[0] % 4), now);
+        let mut frame = frame.to_vec();
+        repair::repair(&mut frame, h[0] >> 4);
+        let mut pkt = Packet::new(frame, u16::from(h[0] % 4), now);
         pkt.meta.vnet.gso_type = h[1];
         pkt.meta.vnet.gso_size = u16::from_le_bytes([h[2], h[3]]);
         pkt.meta.vnet.flags = h[4];

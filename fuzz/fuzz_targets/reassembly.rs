@@ -8,6 +8,8 @@ use ferry_datapath::packet::Packet;
 use ferry_datapath::wire::parse;
 use libfuzzer_sys::fuzz_target;
 
+mod repair;
+
 fuzz_target!(|data: &[u8]| {
     let config = Config {
         max_datagrams: 8,
@@ -26,14 +28,15 @@ fuzz_target!(|data: &[u8]| {
         let len = usize::from(u16::from_le_bytes([rest[0], rest[1]])) % 4096;
         now += u64::from(rest[2]) * 500_000_000;
         rest = &rest[3..];
-        let frame = &rest[..len.min(rest.len())];
+        let mut frame = rest[..len.min(rest.len())].to_vec();
         rest = &rest[frame.len()..];
+        repair::repair(&mut frame, rest.first().copied().unwrap_or(3));
         r.expire(now, 4, &mut drops);
-        let Ok(p) = parse(frame, 0) else { continue };
+        let Ok(p) = parse(&frame, 0) else { continue };
         if p.frag.is_none() {
             continue;
         }
-        if let Outcome::Complete(pkt, parsed) = r.process(Packet::new(frame.to_vec(), 0, now), &p, &mut drops) {
+        if let Outcome::Complete(pkt, parsed) = r.process(Packet::new(frame, 0, now), &p, &mut drops) {
             assert!(parse(&pkt.data, 0).is_ok());
             out.clear();
             let _ = refragment(&pkt, &parsed, 1280, &mut out);

@@ -1,0 +1,118 @@
+//! Conntrack benchmarks: a packet of an established connection at 1 K, 1 M and 10 M
+//! tracked connections; a new connection with source NAT port allocation; memory per
+//! connection. Figures and the machine they ran on: docs/benchmarks.md.
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use ferry_datapath::conntrack::{Config, Conntrack, CtState, Nat};
+use ferry_datapath::packet::Packet;
+use ferry_datapath::wire::build::{self, IpOpts};
+use ferry_datapath::wire::{Parsed, parse};
+
+/// Connection `i`: UDP from 10.(i>>16).(i>>8).(i) port 1024 + i%50000 to one of 1000
+/// servers on port 53, so that tuples are distinct and spread.
+fn conn(i: u32) -> (Vec<u8>, Parsed) {
+    let b = i.to_be_bytes();
+    let src = IpAddr::V4(Ipv4Addr::new(10, b[1], b[2], b[3]));
+    let dst = IpAddr::V4(Ipv4Addr::new(172, 16, (i % 1000 / 250) as u8, (i % 250) as u8 + 1));
+    let f = build::udp(src, dst, 1024 + (i % 50000) as u16, 53, &[0u8; 18], &IpOpts::default());
+    let p = parse(&f, 0).unwrap();
+    (f, p)
+}
+
+/// A table holding `n` replied (established) UDP connections.
+fn filled(n: u32) -> Conntrack {
+    let mut ct = Conntrack::new(Config {
+        max_entries: n as usize + 1,
+        ..Config::default()
+    });
+    for i in 0..n {
+        let (f, mut p) = conn(i);
+        let mut pkt = Packet::new(f, 0, 0);
+        let r = ct.process(&mut pkt, &mut p, None, 0).unwrap();
+        ct.commit(r.pending.unwrap(), 0).unwrap();
+    }
+    ct
+}
+
+/// Cheap deterministic shuffle of connection numbers, so that consecutive packets hit
+/// unrelated entries (the cache-unfriendly case).
+fn spread(i: u32, n: u32) -> u32 {
+    (i.wrapping_mul(2_654_435_761)) % n
+}
+
+fn established(c: &mut Criterion) {
+    let mut g = c.benchmark_group("conntrack_established");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(20);
+    for (label, n) in [("1K", 1_000u32), ("1M", 1_000_000), ("10M", 10_000_000)] {
+        let mut ct = filled(n);
+        // 4096 packets of connections spread over the whole table.
+        let pkts: Vec<(Packet, Parsed)> = (0..4096u32)
+            .map(|i| {
+                let (f, p) = conn(spread(i, n));
+                (Packet::new(f, 0, 0), p)
+            })
+            .collect();
+        let mut pkts = pkts;
+        let mut k = 0usize;
+        g.bench_function(format!("lookup_update_{label}"), |b| {
+            b.iter(|| {
+                let (pkt, p) = &mut pkts[k & 4095];
+                k += 1;
+                let r = ct.process(pkt, p, None, 1).unwrap();
+                debug_assert_eq!(r.state, CtState::Established);
+                black_box(r.entry)
+            })
+        });
+        eprintln!(
+            "conntrack memory at {n} connections: {} bytes per connection",
+            ct.memory_bytes() / ct.len()
+        );
+    }
+    g.finish();
+}
+
+fn new_with_nat(c: &mut Criterion) {
+    const N: u32 = 1 << 20;
+    let pristine: Vec<(Vec<u8>, Parsed)> = (0..N).map(conn).collect();
+    let nat = Nat {
+        dnat: None,
+        snat: Some((IpAddr::V4(Ipv4Addr::new(192, 168, 50, 10)), Some((1024, 65535)))),
+    };
+    let mut g = c.benchmark_group("conntrack_new");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("snat_port_allocation_and_commit", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            let mut done = 0u64;
+            let mut pkt = Packet::new(Vec::with_capacity(128), 0, 0);
+            while done < iters {
+                // A fresh table for each round of at most N connections (not timed).
+                let round = (iters - done).min(u64::from(N));
+                let mut ct = Conntrack::new(Config {
+                    max_entries: N as usize,
+                    ..Config::default()
+                });
+                let start = Instant::now();
+                for (f, p) in &pristine[..round as usize] {
+                    pkt.data.clear();
+                    pkt.data.extend_from_slice(f);
+                    let mut p = *p;
+                    let r = ct.process(&mut pkt, &mut p, Some(&nat), 1).unwrap();
+                    black_box(ct.commit(r.pending.unwrap(), 1).unwrap());
+                }
+                total += start.elapsed();
+                done += round;
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, established, new_with_nat);
+criterion_main!(benches);
