@@ -5,6 +5,7 @@
 //! owns its per-worker state (fragment buffers, connections, ICMP budget, counters) and
 //! reads the node tables through an `Arc` that the control plane swaps.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::conntrack::{self, Conntrack, CtState, Nat, Pending};
@@ -288,6 +289,10 @@ impl Pipeline {
             format!("{}, {} bytes{frag}", parsed.key, parsed.ip_len())
         });
 
+        if let Err(r) = check_offload(&pkt, &parsed) {
+            return self.drop(r, trace);
+        }
+
         if in_port.gro
             && parsed.proto == proto::TCP
             && parsed.frag.is_none()
@@ -376,14 +381,25 @@ impl Pipeline {
         });
 
         let mtu = usize::from(out_port.mtu);
-        let limit = if pkt.meta.mru != 0 {
-            mtu.min(usize::from(pkt.meta.mru))
-        } else {
-            mtu
-        };
+        let mru = usize::from(pkt.meta.mru);
         let gso = pkt.meta.vnet.is_gso();
-        let too_big = !gso && parsed.ip_len() > limit;
-        if too_big && pkt.meta.mru == 0 && (parsed.l3 == L3::Ipv6 || parsed.dont_fragment) {
+        let uso = pkt.meta.vnet.gso_type & !VnetHdr::GSO_ECN == VnetHdr::GSO_UDP_L4;
+        // Fragmenting in transit is allowed only for IPv4 without DF (RFC 8200 forbids it
+        // for IPv6).
+        let may_fragment = parsed.l3 == L3::Ipv4 && !parsed.dont_fragment;
+        let too_big = if gso {
+            // TCP segments shrink to fit; a USO datagram is one application message and
+            // cannot be resized.
+            uso && gso_headers(&pkt.data, &parsed) + usize::from(pkt.meta.vnet.gso_size) > mtu
+                && !may_fragment
+        } else if mru != 0 {
+            // A reassembled datagram leaves as fragments no larger than those that came
+            // in; if those do not fit the MTU, fragmenting them further is in transit.
+            mru > mtu && !may_fragment
+        } else {
+            parsed.ip_len() > mtu && !may_fragment
+        };
+        if too_big {
             // The connection is kept although this packet is not sent, so that the error,
             // which quotes the translated packet, is translated back for the sender; the
             // sender retries smaller on the same connection.
@@ -405,17 +421,26 @@ impl Pipeline {
         pkt.data[6..12].copy_from_slice(&out_port.mac);
 
         if gso {
-            if out_port.gso {
+            let headers = gso_headers(&pkt.data, &parsed);
+            let fits = headers + usize::from(pkt.meta.vnet.gso_size) <= mtu;
+            if out_port.gso && (fits || !uso) {
+                // The receiving kernel segments at gso_size: never above the MTU.
+                let max = (mtu - headers.min(mtu)) as u16;
+                if !fits {
+                    pkt.meta.vnet.gso_size = max;
+                }
                 trace.note("egress", || {
-                    format!("GSO packet sent whole to {}", out_port.name)
+                    format!(
+                        "GSO packet sent whole to {}, segment size {}",
+                        out_port.name, pkt.meta.vnet.gso_size
+                    )
                 });
                 self.send(route.port, pkt, out);
                 return Verdict::Forwarded;
             }
             let mut segs = std::mem::take(&mut self.scratch);
             segs.clear();
-            let r = gso::segment(&pkt, &parsed, mtu, &mut segs);
-            if let Err(r) = r {
+            if let Err(r) = gso::segment(&pkt, &parsed, mtu, &mut segs) {
                 self.scratch = segs;
                 return self.drop(r, trace);
             }
@@ -423,20 +448,37 @@ impl Pipeline {
             self.stats.segments_out += segs.len() as u64;
             trace.note("egress", || {
                 format!(
-                    "segmented into {} TCP/UDP segments for mtu {} on {}",
+                    "segmented into {} packets for mtu {mtu} on {}",
                     segs.len(),
-                    mtu,
                     out_port.name
                 )
             });
-            for s in segs.drain(..) {
-                self.send(route.port, s, out);
+            let mut frags = Vec::new();
+            for seg in segs.drain(..) {
+                if seg.data.len() - parsed.l3_off <= mtu {
+                    self.send(route.port, seg, out);
+                    continue;
+                }
+                // A USO datagram larger than the MTU, IPv4 without DF: fragment it.
+                frags.clear();
+                let fragmented = parse(&seg.data, pkt.meta.zone)
+                    .and_then(|sp| ipf::refragment(&seg, &sp, mtu, &mut frags));
+                if let Err(r) = fragmented {
+                    self.drops.count(r);
+                    continue;
+                }
+                self.stats.fragments_out += frags.len() as u64;
+                for f in frags.drain(..) {
+                    self.send(route.port, f, out);
+                }
             }
             self.scratch = segs;
             return Verdict::Forwarded;
         }
 
-        if pkt.meta.vnet.needs_csum() && (!out_port.gso || too_big) {
+        let limit = if mru != 0 { mtu.min(mru) } else { mtu };
+        let fragment = parsed.ip_len() > limit;
+        if pkt.meta.vnet.needs_csum() && (!out_port.gso || fragment) {
             let v = pkt.meta.vnet;
             if let Err(r) = checksum::complete_partial(
                 &mut pkt.data,
@@ -448,7 +490,7 @@ impl Pipeline {
             pkt.meta.vnet = VnetHdr::default();
         }
 
-        if !too_big {
+        if !fragment {
             trace.note("egress", || format!("sent to {}", out_port.name));
             self.send(route.port, pkt, out);
             return Verdict::Forwarded;
@@ -462,11 +504,8 @@ impl Pipeline {
         }
         self.stats.fragments_out += frags.len() as u64;
         trace.note("egress", || {
-            let why = if pkt.meta.mru != 0 {
-                format!(
-                    "refragmented to min(mru {}, mtu {mtu}) = {limit}",
-                    pkt.meta.mru
-                )
+            let why = if mru != 0 {
+                format!("refragmented to min(mru {mru}, mtu {mtu}) = {limit}")
             } else {
                 format!("fragmented to mtu {mtu}")
             };
@@ -588,19 +627,77 @@ impl Pipeline {
     }
 }
 
-/// Marks an oversized TCP packet from a GRO port as the super-packet it is: the segment
-/// size is what the port's MTU carries with these headers.
+/// Checks the offload state a port reported against the packet: a partial checksum must
+/// start at the transport header and name its checksum field, so that completing it can
+/// never write elsewhere (after routing and other checks); a fragment carries neither
+/// partial checksums nor GSO requests.
+fn check_offload(pkt: &Packet, parsed: &Parsed) -> Result<(), DropReason> {
+    let v = pkt.meta.vnet;
+    if v.needs_csum() {
+        let field = match parsed.proto {
+            proto::TCP => 16,
+            proto::UDP => 6,
+            proto::ICMP | proto::ICMPV6 => 2,
+            _ => return Err(DropReason::CsumOffloadInvalid),
+        };
+        if parsed.frag.is_some()
+            || !parsed.l4_complete
+            || usize::from(v.csum_start) != parsed.l4_off
+            || usize::from(v.csum_offset) != field
+            || parsed.l4_off + field + 2 > parsed.ip_end
+        {
+            return Err(DropReason::CsumOffloadInvalid);
+        }
+    }
+    if v.is_gso() && parsed.frag.is_some() {
+        return Err(DropReason::GsoMalformed);
+    }
+    Ok(())
+}
+
+/// The bytes of IP and transport headers copied into every segment of a GSO packet.
+fn gso_headers(data: &[u8], parsed: &Parsed) -> usize {
+    let l4 = if parsed.proto == proto::TCP {
+        data.get(parsed.l4_off + 12)
+            .map_or(20, |b| usize::from(b >> 4) * 4)
+    } else {
+        8
+    };
+    parsed.l4_off - parsed.l3_off + l4
+}
+
+/// Marks an oversized TCP packet from a GRO port as the super-packet it is, the way the
+/// kernel hands one over: the segment size is what the port's MTU carries with these
+/// headers, and the checksum is left partial (pseudo-header sum, NEEDS_CSUM) for
+/// whoever segments it or receives it whole.
 fn mark_coalesced(pkt: &mut Packet, parsed: &Parsed, port: &Port) {
-    let tcp_hdr = usize::from(pkt.data[parsed.l4_off + 12] >> 4) * 4;
-    let headers = parsed.l4_off - parsed.l3_off + tcp_hdr;
+    let headers = gso_headers(&pkt.data, parsed);
     let mss = usize::from(port.mtu).saturating_sub(headers).max(8);
-    pkt.meta.vnet.gso_type = if parsed.l3 == L3::Ipv4 {
+    let l4_len = parsed.ip_end - parsed.l4_off;
+    let pseudo = match (parsed.key.src, parsed.key.dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            checksum::pseudo_v4(s.octets(), d.octets(), proto::TCP, l4_len as u16)
+        }
+        (s, d) => checksum::pseudo_v6(
+            &crate::wire::parse::v6_octets(s),
+            &crate::wire::parse::v6_octets(d),
+            proto::TCP,
+            l4_len as u32,
+        ),
+    };
+    let field = parsed.l4_off + 16;
+    pkt.data[field..field + 2].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
+    let v = &mut pkt.meta.vnet;
+    v.gso_type = if parsed.l3 == L3::Ipv4 {
         VnetHdr::GSO_TCPV4
     } else {
         VnetHdr::GSO_TCPV6
     };
-    pkt.meta.vnet.gso_size = mss as u16;
-    pkt.meta.vnet.hdr_len = (parsed.l4_off + tcp_hdr) as u16;
+    v.gso_size = mss as u16;
+    v.hdr_len = (parsed.l3_off + headers) as u16;
+    v.flags |= VnetHdr::F_NEEDS_CSUM;
+    v.csum_start = parsed.l4_off as u16;
+    v.csum_offset = 16;
 }
 
 /// Decrements the TTL (IPv4, with an incremental header checksum update) or hop limit.
@@ -1268,5 +1365,143 @@ mod tests {
         assert_eq!(v, Verdict::Forwarded);
         let k = parse(&out[0].1.data, 0).unwrap().key;
         assert_eq!((k.dst, k.dst_port), (ip("10.244.1.5"), 33000));
+    }
+
+    #[test]
+    fn test_partial_checksum_must_name_the_transport_checksum() {
+        // A sender must not choose where completing its checksum writes: here, into the
+        // IPv6 source address.
+        let mut p = pipeline();
+        let f = build::udp(
+            ip("fd00:50::1"),
+            ip("fd00:10:244:1::5"),
+            1,
+            2,
+            b"payload",
+            &IpOpts::default(),
+        );
+        let mut pkt = Packet::new(f, UPLINK, 0);
+        pkt.meta.vnet.flags = VnetHdr::F_NEEDS_CSUM;
+        pkt.meta.vnet.csum_start = 22;
+        pkt.meta.vnet.csum_offset = 0;
+        let mut out = Vec::new();
+        let v = p.process(pkt, &mut out, &mut Trace::disabled());
+        assert_eq!(v, Verdict::Dropped(DropReason::CsumOffloadInvalid));
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn test_gro_packet_sent_whole_carries_a_partial_checksum() {
+        let mut spec_p = pipeline();
+        let f = build::tcp(
+            ip("192.168.50.1"),
+            ip("10.244.9.7"),
+            443,
+            5000,
+            1,
+            1,
+            tcp_flags::ACK,
+            &build::pattern(6000, 4),
+            &IpOpts::default(),
+        );
+        let (v, out) = run(&mut spec_p, f, UPLINK, 0);
+        assert_eq!(v, Verdict::Forwarded);
+        assert_eq!(out.len(), 1, "whole to the GSO port");
+        let mut pkt = out.into_iter().next().unwrap().1;
+        let vnet = pkt.meta.vnet;
+        assert!(vnet.needs_csum() && vnet.is_gso());
+        assert_eq!(vnet.gso_size, 1460);
+        checksum::complete_partial(
+            &mut pkt.data,
+            usize::from(vnet.csum_start),
+            usize::from(vnet.csum_offset),
+        )
+        .unwrap();
+        let q = parse(&pkt.data, 0).unwrap();
+        let l4 = &pkt.data[q.l4_off..q.ip_end];
+        let sum = checksum::add(
+            l4,
+            checksum::pseudo_v4([192, 168, 50, 1], [10, 244, 9, 7], 6, l4.len() as u16),
+        );
+        assert_eq!(
+            checksum::fold(sum),
+            0xffff,
+            "the completed checksum verifies"
+        );
+    }
+
+    #[test]
+    fn test_gso_to_a_gso_port_never_exceeds_its_mtu() {
+        let spec = TablesSpec {
+            ports: vec![
+                port("a", 1, 9000, &[], false, false),
+                port("small", 2, 1280, &[], false, true),
+            ],
+            routes: vec![route("10.0.0.0/8", "small", POD_MAC)],
+            ..TablesSpec::default()
+        };
+        let mut p = Pipeline::new(Arc::new(spec.compile().unwrap()));
+        let f = build::tcp(
+            ip("192.168.0.1"),
+            ip("10.0.0.1"),
+            1,
+            2,
+            1,
+            1,
+            tcp_flags::ACK,
+            &[1; 20000],
+            &IpOpts::default(),
+        );
+        let mut pkt = Packet::new(f, 0, 0);
+        pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV4;
+        pkt.meta.vnet.gso_size = 8948;
+        let mut out = Vec::new();
+        assert_eq!(
+            p.process(pkt, &mut out, &mut Trace::disabled()),
+            Verdict::Forwarded
+        );
+        assert_eq!(out[0].1.meta.vnet.gso_size, 1280 - 40);
+    }
+
+    #[test]
+    fn test_fragments_larger_than_the_mtu_are_not_fragmented_in_transit() {
+        // IPv6 fragments of 1500 bytes towards a 1450 port: packet too big, as Linux does.
+        let mut p = pipeline();
+        let whole = build::udp(
+            ip("fd00:50::1"),
+            ip("fd00:10:244:1::5"),
+            1,
+            2,
+            &build::pattern(3000, 5),
+            &IpOpts::default(),
+        );
+        let mut out = Vec::new();
+        let mut last = Verdict::Held;
+        for f in frags(whole, 77, 1500) {
+            out.clear();
+            last = p.process(Packet::new(f, UPLINK, 0), &mut out, &mut Trace::disabled());
+        }
+        assert_eq!(last, Verdict::Dropped(DropReason::TooBig));
+        assert_eq!(out.len(), 1);
+        let q = parse(&out[0].1.data, 0).unwrap();
+        assert_eq!(q.key.dst_port, 2 << 8, "ICMPv6 packet too big");
+        // IPv4 without DF may be fragmented further.
+        let whole = build::udp(
+            ip("192.168.50.1"),
+            ip("10.244.1.5"),
+            1,
+            2,
+            &build::pattern(3000, 5),
+            &IpOpts::default(),
+        );
+        for f in frags(whole, 78, 1500) {
+            out.clear();
+            last = p.process(Packet::new(f, UPLINK, 0), &mut out, &mut Trace::disabled());
+        }
+        assert_eq!(last, Verdict::Forwarded);
+        assert!(
+            out.iter()
+                .all(|(port, f)| *port == POD && f.data.len() - 14 <= 1450)
+        );
     }
 }

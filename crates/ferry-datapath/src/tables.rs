@@ -338,6 +338,8 @@ pub struct Tables {
     pub nat: Vec<NatRule>,
 }
 
+/// The smallest `ipf.min_fragment_*` accepted: IPv4's minimum MTU (RFC 791).
+pub const MIN_FRAGMENT: u16 = 68;
 /// The smallest MTU a port may have: IPv6's minimum link MTU.
 pub const MIN_MTU: u16 = 1280;
 /// The largest MTU a port may have.
@@ -405,6 +407,20 @@ impl TablesSpec {
         let mut nat = Vec::with_capacity(self.nat.len());
         for (i, r) in self.nat.iter().enumerate() {
             nat.push(self.compile_nat(r).map_err(|e| format!("nat[{i}]: {e}"))?);
+        }
+        // Smaller fragments would let a datagram be cut into thousands of pieces.
+        if self.ipf.min_fragment_v4.is_some_and(|v| v < MIN_FRAGMENT)
+            || self.ipf.min_fragment_v6.is_some_and(|v| v < MIN_FRAGMENT)
+        {
+            return Err(format!(
+                "ipf: min_fragment_v4 and min_fragment_v6 must be at least {MIN_FRAGMENT}"
+            ));
+        }
+        if self.ipf.max_datagrams == Some(0)
+            || self.ipf.max_bytes == Some(0)
+            || self.ipf.timeout_ms == Some(0)
+        {
+            return Err("ipf: max_datagrams, max_bytes and timeout_ms must be positive".into());
         }
         if self.ct.max_entries == Some(0) {
             return Err("ct: max_entries must be at least 1".into());
@@ -600,6 +616,12 @@ mod tests {
             .unwrap_err();
         assert!(e.contains("duplicate prefix"), "{e}");
         assert!(spec(&[], &[]).compile().is_err());
+        let mut t = spec(&[("a", 1500)], &[]);
+        t.ipf.min_fragment_v4 = Some(8);
+        assert!(t.compile().unwrap_err().contains("min_fragment"));
+        let mut t = spec(&[("a", 1500)], &[]);
+        t.ipf.max_datagrams = Some(0);
+        assert!(t.compile().unwrap_err().contains("positive"));
     }
 
     fn nat_rule(

@@ -42,11 +42,25 @@ pub fn read_all(path: &Path) -> Result<Vec<Frame>> {
                     out.len()
                 )
             })?;
-            let (iface, time, data) = match b {
-                Block::EnhancedPacket(p) => (p.interface_id, p.timestamp, p.data.into_owned()),
-                Block::SimplePacket(p) => (0, Duration::ZERO, p.data.into_owned()),
+            let (iface, time, orig_len, data) = match b {
+                Block::EnhancedPacket(p) => (
+                    p.interface_id,
+                    p.timestamp,
+                    p.original_len,
+                    p.data.into_owned(),
+                ),
+                Block::SimplePacket(p) => (0, Duration::ZERO, p.original_len, p.data.into_owned()),
                 _ => continue,
             };
+            if data.len() < orig_len as usize {
+                bail!(
+                    "{}: packet {} was truncated by the capture (snaplen): {} of {} bytes",
+                    path.display(),
+                    out.len(),
+                    data.len(),
+                    orig_len
+                );
+            }
             // Interfaces are known once their description block was read.
             let link = rd
                 .interfaces()
