@@ -12,8 +12,12 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
 echo "== cargo test"
-cargo test --locked --workspace
-if [ -x scripts/fuzz-smoke.sh ]; then
-  echo "== fuzz smoke"
-  scripts/fuzz-smoke.sh
-fi
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --locked --workspace 2>&1 | tee "$log"
+passed=$(grep -oE '[0-9]+ passed' "$log" | awk '{s += $1} END {print s + 0}')
+failed=$(grep -oE '[0-9]+ failed' "$log" | awk '{s += $1} END {print s + 0}')
+echo "== fuzz smoke"
+scripts/fuzz-smoke.sh
+# One closing line for the whole suite (cargo prints one per test binary).
+echo "$passed passed, $failed failed"
