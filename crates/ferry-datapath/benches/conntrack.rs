@@ -17,8 +17,20 @@ use ferry_datapath::wire::{Parsed, parse};
 fn conn(i: u32) -> (Vec<u8>, Parsed) {
     let b = i.to_be_bytes();
     let src = IpAddr::V4(Ipv4Addr::new(10, b[1], b[2], b[3]));
-    let dst = IpAddr::V4(Ipv4Addr::new(172, 16, (i % 1000 / 250) as u8, (i % 250) as u8 + 1));
-    let f = build::udp(src, dst, 1024 + (i % 50000) as u16, 53, &[0u8; 18], &IpOpts::default());
+    let dst = IpAddr::V4(Ipv4Addr::new(
+        172,
+        16,
+        (i % 1000 / 250) as u8,
+        (i % 250) as u8 + 1,
+    ));
+    let f = build::udp(
+        src,
+        dst,
+        1024 + (i % 50000) as u16,
+        53,
+        &[0u8; 18],
+        &IpOpts::default(),
+    );
     let p = parse(&f, 0).unwrap();
     (f, p)
 }
@@ -81,7 +93,10 @@ fn new_with_nat(c: &mut Criterion) {
     let pristine: Vec<(Vec<u8>, Parsed)> = (0..N).map(conn).collect();
     let nat = Nat {
         dnat: None,
-        snat: Some((IpAddr::V4(Ipv4Addr::new(192, 168, 50, 10)), Some((1024, 65535)))),
+        snat: Some((
+            IpAddr::V4(Ipv4Addr::new(192, 168, 50, 10)),
+            Some((1024, 65535)),
+        )),
     };
     let mut g = c.benchmark_group("conntrack_new");
     g.throughput(Throughput::Elements(1));

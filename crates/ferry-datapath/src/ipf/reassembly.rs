@@ -18,7 +18,7 @@ use super::ranges::{Fit, Range, Ranges};
 use super::{Config, FamilyStats, Outcome, Stats};
 use crate::drop::{DropCounters, DropReason};
 use crate::flow::proto;
-use crate::packet::Packet;
+use crate::packet::{Packet, VnetHdr};
 use crate::wire::checksum::set_ipv4_header;
 use crate::wire::{L3, Parsed, parse};
 
@@ -532,6 +532,10 @@ impl Reassembler {
                 let mut meta = pkt.meta;
                 meta.mru = mru;
                 meta.frag_id = id;
+                // The completing fragment's offload state describes that fragment, not the
+                // datagram: a partial checksum or GSO request would be applied to the wrong
+                // bytes.
+                meta.vnet = VnetHdr::default();
                 Outcome::Complete(Packet { data: frame, meta }, parsed)
             }
             Err(r) => {

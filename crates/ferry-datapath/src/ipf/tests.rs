@@ -706,6 +706,32 @@ fn test_output_meta_is_the_completing_fragments_with_mru_and_frag_id() {
 }
 
 #[test]
+fn test_output_vnet_header_is_cleared_not_the_completing_fragments() {
+    let whole = udp_frame(false, 3000, 0x99);
+    let frags = cut_v4(&whole, &pieces(3008, 1200), false);
+    let mut r = Reassembler::new(Config::default());
+    let mut d = DropCounters::default();
+    feed(&mut r, &frags[0], 0, 0, &mut d);
+    feed(&mut r, &frags[1], 0, 0, &mut d);
+    let (mut p, parsed) = packet(&frags[2], 0, 1);
+    p.meta.vnet = crate::packet::VnetHdr {
+        flags: crate::packet::VnetHdr::F_NEEDS_CSUM,
+        gso_type: crate::packet::VnetHdr::GSO_UDP_L4,
+        hdr_len: 42,
+        gso_size: 1000,
+        csum_start: 34,
+        csum_offset: 6,
+    };
+    match r.process(p, &parsed, &mut d) {
+        Outcome::Complete(p, _) => {
+            assert_eq!(p.data, whole);
+            assert_eq!(p.meta.vnet, crate::packet::VnetHdr::default());
+        }
+        o => panic!("{o:?}"),
+    }
+}
+
+#[test]
 fn test_v6_fragment_header_removed_and_next_header_patched_after_extension_headers() {
     // Hop-by-hop and routing stay before the fragment header; destination options after
     // it are part of the fragmentable data.
