@@ -41,19 +41,26 @@ struct Layout {
     ip_end: usize,
 }
 
-/// Cuts a GSO super-packet (`pkt.meta.vnet.is_gso()`) into segments whose whole IP packet
-/// length is at most `max_ip_len`, appending them to `out`.
+/// Cuts a GSO super-packet (`pkt.meta.vnet.is_gso()`) into segments, appending them to
+/// `out`.
 ///
-/// Segment payload size is `min(vnet.gso_size, what fits in max_ip_len)`. TCP segments get
-/// advancing sequence numbers, FIN/PSH only on the last segment and CWR only on the first;
-/// UDP (USO) segments are separate datagrams with their own UDP header. IPv4
-/// identification increments by one per segment from the original. Link-layer headers
-/// (including an 802.1Q tag), IP options and IPv6 extension headers are copied into every
-/// segment. Output packets carry the input's metadata with a default [`VnetHdr`]: they are
-/// plain packets with complete checksums. A packet whose payload fits in one segment still
-/// comes out as one such plain packet.
+/// TCP segments carry `min(vnet.gso_size, what fits in max_ip_len)` payload bytes each, so
+/// they all fit in `max_ip_len`: TCP is a byte stream and any cut is as good as another.
+/// UDP (USO) is always cut at `vnet.gso_size`, whatever `max_ip_len` says: each piece is
+/// one datagram the application wrote, and cutting it smaller would deliver different
+/// datagrams. A UDP segment may therefore be longer than `max_ip_len`; the caller handles
+/// it like any other too-big datagram (fragmenting IPv4 without DF, otherwise an ICMP
+/// error). `max_ip_len` must still leave room for the headers and one byte of payload.
 ///
-/// A GSO packet is never turned into IP fragments: old UFO (`GSO_UDP`) is refused with
+/// TCP segments get advancing sequence numbers, FIN/PSH only on the last segment and CWR
+/// only on the first; UDP (USO) segments are separate datagrams with their own UDP header.
+/// IPv4 identification increments by one per segment from the original. Link-layer
+/// headers (including an 802.1Q tag), IP options and IPv6 extension headers are copied
+/// into every segment. Output packets carry the input's metadata with a default
+/// [`VnetHdr`]: they are plain packets with complete checksums. A packet whose payload
+/// fits in one segment still comes out as one such plain packet.
+///
+/// Segmentation itself never makes IP fragments: old UFO (`GSO_UDP`) is refused with
 /// [`DropReason::GsoUnsupported`], as is an unknown GSO type. A request that does not
 /// match the packet (wrong family or protocol, `gso_size` 0, truncated headers, a
 /// fragment, or a packet that is not GSO at all) is [`DropReason::GsoMalformed`]; an
@@ -72,7 +79,10 @@ pub fn segment(
         .checked_sub(ip_hdr_len)
         .filter(|r| *r > 0)
         .ok_or(DropReason::MtuTooSmall)?;
-    let mss = room.min(usize::from(vnet.gso_size));
+    let mss = match lay.kind {
+        Kind::Tcp => room.min(usize::from(vnet.gso_size)),
+        Kind::Udp => usize::from(vnet.gso_size),
+    };
     let payload = &pkt.data[lay.hdr_end..lay.ip_end];
     let headers = &pkt.data[..lay.hdr_end];
     let meta = Meta {

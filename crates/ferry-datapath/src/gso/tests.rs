@@ -327,6 +327,24 @@ fn test_uso_splits_into_datagrams() {
 }
 
 #[test]
+fn test_uso_cuts_at_gso_size_even_past_the_mtu() {
+    for v6 in [false, true] {
+        let payload = build::pattern(4 * 1400, 10);
+        let pkt = udp_super(v6, &payload, 1400);
+        let segs = run(&pkt, 1280).unwrap();
+        assert_eq!(segs.len(), 4);
+        let mut joined = Vec::new();
+        for s in &segs {
+            let (p, data) = verify(s);
+            assert_eq!(data.len(), 1400, "one application datagram each");
+            assert!(p.ip_len() > 1280, "too big is the caller's business");
+            joined.extend(data);
+        }
+        assert_eq!(joined, payload);
+    }
+}
+
+#[test]
 fn test_udp_ufo_is_unsupported() {
     let mut pkt = udp_super(false, &build::pattern(3000, 1), 1200);
     pkt.meta.vnet.gso_type = VnetHdr::GSO_UDP;
