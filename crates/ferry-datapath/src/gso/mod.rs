@@ -23,11 +23,28 @@ const TCP_MIN_LEN: usize = 20;
 /// UDP header length.
 const UDP_LEN: usize = 8;
 
+/// Most segments one UDP super-packet may become, Linux's `UDP_MAX_SEGMENTS`: senders
+/// cannot ask for more, so a request for more is not from a well-behaved stack.
+pub const MAX_SEGMENTS_UDP: usize = 128;
+/// Most segments one TCP super-packet may become. Linux never uses an MSS below 88 bytes
+/// (`TCP_MIN_MSS`), so a 64 KiB super-packet is at most 745 segments; 1024 leaves margin
+/// while keeping a `gso_size` of 1 from turning one packet into 64 000 allocations.
+pub const MAX_SEGMENTS_TCP: usize = 1024;
+
 /// What kind of segmentation a super-packet asks for, once checked against the packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Tcp,
     Udp,
+}
+
+impl Kind {
+    fn max_segments(self) -> usize {
+        match self {
+            Kind::Tcp => MAX_SEGMENTS_TCP,
+            Kind::Udp => MAX_SEGMENTS_UDP,
+        }
+    }
 }
 
 /// Where the pieces of a checked super-packet are.
@@ -63,9 +80,11 @@ struct Layout {
 /// Segmentation itself never makes IP fragments: old UFO (`GSO_UDP`) is refused with
 /// [`DropReason::GsoUnsupported`], as is an unknown GSO type. A request that does not
 /// match the packet (wrong family or protocol, `gso_size` 0, truncated headers, a
-/// fragment, or a packet that is not GSO at all) is [`DropReason::GsoMalformed`]; an
-/// MTU that leaves no room for payload is [`DropReason::MtuTooSmall`]. On error nothing
-/// is appended to `out`.
+/// fragment, a packet that is not GSO at all, or a `gso_size` so small that the packet
+/// would become more than [`MAX_SEGMENTS_TCP`] or [`MAX_SEGMENTS_UDP`] segments) is
+/// [`DropReason::GsoMalformed`]; an MTU that leaves no room for payload, or so little that
+/// a TCP packet would become more than [`MAX_SEGMENTS_TCP`] segments, is
+/// [`DropReason::MtuTooSmall`]. On error nothing is appended to `out`.
 pub fn segment(
     pkt: &Packet,
     parsed: &Parsed,
@@ -103,6 +122,14 @@ pub fn segment(
     };
 
     let count = payload.len().div_ceil(mss).max(1);
+    if count > lay.kind.max_segments() {
+        // A tiny gso_size is the sender's doing; a tiny MSS forced by the MTU is ours.
+        return Err(if mss < usize::from(vnet.gso_size) {
+            DropReason::MtuTooSmall
+        } else {
+            DropReason::GsoMalformed
+        });
+    }
     out.reserve(count);
     for i in 0..count {
         let start = i * mss;

@@ -422,7 +422,41 @@ fn test_truncated_headers_are_malformed() {
 fn test_mtu_without_room_for_payload() {
     let pkt = tcp_super(false, &build::pattern(3000, 1), tcp_flags::ACK, 1448);
     assert_eq!(run(&pkt, 40), Err(DropReason::MtuTooSmall));
-    assert_eq!(run(&pkt, 41).unwrap().len(), 3000);
+    // One byte per segment would be 3000 segments, over the limit; three bytes are 1000.
+    assert_eq!(run(&pkt, 41), Err(DropReason::MtuTooSmall));
+    assert_eq!(run(&pkt, 43).unwrap().len(), 1000);
+}
+
+#[test]
+fn test_tcp_gso_size_that_would_exceed_max_segments_is_malformed() {
+    for v6 in [false, true] {
+        let payload = build::pattern(MAX_SEGMENTS_TCP * 4, 2);
+        let pkt = tcp_super(v6, &payload, tcp_flags::ACK, 4);
+        assert_eq!(run(&pkt, 1500).unwrap().len(), MAX_SEGMENTS_TCP);
+        let pkt = tcp_super(v6, &payload, tcp_flags::ACK, 3);
+        assert_eq!(run(&pkt, 1500), Err(DropReason::GsoMalformed));
+        let pkt = tcp_super(v6, &build::pattern(60_000, 2), tcp_flags::ACK, 1);
+        assert_eq!(run(&pkt, 1500), Err(DropReason::GsoMalformed));
+    }
+}
+
+#[test]
+fn test_udp_gso_size_that_would_exceed_max_segments_is_malformed() {
+    for v6 in [false, true] {
+        let payload = build::pattern(MAX_SEGMENTS_UDP * 100, 2);
+        let pkt = udp_super(v6, &payload, 100);
+        assert_eq!(run(&pkt, 1500).unwrap().len(), MAX_SEGMENTS_UDP);
+        let pkt = udp_super(v6, &payload, 99);
+        assert_eq!(run(&pkt, 1500), Err(DropReason::GsoMalformed));
+        let pkt = udp_super(v6, &build::pattern(60_000, 2), 1);
+        let mut out = Vec::new();
+        let p = parse::parse(&pkt.data, 0).unwrap();
+        assert_eq!(
+            segment(&pkt, &p, 1500, &mut out),
+            Err(DropReason::GsoMalformed)
+        );
+        assert!(out.is_empty());
+    }
 }
 
 proptest! {
