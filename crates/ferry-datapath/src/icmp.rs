@@ -10,6 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::flow::proto;
 use crate::wire::checksum;
+use crate::wire::icmp_error;
 use crate::wire::parse::{ETH_LEN, IPV6_LEN, L3, Parsed, ethertype};
 
 /// Largest IPv4 ICMP error datagram (RFC 1812 section 4.3.2.3: at most 576 bytes).
@@ -26,13 +27,10 @@ const HOP_LIMIT: u8 = 64;
 /// IPv4 TOS of a built error: precedence "internetwork control", as routers use.
 const TOS_INTERNETWORK_CONTROL: u8 = 0xc0;
 
-/// ICMP (IPv4) message types ferry sends or recognises as errors.
+/// ICMP (IPv4) message types ferry sends.
 mod v4type {
     pub const DEST_UNREACHABLE: u8 = 3;
-    pub const SOURCE_QUENCH: u8 = 4;
-    pub const REDIRECT: u8 = 5;
     pub const TIME_EXCEEDED: u8 = 11;
-    pub const PARAMETER_PROBLEM: u8 = 12;
     /// Code of DEST_UNREACHABLE: fragmentation needed and DF set.
     pub const CODE_FRAG_NEEDED: u8 = 4;
 }
@@ -42,8 +40,6 @@ mod v6type {
     pub const DEST_UNREACHABLE: u8 = 1;
     pub const PACKET_TOO_BIG: u8 = 2;
     pub const TIME_EXCEEDED: u8 = 3;
-    /// Types below this are errors (RFC 4443 section 2.1).
-    pub const FIRST_INFORMATIONAL: u8 = 128;
 }
 
 /// The ICMP error to send.
@@ -197,9 +193,9 @@ fn ethernet(orig: &[u8], parsed: &Parsed, src_mac: [u8; 6], etype: u16, ip_len: 
 
 /// True when the packet is an ICMP error message, or might be one (header unreadable).
 fn is_icmp_error(orig: &[u8], p: &Parsed) -> bool {
-    let (icmp, v6) = match p.l3 {
-        L3::Ipv4 => (proto::ICMP, false),
-        _ => (proto::ICMPV6, true),
+    let icmp = match p.l3 {
+        L3::Ipv4 => proto::ICMP,
+        _ => proto::ICMPV6,
     };
     if p.proto != icmp {
         return false;
@@ -207,18 +203,7 @@ fn is_icmp_error(orig: &[u8], p: &Parsed) -> bool {
     let Some(&ty) = orig.get(p.l4_off).filter(|_| p.l4_complete) else {
         return true;
     };
-    if v6 {
-        ty < v6type::FIRST_INFORMATIONAL
-    } else {
-        matches!(
-            ty,
-            v4type::DEST_UNREACHABLE
-                | v4type::SOURCE_QUENCH
-                | v4type::REDIRECT
-                | v4type::TIME_EXCEEDED
-                | v4type::PARAMETER_PROBLEM
-        )
-    }
+    icmp_error::is_error(icmp, ty)
 }
 
 /// An IPv4 address that names one host (RFC 1122 section 3.2.2).
