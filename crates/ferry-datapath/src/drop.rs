@@ -88,6 +88,8 @@ drop_reasons! {
     FragInconsistentEnd => "frag_inconsistent_end",
     /// The fragment table is full (datagrams or bytes); new datagrams are refused.
     FragTableFull => "frag_table_full",
+    /// A datagram arrived in more fragments than the per-datagram limit; it is dropped.
+    FragTooMany => "frag_too_many",
     /// A fragment held for reassembly expired before its datagram completed.
     FragExpired => "frag_expired",
     /// A fragment of a datagram that was already dropped for another reason.

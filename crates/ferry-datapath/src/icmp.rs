@@ -3,13 +3,16 @@
 //!
 //! [`build_error`] answers a frame with "fragmentation needed"/"packet too big", "time
 //! exceeded" or "destination unreachable", or declines (returns `None`) where RFC 1122
-//! section 3.2.2 and RFC 4443 section 2.4(e) forbid sending one. [`RateLimiter`] is a
-//! token bucket with time passed in, like everything in the datapath.
+//! section 3.2.2 and RFC 4443 section 2.4(e) forbid sending one. [`eligible`] makes the
+//! same decision without building anything, so that a caller can ask it, then the
+//! [`RateLimiter`], and only then pay for the frame. The limiter is a token bucket with
+//! time passed in, like everything in the datapath.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::flow::proto;
 use crate::wire::checksum;
+use crate::wire::icmp_error;
 use crate::wire::parse::{ETH_LEN, IPV6_LEN, L3, Parsed, ethertype};
 
 /// Largest IPv4 ICMP error datagram (RFC 1812 section 4.3.2.3: at most 576 bytes).
@@ -26,13 +29,10 @@ const HOP_LIMIT: u8 = 64;
 /// IPv4 TOS of a built error: precedence "internetwork control", as routers use.
 const TOS_INTERNETWORK_CONTROL: u8 = 0xc0;
 
-/// ICMP (IPv4) message types ferry sends or recognises as errors.
+/// ICMP (IPv4) message types ferry sends.
 mod v4type {
     pub const DEST_UNREACHABLE: u8 = 3;
-    pub const SOURCE_QUENCH: u8 = 4;
-    pub const REDIRECT: u8 = 5;
     pub const TIME_EXCEEDED: u8 = 11;
-    pub const PARAMETER_PROBLEM: u8 = 12;
     /// Code of DEST_UNREACHABLE: fragmentation needed and DF set.
     pub const CODE_FRAG_NEEDED: u8 = 4;
 }
@@ -42,8 +42,6 @@ mod v6type {
     pub const DEST_UNREACHABLE: u8 = 1;
     pub const PACKET_TOO_BIG: u8 = 2;
     pub const TIME_EXCEEDED: u8 = 3;
-    /// Types below this are errors (RFC 4443 section 2.1).
-    pub const FIRST_INFORMATIONAL: u8 = 128;
 }
 
 /// The ICMP error to send.
@@ -64,18 +62,53 @@ pub enum ErrorKind {
     },
 }
 
+/// True when an error of this `kind` from `src_ip` may be sent about `orig` (a frame,
+/// parsed as `parsed`): exactly when [`build_error`] would build one. It reads a few
+/// header bytes and allocates nothing, so it can come before the rate limiter.
+///
+/// False about an ICMP error (or a packet whose header chain is too incomplete to tell),
+/// about a fragment that is not the first, about a packet to a multicast or broadcast
+/// address (IP or link layer; for IPv6 "packet too big" is the exception RFC 4443 2.4(e)
+/// makes), from a source that is not one host (unspecified, multicast, broadcast,
+/// loopback, IPv4 class E), from a `src_ip` that is not unicast, for ARP, or when
+/// `src_ip`'s family differs from the packet's. A subnet-directed IPv4 broadcast is not
+/// recognised here: this layer does not know the subnets; callers that do must not ask.
+pub fn eligible(orig: &[u8], parsed: &Parsed, kind: ErrorKind, src_ip: IpAddr) -> bool {
+    if !parsed.is_ip()
+        || parsed.is_later_fragment()
+        || parsed.ip_end > orig.len()
+        || parsed.l3_off >= parsed.ip_end
+        || orig.len() < ETH_LEN
+    {
+        return false;
+    }
+    let l2_group = orig[0] & 1 != 0;
+    match (parsed.key.src, parsed.key.dst, src_ip) {
+        (IpAddr::V4(to), IpAddr::V4(orig_dst), IpAddr::V4(from)) => {
+            !l2_group
+                && single_host_v4(to)
+                && single_host_v4(from)
+                && !orig_dst.is_multicast()
+                && !orig_dst.is_broadcast()
+                && !is_icmp_error(orig, parsed)
+        }
+        (IpAddr::V6(to), IpAddr::V6(orig_dst), IpAddr::V6(from)) => {
+            let too_big = matches!(kind, ErrorKind::TooBig { .. });
+            single_host_v6(to)
+                && single_host_v6(from)
+                && (too_big || !(l2_group || orig_dst.is_multicast()))
+                && parsed.chain_complete
+                && !is_icmp_error(orig, parsed)
+        }
+        _ => false,
+    }
+}
+
 /// Builds the Ethernet frame of an ICMP/ICMPv6 error about `orig` (a frame, parsed as
 /// `parsed`), from `src_ip`/`src_mac` back to the original sender's IP and MAC. An 802.1Q
 /// tag of the original is kept.
 ///
-/// Returns `None` where no error may be sent: about an ICMP error (or a packet whose
-/// header chain is too incomplete to tell), about a fragment that is not the first, about
-/// a packet to a multicast or broadcast address (IP or link layer; for IPv6 "packet too
-/// big" is the exception RFC 4443 2.4(e) makes), from a source that is not one host
-/// (unspecified, multicast, broadcast, loopback, IPv4 class E), from a `src_ip` that is
-/// not unicast, for ARP, or when `src_ip`'s family differs from the packet's.
-/// A subnet-directed IPv4 broadcast is not recognised here: this layer does not know the
-/// subnets; callers that do must not ask.
+/// Returns `None` where no error may be sent, that is when [`eligible`] is false.
 ///
 /// The error quotes as much of the original IP packet as keeps it within 576 bytes
 /// (IPv4) or 1280 bytes (IPv6). Checksums are complete (ICMPv6's with the pseudo-header).
@@ -86,27 +119,12 @@ pub fn build_error(
     src_ip: IpAddr,
     src_mac: [u8; 6],
 ) -> Option<Vec<u8>> {
-    if !parsed.is_ip()
-        || parsed.is_later_fragment()
-        || parsed.ip_end > orig.len()
-        || parsed.l3_off >= parsed.ip_end
-        || orig.len() < ETH_LEN
-    {
+    if !eligible(orig, parsed, kind, src_ip) {
         return None;
     }
-    let l2_group = orig[0] & 1 != 0;
     let quoted = &orig[parsed.l3_off..parsed.ip_end];
-    match (parsed.key.src, parsed.key.dst, src_ip) {
-        (IpAddr::V4(to), IpAddr::V4(orig_dst), IpAddr::V4(from)) => {
-            if l2_group
-                || !single_host_v4(to)
-                || !single_host_v4(from)
-                || orig_dst.is_multicast()
-                || orig_dst.is_broadcast()
-                || is_icmp_error(orig, parsed)
-            {
-                return None;
-            }
+    match (parsed.key.src, src_ip) {
+        (IpAddr::V4(to), IpAddr::V4(from)) => {
             let (ty, code, rest) = match kind {
                 ErrorKind::TooBig { mtu } => {
                     let mtu = mtu.min(u32::from(u16::MAX)) as u16;
@@ -145,16 +163,7 @@ pub fn build_error(
             f[icmp_off + 2..icmp_off + 4].copy_from_slice(&c.to_be_bytes());
             Some(f)
         }
-        (IpAddr::V6(to), IpAddr::V6(orig_dst), IpAddr::V6(from)) => {
-            let too_big = matches!(kind, ErrorKind::TooBig { .. });
-            if !single_host_v6(to)
-                || !single_host_v6(from)
-                || (!too_big && (l2_group || orig_dst.is_multicast()))
-                || !parsed.chain_complete
-                || is_icmp_error(orig, parsed)
-            {
-                return None;
-            }
+        (IpAddr::V6(to), IpAddr::V6(from)) => {
             let (ty, code, rest) = match kind {
                 ErrorKind::TooBig { mtu } => (v6type::PACKET_TOO_BIG, 0, mtu.to_be_bytes()),
                 ErrorKind::TimeExceeded => (v6type::TIME_EXCEEDED, 0, [0; 4]),
@@ -197,9 +206,9 @@ fn ethernet(orig: &[u8], parsed: &Parsed, src_mac: [u8; 6], etype: u16, ip_len: 
 
 /// True when the packet is an ICMP error message, or might be one (header unreadable).
 fn is_icmp_error(orig: &[u8], p: &Parsed) -> bool {
-    let (icmp, v6) = match p.l3 {
-        L3::Ipv4 => (proto::ICMP, false),
-        _ => (proto::ICMPV6, true),
+    let icmp = match p.l3 {
+        L3::Ipv4 => proto::ICMP,
+        _ => proto::ICMPV6,
     };
     if p.proto != icmp {
         return false;
@@ -207,18 +216,7 @@ fn is_icmp_error(orig: &[u8], p: &Parsed) -> bool {
     let Some(&ty) = orig.get(p.l4_off).filter(|_| p.l4_complete) else {
         return true;
     };
-    if v6 {
-        ty < v6type::FIRST_INFORMATIONAL
-    } else {
-        matches!(
-            ty,
-            v4type::DEST_UNREACHABLE
-                | v4type::SOURCE_QUENCH
-                | v4type::REDIRECT
-                | v4type::TIME_EXCEEDED
-                | v4type::PARAMETER_PROBLEM
-        )
-    }
+    icmp_error::is_error(icmp, ty)
 }
 
 /// An IPv4 address that names one host (RFC 1122 section 3.2.2).
@@ -529,6 +527,97 @@ mod tests {
         arp.extend_from_slice(&build::MAC_SRC);
         arp.extend_from_slice(&[10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 10, 0, 0, 2]);
         assert_eq!(err(&arp, ErrorKind::TimeExceeded, "10.0.0.254"), None);
+    }
+
+    /// Frames that cover every reason `build_error` declines, and some it accepts.
+    fn corpus() -> Vec<Vec<u8>> {
+        let mut v = Vec::new();
+        for (s, d) in [
+            ("10.0.0.1", "10.0.0.2"),
+            ("10.0.0.1", "224.0.0.5"),
+            ("10.0.0.1", "255.255.255.255"),
+            ("0.0.0.0", "10.0.0.2"),
+            ("127.0.0.1", "10.0.0.2"),
+            ("240.0.0.1", "10.0.0.2"),
+            ("fd00::1", "fd00::2"),
+            ("fd00::1", "ff02::1"),
+            ("::", "fd00::2"),
+            ("ff02::1", "fd00::2"),
+        ] {
+            let u = udp(s, d, 20);
+            let mut l2 = u.clone();
+            l2[..6].copy_from_slice(&[0x33, 0x33, 0, 0, 0, 1]);
+            v.push(u);
+            v.push(l2);
+        }
+        for (s, d, from) in [
+            ("10.0.0.1", "10.0.0.2", "10.0.0.254"),
+            ("fd00::1", "fd00::2", "fd00::fe"),
+        ] {
+            let echo = build::echo_request(ip(s), ip(d), 1, 1, b"ping", &IpOpts::default());
+            let e = err(&echo, ErrorKind::TimeExceeded, from).unwrap();
+            v.push(echo);
+            v.push(e);
+        }
+        let mut later = udp("10.0.0.1", "10.0.0.2", 100);
+        later[14 + 6..14 + 8].copy_from_slice(&185u16.to_be_bytes());
+        checksum::set_ipv4_header(&mut later[14..34]);
+        v.push(later);
+        let mut arp = vec![0xff; 6];
+        arp.extend_from_slice(&build::MAC_SRC);
+        arp.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+        arp.extend_from_slice(&build::MAC_SRC);
+        arp.extend_from_slice(&[10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 10, 0, 0, 2]);
+        v.push(arp);
+        v
+    }
+
+    const KINDS: [ErrorKind; 3] = [
+        ErrorKind::TooBig { mtu: 1280 },
+        ErrorKind::TimeExceeded,
+        ErrorKind::Unreachable { code: 3 },
+    ];
+    const FROM: [&str; 5] = ["10.0.0.254", "224.0.0.1", "fd00::fe", "::", "ff02::2"];
+
+    #[test]
+    fn test_eligible_agrees_with_build_error() {
+        let (mut yes, mut no) = (0, 0);
+        for f in corpus() {
+            let p = parse(&f, 0).unwrap();
+            for kind in KINDS {
+                for from in FROM {
+                    let built = build_error(&f, &p, kind, ip(from), ME).is_some();
+                    assert_eq!(eligible(&f, &p, kind, ip(from)), built, "{kind:?} {from}");
+                    if built { yes += 1 } else { no += 1 }
+                }
+            }
+        }
+        assert!(yes > 5 && no > 50, "the corpus exercises both answers");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn prop_eligible_agrees_with_build_error_on_mutated_frames(
+            pick in 0usize..64,
+            flips in proptest::collection::vec((0usize..120, proptest::prelude::any::<u8>()), 0..4),
+            kind in 0usize..3,
+            from in 0usize..5,
+        ) {
+            let frames = corpus();
+            let mut f = frames[pick % frames.len()].clone();
+            for (at, x) in flips {
+                if let Some(b) = f.get_mut(at) {
+                    *b ^= x;
+                }
+            }
+            if let Ok(p) = parse(&f, 0) {
+                let (kind, from) = (KINDS[kind], ip(FROM[from]));
+                proptest::prop_assert_eq!(
+                    eligible(&f, &p, kind, from),
+                    build_error(&f, &p, kind, from, ME).is_some()
+                );
+            }
+        }
     }
 
     #[test]

@@ -12,29 +12,64 @@ use std::thread::{self, JoinHandle};
 
 /// Where `ip netns add` mounts named namespaces.
 pub const NETNS_RUN_DIR: &str = "/run/netns";
+/// Longest namespace name: one file name (`NAME_MAX`).
+pub const MAX_NAME_LEN: usize = 255;
 
 /// The path of the named network namespace.
-pub fn path(name: &str) -> PathBuf {
-    PathBuf::from(NETNS_RUN_DIR).join(name)
+///
+/// `InvalidInput` unless `name` is one file name in [`NETNS_RUN_DIR`]: not empty, at
+/// most [`MAX_NAME_LEN`] bytes, no `/` or NUL, and not `.` or `..`. Without that check a
+/// name like `../../proc/1/ns/net` would open another file than a named namespace.
+pub fn path(name: &str) -> io::Result<PathBuf> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && !name.contains('/')
+        && !name.contains('\0')
+        && name != "."
+        && name != "..";
+    if !valid {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("invalid network namespace name {name:?}"),
+        ));
+    }
+    Ok(PathBuf::from(NETNS_RUN_DIR).join(name))
 }
 
 /// Spawns a thread that enters network namespace `name` and then runs `f`.
 ///
-/// The thread's result is `Err` when the namespace cannot be entered (it does not exist,
-/// or the process lacks CAP_SYS_ADMIN); `f` does not run then.
+/// `Err` at once for a name that [`path`] refuses or a namespace that cannot be opened.
+/// The thread's result is `Err` when the namespace cannot be entered (the process lacks
+/// CAP_SYS_ADMIN); `f` does not run then. The namespace descriptor is closed as soon as
+/// the thread has entered it, so it is not held while `f` runs.
 pub fn spawn_in<F, T>(name: &str, f: F) -> io::Result<JoinHandle<io::Result<T>>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    let ns = File::open(path(name))
+    let ns = File::open(path(name)?)
         .map_err(|e| io::Error::new(e.kind(), format!("network namespace {name}: {e}")))?;
-    thread::Builder::new()
-        .name(format!("netns-{name}"))
-        .spawn(move || {
-            enter_this_thread(&ns)?;
-            Ok(f())
-        })
+    spawn_entering(ns, format!("netns-{name}"), f)
+}
+
+/// The thread of [`spawn_in`], for a namespace already open as `ns`.
+fn spawn_entering<F, T>(
+    ns: File,
+    thread_name: String,
+    f: F,
+) -> io::Result<JoinHandle<io::Result<T>>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    thread::Builder::new().name(thread_name).spawn(move || {
+        let entered = enter_this_thread(&ns);
+        // Entered or not, the descriptor has served: `f` may run for the life of the
+        // process and must not keep the namespace file open.
+        drop(ns);
+        entered?;
+        Ok(f())
+    })
 }
 
 /// Moves the calling thread into the network namespace open as `ns`. Private: callers
@@ -55,6 +90,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn test_path_accepts_plain_names() {
+        assert_eq!(path("pod-a").unwrap(), PathBuf::from("/run/netns/pod-a"));
+        assert_eq!(path("..x").unwrap(), PathBuf::from("/run/netns/..x"));
+        let longest = "n".repeat(MAX_NAME_LEN);
+        assert!(path(&longest).is_ok());
+    }
+
+    #[test]
+    fn test_path_refuses_names_that_are_not_one_file_name() {
+        let long = "n".repeat(MAX_NAME_LEN + 1);
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../x",
+            "a/b",
+            "/run/netns/x",
+            "x/",
+            "a\0b",
+            &long,
+        ] {
+            let e = path(bad).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{bad:?}");
+        }
+        // spawn_in refuses before opening anything.
+        let e = spawn_in("../../proc/self/ns/net", || ()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
     fn test_spawn_in_missing_namespace_fails() {
         let e = spawn_in("ferry-no-such-namespace", || ()).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
@@ -62,10 +127,23 @@ mod tests {
     }
 
     #[test]
-    fn test_spawn_in_own_namespace_runs_the_closure() {
-        // Our own namespace through /proc: the path differs but setns works the same.
+    fn test_spawn_in_own_namespace_runs_the_closure_with_the_fd_closed() {
+        // Our own namespace through /proc: the path differs but setns works the same. No
+        // other test opens a namespace file, so the descriptor number cannot be reused by
+        // one while the closure looks at it.
         let me = File::open("/proc/self/ns/net").unwrap();
-        let h = thread::spawn(move || enter_this_thread(&me).map(|()| 7));
-        assert_eq!(h.join().unwrap().unwrap(), 7);
+        let fd = me.as_raw_fd();
+        let h = spawn_entering(me, "netns-test".into(), move || {
+            let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok();
+            (7, link)
+        })
+        .unwrap();
+        let (v, link) = h.join().unwrap().unwrap();
+        assert_eq!(v, 7);
+        assert!(
+            link.as_ref()
+                .is_none_or(|l| !l.to_string_lossy().starts_with("net:")),
+            "namespace descriptor still open in the closure: {link:?}"
+        );
     }
 }

@@ -6,6 +6,7 @@
 //! identifier stays in `src_port` and the type changes, unlike ports which swap.
 
 use crate::flow::{FlowKey, proto};
+use crate::wire::icmp_error;
 
 /// What an ICMP message is to conntrack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,53 +15,35 @@ pub(crate) enum Kind {
     Request,
     /// Echo reply: only ever the reply direction of a connection.
     Reply,
-    /// An error quoting the packet it is about (RELATED).
+    /// An error quoting the packet it is about (RELATED), or INVALID when it relates to no
+    /// connection, including ICMPv6 error types whose quote is not read (see
+    /// [`icmp_error::embedded`]).
     Error,
     /// Anything else (neighbour discovery, router advertisements, ...): not tracked.
     Untracked,
 }
 
-/// ICMP (IPv4) types.
+/// ICMP (IPv4) echo types.
 mod v4 {
     pub const ECHO_REPLY: u8 = 0;
-    pub const DEST_UNREACHABLE: u8 = 3;
-    pub const SOURCE_QUENCH: u8 = 4;
-    pub const REDIRECT: u8 = 5;
     pub const ECHO_REQUEST: u8 = 8;
-    pub const TIME_EXCEEDED: u8 = 11;
-    pub const PARAMETER_PROBLEM: u8 = 12;
 }
 
-/// ICMPv6 types.
+/// ICMPv6 echo types.
 mod v6 {
-    pub const DEST_UNREACHABLE: u8 = 1;
-    pub const PARAMETER_PROBLEM: u8 = 4;
     pub const ECHO_REQUEST: u8 = 128;
     pub const ECHO_REPLY: u8 = 129;
 }
 
-/// Classifies an ICMP/ICMPv6 message type.
+/// Classifies an ICMP/ICMPv6 message type. Errors are what [`icmp_error::is_error`] says,
+/// so every ICMPv6 type below 128 is one (RFC 4443 section 2.1) and never starts a
+/// connection.
 pub(crate) fn kind(protocol: u8, ty: u8) -> Kind {
-    if protocol == proto::ICMP {
-        match ty {
-            v4::ECHO_REQUEST => Kind::Request,
-            v4::ECHO_REPLY => Kind::Reply,
-            v4::DEST_UNREACHABLE
-            | v4::SOURCE_QUENCH
-            | v4::REDIRECT
-            | v4::TIME_EXCEEDED
-            | v4::PARAMETER_PROBLEM => Kind::Error,
-            _ => Kind::Untracked,
-        }
-    } else {
-        match ty {
-            v6::ECHO_REQUEST => Kind::Request,
-            v6::ECHO_REPLY => Kind::Reply,
-            // RFC 4443: types 1 to 4 are the errors (unreachable, packet too big, time
-            // exceeded, parameter problem).
-            v6::DEST_UNREACHABLE..=v6::PARAMETER_PROBLEM => Kind::Error,
-            _ => Kind::Untracked,
-        }
+    match (protocol, ty) {
+        (proto::ICMP, v4::ECHO_REQUEST) | (proto::ICMPV6, v6::ECHO_REQUEST) => Kind::Request,
+        (proto::ICMP, v4::ECHO_REPLY) | (proto::ICMPV6, v6::ECHO_REPLY) => Kind::Reply,
+        _ if icmp_error::is_error(protocol, ty) => Kind::Error,
+        _ => Kind::Untracked,
     }
 }
 
@@ -167,5 +150,43 @@ mod tests {
         assert_eq!(kind(proto::ICMPV6, 2), Kind::Error);
         assert_eq!(kind(proto::ICMPV6, 129), Kind::Reply);
         assert_eq!(kind(proto::ICMPV6, 135), Kind::Untracked);
+        // Unassigned ICMPv6 types below 128 are errors too, never requests.
+        assert_eq!(kind(proto::ICMPV6, 0), Kind::Error);
+        assert_eq!(kind(proto::ICMPV6, 100), Kind::Error);
+        assert_eq!(kind(proto::ICMPV6, 127), Kind::Error);
+    }
+
+    #[test]
+    fn unknown_icmpv6_error_types_are_invalid_even_about_a_known_connection() {
+        use crate::conntrack::tests::{pkt_in, run, udp};
+        use crate::conntrack::{Config, Conntrack, CtState};
+        use crate::icmp::{ErrorKind, build_error};
+        use crate::wire::build::MAC_DST;
+
+        let mut ct = Conntrack::new(Config::default());
+        let mut out = udp("fd00::1", 4000, "fd00::2", 53);
+        assert_eq!(run(&mut ct, &mut out, None, 0).state, CtState::New);
+        let back = udp("fd00::2", 53, "fd00::1", 4000);
+        let router = "fd00::fe".parse().unwrap();
+        let e = build_error(
+            &back.pkt.data,
+            &back.parsed,
+            ErrorKind::Unreachable { code: 4 },
+            router,
+            MAC_DST,
+        )
+        .unwrap();
+        let mut known = pkt_in(e.clone(), 0);
+        assert_eq!(run(&mut ct, &mut known, None, 1).state, CtState::Related);
+        for t in [0u8, 5, 100, 127] {
+            let mut f = e.clone();
+            let at = known.parsed.l4_off;
+            f[at] = t;
+            let mut p = pkt_in(f, 0);
+            let r = run(&mut ct, &mut p, None, 1);
+            assert_eq!(r.state, CtState::Invalid, "type {t}");
+            assert!(r.pending.is_none() && r.entry.is_none());
+        }
+        assert_eq!(ct.len(), 1);
     }
 }

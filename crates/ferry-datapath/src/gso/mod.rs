@@ -23,11 +23,28 @@ const TCP_MIN_LEN: usize = 20;
 /// UDP header length.
 const UDP_LEN: usize = 8;
 
+/// Most segments one UDP super-packet may become, Linux's `UDP_MAX_SEGMENTS`: senders
+/// cannot ask for more, so a request for more is not from a well-behaved stack.
+pub const MAX_SEGMENTS_UDP: usize = 128;
+/// Most segments one TCP super-packet may become. Linux never uses an MSS below 88 bytes
+/// (`TCP_MIN_MSS`), so a 64 KiB super-packet is at most 745 segments; 1024 leaves margin
+/// while keeping a `gso_size` of 1 from turning one packet into 64 000 allocations.
+pub const MAX_SEGMENTS_TCP: usize = 1024;
+
 /// What kind of segmentation a super-packet asks for, once checked against the packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Tcp,
     Udp,
+}
+
+impl Kind {
+    fn max_segments(self) -> usize {
+        match self {
+            Kind::Tcp => MAX_SEGMENTS_TCP,
+            Kind::Udp => MAX_SEGMENTS_UDP,
+        }
+    }
 }
 
 /// Where the pieces of a checked super-packet are.
@@ -39,26 +56,53 @@ struct Layout {
     /// End of the transport header: everything before it is copied into every segment.
     hdr_end: usize,
     ip_end: usize,
+    /// IPv6: the destination address of the transport pseudo-header, which is the final
+    /// destination when a routing header has segments left.
+    v6_dst: [u8; 16],
 }
 
-/// Cuts a GSO super-packet (`pkt.meta.vnet.is_gso()`) into segments whose whole IP packet
-/// length is at most `max_ip_len`, appending them to `out`.
+/// IPv6 extension headers that matter when walking to the transport header.
+mod ext {
+    pub const HOP_BY_HOP: u8 = 0;
+    pub const ROUTING: u8 = 43;
+    pub const AUTH: u8 = 51;
+    pub const DEST_OPTS: u8 = 60;
+    /// Mobile IPv6 type 2 routing header (RFC 6275): one address, the final destination.
+    pub const ROUTING_TYPE_2: u8 = 2;
+    /// Segment Routing Header (RFC 8754): the final destination is Segment List[0].
+    pub const ROUTING_SRH: u8 = 4;
+}
+
+/// Cuts a GSO super-packet (`pkt.meta.vnet.is_gso()`) into segments, appending them to
+/// `out`.
 ///
-/// Segment payload size is `min(vnet.gso_size, what fits in max_ip_len)`. TCP segments get
-/// advancing sequence numbers, FIN/PSH only on the last segment and CWR only on the first;
-/// UDP (USO) segments are separate datagrams with their own UDP header. IPv4
-/// identification increments by one per segment from the original. Link-layer headers
-/// (including an 802.1Q tag), IP options and IPv6 extension headers are copied into every
-/// segment. Output packets carry the input's metadata with a default [`VnetHdr`]: they are
-/// plain packets with complete checksums. A packet whose payload fits in one segment still
-/// comes out as one such plain packet.
+/// TCP segments carry `min(vnet.gso_size, what fits in max_ip_len)` payload bytes each, so
+/// they all fit in `max_ip_len`: TCP is a byte stream and any cut is as good as another.
+/// UDP (USO) is always cut at `vnet.gso_size`, whatever `max_ip_len` says: each piece is
+/// one datagram the application wrote, and cutting it smaller would deliver different
+/// datagrams. A UDP segment may therefore be longer than `max_ip_len`; the caller handles
+/// it like any other too-big datagram (fragmenting IPv4 without DF, otherwise an ICMP
+/// error). `max_ip_len` must still leave room for the headers and one byte of payload.
 ///
-/// A GSO packet is never turned into IP fragments: old UFO (`GSO_UDP`) is refused with
+/// TCP segments get advancing sequence numbers, FIN/PSH only on the last segment and CWR
+/// only on the first; UDP (USO) segments are separate datagrams with their own UDP header.
+/// IPv4 identification increments by one per segment from the original. Link-layer
+/// headers (including an 802.1Q tag), IP options and IPv6 extension headers are copied
+/// into every segment. Output packets carry the input's metadata with a default
+/// [`VnetHdr`]: they are plain packets with complete checksums. A packet whose payload
+/// fits in one segment still comes out as one such plain packet. Over IPv6 with a
+/// routing header that has segments left, the checksum covers the final destination
+/// (RFC 8200 section 8.1): the address of a type 2 header or Segment List[0] of a
+/// Segment Routing Header; other routing types with segments left are refused.
+///
+/// Segmentation itself never makes IP fragments: old UFO (`GSO_UDP`) is refused with
 /// [`DropReason::GsoUnsupported`], as is an unknown GSO type. A request that does not
 /// match the packet (wrong family or protocol, `gso_size` 0, truncated headers, a
-/// fragment, or a packet that is not GSO at all) is [`DropReason::GsoMalformed`]; an
-/// MTU that leaves no room for payload is [`DropReason::MtuTooSmall`]. On error nothing
-/// is appended to `out`.
+/// fragment, an IPv6 routing header whose final destination ferry does not read, a packet that is not GSO at all, or a `gso_size` so small that the packet
+/// would become more than [`MAX_SEGMENTS_TCP`] or [`MAX_SEGMENTS_UDP`] segments) is
+/// [`DropReason::GsoMalformed`]; an MTU that leaves no room for payload, or so little that
+/// a TCP packet would become more than [`MAX_SEGMENTS_TCP`] segments, is
+/// [`DropReason::MtuTooSmall`]. On error nothing is appended to `out`.
 pub fn segment(
     pkt: &Packet,
     parsed: &Parsed,
@@ -72,7 +116,10 @@ pub fn segment(
         .checked_sub(ip_hdr_len)
         .filter(|r| *r > 0)
         .ok_or(DropReason::MtuTooSmall)?;
-    let mss = room.min(usize::from(vnet.gso_size));
+    let mss = match lay.kind {
+        Kind::Tcp => room.min(usize::from(vnet.gso_size)),
+        Kind::Udp => usize::from(vnet.gso_size),
+    };
     let payload = &pkt.data[lay.hdr_end..lay.ip_end];
     let headers = &pkt.data[..lay.hdr_end];
     let meta = Meta {
@@ -93,6 +140,14 @@ pub fn segment(
     };
 
     let count = payload.len().div_ceil(mss).max(1);
+    if count > lay.kind.max_segments() {
+        // A tiny gso_size is the sender's doing; a tiny MSS forced by the MTU is ours.
+        return Err(if mss < usize::from(vnet.gso_size) {
+            DropReason::MtuTooSmall
+        } else {
+            DropReason::GsoMalformed
+        });
+    }
     out.reserve(count);
     for i in 0..count {
         let start = i * mss;
@@ -118,14 +173,12 @@ pub fn segment(
                 let ip = &mut seg[lay.l3_off..];
                 ip[4..6].copy_from_slice(&((ip_len - IPV6_LEN) as u16).to_be_bytes());
                 let mut src = [0u8; 16];
-                let mut dst = [0u8; 16];
                 src.copy_from_slice(&ip[8..24]);
-                dst.copy_from_slice(&ip[24..40]);
                 let nh = match lay.kind {
                     Kind::Tcp => proto::TCP,
                     Kind::Udp => proto::UDP,
                 };
-                checksum::pseudo_v6(&src, &dst, nh, l4_len as u32)
+                checksum::pseudo_v6(&src, &lay.v6_dst, nh, l4_len as u32)
             }
         };
 
@@ -213,6 +266,10 @@ fn check(data: &[u8], p: &Parsed, vnet: &VnetHdr) -> Result<Layout, DropReason> 
     if p.l4_off - p.l3_off < min_l3 {
         return Err(DropReason::GsoMalformed);
     }
+    let v6_dst = match p.l3 {
+        L3::Ipv4 => [0; 16],
+        _ => pseudo_header_dst_v6(&data[p.l3_off..p.l4_off])?,
+    };
     Ok(Layout {
         kind,
         l3: p.l3,
@@ -220,7 +277,62 @@ fn check(data: &[u8], p: &Parsed, vnet: &VnetHdr) -> Result<Layout, DropReason> 
         l4_off: p.l4_off,
         hdr_end,
         ip_end: p.ip_end,
+        v6_dst,
     })
+}
+
+/// The destination address for the transport checksum of an IPv6 packet whose headers,
+/// up to the transport header, are `ip` (RFC 8200 section 8.1): the address in the IPv6
+/// header, unless a routing header still has segments left, in which case the final
+/// destination. That is the one address of a type 2 routing header (Mobile IPv6's home
+/// address), and Segment List[0] of a Segment Routing Header. Other routing types with segments left (RPL's
+/// compressed addresses, the deprecated type 0) are refused rather than guessed at, as
+/// are two routing headers.
+fn pseudo_header_dst_v6(ip: &[u8]) -> Result<[u8; 16], DropReason> {
+    let mut dst = [0u8; 16];
+    dst.copy_from_slice(ip.get(24..IPV6_LEN).ok_or(DropReason::GsoMalformed)?);
+    let mut nh = ip[6];
+    let mut off = IPV6_LEN;
+    let mut routed = false;
+    while off < ip.len() {
+        let h = ip
+            .get(off..)
+            .filter(|h| h.len() >= 8)
+            .ok_or(DropReason::GsoMalformed)?;
+        let len = match nh {
+            ext::AUTH => (usize::from(h[1]) + 2) * 4,
+            ext::HOP_BY_HOP | ext::ROUTING | ext::DEST_OPTS => (usize::from(h[1]) + 1) * 8,
+            // The parser stops at anything else, so `p.l4_off` cannot be past it.
+            _ => return Err(DropReason::GsoMalformed),
+        };
+        let h = h.get(..len).ok_or(DropReason::GsoMalformed)?;
+        if nh == ext::ROUTING {
+            if routed {
+                return Err(DropReason::GsoMalformed);
+            }
+            routed = true;
+            let (kind, segments_left) = (h[2], h[3]);
+            if segments_left > 0 {
+                // Type 2 holds exactly one address, SRH at least one (Segment List[0]);
+                // both from byte 8.
+                let readable = match kind {
+                    ext::ROUTING_TYPE_2 => len == 24,
+                    ext::ROUTING_SRH => len >= 24,
+                    _ => false,
+                };
+                if !readable {
+                    return Err(DropReason::GsoMalformed);
+                }
+                dst.copy_from_slice(&h[8..24]);
+            }
+        }
+        nh = h[0];
+        off += len;
+    }
+    if off != ip.len() {
+        return Err(DropReason::GsoMalformed);
+    }
+    Ok(dst)
 }
 
 #[cfg(test)]

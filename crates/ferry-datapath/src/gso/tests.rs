@@ -304,6 +304,90 @@ fn test_ipv6_extension_headers_kept() {
     assert_eq!(joined, build::pattern(4000, 8));
 }
 
+/// Inserts a routing header (type, segments left, addresses) between IPv6 and TCP/UDP.
+fn with_routing(pkt: &mut Packet, kind: u8, segments_left: u8, addrs: &[[u8; 16]]) {
+    let upper = pkt.data[14 + 6];
+    pkt.data[14 + 6] = 43;
+    let mut rh = vec![
+        upper,
+        (addrs.len() * 2) as u8,
+        kind,
+        segments_left,
+        0,
+        0,
+        0,
+        0,
+    ];
+    if kind == 4 {
+        rh[4] = (addrs.len() - 1) as u8; // last entry
+    }
+    for a in addrs {
+        rh.extend_from_slice(a);
+    }
+    pkt.data.splice(14 + 40..14 + 40, rh);
+    fix_ip_lengths(&mut pkt.data, 14, true);
+}
+
+/// Checks a segment's transport checksum against the pseudo-header with `dst`.
+fn checksum_verifies_with(seg: &Packet, dst: [u8; 16]) -> bool {
+    let p = parse::parse(&seg.data, 0).unwrap();
+    let l4 = &seg.data[p.l4_off..p.ip_end];
+    let pseudo = pseudo_v6(&v6_octets(p.key.src), &dst, p.proto, l4.len() as u32);
+    finish(add(l4, pseudo)) == 0
+}
+
+#[test]
+fn test_ipv6_routing_header_checksum_uses_the_final_destination() {
+    let via = v6_octets("fd00::99".parse().unwrap());
+    let last = v6_octets("fd00::2".parse().unwrap());
+    let final_dst = v6_octets("fd00::77".parse().unwrap());
+    for udp in [false, true] {
+        let make = || {
+            let payload = build::pattern(3000, 11);
+            if udp {
+                udp_super(true, &payload, 1200)
+            } else {
+                tcp_super(true, &payload, tcp_flags::ACK, 1200)
+            }
+        };
+        // SRH on its way: the header holds the active segment, the final one is [0].
+        let mut pkt = make();
+        with_routing(&mut pkt, 4, 1, &[final_dst, last]);
+        let segs = run(&pkt, 1500).unwrap();
+        assert_eq!(segs.len(), 3);
+        for s in &segs {
+            assert!(checksum_verifies_with(s, final_dst), "udp={udp}");
+            assert!(!checksum_verifies_with(s, last));
+        }
+        // Mobile IPv6 type 2: the home address.
+        let mut pkt = make();
+        with_routing(&mut pkt, 2, 1, &[final_dst]);
+        for s in &run(&pkt, 1500).unwrap() {
+            assert!(checksum_verifies_with(s, final_dst));
+        }
+        // No segments left: the IPv6 header's destination is the final one.
+        let mut pkt = make();
+        with_routing(&mut pkt, 4, 0, &[via]);
+        for s in &run(&pkt, 1500).unwrap() {
+            assert!(checksum_verifies_with(s, last));
+        }
+        // Compressed RPL addresses (type 3) and the deprecated type 0 are refused, not
+        // guessed at; so is a type 2 header with more than one address.
+        for (kind, addrs) in [
+            (3, vec![via]),
+            (0, vec![via, final_dst]),
+            (2, vec![via, via]),
+        ] {
+            let mut pkt = make();
+            with_routing(&mut pkt, kind, 1, &addrs);
+            assert_eq!(run(&pkt, 1500), Err(DropReason::GsoMalformed));
+            let mut pkt = make();
+            with_routing(&mut pkt, kind, 0, &addrs);
+            assert!(run(&pkt, 1500).is_ok(), "segments left 0 needs no address");
+        }
+    }
+}
+
 #[test]
 fn test_uso_splits_into_datagrams() {
     for v6 in [false, true] {
@@ -320,6 +404,24 @@ fn test_uso_splits_into_datagrams() {
             if !v6 {
                 assert_eq!(v4_id(s, &p), ID0.wrapping_add(i as u16));
             }
+            joined.extend(data);
+        }
+        assert_eq!(joined, payload);
+    }
+}
+
+#[test]
+fn test_uso_cuts_at_gso_size_even_past_the_mtu() {
+    for v6 in [false, true] {
+        let payload = build::pattern(4 * 1400, 10);
+        let pkt = udp_super(v6, &payload, 1400);
+        let segs = run(&pkt, 1280).unwrap();
+        assert_eq!(segs.len(), 4);
+        let mut joined = Vec::new();
+        for s in &segs {
+            let (p, data) = verify(s);
+            assert_eq!(data.len(), 1400, "one application datagram each");
+            assert!(p.ip_len() > 1280, "too big is the caller's business");
             joined.extend(data);
         }
         assert_eq!(joined, payload);
@@ -404,7 +506,41 @@ fn test_truncated_headers_are_malformed() {
 fn test_mtu_without_room_for_payload() {
     let pkt = tcp_super(false, &build::pattern(3000, 1), tcp_flags::ACK, 1448);
     assert_eq!(run(&pkt, 40), Err(DropReason::MtuTooSmall));
-    assert_eq!(run(&pkt, 41).unwrap().len(), 3000);
+    // One byte per segment would be 3000 segments, over the limit; three bytes are 1000.
+    assert_eq!(run(&pkt, 41), Err(DropReason::MtuTooSmall));
+    assert_eq!(run(&pkt, 43).unwrap().len(), 1000);
+}
+
+#[test]
+fn test_tcp_gso_size_that_would_exceed_max_segments_is_malformed() {
+    for v6 in [false, true] {
+        let payload = build::pattern(MAX_SEGMENTS_TCP * 4, 2);
+        let pkt = tcp_super(v6, &payload, tcp_flags::ACK, 4);
+        assert_eq!(run(&pkt, 1500).unwrap().len(), MAX_SEGMENTS_TCP);
+        let pkt = tcp_super(v6, &payload, tcp_flags::ACK, 3);
+        assert_eq!(run(&pkt, 1500), Err(DropReason::GsoMalformed));
+        let pkt = tcp_super(v6, &build::pattern(60_000, 2), tcp_flags::ACK, 1);
+        assert_eq!(run(&pkt, 1500), Err(DropReason::GsoMalformed));
+    }
+}
+
+#[test]
+fn test_udp_gso_size_that_would_exceed_max_segments_is_malformed() {
+    for v6 in [false, true] {
+        let payload = build::pattern(MAX_SEGMENTS_UDP * 100, 2);
+        let pkt = udp_super(v6, &payload, 100);
+        assert_eq!(run(&pkt, 1500).unwrap().len(), MAX_SEGMENTS_UDP);
+        let pkt = udp_super(v6, &payload, 99);
+        assert_eq!(run(&pkt, 1500), Err(DropReason::GsoMalformed));
+        let pkt = udp_super(v6, &build::pattern(60_000, 2), 1);
+        let mut out = Vec::new();
+        let p = parse::parse(&pkt.data, 0).unwrap();
+        assert_eq!(
+            segment(&pkt, &p, 1500, &mut out),
+            Err(DropReason::GsoMalformed)
+        );
+        assert!(out.is_empty());
+    }
 }
 
 proptest! {

@@ -10,7 +10,13 @@
 //! The policy follows the fragment semantics Open vSwitch documents for `ct`, tightened:
 //! any overlap fails the whole datagram (RFC 5722, applied to IPv4 as well), tiny and
 //! malformed fragments are refused (RFC 1858, RFC 3128, RFC 7112), and the table is
-//! bounded in datagrams and bytes with a constant timeout, so that expiry is a FIFO.
+//! bounded in datagrams, fragment bytes and fragments per datagram, with a constant
+//! timeout, so that expiry is a FIFO.
+//!
+//! Worst case memory: the byte limit counts the fragments held, while each datagram has
+//! one buffer sized by where its data lands (up to 64 KiB plus headers). The buffers are
+//! therefore bounded by [`Config::max_datagrams`] x 64 KiB (about 64 MiB with the
+//! defaults), not by [`Config::max_bytes`].
 //!
 //! Everything here is pure: time comes from `pkt.meta.time_ns` and the `now_ns` argument
 //! of [`Reassembler::expire`].
@@ -35,8 +41,14 @@ pub struct Config {
     /// Linux's `ipfrag_time`.
     pub timeout_ns: u64,
     /// Datagrams in flight (failed-datagram markers included). Default 1000.
+    ///
+    /// This is also what bounds the worst case memory: each live datagram has one buffer
+    /// of at most 64 KiB of data plus headers, so `max_datagrams` x 64 KiB in all.
     pub max_datagrams: usize,
-    /// Bytes of reassembly buffers held. Default 4 MiB, Linux's `ipfrag_high_thresh`.
+    /// Bytes of fragments held: the whole IP length of every fragment taken into an
+    /// incomplete datagram, as Linux counts the fragments it queues. A fragment that would
+    /// go over it is refused, unless it completes its datagram. Default 4 MiB, Linux's
+    /// `ipfrag_high_thresh`. It does not bound the buffers (see `max_datagrams`).
     pub max_bytes: usize,
     /// Smallest non-final IPv4 fragment, as a whole IP packet length. Default 400, which
     /// no sane path MTU goes below and which bounds the fragments per datagram.
@@ -57,6 +69,11 @@ impl Config {
     pub const DEFAULT_MIN_FRAGMENT_V4: u16 = 400;
     /// Default for [`Config::min_fragment_v6`].
     pub const DEFAULT_MIN_FRAGMENT_V6: u16 = 1280;
+    /// Fragments held per datagram, fixed. Finding where a fragment fits is linear in the
+    /// fragments held, so without a bound a datagram cut into thousands of 8-byte pieces
+    /// would cost quadratic work. 128 covers a 64 KiB datagram over a 576-byte MTU (119
+    /// fragments); the fragment past it fails the datagram (`frag_too_many`).
+    pub const MAX_FRAGMENTS_PER_DATAGRAM: usize = 128;
 }
 
 impl Default for Config {
@@ -101,8 +118,12 @@ pub struct FamilyStats {
     pub overlapped: u64,
     /// Exact duplicates absorbed.
     pub duplicates: u64,
-    /// Fragments of new datagrams (or growth of held ones) refused because the table was full.
+    /// Fragments refused because the table was full (datagrams or bytes).
     pub table_full: u64,
+    /// Fragments refused or discarded because their datagram had more than
+    /// [`Config::MAX_FRAGMENTS_PER_DATAGRAM`] fragments (the offending one and every one
+    /// held for that datagram).
+    pub too_many: u64,
     /// Fragments refused or discarded for any other reason.
     pub invalid: u64,
 }

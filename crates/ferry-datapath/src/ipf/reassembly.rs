@@ -5,6 +5,12 @@
 //! fragment's data is copied straight into place, so completing a datagram only fixes a
 //! few header fields; the buffer becomes the output frame without another copy.
 //!
+//! The byte limit counts the fragments received (their whole IP length), not the
+//! buffers: a buffer is sized by where its data lands, so a few bytes at offset 64000
+//! take 64 KiB, and counting capacity would let a handful of tiny fragments fill the
+//! table. Worst case memory is therefore bounded by the datagram limit instead: at most
+//! `max_datagrams` buffers of at most 64 KiB of data plus headers each.
+//!
 //! Datagrams live in a slab threaded by a doubly linked list in creation order. Since the
 //! timeout is constant, creation order is deadline order: the list is the expiry FIFO,
 //! and a datagram that completes leaves it in O(1), so the FIFO never holds stale entries.
@@ -18,7 +24,7 @@ use super::ranges::{Fit, Range, Ranges};
 use super::{Config, FamilyStats, Outcome, Stats};
 use crate::drop::{DropCounters, DropReason};
 use crate::flow::proto;
-use crate::packet::Packet;
+use crate::packet::{Packet, VnetHdr};
 use crate::wire::checksum::set_ipv4_header;
 use crate::wire::{L3, Parsed, parse};
 
@@ -74,6 +80,8 @@ struct Datagram {
     /// Data bytes received; ranges never overlap, so the datagram is whole when this
     /// equals `end`.
     received: u32,
+    /// Bytes counted against the byte limit: the whole IP length of every fragment held.
+    bytes: usize,
     ranges: Ranges,
     /// Largest fragment received, as a whole IP packet length.
     mru: u16,
@@ -278,9 +286,17 @@ impl Reassembler {
         self.map.len()
     }
 
-    /// Bytes of reassembly buffers held (their allocated capacity).
+    /// Bytes of fragments held: the whole IP length of every fragment taken into a
+    /// datagram that is still incomplete. This is what [`Config::max_bytes`] limits; the
+    /// buffers behind it are bounded by [`Config::max_datagrams`] (see the module
+    /// documentation).
     pub fn held_bytes(&self) -> usize {
         self.held_bytes
+    }
+
+    /// True when a fragment of `ip_len` bytes can be held within the byte limit.
+    fn has_room(&self, ip_len: usize) -> bool {
+        self.held_bytes + ip_len <= self.config.max_bytes
     }
 
     /// The limits in force.
@@ -342,30 +358,22 @@ impl Reassembler {
         drops: &mut DropCounters,
     ) -> Result<u32, DropReason> {
         self.expire(now, EXPIRE_ON_INSERT, drops);
-        if self.map.len() >= self.config.max_datagrams {
+        if self.map.len() >= self.config.max_datagrams || !self.has_room(f.ip_len) {
             return Err(DropReason::FragTableFull);
         }
         // The headers of this fragment are the best guess for those of the first one.
         let head = f.hdr_len;
         let end = f.end as usize;
         // One allocation for the common datagram of up to three fragments; the final
-        // fragment tells the exact size. Larger datagrams grow by doubling.
+        // fragment tells the exact size. Larger datagrams grow by doubling. Never more
+        // than the headers and MAX_DATA: `check` refused data ending past it.
         let guess = if f.more {
             (f.offset as usize + 3 * (end - f.offset as usize)).min(MAX_DATA)
         } else {
             end
         };
-        let room = self.config.max_bytes.saturating_sub(self.held_bytes);
-        let cap = if head + guess <= room {
-            head + guess
-        } else if head + end <= room {
-            head + end
-        } else {
-            return Err(DropReason::FragTableFull);
-        };
-        let mut buf = Vec::with_capacity(cap);
+        let mut buf = Vec::with_capacity(head + guess);
         buf.resize(head, 0);
-        self.held_bytes += buf.capacity();
         let slot = Slot {
             key,
             v6: f.v6,
@@ -380,6 +388,7 @@ impl Reassembler {
                 end: None,
                 max_end: 0,
                 received: 0,
+                bytes: 0,
                 ranges: Ranges::default(),
                 mru: 0,
             }),
@@ -403,8 +412,7 @@ impl Reassembler {
 
     /// Adds a fragment to a datagram in the table.
     fn add(&mut self, idx: u32, pkt: &Packet, f: &FragInfo) -> Added {
-        let max_bytes = self.config.max_bytes;
-        let held_bytes = &mut self.held_bytes;
+        let room = self.config.max_bytes.saturating_sub(self.held_bytes);
         let Some(slot) = self.slots.get_mut(idx as usize).and_then(Option::as_mut) else {
             return Added::Refused(DropReason::FragDatagramFailed);
         };
@@ -443,9 +451,21 @@ impl Reassembler {
             }
             Fit::Overlap => return Added::Fail(DropReason::FragOverlap),
         }
+        if dg.ranges.len() >= Config::MAX_FRAGMENTS_PER_DATAGRAM {
+            return Added::Fail(DropReason::FragTooMany);
+        }
+
+        let is_first = f.offset == 0;
+        let len = f.end - f.offset;
+        let end = if f.more { dg.end } else { Some(f.end) };
+        let completes = end == Some(dg.received + len) && (is_first || dg.first.is_some());
+        // The fragment that completes a datagram is never held, so it needs no room: a
+        // datagram in flight can always finish.
+        if !completes && f.ip_len > room {
+            return Added::Refused(DropReason::FragTableFull);
+        }
 
         // Make room: for the data, and for headers longer than the room guessed for them.
-        let is_first = f.offset == 0;
         let new_head = if is_first {
             dg.head.max(f.hdr_len)
         } else {
@@ -458,8 +478,8 @@ impl Reassembler {
             (false, _) => new_head + f.end as usize,
             (true, Some(e)) => new_head + e as usize,
         };
-        if !reserve(&mut dg.buf, need, spec, held_bytes, max_bytes) {
-            return Added::Refused(DropReason::FragTableFull);
+        if need > dg.buf.capacity() {
+            dg.buf.reserve_exact(spec.max(need) - dg.buf.len());
         }
 
         if is_first {
@@ -495,7 +515,9 @@ impl Reassembler {
             dg.buf[at..at + data.len()].copy_from_slice(data);
         }
         dg.ranges.push(range);
-        dg.received += f.end - f.offset;
+        dg.received += len;
+        dg.bytes += f.ip_len;
+        self.held_bytes += f.ip_len;
         dg.max_end = dg.max_end.max(f.end);
         if !f.more {
             dg.end = Some(f.end);
@@ -532,6 +554,10 @@ impl Reassembler {
                 let mut meta = pkt.meta;
                 meta.mru = mru;
                 meta.frag_id = id;
+                // The completing fragment's offload state describes that fragment, not the
+                // datagram: a partial checksum or GSO request would be applied to the wrong
+                // bytes.
+                meta.vnet = VnetHdr::default();
                 Outcome::Complete(Packet { data: frame, meta }, parsed)
             }
             Err(r) => {
@@ -552,7 +578,7 @@ impl Reassembler {
         let old = std::mem::replace(&mut slot.state, State::Failed);
         let v6 = slot.v6;
         if let State::Live(dg) = old {
-            self.held_bytes = self.held_bytes.saturating_sub(dg.buf.capacity());
+            self.held_bytes = self.held_bytes.saturating_sub(dg.bytes);
             let held = dg.ranges.len() as u64;
             drops.add(reason, held);
             self.count(v6, reason, held);
@@ -582,7 +608,7 @@ impl Reassembler {
         self.free.push(idx);
         self.map.remove(&slot.key);
         if let State::Live(dg) = &slot.state {
-            self.held_bytes = self.held_bytes.saturating_sub(dg.buf.capacity());
+            self.held_bytes = self.held_bytes.saturating_sub(dg.bytes);
         }
         Some(slot)
     }
@@ -638,6 +664,7 @@ impl Reassembler {
             DropReason::FragOverlap => &mut s.overlapped,
             DropReason::FragTableFull => &mut s.table_full,
             DropReason::FragExpired => &mut s.expired,
+            DropReason::FragTooMany => &mut s.too_many,
             _ => &mut s.invalid,
         };
         *c += n;
@@ -673,25 +700,6 @@ fn fragment_info(pkt: &Packet, parsed: &Parsed) -> Result<FragInfo, DropReason> 
         l3_off: parsed.l3_off,
         ip_len: parsed.ip_len(),
     })
-}
-
-/// Grows `buf` to hold `need` bytes, preferring `spec` bytes, within the byte limit.
-fn reserve(buf: &mut Vec<u8>, need: usize, spec: usize, held: &mut usize, max: usize) -> bool {
-    let cap = buf.capacity();
-    if need <= cap {
-        return true;
-    }
-    let others = held.saturating_sub(cap);
-    let target = if others + spec.max(need) <= max {
-        spec.max(need)
-    } else if others + need <= max {
-        need
-    } else {
-        return false;
-    };
-    buf.reserve_exact(target - buf.len());
-    *held = others + buf.capacity();
-    true
 }
 
 /// Turns a whole datagram's buffer into its frame: IPv4 length, flags and checksum fixed;

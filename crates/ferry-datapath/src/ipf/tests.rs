@@ -591,28 +591,135 @@ fn test_full_table_refuses_new_datagrams_but_not_those_in_flight() {
 }
 
 #[test]
-fn test_byte_limit_refuses_new_datagrams_but_not_those_in_flight() {
+fn test_byte_limit_counts_fragments_held_and_lets_a_datagram_in_flight_complete() {
+    // Datagram a: fragments of 1220 and 828 IP bytes.
     let cfg = Config {
-        max_bytes: 4000,
+        max_bytes: 2100,
         ..Config::default()
     };
     let mut r = Reassembler::new(cfg);
     let mut d = DropCounters::default();
-    let a = udp_frame(false, 3000, 1);
-    let fa = cut_v4(&a, &pieces(3008, 1200), false);
-    let b = cut_v4(&udp_frame(false, 3000, 2), &pieces(3008, 1200), false);
+    let a = udp_frame(false, 2000, 1);
+    let fa = cut_v4(&a, &pieces(2008, 1200), false);
+    let b = cut_v4(&udp_frame(false, 2000, 2), &pieces(2008, 1200), false);
     assert!(matches!(feed(&mut r, &fa[0], 0, 0, &mut d), Outcome::Held));
-    assert!(r.held_bytes() > 3000 && r.held_bytes() <= 4000);
+    assert_eq!(r.held_bytes(), 1220);
     assert_eq!(
         dropped(feed(&mut r, &b[0], 0, 0, &mut d)),
         DropReason::FragTableFull
     );
-    assert!(matches!(feed(&mut r, &fa[1], 0, 0, &mut d), Outcome::Held));
-    match feed(&mut r, &fa[2], 0, 0, &mut d) {
+    assert_eq!(
+        r.held_datagrams(),
+        1,
+        "the refused datagram leaves no entry"
+    );
+    // 1220 + 828 fits, but the completing fragment would get in even if it did not.
+    match feed(&mut r, &fa[1], 0, 0, &mut d) {
         Outcome::Complete(p, _) => assert_eq!(p.data, a),
         o => panic!("{o:?}"),
     }
     assert_eq!(r.held_bytes(), 0);
+}
+
+#[test]
+fn test_byte_limit_refuses_growth_but_not_the_completing_fragment() {
+    // Fragments of 1220, 1220 and 628 IP bytes.
+    let cfg = Config {
+        max_bytes: 2500,
+        ..Config::default()
+    };
+    let mut r = Reassembler::new(cfg);
+    let mut d = DropCounters::default();
+    let cut = |id| cut_v4(&udp_frame(false, 3000, id), &pieces(3008, 1200), false);
+    let (fa, fb, fc) = (cut(1), cut(2), cut(3));
+    assert!(matches!(feed(&mut r, &fa[0], 0, 0, &mut d), Outcome::Held));
+    assert!(matches!(feed(&mut r, &fa[2], 0, 0, &mut d), Outcome::Held));
+    assert_eq!(r.held_bytes(), 1848);
+    assert_eq!(
+        dropped(feed(&mut r, &fb[0], 0, 0, &mut d)),
+        DropReason::FragTableFull
+    );
+    // Over the limit too, but it completes the datagram, so it is never held.
+    assert!(matches!(
+        feed(&mut r, &fa[1], 0, 0, &mut d),
+        Outcome::Complete(..)
+    ));
+    assert_eq!(r.held_bytes(), 0);
+    // Growth of a datagram in flight that would be held is refused.
+    assert!(matches!(feed(&mut r, &fb[0], 0, 0, &mut d), Outcome::Held));
+    assert!(matches!(feed(&mut r, &fc[0], 0, 0, &mut d), Outcome::Held));
+    assert_eq!(
+        dropped(feed(&mut r, &fb[2], 0, 0, &mut d)),
+        DropReason::FragTableFull
+    );
+    assert_eq!(r.stats().v4.table_full, 2);
+    assert_eq!(r.held_bytes(), 2440);
+}
+
+#[test]
+fn test_tiny_fragments_at_a_high_offset_do_not_fill_the_byte_limit() {
+    // Final fragments of 16 data bytes at offset 64000: each makes a 64 KiB buffer, which
+    // used to count against max_bytes, so 69 of them blocked every new datagram.
+    let cfg = Config::default();
+    let timeout = cfg.timeout_ns;
+    let mut r = Reassembler::new(cfg);
+    let mut d = DropCounters::default();
+    for id in 0..100u16 {
+        let tail = cut_v4(&udp_frame(false, 64008, id), &[(64000, 64016)], false);
+        assert!(matches!(
+            feed(&mut r, &tail[0], 0, 0, &mut d),
+            Outcome::Held
+        ));
+    }
+    assert_eq!(r.held_datagrams(), 100);
+    assert_eq!(r.held_bytes(), 100 * 36);
+    let whole = udp_frame(false, 3000, 500);
+    let frags = cut_v4(&whole, &pieces(3008, 1200), false);
+    let (p, _) = reassemble(&mut r, &frags, &[0, 1, 2]);
+    assert_eq!(p.data, whole);
+    assert_eq!(r.stats().v4.table_full, 0);
+    assert_eq!(r.expire(timeout + 10, 1000, &mut d), 100);
+    assert_eq!((r.held_datagrams(), r.held_bytes()), (0, 0));
+}
+
+#[test]
+fn test_fragment_past_the_per_datagram_limit_fails_the_datagram() {
+    for v6 in [false, true] {
+        let whole = udp_frame(v6, 2000, 4);
+        let frags = if v6 {
+            cut_v6(&whole, 0, &pieces(2008, 8), 6)
+        } else {
+            cut_v4(&whole, &pieces(2008, 8), false)
+        };
+        let limit = Config::MAX_FRAGMENTS_PER_DATAGRAM;
+        assert!(frags.len() > limit + 1);
+        let mut r = Reassembler::new(small_min());
+        let mut d = DropCounters::default();
+        for f in &frags[..limit] {
+            assert!(matches!(feed(&mut r, f, 0, 0, &mut d), Outcome::Held));
+        }
+        // A duplicate is not a new fragment.
+        assert!(matches!(
+            feed(&mut r, &frags[1], 0, 0, &mut d),
+            Outcome::Held
+        ));
+        assert_eq!(
+            dropped(feed(&mut r, &frags[limit], 0, 0, &mut d)),
+            DropReason::FragTooMany
+        );
+        assert_eq!(d.get(DropReason::FragTooMany), limit as u64);
+        let stats = if v6 { r.stats().v6 } else { r.stats().v4 };
+        assert_eq!(stats.too_many, limit as u64 + 1);
+        assert_eq!(
+            r.held_bytes(),
+            0,
+            "the failed datagram's fragments are freed"
+        );
+        assert_eq!(
+            dropped(feed(&mut r, &frags[limit + 1], 0, 0, &mut d)),
+            DropReason::FragDatagramFailed
+        );
+    }
 }
 
 #[test]
@@ -700,6 +807,32 @@ fn test_output_meta_is_the_completing_fragments_with_mru_and_frag_id() {
             assert_eq!((p.meta.in_port, p.meta.time_ns), (9, 7));
             assert_eq!(p.meta.mru, 1500);
             assert_eq!(p.meta.frag_id, 0x4321);
+        }
+        o => panic!("{o:?}"),
+    }
+}
+
+#[test]
+fn test_output_vnet_header_is_cleared_not_the_completing_fragments() {
+    let whole = udp_frame(false, 3000, 0x99);
+    let frags = cut_v4(&whole, &pieces(3008, 1200), false);
+    let mut r = Reassembler::new(Config::default());
+    let mut d = DropCounters::default();
+    feed(&mut r, &frags[0], 0, 0, &mut d);
+    feed(&mut r, &frags[1], 0, 0, &mut d);
+    let (mut p, parsed) = packet(&frags[2], 0, 1);
+    p.meta.vnet = crate::packet::VnetHdr {
+        flags: crate::packet::VnetHdr::F_NEEDS_CSUM,
+        gso_type: crate::packet::VnetHdr::GSO_UDP_L4,
+        hdr_len: 42,
+        gso_size: 1000,
+        csum_start: 34,
+        csum_offset: 6,
+    };
+    match r.process(p, &parsed, &mut d) {
+        Outcome::Complete(p, _) => {
+            assert_eq!(p.data, whole);
+            assert_eq!(p.meta.vnet, crate::packet::VnetHdr::default());
         }
         o => panic!("{o:?}"),
     }
@@ -1018,7 +1151,7 @@ mod props {
             dups in 0usize..8,
         ) {
             let (whole, frags, _) = datagram(v6, len, unit);
-            prop_assume!(frags.len() > 1);
+            prop_assume!(frags.len() > 1 && frags.len() <= Config::MAX_FRAGMENTS_PER_DATAGRAM);
             let mut rng = Rng(seed);
             let mut order = shuffled(frags.len(), &mut rng);
             // Duplicates of anything but the fragment that completes, anywhere before it.

@@ -44,31 +44,68 @@ pub struct Embedded {
     pub len: usize,
 }
 
-/// True for the ICMP (IPv4) types that are errors and quote a packet.
-pub fn is_v4_error_type(ty: u8) -> bool {
-    // Destination unreachable, source quench, redirect, time exceeded, parameter problem.
-    matches!(ty, 3 | 4 | 5 | 11 | 12)
+/// ICMP (IPv4) and ICMPv6 message types that this module names.
+mod ty {
+    pub const V4_ECHO_REPLY: u8 = 0;
+    pub const V4_DEST_UNREACHABLE: u8 = 3;
+    pub const V4_SOURCE_QUENCH: u8 = 4;
+    pub const V4_REDIRECT: u8 = 5;
+    pub const V4_ECHO_REQUEST: u8 = 8;
+    pub const V4_TIME_EXCEEDED: u8 = 11;
+    pub const V4_PARAMETER_PROBLEM: u8 = 12;
+    pub const V6_DEST_UNREACHABLE: u8 = 1;
+    pub const V6_PARAMETER_PROBLEM: u8 = 4;
+    /// ICMPv6 types below this are errors (RFC 4443 section 2.1).
+    pub const V6_ECHO_REQUEST: u8 = 128;
+    pub const V6_ECHO_REPLY: u8 = 129;
 }
 
-/// True for the ICMPv6 types that are errors and quote a packet: destination unreachable,
-/// packet too big, time exceeded, parameter problem.
-pub fn is_v6_error_type(ty: u8) -> bool {
-    matches!(ty, 1..=4)
-}
-
-/// True for an ICMP/ICMPv6 echo request or reply, whose identifier is part of the key.
-pub fn is_echo(icmp_proto: u8, ty: u8) -> bool {
+/// True when an ICMP (`icmp_proto` = [`proto::ICMP`]) or ICMPv6 ([`proto::ICMPV6`])
+/// message of type `t` is an error: the one definition the datapath uses, so that no
+/// error is answered with an error, and conntrack relates errors rather than tracking them.
+///
+/// ICMP: destination unreachable, source quench, redirect, time exceeded and parameter
+/// problem (3, 4, 5, 11, 12). ICMPv6: every type from 0 to 127 (RFC 4443 section 2.1),
+/// including those not assigned yet; only types 1 to 4 are read by [`embedded`].
+pub fn is_error(icmp_proto: u8, t: u8) -> bool {
     match icmp_proto {
-        proto::ICMP => matches!(ty, 0 | 8),
-        proto::ICMPV6 => matches!(ty, 128 | 129),
+        proto::ICMP => matches!(
+            t,
+            ty::V4_DEST_UNREACHABLE
+                | ty::V4_SOURCE_QUENCH
+                | ty::V4_REDIRECT
+                | ty::V4_TIME_EXCEEDED
+                | ty::V4_PARAMETER_PROBLEM
+        ),
+        proto::ICMPV6 => t < ty::V6_ECHO_REQUEST,
         _ => false,
     }
 }
 
-/// For an ICMP (types 3 unreachable, 11 time exceeded, 12 parameter problem; also 4 and 5
-/// are errors) or ICMPv6 error (types 1..=4) frame, the quoted packet. `Ok(None)` for
-/// non-error ICMP and non-ICMP packets, and for a fragment that is not the first (it
-/// holds no ICMP header).
+/// True for an ICMP/ICMPv6 echo request or reply, whose identifier is part of the key.
+pub fn is_echo(icmp_proto: u8, t: u8) -> bool {
+    match icmp_proto {
+        proto::ICMP => matches!(t, ty::V4_ECHO_REPLY | ty::V4_ECHO_REQUEST),
+        proto::ICMPV6 => matches!(t, ty::V6_ECHO_REQUEST | ty::V6_ECHO_REPLY),
+        _ => false,
+    }
+}
+
+/// True for the error types whose quote [`embedded`] reads: every ICMP error (RFC 792
+/// gives them all the same layout), and the ICMPv6 errors RFC 4443 defines (destination
+/// unreachable, packet too big, time exceeded, parameter problem).
+fn has_known_quote(icmp_proto: u8, t: u8) -> bool {
+    match icmp_proto {
+        proto::ICMPV6 => (ty::V6_DEST_UNREACHABLE..=ty::V6_PARAMETER_PROBLEM).contains(&t),
+        _ => is_error(icmp_proto, t),
+    }
+}
+
+/// For an ICMP error (see [`is_error`]) or an ICMPv6 error of types 1 to 4, the quoted
+/// packet. `Ok(None)` for non-error ICMP and non-ICMP packets, for a fragment that is not
+/// the first (it holds no ICMP header), and for an ICMPv6 error of another type (0, 5 to
+/// 127): no such type is defined with a quote ferry could trust, so it relates to no
+/// connection, and conntrack calls it INVALID (it never starts a connection either).
 ///
 /// `Err(DropReason::IcmpMalformed)` when the quote is too short for its IP header plus
 /// the first 8 bytes of its transport header, when its IP version differs from the outer
@@ -94,12 +131,7 @@ pub fn embedded(frame: &[u8], parsed: &Parsed) -> Result<Option<Embedded>, DropR
         .get(parsed.l4_off..)
         .filter(|m| m.len() >= ICMP_HDR)
         .ok_or(DropReason::IcmpMalformed)?;
-    let ty = icmp[0];
-    let error = match parsed.l3 {
-        L3::Ipv4 => is_v4_error_type(ty),
-        _ => is_v6_error_type(ty),
-    };
-    if !error {
+    if !has_known_quote(icmp_proto, icmp[0]) {
         return Ok(None);
     }
     let q_off = parsed.l4_off + ICMP_HDR;
@@ -260,6 +292,42 @@ pub(crate) mod tests {
             let emb = embedded(&e, &p).unwrap().unwrap();
             assert_eq!(emb.key, parse(&echo, 3).unwrap().key);
             assert_eq!((emb.key.src_port, emb.key.dst_port), (0x4242, ty << 8));
+        }
+    }
+
+    #[test]
+    fn test_error_and_echo_types_per_rfc() {
+        for t in 0..=255u8 {
+            assert_eq!(
+                is_error(proto::ICMP, t),
+                [3, 4, 5, 11, 12].contains(&t),
+                "v4 {t}"
+            );
+            assert_eq!(is_error(proto::ICMPV6, t), t < 128, "v6 {t}");
+            assert_eq!(is_echo(proto::ICMP, t), t == 0 || t == 8, "v4 {t}");
+            assert_eq!(is_echo(proto::ICMPV6, t), t == 128 || t == 129, "v6 {t}");
+            assert!(!is_error(proto::UDP, t) && !is_echo(proto::TCP, t));
+        }
+    }
+
+    #[test]
+    fn test_embedded_none_for_v6_error_types_without_a_known_quote() {
+        let u = build::udp(
+            ip("fd00::1"),
+            ip("fd00::2"),
+            4000,
+            53,
+            b"q",
+            &IpOpts::default(),
+        );
+        let e = error_about(&u, ErrorKind::Unreachable { code: 4 });
+        let p = parse(&e, 0).unwrap();
+        assert!(embedded(&e, &p).unwrap().is_some());
+        for t in [0u8, 5, 100, 127] {
+            let mut x = e.clone();
+            x[p.l4_off] = t;
+            let p = parse(&x, 0).unwrap();
+            assert_eq!(embedded(&x, &p), Ok(None), "type {t}");
         }
     }
 

@@ -16,6 +16,7 @@ use etherparse::{
 
 use crate::drop::DropReason;
 use crate::flow::{FlowKey, proto};
+use crate::wire::icmp_error;
 
 /// EtherTypes ferry understands.
 pub mod ethertype {
@@ -376,13 +377,8 @@ fn parse_l4(proto: u8, fragment: bool, l4: &[u8]) -> Result<L4, DropReason> {
                 return short(DropReason::IcmpMalformed);
             }
             let (ty, code) = (l4[0], l4[1]);
-            let echo = if proto == proto::ICMP {
-                matches!(ty, 0 | 8)
-            } else {
-                matches!(ty, 128 | 129)
-            };
             Ok(L4 {
-                src_port: if echo {
+                src_port: if icmp_error::is_echo(proto, ty) {
                     u16::from_be_bytes([l4[4], l4[5]])
                 } else {
                     0
