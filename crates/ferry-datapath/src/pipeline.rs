@@ -544,6 +544,21 @@ impl Pipeline {
             });
             return;
         };
+        // Cheap checks and the rate limit first: a flood of packets that each deserve an
+        // error must not cost an error's construction each.
+        if !icmp::eligible(&pkt.data, parsed, kind, src) {
+            self.stats.icmp_suppressed += 1;
+            trace.note("icmp", || {
+                format!("no {kind:?} sent: not allowed for this packet")
+            });
+            return;
+        }
+        let now = pkt.meta.time_ns;
+        if !self.icmp.allow(now) {
+            self.stats.icmp_rate_limited += 1;
+            trace.note("icmp", || format!("no {kind:?} sent: rate limited"));
+            return;
+        }
         let Some(frame) = icmp::build_error(&pkt.data, parsed, kind, src, in_port.mac) else {
             self.stats.icmp_suppressed += 1;
             trace.note("icmp", || {
@@ -551,7 +566,6 @@ impl Pipeline {
             });
             return;
         };
-        let now = pkt.meta.time_ns;
         let in_id = pkt.meta.in_port;
         let mut err = Packet::new(frame, in_id, now);
         if translate {
@@ -568,11 +582,6 @@ impl Pipeline {
                 });
                 return;
             }
-        }
-        if !self.icmp.allow(now) {
-            self.stats.icmp_rate_limited += 1;
-            trace.note("icmp", || format!("no {kind:?} sent: rate limited"));
-            return;
         }
         self.stats.icmp_sent += 1;
         trace.note("icmp", || {
@@ -1503,5 +1512,64 @@ mod tests {
             out.iter()
                 .all(|(port, f)| *port == POD && f.data.len() - 14 <= 1450)
         );
+    }
+
+    #[test]
+    fn test_uso_datagrams_over_the_mtu_are_fragmented_or_refused() {
+        // Four 1400-byte datagrams in one USO packet towards the 1450 pod port: each
+        // datagram (1428 bytes of IP) fits and leaves whole.
+        let uso = |src: &str, dst: &str, o: &IpOpts| {
+            let f = build::udp(ip(src), ip(dst), 1, 2, &build::pattern(4 * 1400, 6), o);
+            let mut pkt = Packet::new(f, UPLINK, 0);
+            pkt.meta.vnet.gso_type = VnetHdr::GSO_UDP_L4;
+            pkt.meta.vnet.gso_size = 1400;
+            pkt
+        };
+        let mut p = pipeline();
+        let mut out = Vec::new();
+        let v = p.process(
+            uso("192.168.50.1", "10.244.1.5", &IpOpts::default()),
+            &mut out,
+            &mut Trace::disabled(),
+        );
+        assert_eq!(v, Verdict::Forwarded);
+        assert_eq!(out.len(), 4);
+        // 1440-byte datagrams do not fit 1450: IPv4 without DF is fragmented per datagram,
+        // IPv4 with DF and IPv6 get "too big" with the MTU.
+        let big = |src: &str, dst: &str, o: &IpOpts| {
+            let mut pkt = uso(src, dst, o);
+            pkt.meta.vnet.gso_size = 1440;
+            pkt
+        };
+        out.clear();
+        let v = p.process(
+            big("192.168.50.1", "10.244.1.5", &IpOpts::default()),
+            &mut out,
+            &mut Trace::disabled(),
+        );
+        assert_eq!(v, Verdict::Forwarded);
+        assert!(
+            out.len() > 4 && out.iter().all(|(_, f)| f.data.len() - 14 <= 1450),
+            "fragmented per datagram"
+        );
+        out.clear();
+        let df = IpOpts {
+            dont_fragment: true,
+            ..IpOpts::default()
+        };
+        let v = p.process(
+            big("192.168.50.1", "10.244.1.5", &df),
+            &mut out,
+            &mut Trace::disabled(),
+        );
+        assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
+        out.clear();
+        let v = p.process(
+            big("fd00:50::1", "fd00:10:244:1::5", &IpOpts::default()),
+            &mut out,
+            &mut Trace::disabled(),
+        );
+        assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
+        assert_eq!(out.len(), 1, "packet too big goes back");
     }
 }
