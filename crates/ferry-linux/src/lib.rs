@@ -4,7 +4,10 @@
 //! Every `unsafe` block of ferry lives in this crate, next to a `// SAFETY:` comment that
 //! says why it is sound; the types exported here are safe to use.
 
+pub mod link;
 pub mod netns;
+pub mod port;
 pub mod tap;
 
-pub use tap::Tap;
+pub use port::{Frame, Port, PortCounters};
+pub use tap::{Tap, TapPort};
