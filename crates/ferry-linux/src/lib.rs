@@ -10,7 +10,9 @@ pub mod netns;
 pub mod port;
 pub mod tap;
 pub mod tc;
+pub mod worker;
 
 pub use af_packet::{AfPacketConfig, AfPacketPort};
 pub use port::{Frame, Port, PortCounters};
 pub use tap::{Tap, TapPort};
+pub use worker::{WorkerStats, run_worker};
