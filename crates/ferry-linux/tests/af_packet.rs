@@ -302,3 +302,39 @@ fn af_packet_ingress_drop_keeps_the_node_kernel_out() {
         b"ferry-ping"
     );
 }
+
+#[test]
+fn af_packet_fanout_group_delivers_a_flow_to_one_member() {
+    let lab = lab("aff");
+    let cfg = AfPacketConfig {
+        fanout: Some((std::process::id() & 0xffff) as u16),
+        ..AfPacketConfig::default()
+    };
+    let mut ports = [open(&lab, cfg.clone()), open(&lab, cfg)];
+    lab.peer.run(|| {
+        let s = UdpSocket::bind((PEER, 6000)).unwrap();
+        for _ in 0..8 {
+            s.send_to(b"one flow", (NODE, 7002)).unwrap();
+        }
+    });
+    let mut counts = [0usize; 2];
+    let deadline = Instant::now() + Duration::from_millis(500);
+    let mut batch = Vec::new();
+    while Instant::now() < deadline && counts.iter().sum::<usize>() < 8 {
+        for (i, p) in ports.iter_mut().enumerate() {
+            wait_readable(p.raw_fd(), 5);
+            batch.clear();
+            p.recv_batch(&mut batch, 64).unwrap();
+            counts[i] += batch
+                .iter()
+                .filter(|f| udp_to(f, NODE, 7002).is_some())
+                .count();
+        }
+    }
+    counts.sort();
+    assert_eq!(
+        counts,
+        [0, 8],
+        "the flow went to exactly one member of the group"
+    );
+}
