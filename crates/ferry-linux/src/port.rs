@@ -62,8 +62,8 @@ pub trait Port: Send {
 /// `num_buffers`) as ports exchange it with the kernel.
 ///
 /// Layout: `flags` u8, `gso_type` u8, then `hdr_len`, `gso_size`, `csum_start`,
-/// `csum_offset` as u16 each ([`LEN`] = 10 bytes), optionally followed by `num_buffers`
-/// u16 ([`LEN_V1`] = 12 bytes), which ferry writes as zero and ignores on read (it only
+/// `csum_offset` as u16 each ([`vnet::LEN`] = 10 bytes), optionally followed by `num_buffers`
+/// u16 ([`vnet::LEN_V1`] = 12 bytes), which ferry writes as zero and ignores on read (it only
 /// matters to merged receive buffers of a virtio device).
 ///
 /// Byte order of the u16 fields: a TAP uses little endian once `TUNSETVNETLE` is on
