@@ -4,7 +4,15 @@
 //! Every `unsafe` block of ferry lives in this crate, next to a `// SAFETY:` comment that
 //! says why it is sound; the types exported here are safe to use.
 
+pub mod af_packet;
+pub mod link;
 pub mod netns;
+pub mod port;
 pub mod tap;
+pub mod tc;
+pub mod worker;
 
-pub use tap::Tap;
+pub use af_packet::{AfPacketConfig, AfPacketPort};
+pub use port::{Frame, Port, PortCounters};
+pub use tap::{Tap, TapPort};
+pub use worker::{WorkerStats, run_worker};

@@ -72,6 +72,24 @@ where
     })
 }
 
+/// The calling thread's network namespace, open (so that it can be entered later from
+/// another thread with [`spawn_in_file`]).
+pub fn current() -> io::Result<File> {
+    File::open("/proc/thread-self/ns/net")
+}
+
+/// Spawns a thread that enters the network namespace open as `ns` and then runs `f`.
+pub fn spawn_in_file<F, T>(ns: File, f: F) -> io::Result<JoinHandle<io::Result<T>>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    thread::Builder::new().name("netns".into()).spawn(move || {
+        enter_this_thread(&ns)?;
+        Ok(f())
+    })
+}
+
 /// Moves the calling thread into the network namespace open as `ns`. Private: callers
 /// get a fresh thread from [`spawn_in`] instead.
 fn enter_this_thread(ns: &File) -> io::Result<()> {

@@ -10,9 +10,11 @@
 
 use std::ffi::c_int;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::time::Duration;
+
+use crate::port::{Frame, Port, PortCounters, vnet};
 
 /// Longest interface name, without the terminating NUL (`IFNAMSIZ - 1`).
 pub const MAX_NAME_LEN: usize = libc::IFNAMSIZ - 1;
@@ -65,7 +67,19 @@ impl Tap {
         Tap::open_with(name, true)
     }
 
+    /// Opens one queue of the multi-queue TAP `name` (`IFF_MULTI_QUEUE`) with a vnet
+    /// header: every call adds a queue with a descriptor of its own, and the kernel spreads
+    /// the frames it sends out of the interface over the queues by flow hash, so that each
+    /// worker can own one. The device exists while any queue is open.
+    pub fn open_queue_with_vnet_hdr(name: &str) -> io::Result<Tap> {
+        Tap::open_flags(name, true, libc::IFF_MULTI_QUEUE as libc::c_short)
+    }
+
     fn open_with(name: &str, vnet_hdr: bool) -> io::Result<Tap> {
+        Tap::open_flags(name, vnet_hdr, 0)
+    }
+
+    fn open_flags(name: &str, vnet_hdr: bool, extra: libc::c_short) -> io::Result<Tap> {
         if name.len() > MAX_NAME_LEN || name.bytes().any(|b| b == 0 || b == b'/') {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -80,7 +94,7 @@ impl Tap {
             .open("/dev/net/tun")?;
         let mut req = IfReqFlags {
             name: [0; libc::IFNAMSIZ],
-            flags: (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short,
+            flags: (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short | extra,
             _pad: [0; 22],
         };
         if vnet_hdr {
@@ -170,6 +184,24 @@ impl Tap {
         (&self.file).write(frame)
     }
 
+    /// Writes one whole frame gathered from `parts` (a vnet header and the frame).
+    pub fn write_vectored(&self, parts: &[IoSlice<'_>]) -> io::Result<usize> {
+        (&self.file).write_vectored(parts)
+    }
+
+    /// Makes the virtio-net header's u16 fields little endian (`TUNSETVNETLE`), whatever
+    /// the host's byte order; without it they follow the legacy rule (host order).
+    pub fn set_vnet_le(&self, on: bool) -> io::Result<()> {
+        let v: c_int = on.into();
+        // SAFETY: TUNSETVNETLE reads one int through the pointer, which points at a live
+        // local for the duration of the call.
+        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), libc::TUNSETVNETLE, &v) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Tells the kernel which offloads ferry accepts ([`offload`] flags; 0 for none).
     pub fn set_offload(&self, flags: u32) -> io::Result<()> {
         // SAFETY: TUNSETOFFLOAD takes its argument by value (an unsigned long of
@@ -211,6 +243,163 @@ impl AsRawFd for Tap {
 impl AsFd for Tap {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
+    }
+}
+
+/// The offloads a [`TapPort`] asks for: checksums, TSO for both families with ECN, and
+/// USO for both families when the kernel has it (Linux 6.2 and later).
+pub const TAP_PORT_OFFLOADS: u32 = offload::CSUM
+    | offload::TSO4
+    | offload::TSO6
+    | offload::TSO_ECN
+    | offload::USO4
+    | offload::USO6;
+
+/// Largest frame a TAP hands over: a 64 KiB IP super-packet behind Ethernet and a VLAN tag.
+const MAX_FRAME: usize = 14 + 4 + 65535;
+
+/// A TAP device as a [`Port`]: a pod's interface seen from ferry.
+///
+/// Every frame carries a 12-byte virtio-net header (`virtio_net_hdr_v1`, [`vnet::LEN_V1`])
+/// in little-endian byte order (`TUNSETVNETLE`), in both directions. The kernel may hand
+/// over TCP (and, when [`TapPort::uso`], UDP) super-packets of up to 64 KiB with partial
+/// checksums, and accepts the same from ferry. The descriptor is non-blocking.
+///
+/// The device is created in the caller's network namespace and usually moved into a
+/// pod's by [`crate::link::move_to_netns`]; the descriptor keeps working, and the device
+/// disappears when the port is dropped.
+#[derive(Debug)]
+pub struct TapPort {
+    tap: Tap,
+    name: String,
+    offloads: u32,
+    buf: Vec<u8>,
+    counters: PortCounters,
+}
+
+impl TapPort {
+    /// Creates the TAP device `name` with a vnet header and [`TAP_PORT_OFFLOADS`];
+    /// when the kernel refuses USO, with the same offloads minus USO (see
+    /// [`TapPort::uso`]).
+    pub fn create(name: &str) -> io::Result<TapPort> {
+        TapPort::from_tap(Tap::open_with_vnet_hdr(name)?)
+    }
+
+    /// Like [`TapPort::create`], one queue of a multi-queue TAP (see
+    /// [`Tap::open_queue_with_vnet_hdr`]): one port per worker, same device.
+    pub fn create_queue(name: &str) -> io::Result<TapPort> {
+        TapPort::from_tap(Tap::open_queue_with_vnet_hdr(name)?)
+    }
+
+    fn from_tap(tap: Tap) -> io::Result<TapPort> {
+        tap.set_vnet_hdr_size(vnet::LEN_V1 as u32)?;
+        tap.set_vnet_le(true)?;
+        let offloads = match tap.set_offload(TAP_PORT_OFFLOADS) {
+            Ok(()) => TAP_PORT_OFFLOADS,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                // Kernels before 6.2 know no TUN_F_USO* and refuse the whole set.
+                let without = TAP_PORT_OFFLOADS & !(offload::USO4 | offload::USO6);
+                tap.set_offload(without)?;
+                without
+            }
+            Err(e) => return Err(e),
+        };
+        tap.set_nonblocking(true)?;
+        Ok(TapPort {
+            name: tap.name().to_string(),
+            tap,
+            offloads,
+            buf: vec![0; vnet::LEN_V1 + MAX_FRAME],
+            counters: PortCounters::default(),
+        })
+    }
+
+    /// The `TUN_F_*` offloads in force.
+    pub fn offload_flags(&self) -> u32 {
+        self.offloads
+    }
+
+    /// True when the kernel accepted UDP segmentation offload (USO).
+    pub fn uso(&self) -> bool {
+        self.offloads & offload::USO4 != 0
+    }
+
+    /// The underlying TAP.
+    pub fn tap(&self) -> &Tap {
+        &self.tap
+    }
+}
+
+impl Port for TapPort {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn raw_fd(&self) -> RawFd {
+        self.tap.as_raw_fd()
+    }
+
+    fn recv_batch(&mut self, out: &mut Vec<Frame>, max: usize) -> io::Result<usize> {
+        let mut got = 0;
+        while got < max {
+            let n = match self.tap.read(&mut self.buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.counters.rx_errors += 1;
+                    if got == 0 {
+                        return Err(e);
+                    }
+                    break;
+                }
+            };
+            let Some(v) = vnet::decode(&self.buf[..n], vnet::Endian::Little) else {
+                self.counters.rx_errors += 1;
+                continue;
+            };
+            let data = self.buf[vnet::LEN_V1.min(n)..n].to_vec();
+            self.counters.rx_frames += 1;
+            self.counters.rx_bytes += data.len() as u64;
+            out.push(Frame { data, vnet: v });
+            got += 1;
+        }
+        Ok(got)
+    }
+
+    fn send_batch(&mut self, frames: &mut Vec<Frame>) -> io::Result<usize> {
+        let mut hdr = [0u8; vnet::LEN_V1];
+        let mut taken = 0;
+        for f in frames.iter() {
+            vnet::encode(&f.vnet, vnet::Endian::Little, &mut hdr);
+            let parts = [IoSlice::new(&hdr), IoSlice::new(&f.data)];
+            let r = loop {
+                match self.tap.write_vectored(&parts) {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    r => break r,
+                }
+            };
+            match r {
+                Ok(_) => {
+                    self.counters.tx_frames += 1;
+                    self.counters.tx_bytes += f.data.len() as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                // Refused (bad offload header, interface down): counted, the rest goes on.
+                Err(_) => self.counters.tx_errors += 1,
+            }
+            taken += 1;
+        }
+        frames.drain(..taken);
+        Ok(taken)
+    }
+
+    fn offloads(&self) -> bool {
+        true
+    }
+
+    fn counters(&self) -> PortCounters {
+        self.counters
     }
 }
 

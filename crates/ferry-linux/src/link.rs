@@ -1,0 +1,122 @@
+//! Interface set-up through the `ip` command (iproute2): moving a pod's TAP into its
+//! namespace as `eth0`, addresses, MTU, reading MACs.
+//!
+//! Shelling out keeps these rarely-run steps short and readable, and their errors carry
+//! `ip`'s own message. They are for tests, the lab and the agent until the CNI plugin
+//! does the same over netlink; nothing on the packet path calls them.
+
+use std::io;
+use std::process::Command;
+
+use ipnet::IpNet;
+
+/// Runs `ip args...` and returns its standard output. The error names the command and
+/// carries its standard error (or says to install iproute2 when `ip` is missing).
+pub fn ip(args: &[&str]) -> io::Result<String> {
+    run("ip", "iproute2", args)
+}
+
+/// Runs `program args...`; `package` is named when the program is missing.
+pub(crate) fn run(program: &str, package: &str, args: &[&str]) -> io::Result<String> {
+    let out = Command::new(program).args(args).output().map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot run `{program}` (install package {package}): {e}"),
+        )
+    })?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "`{program} {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// How a pod's interface is set up inside its namespace.
+#[derive(Clone, Debug)]
+pub struct PodInterface<'a> {
+    /// The pod's network namespace (`ip netns` name).
+    pub netns: &'a str,
+    /// The interface's name there (`eth0`).
+    pub name: &'a str,
+    /// Its MTU.
+    pub mtu: u16,
+    /// Its addresses with prefix lengths; IPv6 ones skip duplicate address detection.
+    pub addresses: &'a [IpNet],
+}
+
+/// Moves interface `dev` (in the caller's namespace) into `pod.netns`, renames it, sets
+/// its MTU and addresses and brings it (and the namespace's loopback) up.
+pub fn move_to_netns(dev: &str, pod: &PodInterface<'_>) -> io::Result<()> {
+    let ns = pod.netns;
+    let mtu = pod.mtu.to_string();
+    ip(&["link", "set", "dev", dev, "netns", ns])?;
+    ip(&[
+        "-n", ns, "link", "set", "dev", dev, "name", pod.name, "mtu", &mtu,
+    ])?;
+    for a in pod.addresses {
+        let a = a.to_string();
+        let mut args = vec!["-n", ns, "addr", "add", &a, "dev", pod.name];
+        if a.contains(':') {
+            args.push("nodad");
+        }
+        ip(&args)?;
+    }
+    ip(&["-n", ns, "link", "set", "dev", "lo", "up"])?;
+    ip(&["-n", ns, "link", "set", "dev", pod.name, "up"])?;
+    Ok(())
+}
+
+/// The MAC address of `dev` in namespace `netns` (the caller's when None).
+pub fn mac_address(netns: Option<&str>, dev: &str) -> io::Result<[u8; 6]> {
+    let mut args = Vec::new();
+    if let Some(ns) = netns {
+        args.extend(["-n", ns]);
+    }
+    args.extend(["-j", "link", "show", "dev", dev]);
+    let out = ip(&args)?;
+    let bad = |why: &str| io::Error::other(format!("`ip {}`: {why}", args.join(" ")));
+    let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| bad(&e.to_string()))?;
+    let s = v
+        .get(0)
+        .and_then(|l| l.get("address"))
+        .and_then(|a| a.as_str())
+        .ok_or_else(|| bad("no address in the output"))?;
+    parse_mac(s).ok_or_else(|| bad(&format!("bad MAC address {s:?}")))
+}
+
+fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut m = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut m {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_parse_mac() {
+        assert_eq!(
+            parse_mac("02:00:0a:ff:00:01"),
+            Some([2, 0, 0x0a, 0xff, 0, 1])
+        );
+        assert_eq!(parse_mac("02:00:0a:ff:00"), None);
+        assert_eq!(parse_mac("02:00:0a:ff:00:01:02"), None);
+        assert_eq!(parse_mac("zz:00:0a:ff:00:01"), None);
+    }
+
+    #[test]
+    fn test_missing_device_error_names_the_command() {
+        let e = mac_address(None, "ferrynosuchdev").unwrap_err();
+        assert!(
+            e.to_string().contains("ip -j link show dev ferrynosuchdev"),
+            "{e}"
+        );
+    }
+}

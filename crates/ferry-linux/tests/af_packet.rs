@@ -1,0 +1,340 @@
+//! End-to-end: an AF_PACKET uplink on one end of a veth pair between two namespaces.
+//!
+//! "node" holds ferry's uplink `up0` (10.202.0.1); "peer" holds the other end `pe0`
+//! (10.202.0.2) and the kernel sockets that send and check traffic. Needs root and `ip`.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::RawFd;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{Netns, mac_str, ping, require_root_and_ip};
+use ferry_datapath::flow::proto;
+use ferry_datapath::packet::VnetHdr;
+use ferry_datapath::wire::build::{self, IpOpts};
+use ferry_datapath::wire::parse;
+use ferry_linux::link;
+use ferry_linux::{AfPacketConfig, AfPacketPort, Frame, Port};
+
+const NODE: Ipv4Addr = Ipv4Addr::new(10, 202, 0, 1);
+const PEER: Ipv4Addr = Ipv4Addr::new(10, 202, 0, 2);
+const WAIT: Duration = Duration::from_secs(5);
+
+struct Lab {
+    node: Netns,
+    peer: Netns,
+    node_mac: [u8; 6],
+    peer_mac: [u8; 6],
+}
+
+fn lab(tag: &str) -> Lab {
+    require_root_and_ip();
+    let node = Netns::new(&format!("{tag}-n"));
+    let peer = Netns::new(&format!("{tag}-p"));
+    node.ip(&[
+        "link", "add", "up0", "type", "veth", "peer", "name", "pe0", "netns", &peer.name,
+    ]);
+    node.ip(&["addr", "add", &format!("{NODE}/24"), "dev", "up0"]);
+    peer.ip(&["addr", "add", &format!("{PEER}/24"), "dev", "pe0"]);
+    node.ip(&["link", "set", "dev", "up0", "up"]);
+    peer.ip(&["link", "set", "dev", "pe0", "up"]);
+    let node_mac = link::mac_address(Some(&node.name), "up0").unwrap();
+    let peer_mac = link::mac_address(Some(&peer.name), "pe0").unwrap();
+    Lab {
+        node,
+        peer,
+        node_mac,
+        peer_mac,
+    }
+}
+
+fn open(lab: &Lab, cfg: AfPacketConfig) -> AfPacketPort {
+    lab.node
+        .run(move || AfPacketPort::open("up0", &cfg))
+        .expect("open the AF_PACKET port")
+}
+
+fn wait_readable(fd: RawFd, ms: i32) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, count 1.
+    unsafe { libc::poll(&mut pfd, 1, ms) > 0 }
+}
+
+/// Receives frames until `want` is true of one (returned) or `timeout` passes (None).
+fn recv_until(
+    port: &mut AfPacketPort,
+    timeout: Duration,
+    mut want: impl FnMut(&Frame) -> bool,
+    seen: &mut Vec<Frame>,
+) -> Option<Frame> {
+    let deadline = Instant::now() + timeout;
+    let mut batch = Vec::new();
+    while Instant::now() < deadline {
+        wait_readable(port.raw_fd(), 20);
+        batch.clear();
+        port.recv_batch(&mut batch, 64).expect("recv_batch");
+        for f in batch.drain(..) {
+            if want(&f) {
+                return Some(f);
+            }
+            seen.push(f);
+        }
+    }
+    None
+}
+
+fn udp_to(f: &Frame, dst: Ipv4Addr, port: u16) -> Option<Vec<u8>> {
+    let p = parse::parse(&f.data, 0).ok()?;
+    (p.proto == proto::UDP && p.key.dst == IpAddr::V4(dst) && p.key.dst_port == port)
+        .then(|| f.data[p.l4_off + 8..p.ip_end].to_vec())
+}
+
+#[test]
+fn af_packet_receives_frames_and_gso_super_packets_from_the_peer() {
+    let lab = lab("afr");
+    let mut port = open(&lab, AfPacketConfig::default());
+    assert!(!port.drops_kernel_ingress());
+
+    // A UDP datagram from the peer's kernel.
+    lab.peer.run(|| {
+        let s = UdpSocket::bind((PEER, 0)).unwrap();
+        s.send_to(b"hello ferry", (NODE, 7000)).unwrap();
+    });
+    let mut seen = Vec::new();
+    let f = recv_until(
+        &mut port,
+        WAIT,
+        |f| udp_to(f, NODE, 7000).is_some(),
+        &mut seen,
+    )
+    .unwrap_or_else(|| panic!("no UDP frame within {WAIT:?}; {} others", seen.len()));
+    assert_eq!(udp_to(&f, NODE, 7000).unwrap(), b"hello ferry");
+    assert_eq!(&f.data[6..12], &lab.peer_mac, "sent by the peer");
+
+    // A TCP stream to the node's kernel: the veth carries it as super-packets.
+    const LEN: usize = 256 * 1024;
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel();
+    let _server = ferry_linux::netns::spawn_in(&lab.node.name, move || {
+        let l = TcpListener::bind((NODE, 9100)).unwrap();
+        ready_tx.send(()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut v = Vec::new();
+        let r = s.read_to_end(&mut v);
+        done_tx
+            .send((r.map(drop).map_err(|e| e.to_string()), v))
+            .unwrap();
+    })
+    .unwrap();
+    ready_rx.recv_timeout(WAIT).expect("listener ready");
+    let payload = build::pattern(LEN, 9);
+    let sent = payload.clone();
+    let _client = ferry_linux::netns::spawn_in(&lab.peer.name, move || {
+        let mut s = TcpStream::connect_timeout(&SocketAddr::new(NODE.into(), 9100), WAIT)?;
+        s.set_write_timeout(Some(WAIT))?;
+        s.write_all(&sent)
+    })
+    .unwrap();
+    let gso = recv_until(
+        &mut port,
+        WAIT,
+        |f| f.vnet.is_gso() && f.data.len() > 1514,
+        &mut seen,
+    )
+    .expect("no GSO super-packet through the ring");
+    assert_eq!(gso.vnet.gso_type & !VnetHdr::GSO_ECN, VnetHdr::GSO_TCPV4);
+    assert!(
+        gso.vnet.gso_size > 0 && gso.vnet.needs_csum(),
+        "{:?}",
+        gso.vnet
+    );
+    let (r, got) = done_rx.recv_timeout(WAIT * 2).expect("server finished");
+    assert_eq!(r, Ok(()));
+    assert!(
+        got == payload,
+        "the node's kernel got {} of {LEN} bytes",
+        got.len()
+    );
+    assert_eq!(port.counters().rx_errors, 0, "no truncated frames");
+}
+
+#[test]
+fn af_packet_sends_frames_the_peer_kernel_receives() {
+    let lab = lab("afs");
+    let mut port = open(&lab, AfPacketConfig::default());
+    let sock = lab
+        .peer
+        .run(|| UdpSocket::bind((PEER, 7001)))
+        .expect("peer socket");
+    sock.set_read_timeout(Some(WAIT)).unwrap();
+    let o = IpOpts {
+        src_mac: lab.node_mac,
+        dst_mac: lab.peer_mac,
+        ..IpOpts::default()
+    };
+    let payload = build::pattern(1200, 1);
+    let mut frames: Vec<Frame> = (0..3)
+        .map(|_| Frame {
+            data: build::udp(NODE.into(), PEER.into(), 5555, 7001, &payload, &o),
+            vnet: VnetHdr::default(),
+        })
+        .collect();
+    assert_eq!(port.send_batch(&mut frames).unwrap(), 3);
+    assert!(frames.is_empty());
+    let c = port.counters();
+    assert_eq!((c.tx_frames, c.tx_errors), (3, 0));
+    let mut buf = [0u8; 2048];
+    for i in 0..3 {
+        let (n, from) = sock
+            .recv_from(&mut buf)
+            .unwrap_or_else(|e| panic!("datagram {i} not received by the peer: {e}"));
+        assert_eq!(&buf[..n], &payload[..]);
+        assert_eq!(from, SocketAddr::new(NODE.into(), 5555));
+    }
+    // PACKET_IGNORE_OUTGOING: ferry does not read back what it sent.
+    let mut seen = Vec::new();
+    let own = recv_until(
+        &mut port,
+        Duration::from_millis(100),
+        |f| udp_to(f, PEER, 7001).is_some(),
+        &mut seen,
+    );
+    assert!(own.is_none(), "ferry read its own transmission");
+}
+
+fn ingress_filters(lab: &Lab) -> String {
+    let out = std::process::Command::new("tc")
+        .args([
+            "-n",
+            &lab.node.name,
+            "filter",
+            "show",
+            "dev",
+            "up0",
+            "ingress",
+        ])
+        .output()
+        .expect("cannot run tc (install package iproute2)");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn af_packet_ingress_drop_keeps_the_node_kernel_out() {
+    let lab = lab("afd");
+    // Without ARP (the filter drops it too), the peer needs the node's MAC statically.
+    lab.peer.ip(&[
+        "neigh",
+        "replace",
+        &NODE.to_string(),
+        "lladdr",
+        &mac_str(lab.node_mac),
+        "dev",
+        "pe0",
+        "nud",
+        "permanent",
+    ]);
+    let ping_node = |id: u16| {
+        lab.peer
+            .run(move || ping(NODE, id, b"ferry-ping", Duration::from_millis(700)))
+    };
+    assert_eq!(
+        ping_node(1).expect("the node's kernel answers before the filter"),
+        b"ferry-ping"
+    );
+
+    let cfg = AfPacketConfig {
+        drop_kernel_ingress: true,
+        ..AfPacketConfig::default()
+    };
+    let mut port = open(&lab, cfg);
+    assert!(port.drops_kernel_ingress());
+    assert!(
+        !ingress_filters(&lab).is_empty(),
+        "no filter on up0's ingress"
+    );
+    let e = ping_node(2).expect_err("the node's kernel answered despite the drop filter");
+    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+    let mut seen = Vec::new();
+    let echo = recv_until(
+        &mut port,
+        WAIT,
+        |f| {
+            parse::parse(&f.data, 0).is_ok_and(|p| {
+                p.proto == proto::ICMP
+                    && p.key.dst == IpAddr::V4(NODE)
+                    && f.data[p.l4_off] == 8
+                    && f.data[p.l4_off + 4..p.l4_off + 6] == 2u16.to_be_bytes()
+            })
+        },
+        &mut seen,
+    );
+    assert!(echo.is_some(), "ferry did not see the echo request");
+
+    // Dropping the port removes the filter: the kernel answers again.
+    drop(port);
+    let tc = std::process::Command::new("tc")
+        .args([
+            "-n",
+            &lab.node.name,
+            "filter",
+            "show",
+            "dev",
+            "up0",
+            "ingress",
+        ])
+        .output()
+        .expect("tc (package iproute2)");
+    assert!(
+        String::from_utf8_lossy(&tc.stdout).trim().is_empty(),
+        "filter left behind: {}",
+        String::from_utf8_lossy(&tc.stdout)
+    );
+    assert_eq!(
+        ping_node(3).expect("the node's kernel answers after the port is gone"),
+        b"ferry-ping"
+    );
+}
+
+#[test]
+fn af_packet_fanout_group_delivers_a_flow_to_one_member() {
+    let lab = lab("aff");
+    let cfg = AfPacketConfig {
+        fanout: Some((std::process::id() & 0xffff) as u16),
+        ..AfPacketConfig::default()
+    };
+    let mut ports = [open(&lab, cfg.clone()), open(&lab, cfg)];
+    lab.peer.run(|| {
+        let s = UdpSocket::bind((PEER, 6000)).unwrap();
+        for _ in 0..8 {
+            s.send_to(b"one flow", (NODE, 7002)).unwrap();
+        }
+    });
+    let mut counts = [0usize; 2];
+    let deadline = Instant::now() + Duration::from_millis(500);
+    let mut batch = Vec::new();
+    while Instant::now() < deadline && counts.iter().sum::<usize>() < 8 {
+        for (i, p) in ports.iter_mut().enumerate() {
+            wait_readable(p.raw_fd(), 5);
+            batch.clear();
+            p.recv_batch(&mut batch, 64).unwrap();
+            counts[i] += batch
+                .iter()
+                .filter(|f| udp_to(f, NODE, 7002).is_some())
+                .count();
+        }
+    }
+    counts.sort();
+    assert_eq!(
+        counts,
+        [0, 8],
+        "the flow went to exactly one member of the group"
+    );
+}

@@ -1,0 +1,234 @@
+//! End-to-end: a worker forwards between two pods' TAP ports through the pipeline.
+//!
+//! Pods A (10.77.1.2) and B (10.77.2.2) are namespaces with TAPs as eth0; each reaches the
+//! other through a gateway address whose MAC is ferry's port MAC (a static neighbour
+//! entry: the pipeline does not answer ARP yet). Needs root and `ip`.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{Netns, dev_name, mac_str, ping, require_root_and_ip};
+use ferry_datapath::pipeline::Pipeline;
+use ferry_datapath::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
+use ferry_datapath::wire::build;
+use ferry_linux::link::{self, PodInterface};
+use ferry_linux::{Port, TapPort, WorkerStats, run_worker};
+
+const A: Ipv4Addr = Ipv4Addr::new(10, 77, 1, 2);
+const B: Ipv4Addr = Ipv4Addr::new(10, 77, 2, 2);
+const FERRY_MAC_A: [u8; 6] = [0x02, 0xfe, 0, 0, 0, 0x0a];
+const FERRY_MAC_B: [u8; 6] = [0x02, 0xfe, 0, 0, 0, 0x0b];
+const WAIT: Duration = Duration::from_secs(5);
+
+struct Pod {
+    ns: Netns,
+    mac: [u8; 6],
+}
+
+fn pod(tag: &str, addr: Ipv4Addr, ferry_mac: [u8; 6]) -> (Pod, TapPort) {
+    let ns = Netns::new(tag);
+    let port = TapPort::create(&dev_name(tag)).expect("TAP port");
+    link::move_to_netns(
+        port.name(),
+        &PodInterface {
+            netns: &ns.name,
+            name: "eth0",
+            mtu: 1500,
+            addresses: &[format!("{addr}/24").parse().unwrap()],
+        },
+    )
+    .expect("TAP into the pod");
+    let o = addr.octets();
+    let gw = Ipv4Addr::new(o[0], o[1], o[2], 1).to_string();
+    ns.ip(&[
+        "neigh",
+        "replace",
+        &gw,
+        "lladdr",
+        &mac_str(ferry_mac),
+        "dev",
+        "eth0",
+        "nud",
+        "permanent",
+    ]);
+    ns.ip(&["route", "add", "10.77.0.0/16", "via", &gw, "dev", "eth0"]);
+    let mac = link::mac_address(Some(&ns.name), "eth0").unwrap();
+    (Pod { ns, mac }, port)
+}
+
+fn port_spec(name: &str, mac: [u8; 6], addr: &str) -> PortSpec {
+    PortSpec {
+        name: name.into(),
+        mac: MacAddr(mac),
+        mtu: 1500,
+        zone: 0,
+        addresses: vec![addr.parse().unwrap()],
+        gro: false,
+        gso: true,
+    }
+}
+
+fn route(prefix: &str, port: &str, mac: [u8; 6]) -> RouteSpec {
+    RouteSpec {
+        prefix: prefix.parse().unwrap(),
+        port: port.into(),
+        next_hop_mac: MacAddr(mac),
+    }
+}
+
+/// What the worker thread gives back: its ports, its pipeline and its counts.
+type Finished = (Vec<Box<dyn Port>>, Pipeline, WorkerStats);
+
+/// Stops the worker on drop (also when an assertion fails), so the test never hangs.
+struct Running {
+    stop: Arc<AtomicBool>,
+    handle: Option<thread::JoinHandle<Finished>>,
+}
+
+impl Running {
+    fn finish(mut self) -> Finished {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.take().unwrap().join().expect("worker panicked")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+#[test]
+fn worker_forwards_ping_and_tcp_between_two_pods() {
+    require_root_and_ip();
+    let (pod_a, port_a) = pod("wka", A, FERRY_MAC_A);
+    let (pod_b, port_b) = pod("wkb", B, FERRY_MAC_B);
+    let spec = TablesSpec {
+        ports: vec![
+            port_spec("pod-a", FERRY_MAC_A, "10.77.1.1"),
+            port_spec("pod-b", FERRY_MAC_B, "10.77.2.1"),
+        ],
+        routes: vec![
+            route("10.77.1.2/32", "pod-a", pod_a.mac),
+            route("10.77.2.2/32", "pod-b", pod_b.mac),
+        ],
+        ..TablesSpec::default()
+    };
+    let mut pipeline = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    // ports[i] is the tables' port i.
+    let mut ports: Vec<Box<dyn Port>> = vec![Box::new(port_a), Box::new(port_b)];
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    let handle = thread::spawn(move || {
+        let t0 = Instant::now();
+        let stats = run_worker(&mut ports, &mut pipeline, &flag, || {
+            t0.elapsed().as_nanos() as u64
+        })
+        .expect("worker");
+        (ports, pipeline, stats)
+    });
+    let running = Running {
+        stop,
+        handle: Some(handle),
+    };
+
+    // Pings both ways, payload compared.
+    let payload = build::pattern(1000, 4);
+    let p = payload.clone();
+    let got = pod_a
+        .ns
+        .run(move || ping(B, 0x77, &p, WAIT))
+        .expect("ping A -> B through ferry");
+    assert_eq!(got, payload);
+    let p = payload.clone();
+    let got = pod_b
+        .ns
+        .run(move || ping(A, 0x78, &p, WAIT))
+        .expect("ping B -> A through ferry");
+    assert_eq!(got, payload);
+
+    // TCP: A sends 2 MiB to B, B answers with 512 KiB; both compared byte for byte.
+    let up = build::pattern(2 << 20, 11);
+    let down = build::pattern(512 << 10, 13);
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (down_srv, up_want) = (down.clone(), up.len());
+    let server = ferry_linux::netns::spawn_in(&pod_b.ns.name, move || {
+        let l = TcpListener::bind((B, 9200))?;
+        let _ = ready_tx.send(());
+        let (mut s, _) = l.accept()?;
+        s.set_read_timeout(Some(WAIT))?;
+        s.set_write_timeout(Some(WAIT))?;
+        let mut v = Vec::with_capacity(up_want);
+        s.read_to_end(&mut v)?;
+        s.write_all(&down_srv)?;
+        s.shutdown(Shutdown::Write)?;
+        Ok::<_, std::io::Error>(v)
+    })
+    .unwrap();
+    ready_rx.recv_timeout(WAIT).expect("server in B listening");
+    let up_cli = up.clone();
+    let client = ferry_linux::netns::spawn_in(&pod_a.ns.name, move || {
+        let mut s = TcpStream::connect_timeout(&SocketAddr::new(B.into(), 9200), WAIT)?;
+        s.set_read_timeout(Some(WAIT))?;
+        s.set_write_timeout(Some(WAIT))?;
+        s.write_all(&up_cli)?;
+        s.shutdown(Shutdown::Write)?;
+        let mut v = Vec::new();
+        s.read_to_end(&mut v)?;
+        Ok::<_, std::io::Error>(v)
+    })
+    .unwrap();
+    let got_down = client.join().unwrap().unwrap().expect("client in A");
+    let got_up = server.join().unwrap().unwrap().expect("server in B");
+    assert!(
+        got_up == up,
+        "B received {} of {} bytes, or different bytes",
+        got_up.len(),
+        up.len()
+    );
+    assert!(
+        got_down == down,
+        "A received {} of {} bytes, or different bytes",
+        got_down.len(),
+        down.len()
+    );
+
+    let (ports, pipeline, stats) = running.finish();
+    assert!(stats.rx_frames > 0 && stats.tx_frames > 0, "{stats:?}");
+    assert_eq!(
+        (stats.rx_errors, stats.tx_errors, stats.tx_dropped),
+        (0, 0, 0),
+        "{stats:?}"
+    );
+    for p in &ports {
+        assert_eq!(
+            p.counters().tx_errors,
+            0,
+            "{}: {:?}",
+            p.name(),
+            p.counters()
+        );
+    }
+    assert!(pipeline.port_stats()[1].tx_packets > 0);
+
+    // Dropping the ports removes the devices.
+    drop(ports);
+    for pod in [&pod_a, &pod_b] {
+        let e = link::mac_address(Some(&pod.ns.name), "eth0");
+        assert!(
+            e.is_err(),
+            "eth0 still in {} after the ports were dropped",
+            pod.ns.name
+        );
+    }
+}
