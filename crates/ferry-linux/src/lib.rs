@@ -8,6 +8,7 @@ pub mod af_packet;
 pub mod link;
 pub mod netns;
 pub mod port;
+pub mod signal;
 pub mod tap;
 pub mod tc;
 pub mod worker;

@@ -69,6 +69,49 @@ pub fn move_to_netns(dev: &str, pod: &PodInterface<'_>) -> io::Result<()> {
     Ok(())
 }
 
+/// A pod's interface as a kubelet's CNI plugin would set it up: in the pod's namespace,
+/// with the pod's MAC, MTU and addresses, and default routes through the link-local
+/// gateway (169.254.1.1 for IPv4, fe80::1 for IPv6) that ferry answers for.
+#[derive(Clone, Debug)]
+pub struct Pod<'a> {
+    /// The interface, its namespace, MTU and addresses.
+    pub interface: PodInterface<'a>,
+    /// The MAC the pod's interface gets.
+    pub mac: [u8; 6],
+}
+
+/// The IPv4 gateway pods route through.
+pub const GATEWAY_V4: &str = "169.254.1.1";
+/// The IPv6 gateway pods route through.
+pub const GATEWAY_V6: &str = "fe80::1";
+
+/// Moves `dev` into the pod's namespace and sets it up as [`Pod`] describes.
+pub fn attach_pod(dev: &str, pod: &Pod<'_>) -> io::Result<()> {
+    let i = &pod.interface;
+    let m = pod.mac;
+    let mac = format!(
+        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        m[0], m[1], m[2], m[3], m[4], m[5]
+    );
+    ip(&["link", "set", "dev", dev, "address", &mac])?;
+    move_to_netns(dev, i)?;
+    let ns = i.netns;
+    if i.addresses.iter().any(|a| a.addr().is_ipv4()) {
+        ip(&[
+            "-n", ns, "route", "add", GATEWAY_V4, "dev", i.name, "scope", "link",
+        ])?;
+        ip(&[
+            "-n", ns, "route", "add", "default", "via", GATEWAY_V4, "dev", i.name,
+        ])?;
+    }
+    if i.addresses.iter().any(|a| a.addr().is_ipv6()) {
+        ip(&[
+            "-n", ns, "-6", "route", "add", "default", "via", GATEWAY_V6, "dev", i.name,
+        ])?;
+    }
+    Ok(())
+}
+
 /// The MAC address of `dev` in namespace `netns` (the caller's when None).
 pub fn mac_address(netns: Option<&str>, dev: &str) -> io::Result<[u8; 6]> {
     let mut args = Vec::new();

@@ -1,0 +1,174 @@
+//! `ferry node`: one node's dataplane on real interfaces. The node tables say what the
+//! ports are; `--attach` says which Linux device each one is; the worker loop moves
+//! frames between them through the pipeline until SIGINT or SIGTERM, then removes every
+//! device, socket and filter it made.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use ferry_datapath::pipeline::Pipeline;
+use ferry_datapath::tables::{PortKind, Tables};
+use ferry_linux::link::{self, Pod, PodInterface};
+use ferry_linux::{AfPacketConfig, AfPacketPort, Port, TapPort};
+use ipnet::IpNet;
+
+use crate::replay::load_tables;
+
+/// Arguments of `ferry node`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The node tables (YAML; see docs/tables.md).
+    #[arg(long, value_name = "FILE")]
+    pub tables: PathBuf,
+    /// Attaches a port of the tables to Linux. `PORT=af-packet:IFNAME`: the node's NIC,
+    /// read and written through an AF_PACKET ring, with the host kernel kept off it.
+    /// `PORT=pod:NETNS`: a TAP moved into the pod's network namespace as eth0, with the
+    /// port's pod addresses, MAC and MTU and default routes through 169.254.1.1 and
+    /// fe80::1. `PORT=tap:NAME`: a TAP named NAME left in this namespace. Every port of
+    /// the tables needs one.
+    #[arg(long = "attach", value_name = "PORT=KIND:ARG", required = true)]
+    pub attach: Vec<String>,
+    /// Leave the host kernel processing what arrives on af-packet ports as well.
+    #[arg(long)]
+    pub share_uplink: bool,
+}
+
+/// How one port meets Linux.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Attach {
+    AfPacket(String),
+    Pod(String),
+    Tap(String),
+}
+
+fn parse_attach(spec: &str) -> Result<(String, Attach)> {
+    let (port, what) = spec
+        .split_once('=')
+        .with_context(|| format!("--attach {spec:?}: expected PORT=KIND:ARG"))?;
+    let (kind, arg) = what
+        .split_once(':')
+        .with_context(|| format!("--attach {spec:?}: expected KIND:ARG after '=' (af-packet:IFNAME, pod:NETNS or tap:NAME)"))?;
+    if arg.is_empty() {
+        bail!("--attach {spec:?}: {kind} needs a name after ':'");
+    }
+    let a = match kind {
+        "af-packet" => Attach::AfPacket(arg.to_string()),
+        "pod" => Attach::Pod(arg.to_string()),
+        "tap" => Attach::Tap(arg.to_string()),
+        other => bail!("--attach {spec:?}: unknown kind {other:?} (af-packet, pod or tap)"),
+    };
+    Ok((port.to_string(), a))
+}
+
+/// A TAP name for a pod port: unique to this process, at most 15 bytes.
+fn pod_tap_name(index: usize) -> String {
+    format!("fy{}p{index}", std::process::id() % 1_000_000)
+}
+
+fn open_ports(tables: &Tables, attach: &[(String, Attach)], share_uplink: bool) -> Result<Vec<Box<dyn Port>>> {
+    for (name, _) in attach {
+        if tables.port_id(name).is_none() {
+            bail!("--attach: no port {name:?} in the tables");
+        }
+    }
+    let mut ports: Vec<Box<dyn Port>> = Vec::with_capacity(tables.ports.len());
+    for (i, p) in tables.ports.iter().enumerate() {
+        let mut found = attach.iter().filter(|(n, _)| *n == p.name);
+        let (_, how) = found
+            .next()
+            .with_context(|| format!("port {:?} of the tables has no --attach", p.name))?;
+        if found.next().is_some() {
+            bail!("--attach: port {:?} is attached twice", p.name);
+        }
+        let port: Box<dyn Port> = match how {
+            Attach::AfPacket(dev) => {
+                let cfg = AfPacketConfig {
+                    drop_kernel_ingress: !share_uplink,
+                    ..AfPacketConfig::default()
+                };
+                Box::new(AfPacketPort::open(dev, &cfg).with_context(|| format!("port {:?}: af-packet on {dev}", p.name))?)
+            }
+            Attach::Tap(dev) => Box::new(TapPort::create(dev).with_context(|| format!("port {:?}: tap {dev}", p.name))?),
+            Attach::Pod(netns) => {
+                if p.kind != PortKind::Pod {
+                    bail!("--attach {}=pod:{netns}: the tables do not say port {:?} is a pod (kind: pod)", p.name, p.name);
+                }
+                let dev = pod_tap_name(i);
+                let tap = TapPort::create(&dev).with_context(|| format!("port {:?}: tap {dev}", p.name))?;
+                let addresses: Vec<IpNet> = p.addresses.iter().map(|a| IpNet::from(*a)).collect();
+                let mac = p.peer_mac.with_context(|| format!("port {:?}: a pod port needs peer_mac", p.name))?;
+                let pod = Pod {
+                    interface: PodInterface {
+                        netns,
+                        name: "eth0",
+                        mtu: p.mtu,
+                        addresses: &addresses,
+                    },
+                    mac,
+                };
+                link::attach_pod(&dev, &pod).with_context(|| format!("port {:?}: setting up eth0 in {netns}", p.name))?;
+                Box::new(tap)
+            }
+        };
+        if port.offloads() != p.gso {
+            bail!(
+                "port {:?}: the tables say gso: {} but a {} port {} GSO packets",
+                p.name,
+                p.gso,
+                match how {
+                    Attach::AfPacket(_) => "af-packet",
+                    _ => "tap",
+                },
+                if port.offloads() { "passes" } else { "does not pass" }
+            );
+        }
+        ports.push(port);
+    }
+    Ok(ports)
+}
+
+/// Runs the node until SIGINT or SIGTERM.
+pub fn run(args: &Args) -> Result<()> {
+    let tables = Arc::new(load_tables(&args.tables)?);
+    let attach: Vec<(String, Attach)> = args.attach.iter().map(|a| parse_attach(a)).collect::<Result<_>>()?;
+    let stop = ferry_linux::signal::stop_on_signals().context("installing signal handlers")?;
+    let mut ports = open_ports(&tables, &attach, args.share_uplink)?;
+    let mut pipeline = Pipeline::new(Arc::clone(&tables));
+    let start = Instant::now();
+    eprintln!("ferry node: {} ports up; stop with SIGINT or SIGTERM", ports.len());
+    let stats = ferry_linux::run_worker(&mut ports, &mut pipeline, stop, || start.elapsed().as_nanos() as u64)
+        .context("worker")?;
+    drop(ports);
+    let drops: Vec<String> = pipeline.drops().nonzero().map(|(r, n)| format!("{r} {n}")).collect();
+    eprintln!(
+        "ferry node: stopped after {} frames in, {} out; drops: {}",
+        stats.rx_frames,
+        stats.tx_frames,
+        if drops.is_empty() { "none".to_string() } else { drops.join(", ") }
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attach_specs_parse_or_say_what_is_wrong() {
+        assert_eq!(parse_attach("uplink=af-packet:eth0").unwrap(), ("uplink".into(), Attach::AfPacket("eth0".into())));
+        assert_eq!(parse_attach("pod-a=pod:ns1").unwrap(), ("pod-a".into(), Attach::Pod("ns1".into())));
+        assert_eq!(parse_attach("h=tap:ferry0").unwrap(), ("h".into(), Attach::Tap("ferry0".into())));
+        for (bad, want) in [
+            ("uplink", "expected PORT=KIND:ARG"),
+            ("uplink=eth0", "expected KIND:ARG"),
+            ("uplink=af-packet:", "needs a name"),
+            ("uplink=xdp:eth0", "unknown kind \"xdp\""),
+        ] {
+            let e = parse_attach(bad).unwrap_err().to_string();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
+        assert!(pod_tap_name(12).len() <= 15);
+    }
+}

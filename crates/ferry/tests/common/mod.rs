@@ -1,0 +1,190 @@
+//! A small lab for end-to-end tests: network namespaces, veth links and processes, all
+//! named with a prefix unique to the test run and removed by `Drop`, also when a test
+//! fails. Traffic stays inside the namespaces made here.
+
+#![allow(dead_code)]
+
+use std::process::{Child, Command, Output, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+/// Fails the test, saying what is needed, unless root with the given commands available.
+pub fn require(commands: &[(&str, &str)]) {
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:").and_then(|r| r.split_whitespace().nth(1)).map(str::to_string))
+        .unwrap_or_default();
+    assert_eq!(uid, "0", "this test must run as root: it creates network namespaces");
+    for (cmd, package) in commands {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {cmd}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        assert!(found, "this test needs `{cmd}`: apt-get install {package}");
+    }
+}
+
+/// Runs a command, failing the test with its output when it fails.
+pub fn sh(args: &[&str]) -> String {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The namespaces, links and processes of one test.
+pub struct Lab {
+    /// Prefix of every name: `f<tag><pid>`.
+    pub prefix: String,
+    namespaces: Vec<String>,
+    children: Vec<(String, Child)>,
+}
+
+impl Lab {
+    /// A lab whose names start with `f<tag><pid>` (tag: a few letters).
+    pub fn new(tag: &str) -> Lab {
+        Lab {
+            prefix: format!("f{tag}{}", std::process::id()),
+            namespaces: Vec::new(),
+            children: Vec::new(),
+        }
+    }
+
+    /// The full name of namespace `short`.
+    pub fn ns(&self, short: &str) -> String {
+        format!("{}-{short}", self.prefix)
+    }
+
+    /// Creates namespace `short` with its loopback up; returns its full name.
+    pub fn add_ns(&mut self, short: &str) -> String {
+        let name = self.ns(short);
+        sh(&["ip", "netns", "add", &name]);
+        self.namespaces.push(name.clone());
+        sh(&["ip", "-n", &name, "link", "set", "lo", "up"]);
+        name
+    }
+
+    /// Runs `ip -n NS args...`.
+    pub fn ip(&self, short: &str, args: &[&str]) -> String {
+        let ns = self.ns(short);
+        let mut all = vec!["ip", "-n", ns.as_str()];
+        all.extend_from_slice(args);
+        sh(&all)
+    }
+
+    /// A veth pair: `a_dev` in `a`, `b_dev` in `b`, both up.
+    pub fn veth(&self, a: &str, a_dev: &str, b: &str, b_dev: &str) {
+        let (na, nb) = (self.ns(a), self.ns(b));
+        sh(&["ip", "link", "add", a_dev, "netns", &na, "type", "veth", "peer", "name", b_dev, "netns", &nb]);
+        self.ip(a, &["link", "set", a_dev, "up"]);
+        self.ip(b, &["link", "set", b_dev, "up"]);
+    }
+
+    /// Runs a command in namespace `short` with a time limit; returns its output.
+    pub fn exec(&self, short: &str, secs: u32, cmd: &[&str]) -> Output {
+        let ns = self.ns(short);
+        let limit = secs.to_string();
+        let mut all = vec!["netns", "exec", ns.as_str(), "timeout", limit.as_str()];
+        all.extend_from_slice(cmd);
+        Command::new("ip").args(&all).output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+    }
+
+    /// Like [`Lab::exec`], failing the test with the command's output when it fails.
+    pub fn run(&self, short: &str, secs: u32, cmd: &[&str]) -> String {
+        let out = self.exec(short, secs, cmd);
+        assert!(
+            out.status.success(),
+            "in {short}: {cmd:?} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Starts a long-running command in namespace `short`; it is killed on drop.
+    pub fn spawn(&mut self, short: &str, label: &str, cmd: &[&str]) {
+        let ns = self.ns(short);
+        let mut all = vec!["netns", "exec", ns.as_str()];
+        all.extend_from_slice(cmd);
+        let child = Command::new("ip")
+            .args(&all)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        self.children.push((label.to_string(), child));
+    }
+
+    /// Fails the test if a spawned process has exited, with its output.
+    pub fn check_alive(&mut self) {
+        for (label, c) in &mut self.children {
+            if let Ok(Some(status)) = c.try_wait() {
+                let mut err = String::new();
+                if let Some(mut e) = c.stderr.take() {
+                    use std::io::Read;
+                    let _ = e.read_to_string(&mut err);
+                }
+                panic!("{label} exited ({status}): {err}");
+            }
+        }
+    }
+
+    /// Stops a spawned process with SIGTERM and returns its standard error.
+    pub fn stop(&mut self, label: &str) -> String {
+        let i = self.children.iter().position(|(l, _)| l == label).expect("a spawned process");
+        let (_, mut c) = self.children.remove(i);
+        let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = c.try_wait() {
+                break;
+            }
+            sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let out = c.wait_with_output().expect("wait");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    /// Waits until `f` is true or fails with `what`.
+    pub fn wait_for(&mut self, secs: u64, what: &str, mut f: impl FnMut(&Lab) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            self.check_alive();
+            if f(self) {
+                return;
+            }
+            sleep(Duration::from_millis(50));
+        }
+        panic!("{what} did not happen within {secs} s");
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.children {
+            let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for (_, c) in &mut self.children {
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for ns in self.namespaces.iter().rev() {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
