@@ -1,11 +1,12 @@
-//! One node's pipeline: parse -> defrag -> TTL -> conntrack (with NAT) -> route -> L2
-//! rewrite -> egress MTU.
+//! One node's pipeline: parse (ARP answered here) -> defrag -> VXLAN decap -> source
+//! check -> neighbour discovery -> TTL -> conntrack (with NAT) -> route -> next-hop
+//! resolution -> L2 rewrite -> egress MTU -> encap.
 //!
-//! Later stages (decap, services, policy, encap) slot in around conntrack. The pipeline
-//! owns its per-worker state (fragment buffers, connections, ICMP budget, counters) and
-//! reads the node tables through an `Arc` that the control plane swaps.
+//! Later stages (services, policy) slot in around conntrack. The pipeline owns its
+//! per-worker state (fragment buffers, connections, neighbours, ICMP budget, counters)
+//! and reads the node tables through an `Arc` that the control plane swaps.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use crate::conntrack::{self, Conntrack, CtState, Nat, Pending};
@@ -14,9 +15,12 @@ use crate::flow::proto;
 use crate::gso;
 use crate::icmp::{self, ErrorKind, RateLimiter};
 use crate::ipf::{self, Reassembler};
-use crate::packet::{Packet, PortId, VnetHdr};
-use crate::tables::{Port, Snat, Tables};
+use crate::neigh::{self, Neighbours, arp, nd};
+use crate::overlay;
+use crate::packet::{Meta, Packet, PortId, VnetHdr};
+use crate::tables::{MacAddr, NextHop, Port, PortKind, Snat, Tables};
 use crate::wire::checksum;
+use crate::wire::vxlan;
 use crate::wire::{L3, Parsed, parse};
 
 /// What became of one input packet.
@@ -26,6 +30,9 @@ pub enum Verdict {
     Forwarded,
     /// Held for reassembly; it leaves as part of its datagram, or expires.
     Held,
+    /// Taken by the node itself: ARP or neighbour discovery, answered, learned from, or
+    /// ignored as not addressed to it; never forwarded.
+    Consumed,
     /// Dropped for this reason.
     Dropped(DropReason),
 }
@@ -36,6 +43,7 @@ impl Verdict {
         match self {
             Verdict::Forwarded => "forwarded",
             Verdict::Held => "held",
+            Verdict::Consumed => "consumed",
             Verdict::Dropped(_) => "dropped",
         }
     }
@@ -135,6 +143,26 @@ pub struct Stats {
     pub icmp_rate_limited: u64,
     /// ICMP errors not sent: no node address on the port, or forbidden by RFC 1122.
     pub icmp_suppressed: u64,
+    /// ARP requests answered.
+    pub arp_answered: u64,
+    /// Neighbour solicitations answered.
+    pub nd_answered: u64,
+    /// ARP requests / neighbour solicitations sent to resolve a next hop.
+    pub neigh_probes: u64,
+    /// Packets sent VXLAN-encapsulated.
+    pub encapsulated: u64,
+    /// VXLAN packets decapsulated.
+    pub decapsulated: u64,
+}
+
+/// Where one routed packet leaves, resolved: link-layer addresses, offloads, and the
+/// outer headers when it goes through the overlay.
+struct Egress {
+    port: PortId,
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    gso: bool,
+    tunnel: Option<overlay::Outer>,
 }
 
 /// Datagrams (and connections) expired per call of [`Pipeline::tick`] at most: bounded
@@ -146,6 +174,7 @@ pub struct Pipeline {
     tables: Arc<Tables>,
     ipf: Reassembler,
     ct: Conntrack,
+    neigh: Neighbours,
     icmp: RateLimiter,
     drops: DropCounters,
     stats: Stats,
@@ -192,6 +221,7 @@ impl Pipeline {
             tables,
             ipf: Reassembler::new(cfg),
             ct: Conntrack::new(ct),
+            neigh: Neighbours::new(neigh::Config::default()),
             icmp,
             drops: DropCounters::default(),
             stats: Stats::default(),
@@ -234,6 +264,11 @@ impl Pipeline {
         &mut self.ct
     }
 
+    /// The neighbour table (uplink and host ports).
+    pub fn neighbours(&self) -> &Neighbours {
+        &self.neigh
+    }
+
     /// Advances the pipeline's clock: expires fragments and connections, with bounded
     /// work.
     pub fn tick(&mut self, now_ns: u64) {
@@ -255,7 +290,8 @@ impl Pipeline {
     }
 
     /// Runs one packet through the pipeline. Packets to send are appended to `out` with
-    /// their egress port (an ICMP error goes out of the ingress port).
+    /// their egress port (an ICMP error goes out of the ingress port; an ARP request or
+    /// neighbour solicitation out of the port whose next hop is being resolved).
     pub fn process(
         &mut self,
         mut pkt: Packet,
@@ -277,7 +313,7 @@ impl Pipeline {
             Err(r) => return self.drop(r, trace),
         };
         if parsed.l3 == L3::Arp {
-            return self.drop(DropReason::ArpNotHandled, trace);
+            return self.arp(&pkt, &parsed, out, trace);
         }
         // Ethernet padding is not part of the packet and must not reach checksums.
         pkt.data.truncate(parsed.ip_end);
@@ -310,46 +346,71 @@ impl Pipeline {
             });
         }
 
-        let (mut pkt, parsed) = if parsed.frag.is_some() {
-            match self.ipf.process(pkt, &parsed, &mut self.drops) {
-                ipf::Outcome::Held => {
-                    trace.note("ipf", || {
-                        format!(
-                            "held for reassembly ({} datagrams, {} bytes in flight)",
-                            self.ipf.held_datagrams(),
-                            self.ipf.held_bytes()
-                        )
-                    });
-                    return Verdict::Held;
-                }
-                ipf::Outcome::Complete(p, pp) => {
-                    self.stats.reassembled += 1;
-                    trace.note("ipf", || {
-                        format!(
-                            "reassembled {} bytes, mru {}, key rebuilt: {}",
-                            pp.ip_len(),
-                            p.meta.mru,
-                            pp.key
-                        )
-                    });
-                    (p, pp)
-                }
-                ipf::Outcome::Dropped(r) => {
-                    trace.note("ipf", || format!("refused: {r}"));
-                    return self.drop(r, trace);
-                }
-            }
-        } else {
-            (pkt, parsed)
+        let (mut pkt, mut parsed) = match self.defrag(pkt, parsed, trace) {
+            Ok(p) => p,
+            Err(v) => return v,
         };
+
+        // Decap: VXLAN to this node arrives on the overlay's uplink; the inner frame goes
+        // on as if received from a tunnel port in the uplink's zone.
+        let mut tunnel_peer = None;
+        if let Some(ov) = &tables.overlay
+            && in_id == ov.uplink
+            && parsed.proto == proto::UDP
+            && parsed.l4_complete
+            && parsed.key.dst_port == ov.port
+            && tables.node.addresses.contains(&parsed.key.dst)
+        {
+            let peer = parsed.key.src;
+            let (inner, inner_parsed) = match self.decap(&pkt, &parsed, ov) {
+                Ok(i) => i,
+                Err(r) => return self.drop(r, trace),
+            };
+            self.stats.decapsulated += 1;
+            trace.note("decap", || {
+                format!(
+                    "VXLAN vni {} from node {peer}: {}",
+                    ov.vni, inner_parsed.key
+                )
+            });
+            (pkt, parsed) = match self.defrag(inner, inner_parsed, trace) {
+                Ok(p) => p,
+                Err(v) => return v,
+            };
+            tunnel_peer = Some(peer);
+        }
+
+        if tunnel_peer.is_none() && in_port.kind == PortKind::Pod {
+            if !source_is_pods(in_port, &pkt, &parsed) {
+                return self.drop(DropReason::SourceSpoofed, trace);
+            }
+            trace.note("source", || "pod's own MAC and address".to_string());
+        }
+        if tunnel_peer.is_none() && in_port.kind != PortKind::Plain {
+            match nd::parse(&pkt.data, &parsed) {
+                Err(r) => return self.drop(r, trace),
+                Ok(Some(m)) => return self.nd(&pkt, &parsed, m, out, trace),
+                Ok(None) => {}
+            }
+        }
+        if in_port.kind != PortKind::Plain && !forwardable(&parsed) {
+            return self.drop(DropReason::NotForwardable, trace);
+        }
 
         if parsed.ttl <= 1 {
             // Quote the packet as it arrived, before any NAT.
-            self.icmp_error(&pkt, &parsed, ErrorKind::TimeExceeded, false, out, trace);
+            self.icmp_error(
+                &pkt,
+                &parsed,
+                ErrorKind::TimeExceeded,
+                false,
+                tunnel_peer,
+                out,
+                trace,
+            );
             return self.drop(DropReason::TtlExceeded, trace);
         }
 
-        let mut parsed = parsed;
         let nat = self.nat_for(&tables, in_id, &parsed);
         let before = parsed.key;
         let now = pkt.meta.time_ns;
@@ -371,16 +432,58 @@ impl Pipeline {
             return self.drop(DropReason::CtInvalid, trace);
         }
         let mut pending = ct.pending;
+        // The connection remembers the node its original direction came through, so
+        // that replies return through that node (which undoes its NAT).
+        if let Some(peer) = tunnel_peer {
+            if let Some(p) = pending.as_mut() {
+                p.entry_mut().tunnel_peer = Some(peer);
+            } else if !ct.reply
+                && let Some(e) = ct.entry.and_then(|id| self.ct.get_mut(id))
+            {
+                e.tunnel_peer = Some(peer);
+            }
+        }
+        let reply_peer = if ct.reply {
+            ct.entry
+                .and_then(|id| self.ct.get(id))
+                .and_then(|e| e.tunnel_peer)
+        } else {
+            None
+        };
 
         let Some(route) = tables.fib.lookup(parsed.key.dst).copied() else {
             return self.drop(DropReason::NoRoute, trace);
         };
-        let out_port = &tables.ports[usize::from(route.port)];
-        trace.note("route", || {
-            format!("{} -> port {}", parsed.key.dst, out_port.name)
+        let (mut out_id, mut next_hop) = (route.port, route.next_hop);
+        if let (Some(peer), Some(ov)) = (reply_peer, &tables.overlay)
+            && tables.ports[usize::from(out_id)].kind != PortKind::Pod
+            && let Some(i) = ov.peer_index(peer)
+        {
+            (out_id, next_hop) = (ov.uplink, NextHop::Tunnel(i));
+        }
+        let out_port = &tables.ports[usize::from(out_id)];
+        trace.note("route", || match next_hop {
+            NextHop::Tunnel(i) => format!(
+                "{} -> node {} through the overlay",
+                parsed.key.dst,
+                tables
+                    .overlay
+                    .as_ref()
+                    .map_or("?", |o| &o.peers[usize::from(i)].name)
+            ),
+            _ => format!("{} -> port {}", parsed.key.dst, out_port.name),
         });
 
-        let mtu = usize::from(out_port.mtu);
+        // Encapsulated packets must fit the uplink with the outer headers: the MTU that
+        // counts for them (and that ICMP reports) is the uplink's minus the overhead.
+        let mtu = match (next_hop, &tables.overlay) {
+            (NextHop::Tunnel(i), Some(ov)) => overlay::inner_mtu(
+                out_port.mtu,
+                ov.peers[usize::from(i)].address.is_ipv6(),
+                parsed.l3_off,
+            ),
+            _ => usize::from(out_port.mtu),
+        };
         let mru = usize::from(pkt.meta.mru);
         let gso = pkt.meta.vnet.is_gso();
         let uso = pkt.meta.vnet.gso_type & !VnetHdr::GSO_ECN == VnetHdr::GSO_UDP_L4;
@@ -406,24 +509,38 @@ impl Pipeline {
             if let Err(r) = self.commit(&mut pending, now, trace) {
                 return self.drop(r, trace);
             }
-            let kind = ErrorKind::TooBig {
-                mtu: u32::from(out_port.mtu),
-            };
-            self.icmp_error(&pkt, &parsed, kind, true, out, trace);
+            let kind = ErrorKind::TooBig { mtu: mtu as u32 };
+            self.icmp_error(&pkt, &parsed, kind, true, tunnel_peer, out, trace);
             return self.drop(DropReason::TooBig, trace);
         }
+
+        let egress = match self.resolve(out_id, next_hop, &parsed, now, out, trace) {
+            Ok(e) => e,
+            Err(r) => return self.drop(r, trace),
+        };
         if let Err(r) = self.commit(&mut pending, now, trace) {
             return self.drop(r, trace);
         }
 
         decrement_ttl(&mut pkt.data, &parsed);
-        pkt.data[0..6].copy_from_slice(&route.next_hop_mac);
-        pkt.data[6..12].copy_from_slice(&out_port.mac);
+        pkt.data[0..6].copy_from_slice(&egress.dst_mac);
+        pkt.data[6..12].copy_from_slice(&egress.src_mac);
+        if let Some(o) = &egress.tunnel {
+            trace.note("encap", || {
+                format!(
+                    "VXLAN vni {} {} -> {}, udp source port {}, inner mtu {mtu}",
+                    o.vni,
+                    o.src,
+                    o.dst,
+                    overlay::source_port(o.hash)
+                )
+            });
+        }
 
         if gso {
             let headers = gso_headers(&pkt.data, &parsed);
             let fits = headers + usize::from(pkt.meta.vnet.gso_size) <= mtu;
-            if out_port.gso && (fits || !uso) {
+            if egress.gso && (fits || !uso) {
                 // The receiving kernel segments at gso_size: never above the MTU.
                 let max = (mtu - headers.min(mtu)) as u16;
                 if !fits {
@@ -435,7 +552,7 @@ impl Pipeline {
                         out_port.name, pkt.meta.vnet.gso_size
                     )
                 });
-                self.send(route.port, pkt, out);
+                self.emit(&egress, pkt, out);
                 return Verdict::Forwarded;
             }
             let mut segs = std::mem::take(&mut self.scratch);
@@ -456,7 +573,7 @@ impl Pipeline {
             let mut frags = Vec::new();
             for seg in segs.drain(..) {
                 if seg.data.len() - parsed.l3_off <= mtu {
-                    self.send(route.port, seg, out);
+                    self.emit(&egress, seg, out);
                     continue;
                 }
                 // A USO datagram larger than the MTU, IPv4 without DF: fragment it.
@@ -469,7 +586,7 @@ impl Pipeline {
                 }
                 self.stats.fragments_out += frags.len() as u64;
                 for f in frags.drain(..) {
-                    self.send(route.port, f, out);
+                    self.emit(&egress, f, out);
                 }
             }
             self.scratch = segs;
@@ -478,7 +595,7 @@ impl Pipeline {
 
         let limit = if mru != 0 { mtu.min(mru) } else { mtu };
         let fragment = parsed.ip_len() > limit;
-        if pkt.meta.vnet.needs_csum() && (!out_port.gso || fragment) {
+        if pkt.meta.vnet.needs_csum() && (!egress.gso || fragment) {
             let v = pkt.meta.vnet;
             if let Err(r) = checksum::complete_partial(
                 &mut pkt.data,
@@ -492,7 +609,7 @@ impl Pipeline {
 
         if !fragment {
             trace.note("egress", || format!("sent to {}", out_port.name));
-            self.send(route.port, pkt, out);
+            self.emit(&egress, pkt, out);
             return Verdict::Forwarded;
         }
 
@@ -512,18 +629,358 @@ impl Pipeline {
             format!("{why}: {} fragments to {}", frags.len(), out_port.name)
         });
         for f in frags.drain(..) {
-            self.send(route.port, f, out);
+            self.emit(&egress, f, out);
         }
         self.scratch = frags;
         Verdict::Forwarded
     }
 
+    /// Defrag: a fragment is held, or completes its datagram (re-parsed, key rebuilt).
+    fn defrag(
+        &mut self,
+        pkt: Packet,
+        parsed: Parsed,
+        trace: &mut Trace,
+    ) -> Result<(Packet, Parsed), Verdict> {
+        if parsed.frag.is_none() {
+            return Ok((pkt, parsed));
+        }
+        match self.ipf.process(pkt, &parsed, &mut self.drops) {
+            ipf::Outcome::Held => {
+                trace.note("ipf", || {
+                    format!(
+                        "held for reassembly ({} datagrams, {} bytes in flight)",
+                        self.ipf.held_datagrams(),
+                        self.ipf.held_bytes()
+                    )
+                });
+                Err(Verdict::Held)
+            }
+            ipf::Outcome::Complete(p, pp) => {
+                self.stats.reassembled += 1;
+                trace.note("ipf", || {
+                    format!(
+                        "reassembled {} bytes, mru {}, key rebuilt: {}",
+                        pp.ip_len(),
+                        p.meta.mru,
+                        pp.key
+                    )
+                });
+                Ok((p, pp))
+            }
+            ipf::Outcome::Dropped(r) => {
+                trace.note("ipf", || format!("refused: {r}"));
+                Err(self.drop(r, trace))
+            }
+        }
+    }
+
+    /// Strips the outer headers of a VXLAN packet addressed to this node: only from a
+    /// known node, only with the overlay's VNI. The outer UDP checksum is not verified
+    /// (the inner packet has its own), as Linux's vxlan does not either.
+    fn decap(
+        &mut self,
+        pkt: &Packet,
+        parsed: &Parsed,
+        ov: &crate::tables::Overlay,
+    ) -> Result<(Packet, Parsed), DropReason> {
+        if ov.peer_index(parsed.key.src).is_none() {
+            return Err(DropReason::VxlanUnknownPeer);
+        }
+        let vx_off = parsed.l4_off + 8;
+        let vx = vxlan::Repr::parse(pkt.data.get(vx_off..parsed.ip_end).unwrap_or(&[]))?;
+        if vx.vni != ov.vni {
+            return Err(DropReason::VxlanBadVni);
+        }
+        let data = pkt.data[vx_off + vxlan::LEN..parsed.ip_end].to_vec();
+        let inner = parse(&data, pkt.meta.zone)?;
+        if inner.l3 == L3::Arp {
+            return Err(DropReason::ArpNotHandled);
+        }
+        let mut p = Packet {
+            data,
+            meta: Meta {
+                vnet: VnetHdr::default(),
+                mru: 0,
+                frag_id: 0,
+                ..pkt.meta
+            },
+        };
+        p.data.truncate(inner.ip_end);
+        Ok((p, inner))
+    }
+
+    /// Where the frame goes at the link layer: the next hop's MAC (from the route, the
+    /// neighbour table, or, for the overlay, the peer's VTEP with the outer headers to
+    /// add). An unknown neighbour is probed (rate limited) and the packet dropped.
+    fn resolve(
+        &mut self,
+        port: PortId,
+        hop: NextHop,
+        parsed: &Parsed,
+        now: u64,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) -> Result<Egress, DropReason> {
+        let tables = Arc::clone(&self.tables);
+        let p = &tables.ports[usize::from(port)];
+        let plain = |dst_mac| Egress {
+            port,
+            dst_mac,
+            src_mac: p.mac,
+            gso: p.gso,
+            tunnel: None,
+        };
+        match hop {
+            NextHop::Mac(m) => Ok(plain(m)),
+            NextHop::Via(a) => self.neighbour(port, a, now, out, trace).map(plain),
+            NextHop::Direct => self
+                .neighbour(port, parsed.key.dst, now, out, trace)
+                .map(plain),
+            NextHop::Tunnel(i) => {
+                let ov = tables.overlay.as_ref().ok_or(DropReason::NoRoute)?;
+                let peer = &ov.peers[usize::from(i)];
+                let up = ov.uplink;
+                let outer_mac = match peer.underlay {
+                    NextHop::Mac(m) => m,
+                    NextHop::Via(g) => self.neighbour(up, g, now, out, trace)?,
+                    _ => self.neighbour(up, peer.address, now, out, trace)?,
+                };
+                let src = tables
+                    .node
+                    .addr(peer.address.is_ipv6())
+                    .ok_or(DropReason::NoRoute)?;
+                Ok(Egress {
+                    port: up,
+                    dst_mac: peer.vtep_mac,
+                    src_mac: ov.vtep_mac,
+                    gso: false,
+                    tunnel: Some(overlay::Outer {
+                        src_mac: tables.ports[usize::from(up)].mac,
+                        dst_mac: outer_mac,
+                        src,
+                        dst: peer.address,
+                        vni: ov.vni,
+                        port: ov.port,
+                        hash: overlay::flow_hash(&parsed.key),
+                    }),
+                })
+            }
+        }
+    }
+
+    /// The MAC of `ip` on `port` from the neighbour table; probes when it says so.
+    fn neighbour(
+        &mut self,
+        port: PortId,
+        ip: IpAddr,
+        now: u64,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) -> Result<[u8; 6], DropReason> {
+        let r = self.neigh.resolve(port, ip, now);
+        if r.probe {
+            let tables = Arc::clone(&self.tables);
+            let p = &tables.ports[usize::from(port)];
+            let frame = match ip {
+                IpAddr::V4(target) => arp::Repr {
+                    op: arp::REQUEST,
+                    sender_mac: p.mac,
+                    sender_ip: match p.own_addr(false) {
+                        Some(IpAddr::V4(a)) => a,
+                        _ => Ipv4Addr::UNSPECIFIED,
+                    },
+                    target_mac: [0; 6],
+                    target_ip: target,
+                }
+                .frame([0xff; 6], p.mac, None),
+                IpAddr::V6(target) => {
+                    let src = p
+                        .own_addr(true)
+                        .and_then(nd::v6)
+                        .unwrap_or_else(|| nd::link_local(p.mac));
+                    nd::solicit(p.mac, None, src, target)
+                }
+            };
+            self.stats.neigh_probes += 1;
+            trace.note("neigh", || {
+                format!("{ip} unknown on {}: probe sent", p.name)
+            });
+            self.send(port, Packet::new(frame, port, now), out);
+        }
+        r.mac.ok_or(DropReason::NeighUnresolved)
+    }
+
+    /// Sends a packet as the egress says: encapsulated when it goes through the overlay.
+    fn emit(&mut self, egress: &Egress, mut pkt: Packet, out: &mut Vec<(PortId, Packet)>) {
+        if let Some(o) = &egress.tunnel {
+            pkt.data = overlay::encapsulate(&pkt.data, o);
+            pkt.meta.vnet = VnetHdr::default();
+            pkt.meta.mru = 0;
+            pkt.meta.frag_id = 0;
+            self.stats.encapsulated += 1;
+        }
+        self.send(egress.port, pkt, out);
+    }
+
+    /// ARP: answered on pod ports for any address (proxy ARP: the node is every pod's
+    /// only neighbour) and on uplink/host ports for the node's own addresses; learned
+    /// from on uplink/host ports; never forwarded.
+    fn arp(
+        &mut self,
+        pkt: &Packet,
+        parsed: &Parsed,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) -> Verdict {
+        let tables = Arc::clone(&self.tables);
+        let in_id = pkt.meta.in_port;
+        let port = &tables.ports[usize::from(in_id)];
+        if port.kind == PortKind::Plain {
+            return self.drop(DropReason::ArpNotHandled, trace);
+        }
+        let a = match arp::Repr::parse(&pkt.data[parsed.l3_off..]) {
+            Ok(a) => a,
+            Err(r) => return self.drop(r, trace),
+        };
+        let now = pkt.meta.time_ns;
+        let sender = IpAddr::V4(a.sender_ip);
+        let target = IpAddr::V4(a.target_ip);
+        let answer = if port.kind == PortKind::Pod {
+            let pm = port.peer_mac;
+            if pm != Some(mac_at(&pkt.data, 6))
+                || pm != Some(a.sender_mac)
+                || !(a.sender_ip.is_unspecified() || port.addresses.contains(&sender))
+            {
+                return self.drop(DropReason::SourceSpoofed, trace);
+            }
+            // Not for the pod's own address: that is a gratuitous ARP or a duplicate
+            // address probe, and answering it would make the pod give up its address.
+            a.op == arp::REQUEST && a.target_ip != a.sender_ip && !port.addresses.contains(&target)
+        } else {
+            let ours = port.addresses.contains(&target)
+                || (tables.overlay.as_ref().is_some_and(|o| o.uplink == in_id)
+                    && tables.node.addresses.contains(&target));
+            if !a.sender_ip.is_unspecified() {
+                // Create an entry only for a node that talks to us; refresh any.
+                let create = ours && a.op == arp::REQUEST;
+                self.neigh.learn(in_id, sender, a.sender_mac, now, create);
+            }
+            ours && a.op == arp::REQUEST
+        };
+        if !answer {
+            trace.note("arp", || {
+                format!(
+                    "op {} {} -> {}: not answered",
+                    a.op, a.sender_ip, a.target_ip
+                )
+            });
+            return Verdict::Consumed;
+        }
+        let reply = arp::Repr {
+            op: arp::REPLY,
+            sender_mac: port.mac,
+            sender_ip: a.target_ip,
+            target_mac: a.sender_mac,
+            target_ip: a.sender_ip,
+        }
+        .frame(a.sender_mac, port.mac, parsed.vlan);
+        self.stats.arp_answered += 1;
+        trace.note("arp", || {
+            format!(
+                "{} is at {} (answered to {})",
+                a.target_ip,
+                MacAddr(port.mac),
+                a.sender_ip
+            )
+        });
+        self.send(in_id, Packet::new(reply, in_id, now), out);
+        Verdict::Consumed
+    }
+
+    /// Neighbour discovery: like ARP. A pod port answers every solicitation (router
+    /// flag set) except for the pod's own addresses and duplicate address detection;
+    /// uplink and host ports answer for the node's addresses and learn.
+    fn nd(
+        &mut self,
+        pkt: &Packet,
+        parsed: &Parsed,
+        msg: nd::Message,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) -> Verdict {
+        let tables = Arc::clone(&self.tables);
+        let in_id = pkt.meta.in_port;
+        let port = &tables.ports[usize::from(in_id)];
+        let now = pkt.meta.time_ns;
+        let (Some(src), Some(dst)) = (nd::v6(parsed.key.src), nd::v6(parsed.key.dst)) else {
+            return Verdict::Consumed;
+        };
+        let _ = dst;
+        let src_mac = mac_at(&pkt.data, 6);
+        let pod = port.kind == PortKind::Pod;
+        let (target, flags) = match msg {
+            nd::Message::Solicit { target, slla } => {
+                let t = IpAddr::V6(target);
+                let ours = if pod {
+                    !port.addresses.contains(&t)
+                } else {
+                    port.addresses.contains(&t)
+                        || (tables.overlay.as_ref().is_some_and(|o| o.uplink == in_id)
+                            && tables.node.addresses.contains(&t))
+                };
+                if !pod
+                    && !src.is_unspecified()
+                    && let Some(m) = slla
+                {
+                    self.neigh.learn(in_id, IpAddr::V6(src), m, now, ours);
+                }
+                if !ours || src.is_unspecified() {
+                    trace.note("nd", || format!("solicitation for {target}: not answered"));
+                    return Verdict::Consumed;
+                }
+                let router = if pod { nd::FLAG_ROUTER } else { 0 };
+                (target, router | nd::FLAG_SOLICITED | nd::FLAG_OVERRIDE)
+            }
+            nd::Message::Advert { target, tlla, .. } => {
+                if !pod {
+                    let mac = tlla.unwrap_or(src_mac);
+                    self.neigh.learn(in_id, IpAddr::V6(target), mac, now, false);
+                }
+                trace.note("nd", || format!("advertisement of {target}"));
+                return Verdict::Consumed;
+            }
+            nd::Message::Other(ty) => {
+                trace.note("nd", || format!("ICMPv6 type {ty}: not acted on"));
+                return Verdict::Consumed;
+            }
+        };
+        let na = nd::advert(
+            src_mac,
+            port.mac,
+            parsed.vlan,
+            target,
+            src,
+            target,
+            flags,
+            port.mac,
+        );
+        self.stats.nd_answered += 1;
+        trace.note("nd", || {
+            format!("{target} is at {} (answered to {src})", MacAddr(port.mac))
+        });
+        self.send(in_id, Packet::new(na, in_id, now), out);
+        Verdict::Consumed
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn icmp_error(
         &mut self,
         pkt: &Packet,
         parsed: &Parsed,
         kind: ErrorKind,
         translate: bool,
+        tunnel_peer: Option<IpAddr>,
         out: &mut Vec<(PortId, Packet)>,
         trace: &mut Trace,
     ) {
@@ -581,6 +1038,23 @@ impl Pipeline {
                 parsed.key.src, in_port.name
             )
         });
+        // About a packet that came through the overlay: back through the same node.
+        if let Some(peer) = tunnel_peer
+            && let Some(i) = tables.overlay.as_ref().and_then(|o| o.peer_index(peer))
+        {
+            let Ok(pe) = parse(&err.data, in_port.zone) else {
+                return;
+            };
+            match self.resolve(in_id, NextHop::Tunnel(i), &pe, now, out, trace) {
+                Ok(e) => {
+                    err.data[0..6].copy_from_slice(&e.dst_mac);
+                    err.data[6..12].copy_from_slice(&e.src_mac);
+                    self.emit(&e, err, out);
+                }
+                Err(r) => self.drops.count(r),
+            }
+            return;
+        }
         self.send(in_id, err, out);
     }
 
@@ -653,6 +1127,49 @@ fn check_offload(pkt: &Packet, parsed: &Parsed) -> Result<(), DropReason> {
         return Err(DropReason::GsoMalformed);
     }
     Ok(())
+}
+
+/// The MAC at `off` in a frame (the caller knows the frame is long enough).
+fn mac_at(data: &[u8], off: usize) -> [u8; 6] {
+    data[off..off + 6].try_into().expect("6 bytes")
+}
+
+/// The source check of a pod port: the pod's own MAC, and one of its addresses; IPv6
+/// link-local (from its MAC) and, for ICMPv6 (duplicate address detection), the
+/// unspecified address are allowed for neighbour discovery: such packets go no further.
+fn source_is_pods(port: &Port, pkt: &Packet, parsed: &Parsed) -> bool {
+    if port.peer_mac != Some(mac_at(&pkt.data, 6)) {
+        return false;
+    }
+    let src = parsed.key.src;
+    port.addresses.contains(&src)
+        || match src {
+            IpAddr::V6(a) => {
+                nd::is_link_local(&a) || (a.is_unspecified() && parsed.proto == proto::ICMPV6)
+            }
+            IpAddr::V4(_) => false,
+        }
+}
+
+/// False for what a router never forwards: link-local and multicast destinations,
+/// link-local and unspecified sources, IPv4 broadcast.
+fn forwardable(parsed: &Parsed) -> bool {
+    match (parsed.key.src, parsed.key.dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            !(s.is_link_local()
+                || s.is_unspecified()
+                || d.is_link_local()
+                || d.is_multicast()
+                || d.is_broadcast())
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            !(nd::is_link_local(&s)
+                || s.is_unspecified()
+                || nd::is_link_local(&d)
+                || d.is_multicast())
+        }
+        _ => false,
+    }
 }
 
 /// The bytes of IP and transport headers copied into every segment of a GSO packet.
@@ -738,11 +1255,11 @@ mod tests {
         PortSpec {
             name: name.into(),
             mac: MacAddr([2, 0xfe, 0, 0, 0, last]),
-            mtu,
-            zone: 0,
-            addresses: addrs.iter().map(|a| ip(a)).collect(),
+            mtu: Some(mtu),
+            addresses: addrs.iter().map(|a| a.parse().unwrap()).collect(),
             gro,
             gso,
+            ..PortSpec::default()
         }
     }
 
@@ -750,7 +1267,8 @@ mod tests {
         RouteSpec {
             prefix: prefix.parse().unwrap(),
             port: port.into(),
-            next_hop_mac: MacAddr(mac),
+            next_hop_mac: Some(MacAddr(mac)),
+            via: None,
         }
     }
 
