@@ -913,10 +913,9 @@ impl Pipeline {
         let in_id = pkt.meta.in_port;
         let port = &tables.ports[usize::from(in_id)];
         let now = pkt.meta.time_ns;
-        let (Some(src), Some(dst)) = (nd::v6(parsed.key.src), nd::v6(parsed.key.dst)) else {
+        let Some(src) = nd::v6(parsed.key.src) else {
             return Verdict::Consumed;
         };
-        let _ = dst;
         let src_mac = mac_at(&pkt.data, 6);
         let pod = port.kind == PortKind::Pod;
         let (target, flags) = match msg {

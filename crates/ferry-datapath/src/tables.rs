@@ -772,8 +772,7 @@ impl TablesSpec {
                     }
                     NextHop::Mac(p.peer_mac.expect("checked above"))
                 }
-                (None, via) if !p.kind.resolves() => {
-                    let _ = via;
+                (None, _) if !p.kind.resolves() => {
                     return Err(format!(
                         "{}: port {:?} is {}: give next_hop_mac (via and direct routes need an uplink or host port)",
                         what(),
