@@ -2777,6 +2777,55 @@ mod overlay_tests {
     }
 
     #[test]
+    fn test_reassembled_datagram_is_refragmented_to_the_inner_mtu_before_encapsulation() {
+        // 1500-byte fragments from outside to a pod on node 2: their MRU exceeds the
+        // overlay's 1450, so they are cut again (IPv4 without DF), then encapsulated.
+        let (mut a, _) = nodes();
+        learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
+        let whole = build::udp(
+            ip("192.168.60.7"),
+            ip("10.244.2.6"),
+            1,
+            2,
+            &build::pattern(4000, 2),
+            &IpOpts::default(),
+        );
+        let parsed = parse(&whole, 0).unwrap();
+        let mut fr = Vec::new();
+        ipf::refragment(&Packet::new(whole, 0, 0), &parsed, 1500, &mut fr).unwrap();
+        let mut out = Vec::new();
+        let mut last = Verdict::Held;
+        for f in fr {
+            out.clear();
+            last = a.process(
+                Packet::new(f.data, UPLINK, 0),
+                &mut out,
+                &mut Trace::disabled(),
+            );
+        }
+        assert_eq!(last, Verdict::Forwarded);
+        assert!(out.len() >= 3);
+        let mut r = ipf::Reassembler::new(ipf::Config::default());
+        let mut d = DropCounters::default();
+        let mut done = None;
+        for (port, f) in out {
+            assert_eq!(port, UPLINK);
+            let o = parse(&f.data, 0).unwrap();
+            assert!(
+                o.ip_len() <= 1500 && o.frag.is_none(),
+                "outer never fragmented"
+            );
+            let inner = Packet::new(f.data[o.l4_off + 16..].to_vec(), 0, 0);
+            let i = parse(&inner.data, 0).unwrap();
+            assert!(i.ip_len() <= 1450 && i.frag.is_some());
+            if let ipf::Outcome::Complete(w, pw) = r.process(inner, &i, &mut d) {
+                done = Some(w.data[pw.l4_off + 8..pw.ip_end].to_vec());
+            }
+        }
+        assert_eq!(done.unwrap(), build::pattern(4000, 2));
+    }
+
+    #[test]
     fn test_cross_subnet_encapsulates_only_peers_outside_the_uplink_subnet() {
         let spec = node_spec(
             1,
