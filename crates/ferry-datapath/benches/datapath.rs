@@ -139,18 +139,16 @@ fn pipeline(c: &mut Criterion) {
     let port = |name: &str, last: u8| PortSpec {
         name: name.into(),
         mac: MacAddr([2, 0, 0, 0, 0, last]),
-        mtu: 1500,
-        zone: 0,
-        addresses: vec![],
-        gro: false,
-        gso: false,
+        mtu: Some(1500),
+        ..PortSpec::default()
     };
     let spec = TablesSpec {
         ports: vec![port("a", 1), port("b", 2)],
         routes: vec![RouteSpec {
             prefix: "10.0.0.0/24".parse().unwrap(),
             port: "b".into(),
-            next_hop_mac: MacAddr([2, 0, 0, 0, 0, 3]),
+            next_hop_mac: Some(MacAddr([2, 0, 0, 0, 0, 3])),
+            via: None,
         }],
         ..TablesSpec::default()
     };

@@ -44,8 +44,12 @@ drop_reasons! {
     UnsupportedEthertype => "unsupported_ethertype",
     /// ARP packet too short or not Ethernet/IPv4 ARP.
     ArpMalformed => "arp_malformed",
-    /// ARP is parsed but not answered or forwarded by this pipeline yet.
+    /// ARP on a port that does not take part in it (a `plain` port; ferry answers ARP
+    /// on pod, uplink and host ports and never forwards it).
     ArpNotHandled => "arp_not_handled",
+    /// An IPv6 neighbour discovery message with a hop limit other than 255, a code other
+    /// than 0, a bad checksum, or truncated or malformed options (RFC 4861 section 7.1).
+    NdMalformed => "nd_malformed",
     // --- IPv4
     /// IPv4 header shorter than 20 bytes, IHL below 5, or version not 4.
     Ipv4HeaderMalformed => "ipv4_header_malformed",
@@ -67,6 +71,10 @@ drop_reasons! {
     IcmpMalformed => "icmp_malformed",
     /// VXLAN header truncated or without the valid-VNI flag.
     VxlanMalformed => "vxlan_malformed",
+    /// VXLAN to this node from an address that is not a known node's.
+    VxlanUnknownPeer => "vxlan_unknown_peer",
+    /// VXLAN from a known node with a VNI other than the overlay's.
+    VxlanBadVni => "vxlan_bad_vni",
     /// A partial-checksum request (virtio-net NEEDS_CSUM) points outside the packet.
     CsumOffloadInvalid => "csum_offload_invalid",
     // --- IP fragments
@@ -112,6 +120,14 @@ drop_reasons! {
     UnknownPort => "unknown_port",
     /// No route for the destination address.
     NoRoute => "no_route",
+    /// A pod sent from a MAC or IP address that is not its own.
+    SourceSpoofed => "source_spoofed",
+    /// A link-local or multicast source or destination that a router does not forward
+    /// (IPv4 169.254/16, 224/4, broadcast; IPv6 fe80::/10, ff00::/8, unspecified source).
+    NotForwardable => "not_forwardable",
+    /// The next hop's MAC is not known yet; an ARP request / neighbour solicitation went
+    /// out (rate limited) and the packet is dropped.
+    NeighUnresolved => "neigh_unresolved",
     /// TTL or hop limit reached zero.
     TtlExceeded => "ttl_exceeded",
     /// Too big for the egress MTU with DF set (IPv4) or IPv6 not from reassembly.

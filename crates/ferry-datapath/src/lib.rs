@@ -10,6 +10,8 @@ pub mod flow;
 pub mod gso;
 pub mod icmp;
 pub mod ipf;
+pub mod neigh;
+pub mod overlay;
 pub mod packet;
 pub mod pipeline;
 pub mod tables;

@@ -4,6 +4,7 @@
 //! the pipeline reads. Compilation checks everything a file can get wrong and names the
 //! offending entry, so a bad file never half-applies.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
@@ -59,8 +60,89 @@ impl<'de> Deserialize<'de> for MacAddr {
     }
 }
 
-fn default_mtu() -> u16 {
-    1500
+/// The MTU of a port when the tables do not give one and no overlay derives it.
+pub const DEFAULT_MTU: u16 = 1500;
+
+/// What a port is attached to; decides which checks and answers apply to it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PortKind {
+    /// A pod's TAP: source check, ARP/ND answered for every address (proxy ARP), MTU
+    /// derived from the overlay.
+    Pod,
+    /// The node's NIC: the neighbour table, ARP/ND for the node's addresses, VXLAN.
+    Uplink,
+    /// The node's own stack (a host TAP): neighbour table and ARP/ND like the uplink.
+    Host,
+    /// A port without link-layer services: frames go to the route's `next_hop_mac`, ARP
+    /// is dropped (`arp_not_handled`), neighbour discovery is forwarded like any packet.
+    #[default]
+    Plain,
+}
+
+impl PortKind {
+    /// Lower-case name, as the tables file writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            PortKind::Pod => "pod",
+            PortKind::Uplink => "uplink",
+            PortKind::Host => "host",
+            PortKind::Plain => "plain",
+        }
+    }
+
+    /// True for ports that resolve next hops through the neighbour table.
+    pub fn resolves(self) -> bool {
+        matches!(self, PortKind::Uplink | PortKind::Host)
+    }
+}
+
+/// An address in a port's `addresses`: `IP`, or `IP/LEN` to say the subnet that is
+/// on-link through the port (neighbours resolved directly; the overlay's cross-subnet
+/// test).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortAddr {
+    /// The address.
+    pub addr: IpAddr,
+    /// The prefix length of its on-link subnet, when given.
+    pub prefix_len: Option<u8>,
+}
+
+impl From<IpAddr> for PortAddr {
+    fn from(addr: IpAddr) -> PortAddr {
+        PortAddr {
+            addr,
+            prefix_len: None,
+        }
+    }
+}
+
+impl FromStr for PortAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<PortAddr, String> {
+        match s.split_once('/') {
+            None => Ok(PortAddr::from(
+                s.parse::<IpAddr>()
+                    .map_err(|_| format!("{s:?}: not an IP address"))?,
+            )),
+            Some(_) => {
+                let n: IpNet = s
+                    .parse()
+                    .map_err(|_| format!("{s:?}: not an IP address or ADDR/LEN"))?;
+                Ok(PortAddr {
+                    addr: n.addr(),
+                    prefix_len: Some(n.prefix_len()),
+                })
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PortAddr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<PortAddr, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// A port as the tables file describes it.
@@ -71,15 +153,21 @@ pub struct PortSpec {
     pub name: String,
     /// The port's own MAC: source of frames it sends.
     pub mac: MacAddr,
-    /// Largest IP packet the port sends, in bytes (default 1500).
-    #[serde(default = "default_mtu")]
-    pub mtu: u16,
+    /// What the port is attached to (default `plain`).
+    #[serde(default)]
+    pub kind: PortKind,
+    /// Largest IP packet the port sends, in bytes. Default 1500, except a pod port when
+    /// the overlay is configured: see [`crate::overlay::pod_mtu`].
+    pub mtu: Option<u16>,
     /// Conntrack / fragment zone of packets received here (default 0).
     #[serde(default)]
     pub zone: u16,
-    /// The node's addresses on this port: sources of ICMP errors it sends.
+    /// For a pod port: the pod's addresses. For any other port: the node's addresses
+    /// there (sources of ICMP errors, ARP/ND answered for them), `IP` or `IP/LEN`.
     #[serde(default)]
-    pub addresses: Vec<IpAddr>,
+    pub addresses: Vec<PortAddr>,
+    /// For a pod port: the pod's own MAC (its eth0), required.
+    pub peer_mac: Option<MacAddr>,
     /// Received TCP packets larger than the MTU are host-coalesced super-packets
     /// (GRO/RSC), to be segmented, never fragmented (default false).
     #[serde(default)]
@@ -88,6 +176,22 @@ pub struct PortSpec {
     /// virtio-net headers does (default false: segment and complete checksums here).
     #[serde(default)]
     pub gso: bool,
+}
+
+impl Default for PortSpec {
+    fn default() -> Self {
+        PortSpec {
+            name: String::new(),
+            mac: MacAddr::default(),
+            kind: PortKind::Plain,
+            mtu: None,
+            zone: 0,
+            addresses: Vec::new(),
+            peer_mac: None,
+            gro: false,
+            gso: false,
+        }
+    }
 }
 
 /// A route as the tables file describes it.
@@ -99,7 +203,78 @@ pub struct RouteSpec {
     /// Name of the egress port.
     pub port: String,
     /// Destination MAC written on frames sent by this route (the next hop or the host).
-    pub next_hop_mac: MacAddr,
+    pub next_hop_mac: Option<MacAddr>,
+    /// Next-hop address, resolved through the neighbour table (uplink and host ports).
+    pub via: Option<IpAddr>,
+}
+
+/// This node, as the tables file describes it.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSpec {
+    /// The node's name.
+    #[serde(default)]
+    pub name: String,
+    /// Its underlay addresses: outer sources of VXLAN, and the addresses VXLAN is
+    /// accepted on (default: the overlay uplink's addresses).
+    #[serde(default)]
+    pub addresses: Vec<IpAddr>,
+}
+
+/// Overlay mode as written: `always`, `cross-subnet` or `never`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModeSpec {
+    /// Encapsulate all traffic to other nodes' pods.
+    #[default]
+    Always,
+    /// Only to nodes outside the uplink's subnet.
+    CrossSubnet,
+    /// Never.
+    Never,
+}
+
+fn default_vni() -> u32 {
+    crate::overlay::DEFAULT_VNI
+}
+
+fn default_vxlan_port() -> u16 {
+    crate::overlay::DEFAULT_PORT
+}
+
+/// The VXLAN overlay, as the tables file describes it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverlaySpec {
+    /// VXLAN network identifier (default 4096, as Calico).
+    #[serde(default = "default_vni")]
+    pub vni: u32,
+    /// UDP port (default 4789).
+    #[serde(default = "default_vxlan_port")]
+    pub port: u16,
+    /// When to encapsulate (default `always`).
+    #[serde(default)]
+    pub mode: ModeSpec,
+    /// The port the underlay is reached through.
+    pub uplink: String,
+    /// This node's VTEP MAC: inner source MAC (default derived from the node's first
+    /// address, see [`crate::overlay::vtep_mac`]).
+    pub mac: Option<MacAddr>,
+}
+
+/// Another node, as the tables file describes it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerSpec {
+    /// Its name.
+    pub name: String,
+    /// Its underlay address.
+    pub address: IpAddr,
+    /// Its pods' prefixes: routed to it.
+    #[serde(default)]
+    pub pod_cidrs: Vec<IpNet>,
+    /// Its VTEP MAC: inner destination MAC (default derived from `address`).
+    pub mac: Option<MacAddr>,
 }
 
 /// Fragment-handling limits; every field optional, defaults documented in `ipf`.
@@ -149,6 +324,14 @@ pub struct TablesSpec {
     /// Static NAT rules, first match wins; applied when a connection starts.
     #[serde(default)]
     pub nat: Vec<NatRuleSpec>,
+    /// This node.
+    #[serde(default)]
+    pub node: NodeSpec,
+    /// The VXLAN overlay, when there is one.
+    pub overlay: Option<OverlaySpec>,
+    /// The other nodes (needs `overlay`).
+    #[serde(default)]
+    pub nodes: Vec<PeerSpec>,
 }
 
 /// Connection tracking settings; every field optional.
@@ -292,25 +475,59 @@ fn parse_port(s: &str, whole: &str) -> Result<u16, String> {
     }
 }
 
-/// The compiled, immutable tables the pipeline reads.
+/// A compiled port.
 #[derive(Clone, Debug)]
 pub struct Port {
     /// Name.
     pub name: String,
+    /// What the port is attached to.
+    pub kind: PortKind,
     /// Own MAC.
     pub mac: [u8; 6],
     /// MTU (largest IP packet sent).
     pub mtu: u16,
     /// Zone of received packets.
     pub zone: u16,
-    /// An IPv4 address of the node on this port, if any.
+    /// The source of ICMP errors sent here, IPv4: the port's first IPv4 address; for a
+    /// pod port the node's (else the gateway 169.254.1.1).
     pub addr_v4: Option<IpAddr>,
-    /// An IPv6 address of the node on this port, if any.
+    /// The same for IPv6 (a pod port's fallback is fe80::1).
     pub addr_v6: Option<IpAddr>,
+    /// Pod port: the pod's addresses. Other ports: the node's addresses there.
+    pub addresses: Vec<IpAddr>,
+    /// On-link subnets (from `IP/LEN` addresses).
+    pub subnets: Vec<IpNet>,
+    /// Pod port: the pod's MAC.
+    pub peer_mac: Option<[u8; 6]>,
     /// Oversized received TCP is a coalesced super-packet.
     pub gro: bool,
     /// Takes GSO packets and partial checksums whole.
     pub gso: bool,
+}
+
+impl Port {
+    /// True when `a` is in one of the port's on-link subnets.
+    pub fn on_link(&self, a: IpAddr) -> bool {
+        self.subnets.iter().any(|n| n.contains(&a))
+    }
+
+    /// The node's address of `a`'s family on this port, for probes and answers.
+    pub fn own_addr(&self, v6: bool) -> Option<IpAddr> {
+        self.addresses.iter().copied().find(|a| a.is_ipv6() == v6)
+    }
+}
+
+/// Where a route's frames go at the link layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NextHop {
+    /// To this MAC.
+    Mac([u8; 6]),
+    /// To this address's MAC, from the neighbour table.
+    Via(IpAddr),
+    /// The destination is on-link: to its own MAC, from the neighbour table.
+    Direct,
+    /// VXLAN-encapsulated to the overlay node with this index.
+    Tunnel(u16),
 }
 
 /// A compiled route.
@@ -318,10 +535,69 @@ pub struct Port {
 pub struct Route {
     /// Egress port.
     pub port: PortId,
-    /// Destination MAC.
-    pub next_hop_mac: [u8; 6],
+    /// Link-layer next hop.
+    pub next_hop: NextHop,
 }
 
+/// This node, compiled.
+#[derive(Clone, Debug, Default)]
+pub struct Node {
+    /// Name.
+    pub name: String,
+    /// Underlay addresses.
+    pub addresses: Vec<IpAddr>,
+}
+
+impl Node {
+    /// The first address of the family.
+    pub fn addr(&self, v6: bool) -> Option<IpAddr> {
+        self.addresses.iter().copied().find(|a| a.is_ipv6() == v6)
+    }
+}
+
+/// Another node, compiled.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    /// Name.
+    pub name: String,
+    /// Underlay address.
+    pub address: IpAddr,
+    /// Its pods' prefixes.
+    pub pod_cidrs: Vec<IpNet>,
+    /// Its VTEP MAC (inner destination).
+    pub vtep_mac: [u8; 6],
+    /// How its address is reached on the uplink: `Mac`, `Via` (a gateway) or `Direct`.
+    pub underlay: NextHop,
+    /// Traffic to its pods is encapsulated (per the mode).
+    pub encap: bool,
+}
+
+/// The overlay, compiled.
+#[derive(Clone, Debug)]
+pub struct Overlay {
+    /// VNI.
+    pub vni: u32,
+    /// UDP port.
+    pub port: u16,
+    /// Mode.
+    pub mode: crate::overlay::Mode,
+    /// The uplink port.
+    pub uplink: PortId,
+    /// This node's VTEP MAC (inner source).
+    pub vtep_mac: [u8; 6],
+    /// The other nodes, by index.
+    pub peers: Vec<Peer>,
+    by_addr: HashMap<IpAddr, u16, ahash::RandomState>,
+}
+
+impl Overlay {
+    /// The index of the node whose underlay address is `a`.
+    pub fn peer_index(&self, a: IpAddr) -> Option<u16> {
+        self.by_addr.get(&a).copied()
+    }
+}
+
+/// The compiled, immutable tables the pipeline reads.
 #[derive(Clone, Debug)]
 pub struct Tables {
     /// Ports by `PortId`.
@@ -336,6 +612,10 @@ pub struct Tables {
     pub ct: CtSpec,
     /// NAT rules in order.
     pub nat: Vec<NatRule>,
+    /// This node.
+    pub node: Node,
+    /// The overlay, when configured.
+    pub overlay: Option<Overlay>,
 }
 
 /// The smallest `ipf.min_fragment_*` accepted: IPv4's minimum MTU (RFC 791).
@@ -344,6 +624,10 @@ pub const MIN_FRAGMENT: u16 = 68;
 pub const MIN_MTU: u16 = 1280;
 /// The largest MTU a port may have.
 pub const MAX_MTU: u16 = 65535;
+/// The pods' IPv4 default gateway (link-local, as Calico).
+pub const GATEWAY_V4: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(169, 254, 1, 1));
+/// The pods' IPv6 default gateway.
+pub const GATEWAY_V6: IpAddr = IpAddr::V6(std::net::Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1));
 
 impl TablesSpec {
     /// Checks the spec and compiles it. The error names the entry and the problem.
@@ -354,6 +638,38 @@ impl TablesSpec {
         if self.ports.len() > usize::from(PortId::MAX) {
             return Err(format!("ports: at most {} ports", PortId::MAX));
         }
+        let port_id = |n: &str| self.ports.iter().position(|p| p.name == n);
+        let uplink = match &self.overlay {
+            Some(o) => {
+                let u = port_id(&o.uplink)
+                    .ok_or_else(|| format!("overlay: uplink: no port named {:?}", o.uplink))?;
+                if self.ports[u].kind != PortKind::Uplink {
+                    return Err(format!(
+                        "overlay: uplink: port {:?} is not of kind uplink",
+                        o.uplink
+                    ));
+                }
+                if o.vni > crate::overlay::MAX_VNI {
+                    return Err(format!("overlay: vni {} does not fit 24 bits", o.vni));
+                }
+                if o.port == 0 {
+                    return Err("overlay: port must be 1-65535".into());
+                }
+                Some(u)
+            }
+            None if !self.nodes.is_empty() => {
+                return Err("nodes: other nodes need an overlay section".into());
+            }
+            None => None,
+        };
+        let node = Node {
+            name: self.node.name.clone(),
+            addresses: match (self.node.addresses.is_empty(), uplink) {
+                (true, Some(u)) => self.ports[u].addresses.iter().map(|a| a.addr).collect(),
+                _ => self.node.addresses.clone(),
+            },
+        };
+        let underlay_v6 = self.nodes.iter().any(|n| n.address.is_ipv6());
         let mut ports = Vec::with_capacity(self.ports.len());
         for (i, p) in self.ports.iter().enumerate() {
             let what = || format!("ports[{i}] ({:?})", p.name);
@@ -371,39 +687,140 @@ impl TablesSpec {
             if self.ports[..i].iter().any(|q| q.name == p.name) {
                 return Err(format!("{}: duplicate port name", what()));
             }
-            if p.mtu < MIN_MTU {
+            let mtu = match (p.mtu, uplink) {
+                (Some(m), _) => m,
+                (None, Some(u)) if p.kind == PortKind::Pod => {
+                    crate::overlay::pod_mtu(self.ports[u].mtu.unwrap_or(DEFAULT_MTU), underlay_v6)
+                }
+                (None, _) => DEFAULT_MTU,
+            };
+            if mtu < MIN_MTU {
                 return Err(format!(
-                    "{}: mtu {} is below the minimum {MIN_MTU}",
+                    "{}: mtu {mtu} is below the minimum {MIN_MTU}{}",
                     what(),
-                    p.mtu
+                    if p.mtu.is_none() {
+                        " (derived from the uplink MTU and the overlay overhead)"
+                    } else {
+                        ""
+                    }
                 ));
             }
+            let pod = p.kind == PortKind::Pod;
+            if pod && p.peer_mac.is_none() {
+                return Err(format!("{}: a pod port needs peer_mac", what()));
+            }
+            if !pod && p.peer_mac.is_some() {
+                return Err(format!("{}: peer_mac is only for pod ports", what()));
+            }
+            let addresses: Vec<IpAddr> = p.addresses.iter().map(|a| a.addr).collect();
+            let mut subnets = Vec::new();
+            for a in &p.addresses {
+                if let Some(len) = a.prefix_len {
+                    subnets.push(
+                        IpNet::new(a.addr, len)
+                            .map_err(|_| format!("{}: bad prefix length", what()))?
+                            .trunc(),
+                    );
+                }
+            }
+            let (addr_v4, addr_v6) = if pod {
+                (
+                    Some(node.addr(false).unwrap_or(GATEWAY_V4)),
+                    Some(node.addr(true).unwrap_or(GATEWAY_V6)),
+                )
+            } else {
+                (
+                    addresses.iter().copied().find(IpAddr::is_ipv4),
+                    addresses.iter().copied().find(IpAddr::is_ipv6),
+                )
+            };
             ports.push(Port {
                 name: p.name.clone(),
+                kind: p.kind,
                 mac: p.mac.0,
-                mtu: p.mtu,
+                mtu,
                 zone: p.zone,
-                addr_v4: p.addresses.iter().copied().find(IpAddr::is_ipv4),
-                addr_v6: p.addresses.iter().copied().find(IpAddr::is_ipv6),
+                addr_v4,
+                addr_v6,
+                addresses,
+                subnets,
+                peer_mac: p.peer_mac.map(|m| m.0),
                 gro: p.gro,
                 gso: p.gso,
             });
         }
         let mut fib = Fib::new();
         for (i, r) in self.routes.iter().enumerate() {
-            let port = self
-                .ports
-                .iter()
-                .position(|p| p.name == r.port)
-                .ok_or_else(|| format!("routes[{i}] ({}): no port named {:?}", r.prefix, r.port))?;
+            let what = || format!("routes[{i}] ({})", r.prefix);
+            let port = port_id(&r.port)
+                .ok_or_else(|| format!("{}: no port named {:?}", what(), r.port))?;
+            let p = &ports[port];
+            let next_hop = match (r.next_hop_mac, r.via) {
+                (Some(_), Some(_)) => {
+                    return Err(format!(
+                        "{}: next_hop_mac and via exclude each other",
+                        what()
+                    ));
+                }
+                (Some(m), None) => NextHop::Mac(m.0),
+                (None, via) if p.kind == PortKind::Pod => {
+                    if via.is_some() {
+                        return Err(format!(
+                            "{}: a pod port has no via: its pod is the next hop",
+                            what()
+                        ));
+                    }
+                    NextHop::Mac(p.peer_mac.expect("checked above"))
+                }
+                (None, _) if !p.kind.resolves() => {
+                    return Err(format!(
+                        "{}: port {:?} is {}: give next_hop_mac (via and direct routes need an uplink or host port)",
+                        what(),
+                        r.port,
+                        p.kind.name()
+                    ));
+                }
+                (None, Some(v)) => {
+                    if v.is_ipv4() != r.prefix.addr().is_ipv4() {
+                        return Err(format!("{}: via {v} is not of the prefix's family", what()));
+                    }
+                    NextHop::Via(v)
+                }
+                (None, None) => NextHop::Direct,
+            };
             let route = Route {
                 port: port as PortId,
-                next_hop_mac: r.next_hop_mac.0,
+                next_hop,
             };
             if fib.insert(r.prefix.trunc(), route).is_some() {
-                return Err(format!("routes[{i}] ({}): duplicate prefix", r.prefix));
+                return Err(format!("{}: duplicate prefix", what()));
             }
         }
+        // Each pod's own addresses route to it, unless a route says otherwise.
+        for (i, p) in ports.iter().enumerate() {
+            if p.kind != PortKind::Pod {
+                continue;
+            }
+            for a in &p.addresses {
+                let host = IpNet::from(*a);
+                if !self.routes.iter().any(|r| r.prefix.trunc() == host) {
+                    let route = Route {
+                        port: i as PortId,
+                        next_hop: NextHop::Mac(p.peer_mac.expect("pod")),
+                    };
+                    if fib.insert(host, route).is_some() {
+                        return Err(format!(
+                            "ports[{i}] ({:?}): address {a} belongs to another pod",
+                            p.name
+                        ));
+                    }
+                }
+            }
+        }
+        let overlay = match (&self.overlay, uplink) {
+            (Some(o), Some(u)) => Some(self.compile_overlay(o, u, &node, &ports, &mut fib)?),
+            _ => None,
+        };
         let mut nat = Vec::with_capacity(self.nat.len());
         for (i, r) in self.nat.iter().enumerate() {
             nat.push(self.compile_nat(r).map_err(|e| format!("nat[{i}]: {e}"))?);
@@ -432,6 +849,117 @@ impl TablesSpec {
             icmp: self.icmp.clone(),
             ct: self.ct.clone(),
             nat,
+            node,
+            overlay,
+        })
+    }
+
+    /// Compiles the overlay and adds the routes to the other nodes' pods.
+    fn compile_overlay(
+        &self,
+        o: &OverlaySpec,
+        uplink: usize,
+        node: &Node,
+        ports: &[Port],
+        fib: &mut Fib<Route>,
+    ) -> Result<Overlay, String> {
+        use crate::overlay::Mode;
+        let mode = match o.mode {
+            ModeSpec::Always => Mode::Always,
+            ModeSpec::CrossSubnet => Mode::CrossSubnet,
+            ModeSpec::Never => Mode::Never,
+        };
+        let up = &ports[uplink];
+        let vtep_mac = match (o.mac, node.addresses.first()) {
+            (Some(m), _) => m.0,
+            (None, Some(a)) => crate::overlay::vtep_mac(*a),
+            (None, None) => up.mac,
+        };
+        let mut peers = Vec::with_capacity(self.nodes.len());
+        let mut by_addr = HashMap::default();
+        for (i, n) in self.nodes.iter().enumerate() {
+            let what = || format!("nodes[{i}] ({:?})", n.name);
+            if n.name.is_empty() {
+                return Err(format!("{}: a node needs a name", what()));
+            }
+            if self.nodes[..i].iter().any(|m| m.name == n.name) {
+                return Err(format!("{}: duplicate node name", what()));
+            }
+            if node.addresses.contains(&n.address) {
+                return Err(format!("{}: address {} is this node's", what(), n.address));
+            }
+            if by_addr.insert(n.address, i as u16).is_some() {
+                return Err(format!("{}: duplicate address {}", what(), n.address));
+            }
+            if node.addr(n.address.is_ipv6()).is_none() {
+                return Err(format!(
+                    "{}: this node has no {} underlay address to reach {}",
+                    what(),
+                    if n.address.is_ipv6() { "IPv6" } else { "IPv4" },
+                    n.address
+                ));
+            }
+            let underlay = if up.on_link(n.address) {
+                NextHop::Direct
+            } else {
+                match fib.lookup(n.address) {
+                    Some(r) if usize::from(r.port) == uplink => match r.next_hop {
+                        NextHop::Tunnel(_) => {
+                            return Err(format!(
+                                "{}: its address is routed through the overlay",
+                                what()
+                            ));
+                        }
+                        h => h,
+                    },
+                    _ => {
+                        return Err(format!(
+                            "{}: no route to {} through the uplink {:?} (give the uplink address as IP/LEN or add a route)",
+                            what(),
+                            n.address,
+                            up.name
+                        ));
+                    }
+                }
+            };
+            let encap = match mode {
+                Mode::Always => true,
+                Mode::Never => false,
+                Mode::CrossSubnet => !up.on_link(n.address),
+            };
+            let next_hop = match (encap, underlay) {
+                (true, _) => NextHop::Tunnel(i as u16),
+                (false, NextHop::Direct) => NextHop::Via(n.address),
+                (false, h) => h,
+            };
+            for c in &n.pod_cidrs {
+                let route = Route {
+                    port: uplink as PortId,
+                    next_hop,
+                };
+                if fib.insert(c.trunc(), route).is_some() {
+                    return Err(format!("{}: pod_cidr {c} duplicates a route", what()));
+                }
+            }
+            peers.push(Peer {
+                name: n.name.clone(),
+                address: n.address,
+                pod_cidrs: n.pod_cidrs.iter().map(IpNet::trunc).collect(),
+                vtep_mac: n
+                    .mac
+                    .map_or_else(|| crate::overlay::vtep_mac(n.address), |m| m.0),
+                underlay,
+                encap,
+            });
+        }
+        Ok(Overlay {
+            vni: o.vni,
+            port: o.port,
+            mode,
+            uplink: uplink as PortId,
+            vtep_mac,
+            peers,
+            by_addr,
         })
     }
 
@@ -551,11 +1079,8 @@ mod tests {
                 .map(|(n, mtu)| PortSpec {
                     name: n.to_string(),
                     mac: MacAddr([2, 0, 0, 0, 0, 1]),
-                    mtu: *mtu,
-                    zone: 0,
-                    addresses: vec![],
-                    gro: false,
-                    gso: false,
+                    mtu: Some(*mtu),
+                    ..PortSpec::default()
                 })
                 .collect(),
             routes: routes
@@ -563,13 +1088,11 @@ mod tests {
                 .map(|(p, port)| RouteSpec {
                     prefix: p.parse().unwrap(),
                     port: port.to_string(),
-                    next_hop_mac: MacAddr([2, 0, 0, 0, 0, 2]),
+                    next_hop_mac: Some(MacAddr([2, 0, 0, 0, 0, 2])),
+                    via: None,
                 })
                 .collect(),
-            ipf: IpfSpec::default(),
-            icmp: IcmpSpec::default(),
-            ct: CtSpec::default(),
-            nat: vec![],
+            ..TablesSpec::default()
         }
     }
 

@@ -1,0 +1,289 @@
+//! Neighbours: the ARP/ND wire formats and the neighbour table of the ports that resolve
+//! next hops (uplink and host).
+//!
+//! The table maps (port, IP) to a MAC with a state and an age, like Linux's neighbour
+//! cache reduced to what a router needs: INCOMPLETE (a probe went out, no answer yet),
+//! REACHABLE (confirmed within [`Config::reachable_ns`]) and STALE (older: still used,
+//! re-probed at most once per [`Config::probe_interval_ns`]). It is bounded: when full, the
+//! least recently updated entry goes, INCOMPLETE ones first. Entries are created only by
+//! the node's own probes and by messages addressed to the node, so unsolicited chatter on
+//! the segment cannot fill it. Time is passed in.
+
+pub mod arp;
+pub mod nd;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use crate::packet::PortId;
+use crate::wire::parse::ethertype;
+
+/// Appends an Ethernet header (with an 802.1Q tag when `vlan` is set) to `v`.
+pub fn eth_header(v: &mut Vec<u8>, dst: [u8; 6], src: [u8; 6], vlan: Option<u16>, etype: u16) {
+    v.extend_from_slice(&dst);
+    v.extend_from_slice(&src);
+    if let Some(tci) = vlan {
+        v.extend_from_slice(&ethertype::VLAN.to_be_bytes());
+        v.extend_from_slice(&tci.to_be_bytes());
+    }
+    v.extend_from_slice(&etype.to_be_bytes());
+}
+
+/// State of a neighbour entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Probed, not answered yet: no MAC.
+    Incomplete,
+    /// Confirmed recently.
+    Reachable,
+    /// Confirmed long ago: used, and re-probed.
+    Stale,
+}
+
+impl State {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Incomplete => "incomplete",
+            State::Reachable => "reachable",
+            State::Stale => "stale",
+        }
+    }
+}
+
+/// One neighbour.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Neighbour {
+    /// Its MAC (zero while incomplete).
+    pub mac: [u8; 6],
+    /// Its state.
+    pub state: State,
+    /// When the entry was created or last confirmed.
+    pub updated_ns: u64,
+    /// When the last probe for it went out.
+    pub probed_ns: Option<u64>,
+}
+
+/// Limits and timers, with Linux's defaults where it has one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Most entries (Linux's `gc_thresh3` is 1024).
+    pub max_entries: usize,
+    /// A confirmation is trusted this long (Linux's `base_reachable_time`, 30 s).
+    pub reachable_ns: u64,
+    /// At most one probe per target this often (Linux's `retrans_time`, 1 s).
+    pub probe_interval_ns: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_entries: 1024,
+            reachable_ns: 30_000_000_000,
+            probe_interval_ns: 1_000_000_000,
+        }
+    }
+}
+
+/// What [`Neighbours::resolve`] says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resolution {
+    /// The MAC to send to, when known.
+    pub mac: Option<[u8; 6]>,
+    /// Send a probe (ARP request / neighbour solicitation) now.
+    pub probe: bool,
+}
+
+/// Neighbour table counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Entries created or confirmed from received ARP/ND.
+    pub learned: u64,
+    /// Probes asked for.
+    pub probes: u64,
+    /// Entries evicted to make room.
+    pub evicted: u64,
+}
+
+/// The neighbour table.
+#[derive(Clone, Debug)]
+pub struct Neighbours {
+    config: Config,
+    map: HashMap<(PortId, IpAddr), Neighbour, ahash::RandomState>,
+    stats: Stats,
+}
+
+impl Neighbours {
+    /// An empty table.
+    pub fn new(config: Config) -> Neighbours {
+        Neighbours {
+            config,
+            map: HashMap::default(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// The MAC of `ip` on `port` for a packet about to be sent at `now_ns`, and whether
+    /// to probe. An unknown neighbour gets an INCOMPLETE entry and a probe.
+    pub fn resolve(&mut self, port: PortId, ip: IpAddr, now_ns: u64) -> Resolution {
+        let cfg = self.config;
+        let due = |n: &Neighbour| {
+            n.probed_ns
+                .is_none_or(|t| now_ns.saturating_sub(t) >= cfg.probe_interval_ns)
+        };
+        let r = match self.map.get_mut(&(port, ip)) {
+            Some(n) => {
+                if n.state == State::Reachable
+                    && now_ns.saturating_sub(n.updated_ns) >= cfg.reachable_ns
+                {
+                    n.state = State::Stale;
+                }
+                let probe = n.state != State::Reachable && due(n);
+                if probe {
+                    n.probed_ns = Some(now_ns);
+                }
+                let mac = (n.state != State::Incomplete).then_some(n.mac);
+                Resolution { mac, probe }
+            }
+            None => {
+                self.insert(
+                    port,
+                    ip,
+                    Neighbour {
+                        mac: [0; 6],
+                        state: State::Incomplete,
+                        updated_ns: now_ns,
+                        probed_ns: Some(now_ns),
+                    },
+                );
+                Resolution {
+                    mac: None,
+                    probe: true,
+                }
+            }
+        };
+        if r.probe {
+            self.stats.probes += 1;
+        }
+        r
+    }
+
+    /// Records that `ip` is at `mac` on `port`. An existing entry is confirmed; a new one
+    /// is created only when `create` (the message was addressed to this node).
+    pub fn learn(&mut self, port: PortId, ip: IpAddr, mac: [u8; 6], now_ns: u64, create: bool) {
+        let fresh = Neighbour {
+            mac,
+            state: State::Reachable,
+            updated_ns: now_ns,
+            probed_ns: None,
+        };
+        match self.map.get_mut(&(port, ip)) {
+            Some(n) => *n = fresh,
+            None if create => self.insert(port, ip, fresh),
+            None => return,
+        }
+        self.stats.learned += 1;
+    }
+
+    fn insert(&mut self, port: PortId, ip: IpAddr, n: Neighbour) {
+        if self.map.len() >= self.config.max_entries.max(1) {
+            // A scan, but only when full, over a table bounded to a small size.
+            let victim = self
+                .map
+                .iter()
+                .min_by_key(|(_, n)| (n.state != State::Incomplete, n.updated_ns))
+                .map(|(k, _)| *k);
+            if let Some(k) = victim {
+                self.map.remove(&k);
+                self.stats.evicted += 1;
+            }
+        }
+        self.map.insert((port, ip), n);
+    }
+
+    /// The entry for `ip` on `port`.
+    pub fn get(&self, port: PortId, ip: IpAddr) -> Option<&Neighbour> {
+        self.map.get(&(port, ip))
+    }
+
+    /// Every entry.
+    pub fn iter(&self) -> impl Iterator<Item = (PortId, IpAddr, &Neighbour)> {
+        self.map.iter().map(|((p, a), n)| (*p, *a, n))
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn test_unknown_neighbour_is_probed_once_per_interval() {
+        let mut t = Neighbours::new(Config::default());
+        let a = ip("192.168.50.1");
+        assert_eq!(
+            t.resolve(0, a, 0),
+            Resolution {
+                mac: None,
+                probe: true
+            }
+        );
+        assert!(!t.resolve(0, a, SEC / 2).probe, "rate limited");
+        assert!(t.resolve(0, a, SEC).probe);
+        assert_eq!(t.get(0, a).unwrap().state, State::Incomplete);
+    }
+
+    #[test]
+    fn test_learned_neighbour_goes_stale_and_is_reprobed_but_used() {
+        let mut t = Neighbours::new(Config::default());
+        let a = ip("fd00::1");
+        t.learn(0, a, [2; 6], 0, false);
+        assert!(t.is_empty(), "unsolicited messages create nothing");
+        t.learn(0, a, [2; 6], 0, true);
+        assert_eq!(
+            t.resolve(0, a, SEC),
+            Resolution {
+                mac: Some([2; 6]),
+                probe: false
+            }
+        );
+        let r = t.resolve(0, a, 31 * SEC);
+        assert_eq!((r.mac, r.probe), (Some([2; 6]), true));
+        assert_eq!(t.get(0, a).unwrap().state, State::Stale);
+    }
+
+    #[test]
+    fn test_full_table_evicts_incomplete_first() {
+        let mut t = Neighbours::new(Config {
+            max_entries: 2,
+            ..Config::default()
+        });
+        t.learn(0, ip("10.0.0.1"), [1; 6], 0, true);
+        t.resolve(0, ip("10.0.0.2"), 5);
+        t.resolve(0, ip("10.0.0.3"), 6);
+        assert_eq!(t.len(), 2);
+        assert!(t.get(0, ip("10.0.0.1")).is_some());
+        assert!(t.get(0, ip("10.0.0.2")).is_none());
+        assert_eq!(t.stats().evicted, 1);
+    }
+}
