@@ -166,11 +166,8 @@ mod tests {
             ports: vec![PortSpec {
                 name: "pod".into(),
                 mac: MacAddr([2, 0, 0, 0, 0, 1]),
-                mtu: 1500,
-                zone: 0,
-                addresses: vec![],
-                gro: false,
                 gso: true,
+                ..PortSpec::default()
             }],
             ..TablesSpec::default()
         };

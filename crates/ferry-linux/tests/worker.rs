@@ -67,11 +67,10 @@ fn port_spec(name: &str, mac: [u8; 6], addr: &str) -> PortSpec {
     PortSpec {
         name: name.into(),
         mac: MacAddr(mac),
-        mtu: 1500,
-        zone: 0,
+        mtu: Some(1500),
         addresses: vec![addr.parse().unwrap()],
-        gro: false,
         gso: true,
+        ..PortSpec::default()
     }
 }
 
@@ -79,7 +78,8 @@ fn route(prefix: &str, port: &str, mac: [u8; 6]) -> RouteSpec {
     RouteSpec {
         prefix: prefix.parse().unwrap(),
         port: port.into(),
-        next_hop_mac: MacAddr(mac),
+        next_hop_mac: Some(MacAddr(mac)),
+        via: None,
     }
 }
 
