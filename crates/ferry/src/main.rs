@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod demo;
+mod node;
 mod pcap;
 mod replay;
 
@@ -22,6 +23,8 @@ enum Command {
     /// Run pcap input through one node's pipeline, offline; write pcap output per port and
     /// a JSON-lines verdict per input packet.
     Replay(replay::Args),
+    /// Run one node's dataplane on real interfaces until SIGINT or SIGTERM.
+    Node(node::Args),
     /// The built-in replay demo: fragments reassembled, forwarded and refragmented, a
     /// coalesced TCP packet segmented, path MTU discovery, refused attacks.
     Demo {
@@ -38,6 +41,7 @@ fn main() -> ExitCode {
             print!("{}", s.render());
         }),
         Command::Demo { dir } => demo::run(dir),
+        Command::Node(args) => node::run(&args),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
