@@ -13,9 +13,16 @@ pub fn require(commands: &[(&str, &str)]) {
     let uid = std::fs::read_to_string("/proc/self/status")
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("Uid:").and_then(|r| r.split_whitespace().nth(1)).map(str::to_string))
+        .find_map(|l| {
+            l.strip_prefix("Uid:")
+                .and_then(|r| r.split_whitespace().nth(1))
+                .map(str::to_string)
+        })
         .unwrap_or_default();
-    assert_eq!(uid, "0", "this test must run as root: it creates network namespaces");
+    assert_eq!(
+        uid, "0",
+        "this test must run as root: it creates network namespaces"
+    );
     for (cmd, package) in commands {
         let found = Command::new("sh")
             .args(["-c", &format!("command -v {cmd}")])
@@ -27,7 +34,10 @@ pub fn require(commands: &[(&str, &str)]) {
 
 /// Runs a command, failing the test with its output when it fails.
 pub fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
     assert!(
         out.status.success(),
         "{args:?} failed: {}{}",
@@ -42,7 +52,8 @@ pub struct Lab {
     /// Prefix of every name: `f<tag><pid>`.
     pub prefix: String,
     namespaces: Vec<String>,
-    children: Vec<(String, Child)>,
+    /// Spawned processes: label, process, and whether it must stay up (a daemon).
+    children: Vec<(String, Child, bool)>,
 }
 
 impl Lab {
@@ -80,7 +91,10 @@ impl Lab {
     /// A veth pair: `a_dev` in `a`, `b_dev` in `b`, both up.
     pub fn veth(&self, a: &str, a_dev: &str, b: &str, b_dev: &str) {
         let (na, nb) = (self.ns(a), self.ns(b));
-        sh(&["ip", "link", "add", a_dev, "netns", &na, "type", "veth", "peer", "name", b_dev, "netns", &nb]);
+        sh(&[
+            "ip", "link", "add", a_dev, "netns", &na, "type", "veth", "peer", "name", b_dev,
+            "netns", &nb,
+        ]);
         self.ip(a, &["link", "set", a_dev, "up"]);
         self.ip(b, &["link", "set", b_dev, "up"]);
     }
@@ -91,7 +105,10 @@ impl Lab {
         let limit = secs.to_string();
         let mut all = vec!["netns", "exec", ns.as_str(), "timeout", limit.as_str()];
         all.extend_from_slice(cmd);
-        Command::new("ip").args(&all).output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+        Command::new("ip")
+            .args(&all)
+            .output()
+            .unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
     }
 
     /// Like [`Lab::exec`], failing the test with the command's output when it fails.
@@ -107,8 +124,19 @@ impl Lab {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Starts a long-running command in namespace `short`; it is killed on drop.
+    /// Starts a daemon in namespace `short`: it must stay up ([`Lab::check_alive`]) and is
+    /// stopped on drop.
+    pub fn daemon(&mut self, short: &str, label: &str, cmd: &[&str]) {
+        self.start(short, label, cmd, true);
+    }
+
+    /// Starts a command in namespace `short` that may end by itself; it is killed on drop
+    /// if still running.
     pub fn spawn(&mut self, short: &str, label: &str, cmd: &[&str]) {
+        self.start(short, label, cmd, false);
+    }
+
+    fn start(&mut self, short: &str, label: &str, cmd: &[&str], daemon: bool) {
         let ns = self.ns(short);
         let mut all = vec!["netns", "exec", ns.as_str()];
         all.extend_from_slice(cmd);
@@ -119,12 +147,12 @@ impl Lab {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-        self.children.push((label.to_string(), child));
+        self.children.push((label.to_string(), child, daemon));
     }
 
-    /// Fails the test if a spawned process has exited, with its output.
+    /// Fails the test if a daemon has exited, with its output.
     pub fn check_alive(&mut self) {
-        for (label, c) in &mut self.children {
+        for (label, c, _) in self.children.iter_mut().filter(|c| c.2) {
             if let Ok(Some(status)) = c.try_wait() {
                 let mut err = String::new();
                 if let Some(mut e) = c.stderr.take() {
@@ -138,9 +166,15 @@ impl Lab {
 
     /// Stops a spawned process with SIGTERM and returns its standard error.
     pub fn stop(&mut self, label: &str) -> String {
-        let i = self.children.iter().position(|(l, _)| l == label).expect("a spawned process");
-        let (_, mut c) = self.children.remove(i);
-        let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+        let i = self
+            .children
+            .iter()
+            .position(|(l, _, _)| l == label)
+            .expect("a spawned process");
+        let (_, mut c, _) = self.children.remove(i);
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = c.try_wait() {
@@ -169,11 +203,13 @@ impl Lab {
 
 impl Drop for Lab {
     fn drop(&mut self) {
-        for (_, c) in &mut self.children {
-            let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+        for (_, c, _) in &mut self.children {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
         }
         let deadline = Instant::now() + Duration::from_secs(5);
-        for (_, c) in &mut self.children {
+        for (_, c, _) in &mut self.children {
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = c.try_wait() {
                     break;

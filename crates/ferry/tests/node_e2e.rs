@@ -1,0 +1,300 @@
+//! Two ferry nodes in network namespaces, joined by a veth "wire", each with pods whose
+//! TAPs ferry set up: real kernel stacks and real tools send the traffic, through ferry's
+//! pipeline and its VXLAN overlay. Needs root, iproute2, iputils-ping, netcat-openbsd,
+//! iperf3 and tshark (scripts/test.sh installs them).
+
+mod common;
+
+use std::fs;
+
+use common::Lab;
+
+const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+
+/// The tables of node `n` (1 or 2): an uplink on the wire, two pods, the other node as
+/// the overlay peer. Pod b has MTU 1500 on purpose: bigger than the overlay carries.
+fn tables(n: u8) -> String {
+    let peer = 3 - n;
+    format!(
+        r#"
+node: {{ name: node{n}, addresses: [192.168.77.{n}] }}
+ports:
+  - {{ name: uplink, kind: uplink, mac: "02:fe:00:00:00:0{n}", mtu: 1500, addresses: [192.168.77.{n}/24] }}
+  - name: pod-a
+    kind: pod
+    mac: "ee:ee:ee:ee:ee:ee"
+    peer_mac: "0a:58:0a:f4:0{n}:05"
+    addresses: [10.244.{n}.5, "fd00:10:244:{n}::5"]
+    gso: true
+  - name: pod-b
+    kind: pod
+    mac: "ee:ee:ee:ee:ee:ee"
+    peer_mac: "0a:58:0a:f4:0{n}:06"
+    addresses: [10.244.{n}.6, "fd00:10:244:{n}::6"]
+    mtu: 1500
+    gso: true
+overlay: {{ vni: 4096, mode: always, uplink: uplink }}
+nodes:
+  - {{ name: node{peer}, address: 192.168.77.{peer}, pod_cidrs: [10.244.{peer}.0/24, "fd00:10:244:{peer}::/64"] }}
+"#
+    )
+}
+
+/// Builds the two nodes and their pods and starts ferry on both.
+fn two_nodes(tag: &str) -> (Lab, tempfile::TempDir) {
+    common::require(&[
+        ("ip", "iproute2"),
+        ("ping", "iputils-ping"),
+        ("nc", "netcat-openbsd"),
+        ("iperf3", "iperf3"),
+        ("tshark", "tshark"),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut lab = Lab::new(tag);
+    for ns in ["n1", "n2", "p1a", "p1b", "p2a", "p2b"] {
+        lab.add_ns(ns);
+    }
+    lab.veth("n1", "up1", "n2", "up2");
+    for n in [1u8, 2] {
+        let node = format!("n{n}");
+        lab.ip(
+            &node,
+            &[
+                "link",
+                "set",
+                &format!("up{n}"),
+                "address",
+                &format!("02:fe:00:00:00:0{n}"),
+            ],
+        );
+        let t = dir.path().join(format!("node{n}.yaml"));
+        fs::write(&t, tables(n)).unwrap();
+        let (pa, pb) = (lab.ns(&format!("p{n}a")), lab.ns(&format!("p{n}b")));
+        lab.daemon(
+            &node,
+            &format!("ferry on node{n}"),
+            &[
+                FERRY,
+                "node",
+                "--tables",
+                t.to_str().unwrap(),
+                "--attach",
+                &format!("uplink=af-packet:up{n}"),
+                "--attach",
+                &format!("pod-a=pod:{pa}"),
+                "--attach",
+                &format!("pod-b=pod:{pb}"),
+            ],
+        );
+    }
+    for pod in ["p1a", "p1b", "p2a", "p2b"] {
+        let pod = pod.to_string();
+        lab.wait_for(10, &format!("eth0 up in {pod}"), |l| {
+            l.exec(&pod, 2, &["ip", "-4", "addr", "show", "dev", "eth0"])
+                .status
+                .success()
+        });
+    }
+    (lab, dir)
+}
+
+/// Pings until one answer comes (the first packets may resolve neighbours), then
+/// requires `count` answers out of `count`.
+fn ping(lab: &mut Lab, from: &str, to: &str, size: usize, count: u32) {
+    let s = size.to_string();
+    let from_s = from.to_string();
+    let to_s = to.to_string();
+    lab.wait_for(10, &format!("a ping answer from {to} to {from}"), |l| {
+        l.exec(&from_s, 3, &["ping", "-c", "1", "-W", "1", "-s", &s, &to_s])
+            .status
+            .success()
+    });
+    let c = count.to_string();
+    let out = lab.run(
+        from,
+        20,
+        &["ping", "-c", &c, "-i", "0.2", "-W", "2", "-s", &s, to],
+    );
+    assert!(
+        out.contains(&format!("{count} received")),
+        "ping {to} -s {size} from {from}: {out}"
+    );
+}
+
+#[test]
+fn pods_talk_within_and_across_nodes() {
+    let (mut lab, dir) = two_nodes("na");
+    // Same node, other node; IPv4 and IPv6; small and fragmented (3000 bytes at MTU 1450).
+    ping(&mut lab, "p1a", "10.244.1.6", 56, 3);
+    ping(&mut lab, "p1a", "10.244.2.5", 56, 3);
+    ping(&mut lab, "p1a", "10.244.2.5", 3000, 3);
+    ping(&mut lab, "p1a", "fd00:10:244:2::5", 56, 3);
+    ping(&mut lab, "p1a", "fd00:10:244:1::6", 3000, 3);
+    ping(&mut lab, "p2b", "fd00:10:244:1::5", 3000, 3);
+
+    // A TCP transfer across nodes arrives byte-identical.
+    let data: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let file = dir.path().join("data");
+    fs::write(&file, &data).unwrap();
+    let got = dir.path().join("got");
+    lab.spawn(
+        "p2a",
+        "nc server",
+        &["sh", "-c", &format!("nc -l 5001 > {}", got.display())],
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    lab.run(
+        "p1a",
+        30,
+        &[
+            "sh",
+            "-c",
+            &format!("nc -N -w 5 10.244.2.5 5001 < {}", file.display()),
+        ],
+    );
+    let got_path = got.clone();
+    let len = data.len() as u64;
+    lab.wait_for(10, "the whole file at the server", |_| {
+        fs::metadata(&got_path).is_ok_and(|m| m.len() >= len)
+    });
+    assert!(fs::read(&got).unwrap() == data, "the file arrived changed");
+
+    // 2000-byte UDP datagrams across nodes (fragmented by the sender at 1450).
+    let udp_got = dir.path().join("udp");
+    lab.spawn(
+        "p2b",
+        "udp server",
+        &[
+            "sh",
+            "-c",
+            &format!("nc -u -l 5002 > {}", udp_got.display()),
+        ],
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let dgram: String = (0..2000)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let dfile = dir.path().join("dgram");
+    fs::write(&dfile, &dgram).unwrap();
+    lab.run(
+        "p1b",
+        10,
+        &[
+            "sh",
+            "-c",
+            &format!("nc -u -w 1 10.244.2.6 5002 < {}", dfile.display()),
+        ],
+    );
+    let up = udp_got.clone();
+    lab.wait_for(10, "the 2000-byte datagram", |_| {
+        fs::read_to_string(&up).is_ok_and(|s| s.len() >= 2000)
+    });
+    assert_eq!(fs::read_to_string(&udp_got).unwrap(), dgram);
+}
+
+#[test]
+fn path_mtu_discovery_works_across_the_overlay() {
+    let (mut lab, _dir) = two_nodes("nb");
+    ping(&mut lab, "p1b", "10.244.2.5", 56, 1);
+    // Pod b's MTU is 1500 but the overlay carries 1450: ferry answers DF packets that do
+    // not fit with "fragmentation needed", MTU 1450.
+    let out = lab.exec(
+        "p1b",
+        10,
+        &[
+            "ping",
+            "-c",
+            "2",
+            "-W",
+            "2",
+            "-M",
+            "do",
+            "-s",
+            "1472",
+            "10.244.2.5",
+        ],
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("mtu = 1450") || text.contains("mtu=1450"),
+        "no fragmentation needed with MTU 1450: {text}"
+    );
+    // After it, the pod's kernel knows the path MTU and a 1422-byte ping with DF passes.
+    ping(&mut lab, "p1b", "10.244.2.5", 1422, 2);
+}
+
+#[test]
+fn a_long_tcp_stream_leaves_no_ip_fragment_on_the_wire() {
+    let (mut lab, dir) = two_nodes("nc");
+    ping(&mut lab, "p1a", "10.244.2.5", 56, 1);
+    let pcap = dir.path().join("wire.pcap");
+    lab.spawn(
+        "n2",
+        "tshark",
+        &[
+            "tshark",
+            "-q",
+            "-i",
+            "up2",
+            "-s",
+            "160",
+            "-a",
+            "duration:6",
+            "-w",
+            pcap.to_str().unwrap(),
+        ],
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    lab.spawn("p2a", "iperf3 server", &["iperf3", "-s", "-1"]);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let json = lab.run("p1a", 20, &["iperf3", "-c", "10.244.2.5", "-t", "2", "-J"]);
+    let v: serde_json::Value = serde_json::from_str(&json).expect("iperf3 JSON");
+    let bps = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0);
+    let retrans = v["end"]["sum_sent"]["retransmits"]
+        .as_u64()
+        .unwrap_or(u64::MAX);
+    let sent = v["end"]["sum_sent"]["bytes"].as_f64().unwrap_or(0.0);
+    assert!(bps > 1e6, "iperf3 across the overlay: {bps} bit/s");
+    eprintln!(
+        "iperf3 across the overlay: {:.0} Mbit/s, {retrans} retransmits",
+        bps / 1e6
+    );
+    let segments = sent / 1398.0;
+    assert!(
+        (retrans as f64) < segments * 0.01 + 50.0,
+        "retransmission storm: {retrans} retransmits for about {segments} segments"
+    );
+    lab.wait_for(10, "the capture to finish", |_| pcap.exists());
+    let pcap_path = pcap.clone();
+    let frames = |filter: &str| -> usize {
+        // Headers only (snap length 160) and no TCP analysis: counting stays fast.
+        let out = common::sh(&[
+            "tshark",
+            "-r",
+            pcap_path.to_str().unwrap(),
+            "--disable-protocol",
+            "tcp",
+            "-Y",
+            filter,
+            "-T",
+            "fields",
+            "-e",
+            "frame.number",
+        ]);
+        out.lines().count()
+    };
+    // Wait for tshark to stop (duration) so the file is complete.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let vxlan = frames("vxlan && ip.dst == 10.244.2.5");
+    assert!(
+        vxlan > 1000,
+        "the stream crossed the wire in VXLAN: {vxlan} frames"
+    );
+    let fragments = frames("ip.flags.mf == 1 || ip.frag_offset > 0");
+    assert_eq!(fragments, 0, "IP fragments on the wire during a TCP stream");
+}
