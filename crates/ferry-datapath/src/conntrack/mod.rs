@@ -380,11 +380,15 @@ impl Conntrack {
             }
         }
         let replied_before = e.status.has(Status::SEEN_REPLY);
-        if reply && !replied_before {
+        let e = if reply && !replied_before {
+            // The first reply: out of the unreplied FIFO, whose links it held.
             self.table.set_replied(id);
-        }
-        let Some(e) = self.table.get_mut(id) else {
-            return Ok(invalid);
+            match self.table.get_mut(id) {
+                Some(e) => e,
+                None => return Ok(invalid),
+            }
+        } else {
+            e
         };
         e.count(dir, parsed.ip_len() as u64);
         if refresh {
@@ -397,13 +401,12 @@ impl Conntrack {
         if assured {
             e.status.set(Status::ASSURED);
         }
-        self.table.refresh(id, before_ns, &self.config.timeouts);
+        let after_ns = e.deadline_ns(&self.config.timeouts);
+        // Original direction: to the translated tuple; reply direction: back.
+        let to = e.status.nat().then(|| reverse(&e.tuple(1 - dir)));
+        self.table.shorten(id, before_ns, after_ns);
         self.stats.found += 1;
-        if let Some(e) = self.table.get(id)
-            && e.status.nat()
-        {
-            // Original direction: to the translated tuple; reply direction: back.
-            let to = reverse(&e.tuple(1 - dir));
+        if let Some(to) = to {
             translate(pkt, parsed, &to)?;
         }
         Ok(CtResult {

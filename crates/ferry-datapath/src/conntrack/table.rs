@@ -246,12 +246,12 @@ impl Table {
         }
     }
 
-    /// Re-files an entry in the wheel if its deadline moved earlier than `before`.
+    /// Re-files an entry in the wheel if its deadline moved from `before_ns` to an earlier
+    /// `after_ns`.
     #[inline]
-    pub(crate) fn refresh(&mut self, id: u32, before_ns: u64, t: &Timeouts) {
-        if let Some(e) = self.get(id) {
-            let d = e.deadline_ns(t);
-            self.wheel.shorten(&mut self.slots, id, before_ns, d);
+    pub(crate) fn shorten(&mut self, id: u32, before_ns: u64, after_ns: u64) {
+        if after_ns < before_ns {
+            self.wheel.shorten(&mut self.slots, id, before_ns, after_ns);
         }
     }
 
