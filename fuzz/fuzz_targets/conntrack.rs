@@ -204,7 +204,18 @@ fuzz_target!(|data: &[u8]| {
         };
         match i.u8() % 16 {
             0 => {
-                ct.expire(now, usize::from(i.u8()));
+                let budget = i.u8();
+                if budget == 0xff {
+                    // Unbounded: nothing is left more than a wheel tick (~1 s) past due.
+                    ct.expire(now, usize::MAX);
+                    let t = ct.config().timeouts;
+                    for (id, e) in ct.dump(&Filter::default()) {
+                        let due = e.deadline_ns(&t);
+                        assert!(due + (2 << 30) > now, "entry {id} due at {due}, now {now}");
+                    }
+                } else {
+                    ct.expire(now, usize::from(budget));
+                }
             }
             1 => {
                 let f = filter(&mut i);
