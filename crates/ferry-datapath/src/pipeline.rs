@@ -436,17 +436,17 @@ impl Pipeline {
         // that replies return through that node (which undoes its NAT).
         if let Some(peer) = tunnel_peer {
             if let Some(p) = pending.as_mut() {
-                p.entry_mut().tunnel_peer = Some(peer);
+                p.entry_mut().set_tunnel_peer(Some(peer));
             } else if !ct.reply
                 && let Some(e) = ct.entry.and_then(|id| self.ct.get_mut(id))
             {
-                e.tunnel_peer = Some(peer);
+                e.set_tunnel_peer(Some(peer));
             }
         }
         let reply_peer = if ct.reply {
             ct.entry
                 .and_then(|id| self.ct.get(id))
-                .and_then(|e| e.tunnel_peer)
+                .and_then(|e| e.tunnel_peer())
         } else {
             None
         };
@@ -2345,7 +2345,7 @@ mod overlay_tests {
         // Conntrack remembers the node the connection came through.
         let (id, _) = b.conntrack().lookup(&dp.key).unwrap();
         assert_eq!(
-            b.conntrack().get(id).unwrap().tunnel_peer,
+            b.conntrack().get(id).unwrap().tunnel_peer(),
             Some(ip("192.168.50.10"))
         );
     }

@@ -28,7 +28,7 @@ pub struct Filter {
 impl Filter {
     /// True when `e` is selected.
     pub fn matches(&self, e: &Entry) -> bool {
-        let (o, r) = (&e.original, &e.reply);
+        let (o, r) = (e.original(), e.reply());
         self.zone.is_none_or(|z| e.zone() == z)
             && self.proto.is_none_or(|p| o.proto == p)
             && self

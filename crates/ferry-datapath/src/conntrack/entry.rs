@@ -8,6 +8,7 @@ use serde::ser::{SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
 
 use super::Timeouts;
+use super::table::Links;
 use super::tcp::{TcpConn, TcpState};
 use crate::flow::{FlowKey, proto, proto_name};
 
@@ -90,78 +91,432 @@ pub enum ProtoState {
 ///
 /// The original tuple is the key of the first packet; the reply tuple is the key that a
 /// reply carries on arrival, that is, the reverse of the original tuple after NAT.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+///
+/// Stored compactly (see the module documentation of `conntrack`): the zone and protocol
+/// once, IPv4 addresses in 4 bytes, IPv6 addresses in 16 bytes with a reply address that
+/// equals an original one not stored again, so the tuples come out of accessors
+/// ([`Entry::original`], [`Entry::reply`]).
+#[derive(Clone)]
 pub struct Entry {
-    /// Key of the packets in the original direction, as they arrive.
-    #[serde(serialize_with = "ser_key")]
-    pub original: FlowKey,
-    /// Key of the packets in the reply direction, as they arrive.
-    #[serde(serialize_with = "ser_key")]
-    pub reply: FlowKey,
-    /// Protocol state.
-    pub proto_state: ProtoState,
+    /// Addresses: see [`Form`]. IPv4: original source, original destination, reply
+    /// source, reply destination (4 bytes each), then the tunnel peer (16 bytes). IPv6:
+    /// 16-byte places for the original source and destination, then the reply source,
+    /// the reply destination and the tunnel peer when stored, the places after the third
+    /// in `more`.
+    addrs: [u8; 48],
+    /// The fourth and fifth IPv6 places, allocated only when needed.
+    more: Option<Box<[u8; 32]>>,
+    /// Original source and destination ports, reply source and destination ports.
+    ports: [u16; 4],
+    zone: u16,
+    proto: u8,
+    form: Form,
     /// Status bits.
     pub status: Status,
+    /// Protocol state.
+    pub proto_state: ProtoState,
     /// A mark for other stages (e.g. the policy verdict).
     pub mark: u32,
     /// Labels for other stages (e.g. the service, "forwarded from node X").
     pub labels: u128,
-    /// The node the original direction arrived from through the overlay, so that replies
-    /// return through it (NodePort with externalTrafficPolicy=Cluster).
-    pub tunnel_peer: Option<IpAddr>,
-    /// Packets seen per direction ([`ORIGINAL`], [`REPLY`]).
-    pub packets: [u64; 2],
-    /// Bytes (whole IP packets) seen per direction.
-    pub bytes: [u64; 2],
+    /// Packets per direction. While no reply was seen the reply count is zero, and its
+    /// place holds the entry's links in the table's list of unreplied entries.
+    packets: [u64; 2],
+    /// Bytes (whole IP packets) per direction.
+    bytes: [u64; 2],
     /// Time of the first packet.
     pub first_seen_ns: u64,
     /// Time of the last packet that refreshed the entry.
     pub last_seen_ns: u64,
+    /// Expiry wheel links, owned by the table.
+    pub(super) links: Links,
 }
 
-fn ser_key<S: Serializer>(k: &FlowKey, s: S) -> Result<S::Ok, S::Error> {
-    let mut st = s.serialize_struct("Tuple", 6)?;
-    st.serialize_field("zone", &k.zone)?;
-    st.serialize_field("proto", &k.proto)?;
-    st.serialize_field("src", &k.src)?;
-    st.serialize_field("dst", &k.dst)?;
-    st.serialize_field("sport", &k.src_port)?;
-    st.serialize_field("dport", &k.dst_port)?;
-    st.end()
+/// How an entry's addresses are laid out (bits).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Form(u8);
+
+impl Form {
+    /// The tuples are IPv6.
+    const V6: u8 = 1;
+    /// IPv6: the reply source differs from the original destination and has a place.
+    const REPLY_SRC: u8 = 2;
+    /// IPv6: the reply destination differs from the original source and has a place.
+    const REPLY_DST: u8 = 4;
+    /// A tunnel peer is set.
+    const PEER: u8 = 8;
+    /// The tunnel peer is IPv6.
+    const PEER_V6: u8 = 16;
+
+    #[inline]
+    fn has(self, b: u8) -> bool {
+        self.0 & b != 0
+    }
+}
+
+/// Address positions: original source and destination, reply source and destination.
+const O_SRC: usize = 0;
+const O_DST: usize = 1;
+const R_SRC: usize = 2;
+const R_DST: usize = 3;
+
+impl PartialEq for Entry {
+    fn eq(&self, o: &Entry) -> bool {
+        self.original() == o.original()
+            && self.reply() == o.reply()
+            && self.tunnel_peer() == o.tunnel_peer()
+            && self.status == o.status
+            && self.proto_state == o.proto_state
+            && self.mark == o.mark
+            && self.labels == o.labels
+            && self.packets() == o.packets()
+            && self.bytes() == o.bytes()
+            && self.first_seen_ns == o.first_seen_ns
+            && self.last_seen_ns == o.last_seen_ns
+    }
+}
+
+impl Eq for Entry {}
+
+impl fmt::Debug for Entry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Entry")
+            .field("original", &self.original())
+            .field("reply", &self.reply())
+            .field("proto_state", &self.proto_state)
+            .field("status", &self.status)
+            .field("mark", &self.mark)
+            .field("labels", &self.labels)
+            .field("tunnel_peer", &self.tunnel_peer())
+            .field("packets", &self.packets())
+            .field("bytes", &self.bytes())
+            .field("first_seen_ns", &self.first_seen_ns)
+            .field("last_seen_ns", &self.last_seen_ns)
+            .finish()
+    }
+}
+
+/// The same fields and order as when the tuples were plain fields.
+impl Serialize for Entry {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("Entry", 11)?;
+        st.serialize_field("original", &Tuple(self.original()))?;
+        st.serialize_field("reply", &Tuple(self.reply()))?;
+        st.serialize_field("proto_state", &self.proto_state)?;
+        st.serialize_field("status", &self.status)?;
+        st.serialize_field("mark", &self.mark)?;
+        st.serialize_field("labels", &self.labels)?;
+        st.serialize_field("tunnel_peer", &self.tunnel_peer())?;
+        st.serialize_field("packets", &self.packets())?;
+        st.serialize_field("bytes", &self.bytes())?;
+        st.serialize_field("first_seen_ns", &self.first_seen_ns)?;
+        st.serialize_field("last_seen_ns", &self.last_seen_ns)?;
+        st.end()
+    }
+}
+
+struct Tuple(FlowKey);
+
+impl Serialize for Tuple {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let k = &self.0;
+        let mut st = s.serialize_struct("Tuple", 6)?;
+        st.serialize_field("zone", &k.zone)?;
+        st.serialize_field("proto", &k.proto)?;
+        st.serialize_field("src", &k.src)?;
+        st.serialize_field("dst", &k.dst)?;
+        st.serialize_field("sport", &k.src_port)?;
+        st.serialize_field("dport", &k.dst_port)?;
+        st.end()
+    }
+}
+
+#[inline]
+fn v6_bytes(a: IpAddr) -> [u8; 16] {
+    match a {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
 }
 
 impl Entry {
-    /// A fresh entry for a connection whose first packet has key `original`.
+    /// A fresh entry for a connection whose first packet has key `original`. Both tuples
+    /// are of one address family (NAT never changes it).
     pub(crate) fn new(original: FlowKey, reply: FlowKey, ps: ProtoState, now_ns: u64) -> Entry {
-        Entry {
-            original,
-            reply,
-            proto_state: ps,
+        let mut e = Entry {
+            addrs: [0; 48],
+            more: None,
+            ports: [
+                original.src_port,
+                original.dst_port,
+                reply.src_port,
+                reply.dst_port,
+            ],
+            zone: original.zone,
+            proto: original.proto,
+            form: Form::default(),
             status: Status::default(),
+            proto_state: ps,
             mark: 0,
             labels: 0,
-            tunnel_peer: None,
             packets: [0; 2],
             bytes: [0; 2],
             first_seen_ns: now_ns,
             last_seen_ns: now_ns,
+            links: Links::default(),
+        };
+        debug_assert_eq!(original.zone, reply.zone);
+        debug_assert_eq!(original.proto, reply.proto);
+        let addrs = [original.src, original.dst, reply.src, reply.dst];
+        debug_assert!(addrs.iter().all(|a| a.is_ipv6() == original.src.is_ipv6()));
+        if original.src.is_ipv6() {
+            e.form.0 |= Form::V6;
+            if reply.src != original.dst {
+                e.form.0 |= Form::REPLY_SRC;
+            }
+            if reply.dst != original.src {
+                e.form.0 |= Form::REPLY_DST;
+            }
+            for (i, a) in addrs.into_iter().enumerate() {
+                if let Some(p) = e.place(i) {
+                    e.set_place(p, v6_bytes(a));
+                }
+            }
+        } else {
+            for (i, a) in addrs.into_iter().enumerate() {
+                if let IpAddr::V4(a) = a {
+                    e.addrs[4 * i..4 * i + 4].copy_from_slice(&a.octets());
+                }
+            }
+        }
+        e
+    }
+
+    /// IPv6: the 16-byte place of address `i` (`O_SRC`...), `None` when it is not
+    /// stored (a reply address equal to an original one).
+    #[inline]
+    fn place(&self, i: usize) -> Option<usize> {
+        let f = self.form;
+        match i {
+            O_SRC => Some(0),
+            O_DST => Some(1),
+            R_SRC => f.has(Form::REPLY_SRC).then_some(2),
+            R_DST => f
+                .has(Form::REPLY_DST)
+                .then_some(2 + usize::from(f.has(Form::REPLY_SRC))),
+            _ => None,
+        }
+    }
+
+    /// IPv6: the place of the tunnel peer.
+    #[inline]
+    fn peer_place(&self) -> usize {
+        2 + usize::from(self.form.has(Form::REPLY_SRC))
+            + usize::from(self.form.has(Form::REPLY_DST))
+    }
+
+    #[inline]
+    fn get_place(&self, p: usize) -> [u8; 16] {
+        let b = if p < 3 {
+            &self.addrs[16 * p..16 * p + 16]
+        } else {
+            match &self.more {
+                Some(m) => &m[16 * (p - 3)..16 * (p - 2)],
+                None => return [0; 16],
+            }
+        };
+        b.try_into().unwrap_or([0; 16])
+    }
+
+    fn set_place(&mut self, p: usize, v: [u8; 16]) {
+        if p < 3 {
+            self.addrs[16 * p..16 * p + 16].copy_from_slice(&v);
+        } else {
+            let m = self.more.get_or_insert_with(|| Box::new([0; 32]));
+            m[16 * (p - 3)..16 * (p - 2)].copy_from_slice(&v);
+        }
+    }
+
+    /// Address `i` (`O_SRC`...).
+    #[inline]
+    fn addr(&self, i: usize) -> IpAddr {
+        if self.form.has(Form::V6) {
+            let p = self.place(i).unwrap_or(match i {
+                R_SRC => 1,
+                _ => 0,
+            });
+            IpAddr::from(self.get_place(p))
+        } else {
+            let b = &self.addrs[4 * i..4 * i + 4];
+            IpAddr::from([b[0], b[1], b[2], b[3]])
+        }
+    }
+
+    /// True when address `i` is `a`, without building an `IpAddr`.
+    #[inline]
+    fn addr_is(&self, i: usize, a: &IpAddr) -> bool {
+        match (self.form.has(Form::V6), a) {
+            (false, IpAddr::V4(a)) => self.addrs[4 * i..4 * i + 4] == a.octets(),
+            (true, IpAddr::V6(a)) => {
+                let p = self.place(i).unwrap_or(match i {
+                    R_SRC => 1,
+                    _ => 0,
+                });
+                self.get_place(p) == a.octets()
+            }
+            _ => false,
         }
     }
 
     /// The tuple of direction `dir` ([`ORIGINAL`] or [`REPLY`]).
     #[inline]
-    pub fn tuple(&self, dir: usize) -> &FlowKey {
-        if dir == ORIGINAL {
-            &self.original
-        } else {
-            &self.reply
+    pub fn tuple(&self, dir: usize) -> FlowKey {
+        let d = 2 * (dir & 1);
+        FlowKey {
+            zone: self.zone,
+            src: self.addr(d),
+            dst: self.addr(d + 1),
+            proto: self.proto,
+            src_port: self.ports[d],
+            dst_port: self.ports[d + 1],
         }
+    }
+
+    /// True when the tuple of direction `dir` is `k` (cheaper than comparing
+    /// [`Entry::tuple`]).
+    #[inline]
+    pub fn tuple_is(&self, dir: usize, k: &FlowKey) -> bool {
+        let d = 2 * (dir & 1);
+        self.proto == k.proto
+            && self.ports[d] == k.src_port
+            && self.ports[d + 1] == k.dst_port
+            && self.zone == k.zone
+            && self.addr_is(d, &k.src)
+            && self.addr_is(d + 1, &k.dst)
+    }
+
+    /// Key of the packets in the original direction, as they arrive.
+    #[inline]
+    pub fn original(&self) -> FlowKey {
+        self.tuple(ORIGINAL)
+    }
+
+    /// Key of the packets in the reply direction, as they arrive.
+    #[inline]
+    pub fn reply(&self) -> FlowKey {
+        self.tuple(REPLY)
+    }
+
+    /// The node the original direction arrived from through the overlay, so that replies
+    /// return through it (NodePort with externalTrafficPolicy=Cluster).
+    pub fn tunnel_peer(&self) -> Option<IpAddr> {
+        if !self.form.has(Form::PEER) {
+            return None;
+        }
+        let b = if self.form.has(Form::V6) {
+            self.get_place(self.peer_place())
+        } else {
+            self.addrs[16..32].try_into().unwrap_or([0; 16])
+        };
+        Some(if self.form.has(Form::PEER_V6) {
+            IpAddr::from(b)
+        } else {
+            IpAddr::from([b[0], b[1], b[2], b[3]])
+        })
+    }
+
+    /// Sets or clears the tunnel peer (either address family).
+    pub fn set_tunnel_peer(&mut self, peer: Option<IpAddr>) {
+        self.form.0 &= !(Form::PEER | Form::PEER_V6);
+        let Some(peer) = peer else {
+            if self.form.has(Form::V6) && self.peer_place() == 3 {
+                // The peer was all the extra places held.
+                self.more = None;
+            }
+            return;
+        };
+        self.form.0 |= Form::PEER;
+        let b = match peer {
+            IpAddr::V4(a) => {
+                let mut b = [0; 16];
+                b[..4].copy_from_slice(&a.octets());
+                b
+            }
+            IpAddr::V6(a) => {
+                self.form.0 |= Form::PEER_V6;
+                a.octets()
+            }
+        };
+        if self.form.has(Form::V6) {
+            self.set_place(self.peer_place(), b);
+        } else {
+            self.addrs[16..32].copy_from_slice(&b);
+        }
+    }
+
+    /// Packets seen per direction ([`ORIGINAL`], [`REPLY`]).
+    #[inline]
+    pub fn packets(&self) -> [u64; 2] {
+        [
+            self.packets[ORIGINAL],
+            self.reply_count(self.packets[REPLY]),
+        ]
+    }
+
+    /// Bytes (whole IP packets) seen per direction.
+    #[inline]
+    pub fn bytes(&self) -> [u64; 2] {
+        self.bytes
+    }
+
+    #[inline]
+    fn reply_count(&self, v: u64) -> u64 {
+        if self.status.has(Status::SEEN_REPLY) {
+            v
+        } else {
+            0
+        }
+    }
+
+    /// Counts a packet of `len` bytes in direction `dir`. A reply must have been marked
+    /// (`SEEN_REPLY`) first.
+    #[inline]
+    pub(crate) fn count(&mut self, dir: usize, len: u64) {
+        let dir = dir & 1;
+        debug_assert!(dir == ORIGINAL || self.status.has(Status::SEEN_REPLY));
+        self.packets[dir] += 1;
+        self.bytes[dir] += len;
+    }
+
+    /// Links in the unreplied list (previous, next); meaningful only before a reply.
+    #[inline]
+    pub(super) fn unreplied_links(&self) -> (u32, u32) {
+        let v = self.packets[REPLY];
+        ((v >> 32) as u32, v as u32)
+    }
+
+    #[inline]
+    pub(super) fn set_unreplied_links(&mut self, prev: u32, next: u32) {
+        self.packets[REPLY] = u64::from(prev) << 32 | u64::from(next);
+    }
+
+    /// Marks the entry as replied; its reply packet count starts at zero.
+    #[inline]
+    pub(super) fn mark_replied(&mut self) {
+        self.status.set(Status::SEEN_REPLY);
+        self.packets[REPLY] = 0;
+    }
+
+    /// True when the entry holds an extra allocation (IPv6 with more than three distinct
+    /// addresses, tunnel peer included).
+    pub(super) fn has_more(&self) -> bool {
+        self.more.is_some()
     }
 
     /// The zone of the connection.
     #[inline]
     pub fn zone(&self) -> u16 {
-        self.original.zone
+        self.zone
     }
 
     /// How long the entry lives after its last packet, given its state.
@@ -238,22 +593,17 @@ fn write_tuple(f: &mut fmt::Formatter<'_>, k: &FlowKey) -> fmt::Result {
 impl fmt::Display for Line<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let e = self.entry;
-        write!(
-            f,
-            "{} {} {} ",
-            proto_name(e.original.proto),
-            e.original.proto,
-            self.secs_left
-        )?;
+        let (o, r) = (e.original(), e.reply());
+        write!(f, "{} {} {} ", proto_name(o.proto), o.proto, self.secs_left)?;
         if let Some(s) = e.tcp_state() {
             write!(f, "{} ", s.name())?;
         }
-        write_tuple(f, &e.original)?;
+        write_tuple(f, &o)?;
         if !e.status.has(Status::SEEN_REPLY) {
             f.write_str(" [UNREPLIED]")?;
         }
         f.write_str(" ")?;
-        write_tuple(f, &e.reply)?;
+        write_tuple(f, &r)?;
         if e.status.has(Status::ASSURED) {
             f.write_str(" [ASSURED]")?;
         }
@@ -261,7 +611,7 @@ impl fmt::Display for Line<'_> {
         if e.labels != 0 {
             write!(f, " labels={:#x}", e.labels)?;
         }
-        if let Some(p) = e.tunnel_peer {
+        if let Some(p) = e.tunnel_peer() {
             write!(f, " tunnel_peer={p}")?;
         }
         Ok(())

@@ -6,15 +6,19 @@
 //! A packet that extends an entry's life does nothing here: when the slot comes up and the
 //! real deadline moved, the entry is simply filed again. A packet that shortens it (a
 //! FIN, an RST) re-files it at once, an O(1) unlink and link. Slots are intrusive doubly
-//! linked lists through [`Links`], so removing an entry is O(1) and leaves nothing stale.
+//! linked lists through [`Links`], so removing an entry is O(1) and leaves nothing stale;
+//! the first entry of a slot keeps the slot's number in place of a previous link, so an
+//! entry needs 8 bytes here and no record of the tick it is filed under.
 
-use super::table::{Links, NIL};
+use super::table::{Links, NIL, Slot, links};
 
-/// Slots in the wheel (a power of two that divides 2^32, so that a tick truncated to
-/// 32 bits still names its slot).
+/// Slots in the wheel (a power of two).
 pub(crate) const SLOTS: usize = 4096;
 /// A tick is 2^TICK_SHIFT nanoseconds.
 pub(crate) const TICK_SHIFT: u32 = 30;
+/// In [`Links::prev`]: the entry is the first of its slot, whose number is in the low bits
+/// (ids are below 2^31).
+const HEAD: u32 = 1 << 31;
 
 /// The tick of a time.
 #[inline]
@@ -56,55 +60,55 @@ impl Wheel {
     }
 
     /// Files `id` under its deadline.
-    pub(crate) fn file(&mut self, links: &mut [Links], id: u32, deadline_ns: u64) {
-        let t = self.file_tick(deadline_ns);
-        let slot = (t % SLOTS as u64) as usize;
+    pub(crate) fn file(&mut self, slots: &mut [Slot], id: u32, deadline_ns: u64) {
+        let slot = (self.file_tick(deadline_ns) % SLOTS as u64) as usize;
         let head = self.heads[slot];
-        let l = &mut links[id as usize];
-        l.wprev = NIL;
-        l.wnext = head;
-        l.wtick = t as u32;
+        *links(slots, id) = Links {
+            prev: HEAD | slot as u32,
+            next: head,
+        };
         if head != NIL {
-            links[head as usize].wprev = id;
+            links(slots, head).prev = id;
         }
         self.heads[slot] = id;
     }
 
     /// Takes `id` out of its slot.
-    pub(crate) fn unlink(&mut self, links: &mut [Links], id: u32) {
-        let Links {
-            wprev,
-            wnext,
-            wtick,
-            ..
-        } = links[id as usize];
-        if wprev == NIL {
-            self.heads[wtick as usize % SLOTS] = wnext;
+    pub(crate) fn unlink(&mut self, slots: &mut [Slot], id: u32) {
+        let Links { prev, next } = *links(slots, id);
+        if prev & HEAD != 0 {
+            self.heads[(prev & !HEAD) as usize % SLOTS] = next;
         } else {
-            links[wprev as usize].wnext = wnext;
+            links(slots, prev).next = next;
         }
-        if wnext != NIL {
-            links[wnext as usize].wprev = wprev;
+        if next != NIL {
+            links(slots, next).prev = prev;
         }
-        let l = &mut links[id as usize];
-        l.wprev = NIL;
-        l.wnext = NIL;
+        *links(slots, id) = Links::default();
     }
 
-    /// Files `id` again if its new deadline comes before the tick it is filed under.
+    /// Files `id` again if its deadline moved from `before_ns` to an earlier tick. The
+    /// tick it is filed under is never later than its deadline's (deadlines that grow
+    /// leave it in place), so when the new deadline's tick is not before the old one's
+    /// nothing needs to move; otherwise re-filing is at worst an early visit.
     #[inline]
-    pub(crate) fn shorten(&mut self, links: &mut [Links], id: u32, deadline_ns: u64) {
-        let t = self.file_tick(deadline_ns) as u32;
-        if (t.wrapping_sub(links[id as usize].wtick) as i32) < 0 {
-            self.unlink(links, id);
-            self.file(links, id, deadline_ns);
+    pub(crate) fn shorten(
+        &mut self,
+        slots: &mut [Slot],
+        id: u32,
+        before_ns: u64,
+        deadline_ns: u64,
+    ) {
+        if self.file_tick(deadline_ns) < self.file_tick(before_ns) {
+            self.unlink(slots, id);
+            self.file(slots, id, deadline_ns);
         }
     }
 
     /// The next entry due at `now_ns`: from the slot of the earliest tick that is wholly
     /// past, skipping at most [`SLOTS`] empty slots. The entry is unlinked; the caller
     /// removes it or files it again.
-    pub(crate) fn pop_due(&mut self, links: &mut [Links], now_ns: u64) -> Option<u32> {
+    pub(crate) fn pop_due(&mut self, slots: &mut [Slot], now_ns: u64) -> Option<u32> {
         self.start(now_ns);
         let target = tick(now_ns);
         // After a long pause, visiting each slot once is enough.
@@ -114,7 +118,7 @@ impl Wheel {
         while self.cursor < target {
             let head = self.heads[(self.cursor % SLOTS as u64) as usize];
             if head != NIL {
-                self.unlink(links, head);
+                self.unlink(slots, head);
                 return Some(head);
             }
             self.cursor += 1;
@@ -124,18 +128,20 @@ impl Wheel {
 
     /// The ids in every slot, for consistency checks.
     #[cfg(test)]
-    pub(crate) fn all(&self, links: &[Links]) -> Vec<u32> {
+    pub(crate) fn all(&self, slots: &[Slot]) -> Vec<u32> {
         let mut v = Vec::new();
         for (slot, &h) in self.heads.iter().enumerate() {
             let mut id = h;
-            let mut prev = NIL;
+            let mut prev = HEAD | slot as u32;
             while id != NIL {
-                let l = links[id as usize];
-                assert_eq!(l.wprev, prev, "wheel back link of {id}");
-                assert_eq!(l.wtick as usize % SLOTS, slot, "wheel slot of {id}");
+                let l = match &slots[id as usize] {
+                    Slot::Used(e) => e.links,
+                    Slot::Free(_) => panic!("free slot {id} in wheel slot {slot}"),
+                };
+                assert_eq!(l.prev, prev, "wheel back link of {id}");
                 v.push(id);
                 prev = id;
-                id = l.wnext;
+                id = l.next;
             }
         }
         v

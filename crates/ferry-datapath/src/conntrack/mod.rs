@@ -19,6 +19,11 @@
 //! direction to the translated tuple and the reply direction back; ICMP errors about it
 //! are translated outside and in the quoted packet.
 //!
+//! Memory: a full table of the default [`Config::max_entries`] takes 196 bytes per
+//! connection (a 176-byte entry with its list links, 20 bytes of index), plus a fixed
+//! 16 KiB expiry wheel; IPv6 connections with more than three distinct addresses take 48
+//! bytes more. [`Conntrack::memory_bytes`] reports it; `table` explains the layout.
+//!
 //! Everything here is pure: time comes in as `now_ns`.
 
 mod dump;
@@ -285,7 +290,7 @@ impl Conntrack {
         config.max_entries = config.max_entries.min(table::MAX_ENTRIES);
         Conntrack {
             config,
-            table: Table::new(),
+            table: Table::new(config.max_entries),
             stats: Stats::default(),
         }
     }
@@ -353,6 +358,7 @@ impl Conntrack {
             self.stats.invalid += 1;
             return Ok(CtResult::plain(CtState::Invalid));
         };
+        let before_ns = e.deadline_ns(&self.config.timeouts);
         let mut refresh = true;
         if let ProtoState::Tcp(c) = &mut e.proto_state {
             let Some(seg) = Segment::read(&pkt.data, parsed) else {
@@ -374,8 +380,17 @@ impl Conntrack {
             }
         }
         let replied_before = e.status.has(Status::SEEN_REPLY);
-        e.packets[dir] += 1;
-        e.bytes[dir] += parsed.ip_len() as u64;
+        let e = if reply && !replied_before {
+            // The first reply: out of the unreplied FIFO, whose links it held.
+            self.table.set_replied(id);
+            match self.table.get_mut(id) {
+                Some(e) => e,
+                None => return Ok(invalid),
+            }
+        } else {
+            e
+        };
+        e.count(dir, parsed.ip_len() as u64);
         if refresh {
             e.last_seen_ns = e.last_seen_ns.max(now_ns);
         }
@@ -386,16 +401,12 @@ impl Conntrack {
         if assured {
             e.status.set(Status::ASSURED);
         }
-        if reply && !replied_before {
-            self.table.set_replied(id);
-        }
-        self.table.refresh(id, &self.config.timeouts);
+        let after_ns = e.deadline_ns(&self.config.timeouts);
+        // Original direction: to the translated tuple; reply direction: back.
+        let to = e.status.nat().then(|| reverse(&e.tuple(1 - dir)));
+        self.table.shorten(id, before_ns, after_ns);
         self.stats.found += 1;
-        if let Some(e) = self.table.get(id)
-            && e.status.nat()
-        {
-            // Original direction: to the translated tuple; reply direction: back.
-            let to = reverse(e.tuple(1 - dir));
+        if let Some(to) = to {
             translate(pkt, parsed, &to)?;
         }
         Ok(CtResult {
@@ -452,8 +463,7 @@ impl Conntrack {
         }
         let mut entry = Entry::new(key, reply, ps, now_ns);
         entry.status.set(nat_status);
-        entry.packets[ORIGINAL] = 1;
-        entry.bytes[ORIGINAL] = parsed.ip_len() as u64;
+        entry.count(ORIGINAL, parsed.ip_len() as u64);
         self.stats.new += 1;
         Ok(CtResult {
             state: CtState::New,
@@ -491,7 +501,7 @@ impl Conntrack {
             // Gone, or timed out and not yet reaped.
             return Ok(self.invalid());
         };
-        let (here, other) = (*e.tuple(dir), *e.tuple(1 - dir));
+        let (here, other) = (e.tuple(dir), e.tuple(1 - dir));
         if here.dst != parsed.key.dst {
             // Quotes a connection that the error is not addressed to.
             return Ok(self.invalid());
@@ -525,7 +535,7 @@ impl Conntrack {
     /// saw a reply is evicted; when there is none, `Err(CtTableFull)`.
     pub fn commit(&mut self, pending: Pending, now_ns: u64) -> Result<EntryId, DropReason> {
         let e = pending.entry;
-        if self.table.contains(&e.original) || self.table.contains(&e.reply) {
+        if self.table.contains(&e.original()) || self.table.contains(&e.reply()) {
             // Only when the table changed since process(), which the contract rules out.
             self.stats.clash += 1;
             return Err(DropReason::CtInvalid);
@@ -614,12 +624,11 @@ impl Conntrack {
         &self.config
     }
 
-    /// Bytes of memory held by the table: slab, links and index (not the expiry wheel's
-    /// fixed 16 KiB).
+    /// Bytes of memory held by the table: slab (entries with their list links), index,
+    /// and the extra allocations of IPv6 entries with more than three distinct addresses;
+    /// not the expiry wheel's fixed 16 KiB. Scans the table (for metrics, not per packet).
     pub fn memory_bytes(&self) -> usize {
-        self.table.slab_capacity()
-            * (std::mem::size_of::<Option<Entry>>() + std::mem::size_of::<table::Links>())
-            + self.table.index_bytes()
+        self.table.memory_bytes()
     }
 
     /// Checks the table's internal invariants (tests).

@@ -71,7 +71,12 @@ fn dnat_translates_original_direction_and_reverses_replies() {
     let e = ct.get(r.entry.unwrap()).unwrap();
     assert!(e.status.has(Status::DNAT) && !e.status.has(Status::SNAT));
     assert_eq!(
-        (e.reply.src, e.reply.src_port, e.reply.dst, e.reply.dst_port),
+        (
+            e.reply().src,
+            e.reply().src_port,
+            e.reply().dst,
+            e.reply().dst_port
+        ),
         (ip("10.244.1.5"), 8080, ip("10.0.0.1"), 40000)
     );
     let mut synack = tcp(
@@ -128,7 +133,7 @@ fn snat_collision_gets_another_port_in_range() {
     assert_ne!(pb, 30005);
     assert!((30000..=30010).contains(&pb));
     reparsed(&b);
-    assert_ne!(ct.get(ea).unwrap().reply, ct.get(eb).unwrap().reply);
+    assert_ne!(ct.get(ea).unwrap().reply(), ct.get(eb).unwrap().reply());
     // A port outside the range is moved into it.
     let mut c = udp("10.0.0.3", 5000, "8.8.8.8", 53);
     run(&mut ct, &mut c, Some(&nat), 0);
@@ -194,7 +199,7 @@ fn concurrent_first_udp_packets_to_a_service_get_distinct_reply_tuples() {
     let ib = ct.commit(rb.pending.unwrap(), 0).unwrap();
     ct.check();
     let (ea, eb) = (ct.get(ia).unwrap(), ct.get(ib).unwrap());
-    assert_ne!(ea.reply, eb.reply);
+    assert_ne!(ea.reply(), eb.reply());
     assert_eq!(key(&a), (ip("10.0.0.100"), 40000, ip("10.244.1.5"), 5353));
     assert_eq!(key(&b).0, ip("10.0.0.100"));
     assert!(key(&b).1 >= 1024 && key(&b).1 != 40000);
@@ -348,7 +353,7 @@ fn icmp_error_from_backend_is_related_and_translated_outside_and_inside() {
     );
     assert_eq!(ct.stats().related, 1);
     // Related errors do not touch the connection.
-    assert_eq!(ct.get(id).unwrap().packets, [1, 0]);
+    assert_eq!(ct.get(id).unwrap().packets(), [1, 0]);
 }
 
 #[test]

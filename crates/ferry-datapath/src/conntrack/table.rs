@@ -6,10 +6,17 @@
 //! control byte per tuple, keyed through the entry itself, so a tuple is stored once. The
 //! hasher is a randomly keyed `ahash`, so that packet fields cannot be chosen to collide.
 //!
-//! Memory per connection: an `Entry` is 208 bytes (its two tuples alone are 84), its list
-//! links 20, and the index 10 bytes of slots per connection at most 7/8 full: 248 bytes
-//! per connection in a full table of the default 262144 entries (measured by the test
-//! `size_of_entry_and_memory_per_connection`), against nf_conntrack's ~300.
+//! Memory per connection: a slab slot is one [`Entry`] of 176 bytes, which holds the
+//! entry's wheel links (8 bytes) and, in the place of its reply packet count while no
+//! reply was seen, its links in the unreplied FIFO; a free slot is a link in the free
+//! list, in the same 176 bytes. The slab grows by doubling but stops at `max_entries`.
+//! The index takes 2 tuples x 5 bytes (id and control byte) at most 7/8 full: with the
+//! default 262144 entries, 524288 tuples need 2^20 buckets, 20 bytes per connection. So
+//! a full default table takes 196 bytes per connection (the test
+//! `size_of_entry_and_memory_per_connection` fails above 200), against nf_conntrack's
+//! ~300. IPv6 entries with more than three distinct addresses (original source and
+//! destination, a translated reply source or destination, a tunnel peer) take 48 bytes
+//! more for a second allocation. The expiry wheel is a fixed 16 KiB on top.
 
 use ahash::RandomState;
 use hashbrown::HashTable;
@@ -23,37 +30,49 @@ use crate::flow::FlowKey;
 pub(crate) const NIL: u32 = u32::MAX;
 /// Most entries a table can index (ids are shifted left by one in the index).
 pub(crate) const MAX_ENTRIES: usize = 1 << 31;
+/// Bytes one extra address allocation of an entry takes, allocator header included.
+pub(crate) const MORE_BYTES: usize = 32 + 16;
 
-/// List links of a slab slot (kept apart from the entries so that list surgery never
-/// needs an entry to be present).
-#[derive(Clone, Copy, Debug)]
+/// Expiry wheel links of an entry (see `expiry`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Links {
-    pub wprev: u32,
-    pub wnext: u32,
-    /// The tick the entry is filed under in the wheel, truncated to 32 bits.
-    pub wtick: u32,
-    /// Unreplied FIFO, oldest at the head.
-    pub uprev: u32,
-    pub unext: u32,
+    /// The previous entry in the wheel slot, or `HEAD | slot` for the first one.
+    pub prev: u32,
+    /// The next entry in the wheel slot.
+    pub next: u32,
 }
 
 impl Default for Links {
     fn default() -> Self {
         Links {
-            wprev: NIL,
-            wnext: NIL,
-            wtick: 0,
-            uprev: NIL,
-            unext: NIL,
+            prev: NIL,
+            next: NIL,
         }
     }
 }
 
-/// The table. Ids are slab indexes, reused after removal.
+/// A slab slot: an entry, or a link in the list of free slots.
+pub(crate) enum Slot {
+    Used(Entry),
+    Free(u32),
+}
+
+/// The wheel links of entry `id`, which must be live.
+#[inline]
+pub(crate) fn links(slots: &mut [Slot], id: u32) -> &mut Links {
+    match &mut slots[id as usize] {
+        Slot::Used(e) => &mut e.links,
+        Slot::Free(_) => panic!("conntrack: wheel links of free slot {id}"),
+    }
+}
+
+/// The table. Ids are slab indexes, reused after removal (last freed first).
 pub(crate) struct Table {
-    entries: Vec<Option<Entry>>,
-    links: Vec<Links>,
-    free: Vec<u32>,
+    slots: Vec<Slot>,
+    /// Head of the free slot list.
+    free: u32,
+    /// The slab never grows beyond this many slots.
+    max: usize,
     index: HashTable<u32>,
     hasher: RandomState,
     live: usize,
@@ -63,19 +82,25 @@ pub(crate) struct Table {
 }
 
 #[inline]
-fn tuple_of(entries: &[Option<Entry>], v: u32) -> Option<&FlowKey> {
-    entries
-        .get((v >> 1) as usize)?
-        .as_ref()
-        .map(|e| e.tuple((v & 1) as usize))
+fn entry_of(slots: &[Slot], v: u32) -> Option<&Entry> {
+    match slots.get((v >> 1) as usize) {
+        Some(Slot::Used(e)) => Some(e),
+        _ => None,
+    }
+}
+
+#[inline]
+fn tuple_of(slots: &[Slot], v: u32) -> Option<FlowKey> {
+    entry_of(slots, v).map(|e| e.tuple((v & 1) as usize))
 }
 
 impl Table {
-    pub(crate) fn new() -> Table {
+    /// An empty table that will hold at most `max` entries.
+    pub(crate) fn new(max: usize) -> Table {
         Table {
-            entries: Vec::new(),
-            links: Vec::new(),
-            free: Vec::new(),
+            slots: Vec::new(),
+            free: NIL,
+            max: max.clamp(1, MAX_ENTRIES),
             index: HashTable::new(),
             hasher: RandomState::new(),
             live: 0,
@@ -105,9 +130,11 @@ impl Table {
     /// The entry and direction whose tuple is `key`.
     #[inline]
     pub(crate) fn lookup(&self, key: &FlowKey) -> Option<(u32, usize)> {
-        let entries = &self.entries;
+        let slots = &self.slots;
         self.index
-            .find(self.hash(key), |&v| tuple_of(entries, v) == Some(key))
+            .find(self.hash(key), |&v| {
+                entry_of(slots, v).is_some_and(|e| e.tuple_is((v & 1) as usize, key))
+            })
             .map(|&v| (v >> 1, (v & 1) as usize))
     }
 
@@ -119,47 +146,63 @@ impl Table {
 
     #[inline]
     pub(crate) fn get(&self, id: u32) -> Option<&Entry> {
-        self.entries.get(id as usize)?.as_ref()
+        match self.slots.get(id as usize)? {
+            Slot::Used(e) => Some(e),
+            Slot::Free(_) => None,
+        }
     }
 
     #[inline]
     pub(crate) fn get_mut(&mut self, id: u32) -> Option<&mut Entry> {
-        self.entries.get_mut(id as usize)?.as_mut()
+        match self.slots.get_mut(id as usize)? {
+            Slot::Used(e) => Some(e),
+            Slot::Free(_) => None,
+        }
     }
 
     /// Live entries with their ids.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &Entry)> + '_ {
-        self.entries
-            .iter()
-            .enumerate()
-            .filter_map(|(i, e)| e.as_ref().map(|e| (i as u32, e)))
+        self.slots.iter().enumerate().filter_map(|(i, s)| match s {
+            Slot::Used(e) => Some((i as u32, e)),
+            Slot::Free(_) => None,
+        })
+    }
+
+    /// A slot for `entry`: the last freed one, else a new one. The slab grows by doubling
+    /// from 16 slots but never past `max`, so a full table holds no unused slot.
+    fn alloc(&mut self, entry: Entry) -> u32 {
+        if self.free != NIL {
+            let id = self.free;
+            let slot = std::mem::replace(&mut self.slots[id as usize], Slot::Used(entry));
+            self.free = match slot {
+                Slot::Free(next) => next,
+                Slot::Used(_) => NIL,
+            };
+            return id;
+        }
+        let len = self.slots.len();
+        if len == self.slots.capacity() {
+            let want = (len * 2).max(16).min(self.max).max(len + 1);
+            self.slots.reserve_exact(want - len);
+        }
+        self.slots.push(Slot::Used(entry));
+        len as u32
     }
 
     /// Inserts an entry: into the slab, both tuples into the index, the wheel, and the
     /// unreplied FIFO unless it already saw a reply.
     pub(crate) fn insert(&mut self, entry: Entry, t: &Timeouts, now_ns: u64) -> u32 {
-        let hashes = [self.hash(&entry.original), self.hash(&entry.reply)];
+        let hashes = [self.hash(&entry.original()), self.hash(&entry.reply())];
         let deadline = entry.deadline_ns(t);
         let replied = entry.status.has(Status::SEEN_REPLY);
-        let id = match self.free.pop() {
-            Some(id) => {
-                self.entries[id as usize] = Some(entry);
-                self.links[id as usize] = Links::default();
-                id
-            }
-            None => {
-                self.entries.push(Some(entry));
-                self.links.push(Links::default());
-                (self.entries.len() - 1) as u32
-            }
-        };
-        let (entries, hasher) = (&self.entries, &self.hasher);
-        let rehash = |v: &u32| tuple_of(entries, *v).map_or(0, |k| hasher.hash_one(k));
+        let id = self.alloc(entry);
+        let (slots, hasher) = (&self.slots, &self.hasher);
+        let rehash = |v: &u32| tuple_of(slots, *v).map_or(0, |k| hasher.hash_one(k));
         for (dir, h) in hashes.into_iter().enumerate() {
             self.index.insert_unique(h, id << 1 | dir as u32, rehash);
         }
         self.wheel.start(now_ns);
-        self.wheel.file(&mut self.links, id, deadline);
+        self.wheel.file(&mut self.slots, id, deadline);
         if !replied {
             self.unreplied_push(id);
         }
@@ -169,8 +212,8 @@ impl Table {
 
     /// Removes an entry from everywhere; returns it.
     pub(crate) fn remove(&mut self, id: u32) -> Option<Entry> {
-        let e = self.entries.get(id as usize)?.as_ref()?;
-        let keys = [e.original, e.reply];
+        let e = self.get(id)?;
+        let keys = [e.original(), e.reply()];
         let replied = e.status.has(Status::SEEN_REPLY);
         for (dir, k) in keys.iter().enumerate() {
             let v = id << 1 | dir as u32;
@@ -178,31 +221,37 @@ impl Table {
                 slot.remove();
             }
         }
-        self.wheel.unlink(&mut self.links, id);
+        self.wheel.unlink(&mut self.slots, id);
         if !replied {
             self.unreplied_unlink(id);
         }
         self.live -= 1;
-        self.free.push(id);
-        self.entries[id as usize].take()
+        let slot = std::mem::replace(&mut self.slots[id as usize], Slot::Free(self.free));
+        self.free = id;
+        match slot {
+            Slot::Used(e) => Some(e),
+            Slot::Free(_) => None,
+        }
     }
 
     /// Marks an entry as having seen a reply: it leaves the eviction FIFO.
     pub(crate) fn set_replied(&mut self, id: u32) {
-        let Some(e) = self.get_mut(id) else { return };
+        let Some(e) = self.get(id) else { return };
         if e.status.has(Status::SEEN_REPLY) {
             return;
         }
-        e.status.set(Status::SEEN_REPLY);
         self.unreplied_unlink(id);
+        if let Some(e) = self.get_mut(id) {
+            e.mark_replied();
+        }
     }
 
-    /// Re-files an entry in the wheel if its deadline moved earlier.
+    /// Re-files an entry in the wheel if its deadline moved from `before_ns` to an earlier
+    /// `after_ns`.
     #[inline]
-    pub(crate) fn refresh(&mut self, id: u32, t: &Timeouts) {
-        if let Some(e) = self.entries.get(id as usize).and_then(|e| e.as_ref()) {
-            let d = e.deadline_ns(t);
-            self.wheel.shorten(&mut self.links, id, d);
+    pub(crate) fn shorten(&mut self, id: u32, before_ns: u64, after_ns: u64) {
+        if after_ns < before_ns {
+            self.wheel.shorten(&mut self.slots, id, before_ns, after_ns);
         }
     }
 
@@ -210,17 +259,17 @@ impl Table {
     pub(crate) fn expire(&mut self, t: &Timeouts, now_ns: u64, budget: usize) -> usize {
         let mut removed = 0;
         for _ in 0..budget {
-            let Some(id) = self.wheel.pop_due(&mut self.links, now_ns) else {
+            let Some(id) = self.wheel.pop_due(&mut self.slots, now_ns) else {
                 break;
             };
             match self.get(id).map(|e| e.deadline_ns(t)) {
                 Some(d) if d <= now_ns => {
                     // Re-link so that remove() finds it where it expects it.
-                    self.wheel.file(&mut self.links, id, d);
+                    self.wheel.file(&mut self.slots, id, d);
                     self.remove(id);
                     removed += 1;
                 }
-                Some(d) => self.wheel.file(&mut self.links, id, d),
+                Some(d) => self.wheel.file(&mut self.slots, id, d),
                 None => {}
             }
         }
@@ -233,44 +282,58 @@ impl Table {
         (self.unreplied_head != NIL).then_some(self.unreplied_head)
     }
 
+    /// Unreplied list links (previous, next) of entry `id`.
+    fn ulinks(&self, id: u32) -> (u32, u32) {
+        self.get(id).map_or((NIL, NIL), |e| e.unreplied_links())
+    }
+
+    fn set_ulinks(&mut self, id: u32, prev: Option<u32>, next: Option<u32>) {
+        if let Some(e) = self.get_mut(id) {
+            let (p, n) = e.unreplied_links();
+            e.set_unreplied_links(prev.unwrap_or(p), next.unwrap_or(n));
+        }
+    }
+
     fn unreplied_push(&mut self, id: u32) {
         let tail = self.unreplied_tail;
-        let l = &mut self.links[id as usize];
-        l.uprev = tail;
-        l.unext = NIL;
+        self.set_ulinks(id, Some(tail), Some(NIL));
         if tail == NIL {
             self.unreplied_head = id;
         } else {
-            self.links[tail as usize].unext = id;
+            self.set_ulinks(tail, None, Some(id));
         }
         self.unreplied_tail = id;
     }
 
     fn unreplied_unlink(&mut self, id: u32) {
-        let Links { uprev, unext, .. } = self.links[id as usize];
+        let (uprev, unext) = self.ulinks(id);
         if uprev == NIL {
             self.unreplied_head = unext;
         } else {
-            self.links[uprev as usize].unext = unext;
+            self.set_ulinks(uprev, None, Some(unext));
         }
         if unext == NIL {
             self.unreplied_tail = uprev;
         } else {
-            self.links[unext as usize].uprev = uprev;
+            self.set_ulinks(unext, Some(uprev), None);
         }
-        let l = &mut self.links[id as usize];
-        l.uprev = NIL;
-        l.unext = NIL;
+        self.set_ulinks(id, Some(NIL), Some(NIL));
     }
 
-    /// Bytes allocated by the index (for memory measurements).
-    pub(crate) fn index_bytes(&self) -> usize {
-        self.index.allocation_size()
+    /// Bytes of memory held: slab slots (live or free), the index, and the extra address
+    /// allocations of entries that need one (counted by a scan). Not the wheel's fixed
+    /// [`super::expiry::SLOTS`] heads.
+    pub(crate) fn memory_bytes(&self) -> usize {
+        let more = self.iter().filter(|(_, e)| e.has_more()).count();
+        self.slots.capacity() * std::mem::size_of::<Slot>()
+            + self.index.allocation_size()
+            + more * MORE_BYTES
     }
 
     /// Slab slots allocated (live or free).
+    #[cfg(test)]
     pub(crate) fn slab_capacity(&self) -> usize {
-        self.entries.capacity()
+        self.slots.capacity()
     }
 
     /// Checks every invariant linking the slab, the index, the wheel and the FIFO; panics
@@ -282,29 +345,30 @@ impl Table {
         assert_eq!(self.index.len(), 2 * self.live, "two index slots per entry");
         for &v in self.index.iter() {
             assert!(
-                tuple_of(&self.entries, v).is_some(),
+                tuple_of(&self.slots, v).is_some(),
                 "index slot {v:#x} points to a removed entry"
             );
         }
         for (id, e) in self.iter() {
             for dir in 0..2 {
-                let found = self.lookup(e.tuple(dir));
+                let found = self.lookup(&e.tuple(dir));
                 let ok = found == Some((id, dir))
-                    || (e.original == e.reply && found.is_some_and(|(i, _)| i == id));
+                    || (e.original() == e.reply() && found.is_some_and(|(i, _)| i == id));
                 assert!(ok, "entry {id} not found by its tuple {dir}: {found:?}");
             }
         }
-        let mut in_wheel = self.wheel.all(&self.links);
+        let mut in_wheel = self.wheel.all(&self.slots);
         in_wheel.sort_unstable();
         assert_eq!(in_wheel, live, "each live entry exactly once in the wheel");
         let mut fifo = Vec::new();
         let mut id = self.unreplied_head;
         let mut prev = NIL;
         while id != NIL {
-            assert_eq!(self.links[id as usize].uprev, prev, "fifo back link");
+            let (uprev, unext) = self.ulinks(id);
+            assert_eq!(uprev, prev, "fifo back link");
             fifo.push(id);
             prev = id;
-            id = self.links[id as usize].unext;
+            id = unext;
         }
         assert_eq!(self.unreplied_tail, prev, "fifo tail");
         fifo.sort_unstable();

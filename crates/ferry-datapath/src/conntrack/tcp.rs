@@ -77,6 +77,11 @@ const F_WSCALE: u8 = 1;
 /// mid-stream, until both directions were seen).
 const F_LIBERAL: u8 = 2;
 
+/// A per-direction flag set for both directions.
+const fn both(f: u8) -> u8 {
+    f | f << 2
+}
+
 /// Largest window scale shift (RFC 7323 section 2.3).
 const MAX_WSCALE: u8 = 14;
 /// Smallest acknowledgement window nf_conntrack allows for check 4.
@@ -95,9 +100,10 @@ pub struct TcpConn {
     pub maxwin: [u32; 2],
     /// Window scale shift.
     pub scale: [u8; 2],
-    /// Per-direction flags.
+    /// Per-direction flags, two bits each (`F_*` shifted by `2 * direction`), one byte so
+    /// that the whole state packs into 28 bytes.
     #[serde(skip)]
-    flags: [u8; 2],
+    flags: u8,
 }
 
 /// The fields of a TCP segment that tracking needs.
@@ -295,11 +301,11 @@ impl TcpConn {
                     maxend: [end, 0],
                     maxwin: [win, 0],
                     scale: [0; 2],
-                    flags: [0; 2],
+                    flags: 0,
                 };
                 if let Some(s) = seg.wscale {
                     c.scale[0] = s;
-                    c.flags[0] |= F_WSCALE;
+                    c.set_flag(0, F_WSCALE);
                 }
                 Some(c)
             }
@@ -313,7 +319,7 @@ impl TcpConn {
                     maxend: [end.wrapping_add(maxwin), 0],
                     maxwin: [maxwin, 0],
                     scale: [MAX_WSCALE; 2],
-                    flags: [F_LIBERAL | F_WSCALE; 2],
+                    flags: both(F_LIBERAL | F_WSCALE),
                 })
             }
             _ => None,
@@ -359,10 +365,10 @@ impl TcpConn {
                 self.maxend[s] = end.wrapping_add(self.maxwin[s]);
                 if let Some(sc) = seg.wscale {
                     self.scale[s] = sc;
-                    self.flags[s] |= F_WSCALE;
+                    self.set_flag(s, F_WSCALE);
                 }
                 // RFC 7323: scaling applies only when both SYNs carried the option.
-                if self.flags[s] & self.flags[r] & F_WSCALE == 0 {
+                if !(self.flag(s, F_WSCALE) && self.flag(r, F_WSCALE)) {
                     self.scale = [0; 2];
                 }
                 if !has_ack {
@@ -381,8 +387,7 @@ impl TcpConn {
                     self.end[r] = self.end[r].wrapping_add(1);
                 }
                 // Both directions are seen now: windows are tracked from here on.
-                self.flags[0] &= !F_LIBERAL;
-                self.flags[1] &= !F_LIBERAL;
+                self.flags &= !both(F_LIBERAL);
             }
         } else if syn
             && after(end, self.end[s])
@@ -395,7 +400,7 @@ impl TcpConn {
             self.maxwin[s] = win.max(1);
             if let Some(sc) = seg.wscale {
                 self.scale[s] = sc;
-                self.flags[s] |= F_WSCALE;
+                self.set_flag(s, F_WSCALE);
             }
         }
 
@@ -437,13 +442,23 @@ impl TcpConn {
             }
             true
         } else {
-            self.flags[s] & F_LIBERAL != 0
+            self.flag(s, F_LIBERAL)
         }
+    }
+
+    #[inline]
+    fn flag(&self, dir: usize, f: u8) -> bool {
+        self.flags & (f << (2 * dir)) != 0
+    }
+
+    #[inline]
+    fn set_flag(&mut self, dir: usize, f: u8) {
+        self.flags |= f << (2 * dir);
     }
 
     /// True while windows are not checked (picked up mid-stream, other side not seen).
     pub fn liberal(&self) -> bool {
-        self.flags[0] & F_LIBERAL != 0
+        self.flag(0, F_LIBERAL)
     }
 }
 

@@ -109,7 +109,7 @@ fn udp_first_packet_is_new_and_inserted_only_by_commit() {
     assert!(r.entry.is_none());
     assert!(ct.is_empty(), "nothing inserted before commit");
     let pending = r.pending.unwrap();
-    assert_eq!(pending.entry().reply, reverse(&p.parsed.key));
+    assert_eq!(pending.entry().reply(), reverse(&p.parsed.key));
     let id = ct.commit(pending, 0).unwrap();
     assert_eq!(ct.len(), 1);
     assert_eq!(ct.lookup(&p.parsed.key), Some((id, false)));
@@ -139,7 +139,7 @@ fn entry_is_found_from_both_directions() {
         (CtState::Established, false, Some(id))
     );
     let e = ct.get(id).unwrap();
-    assert_eq!(e.packets, [2, 1]);
+    assert_eq!(e.packets(), [2, 1]);
     assert_eq!(e.first_seen_ns, 0);
     assert_eq!(e.last_seen_ns, 2 * S);
     assert_eq!(ct.len(), 1);
@@ -313,7 +313,7 @@ fn expired_entry_is_not_found_before_it_is_reaped() {
         "the old entry timed out: this starts a new one"
     );
     let e = ct.get(r.entry.unwrap()).unwrap();
-    assert_eq!(e.original.src, ip("10.0.0.2"));
+    assert_eq!(e.original().src, ip("10.0.0.2"));
 }
 
 #[test]
@@ -330,9 +330,14 @@ fn non_ip_and_untracked_icmp_are_untracked() {
 #[test]
 fn size_of_entry_and_memory_per_connection() {
     let entry = std::mem::size_of::<Entry>();
-    let slot = std::mem::size_of::<Option<Entry>>() + std::mem::size_of::<table::Links>();
+    let slot = std::mem::size_of::<table::Slot>();
+    assert_eq!(entry, 176, "Entry is {entry} bytes");
+    assert_eq!(
+        slot, entry,
+        "a slot (entry or free link) is no bigger than an entry"
+    );
     let mut ct = ct();
-    let n = 100_000u32;
+    let n = Config::DEFAULT_MAX_ENTRIES as u32;
     for i in 0..n {
         let a = std::net::Ipv4Addr::from(0x0a00_0000 + i);
         let mut p = pkt_in(
@@ -349,16 +354,129 @@ fn size_of_entry_and_memory_per_connection() {
         let r = ct.process(&mut p.pkt, &mut p.parsed, None, 0).unwrap();
         ct.commit(r.pending.unwrap(), 0).unwrap();
     }
-    let per_conn = ct.memory_bytes() / n as usize;
-    println!(
-        "size_of::<Entry>() = {entry}, slot with links = {slot}, bytes per connection at {n} = {per_conn}"
-    );
-    assert_eq!(
-        std::mem::size_of::<Option<Entry>>(),
-        entry,
-        "Option uses a niche"
-    );
-    assert!(entry <= 256, "Entry grew to {entry} bytes");
+    assert_eq!(ct.len(), n as usize);
+    assert_eq!(ct.table.slab_capacity(), n as usize, "no slab overshoot");
+    let per_conn = ct.memory_bytes() / ct.len();
+    println!("size_of::<Entry>() = {entry}, bytes per connection at {n} = {per_conn}");
+    assert!(per_conn <= 200, "{per_conn} bytes per connection");
+}
+
+#[test]
+fn small_tables_do_not_preallocate() {
+    let mut ct = ct();
+    let mut p = udp("10.0.0.1", 1000, "10.0.0.2", 53);
+    let r = ct.process(&mut p.pkt, &mut p.parsed, None, 0).unwrap();
+    ct.commit(r.pending.unwrap(), 0).unwrap();
+    assert!(ct.table.slab_capacity() <= 16);
+    assert!(ct.memory_bytes() < 16 * 1024);
+}
+
+#[test]
+fn slab_stops_at_max_entries() {
+    let mut ct = Conntrack::new(Config {
+        max_entries: 100,
+        ..Config::default()
+    });
+    for i in 0..300u16 {
+        let mut p = udp("10.0.0.1", 1000 + i, "10.0.0.2", 53);
+        let r = ct.process(&mut p.pkt, &mut p.parsed, None, 0).unwrap();
+        ct.commit(r.pending.unwrap(), 0).unwrap();
+    }
+    assert_eq!(ct.len(), 100);
+    assert_eq!(ct.table.slab_capacity(), 100);
+    ct.check();
+}
+
+/// IPv6 tuples with every combination of translated addresses and tunnel peer come back
+/// as they went in, with the extra allocation only past three distinct addresses.
+#[test]
+fn ipv6_tuples_round_trip_through_compact_storage() {
+    let (a, b, c, d) = (ip("fd00::1"), ip("fd00::2"), ip("fd00::3"), ip("fd00::4"));
+    let key = |src, dst, sport, dport| FlowKey {
+        zone: 7,
+        src,
+        dst,
+        proto: proto::UDP,
+        src_port: sport,
+        dst_port: dport,
+    };
+    let o = key(a, b, 1000, 53);
+    let replies = [
+        (key(b, a, 53, 1000), false),
+        (key(c, a, 5353, 1000), false),
+        (key(b, d, 53, 2000), false),
+        (key(c, d, 5353, 2000), true),
+    ];
+    for (r, more) in replies {
+        for peer in [None, Some(ip("192.168.0.9")), Some(ip("fd01::9"))] {
+            let mut e = Entry::new(o, r, ProtoState::Udp, 5);
+            e.set_tunnel_peer(peer);
+            assert_eq!((e.original(), e.reply(), e.tunnel_peer()), (o, r, peer));
+            assert!(e.tuple_is(ORIGINAL, &o) && e.tuple_is(REPLY, &r));
+            assert!(!e.tuple_is(ORIGINAL, &r) && !e.tuple_is(REPLY, &o));
+            let distinct = 2 + usize::from(r.src != b) + usize::from(r.dst != a);
+            let places = distinct + usize::from(peer.is_some());
+            assert_eq!(e.has_more(), more || places > 3, "{r:?} {peer:?}");
+            e.set_tunnel_peer(None);
+            assert_eq!((e.original(), e.reply(), e.tunnel_peer()), (o, r, None));
+            assert_eq!(e.has_more(), more);
+        }
+    }
+}
+
+#[test]
+fn ipv4_tuples_and_peer_round_trip() {
+    let o = FlowKey {
+        zone: 1,
+        src: ip("10.0.0.1"),
+        dst: ip("10.96.0.1"),
+        proto: proto::TCP,
+        src_port: 40000,
+        dst_port: 80,
+    };
+    let r = FlowKey {
+        zone: 1,
+        src: ip("10.0.1.5"),
+        dst: ip("192.168.0.1"),
+        proto: proto::TCP,
+        src_port: 8080,
+        dst_port: 1234,
+    };
+    let mut e = Entry::new(o, r, ProtoState::Other, 0);
+    for peer in [Some(ip("172.16.0.1")), Some(ip("fd00::1")), None] {
+        e.set_tunnel_peer(peer);
+        assert_eq!((e.original(), e.reply(), e.tunnel_peer()), (o, r, peer));
+        assert!(!e.has_more());
+    }
+    let v6 = FlowKey {
+        src: ip("::ffff:10.0.0.1"),
+        dst: ip("::ffff:10.96.0.1"),
+        ..o
+    };
+    assert!(!e.tuple_is(ORIGINAL, &v6), "families never match");
+}
+
+/// The reply count reads zero until a reply, though its place holds the list links.
+#[test]
+fn reply_counters_start_at_the_first_reply() {
+    let mut ct = ct();
+    let mut ids = Vec::new();
+    for port in [1000, 1001, 1002] {
+        let mut p = udp("10.0.0.1", port, "10.0.0.2", 53);
+        let r = ct.process(&mut p.pkt, &mut p.parsed, None, 0).unwrap();
+        ids.push(ct.commit(r.pending.unwrap(), 0).unwrap());
+    }
+    for &id in &ids {
+        assert_eq!(ct.get(id).unwrap().packets()[REPLY], 0);
+        assert_eq!(ct.get(id).unwrap().bytes()[REPLY], 0);
+    }
+    let mut p = udp("10.0.0.2", 53, "10.0.0.1", 1001);
+    ct.process(&mut p.pkt, &mut p.parsed, None, 1).unwrap();
+    let e = ct.get(ids[1]).unwrap();
+    assert_eq!(e.packets(), [1, 1]);
+    assert_eq!(e.bytes()[REPLY], p.parsed.ip_len() as u64);
+    assert_eq!(ct.get(ids[0]).unwrap().packets(), [1, 0]);
+    ct.check();
 }
 
 // --- TCP
@@ -756,8 +874,8 @@ fn delete_by_filter_removes_both_directions_from_the_index() {
     assert_eq!(ct.delete(&backend), 1);
     ct.check();
     assert!(ct.get(id).is_none());
-    assert_eq!(ct.lookup(&e.original), None);
-    assert_eq!(ct.lookup(&e.reply), None);
+    assert_eq!(ct.lookup(&e.original()), None);
+    assert_eq!(ct.lookup(&e.reply()), None);
     assert_eq!(ct.len(), 3);
     assert_eq!(ct.stats().deleted, 1);
     // A reply of the deleted connection is no longer recognised.
@@ -808,7 +926,7 @@ fn entry_line_looks_like_conntrack_list() {
     );
     let e = ct.get_mut(id).unwrap();
     e.mark = 3;
-    e.tunnel_peer = Some(ip("192.168.0.2"));
+    e.set_tunnel_peer(Some(ip("192.168.0.2")));
     let e = ct.get(id).unwrap();
     assert_eq!(
         e.line(&t, 2 + S).to_string(),
