@@ -224,3 +224,127 @@ impl Drop for Lab {
         }
     }
 }
+
+impl Lab {
+    /// Pings until one answer comes (the first packets may resolve neighbours), then
+    /// requires `count` answers out of `count`.
+    pub fn ping(&mut self, from: &str, to: &str, size: usize, count: u32) {
+        let s = size.to_string();
+        let (from_s, to_s) = (from.to_string(), to.to_string());
+        self.wait_for(
+            10,
+            &format!("a {size}-byte ping answer from {to} to {from}"),
+            |l| {
+                l.exec(&from_s, 3, &["ping", "-c", "1", "-W", "1", "-s", &s, &to_s])
+                    .status
+                    .success()
+            },
+        );
+        let c = count.to_string();
+        let out = self.run(
+            from,
+            20,
+            &["ping", "-c", &c, "-i", "0.2", "-W", "2", "-s", &s, to],
+        );
+        assert!(
+            out.contains(&format!("{count} received")),
+            "ping {to} -s {size} from {from}: {out}"
+        );
+    }
+
+    /// Starts tshark writing what `iface` in namespace `short` carries to `pcap`, and
+    /// waits until it captures (the file has its header). Stop it with [`Lab::stop`].
+    pub fn capture(&mut self, short: &str, label: &str, iface: &str, pcap: &std::path::Path) {
+        let file = pcap.to_str().expect("a UTF-8 path").to_string();
+        self.spawn(short, label, &["tshark", "-q", "-i", iface, "-w", &file]);
+        let p = pcap.to_path_buf();
+        self.wait_for(
+            10,
+            &format!("tshark capturing on {iface} in {short}"),
+            |_| std::fs::metadata(&p).is_ok_and(|m| m.len() > 0),
+        );
+        // The header is written as the capture starts; give the ring a moment.
+        sleep(Duration::from_millis(300));
+    }
+
+    /// Sends `data` over TCP with nc from namespace `client` to `addr:port`, where an
+    /// nc in namespace `server` listens, and requires it to arrive byte-identical.
+    /// `dir` holds the files.
+    pub fn tcp_transfer(
+        &mut self,
+        dir: &std::path::Path,
+        (server, addr): (&str, &str),
+        client: &str,
+        port: u16,
+        data: &[u8],
+    ) {
+        let family = if addr.contains(':') { "-6" } else { "-4" };
+        let tag = format!("{server}-{port}");
+        let (src, dst) = (dir.join(format!("tx-{tag}")), dir.join(format!("rx-{tag}")));
+        std::fs::write(&src, data).unwrap();
+        let label = format!("nc server in {server} on {port}");
+        self.spawn(
+            server,
+            &label,
+            &[
+                "sh",
+                "-c",
+                &format!("exec nc {family} -l {port} > {}", dst.display()),
+            ],
+        );
+        let (srv, p) = (server.to_string(), format!(":{port} "));
+        self.wait_for(
+            5,
+            &format!("nc listening on port {port} in {server}"),
+            |l| String::from_utf8_lossy(&l.exec(&srv, 2, &["ss", "-Hltn"]).stdout).contains(&p),
+        );
+        self.run(
+            client,
+            30,
+            &[
+                "sh",
+                "-c",
+                &format!("nc -N -w 5 {addr} {port} < {}", src.display()),
+            ],
+        );
+        let (d, len) = (dst.clone(), data.len() as u64);
+        self.wait_for(
+            10,
+            &format!("all {len} bytes from {client} at {addr}:{port}"),
+            |_| std::fs::metadata(&d).is_ok_and(|m| m.len() >= len),
+        );
+        let got = std::fs::read(&dst).unwrap();
+        assert!(
+            got == data,
+            "TCP from {client} to {addr}:{port}: {} bytes arrived changed (sent {len})",
+            got.len()
+        );
+        self.stop(&label);
+    }
+}
+
+/// `len` bytes of a pattern that does not repeat at short periods.
+pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| ((i ^ seed).wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
+}
+
+impl Lab {
+    /// Stops a capture started with [`Lab::capture`] once its file has stopped growing
+    /// (tshark writes what it captured in batches), at most after 5 s.
+    pub fn stop_capture(&mut self, label: &str, pcap: &std::path::Path) {
+        let size = || std::fs::metadata(pcap).map_or(0, |m| m.len());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut last = size();
+        loop {
+            sleep(Duration::from_millis(600));
+            let now = size();
+            if now == last || Instant::now() > deadline {
+                break;
+            }
+            last = now;
+        }
+        self.stop(label);
+    }
+}
