@@ -74,6 +74,29 @@ impl<T> Fib<T> {
         }
     }
 
+    /// The value stored for exactly this prefix, if any.
+    pub fn get_exact(&self, prefix: IpNet) -> Option<&T> {
+        let len = prefix.prefix_len();
+        match prefix {
+            IpNet::V4(n) => {
+                let a = mask4(u32::from(n.addr()), len);
+                self.v4
+                    .by_len
+                    .iter()
+                    .find(|(l, _)| *l == len)
+                    .and_then(|(_, m)| m.get(&a))
+            }
+            IpNet::V6(n) => {
+                let a = mask6(u128::from(n.addr()), len);
+                self.v6
+                    .by_len
+                    .iter()
+                    .find(|(l, _)| *l == len)
+                    .and_then(|(_, m)| m.get(&a))
+            }
+        }
+    }
+
     /// The value of the longest prefix containing `addr`.
     #[inline]
     pub fn lookup(&self, addr: IpAddr) -> Option<&T> {
@@ -130,6 +153,11 @@ mod tests {
         assert_eq!(f.lookup(ip("fd12::1")), Some(&"v6"));
         assert_eq!(f.lookup(ip("2001:db8::1")), None);
         assert_eq!(f.len(), 5);
+        assert_eq!(
+            f.get_exact("10.244.1.0/24".parse().unwrap()),
+            Some(&"node1")
+        );
+        assert_eq!(f.get_exact("10.244.1.0/25".parse().unwrap()), None);
     }
 
     #[test]

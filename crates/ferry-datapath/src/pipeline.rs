@@ -325,7 +325,11 @@ impl Pipeline {
             format!("{}, {} bytes{frag}", parsed.key, parsed.ip_len())
         });
 
-        if let Err(r) = check_offload(&pkt, &parsed) {
+        // A kernel VXLAN peer behind a veth hands over frames whose inner checksum is
+        // still partial: that state is checked on the inner packet after decapsulation,
+        // and such a frame that is not decapsulated is refused.
+        let inner_csum = inner_partial_checksum(&pkt, &parsed);
+        if !inner_csum && let Err(r) = check_offload(&pkt, &parsed) {
             return self.drop(r, trace);
         }
 
@@ -373,11 +377,16 @@ impl Pipeline {
                     ov.vni, inner_parsed.key
                 )
             });
+            if let Err(r) = check_offload(&inner, &inner_parsed) {
+                return self.drop(r, trace);
+            }
             (pkt, parsed) = match self.defrag(inner, inner_parsed, trace) {
                 Ok(p) => p,
                 Err(v) => return v,
             };
             tunnel_peer = Some(peer);
+        } else if inner_csum {
+            return self.drop(DropReason::CsumOffloadInvalid, trace);
         }
 
         if tunnel_peer.is_none() && in_port.kind == PortKind::Pod {
@@ -692,15 +701,28 @@ impl Pipeline {
         if vx.vni != ov.vni {
             return Err(DropReason::VxlanBadVni);
         }
-        let data = pkt.data[vx_off + vxlan::LEN..parsed.ip_end].to_vec();
+        let start = vx_off + vxlan::LEN;
+        let data = pkt.data[start..parsed.ip_end].to_vec();
         let inner = parse(&data, pkt.meta.zone)?;
         if inner.l3 == L3::Arp {
             return Err(DropReason::ArpNotHandled);
         }
+        // A partial checksum of the inner packet moves with it (checked by the caller).
+        let v = pkt.meta.vnet;
+        let vnet = if v.needs_csum() && usize::from(v.csum_start) >= start {
+            VnetHdr {
+                flags: VnetHdr::F_NEEDS_CSUM,
+                csum_start: v.csum_start - start as u16,
+                csum_offset: v.csum_offset,
+                ..VnetHdr::default()
+            }
+        } else {
+            VnetHdr::default()
+        };
         let mut p = Packet {
             data,
             meta: Meta {
-                vnet: VnetHdr::default(),
+                vnet,
                 mru: 0,
                 frag_id: 0,
                 ..pkt.meta
@@ -1135,6 +1157,19 @@ fn check_offload(pkt: &Packet, parsed: &Parsed) -> Result<(), DropReason> {
         return Err(DropReason::GsoMalformed);
     }
     Ok(())
+}
+
+/// True for a UDP frame whose partial checksum starts past its UDP and VXLAN headers:
+/// the inner packet's, as a kernel VXLAN device leaves it (not GSO, not a fragment).
+fn inner_partial_checksum(pkt: &Packet, parsed: &Parsed) -> bool {
+    let v = pkt.meta.vnet;
+    v.needs_csum()
+        && !v.is_gso()
+        && parsed.proto == proto::UDP
+        && parsed.frag.is_none()
+        && parsed.l4_complete
+        && usize::from(v.csum_start) >= parsed.l4_off + 8 + vxlan::LEN
+        && usize::from(v.csum_start) < parsed.ip_end
 }
 
 /// The MAC at `off` in a frame (the caller knows the frame is long enough).

@@ -821,6 +821,25 @@ impl TablesSpec {
             (Some(o), Some(u)) => Some(self.compile_overlay(o, u, &node, &ports, &mut fib)?),
             _ => None,
         };
+        // Connected routes: an `IP/LEN` address of a non-pod port puts its subnet on-link
+        // there, unless a route for that very prefix says otherwise.
+        for (i, p) in ports.iter().enumerate() {
+            if p.kind == PortKind::Pod {
+                continue;
+            }
+            for n in &p.subnets {
+                let n = n.trunc();
+                if fib.get_exact(n).is_none() {
+                    fib.insert(
+                        n,
+                        Route {
+                            port: i as PortId,
+                            next_hop: NextHop::Direct,
+                        },
+                    );
+                }
+            }
+        }
         let mut nat = Vec::with_capacity(self.nat.len());
         for (i, r) in self.nat.iter().enumerate() {
             nat.push(self.compile_nat(r).map_err(|e| format!("nat[{i}]: {e}"))?);
@@ -1118,6 +1137,24 @@ mod tests {
         assert_eq!(t.port_id("pod1"), Some(1));
         assert_eq!(t.fib.lookup("10.244.1.5".parse().unwrap()).unwrap().port, 1);
         assert_eq!(t.fib.lookup("8.8.8.8".parse().unwrap()).unwrap().port, 0);
+    }
+
+    #[test]
+    fn test_an_address_with_a_prefix_makes_a_connected_route() {
+        let mut t = spec(
+            &[("uplink", 1500), ("lab", 1500)],
+            &[("10.9.0.0/16", "lab")],
+        );
+        t.ports[0].kind = PortKind::Uplink;
+        t.ports[0].addresses = vec![
+            "192.168.77.1/24".parse().unwrap(),
+            "10.9.0.1/16".parse().unwrap(),
+        ];
+        let c = t.compile().unwrap();
+        let r = c.fib.lookup("192.168.77.9".parse().unwrap()).unwrap();
+        assert_eq!((r.port, r.next_hop), (0, NextHop::Direct));
+        // A route given for the same prefix wins.
+        assert_eq!(c.fib.lookup("10.9.3.3".parse().unwrap()).unwrap().port, 1);
     }
 
     #[test]

@@ -27,9 +27,7 @@ ports:
     peer_mac: "0a:58:0a:f4:01:05"
     addresses: [10.244.1.5, "fd00:10:244:1::5"]
     gso: true
-routes:
-  - { prefix: 192.168.77.0/24, port: uplink }
-  - { prefix: "fd00:77::/64", port: uplink }
+# No routes: the uplink's IP/LEN addresses put the wire's subnets on-link.
 overlay: { vni: 4096, mode: always, uplink: uplink }
 nodes:
   - { name: node2, address: 192.168.77.2, pod_cidrs: [10.244.2.0/24, "fd00:10:244:2::/64"] }

@@ -68,11 +68,23 @@ fn ferry_and_kernel(tag: &str) -> (Lab, tempfile::TempDir) {
 
     // Node 2: the kernel's VXLAN, as a CNI would configure it.
     lab.ip("n2", &["addr", "add", "192.168.77.2/24", "dev", "up2"]);
-    // Node 2's NIC completes checksums and segments before the wire, as a physical NIC
-    // does. A veth left with its offloads hands the receiving socket the sender's
-    // pending offload work instead (a partial inner checksum, a tunnel super-packet),
-    // which never crosses a real wire.
-    lab.run("n2", 5, &["ethtool", "-K", "up2", "tx", "off"]);
+    // Node 2's NIC segments tunnel packets before the wire, as a physical NIC does: a
+    // veth left with tunnel segmentation hands the receiving socket a VXLAN super-packet,
+    // which a virtio-net header cannot describe. Checksum offload stays on, so the inner
+    // checksums ferry receives are partial and ferry must finish them.
+    lab.run(
+        "n2",
+        5,
+        &[
+            "ethtool",
+            "-K",
+            "up2",
+            "tx-udp_tnl-segmentation",
+            "off",
+            "tx-udp_tnl-csum-segmentation",
+            "off",
+        ],
+    );
     lab.ip(
         "n2",
         &[
@@ -221,9 +233,11 @@ fn ferry_and_kernel_vxlan_carry_ipv4_both_ways() {
         ferry_vxlan > 100,
         "few VXLAN frames (VNI 4096) from ferry on the wire: {ferry_vxlan}"
     );
+    // Only ferry's frames: the kernel's leave their checksums to the (virtual) NIC, so the
+    // capture shows them unfinished.
     let bad = tshark_lines(
         &pcap,
-        "_ws.malformed || _ws.expert.severity == error",
+        "ip.src == 192.168.77.1 && (_ws.malformed || _ws.expert.severity == error)",
         &[
             "-e",
             "frame.number",
@@ -237,7 +251,7 @@ fn ferry_and_kernel_vxlan_carry_ipv4_both_ways() {
     );
     assert!(
         bad.is_empty(),
-        "tshark finds errors in {} frames of the wire, e.g. {:?}",
+        "tshark finds errors in {} of ferry's frames on the wire, e.g. {:?}",
         bad.len(),
         &bad[..bad.len().min(10)]
     );
