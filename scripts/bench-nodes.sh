@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Pod-to-pod TCP throughput and request/response latency across two nodes, built three
+# ways in one run: through ferry (VXLAN overlay, conntrack), through the Linux kernel
+# (veth, routes, kernel VXLAN, nf_conntrack with a stateful rule), and through Open
+# vSwitch's userspace datapath when it is installed. Prints each and the ratios.
+# Needs root. Traffic stays in namespaces this script makes; all are removed on exit.
+#
+#   bash scripts/bench-nodes.sh [SECONDS]      (default 10 s of iperf3 per topology)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+ensure_packages cc:build-essential ip:iproute2 iperf3:iperf3 nft:nftables python3:python3
+secs=${1:-10}
+cargo build --release --locked -q -p ferry
+ferry=$PWD/target/release/ferry
+p="fb$$"
+work=$(mktemp -d)
+pids=()
+
+cleanup() {
+  for pid in "${pids[@]:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done
+  sleep 0.5
+  for ns in $(ip netns list | awk '{print $1}' | grep "^$p-" || true); do ip netns del "$ns" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+nsx() { ip netns exec "$p-$1" "${@:2}"; }
+
+# A 1-byte TCP ping-pong, N round trips; prints the mean round trip in microseconds.
+cat > "$work/rr.py" <<'PY'
+import socket, sys, time
+mode, host, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+if mode == "server":
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port)); s.listen(1)
+    c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while True:
+        b = c.recv(1)
+        if not b: break
+        c.sendall(b)
+else:
+    c = socket.create_connection((host, port), timeout=5)
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for _ in range(200): c.sendall(b"x"); c.recv(1)
+    t = time.perf_counter()
+    for _ in range(n): c.sendall(b"x"); c.recv(1)
+    print(round((time.perf_counter() - t) / n * 1e6, 1))
+PY
+
+# Builds namespaces n1 n2 p1 p2 and the wire between the nodes.
+base() {
+  for ns in n1 n2 p1 p2; do ip netns add "$p-$ns"; nsx "$ns" ip link set lo up; done
+  ip link add up1 netns "$p-n1" type veth peer name up2 netns "$p-n2"
+  nsx n1 ip link set up1 address 02:fe:00:00:00:01 up
+  nsx n2 ip link set up2 address 02:fe:00:00:00:02 up
+}
+
+teardown() {
+  for pid in "${pids[@]:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]:-}"; do [ -n "$pid" ] && wait "$pid" 2>/dev/null || true; done
+  pids=()
+  for ns in n1 n2 p1 p2; do ip netns del "$p-$ns" 2>/dev/null || true; done
+  sleep 0.5
+}
+
+# measure NAME: iperf3 and the ping-pong from pod 1 to pod 2 (10.244.2.5).
+measure() {
+  local name=$1
+  for _ in $(seq 50); do nsx p1 ping -c 1 -W 1 10.244.2.5 >/dev/null 2>&1 && break; sleep 0.2; done
+  nsx p2 iperf3 -s -1 >/dev/null 2>&1 & pids+=($!)
+  sleep 0.5
+  local gbps
+  gbps=$(nsx p1 iperf3 -c 10.244.2.5 -t "$secs" -J | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9, 3))')
+  nsx p2 python3 "$work/rr.py" server 10.244.2.5 5300 0 & pids+=($!)
+  sleep 0.5
+  local us
+  us=$(nsx p1 python3 "$work/rr.py" client 10.244.2.5 5300 5000)
+  printf '%-10s %10s Gbit/s %10s us\n' "$name" "$gbps" "$us"
+  echo "$name $gbps $us" >> "$work/results"
+}
+
+kernel() {
+  base
+  for n in 1 2; do
+    nsx "n$n" ip addr add "192.168.77.$n/24" dev "up$n"
+    nsx "n$n" sysctl -qw net.ipv4.ip_forward=1
+    ip link add "h$n" netns "$p-n$n" type veth peer name eth0 netns "$p-p$n"
+    nsx "n$n" ip link set "h$n" up
+    nsx "p$n" ip link set eth0 mtu 1450 up
+    nsx "p$n" ip addr add "10.244.$n.5/32" dev eth0
+    nsx "p$n" ip route add 169.254.1.1 dev eth0 scope link
+    nsx "p$n" ip route add default via 169.254.1.1 dev eth0
+    local hmac
+    hmac=$(nsx "n$n" cat "/sys/class/net/h$n/address")
+    nsx "p$n" ip neigh add 169.254.1.1 lladdr "$hmac" dev eth0 nud permanent
+    nsx "n$n" ip route add "10.244.$n.5/32" dev "h$n"
+    local peer=$((3 - n))
+    nsx "n$n" ip link add vx0 type vxlan id 4096 dstport 4789 local "192.168.77.$n" remote "192.168.77.$peer" dev "up$n"
+    nsx "n$n" ip link set vx0 up
+    # The peer answers ARP for its pods across the tunnel.
+    nsx "n$n" sysctl -qw net.ipv4.conf.vx0.proxy_arp=1
+    nsx "n$n" ip addr add "10.244.$n.1/32" dev vx0
+    nsx "n$n" ip route add "10.244.$peer.0/24" dev vx0
+    nsx "n$n" nft -f - <<NFT
+table inet ferrybench {
+  chain forwarding {
+    type filter hook forward priority 0; policy drop;
+    ct state established,related accept
+    ct state new accept
+  }
+}
+NFT
+  done
+  measure kernel
+  teardown
+}
+
+ferry_nodes() {
+  base
+  for n in 1 2; do
+    local peer=$((3 - n))
+    cat > "$work/node$n.yaml" <<YAML
+node: { name: node$n, addresses: [192.168.77.$n] }
+ports:
+  - { name: uplink, kind: uplink, mac: "02:fe:00:00:00:0$n", mtu: 1500, addresses: [192.168.77.$n/24] }
+  - { name: pod, kind: pod, mac: "ee:ee:ee:ee:ee:ee", peer_mac: "0a:58:0a:f4:0$n:05", addresses: [10.244.$n.5], gso: true }
+overlay: { vni: 4096, mode: always, uplink: uplink }
+nodes:
+  - { name: node$peer, address: 192.168.77.$peer, pod_cidrs: [10.244.$peer.0/24] }
+YAML
+    nsx "n$n" "$ferry" node --tables "$work/node$n.yaml" --attach "uplink=af-packet:up$n" --attach "pod=pod:$p-p$n" 2>"$work/ferry$n.log" &
+    pids+=($!)
+  done
+  for n in 1 2; do
+    for _ in $(seq 100); do nsx "p$n" ip link show eth0 >/dev/null 2>&1 && break; sleep 0.1; done
+  done
+  measure ferry
+  teardown
+}
+
+ovs() {
+  if ! command -v ovs-vswitchd >/dev/null 2>&1; then
+    echo "ovs        skipped: Open vSwitch is not installed (apt-get install openvswitch-switch)"
+    return
+  fi
+  echo "ovs        skipped: the userspace-datapath topology is not written yet"
+}
+
+echo "pod-to-pod across two nodes, iperf3 ${secs} s and 5000 TCP round trips of 1 byte"
+kernel
+ferry_nodes
+ovs
+python3 - "$work/results" <<'PY'
+import sys
+r = {l.split()[0]: (float(l.split()[1]), float(l.split()[2])) for l in open(sys.argv[1])}
+if "kernel" in r and "ferry" in r:
+    k, f = r["kernel"], r["ferry"]
+    print(f"ferry/kernel: throughput {f[0] / k[0]:.2f}x, latency {f[1] / k[1]:.2f}x")
+PY
