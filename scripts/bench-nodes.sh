@@ -24,6 +24,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 nsx() { ip netns exec "$p-$1" "${@:2}"; }
 

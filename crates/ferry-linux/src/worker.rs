@@ -41,6 +41,9 @@ use crate::port::{Frame, Port};
 
 /// Longest wait for traffic before the pipeline's clock is advanced and `stop` checked.
 pub const POLL_TIMEOUT_MS: i32 = 10;
+/// Receive errors in a row after which a port counts as broken and the worker returns
+/// (an error state makes poll return at once, so this is reached quickly).
+pub const MAX_FAILING_ROUNDS: u32 = 1000;
 /// Frames received from one port per round.
 pub const RX_BATCH: usize = 64;
 
@@ -93,6 +96,7 @@ pub fn run_worker(
     let mut out: Vec<(PortId, Packet)> = Vec::new();
     let mut tx: Vec<Vec<Frame>> = (0..ports.len()).map(|_| Vec::new()).collect();
     let mut trace = Trace::disabled();
+    let mut failing = vec![0u32; ports.len()];
     while !stop.load(Ordering::Relaxed) {
         stats.rounds += 1;
         for p in &mut pfds {
@@ -115,13 +119,37 @@ pub fn run_worker(
         }
         let now = clock();
         for (i, port) in ports.iter_mut().enumerate() {
-            if pfds[i].revents == 0 {
+            let revents = pfds[i].revents;
+            if revents == 0 {
                 continue;
+            }
+            // A device that went away (its namespace deleted, the TAP closed) makes poll
+            // return at once forever: stop instead of spinning.
+            if revents & (libc::POLLHUP | libc::POLLNVAL) != 0 {
+                return Err(io::Error::other(format!(
+                    "port {}: the device is gone",
+                    port.name()
+                )));
             }
             rx.clear();
             match port.recv_batch(&mut rx, RX_BATCH) {
-                Ok(n) => stats.rx_frames += n as u64,
-                Err(_) => stats.rx_errors += 1,
+                Ok(n) => {
+                    stats.rx_frames += n as u64;
+                    failing[i] = 0;
+                }
+                Err(e) => {
+                    stats.rx_errors += 1;
+                    failing[i] += 1;
+                    if failing[i] >= MAX_FAILING_ROUNDS {
+                        return Err(io::Error::new(
+                            e.kind(),
+                            format!(
+                                "port {}: {MAX_FAILING_ROUNDS} receive errors in a row, last: {e}",
+                                port.name()
+                            ),
+                        ));
+                    }
+                }
             }
             let offloads = port.offloads();
             for f in rx.drain(..) {
