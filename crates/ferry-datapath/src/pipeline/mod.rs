@@ -1,0 +1,1284 @@
+//! One node's pipeline: parse (ARP answered here) -> defrag -> VXLAN decap -> source
+//! check -> neighbour discovery -> TTL -> conntrack (with NAT) -> route -> next-hop
+//! resolution -> L2 rewrite -> egress MTU -> encap.
+//!
+//! Later stages (services, policy) slot in around conntrack. The pipeline owns its
+//! per-worker state (fragment buffers, connections, neighbours, ICMP budget, counters)
+//! and reads the node tables through an `Arc` that the control plane swaps.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use crate::conntrack::{self, Conntrack, CtState, Nat, Pending};
+use crate::drop::{DropCounters, DropReason};
+use crate::flow::proto;
+use crate::gso;
+use crate::icmp::{self, ErrorKind, RateLimiter};
+use crate::ipf::{self, Reassembler};
+use crate::neigh::{self, Neighbours, arp, nd};
+use crate::overlay;
+use crate::packet::{Meta, Packet, PortId, VnetHdr};
+use crate::tables::{MacAddr, NextHop, Port, PortKind, Snat, Tables};
+use crate::wire::checksum;
+use crate::wire::vxlan;
+use crate::wire::{L3, Parsed, parse};
+
+/// What became of one input packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Sent on (possibly as several packets, possibly with an ICMP error besides).
+    Forwarded,
+    /// Held for reassembly; it leaves as part of its datagram, or expires.
+    Held,
+    /// Taken by the node itself: ARP or neighbour discovery, answered, learned from, or
+    /// ignored as not addressed to it; never forwarded.
+    Consumed,
+    /// Dropped for this reason.
+    Dropped(DropReason),
+}
+
+impl Verdict {
+    /// `forwarded`, `held` or `dropped`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Verdict::Forwarded => "forwarded",
+            Verdict::Held => "held",
+            Verdict::Consumed => "consumed",
+            Verdict::Dropped(_) => "dropped",
+        }
+    }
+}
+
+/// One stage's note in a packet's trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceEvent {
+    /// Stage name (`parse`, `ipf`, `route`, ...).
+    pub stage: &'static str,
+    /// What the stage did.
+    pub detail: String,
+}
+
+/// A packet's trace: one event per stage, recorded only when enabled.
+#[derive(Clone, Debug, Default)]
+pub struct Trace {
+    enabled: bool,
+    /// The events, in stage order.
+    pub events: Vec<TraceEvent>,
+    /// What conntrack made of the packet, and whether it went in the reply direction;
+    /// recorded whether or not tracing is on.
+    pub ct: Option<(CtState, bool)>,
+}
+
+impl Trace {
+    /// A trace that records.
+    pub fn enabled() -> Trace {
+        Trace {
+            enabled: true,
+            events: Vec::new(),
+            ct: None,
+        }
+    }
+
+    /// A trace that records nothing (the fast path).
+    pub fn disabled() -> Trace {
+        Trace::default()
+    }
+
+    /// Records an event; `detail` is only evaluated when tracing is on.
+    #[inline]
+    pub fn note(&mut self, stage: &'static str, detail: impl FnOnce() -> String) {
+        if self.enabled {
+            self.events.push(TraceEvent {
+                stage,
+                detail: detail(),
+            });
+        }
+    }
+
+    /// Forgets the events and the conntrack state, keeping the setting.
+    pub fn clear(&mut self) {
+        self.events.clear();
+        self.ct = None;
+    }
+
+    /// The conntrack state as verdict logs name it: `new`, `established`, `reply`,
+    /// `related`, `invalid` or `untracked`; None when the packet never reached conntrack.
+    pub fn ct_name(&self) -> Option<&'static str> {
+        self.ct.map(|(state, reply)| match state {
+            CtState::Established if reply => "reply",
+            s => s.name(),
+        })
+    }
+}
+
+/// Per-port packet and byte counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortStats {
+    /// Packets received.
+    pub rx_packets: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Packets sent.
+    pub tx_packets: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+}
+
+/// Pipeline-wide counters besides drops.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Datagrams completed from fragments.
+    pub reassembled: u64,
+    /// Fragments sent by refragmentation or router fragmentation.
+    pub fragments_out: u64,
+    /// Received super-packets treated as coalesced TCP (port `gro`).
+    pub gro_marked: u64,
+    /// GSO packets segmented.
+    pub segmented: u64,
+    /// Segments sent from segmentation.
+    pub segments_out: u64,
+    /// ICMP errors sent.
+    pub icmp_sent: u64,
+    /// ICMP errors not sent: rate limited.
+    pub icmp_rate_limited: u64,
+    /// ICMP errors not sent: no node address on the port, or forbidden by RFC 1122.
+    pub icmp_suppressed: u64,
+    /// ARP requests answered.
+    pub arp_answered: u64,
+    /// Neighbour solicitations answered.
+    pub nd_answered: u64,
+    /// ARP requests / neighbour solicitations sent to resolve a next hop.
+    pub neigh_probes: u64,
+    /// Packets sent VXLAN-encapsulated.
+    pub encapsulated: u64,
+    /// VXLAN packets decapsulated.
+    pub decapsulated: u64,
+}
+
+/// Where one routed packet leaves, resolved: link-layer addresses, offloads, and the
+/// outer headers when it goes through the overlay.
+struct Egress {
+    port: PortId,
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    gso: bool,
+    tunnel: Option<overlay::Outer>,
+}
+
+/// Datagrams (and connections) expired per call of [`Pipeline::tick`] at most: bounded
+/// work per batch.
+pub const EXPIRE_BUDGET: usize = 64;
+
+/// One node's packet pipeline.
+pub struct Pipeline {
+    tables: Arc<Tables>,
+    ipf: Reassembler,
+    ct: Conntrack,
+    neigh: Neighbours,
+    icmp: RateLimiter,
+    drops: DropCounters,
+    stats: Stats,
+    ports: Vec<PortStats>,
+    scratch: Vec<Packet>,
+}
+
+impl Pipeline {
+    /// A pipeline over `tables`, with fragment and ICMP limits from them.
+    pub fn new(tables: Arc<Tables>) -> Pipeline {
+        let mut cfg = ipf::Config::default();
+        let s = &tables.ipf;
+        if let Some(ms) = s.timeout_ms {
+            cfg.timeout_ns = ms.saturating_mul(1_000_000);
+        }
+        if let Some(v) = s.max_datagrams {
+            cfg.max_datagrams = v;
+        }
+        if let Some(v) = s.max_bytes {
+            cfg.max_bytes = v;
+        }
+        if let Some(v) = s.min_fragment_v4 {
+            cfg.min_fragment_v4 = v;
+        }
+        if let Some(v) = s.min_fragment_v6 {
+            cfg.min_fragment_v6 = v;
+        }
+        let icmp = RateLimiter::new(
+            tables
+                .icmp
+                .per_second
+                .unwrap_or(RateLimiter::DEFAULT_PER_SECOND),
+            tables.icmp.burst.unwrap_or(RateLimiter::DEFAULT_BURST),
+        );
+        let mut ct = conntrack::Config::default();
+        if let Some(n) = tables.ct.max_entries {
+            ct.max_entries = n;
+        }
+        if let Some(p) = tables.ct.tcp_pickup {
+            ct.tcp_pickup = p;
+        }
+        Pipeline {
+            ports: vec![PortStats::default(); tables.ports.len()],
+            tables,
+            ipf: Reassembler::new(cfg),
+            ct: Conntrack::new(ct),
+            neigh: Neighbours::new(neigh::Config::default()),
+            icmp,
+            drops: DropCounters::default(),
+            stats: Stats::default(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The tables in use.
+    pub fn tables(&self) -> &Arc<Tables> {
+        &self.tables
+    }
+
+    /// Drop counters per reason.
+    pub fn drops(&self) -> &DropCounters {
+        &self.drops
+    }
+
+    /// Pipeline counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Per-port counters, indexed by `PortId`.
+    pub fn port_stats(&self) -> &[PortStats] {
+        &self.ports
+    }
+
+    /// The fragment reassembler (for its counters and usage).
+    pub fn reassembler(&self) -> &Reassembler {
+        &self.ipf
+    }
+
+    /// The connection table.
+    pub fn conntrack(&self) -> &Conntrack {
+        &self.ct
+    }
+
+    /// The connection table, for deleting entries or setting marks.
+    pub fn conntrack_mut(&mut self) -> &mut Conntrack {
+        &mut self.ct
+    }
+
+    /// The neighbour table (uplink and host ports).
+    pub fn neighbours(&self) -> &Neighbours {
+        &self.neigh
+    }
+
+    /// Advances the pipeline's clock: expires fragments and connections, with bounded
+    /// work.
+    pub fn tick(&mut self, now_ns: u64) {
+        self.ipf.expire(now_ns, EXPIRE_BUDGET, &mut self.drops);
+        self.ct.expire(now_ns, EXPIRE_BUDGET);
+    }
+
+    fn drop(&mut self, reason: DropReason, trace: &mut Trace) -> Verdict {
+        self.drops.count(reason);
+        trace.note("drop", || reason.name().to_string());
+        Verdict::Dropped(reason)
+    }
+
+    fn send(&mut self, port: PortId, pkt: Packet, out: &mut Vec<(PortId, Packet)>) {
+        let s = &mut self.ports[usize::from(port)];
+        s.tx_packets += 1;
+        s.tx_bytes += pkt.data.len() as u64;
+        out.push((port, pkt));
+    }
+
+    /// Runs one packet through the pipeline. Packets to send are appended to `out` with
+    /// their egress port (an ICMP error goes out of the ingress port; an ARP request or
+    /// neighbour solicitation out of the port whose next hop is being resolved).
+    pub fn process(
+        &mut self,
+        mut pkt: Packet,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) -> Verdict {
+        let tables = Arc::clone(&self.tables);
+        let in_id = pkt.meta.in_port;
+        let Some(in_port) = tables.ports.get(usize::from(in_id)) else {
+            return self.drop(DropReason::UnknownPort, trace);
+        };
+        let rx = &mut self.ports[usize::from(in_id)];
+        rx.rx_packets += 1;
+        rx.rx_bytes += pkt.data.len() as u64;
+        pkt.meta.zone = in_port.zone;
+
+        let parsed = match parse(&pkt.data, in_port.zone) {
+            Ok(p) => p,
+            Err(r) => return self.drop(r, trace),
+        };
+        if parsed.l3 == L3::Arp {
+            return self.arp(&pkt, &parsed, out, trace);
+        }
+        // Ethernet padding is not part of the packet and must not reach checksums.
+        pkt.data.truncate(parsed.ip_end);
+        trace.note("parse", || {
+            let frag = match parsed.frag {
+                Some(f) => format!(" fragment id {} offset {} more {}", f.id, f.offset, f.more),
+                None => String::new(),
+            };
+            format!("{}, {} bytes{frag}", parsed.key, parsed.ip_len())
+        });
+
+        // A kernel VXLAN peer behind a veth hands over frames whose inner checksum is
+        // still partial: that state is checked on the inner packet after decapsulation,
+        // and such a frame that is not decapsulated is refused.
+        let inner_csum = inner_partial_checksum(&pkt, &parsed);
+        if !inner_csum && let Err(r) = check_offload(&pkt, &parsed) {
+            return self.drop(r, trace);
+        }
+
+        if in_port.gro
+            && parsed.proto == proto::TCP
+            && parsed.frag.is_none()
+            && parsed.l4_complete
+            && !pkt.meta.vnet.is_gso()
+            && parsed.ip_len() > usize::from(in_port.mtu)
+        {
+            mark_coalesced(&mut pkt, &parsed, in_port);
+            self.stats.gro_marked += 1;
+            trace.note("gro", || {
+                format!(
+                    "coalesced TCP super-packet, segment size {}",
+                    pkt.meta.vnet.gso_size
+                )
+            });
+        }
+
+        let (mut pkt, mut parsed) = match self.defrag(pkt, parsed, trace) {
+            Ok(p) => p,
+            Err(v) => return v,
+        };
+
+        // Decap: VXLAN to this node arrives on the overlay's uplink; the inner frame goes
+        // on as if received from a tunnel port in the uplink's zone.
+        let mut tunnel_peer = None;
+        if let Some(ov) = &tables.overlay
+            && in_id == ov.uplink
+            && parsed.proto == proto::UDP
+            && parsed.l4_complete
+            && parsed.key.dst_port == ov.port
+            && tables.node.addresses.contains(&parsed.key.dst)
+        {
+            let peer = parsed.key.src;
+            let (inner, inner_parsed) = match self.decap(&pkt, &parsed, ov) {
+                Ok(i) => i,
+                Err(r) => return self.drop(r, trace),
+            };
+            self.stats.decapsulated += 1;
+            trace.note("decap", || {
+                format!(
+                    "VXLAN vni {} from node {peer}: {}",
+                    ov.vni, inner_parsed.key
+                )
+            });
+            if let Err(r) = check_offload(&inner, &inner_parsed) {
+                return self.drop(r, trace);
+            }
+            (pkt, parsed) = match self.defrag(inner, inner_parsed, trace) {
+                Ok(p) => p,
+                Err(v) => return v,
+            };
+            tunnel_peer = Some(peer);
+        } else if inner_csum {
+            return self.drop(DropReason::CsumOffloadInvalid, trace);
+        }
+
+        if tunnel_peer.is_none() && in_port.kind == PortKind::Pod {
+            if !source_is_pods(in_port, &pkt, &parsed) {
+                return self.drop(DropReason::SourceSpoofed, trace);
+            }
+            trace.note("source", || "pod's own MAC and address".to_string());
+        }
+        if tunnel_peer.is_none() && in_port.kind != PortKind::Plain {
+            match nd::parse(&pkt.data, &parsed) {
+                Err(r) => return self.drop(r, trace),
+                Ok(Some(m)) => return self.nd(&pkt, &parsed, m, out, trace),
+                Ok(None) => {}
+            }
+        }
+        if in_port.kind != PortKind::Plain && !forwardable(&parsed) {
+            return self.drop(DropReason::NotForwardable, trace);
+        }
+
+        if parsed.ttl <= 1 {
+            // Quote the packet as it arrived, before any NAT.
+            self.icmp_error(
+                &pkt,
+                &parsed,
+                ErrorKind::TimeExceeded,
+                false,
+                tunnel_peer,
+                out,
+                trace,
+            );
+            return self.drop(DropReason::TtlExceeded, trace);
+        }
+
+        let nat = self.nat_for(&tables, in_id, &parsed);
+        let before = parsed.key;
+        let now = pkt.meta.time_ns;
+        let ct = match self.ct.process(&mut pkt, &mut parsed, nat.as_ref(), now) {
+            Ok(r) => r,
+            Err(r) => return self.drop(r, trace),
+        };
+        trace.ct = Some((ct.state, ct.reply));
+        trace.note("ct", || {
+            let dir = if ct.reply { " reply" } else { "" };
+            let nat = if before != parsed.key {
+                format!(", translated to {}", parsed.key)
+            } else {
+                String::new()
+            };
+            format!("{}{dir}{nat}", ct.state.name())
+        });
+        if ct.state == CtState::Invalid && !tables.ct.pass_invalid {
+            return self.drop(DropReason::CtInvalid, trace);
+        }
+        let mut pending = ct.pending;
+        // The connection remembers the node its original direction came through, so
+        // that replies return through that node (which undoes its NAT).
+        if let Some(peer) = tunnel_peer {
+            if let Some(p) = pending.as_mut() {
+                p.entry_mut().set_tunnel_peer(Some(peer));
+            } else if !ct.reply
+                && let Some(e) = ct.entry.and_then(|id| self.ct.get_mut(id))
+            {
+                e.set_tunnel_peer(Some(peer));
+            }
+        }
+        let reply_peer = if ct.reply {
+            ct.entry
+                .and_then(|id| self.ct.get(id))
+                .and_then(|e| e.tunnel_peer())
+        } else {
+            None
+        };
+
+        let Some(route) = tables.fib.lookup(parsed.key.dst).copied() else {
+            return self.drop(DropReason::NoRoute, trace);
+        };
+        let (mut out_id, mut next_hop) = (route.port, route.next_hop);
+        if let (Some(peer), Some(ov)) = (reply_peer, &tables.overlay)
+            && tables.ports[usize::from(out_id)].kind != PortKind::Pod
+            && let Some(i) = ov.peer_index(peer)
+        {
+            (out_id, next_hop) = (ov.uplink, NextHop::Tunnel(i));
+        }
+        let out_port = &tables.ports[usize::from(out_id)];
+        trace.note("route", || match next_hop {
+            NextHop::Tunnel(i) => format!(
+                "{} -> node {} through the overlay",
+                parsed.key.dst,
+                tables
+                    .overlay
+                    .as_ref()
+                    .map_or("?", |o| &o.peers[usize::from(i)].name)
+            ),
+            _ => format!("{} -> port {}", parsed.key.dst, out_port.name),
+        });
+
+        // Encapsulated packets must fit the uplink with the outer headers: the MTU that
+        // counts for them (and that ICMP reports) is the uplink's minus the overhead.
+        let mtu = match (next_hop, &tables.overlay) {
+            (NextHop::Tunnel(i), Some(ov)) => overlay::inner_mtu(
+                out_port.mtu,
+                ov.peers[usize::from(i)].address.is_ipv6(),
+                parsed.l3_off,
+            ),
+            _ => usize::from(out_port.mtu),
+        };
+        let mru = usize::from(pkt.meta.mru);
+        let gso = pkt.meta.vnet.is_gso();
+        let uso = pkt.meta.vnet.gso_type & !VnetHdr::GSO_ECN == VnetHdr::GSO_UDP_L4;
+        // Fragmenting in transit is allowed only for IPv4 without DF (RFC 8200 forbids it
+        // for IPv6).
+        let may_fragment = parsed.l3 == L3::Ipv4 && !parsed.dont_fragment;
+        let too_big = if gso {
+            // TCP segments shrink to fit; a USO datagram is one application message and
+            // cannot be resized.
+            uso && gso_headers(&pkt.data, &parsed) + usize::from(pkt.meta.vnet.gso_size) > mtu
+                && !may_fragment
+        } else if mru != 0 {
+            // A reassembled datagram leaves as fragments no larger than those that came
+            // in; if those do not fit the MTU, fragmenting them further is in transit.
+            mru > mtu && !may_fragment
+        } else {
+            parsed.ip_len() > mtu && !may_fragment
+        };
+        if too_big {
+            // The connection is kept although this packet is not sent, so that the error,
+            // which quotes the translated packet, is translated back for the sender; the
+            // sender retries smaller on the same connection.
+            if let Err(r) = self.commit(&mut pending, now, trace) {
+                return self.drop(r, trace);
+            }
+            let kind = ErrorKind::TooBig { mtu: mtu as u32 };
+            self.icmp_error(&pkt, &parsed, kind, true, tunnel_peer, out, trace);
+            return self.drop(DropReason::TooBig, trace);
+        }
+
+        let egress = match self.resolve(out_id, next_hop, &parsed, now, out, trace) {
+            Ok(e) => e,
+            Err(r) => return self.drop(r, trace),
+        };
+        if let Err(r) = self.commit(&mut pending, now, trace) {
+            return self.drop(r, trace);
+        }
+
+        decrement_ttl(&mut pkt.data, &parsed);
+        pkt.data[0..6].copy_from_slice(&egress.dst_mac);
+        pkt.data[6..12].copy_from_slice(&egress.src_mac);
+        if let Some(o) = &egress.tunnel {
+            trace.note("encap", || {
+                format!(
+                    "VXLAN vni {} {} -> {}, udp source port {}, inner mtu {mtu}",
+                    o.vni,
+                    o.src,
+                    o.dst,
+                    overlay::source_port(o.hash)
+                )
+            });
+        }
+
+        if gso {
+            let headers = gso_headers(&pkt.data, &parsed);
+            let fits = headers + usize::from(pkt.meta.vnet.gso_size) <= mtu;
+            if egress.gso && (fits || !uso) {
+                // The receiving kernel segments at gso_size: never above the MTU.
+                let max = (mtu - headers.min(mtu)) as u16;
+                if !fits {
+                    pkt.meta.vnet.gso_size = max;
+                }
+                trace.note("egress", || {
+                    format!(
+                        "GSO packet sent whole to {}, segment size {}",
+                        out_port.name, pkt.meta.vnet.gso_size
+                    )
+                });
+                self.emit(&egress, pkt, out);
+                return Verdict::Forwarded;
+            }
+            let mut segs = std::mem::take(&mut self.scratch);
+            segs.clear();
+            if let Err(r) = gso::segment(&pkt, &parsed, mtu, &mut segs) {
+                self.scratch = segs;
+                return self.drop(r, trace);
+            }
+            self.stats.segmented += 1;
+            self.stats.segments_out += segs.len() as u64;
+            trace.note("egress", || {
+                format!(
+                    "segmented into {} packets for mtu {mtu} on {}",
+                    segs.len(),
+                    out_port.name
+                )
+            });
+            let mut frags = Vec::new();
+            for seg in segs.drain(..) {
+                if seg.data.len() - parsed.l3_off <= mtu {
+                    self.emit(&egress, seg, out);
+                    continue;
+                }
+                // A USO datagram larger than the MTU, IPv4 without DF: fragment it.
+                frags.clear();
+                let fragmented = parse(&seg.data, pkt.meta.zone)
+                    .and_then(|sp| ipf::refragment(&seg, &sp, mtu, &mut frags));
+                if let Err(r) = fragmented {
+                    self.drops.count(r);
+                    continue;
+                }
+                self.stats.fragments_out += frags.len() as u64;
+                for f in frags.drain(..) {
+                    self.emit(&egress, f, out);
+                }
+            }
+            self.scratch = segs;
+            return Verdict::Forwarded;
+        }
+
+        let limit = if mru != 0 { mtu.min(mru) } else { mtu };
+        let fragment = parsed.ip_len() > limit;
+        if pkt.meta.vnet.needs_csum() && (!egress.gso || fragment) {
+            let v = pkt.meta.vnet;
+            if let Err(r) = checksum::complete_partial(
+                &mut pkt.data,
+                usize::from(v.csum_start),
+                usize::from(v.csum_offset),
+            ) {
+                return self.drop(r, trace);
+            }
+            pkt.meta.vnet = VnetHdr::default();
+        }
+
+        if !fragment {
+            trace.note("egress", || format!("sent to {}", out_port.name));
+            self.emit(&egress, pkt, out);
+            return Verdict::Forwarded;
+        }
+
+        let mut frags = std::mem::take(&mut self.scratch);
+        frags.clear();
+        if let Err(r) = ipf::refragment(&pkt, &parsed, limit, &mut frags) {
+            self.scratch = frags;
+            return self.drop(r, trace);
+        }
+        self.stats.fragments_out += frags.len() as u64;
+        trace.note("egress", || {
+            let why = if mru != 0 {
+                format!("refragmented to min(mru {mru}, mtu {mtu}) = {limit}")
+            } else {
+                format!("fragmented to mtu {mtu}")
+            };
+            format!("{why}: {} fragments to {}", frags.len(), out_port.name)
+        });
+        for f in frags.drain(..) {
+            self.emit(&egress, f, out);
+        }
+        self.scratch = frags;
+        Verdict::Forwarded
+    }
+
+    /// Defrag: a fragment is held, or completes its datagram (re-parsed, key rebuilt).
+    fn defrag(
+        &mut self,
+        pkt: Packet,
+        parsed: Parsed,
+        trace: &mut Trace,
+    ) -> Result<(Packet, Parsed), Verdict> {
+        if parsed.frag.is_none() {
+            return Ok((pkt, parsed));
+        }
+        match self.ipf.process(pkt, &parsed, &mut self.drops) {
+            ipf::Outcome::Held => {
+                trace.note("ipf", || {
+                    format!(
+                        "held for reassembly ({} datagrams, {} bytes in flight)",
+                        self.ipf.held_datagrams(),
+                        self.ipf.held_bytes()
+                    )
+                });
+                Err(Verdict::Held)
+            }
+            ipf::Outcome::Complete(p, pp) => {
+                self.stats.reassembled += 1;
+                trace.note("ipf", || {
+                    format!(
+                        "reassembled {} bytes, mru {}, key rebuilt: {}",
+                        pp.ip_len(),
+                        p.meta.mru,
+                        pp.key
+                    )
+                });
+                Ok((p, pp))
+            }
+            ipf::Outcome::Dropped(r) => {
+                trace.note("ipf", || format!("refused: {r}"));
+                Err(self.drop(r, trace))
+            }
+        }
+    }
+
+    /// Strips the outer headers of a VXLAN packet addressed to this node: only from a
+    /// known node, only with the overlay's VNI. The outer UDP checksum is not verified
+    /// (the inner packet has its own), as Linux's vxlan does not either.
+    fn decap(
+        &mut self,
+        pkt: &Packet,
+        parsed: &Parsed,
+        ov: &crate::tables::Overlay,
+    ) -> Result<(Packet, Parsed), DropReason> {
+        if ov.peer_index(parsed.key.src).is_none() {
+            return Err(DropReason::VxlanUnknownPeer);
+        }
+        let vx_off = parsed.l4_off + 8;
+        let vx = vxlan::Repr::parse(pkt.data.get(vx_off..parsed.ip_end).unwrap_or(&[]))?;
+        if vx.vni != ov.vni {
+            return Err(DropReason::VxlanBadVni);
+        }
+        let start = vx_off + vxlan::LEN;
+        let data = pkt.data[start..parsed.ip_end].to_vec();
+        let inner = parse(&data, pkt.meta.zone)?;
+        if inner.l3 == L3::Arp {
+            return Err(DropReason::ArpNotHandled);
+        }
+        // A partial checksum of the inner packet moves with it (checked by the caller).
+        let v = pkt.meta.vnet;
+        let vnet = if v.needs_csum() && usize::from(v.csum_start) >= start {
+            VnetHdr {
+                flags: VnetHdr::F_NEEDS_CSUM,
+                csum_start: v.csum_start - start as u16,
+                csum_offset: v.csum_offset,
+                ..VnetHdr::default()
+            }
+        } else {
+            VnetHdr::default()
+        };
+        let mut p = Packet {
+            data,
+            meta: Meta {
+                vnet,
+                mru: 0,
+                frag_id: 0,
+                ..pkt.meta
+            },
+        };
+        p.data.truncate(inner.ip_end);
+        Ok((p, inner))
+    }
+
+    /// Where the frame goes at the link layer: the next hop's MAC (from the route, the
+    /// neighbour table, or, for the overlay, the peer's VTEP with the outer headers to
+    /// add). An unknown neighbour is probed (rate limited) and the packet dropped.
+    fn resolve(
+        &mut self,
+        port: PortId,
+        hop: NextHop,
+        parsed: &Parsed,
+        now: u64,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) -> Result<Egress, DropReason> {
+        let tables = Arc::clone(&self.tables);
+        let p = &tables.ports[usize::from(port)];
+        let plain = |dst_mac| Egress {
+            port,
+            dst_mac,
+            src_mac: p.mac,
+            gso: p.gso,
+            tunnel: None,
+        };
+        match hop {
+            NextHop::Mac(m) => Ok(plain(m)),
+            NextHop::Via(a) => self.neighbour(port, a, now, out, trace).map(plain),
+            NextHop::Direct => self
+                .neighbour(port, parsed.key.dst, now, out, trace)
+                .map(plain),
+            NextHop::Tunnel(i) => {
+                let ov = tables.overlay.as_ref().ok_or(DropReason::NoRoute)?;
+                let peer = &ov.peers[usize::from(i)];
+                let up = ov.uplink;
+                let outer_mac = match peer.underlay {
+                    NextHop::Mac(m) => m,
+                    NextHop::Via(g) => self.neighbour(up, g, now, out, trace)?,
+                    _ => self.neighbour(up, peer.address, now, out, trace)?,
+                };
+                let src = tables
+                    .node
+                    .addr(peer.address.is_ipv6())
+                    .ok_or(DropReason::NoRoute)?;
+                Ok(Egress {
+                    port: up,
+                    dst_mac: peer.vtep_mac,
+                    src_mac: ov.vtep_mac,
+                    gso: false,
+                    tunnel: Some(overlay::Outer {
+                        src_mac: tables.ports[usize::from(up)].mac,
+                        dst_mac: outer_mac,
+                        src,
+                        dst: peer.address,
+                        vni: ov.vni,
+                        port: ov.port,
+                        hash: overlay::flow_hash(&parsed.key),
+                    }),
+                })
+            }
+        }
+    }
+
+    /// The MAC of `ip` on `port` from the neighbour table; probes when it says so.
+    fn neighbour(
+        &mut self,
+        port: PortId,
+        ip: IpAddr,
+        now: u64,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) -> Result<[u8; 6], DropReason> {
+        let r = self.neigh.resolve(port, ip, now);
+        if r.probe {
+            let tables = Arc::clone(&self.tables);
+            let p = &tables.ports[usize::from(port)];
+            let frame = match ip {
+                IpAddr::V4(target) => arp::Repr {
+                    op: arp::REQUEST,
+                    sender_mac: p.mac,
+                    sender_ip: match p.own_addr(false) {
+                        Some(IpAddr::V4(a)) => a,
+                        _ => Ipv4Addr::UNSPECIFIED,
+                    },
+                    target_mac: [0; 6],
+                    target_ip: target,
+                }
+                .frame([0xff; 6], p.mac, None),
+                IpAddr::V6(target) => {
+                    let src = p
+                        .own_addr(true)
+                        .and_then(nd::v6)
+                        .unwrap_or_else(|| nd::link_local(p.mac));
+                    nd::solicit(p.mac, None, src, target)
+                }
+            };
+            self.stats.neigh_probes += 1;
+            trace.note("neigh", || {
+                format!("{ip} unknown on {}: probe sent", p.name)
+            });
+            self.send(port, Packet::new(frame, port, now), out);
+        }
+        r.mac.ok_or(DropReason::NeighUnresolved)
+    }
+
+    /// Sends a packet as the egress says: encapsulated when it goes through the overlay.
+    fn emit(&mut self, egress: &Egress, mut pkt: Packet, out: &mut Vec<(PortId, Packet)>) {
+        if let Some(o) = &egress.tunnel {
+            pkt.data = overlay::encapsulate(&pkt.data, o);
+            pkt.meta.vnet = VnetHdr::default();
+            pkt.meta.mru = 0;
+            pkt.meta.frag_id = 0;
+            self.stats.encapsulated += 1;
+        }
+        self.send(egress.port, pkt, out);
+    }
+
+    /// ARP: answered on pod ports for any address (proxy ARP: the node is every pod's
+    /// only neighbour) and on uplink/host ports for the node's own addresses; learned
+    /// from on uplink/host ports; never forwarded.
+    fn arp(
+        &mut self,
+        pkt: &Packet,
+        parsed: &Parsed,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) -> Verdict {
+        let tables = Arc::clone(&self.tables);
+        let in_id = pkt.meta.in_port;
+        let port = &tables.ports[usize::from(in_id)];
+        if port.kind == PortKind::Plain {
+            return self.drop(DropReason::ArpNotHandled, trace);
+        }
+        let a = match arp::Repr::parse(&pkt.data[parsed.l3_off..]) {
+            Ok(a) => a,
+            Err(r) => return self.drop(r, trace),
+        };
+        let now = pkt.meta.time_ns;
+        let sender = IpAddr::V4(a.sender_ip);
+        let target = IpAddr::V4(a.target_ip);
+        let answer = if port.kind == PortKind::Pod {
+            let pm = port.peer_mac;
+            if pm != Some(mac_at(&pkt.data, 6))
+                || pm != Some(a.sender_mac)
+                || !(a.sender_ip.is_unspecified() || port.addresses.contains(&sender))
+            {
+                return self.drop(DropReason::SourceSpoofed, trace);
+            }
+            // Not for the pod's own address: that is a gratuitous ARP or a duplicate
+            // address probe, and answering it would make the pod give up its address.
+            a.op == arp::REQUEST && a.target_ip != a.sender_ip && !port.addresses.contains(&target)
+        } else {
+            let ours = port.addresses.contains(&target)
+                || (tables.overlay.as_ref().is_some_and(|o| o.uplink == in_id)
+                    && tables.node.addresses.contains(&target));
+            if !a.sender_ip.is_unspecified() {
+                // Create an entry only for a node that talks to us; refresh any.
+                let create = ours && a.op == arp::REQUEST;
+                self.neigh.learn(in_id, sender, a.sender_mac, now, create);
+            }
+            ours && a.op == arp::REQUEST
+        };
+        if !answer {
+            trace.note("arp", || {
+                format!(
+                    "op {} {} -> {}: not answered",
+                    a.op, a.sender_ip, a.target_ip
+                )
+            });
+            return Verdict::Consumed;
+        }
+        let reply = arp::Repr {
+            op: arp::REPLY,
+            sender_mac: port.mac,
+            sender_ip: a.target_ip,
+            target_mac: a.sender_mac,
+            target_ip: a.sender_ip,
+        }
+        .frame(a.sender_mac, port.mac, parsed.vlan);
+        self.stats.arp_answered += 1;
+        trace.note("arp", || {
+            format!(
+                "{} is at {} (answered to {})",
+                a.target_ip,
+                MacAddr(port.mac),
+                a.sender_ip
+            )
+        });
+        self.send(in_id, Packet::new(reply, in_id, now), out);
+        Verdict::Consumed
+    }
+
+    /// Neighbour discovery: like ARP. A pod port answers every solicitation (router
+    /// flag set) except for the pod's own addresses and duplicate address detection;
+    /// uplink and host ports answer for the node's addresses and learn.
+    fn nd(
+        &mut self,
+        pkt: &Packet,
+        parsed: &Parsed,
+        msg: nd::Message,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) -> Verdict {
+        let tables = Arc::clone(&self.tables);
+        let in_id = pkt.meta.in_port;
+        let port = &tables.ports[usize::from(in_id)];
+        let now = pkt.meta.time_ns;
+        let Some(src) = nd::v6(parsed.key.src) else {
+            return Verdict::Consumed;
+        };
+        let src_mac = mac_at(&pkt.data, 6);
+        let pod = port.kind == PortKind::Pod;
+        let (target, flags) = match msg {
+            nd::Message::Solicit { target, slla } => {
+                let t = IpAddr::V6(target);
+                let ours = if pod {
+                    !port.addresses.contains(&t)
+                } else {
+                    port.addresses.contains(&t)
+                        || (tables.overlay.as_ref().is_some_and(|o| o.uplink == in_id)
+                            && tables.node.addresses.contains(&t))
+                };
+                if !pod
+                    && !src.is_unspecified()
+                    && let Some(m) = slla
+                {
+                    self.neigh.learn(in_id, IpAddr::V6(src), m, now, ours);
+                }
+                if !ours || src.is_unspecified() {
+                    trace.note("nd", || format!("solicitation for {target}: not answered"));
+                    return Verdict::Consumed;
+                }
+                let router = if pod { nd::FLAG_ROUTER } else { 0 };
+                (target, router | nd::FLAG_SOLICITED | nd::FLAG_OVERRIDE)
+            }
+            nd::Message::Advert { target, tlla, .. } => {
+                if !pod {
+                    let mac = tlla.unwrap_or(src_mac);
+                    self.neigh.learn(in_id, IpAddr::V6(target), mac, now, false);
+                }
+                trace.note("nd", || format!("advertisement of {target}"));
+                return Verdict::Consumed;
+            }
+            nd::Message::Other(ty) => {
+                trace.note("nd", || format!("ICMPv6 type {ty}: not acted on"));
+                return Verdict::Consumed;
+            }
+        };
+        let na = nd::advert(
+            src_mac,
+            port.mac,
+            parsed.vlan,
+            target,
+            src,
+            target,
+            flags,
+            port.mac,
+        );
+        self.stats.nd_answered += 1;
+        trace.note("nd", || {
+            format!("{target} is at {} (answered to {src})", MacAddr(port.mac))
+        });
+        self.send(in_id, Packet::new(na, in_id, now), out);
+        Verdict::Consumed
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn icmp_error(
+        &mut self,
+        pkt: &Packet,
+        parsed: &Parsed,
+        kind: ErrorKind,
+        translate: bool,
+        tunnel_peer: Option<IpAddr>,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) {
+        let tables = Arc::clone(&self.tables);
+        let in_port = &tables.ports[usize::from(pkt.meta.in_port)];
+        let src = if parsed.l3 == L3::Ipv4 {
+            in_port.addr_v4
+        } else {
+            in_port.addr_v6
+        };
+        let Some(src) = src else {
+            self.stats.icmp_suppressed += 1;
+            trace.note("icmp", || {
+                format!(
+                    "no {kind:?} sent: port {} has no address of this family",
+                    in_port.name
+                )
+            });
+            return;
+        };
+        // Cheap checks and the rate limit first: a flood of packets that each deserve an
+        // error must not cost an error's construction each.
+        if !icmp::eligible(&pkt.data, parsed, kind, src) {
+            self.stats.icmp_suppressed += 1;
+            trace.note("icmp", || {
+                format!("no {kind:?} sent: not allowed for this packet")
+            });
+            return;
+        }
+        let now = pkt.meta.time_ns;
+        if !self.icmp.allow(now) {
+            self.stats.icmp_rate_limited += 1;
+            trace.note("icmp", || format!("no {kind:?} sent: rate limited"));
+            return;
+        }
+        let Some(frame) = icmp::build_error(&pkt.data, parsed, kind, src, in_port.mac) else {
+            self.stats.icmp_suppressed += 1;
+            trace.note("icmp", || {
+                format!("no {kind:?} sent: not allowed for this packet")
+            });
+            return;
+        };
+        let in_id = pkt.meta.in_port;
+        let mut err = Packet::new(frame, in_id, now);
+        if translate {
+            // The error quotes the packet as conntrack left it; conntrack finds it RELATED
+            // and translates it back, outside and inside, for the original sender.
+            let related = parse(&err.data, in_port.zone).ok().and_then(|mut p| {
+                let r = self.ct.process(&mut err, &mut p, None, now).ok()?;
+                (r.state == CtState::Related).then_some(())
+            });
+            if related.is_none() {
+                self.stats.icmp_suppressed += 1;
+                trace.note("icmp", || {
+                    format!("no {kind:?} sent: conntrack could not relate it")
+                });
+                return;
+            }
+        }
+        self.stats.icmp_sent += 1;
+        trace.note("icmp", || {
+            format!(
+                "{kind:?} sent from {src} to {} via {}",
+                parsed.key.src, in_port.name
+            )
+        });
+        // About a packet that came through the overlay: back through the same node.
+        if let Some(peer) = tunnel_peer
+            && let Some(i) = tables.overlay.as_ref().and_then(|o| o.peer_index(peer))
+        {
+            let Ok(pe) = parse(&err.data, in_port.zone) else {
+                return;
+            };
+            match self.resolve(in_id, NextHop::Tunnel(i), &pe, now, out, trace) {
+                Ok(e) => {
+                    err.data[0..6].copy_from_slice(&e.dst_mac);
+                    err.data[6..12].copy_from_slice(&e.src_mac);
+                    self.emit(&e, err, out);
+                }
+                Err(r) => self.drops.count(r),
+            }
+            return;
+        }
+        self.send(in_id, err, out);
+    }
+
+    /// Inserts the connection a NEW packet started, if any.
+    fn commit(
+        &mut self,
+        pending: &mut Option<Pending>,
+        now: u64,
+        trace: &mut Trace,
+    ) -> Result<(), DropReason> {
+        if let Some(p) = pending.take() {
+            self.ct.commit(p, now)?;
+            trace.note("commit", || "connection committed".to_string());
+        }
+        Ok(())
+    }
+
+    /// The NAT of the first static rule matching a packet, for conntrack to apply if the
+    /// packet starts a connection. Masquerade takes the address the egress port has for
+    /// the packet's family (after DNAT); without one, no source NAT.
+    fn nat_for(&self, tables: &Tables, in_port: PortId, parsed: &Parsed) -> Option<Nat> {
+        let rule = tables
+            .nat
+            .iter()
+            .find(|r| r.matches(in_port, &parsed.key))?;
+        let snat = match rule.snat {
+            Snat::None => None,
+            Snat::To(addr, range) => Some((addr, range)),
+            Snat::Masquerade => {
+                let dst = rule.dnat.map_or(parsed.key.dst, |d| d.0);
+                let port = &tables.ports[usize::from(tables.fib.lookup(dst)?.port)];
+                let addr = if dst.is_ipv4() {
+                    port.addr_v4
+                } else {
+                    port.addr_v6
+                };
+                addr.map(|a| (a, None))
+            }
+        };
+        Some(Nat {
+            dnat: rule.dnat,
+            snat,
+        })
+    }
+}
+
+/// Checks the offload state a port reported against the packet: a partial checksum must
+/// start at the transport header and name its checksum field, so that completing it can
+/// never write elsewhere (after routing and other checks); a fragment carries neither
+/// partial checksums nor GSO requests.
+fn check_offload(pkt: &Packet, parsed: &Parsed) -> Result<(), DropReason> {
+    let v = pkt.meta.vnet;
+    if v.needs_csum() {
+        let field = match parsed.proto {
+            proto::TCP => 16,
+            proto::UDP => 6,
+            proto::ICMP | proto::ICMPV6 => 2,
+            _ => return Err(DropReason::CsumOffloadInvalid),
+        };
+        if parsed.frag.is_some()
+            || !parsed.l4_complete
+            || usize::from(v.csum_start) != parsed.l4_off
+            || usize::from(v.csum_offset) != field
+            || parsed.l4_off + field + 2 > parsed.ip_end
+        {
+            return Err(DropReason::CsumOffloadInvalid);
+        }
+    }
+    if v.is_gso() && parsed.frag.is_some() {
+        return Err(DropReason::GsoMalformed);
+    }
+    Ok(())
+}
+
+/// True for a UDP frame whose partial checksum starts past its UDP and VXLAN headers:
+/// the inner packet's, as a kernel VXLAN device leaves it (not GSO, not a fragment).
+fn inner_partial_checksum(pkt: &Packet, parsed: &Parsed) -> bool {
+    let v = pkt.meta.vnet;
+    v.needs_csum()
+        && !v.is_gso()
+        && parsed.proto == proto::UDP
+        && parsed.frag.is_none()
+        && parsed.l4_complete
+        && usize::from(v.csum_start) >= parsed.l4_off + 8 + vxlan::LEN
+        && usize::from(v.csum_start) < parsed.ip_end
+}
+
+/// The MAC at `off` in a frame (the caller knows the frame is long enough).
+fn mac_at(data: &[u8], off: usize) -> [u8; 6] {
+    data[off..off + 6].try_into().expect("6 bytes")
+}
+
+/// The source check of a pod port: the pod's own MAC, and one of its addresses; IPv6
+/// link-local (from its MAC) and, for ICMPv6 (duplicate address detection), the
+/// unspecified address are allowed for neighbour discovery: such packets go no further.
+fn source_is_pods(port: &Port, pkt: &Packet, parsed: &Parsed) -> bool {
+    if port.peer_mac != Some(mac_at(&pkt.data, 6)) {
+        return false;
+    }
+    let src = parsed.key.src;
+    port.addresses.contains(&src)
+        || match src {
+            IpAddr::V6(a) => {
+                nd::is_link_local(&a) || (a.is_unspecified() && parsed.proto == proto::ICMPV6)
+            }
+            IpAddr::V4(_) => false,
+        }
+}
+
+/// False for what a router never forwards: link-local and multicast destinations,
+/// link-local and unspecified sources, IPv4 broadcast.
+fn forwardable(parsed: &Parsed) -> bool {
+    match (parsed.key.src, parsed.key.dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            !(s.is_link_local()
+                || s.is_unspecified()
+                || d.is_link_local()
+                || d.is_multicast()
+                || d.is_broadcast())
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            !(nd::is_link_local(&s)
+                || s.is_unspecified()
+                || nd::is_link_local(&d)
+                || d.is_multicast())
+        }
+        _ => false,
+    }
+}
+
+/// The bytes of IP and transport headers copied into every segment of a GSO packet.
+fn gso_headers(data: &[u8], parsed: &Parsed) -> usize {
+    let l4 = if parsed.proto == proto::TCP {
+        data.get(parsed.l4_off + 12)
+            .map_or(20, |b| usize::from(b >> 4) * 4)
+    } else {
+        8
+    };
+    parsed.l4_off - parsed.l3_off + l4
+}
+
+/// Marks an oversized TCP packet from a GRO port as the super-packet it is, the way the
+/// kernel hands one over: the segment size is what the port's MTU carries with these
+/// headers, and the checksum is left partial (pseudo-header sum, NEEDS_CSUM) for
+/// whoever segments it or receives it whole.
+fn mark_coalesced(pkt: &mut Packet, parsed: &Parsed, port: &Port) {
+    let headers = gso_headers(&pkt.data, parsed);
+    let mss = usize::from(port.mtu).saturating_sub(headers).max(8);
+    let l4_len = parsed.ip_end - parsed.l4_off;
+    let pseudo = match (parsed.key.src, parsed.key.dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            checksum::pseudo_v4(s.octets(), d.octets(), proto::TCP, l4_len as u16)
+        }
+        (s, d) => checksum::pseudo_v6(
+            &crate::wire::parse::v6_octets(s),
+            &crate::wire::parse::v6_octets(d),
+            proto::TCP,
+            l4_len as u32,
+        ),
+    };
+    let field = parsed.l4_off + 16;
+    pkt.data[field..field + 2].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
+    let v = &mut pkt.meta.vnet;
+    v.gso_type = if parsed.l3 == L3::Ipv4 {
+        VnetHdr::GSO_TCPV4
+    } else {
+        VnetHdr::GSO_TCPV6
+    };
+    v.gso_size = mss as u16;
+    v.hdr_len = (parsed.l3_off + headers) as u16;
+    v.flags |= VnetHdr::F_NEEDS_CSUM;
+    v.csum_start = parsed.l4_off as u16;
+    v.csum_offset = 16;
+}
+
+/// Decrements the TTL (IPv4, with an incremental header checksum update) or hop limit.
+fn decrement_ttl(data: &mut [u8], parsed: &Parsed) {
+    let o = parsed.l3_off;
+    match parsed.l3 {
+        L3::Ipv4 => {
+            let old = u16::from_be_bytes([data[o + 8], data[o + 9]]);
+            data[o + 8] -= 1;
+            let new = u16::from_be_bytes([data[o + 8], data[o + 9]]);
+            let c = u16::from_be_bytes([data[o + 10], data[o + 11]]);
+            data[o + 10..o + 12].copy_from_slice(&checksum::update16(c, old, new).to_be_bytes());
+        }
+        L3::Ipv6 => data[o + 7] -= 1,
+        L3::Arp => {}
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+/// Two nodes on one underlay subnet, each with two pods, through the overlay.
+#[cfg(test)]
+mod overlay_tests;

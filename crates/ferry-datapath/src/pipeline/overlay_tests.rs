@@ -1,0 +1,858 @@
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use super::*;
+use crate::tables::{
+    MacAddr, ModeSpec, NodeSpec, OverlaySpec, PeerSpec, PortSpec, RouteSpec, TablesSpec,
+};
+use crate::wire::build::{self, IpOpts, tcp_flags};
+
+const UPLINK: PortId = 0;
+const POD: PortId = 1;
+const POD2: PortId = 2;
+const GW_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xfe];
+const SEC: u64 = 1_000_000_000;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// Node `n` (1 or 2): uplink 192.168.50.n0/24 and fd00:50::n0/64, pods 10.244.n.5
+/// and 10.244.n.6 (and fd00:10:244:n::5), default routes via the .1 gateways.
+fn node_spec(n: u8, mode: ModeSpec, peers: Vec<PeerSpec>) -> TablesSpec {
+    let pod = |name: &str, last: u8| PortSpec {
+        name: name.into(),
+        kind: PortKind::Pod,
+        mac: MacAddr([0xee, 0xee, 0xee, 0xee, n, last]),
+        peer_mac: Some(MacAddr(pod_mac(n, last))),
+        addresses: vec![
+            format!("10.244.{n}.{last}").parse().unwrap(),
+            format!("fd00:10:244:{n}::{last}").parse().unwrap(),
+        ],
+        ..PortSpec::default()
+    };
+    let via = |prefix: &str, gw: &str| RouteSpec {
+        prefix: prefix.parse().unwrap(),
+        port: "eth0".into(),
+        next_hop_mac: None,
+        via: Some(ip(gw)),
+    };
+    TablesSpec {
+        ports: vec![
+            PortSpec {
+                name: "eth0".into(),
+                kind: PortKind::Uplink,
+                mac: MacAddr(uplink_mac(n)),
+                addresses: vec![
+                    format!("192.168.50.{}/24", n * 10).parse().unwrap(),
+                    format!("fd00:50::{}/64", n * 10).parse().unwrap(),
+                ],
+                ..PortSpec::default()
+            },
+            pod("pod-a", 5),
+            pod("pod-b", 6),
+        ],
+        routes: vec![via("0.0.0.0/0", "192.168.50.1"), via("::/0", "fd00:50::1")],
+        node: NodeSpec {
+            name: format!("node{n}"),
+            addresses: vec![],
+        },
+        overlay: Some(OverlaySpec {
+            vni: 4096,
+            port: 4789,
+            mode,
+            uplink: "eth0".into(),
+            mac: None,
+        }),
+        nodes: peers,
+        ..TablesSpec::default()
+    }
+}
+
+fn peer(n: u8, address: &str) -> PeerSpec {
+    PeerSpec {
+        name: format!("node{n}"),
+        address: ip(address),
+        pod_cidrs: vec![
+            format!("10.244.{n}.0/24").parse().unwrap(),
+            format!("fd00:10:244:{n}::/64").parse().unwrap(),
+        ],
+        mac: None,
+    }
+}
+
+fn pod_mac(n: u8, last: u8) -> [u8; 6] {
+    [0x0a, 0x58, 0x0a, 0xf4, n, last]
+}
+
+fn uplink_mac(n: u8) -> [u8; 6] {
+    [2, 0xaa, 0, 0, 0, n]
+}
+
+/// The two nodes of the tests, encapsulating always.
+fn nodes() -> (Pipeline, Pipeline) {
+    let a = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let b = node_spec(2, ModeSpec::Always, vec![peer(1, "192.168.50.10")]);
+    (
+        Pipeline::new(Arc::new(a.compile().unwrap())),
+        Pipeline::new(Arc::new(b.compile().unwrap())),
+    )
+}
+
+fn run(p: &mut Pipeline, frame: Vec<u8>, port: PortId, t: u64) -> (Verdict, Vec<(PortId, Packet)>) {
+    let mut out = Vec::new();
+    let v = p.process(
+        Packet::new(frame, port, t),
+        &mut out,
+        &mut Trace::disabled(),
+    );
+    (v, out)
+}
+
+/// Options for a frame sent by pod `last` of node `n` to its gateway.
+fn from_pod(n: u8, last: u8) -> IpOpts {
+    IpOpts {
+        src_mac: pod_mac(n, last),
+        dst_mac: [0xee, 0xee, 0xee, 0xee, n, last],
+        ..IpOpts::default()
+    }
+}
+
+fn udp_from_pod(dst: &str, sport: u16, payload: &[u8]) -> Vec<u8> {
+    build::udp(
+        ip("10.244.1.5"),
+        ip(dst),
+        sport,
+        7000,
+        payload,
+        &from_pod(1, 5),
+    )
+}
+
+/// An ARP reply from `ip` at `mac` to node `n`'s uplink.
+fn arp_reply(n: u8, from: &str, mac: [u8; 6]) -> Vec<u8> {
+    let IpAddr::V4(from) = ip(from) else { panic!() };
+    arp::Repr {
+        op: arp::REPLY,
+        sender_mac: mac,
+        sender_ip: from,
+        target_mac: uplink_mac(n),
+        target_ip: Ipv4Addr::new(192, 168, 50, n * 10),
+    }
+    .frame(uplink_mac(n), mac, None)
+}
+
+/// Teaches node `n` where `addr` is, the way it learns it: its probe, then a reply.
+fn learn(p: &mut Pipeline, n: u8, addr: &str, mac: [u8; 6]) {
+    let mut out = Vec::new();
+    p.neighbour(UPLINK, ip(addr), 0, &mut out, &mut Trace::disabled())
+        .unwrap_err();
+    assert_eq!(
+        run(p, arp_reply(n, addr, mac), UPLINK, 0).0,
+        Verdict::Consumed
+    );
+}
+
+fn arp_of(frame: &[u8]) -> arp::Repr {
+    let p = parse(frame, 0).unwrap();
+    assert_eq!(p.l3, L3::Arp);
+    arp::Repr::parse(&frame[p.l3_off..]).unwrap()
+}
+
+#[test]
+fn test_pod_to_remote_pod_is_vxlan_encapsulated_and_delivered_by_the_peer() {
+    let (mut a, mut b) = nodes();
+    learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
+    let payload = build::pattern(1000, 7);
+    let (v, out) = run(
+        &mut a,
+        udp_from_pod("10.244.2.6", 40000, &payload),
+        POD,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(out.len(), 1);
+    let (port, f) = &out[0];
+    assert_eq!(*port, UPLINK);
+    assert_eq!(
+        &f.data[0..6],
+        &uplink_mac(2),
+        "outer destination: the peer's uplink"
+    );
+    assert_eq!(&f.data[6..12], &uplink_mac(1));
+    let o = parse(&f.data, 0).unwrap();
+    assert_eq!(o.l3, L3::Ipv4);
+    assert!(!o.dont_fragment);
+    assert_eq!(o.ttl, 64);
+    assert_eq!(
+        (o.key.src, o.key.dst, o.key.proto, o.key.dst_port),
+        (ip("192.168.50.10"), ip("192.168.50.20"), proto::UDP, 4789)
+    );
+    let sport = o.key.src_port;
+    assert!(sport >= 49152);
+    assert_eq!(
+        &f.data[o.l4_off + 6..o.l4_off + 8],
+        &[0, 0],
+        "no UDP checksum over IPv4"
+    );
+    let vx = vxlan::Repr::parse(&f.data[o.l4_off + 8..]).unwrap();
+    assert_eq!(vx.vni, 4096);
+    let inner = &f.data[o.l4_off + 16..];
+    let i = parse(inner, 0).unwrap();
+    assert_eq!(
+        (i.key.src, i.key.dst, i.ttl),
+        (ip("10.244.1.5"), ip("10.244.2.6"), 63)
+    );
+    assert_eq!(&inner[0..6], &overlay::vtep_mac(ip("192.168.50.20")));
+    assert_eq!(&inner[6..12], &overlay::vtep_mac(ip("192.168.50.10")));
+    assert_eq!(
+        &inner[i.l4_off + 8..i.ip_end],
+        &payload[..],
+        "inner frame intact"
+    );
+    assert_eq!(a.stats().encapsulated, 1);
+
+    // The same flow keeps its source port; the frame is the same but for the TTL.
+    let (_, again) = run(
+        &mut a,
+        udp_from_pod("10.244.2.6", 40000, &payload),
+        POD,
+        SEC,
+    );
+    assert_eq!(parse(&again[0].1.data, 0).unwrap().key.src_port, sport);
+
+    // The peer decapsulates it and delivers it to the right pod.
+    let mut t = Trace::enabled();
+    let mut got = Vec::new();
+    let v = b.process(Packet::new(f.data.clone(), UPLINK, SEC), &mut got, &mut t);
+    assert_eq!(v, Verdict::Forwarded, "{:?}", t.events);
+    assert_eq!(got.len(), 1);
+    let (port, d) = &got[0];
+    assert_eq!(*port, POD2);
+    assert_eq!(&d.data[0..6], &pod_mac(2, 6));
+    assert_eq!(&d.data[6..12], &[0xee, 0xee, 0xee, 0xee, 2, 6]);
+    let dp = parse(&d.data, 0).unwrap();
+    assert_eq!(
+        (dp.key.src, dp.key.dst, dp.ttl),
+        (ip("10.244.1.5"), ip("10.244.2.6"), 62)
+    );
+    assert_eq!(&d.data[dp.l4_off + 8..dp.ip_end], &payload[..]);
+    let stages: Vec<&str> = t.events.iter().map(|e| e.stage).collect();
+    assert_eq!(
+        stages,
+        ["parse", "decap", "ct", "route", "commit", "egress"]
+    );
+    // Conntrack remembers the node the connection came through.
+    let (id, _) = b.conntrack().lookup(&dp.key).unwrap();
+    assert_eq!(
+        b.conntrack().get(id).unwrap().tunnel_peer(),
+        Some(ip("192.168.50.10"))
+    );
+}
+
+#[test]
+fn test_reply_returns_through_the_node_the_connection_came_from() {
+    // Node 2 learns a connection from a client outside (192.168.60.7) that node 1
+    // forwarded; the reply goes back to node 1 encapsulated, not to the gateway.
+    let (_, mut b) = nodes();
+    learn(&mut b, 2, "192.168.50.10", uplink_mac(1));
+    let inner = build::tcp(
+        ip("192.168.60.7"),
+        ip("10.244.2.5"),
+        5555,
+        80,
+        1,
+        0,
+        tcp_flags::SYN,
+        b"",
+        &IpOpts::default(),
+    );
+    let outer = overlay::encapsulate(
+        &inner,
+        &overlay::Outer {
+            src_mac: uplink_mac(1),
+            dst_mac: uplink_mac(2),
+            src: ip("192.168.50.10"),
+            dst: ip("192.168.50.20"),
+            vni: 4096,
+            port: 4789,
+            hash: 9,
+        },
+    );
+    assert_eq!(run(&mut b, outer, UPLINK, 0).0, Verdict::Forwarded);
+    let reply = build::tcp(
+        ip("10.244.2.5"),
+        ip("192.168.60.7"),
+        80,
+        5555,
+        9,
+        2,
+        tcp_flags::SYN | tcp_flags::ACK,
+        b"",
+        &from_pod(2, 5),
+    );
+    let (v, out) = run(&mut b, reply, POD, 1);
+    assert_eq!(v, Verdict::Forwarded);
+    let o = parse(&out[0].1.data, 0).unwrap();
+    assert_eq!((o.key.dst, o.key.dst_port), (ip("192.168.50.10"), 4789));
+}
+
+#[test]
+fn test_source_check_drops_a_pod_sending_as_someone_else() {
+    let (mut a, _) = nodes();
+    let other_ip = build::udp(
+        ip("10.244.1.99"),
+        ip("10.244.1.6"),
+        1,
+        2,
+        b"x",
+        &from_pod(1, 5),
+    );
+    assert_eq!(
+        run(&mut a, other_ip, POD, 0).0,
+        Verdict::Dropped(DropReason::SourceSpoofed)
+    );
+    let other_mac = build::udp(
+        ip("10.244.1.5"),
+        ip("10.244.1.6"),
+        1,
+        2,
+        b"x",
+        &IpOpts {
+            src_mac: [2, 1, 2, 3, 4, 5],
+            ..from_pod(1, 5)
+        },
+    );
+    assert_eq!(
+        run(&mut a, other_mac, POD, 0).0,
+        Verdict::Dropped(DropReason::SourceSpoofed)
+    );
+    let v6 = build::udp(
+        ip("fd00:10:244:1::6"),
+        ip("fd00:10:244:1::5"),
+        1,
+        2,
+        b"x",
+        &from_pod(1, 5),
+    );
+    assert_eq!(
+        run(&mut a, v6, POD, 0).0,
+        Verdict::Dropped(DropReason::SourceSpoofed)
+    );
+    // Its own addresses pass, to the pod next door.
+    let (v, out) = run(&mut a, udp_from_pod("10.244.1.6", 1, b"x"), POD, 0);
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(out[0].0, POD2);
+    assert_eq!(&out[0].1.data[0..6], &pod_mac(1, 6));
+    assert_eq!(a.drops().get(DropReason::SourceSpoofed), 3);
+}
+
+fn arp_request(sender_mac: [u8; 6], sender: &str, target: &str) -> Vec<u8> {
+    let (IpAddr::V4(s), IpAddr::V4(t)) = (ip(sender), ip(target)) else {
+        panic!()
+    };
+    arp::Repr {
+        op: arp::REQUEST,
+        sender_mac,
+        sender_ip: s,
+        target_mac: [0; 6],
+        target_ip: t,
+    }
+    .frame([0xff; 6], sender_mac, None)
+}
+
+#[test]
+fn test_pod_arp_is_answered_from_the_port_mac_for_any_address() {
+    let (mut a, _) = nodes();
+    let port_mac = [0xee, 0xee, 0xee, 0xee, 1, 5];
+    for target in ["169.254.1.1", "10.244.1.6", "8.8.8.8"] {
+        let (v, out) = run(
+            &mut a,
+            arp_request(pod_mac(1, 5), "10.244.1.5", target),
+            POD,
+            0,
+        );
+        assert_eq!(v, Verdict::Consumed);
+        assert_eq!(out.len(), 1, "one answer, to the pod only");
+        let (port, f) = &out[0];
+        assert_eq!(*port, POD);
+        assert_eq!(&f.data[0..6], &pod_mac(1, 5));
+        assert_eq!(&f.data[6..12], &port_mac);
+        let r = arp_of(&f.data);
+        assert_eq!(r.op, arp::REPLY);
+        assert_eq!(
+            (r.sender_mac, IpAddr::V4(r.sender_ip)),
+            (port_mac, ip(target))
+        );
+        assert_eq!(
+            (r.target_mac, IpAddr::V4(r.target_ip)),
+            (pod_mac(1, 5), ip("10.244.1.5"))
+        );
+    }
+    // A duplicate address probe for the pod's own address gets no answer.
+    let (v, out) = run(
+        &mut a,
+        arp_request(pod_mac(1, 5), "0.0.0.0", "10.244.1.5"),
+        POD,
+        0,
+    );
+    assert_eq!((v, out.len()), (Verdict::Consumed, 0));
+    // Nor does a pod asking as another.
+    let (v, out) = run(
+        &mut a,
+        arp_request(pod_mac(1, 5), "10.244.1.6", "169.254.1.1"),
+        POD,
+        0,
+    );
+    assert_eq!(
+        (v, out.len()),
+        (Verdict::Dropped(DropReason::SourceSpoofed), 0)
+    );
+    assert_eq!(a.stats().arp_answered, 3);
+}
+
+fn ns(src_mac: [u8; 6], src: Ipv6Addr, target: &str) -> Vec<u8> {
+    let IpAddr::V6(t) = ip(target) else { panic!() };
+    nd::solicit(src_mac, None, src, t)
+}
+
+#[test]
+fn test_pod_neighbour_solicitation_is_answered_as_a_router() {
+    let (mut a, _) = nodes();
+    let port_mac = [0xee, 0xee, 0xee, 0xee, 1, 5];
+    let ll = nd::link_local(pod_mac(1, 5));
+    let (v, out) = run(&mut a, ns(pod_mac(1, 5), ll, "fe80::1"), POD, 0);
+    assert_eq!(v, Verdict::Consumed);
+    assert_eq!(out.len(), 1);
+    let (port, f) = &out[0];
+    assert_eq!(*port, POD);
+    assert_eq!(
+        (&f.data[0..6], &f.data[6..12]),
+        (&pod_mac(1, 5)[..], &port_mac[..])
+    );
+    let p = parse(&f.data, 0).unwrap();
+    assert_eq!(
+        (p.key.src, p.key.dst, p.ttl),
+        (ip("fe80::1"), IpAddr::V6(ll), 255)
+    );
+    // nd::parse verifies the ICMPv6 checksum with the pseudo-header.
+    assert_eq!(
+        nd::parse(&f.data, &p),
+        Ok(Some(nd::Message::Advert {
+            target: "fe80::1".parse().unwrap(),
+            flags: nd::FLAG_ROUTER | nd::FLAG_SOLICITED | nd::FLAG_OVERRIDE,
+            tlla: Some(port_mac),
+        }))
+    );
+    // Also from the pod's global address, for another pod's address.
+    let IpAddr::V6(g) = ip("fd00:10:244:1::5") else {
+        panic!()
+    };
+    let (_, out) = run(&mut a, ns(pod_mac(1, 5), g, "fd00:10:244:1::6"), POD, 0);
+    assert_eq!(out.len(), 1);
+    // Duplicate address detection (from ::) for its own address: silence.
+    let (v, out) = run(
+        &mut a,
+        ns(pod_mac(1, 5), Ipv6Addr::UNSPECIFIED, "fd00:10:244:1::5"),
+        POD,
+        0,
+    );
+    assert_eq!((v, out.len()), (Verdict::Consumed, 0));
+    // A solicitation that came through a router (hop limit not 255) is refused.
+    let mut bad = ns(pod_mac(1, 5), ll, "fe80::1");
+    bad[14 + 7] = 64;
+    assert_eq!(
+        run(&mut a, bad, POD, 0).0,
+        Verdict::Dropped(DropReason::NdMalformed)
+    );
+    assert_eq!(a.stats().nd_answered, 2);
+}
+
+#[test]
+fn test_uplink_answers_for_the_node_addresses_and_learns_the_asker() {
+    let (mut a, _) = nodes();
+    let gw = [2, 0, 0, 0, 0, 1];
+    let (v, out) = run(
+        &mut a,
+        arp_request(gw, "192.168.50.1", "192.168.50.10"),
+        UPLINK,
+        0,
+    );
+    assert_eq!(v, Verdict::Consumed);
+    let r = arp_of(&out[0].1.data);
+    assert_eq!(
+        (r.op, r.sender_mac, r.target_mac),
+        (arp::REPLY, uplink_mac(1), gw)
+    );
+    assert_eq!(
+        a.neighbours().get(UPLINK, ip("192.168.50.1")).unwrap().mac,
+        gw,
+        "learned from a request addressed to the node"
+    );
+    // Not for this node: no answer, nothing learned.
+    let (v, out) = run(
+        &mut a,
+        arp_request([2, 0, 0, 0, 0, 9], "192.168.50.9", "192.168.50.33"),
+        UPLINK,
+        0,
+    );
+    assert_eq!((v, out.len()), (Verdict::Consumed, 0));
+    assert!(a.neighbours().get(UPLINK, ip("192.168.50.9")).is_none());
+    // IPv6.
+    let IpAddr::V6(s) = ip("fd00:50::1") else {
+        panic!()
+    };
+    let (v, out) = run(&mut a, ns(gw, s, "fd00:50::10"), UPLINK, 0);
+    assert_eq!(v, Verdict::Consumed);
+    let p = parse(&out[0].1.data, 0).unwrap();
+    assert_eq!(
+        nd::parse(&out[0].1.data, &p),
+        Ok(Some(nd::Message::Advert {
+            target: "fd00:50::10".parse().unwrap(),
+            flags: nd::FLAG_SOLICITED | nd::FLAG_OVERRIDE,
+            tlla: Some(uplink_mac(1)),
+        }))
+    );
+    assert!(a.neighbours().get(UPLINK, ip("fd00:50::1")).is_some());
+}
+
+#[test]
+fn test_unknown_next_hop_is_probed_and_traffic_flows_once_it_answers() {
+    let (mut a, _) = nodes();
+    let (v, out) = run(&mut a, udp_from_pod("8.8.8.8", 1, b"q"), POD, 0);
+    assert_eq!(v, Verdict::Dropped(DropReason::NeighUnresolved));
+    assert_eq!(out.len(), 1);
+    let (port, f) = &out[0];
+    assert_eq!(*port, UPLINK);
+    assert_eq!(&f.data[0..6], &[0xff; 6]);
+    let r = arp_of(&f.data);
+    assert_eq!(
+        (
+            r.op,
+            r.sender_mac,
+            IpAddr::V4(r.sender_ip),
+            IpAddr::V4(r.target_ip)
+        ),
+        (
+            arp::REQUEST,
+            uplink_mac(1),
+            ip("192.168.50.10"),
+            ip("192.168.50.1")
+        )
+    );
+    // Probes are rate limited per target.
+    let (_, out) = run(&mut a, udp_from_pod("8.8.8.8", 1, b"q"), POD, SEC / 10);
+    assert!(out.is_empty());
+    // The gateway answers; traffic flows.
+    assert_eq!(
+        run(
+            &mut a,
+            arp_reply(1, "192.168.50.1", GW_MAC),
+            UPLINK,
+            SEC / 5
+        )
+        .0,
+        Verdict::Consumed
+    );
+    let (v, out) = run(&mut a, udp_from_pod("8.8.8.8", 1, b"q"), POD, SEC / 4);
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(&out[0].1.data[0..6], &GW_MAC);
+    assert_eq!(&out[0].1.data[6..12], &uplink_mac(1));
+
+    // IPv6: a neighbour solicitation to the solicited-node group.
+    let f = build::udp(
+        ip("fd00:10:244:1::5"),
+        ip("2001:db8::1"),
+        1,
+        2,
+        b"q",
+        &from_pod(1, 5),
+    );
+    let (v, out) = run(&mut a, f, POD, 0);
+    assert_eq!(v, Verdict::Dropped(DropReason::NeighUnresolved));
+    let p = parse(&out[0].1.data, 0).unwrap();
+    assert_eq!(p.key.dst, ip("ff02::1:ff00:1"));
+    assert_eq!(
+        nd::parse(&out[0].1.data, &p),
+        Ok(Some(nd::Message::Solicit {
+            target: "fd00:50::1".parse().unwrap(),
+            slla: Some(uplink_mac(1)),
+        }))
+    );
+    assert_eq!(a.stats().neigh_probes, 2);
+}
+
+fn vxlan_from(src: &str, vni: u32) -> Vec<u8> {
+    let inner = build::udp(
+        ip("10.244.9.9"),
+        ip("10.244.1.5"),
+        1,
+        2,
+        b"x",
+        &IpOpts::default(),
+    );
+    overlay::encapsulate(
+        &inner,
+        &overlay::Outer {
+            src_mac: [2, 9, 9, 9, 9, 9],
+            dst_mac: uplink_mac(1),
+            src: ip(src),
+            dst: ip("192.168.50.10"),
+            vni,
+            port: 4789,
+            hash: 1,
+        },
+    )
+}
+
+#[test]
+fn test_vxlan_from_an_unknown_node_or_with_another_vni_is_dropped() {
+    let (mut a, _) = nodes();
+    assert_eq!(
+        run(&mut a, vxlan_from("192.168.50.99", 4096), UPLINK, 0).0,
+        Verdict::Dropped(DropReason::VxlanUnknownPeer)
+    );
+    assert_eq!(
+        run(&mut a, vxlan_from("192.168.50.20", 77), UPLINK, 0).0,
+        Verdict::Dropped(DropReason::VxlanBadVni)
+    );
+    let (v, out) = run(&mut a, vxlan_from("192.168.50.20", 4096), UPLINK, 0);
+    assert_eq!((v, out[0].0), (Verdict::Forwarded, POD));
+}
+
+#[test]
+fn test_outer_fragments_are_reassembled_before_decap() {
+    let (mut a, _) = nodes();
+    let inner = build::udp(
+        ip("10.244.2.9"),
+        ip("10.244.1.5"),
+        1,
+        2,
+        &build::pattern(1400, 3),
+        &IpOpts::default(),
+    );
+    let outer = overlay::encapsulate(
+        &inner,
+        &overlay::Outer {
+            src_mac: uplink_mac(2),
+            dst_mac: uplink_mac(1),
+            src: ip("192.168.50.20"),
+            dst: ip("192.168.50.10"),
+            vni: 4096,
+            port: 4789,
+            hash: 1,
+        },
+    );
+    let parsed = parse(&outer, 0).unwrap();
+    let mut fr = Vec::new();
+    ipf::refragment(&Packet::new(outer, 0, 0), &parsed, 1000, &mut fr).unwrap();
+    assert_eq!(fr.len(), 2);
+    let mut last = Verdict::Held;
+    let mut out = Vec::new();
+    for f in fr {
+        out.clear();
+        last = a.process(
+            Packet::new(f.data, UPLINK, 0),
+            &mut out,
+            &mut Trace::disabled(),
+        );
+    }
+    assert_eq!(last, Verdict::Forwarded);
+    let d = parse(&out[0].1.data, 0).unwrap();
+    assert_eq!(
+        &out[0].1.data[d.l4_off + 8..d.ip_end],
+        &build::pattern(1400, 3)[..]
+    );
+}
+
+#[test]
+fn test_df_too_big_across_the_overlay_gets_icmp_with_the_inner_mtu() {
+    let (mut a, _) = nodes();
+    learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
+    let o = IpOpts {
+        dont_fragment: true,
+        ..from_pod(1, 5)
+    };
+    let f = build::udp(ip("10.244.1.5"), ip("10.244.2.6"), 1, 2, &[0; 1472], &o);
+    let (v, out) = run(&mut a, f, POD, 0);
+    assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
+    assert_eq!(out.len(), 1);
+    let (port, e) = &out[0];
+    assert_eq!(*port, POD);
+    let pe = parse(&e.data, 0).unwrap();
+    assert_eq!(pe.key.dst_port, 3 << 8 | 4, "fragmentation needed");
+    let mtu = u16::from_be_bytes([e.data[pe.l4_off + 6], e.data[pe.l4_off + 7]]);
+    assert_eq!(mtu, 1500 - 50);
+    // 1450 bytes fit.
+    let f = build::udp(ip("10.244.1.5"), ip("10.244.2.6"), 1, 2, &[0; 1422], &o);
+    let (v, out) = run(&mut a, f, POD, 0);
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(out[0].1.data.len(), 14 + 1500);
+    // IPv6: packet too big with the same MTU (the underlay is IPv4).
+    let f = build::udp(
+        ip("fd00:10:244:1::5"),
+        ip("fd00:10:244:2::6"),
+        1,
+        2,
+        &[0; 1452],
+        &from_pod(1, 5),
+    );
+    let (v, out) = run(&mut a, f, POD, 0);
+    assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
+    let pe = parse(&out[0].1.data, 0).unwrap();
+    assert_eq!(pe.key.dst_port, 2 << 8);
+    let d = &out[0].1.data[pe.l4_off + 4..pe.l4_off + 8];
+    assert_eq!(u32::from_be_bytes(d.try_into().unwrap()), 1450);
+}
+
+#[test]
+fn test_gso_packet_to_a_remote_pod_is_segmented_to_fit_before_encapsulation() {
+    let (mut a, _) = nodes();
+    learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
+    let f = build::tcp(
+        ip("10.244.1.5"),
+        ip("10.244.2.6"),
+        33000,
+        80,
+        1,
+        1,
+        tcp_flags::ACK,
+        &build::pattern(20000, 1),
+        &from_pod(1, 5),
+    );
+    let mut pkt = Packet::new(f, POD, 0);
+    pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV4;
+    pkt.meta.vnet.gso_size = 1460;
+    let mut out = Vec::new();
+    assert_eq!(
+        a.process(pkt, &mut out, &mut Trace::disabled()),
+        Verdict::Forwarded
+    );
+    let mut total = 0;
+    let mut sports = std::collections::HashSet::new();
+    for (port, f) in &out {
+        assert_eq!(*port, UPLINK);
+        let o = parse(&f.data, 0).unwrap();
+        assert!(o.ip_len() <= 1500 && o.frag.is_none(), "never IP fragments");
+        sports.insert(o.key.src_port);
+        let i = parse(&f.data[o.l4_off + 16..], 0).unwrap();
+        assert!(i.ip_len() <= 1450 && i.frag.is_none());
+        total += i.ip_end - i.l4_off - 20;
+    }
+    assert_eq!(total, 20000);
+    assert_eq!(sports.len(), 1, "one flow, one outer source port");
+    assert!(out.len() >= 14);
+}
+
+#[test]
+fn test_reassembled_datagram_is_refragmented_to_the_inner_mtu_before_encapsulation() {
+    // 1500-byte fragments from outside to a pod on node 2: their MRU exceeds the
+    // overlay's 1450, so they are cut again (IPv4 without DF), then encapsulated.
+    let (mut a, _) = nodes();
+    learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
+    let whole = build::udp(
+        ip("192.168.60.7"),
+        ip("10.244.2.6"),
+        1,
+        2,
+        &build::pattern(4000, 2),
+        &IpOpts::default(),
+    );
+    let parsed = parse(&whole, 0).unwrap();
+    let mut fr = Vec::new();
+    ipf::refragment(&Packet::new(whole, 0, 0), &parsed, 1500, &mut fr).unwrap();
+    let mut out = Vec::new();
+    let mut last = Verdict::Held;
+    for f in fr {
+        out.clear();
+        last = a.process(
+            Packet::new(f.data, UPLINK, 0),
+            &mut out,
+            &mut Trace::disabled(),
+        );
+    }
+    assert_eq!(last, Verdict::Forwarded);
+    assert!(out.len() >= 3);
+    let mut r = ipf::Reassembler::new(ipf::Config::default());
+    let mut d = DropCounters::default();
+    let mut done = None;
+    for (port, f) in out {
+        assert_eq!(port, UPLINK);
+        let o = parse(&f.data, 0).unwrap();
+        assert!(
+            o.ip_len() <= 1500 && o.frag.is_none(),
+            "outer never fragmented"
+        );
+        let inner = Packet::new(f.data[o.l4_off + 16..].to_vec(), 0, 0);
+        let i = parse(&inner.data, 0).unwrap();
+        assert!(i.ip_len() <= 1450 && i.frag.is_some());
+        if let ipf::Outcome::Complete(w, pw) = r.process(inner, &i, &mut d) {
+            done = Some(w.data[pw.l4_off + 8..pw.ip_end].to_vec());
+        }
+    }
+    assert_eq!(done.unwrap(), build::pattern(4000, 2));
+}
+
+#[test]
+fn test_cross_subnet_encapsulates_only_peers_outside_the_uplink_subnet() {
+    let spec = node_spec(
+        1,
+        ModeSpec::CrossSubnet,
+        vec![peer(2, "192.168.50.20"), peer(3, "10.9.0.30")],
+    );
+    let t = spec.compile().unwrap();
+    assert!(!t.overlay.as_ref().unwrap().peers[0].encap);
+    assert!(t.overlay.as_ref().unwrap().peers[1].encap);
+    let mut a = Pipeline::new(Arc::new(t));
+    learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
+    learn(&mut a, 1, "192.168.50.1", GW_MAC);
+    // Same subnet: routed directly to the peer's MAC.
+    let (v, out) = run(&mut a, udp_from_pod("10.244.2.6", 1, b"x"), POD, 0);
+    assert_eq!(v, Verdict::Forwarded);
+    let p = parse(&out[0].1.data, 0).unwrap();
+    assert_eq!(p.key.dst, ip("10.244.2.6"));
+    assert_eq!(&out[0].1.data[0..6], &uplink_mac(2));
+    // Another subnet: encapsulated, the outer frame to the gateway.
+    let (v, out) = run(&mut a, udp_from_pod("10.244.3.6", 1, b"x"), POD, 0);
+    assert_eq!(v, Verdict::Forwarded);
+    let p = parse(&out[0].1.data, 0).unwrap();
+    assert_eq!((p.key.dst, p.key.dst_port), (ip("10.9.0.30"), 4789));
+    assert_eq!(&out[0].1.data[0..6], &GW_MAC);
+}
+
+#[test]
+fn test_pod_mtu_is_derived_from_the_uplink_unless_given() {
+    let t = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")])
+        .compile()
+        .unwrap();
+    assert_eq!(t.ports[usize::from(POD)].mtu, 1450);
+    assert_eq!(t.ports[usize::from(UPLINK)].mtu, 1500);
+    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "fd00:50::20")]);
+    assert_eq!(s.compile().unwrap().ports[usize::from(POD)].mtu, 1430);
+    s.ports[1].mtu = Some(1400);
+    assert_eq!(s.compile().unwrap().ports[usize::from(POD)].mtu, 1400);
+}
+
+#[test]
+fn test_overlay_tables_errors_name_the_entry() {
+    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    s.ports[1].peer_mac = None;
+    let e = s.compile().unwrap_err();
+    assert!(e.contains("ports[1]") && e.contains("peer_mac"), "{e}");
+    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    s.overlay.as_mut().unwrap().uplink = "pod-a".into();
+    assert!(s.compile().unwrap_err().contains("not of kind uplink"));
+    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    s.overlay = None;
+    assert!(s.compile().unwrap_err().contains("nodes"));
+    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    s.nodes[0].pod_cidrs.push("10.244.1.5/32".parse().unwrap());
+    let e = s.compile().unwrap_err();
+    assert!(
+        e.contains("nodes[0] (\"node2\")") && e.contains("duplicates"),
+        "{e}"
+    );
+    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    s.routes.clear();
+    s.nodes[0].address = ip("10.1.1.1");
+    assert!(s.compile().unwrap_err().contains("no route to 10.1.1.1"));
+}

@@ -1,0 +1,843 @@
+//! Pipeline tests: forwarding, fragments, GSO, conntrack and NAT, offload checks.
+
+use std::net::IpAddr;
+
+use super::*;
+use crate::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
+use crate::wire::build::{self, IpOpts, tcp_flags};
+use crate::{DropCounters, ipf::Reassembler};
+
+const UPLINK: PortId = 0;
+const POD: PortId = 1;
+const BIG: PortId = 2;
+const POD_MAC: [u8; 6] = [0x0a, 0x58, 0, 0, 0, 5];
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn port(name: &str, last: u8, mtu: u16, addrs: &[&str], gro: bool, gso: bool) -> PortSpec {
+    PortSpec {
+        name: name.into(),
+        mac: MacAddr([2, 0xfe, 0, 0, 0, last]),
+        mtu: Some(mtu),
+        addresses: addrs.iter().map(|a| a.parse().unwrap()).collect(),
+        gro,
+        gso,
+        ..PortSpec::default()
+    }
+}
+
+fn route(prefix: &str, port: &str, mac: [u8; 6]) -> RouteSpec {
+    RouteSpec {
+        prefix: prefix.parse().unwrap(),
+        port: port.into(),
+        next_hop_mac: Some(MacAddr(mac)),
+        via: None,
+    }
+}
+
+/// uplink (1500, GRO, addresses), pod (1450), big (9000, GSO-capable).
+fn pipeline() -> Pipeline {
+    let spec = TablesSpec {
+        ports: vec![
+            port(
+                "uplink",
+                1,
+                1500,
+                &["192.168.50.10", "fd00:50::10"],
+                true,
+                false,
+            ),
+            port("pod", 2, 1450, &["169.254.1.1"], false, false),
+            port("big", 3, 9000, &[], false, true),
+        ],
+        routes: vec![
+            route("10.244.1.5/32", "pod", POD_MAC),
+            route("fd00:10:244:1::5/128", "pod", POD_MAC),
+            route("10.244.9.0/24", "big", [0x0a, 0x58, 0, 0, 0, 9]),
+            route("0.0.0.0/0", "uplink", [2, 0, 0, 0, 0, 0xfe]),
+            route("::/0", "uplink", [2, 0, 0, 0, 0, 0xfe]),
+        ],
+        ..TablesSpec::default()
+    };
+    Pipeline::new(Arc::new(spec.compile().unwrap()))
+}
+
+fn run(p: &mut Pipeline, frame: Vec<u8>, port: PortId, t: u64) -> (Verdict, Vec<(PortId, Packet)>) {
+    let mut out = Vec::new();
+    let v = p.process(
+        Packet::new(frame, port, t),
+        &mut out,
+        &mut Trace::disabled(),
+    );
+    (v, out)
+}
+
+fn frags(frame: Vec<u8>, id: u32, max: usize) -> Vec<Vec<u8>> {
+    let parsed = parse(&frame, 0).unwrap();
+    let mut pkt = Packet::new(frame, 0, 0);
+    pkt.meta.frag_id = id;
+    let mut out = Vec::new();
+    ipf::refragment(&pkt, &parsed, max, &mut out).unwrap();
+    out.into_iter().map(|p| p.data).collect()
+}
+
+#[test]
+fn test_forward_decrements_ttl_and_rewrites_macs() {
+    let mut p = pipeline();
+    let f = build::udp(
+        ip("192.168.50.1"),
+        ip("10.244.1.5"),
+        1,
+        2,
+        b"hi",
+        &IpOpts::default(),
+    );
+    let (v, out) = run(&mut p, f, UPLINK, 0);
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(out.len(), 1);
+    let (port, pkt) = &out[0];
+    assert_eq!(*port, POD);
+    assert_eq!(&pkt.data[0..6], &POD_MAC);
+    assert_eq!(&pkt.data[6..12], &[2, 0xfe, 0, 0, 0, 2]);
+    let q = parse(&pkt.data, 0).expect("header checksum still valid after the TTL update");
+    assert_eq!(q.ttl, 63);
+    assert_eq!(p.port_stats()[usize::from(POD)].tx_packets, 1);
+}
+
+#[test]
+fn test_unknown_port_no_route_and_arp_are_counted() {
+    let mut p = pipeline();
+    let f = build::udp(
+        ip("192.168.50.1"),
+        ip("10.244.1.5"),
+        1,
+        2,
+        b"",
+        &IpOpts::default(),
+    );
+    assert_eq!(
+        run(&mut p, f, 9, 0).0,
+        Verdict::Dropped(DropReason::UnknownPort)
+    );
+    let f = build::udp(ip("fd00::1"), ip("fd00::2"), 1, 2, b"", &IpOpts::default());
+    let spec = TablesSpec {
+        ports: vec![port("only", 1, 1500, &[], false, false)],
+        routes: vec![],
+        ..TablesSpec::default()
+    };
+    let mut q = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    assert_eq!(
+        run(&mut q, f, 0, 0).0,
+        Verdict::Dropped(DropReason::NoRoute)
+    );
+    assert_eq!(q.drops().get(DropReason::NoRoute), 1);
+    let mut arp = vec![0xff; 6];
+    arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+    arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 10, 0, 0, 2]);
+    assert_eq!(
+        run(&mut p, arp, UPLINK, 0).0,
+        Verdict::Dropped(DropReason::ArpNotHandled)
+    );
+}
+
+#[test]
+fn test_ttl_one_is_answered_with_time_exceeded() {
+    let mut p = pipeline();
+    let o = IpOpts {
+        ttl: 1,
+        ..IpOpts::default()
+    };
+    let f = build::udp(ip("192.168.50.1"), ip("10.244.1.5"), 1, 2, b"x", &o);
+    let (v, out) = run(&mut p, f, UPLINK, 0);
+    assert_eq!(v, Verdict::Dropped(DropReason::TtlExceeded));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0, UPLINK);
+    let q = parse(&out[0].1.data, 0).unwrap();
+    assert_eq!(q.key.dst_port, 11 << 8, "ICMP time exceeded");
+    assert_eq!(q.key.src, ip("192.168.50.10"));
+}
+
+#[test]
+fn test_df_too_big_gets_fragmentation_needed_with_mtu() {
+    let mut p = pipeline();
+    let o = IpOpts {
+        dont_fragment: true,
+        ..IpOpts::default()
+    };
+    let f = build::udp(ip("192.168.50.1"), ip("10.244.1.5"), 1, 2, &[0; 1472], &o);
+    let (v, out) = run(&mut p, f, UPLINK, 0);
+    assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
+    assert_eq!(out.len(), 1);
+    let icmp = &out[0].1.data;
+    let q = parse(icmp, 0).unwrap();
+    assert_eq!(q.key.dst_port, 3 << 8 | 4);
+    assert_eq!(
+        u16::from_be_bytes([icmp[q.l4_off + 6], icmp[q.l4_off + 7]]),
+        1450
+    );
+    // IPv6 is never fragmented by a router: packet too big.
+    let f = build::udp(
+        ip("fd00:50::1"),
+        ip("fd00:10:244:1::5"),
+        1,
+        2,
+        &[0; 1452],
+        &IpOpts::default(),
+    );
+    let (v, out) = run(&mut p, f, UPLINK, 0);
+    assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
+    let q = parse(&out[0].1.data, 0).unwrap();
+    assert_eq!(q.key.dst_port, 2 << 8);
+    assert_eq!(p.stats().icmp_sent, 2);
+}
+
+#[test]
+fn test_ipv4_without_df_is_fragmented_to_mtu() {
+    let mut p = pipeline();
+    let f = build::udp(
+        ip("192.168.50.1"),
+        ip("10.244.1.5"),
+        1,
+        2,
+        &[7; 1472],
+        &IpOpts::default(),
+    );
+    let (v, out) = run(&mut p, f, UPLINK, 0);
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(out.len(), 2);
+    assert!(
+        out.iter()
+            .all(|(port, f)| *port == POD && f.data.len() - 14 <= 1450)
+    );
+}
+
+#[test]
+fn test_reassembled_datagram_is_refragmented_to_mru_not_mtu() {
+    let mut p = pipeline();
+    let whole = build::udp(
+        ip("192.168.50.1"),
+        ip("10.244.9.7"),
+        40000,
+        8080,
+        &build::pattern(3000, 1),
+        &IpOpts::default(),
+    );
+    let fs = frags(whole, 0x42, 1000);
+    let n = fs.len();
+    let mut last = (Verdict::Held, Vec::new());
+    for (i, f) in fs.into_iter().rev().enumerate() {
+        last = run(&mut p, f, UPLINK, i as u64);
+        if i + 1 < n {
+            assert_eq!(last.0, Verdict::Held);
+        }
+    }
+    assert_eq!(last.0, Verdict::Forwarded);
+    // Port "big" has MTU 9000 but the fragments were at most 1000 bytes: refragment to 1000.
+    assert_eq!(last.1.len(), n);
+    for (port, f) in &last.1 {
+        assert_eq!(*port, BIG);
+        assert!(f.data.len() - 14 <= 1000);
+    }
+    assert_eq!(p.stats().reassembled, 1);
+}
+
+#[test]
+fn test_gro_super_packet_is_segmented_never_fragmented() {
+    let mut p = pipeline();
+    let o = IpOpts {
+        dont_fragment: true,
+        ..IpOpts::default()
+    };
+    let f = build::tcp(
+        ip("192.168.50.1"),
+        ip("10.244.1.5"),
+        443,
+        5000,
+        100,
+        1,
+        tcp_flags::ACK,
+        &build::pattern(6000, 2),
+        &o,
+    );
+    let (v, out) = run(&mut p, f, UPLINK, 0);
+    assert_eq!(v, Verdict::Forwarded);
+    assert!(out.len() >= 5);
+    let mut seq = 100u32;
+    for (port, s) in &out {
+        assert_eq!(*port, POD);
+        let q = parse(&s.data, 0).unwrap();
+        assert!(q.frag.is_none());
+        assert!(q.ip_len() <= 1450);
+        let got = u32::from_be_bytes(s.data[q.l4_off + 4..q.l4_off + 8].try_into().unwrap());
+        assert_eq!(got, seq);
+        seq += (q.ip_end - q.l4_off - 20) as u32;
+    }
+    assert_eq!(seq, 6100);
+    assert_eq!(p.stats().gro_marked, 1);
+}
+
+#[test]
+fn test_gso_packet_goes_whole_to_a_gso_port() {
+    let mut p = pipeline();
+    let f = build::tcp(
+        ip("192.168.50.1"),
+        ip("10.244.9.7"),
+        443,
+        5000,
+        1,
+        1,
+        tcp_flags::ACK,
+        &build::pattern(20000, 2),
+        &IpOpts::default(),
+    );
+    let mut pkt = Packet::new(f, UPLINK, 0);
+    pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV4;
+    pkt.meta.vnet.gso_size = 1448;
+    let mut out = Vec::new();
+    assert_eq!(
+        p.process(pkt, &mut out, &mut Trace::disabled()),
+        Verdict::Forwarded
+    );
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].1.meta.vnet.gso_size, 1448);
+}
+
+#[test]
+fn test_partial_checksum_is_completed_for_a_plain_port() {
+    let mut p = pipeline();
+    let mut f = build::udp(
+        ip("192.168.50.1"),
+        ip("10.244.1.5"),
+        1,
+        2,
+        b"payload",
+        &IpOpts::default(),
+    );
+    let want = f.clone();
+    let l4 = 34;
+    let pseudo = checksum::fold(checksum::pseudo_v4(
+        [192, 168, 50, 1],
+        [10, 244, 1, 5],
+        17,
+        15,
+    ));
+    f[l4 + 6..l4 + 8].copy_from_slice(&pseudo.to_be_bytes());
+    let mut pkt = Packet::new(f, UPLINK, 0);
+    pkt.meta.vnet.flags = VnetHdr::F_NEEDS_CSUM;
+    pkt.meta.vnet.csum_start = l4 as u16;
+    pkt.meta.vnet.csum_offset = 6;
+    let mut out = Vec::new();
+    assert_eq!(
+        p.process(pkt, &mut out, &mut Trace::disabled()),
+        Verdict::Forwarded
+    );
+    assert_eq!(&out[0].1.data[l4 + 6..l4 + 8], &want[l4 + 6..l4 + 8]);
+    assert!(!out[0].1.meta.vnet.needs_csum());
+}
+
+#[test]
+fn test_incomplete_datagram_expires_on_tick() {
+    let mut p = pipeline();
+    let whole = build::udp(
+        ip("192.168.50.1"),
+        ip("10.244.1.5"),
+        1,
+        2,
+        &[1; 3000],
+        &IpOpts::default(),
+    );
+    let first = frags(whole, 9, 1500).remove(0);
+    assert_eq!(run(&mut p, first, UPLINK, 0).0, Verdict::Held);
+    assert_eq!(p.reassembler().held_datagrams(), 1);
+    p.tick(29 * 1_000_000_000);
+    assert_eq!(p.reassembler().held_datagrams(), 1);
+    p.tick(31 * 1_000_000_000);
+    assert_eq!(p.reassembler().held_datagrams(), 0);
+    assert_eq!(p.reassembler().held_bytes(), 0);
+    assert_eq!(p.drops().get(DropReason::FragExpired), 1);
+}
+
+#[test]
+fn test_trace_records_each_stage() {
+    let mut p = pipeline();
+    let f = build::udp(
+        ip("192.168.50.1"),
+        ip("10.244.1.5"),
+        1,
+        2,
+        b"hi",
+        &IpOpts::default(),
+    );
+    let mut t = Trace::enabled();
+    let mut out = Vec::new();
+    p.process(Packet::new(f, UPLINK, 0), &mut out, &mut t);
+    let stages: Vec<&str> = t.events.iter().map(|e| e.stage).collect();
+    assert_eq!(stages, ["parse", "ct", "route", "commit", "egress"]);
+    assert_eq!(t.ct_name(), Some("new"));
+}
+
+/// The test node with a NAT rule: TCP/UDP to the VIP 10.96.0.10 port 53 goes to the pod
+/// 10.244.1.5 port 5353; traffic from the pod to 192.168.60.0/24 is masqueraded.
+fn nat_pipeline(pass_invalid: bool) -> Pipeline {
+    use crate::tables::{CtSpec, MatchSpec, NatRuleSpec};
+    let mut spec = TablesSpec {
+        ports: vec![
+            port(
+                "uplink",
+                1,
+                1500,
+                &["192.168.50.10", "fd00:50::10"],
+                true,
+                false,
+            ),
+            port("pod", 2, 1450, &["169.254.1.1"], false, false),
+        ],
+        routes: vec![
+            route("10.244.1.5/32", "pod", POD_MAC),
+            route("0.0.0.0/0", "uplink", [2, 0, 0, 0, 0, 0xfe]),
+        ],
+        ..TablesSpec::default()
+    };
+    for proto in ["udp", "tcp"] {
+        spec.nat.push(NatRuleSpec {
+            matches: MatchSpec {
+                proto: Some(proto.into()),
+                dst: Some("10.96.0.10/32".parse().unwrap()),
+                dst_port: Some(53),
+                ..MatchSpec::default()
+            },
+            dnat: Some("10.244.1.5:5353".into()),
+            snat: None,
+            masquerade: false,
+        });
+    }
+    spec.nat.push(NatRuleSpec {
+        matches: MatchSpec {
+            in_port: Some("pod".into()),
+            dst: Some("192.168.60.0/24".parse().unwrap()),
+            ..MatchSpec::default()
+        },
+        dnat: None,
+        snat: None,
+        masquerade: true,
+    });
+    spec.ct = CtSpec {
+        pass_invalid,
+        ..CtSpec::default()
+    };
+    Pipeline::new(Arc::new(spec.compile().unwrap()))
+}
+
+#[test]
+fn test_dnat_rule_translates_both_directions() {
+    let mut p = nat_pipeline(false);
+    let q = build::udp(
+        ip("192.168.50.1"),
+        ip("10.96.0.10"),
+        40000,
+        53,
+        b"query",
+        &IpOpts::default(),
+    );
+    let mut t = Trace::enabled();
+    let mut out = Vec::new();
+    assert_eq!(
+        p.process(Packet::new(q, UPLINK, 0), &mut out, &mut t),
+        Verdict::Forwarded
+    );
+    assert_eq!(t.ct_name(), Some("new"));
+    let (port, fwd) = &out[0];
+    assert_eq!(*port, POD);
+    let k = parse(&fwd.data, 0).unwrap().key;
+    assert_eq!(
+        (k.dst, k.dst_port, k.src, k.src_port),
+        (ip("10.244.1.5"), 5353, ip("192.168.50.1"), 40000)
+    );
+    // The answer leaves with the VIP as its source.
+    let a = build::udp(
+        ip("10.244.1.5"),
+        ip("192.168.50.1"),
+        5353,
+        40000,
+        b"answer",
+        &IpOpts::default(),
+    );
+    let mut t = Trace::enabled();
+    out.clear();
+    assert_eq!(
+        p.process(Packet::new(a, POD, 1), &mut out, &mut t),
+        Verdict::Forwarded
+    );
+    assert_eq!(t.ct_name(), Some("reply"));
+    let k = parse(&out[0].1.data, 0).unwrap().key;
+    assert_eq!((k.src, k.src_port), (ip("10.96.0.10"), 53));
+    assert_eq!(p.conntrack().len(), 1);
+}
+
+#[test]
+fn test_fragments_to_a_dnat_vip_are_reassembled_translated_and_refragmented() {
+    // The Antrea/OVS case: the connection is found for fragments whichever comes last.
+    let mut p = nat_pipeline(false);
+    let q = build::udp(
+        ip("192.168.50.1"),
+        ip("10.96.0.10"),
+        40000,
+        53,
+        &build::pattern(4000, 3),
+        &IpOpts::default(),
+    );
+    let first = build::udp(
+        ip("192.168.50.1"),
+        ip("10.96.0.10"),
+        40000,
+        53,
+        b"x",
+        &IpOpts::default(),
+    );
+    assert_eq!(run(&mut p, first, UPLINK, 0).0, Verdict::Forwarded);
+    let fs = frags(q.clone(), 0, 1500);
+    let n = fs.len();
+    let mut last = None;
+    for (i, f) in fs.into_iter().rev().enumerate() {
+        let mut t = Trace::enabled();
+        let mut out = Vec::new();
+        let v = p.process(Packet::new(f, UPLINK, 10 + i as u64), &mut out, &mut t);
+        if i + 1 < n {
+            assert_eq!(v, Verdict::Held);
+        } else {
+            assert_eq!(v, Verdict::Forwarded);
+            assert_eq!(
+                t.ct_name(),
+                Some("established"),
+                "the reassembled datagram finds its connection"
+            );
+            last = Some(out);
+        }
+    }
+    let out = last.unwrap();
+    let mut r = Reassembler::new(ipf::Config::default());
+    let mut d = DropCounters::default();
+    let mut whole = None;
+    for (port, f) in out {
+        assert_eq!(port, POD);
+        assert!(f.data.len() - 14 <= 1450);
+        let pf = parse(&f.data, 0).unwrap();
+        if let ipf::Outcome::Complete(w, pw) = r.process(f, &pf, &mut d) {
+            whole = Some((w, pw));
+        }
+    }
+    let (w, pw) = whole.expect("the pod receives the whole datagram");
+    assert_eq!((pw.key.dst, pw.key.dst_port), (ip("10.244.1.5"), 5353));
+    assert_eq!(&w.data[pw.l4_off + 8..], &build::pattern(4000, 3)[..]);
+    let l4 = &w.data[pw.l4_off..pw.ip_end];
+    let sum = checksum::add(
+        l4,
+        checksum::pseudo_v4([192, 168, 50, 1], [10, 244, 1, 5], 17, l4.len() as u16),
+    );
+    assert_eq!(
+        checksum::fold(sum),
+        0xffff,
+        "UDP checksum of the translated datagram verifies"
+    );
+}
+
+#[test]
+fn test_invalid_is_dropped_unless_configured_to_pass() {
+    // An ICMP error about a connection nobody made.
+    let bogus = build::udp(
+        ip("10.244.1.5"),
+        ip("192.168.50.1"),
+        1,
+        2,
+        b"x",
+        &IpOpts::default(),
+    );
+    let pb = parse(&bogus, 0).unwrap();
+    let err = icmp::build_error(
+        &bogus,
+        &pb,
+        ErrorKind::Unreachable { code: 3 },
+        ip("192.168.50.1"),
+        [2; 6],
+    )
+    .unwrap();
+    let mut p = nat_pipeline(false);
+    assert_eq!(
+        run(&mut p, err.clone(), UPLINK, 0).0,
+        Verdict::Dropped(DropReason::CtInvalid)
+    );
+    let mut p = nat_pipeline(true);
+    assert_eq!(run(&mut p, err, UPLINK, 0).0, Verdict::Forwarded);
+}
+
+#[test]
+fn test_too_big_error_for_a_translated_packet_is_translated_back() {
+    let mut p = nat_pipeline(false);
+    let o = IpOpts {
+        dont_fragment: true,
+        ..IpOpts::default()
+    };
+    let q = build::udp(
+        ip("192.168.50.1"),
+        ip("10.96.0.10"),
+        40000,
+        53,
+        &[0; 1472],
+        &o,
+    );
+    let (v, out) = run(&mut p, q, UPLINK, 0);
+    assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
+    assert_eq!(out.len(), 1, "an ICMP error goes back");
+    let (port, e) = &out[0];
+    assert_eq!(*port, UPLINK);
+    let pe = parse(&e.data, 0).unwrap();
+    assert_eq!(pe.key.dst, ip("192.168.50.1"));
+    let emb = crate::wire::icmp_error::embedded(&e.data, &pe)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (emb.key.dst, emb.key.dst_port),
+        (ip("10.96.0.10"), 53),
+        "the client sees its own packet quoted"
+    );
+    let icmp = &e.data[pe.l4_off..pe.ip_end];
+    assert_eq!(
+        checksum::checksum(icmp),
+        0,
+        "ICMP checksum verifies after translation"
+    );
+}
+
+#[test]
+fn test_masquerade_uses_the_egress_port_address() {
+    let mut p = nat_pipeline(false);
+    let f = build::tcp(
+        ip("10.244.1.5"),
+        ip("192.168.60.7"),
+        33000,
+        443,
+        1,
+        0,
+        tcp_flags::SYN,
+        b"",
+        &IpOpts::default(),
+    );
+    let (v, out) = run(&mut p, f, POD, 0);
+    assert_eq!(v, Verdict::Forwarded);
+    let k = parse(&out[0].1.data, 0).unwrap().key;
+    assert_eq!(k.src, ip("192.168.50.10"));
+    let back = build::tcp(
+        ip("192.168.60.7"),
+        k.src,
+        443,
+        k.src_port,
+        9,
+        2,
+        tcp_flags::SYN | tcp_flags::ACK,
+        b"",
+        &IpOpts::default(),
+    );
+    let (v, out) = run(&mut p, back, UPLINK, 1);
+    assert_eq!(v, Verdict::Forwarded);
+    let k = parse(&out[0].1.data, 0).unwrap().key;
+    assert_eq!((k.dst, k.dst_port), (ip("10.244.1.5"), 33000));
+}
+
+#[test]
+fn test_partial_checksum_must_name_the_transport_checksum() {
+    // A sender must not choose where completing its checksum writes: here, into the
+    // IPv6 source address.
+    let mut p = pipeline();
+    let f = build::udp(
+        ip("fd00:50::1"),
+        ip("fd00:10:244:1::5"),
+        1,
+        2,
+        b"payload",
+        &IpOpts::default(),
+    );
+    let mut pkt = Packet::new(f, UPLINK, 0);
+    pkt.meta.vnet.flags = VnetHdr::F_NEEDS_CSUM;
+    pkt.meta.vnet.csum_start = 22;
+    pkt.meta.vnet.csum_offset = 0;
+    let mut out = Vec::new();
+    let v = p.process(pkt, &mut out, &mut Trace::disabled());
+    assert_eq!(v, Verdict::Dropped(DropReason::CsumOffloadInvalid));
+    assert!(out.is_empty());
+}
+
+#[test]
+fn test_gro_packet_sent_whole_carries_a_partial_checksum() {
+    let mut spec_p = pipeline();
+    let f = build::tcp(
+        ip("192.168.50.1"),
+        ip("10.244.9.7"),
+        443,
+        5000,
+        1,
+        1,
+        tcp_flags::ACK,
+        &build::pattern(6000, 4),
+        &IpOpts::default(),
+    );
+    let (v, out) = run(&mut spec_p, f, UPLINK, 0);
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(out.len(), 1, "whole to the GSO port");
+    let mut pkt = out.into_iter().next().unwrap().1;
+    let vnet = pkt.meta.vnet;
+    assert!(vnet.needs_csum() && vnet.is_gso());
+    assert_eq!(vnet.gso_size, 1460);
+    checksum::complete_partial(
+        &mut pkt.data,
+        usize::from(vnet.csum_start),
+        usize::from(vnet.csum_offset),
+    )
+    .unwrap();
+    let q = parse(&pkt.data, 0).unwrap();
+    let l4 = &pkt.data[q.l4_off..q.ip_end];
+    let sum = checksum::add(
+        l4,
+        checksum::pseudo_v4([192, 168, 50, 1], [10, 244, 9, 7], 6, l4.len() as u16),
+    );
+    assert_eq!(
+        checksum::fold(sum),
+        0xffff,
+        "the completed checksum verifies"
+    );
+}
+
+#[test]
+fn test_gso_to_a_gso_port_never_exceeds_its_mtu() {
+    let spec = TablesSpec {
+        ports: vec![
+            port("a", 1, 9000, &[], false, false),
+            port("small", 2, 1280, &[], false, true),
+        ],
+        routes: vec![route("10.0.0.0/8", "small", POD_MAC)],
+        ..TablesSpec::default()
+    };
+    let mut p = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    let f = build::tcp(
+        ip("192.168.0.1"),
+        ip("10.0.0.1"),
+        1,
+        2,
+        1,
+        1,
+        tcp_flags::ACK,
+        &[1; 20000],
+        &IpOpts::default(),
+    );
+    let mut pkt = Packet::new(f, 0, 0);
+    pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV4;
+    pkt.meta.vnet.gso_size = 8948;
+    let mut out = Vec::new();
+    assert_eq!(
+        p.process(pkt, &mut out, &mut Trace::disabled()),
+        Verdict::Forwarded
+    );
+    assert_eq!(out[0].1.meta.vnet.gso_size, 1280 - 40);
+}
+
+#[test]
+fn test_fragments_larger_than_the_mtu_are_not_fragmented_in_transit() {
+    // IPv6 fragments of 1500 bytes towards a 1450 port: packet too big, as Linux does.
+    let mut p = pipeline();
+    let whole = build::udp(
+        ip("fd00:50::1"),
+        ip("fd00:10:244:1::5"),
+        1,
+        2,
+        &build::pattern(3000, 5),
+        &IpOpts::default(),
+    );
+    let mut out = Vec::new();
+    let mut last = Verdict::Held;
+    for f in frags(whole, 77, 1500) {
+        out.clear();
+        last = p.process(Packet::new(f, UPLINK, 0), &mut out, &mut Trace::disabled());
+    }
+    assert_eq!(last, Verdict::Dropped(DropReason::TooBig));
+    assert_eq!(out.len(), 1);
+    let q = parse(&out[0].1.data, 0).unwrap();
+    assert_eq!(q.key.dst_port, 2 << 8, "ICMPv6 packet too big");
+    // IPv4 without DF may be fragmented further.
+    let whole = build::udp(
+        ip("192.168.50.1"),
+        ip("10.244.1.5"),
+        1,
+        2,
+        &build::pattern(3000, 5),
+        &IpOpts::default(),
+    );
+    for f in frags(whole, 78, 1500) {
+        out.clear();
+        last = p.process(Packet::new(f, UPLINK, 0), &mut out, &mut Trace::disabled());
+    }
+    assert_eq!(last, Verdict::Forwarded);
+    assert!(
+        out.iter()
+            .all(|(port, f)| *port == POD && f.data.len() - 14 <= 1450)
+    );
+}
+
+#[test]
+fn test_uso_datagrams_over_the_mtu_are_fragmented_or_refused() {
+    // Four 1400-byte datagrams in one USO packet towards the 1450 pod port: each
+    // datagram (1428 bytes of IP) fits and leaves whole.
+    let uso = |src: &str, dst: &str, o: &IpOpts| {
+        let f = build::udp(ip(src), ip(dst), 1, 2, &build::pattern(4 * 1400, 6), o);
+        let mut pkt = Packet::new(f, UPLINK, 0);
+        pkt.meta.vnet.gso_type = VnetHdr::GSO_UDP_L4;
+        pkt.meta.vnet.gso_size = 1400;
+        pkt
+    };
+    let mut p = pipeline();
+    let mut out = Vec::new();
+    let v = p.process(
+        uso("192.168.50.1", "10.244.1.5", &IpOpts::default()),
+        &mut out,
+        &mut Trace::disabled(),
+    );
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(out.len(), 4);
+    // 1440-byte datagrams do not fit 1450: IPv4 without DF is fragmented per datagram,
+    // IPv4 with DF and IPv6 get "too big" with the MTU.
+    let big = |src: &str, dst: &str, o: &IpOpts| {
+        let mut pkt = uso(src, dst, o);
+        pkt.meta.vnet.gso_size = 1440;
+        pkt
+    };
+    out.clear();
+    let v = p.process(
+        big("192.168.50.1", "10.244.1.5", &IpOpts::default()),
+        &mut out,
+        &mut Trace::disabled(),
+    );
+    assert_eq!(v, Verdict::Forwarded);
+    assert!(
+        out.len() > 4 && out.iter().all(|(_, f)| f.data.len() - 14 <= 1450),
+        "fragmented per datagram"
+    );
+    out.clear();
+    let df = IpOpts {
+        dont_fragment: true,
+        ..IpOpts::default()
+    };
+    let v = p.process(
+        big("192.168.50.1", "10.244.1.5", &df),
+        &mut out,
+        &mut Trace::disabled(),
+    );
+    assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
+    out.clear();
+    let v = p.process(
+        big("fd00:50::1", "fd00:10:244:1::5", &IpOpts::default()),
+        &mut out,
+        &mut Trace::disabled(),
+    );
+    assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
+    assert_eq!(out.len(), 1, "packet too big goes back");
+}
