@@ -5,9 +5,11 @@
 //! stop request is noticed on an idle node), receives up to [`RX_BATCH`] frames per
 //! readable port, runs them through the pipeline, and sends what came out grouped per
 //! egress port, one `send_batch` per port per round. Before a port that takes offloads
-//! ([`Port::offloads`]) is sent its packets, consecutive TCP segments of one flow among
-//! them are merged into GSO super-packets ([`gro::coalesce`]), as Linux's GRO would: a
-//! pod's TAP then takes one write per run instead of one per segment.
+//! ([`Port::offloads`]) and whose tables say `gso: true` is sent its packets, consecutive
+//! TCP segments of one flow among them are merged into GSO super-packets
+//! ([`gro::coalesce`]), as Linux's GRO would: a pod's TAP then takes one write per run
+//! instead of one per segment. A port with `gso: false` gets plain packets only, as the
+//! pipeline made them.
 //!
 //! **Port numbering.** `ports[i]` is the pipeline's `PortId` `i`: the order of `ports`
 //! must be the order of `ports` in the tables the pipeline was built from. A port's
@@ -102,6 +104,11 @@ pub fn run_worker(
     let mut rx = Vec::with_capacity(RX_BATCH);
     let mut out: Vec<(PortId, Packet)> = Vec::new();
     let mut tx: Vec<Vec<Packet>> = (0..ports.len()).map(|_| Vec::new()).collect();
+    let coalesce: Vec<bool> = ports
+        .iter()
+        .zip(&pipeline.tables().ports)
+        .map(|(p, t)| p.offloads() && t.gso)
+        .collect();
     let mut frames: Vec<Frame> = Vec::new();
     let mut trace = Trace::disabled();
     let mut failing = vec![0u32; ports.len()];
@@ -171,11 +178,11 @@ pub fn run_worker(
                 tx[usize::from(egress)].push(pkt);
             }
         }
-        for (port, q) in ports.iter_mut().zip(&mut tx) {
+        for ((port, q), &merge) in ports.iter_mut().zip(&mut tx).zip(&coalesce) {
             if q.is_empty() {
                 continue;
             }
-            if port.offloads() {
+            if merge {
                 let before = q.len();
                 gro::coalesce(q);
                 stats.gro_merged += (before - q.len()) as u64;
