@@ -7,6 +7,7 @@ pub mod conntrack;
 pub mod drop;
 pub mod fib;
 pub mod flow;
+pub mod gro;
 pub mod gso;
 pub mod icmp;
 pub mod ipf;

@@ -4,7 +4,12 @@
 //! descriptors (at most [`POLL_TIMEOUT_MS`], so that the pipeline's clock advances and a
 //! stop request is noticed on an idle node), receives up to [`RX_BATCH`] frames per
 //! readable port, runs them through the pipeline, and sends what came out grouped per
-//! egress port, one `send_batch` per port per round.
+//! egress port, one `send_batch` per port per round. Before a port that takes offloads
+//! ([`Port::offloads`]) and whose tables say `gso: true` is sent its packets, consecutive
+//! TCP segments of one flow among them are merged into GSO super-packets
+//! ([`gro::coalesce`]), as Linux's GRO would: a pod's TAP then takes one write per run
+//! instead of one per segment. A port with `gso: false` gets plain packets only, as the
+//! pipeline made them.
 //!
 //! **Port numbering.** `ports[i]` is the pipeline's `PortId` `i`: the order of `ports`
 //! must be the order of `ports` in the tables the pipeline was built from. A port's
@@ -34,6 +39,7 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use ferry_datapath::gro;
 use ferry_datapath::packet::{Packet, PortId, VnetHdr};
 use ferry_datapath::pipeline::{Pipeline, Trace};
 
@@ -62,6 +68,9 @@ pub struct WorkerStats {
     pub tx_errors: u64,
     /// Frames dropped because their port could not take them without blocking.
     pub tx_dropped: u64,
+    /// TCP segments merged into the segment before them on the way out (each one a frame
+    /// fewer to send).
+    pub gro_merged: u64,
 }
 
 /// Runs ports through `pipeline` until `stop` is set; `clock` gives the pipeline's time
@@ -94,7 +103,13 @@ pub fn run_worker(
     let mut stats = WorkerStats::default();
     let mut rx = Vec::with_capacity(RX_BATCH);
     let mut out: Vec<(PortId, Packet)> = Vec::new();
-    let mut tx: Vec<Vec<Frame>> = (0..ports.len()).map(|_| Vec::new()).collect();
+    let mut tx: Vec<Vec<Packet>> = (0..ports.len()).map(|_| Vec::new()).collect();
+    let coalesce: Vec<bool> = ports
+        .iter()
+        .zip(&pipeline.tables().ports)
+        .map(|(p, t)| p.offloads() && t.gso)
+        .collect();
+    let mut frames: Vec<Frame> = Vec::new();
     let mut trace = Trace::disabled();
     let mut failing = vec![0u32; ports.len()];
     while !stop.load(Ordering::Relaxed) {
@@ -160,22 +175,28 @@ pub fn run_worker(
             }
             for (egress, pkt) in out.drain(..) {
                 // The pipeline only names ports of its tables, which are `ports`.
-                tx[usize::from(egress)].push(Frame {
-                    data: pkt.data,
-                    vnet: pkt.meta.vnet,
-                });
+                tx[usize::from(egress)].push(pkt);
             }
         }
-        for (port, q) in ports.iter_mut().zip(&mut tx) {
+        for ((port, q), &merge) in ports.iter_mut().zip(&mut tx).zip(&coalesce) {
             if q.is_empty() {
                 continue;
             }
-            match port.send_batch(q) {
+            if merge {
+                let before = q.len();
+                gro::coalesce(q);
+                stats.gro_merged += (before - q.len()) as u64;
+            }
+            frames.clear();
+            frames.extend(q.drain(..).map(|pkt| Frame {
+                data: pkt.data,
+                vnet: pkt.meta.vnet,
+            }));
+            match port.send_batch(&mut frames) {
                 Ok(n) => stats.tx_frames += n as u64,
                 Err(_) => stats.tx_errors += 1,
             }
-            stats.tx_dropped += q.len() as u64;
-            q.clear();
+            stats.tx_dropped += frames.len() as u64;
         }
         pipeline.tick(now);
     }

@@ -1,0 +1,306 @@
+//! Receive coalescing: consecutive TCP segments of one flow become one GSO super-packet.
+//!
+//! The inverse of [`crate::gso`]. A port that takes virtio-net headers (a pod's TAP) can be
+//! handed one super-packet instead of a run of MSS-sized segments, which saves a write per
+//! segment and the receiving kernel's per-packet work, as Linux's GRO does for a NIC.
+//!
+//! Only runs of *adjacent* packets in a batch are merged: a segment of another flow (or
+//! anything else) between two segments ends the run, so the order of everything in the
+//! batch is kept. The rules for a segment to join a run are those of Linux's TCP GRO:
+//! - it is a plain packet: no GSO request, no partial checksum, not a fragment;
+//! - same link header, same addresses and ports; IPv4 without options and with the same
+//!   TOS, TTL and DF, its identification equal to the previous one's or one more (the same
+//!   relation throughout the run); IPv6 without extension headers and with the same
+//!   traffic class, flow label and hop limit;
+//! - its sequence number follows the previous segment's payload; same acknowledgment
+//!   number, window, urgent pointer and TCP options (bytes compared);
+//! - flags exactly ACK, or ACK and PSH; a PSH segment is the last of its run;
+//! - every segment but the last carries exactly the first's payload length (which becomes
+//!   `gso_size`), the last at most that;
+//! - the result stays within [`MAX_IP_LEN`] and [`MAX_SEGMENTS`].
+//!
+//! **Checksums.** The merged packet goes out with `NEEDS_CSUM`, which the receiving
+//! kernel takes as "the sender will fill this in", not as something to verify, so a
+//! corrupted segment folded into it would be delivered as good data. Each segment's TCP
+//! checksum is therefore verified before it may join a run (one summing pass over bytes
+//! that are copied anyway), unless it arrived with `DATA_VALID`. A segment that fails is
+//! left alone, as a run of its own, for the receiver to drop and count as it would have
+//! without coalescing.
+
+use crate::flow::proto;
+use crate::packet::{Packet, VnetHdr};
+use crate::wire::build::tcp_flags;
+use crate::wire::checksum;
+use crate::wire::parse::{self, IPV6_LEN, L3};
+
+/// Largest IP packet a run may become (the IPv4 total length field's limit; IPv6 is held
+/// to the same so that both families behave alike).
+pub const MAX_IP_LEN: usize = 65_535;
+/// Most segments merged into one packet. Full-sized segments reach [`MAX_IP_LEN`] first;
+/// this bounds what a receiver that re-segments the packet (a pod that routes) must cut
+/// from a flow of tiny segments.
+pub const MAX_SEGMENTS: usize = 64;
+
+/// IPv4 header length without options.
+const IPV4_LEN: usize = 20;
+/// TCP header length without options.
+const TCP_MIN_LEN: usize = 20;
+/// Offset of the checksum in the TCP header.
+const TCP_CSUM: usize = 16;
+
+/// Where a segment that may be coalesced keeps its headers and payload.
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    l3: L3,
+    l3_off: usize,
+    l4_off: usize,
+    /// End of the TCP header, where the payload starts.
+    hdr_end: usize,
+    ip_end: usize,
+    seq: u32,
+    flags: u8,
+    /// IPv4 identification (zero for IPv6).
+    id: u16,
+}
+
+impl Segment {
+    /// The segment's layout if `pkt` may be coalesced at all (see the module docs).
+    fn of(pkt: &Packet) -> Option<Segment> {
+        let v = pkt.meta.vnet;
+        if v.is_gso() || v.needs_csum() {
+            return None;
+        }
+        let data = &pkt.data;
+        let p = parse::parse(data, pkt.meta.zone).ok()?;
+        if !p.is_ip()
+            || p.proto != proto::TCP
+            || p.frag.is_some()
+            || p.frag_hdr_off != 0
+            || !p.l4_complete
+        {
+            return None;
+        }
+        let plain_ip = match p.l3 {
+            L3::Ipv4 => IPV4_LEN,
+            _ => IPV6_LEN,
+        };
+        if p.l4_off - p.l3_off != plain_ip {
+            return None;
+        }
+        let t = data.get(p.l4_off..p.ip_end)?;
+        let tcp_len = usize::from(*t.get(12)? >> 4) * 4;
+        if tcp_len < TCP_MIN_LEN || tcp_len >= t.len() {
+            // No payload: a pure ACK is never coalesced.
+            return None;
+        }
+        if p.tcp_flags & !tcp_flags::PSH != tcp_flags::ACK {
+            return None;
+        }
+        if v.flags & VnetHdr::F_DATA_VALID == 0 {
+            let pseudo = pseudo_header(data, p.l3, p.l3_off, t.len());
+            if checksum::finish(checksum::add(t, pseudo)) != 0 {
+                return None;
+            }
+        }
+        let ip = &data[p.l3_off..];
+        Some(Segment {
+            l3: p.l3,
+            l3_off: p.l3_off,
+            l4_off: p.l4_off,
+            hdr_end: p.l4_off + tcp_len,
+            ip_end: p.ip_end,
+            seq: u32::from_be_bytes([t[4], t[5], t[6], t[7]]),
+            flags: p.tcp_flags,
+            id: match p.l3 {
+                L3::Ipv4 => u16::from_be_bytes([ip[4], ip[5]]),
+                _ => 0,
+            },
+        })
+    }
+
+    fn payload_len(&self) -> usize {
+        self.ip_end - self.hdr_end
+    }
+}
+
+/// True when `b` belongs to the same flow as `a` with the same headers, apart from the
+/// fields that differ between consecutive segments (lengths, IPv4 identification and
+/// header checksum, sequence number, flags, TCP checksum).
+fn same_headers(a: &[u8], sa: &Segment, b: &[u8], sb: &Segment) -> bool {
+    if sa.l3 != sb.l3 || sa.l3_off != sb.l3_off || sa.hdr_end != sb.hdr_end {
+        return false;
+    }
+    let (l3, l4, end) = (sa.l3_off, sa.l4_off, sa.hdr_end);
+    let same = |r: std::ops::Range<usize>| a[r.clone()] == b[r];
+    let ip_same = match sa.l3 {
+        // Version/IHL/TOS; flags, fragment offset, TTL, protocol; addresses.
+        L3::Ipv4 => same(l3..l3 + 2) && same(l3 + 6..l3 + 10) && same(l3 + 12..l3 + 20),
+        // Version, traffic class, flow label; next header, hop limit, addresses.
+        _ => same(l3..l3 + 4) && same(l3 + 6..l3 + IPV6_LEN),
+    };
+    // Link header; TCP ports; acknowledgment number and data offset; window; urgent
+    // pointer and options.
+    same(0..l3)
+        && ip_same
+        && same(l4..l4 + 4)
+        && same(l4 + 8..l4 + 13)
+        && same(l4 + 14..l4 + 16)
+        && same(l4 + 18..end)
+}
+
+/// The pseudo-header sum of the TCP segment of `l4_len` bytes in `data`.
+fn pseudo_header(data: &[u8], l3: L3, l3_off: usize, l4_len: usize) -> u64 {
+    let ip = &data[l3_off..];
+    match l3 {
+        L3::Ipv4 => checksum::pseudo_v4(
+            [ip[12], ip[13], ip[14], ip[15]],
+            [ip[16], ip[17], ip[18], ip[19]],
+            proto::TCP,
+            l4_len as u16,
+        ),
+        _ => {
+            let mut src = [0u8; 16];
+            let mut dst = [0u8; 16];
+            src.copy_from_slice(&ip[8..24]);
+            dst.copy_from_slice(&ip[24..40]);
+            checksum::pseudo_v6(&src, &dst, proto::TCP, l4_len as u32)
+        }
+    }
+}
+
+/// A run being built: the first packet, whose buffer grows with the others' payloads.
+struct Run {
+    pkt: Packet,
+    first: Segment,
+    last: Segment,
+    segments: usize,
+    /// The step of the IPv4 identification within the run (0 or 1), once known.
+    id_step: Option<u16>,
+    /// Payload bytes so far.
+    payload: usize,
+}
+
+impl Run {
+    fn start(pkt: Packet, seg: Segment) -> Run {
+        Run {
+            pkt,
+            first: seg,
+            last: seg,
+            segments: 1,
+            id_step: None,
+            payload: seg.payload_len(),
+        }
+    }
+
+    /// Appends `pkt` to the run if it may join; gives it back otherwise.
+    fn push(&mut self, pkt: Packet, seg: Segment) -> Result<(), Packet> {
+        let mss = self.first.payload_len();
+        let last = &self.last;
+        let joins = last.flags & tcp_flags::PSH == 0
+            && last.payload_len() == mss
+            && seg.payload_len() <= mss
+            && self.segments < MAX_SEGMENTS
+            && self.first.hdr_end - self.first.l3_off + self.payload + seg.payload_len()
+                <= MAX_IP_LEN
+            && seg.seq == last.seq.wrapping_add(last.payload_len() as u32)
+            && self
+                .id_step
+                .is_none_or(|s| seg.id == last.id.wrapping_add(s))
+            && (self.first.l3 != L3::Ipv4 || matches!(seg.id.wrapping_sub(last.id), 0 | 1))
+            && same_headers(&self.pkt.data, &self.first, &pkt.data, &seg);
+        if !joins {
+            return Err(pkt);
+        }
+        if self.segments == 1 {
+            // Drop any link padding after the first IP packet before appending to it.
+            self.pkt.data.truncate(self.first.ip_end);
+            if self.first.l3 == L3::Ipv4 {
+                self.id_step = Some(seg.id.wrapping_sub(last.id));
+            }
+        }
+        self.pkt
+            .data
+            .extend_from_slice(&pkt.data[seg.hdr_end..seg.ip_end]);
+        self.payload += seg.payload_len();
+        self.segments += 1;
+        self.last = seg;
+        Ok(())
+    }
+
+    /// The run as one packet: unchanged if it is a single segment, a GSO packet otherwise.
+    fn finish(self) -> Packet {
+        let mut pkt = self.pkt;
+        if self.segments == 1 {
+            return pkt;
+        }
+        let f = self.first;
+        let data = &mut pkt.data;
+        let ip_len = data.len() - f.l3_off;
+        let l4_len = data.len() - f.l4_off;
+        let gso_type = match f.l3 {
+            L3::Ipv4 => {
+                let ip = &mut data[f.l3_off..f.l4_off];
+                ip[2..4].copy_from_slice(&(ip_len as u16).to_be_bytes());
+                checksum::set_ipv4_header(ip);
+                VnetHdr::GSO_TCPV4
+            }
+            _ => {
+                let len = (ip_len - IPV6_LEN) as u16;
+                data[f.l3_off + 4..f.l3_off + 6].copy_from_slice(&len.to_be_bytes());
+                VnetHdr::GSO_TCPV6
+            }
+        };
+        data[f.l4_off + 13] |= self.last.flags & tcp_flags::PSH;
+        let pseudo = checksum::fold(pseudo_header(data, f.l3, f.l3_off, l4_len));
+        data[f.l4_off + TCP_CSUM..f.l4_off + TCP_CSUM + 2].copy_from_slice(&pseudo.to_be_bytes());
+        pkt.meta.vnet = VnetHdr {
+            flags: VnetHdr::F_NEEDS_CSUM,
+            gso_type,
+            hdr_len: f.hdr_end as u16,
+            gso_size: f.payload_len() as u16,
+            csum_start: f.l4_off as u16,
+            csum_offset: TCP_CSUM as u16,
+        };
+        pkt
+    }
+}
+
+/// Merges each run of consecutive TCP segments of one flow in `pkts` into one GSO
+/// super-packet (`NEEDS_CSUM`, `GSO_TCPV4`/`GSO_TCPV6`, `gso_size` the first segment's
+/// payload), following the rules in the module docs. The merged packet keeps the first
+/// segment's headers and metadata, with the IP length (and IPv4 header checksum) fixed,
+/// PSH taken from the last segment and the TCP checksum field holding the folded
+/// pseudo-header sum. Everything else stays as it was, in order.
+pub fn coalesce(pkts: &mut Vec<Packet>) {
+    if pkts.len() < 2 {
+        return;
+    }
+    let input = std::mem::take(pkts);
+    pkts.reserve(input.len());
+    let mut run: Option<Run> = None;
+    for pkt in input {
+        let Some(seg) = Segment::of(&pkt) else {
+            if let Some(r) = run.take() {
+                pkts.push(r.finish());
+            }
+            pkts.push(pkt);
+            continue;
+        };
+        let pkt = match run.as_mut() {
+            Some(r) => match r.push(pkt, seg) {
+                Ok(()) => continue,
+                Err(pkt) => pkt,
+            },
+            None => pkt,
+        };
+        if let Some(r) = run.replace(Run::start(pkt, seg)) {
+            pkts.push(r.finish());
+        }
+    }
+    if let Some(r) = run {
+        pkts.push(r.finish());
+    }
+}
+
+#[cfg(test)]
+mod tests;
