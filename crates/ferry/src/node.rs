@@ -167,9 +167,10 @@ pub fn run(args: &Args) -> Result<()> {
         .map(|(r, n)| format!("{r} {n}"))
         .collect();
     eprintln!(
-        "ferry node: stopped after {} frames in, {} out; drops: {}",
+        "ferry node: stopped after {} frames in, {} out ({} segments coalesced); drops: {}",
         stats.rx_frames,
         stats.tx_frames,
+        stats.gro_merged,
         if drops.is_empty() {
             "none".to_string()
         } else {
