@@ -12,8 +12,6 @@ use std::path::Path;
 
 use common::{Lab, sh};
 
-const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
-
 /// Node 1's tables: an uplink on the wire subnets, routes to them (on-link: ferry
 /// resolves the client's MAC), one pod, and an overlay peer (never reached here) that
 /// gives the pod the overlay MTU 1450.
@@ -122,28 +120,13 @@ fn client_and_node(tag: &str) -> (Lab, tempfile::TempDir) {
         &["route", "add", "fd00:10:244:1::/64", "via", "fd00:77::1"],
     );
 
-    let t = dir.path().join("node1.yaml");
-    fs::write(&t, TABLES).unwrap();
     let pod = lab.ns("p1a");
-    lab.daemon(
-        "n1",
-        "ferry on node1",
-        &[
-            FERRY,
-            "node",
-            "--tables",
-            t.to_str().unwrap(),
-            "--attach",
-            "uplink=af-packet:up1",
-            "--attach",
-            &format!("pod-a=pod:{pod}"),
-        ],
-    );
-    lab.wait_for(10, "eth0 up in p1a", |l| {
-        l.exec("p1a", 2, &["ip", "-4", "addr", "show", "dev", "eth0"])
-            .status
-            .success()
-    });
+    let attach = [
+        "uplink=af-packet:up1".to_string(),
+        format!("pod-a=pod:{pod}"),
+    ];
+    lab.ferry_node("n1", dir.path(), TABLES, &attach);
+    lab.wait_pod("p1a");
     (lab, dir)
 }
 

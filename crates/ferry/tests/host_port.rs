@@ -3,11 +3,7 @@
 
 mod common;
 
-use std::fs;
-
 use common::Lab;
-
-const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 
 /// Node 1 owns the wire (uplink) and 192.168.77.1; its kernel gets that address on the
 /// host TAP and reaches everything through ferry, whose host port answers for the
@@ -56,25 +52,13 @@ fn host_processes_reach_pods_and_are_reached_from_outside() {
 
     let tap = format!("{}h", lab.prefix);
     let host_mac = "02:aa:00:00:00:01";
-    let t = dir.path().join("node1.yaml");
-    fs::write(&t, tables(host_mac)).unwrap();
     let pod = lab.ns("p1a");
-    lab.daemon(
-        "n1",
-        "ferry on node1",
-        &[
-            FERRY,
-            "node",
-            "--tables",
-            t.to_str().unwrap(),
-            "--attach",
-            "uplink=af-packet:up1",
-            "--attach",
-            &format!("pod-a=pod:{pod}"),
-            "--attach",
-            &format!("host=tap:{tap}"),
-        ],
-    );
+    let attach = [
+        "uplink=af-packet:up1".to_string(),
+        format!("pod-a=pod:{pod}"),
+        format!("host=tap:{tap}"),
+    ];
+    lab.ferry_node("n1", dir.path(), &tables(host_mac), &attach);
     let tap_c = tap.clone();
     lab.wait_for(10, "the host TAP", |l| {
         l.exec("n1", 2, &["ip", "link", "show", &tap_c])

@@ -9,8 +9,6 @@ use std::fs;
 
 use common::Lab;
 
-const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
-
 /// The tables of node `n` (1 or 2): an uplink on the wire, two pods, the other node as
 /// the overlay peer. Pod b has MTU 1500 on purpose: bigger than the overlay carries.
 fn tables(n: u8) -> String {
@@ -67,33 +65,16 @@ fn two_nodes(tag: &str) -> (Lab, tempfile::TempDir) {
                 &format!("02:fe:00:00:00:0{n}"),
             ],
         );
-        let t = dir.path().join(format!("node{n}.yaml"));
-        fs::write(&t, tables(n)).unwrap();
         let (pa, pb) = (lab.ns(&format!("p{n}a")), lab.ns(&format!("p{n}b")));
-        lab.daemon(
-            &node,
-            &format!("ferry on node{n}"),
-            &[
-                FERRY,
-                "node",
-                "--tables",
-                t.to_str().unwrap(),
-                "--attach",
-                &format!("uplink=af-packet:up{n}"),
-                "--attach",
-                &format!("pod-a=pod:{pa}"),
-                "--attach",
-                &format!("pod-b=pod:{pb}"),
-            ],
-        );
+        let attach = [
+            format!("uplink=af-packet:up{n}"),
+            format!("pod-a=pod:{pa}"),
+            format!("pod-b=pod:{pb}"),
+        ];
+        lab.ferry_node(&node, dir.path(), &tables(n), &attach);
     }
     for pod in ["p1a", "p1b", "p2a", "p2b"] {
-        let pod = pod.to_string();
-        lab.wait_for(10, &format!("eth0 up in {pod}"), |l| {
-            l.exec(&pod, 2, &["ip", "-4", "addr", "show", "dev", "eth0"])
-                .status
-                .success()
-        });
+        lab.wait_pod(pod);
     }
     (lab, dir)
 }

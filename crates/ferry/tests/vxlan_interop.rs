@@ -8,12 +8,9 @@
 
 mod common;
 
-use std::fs;
 use std::path::Path;
 
 use common::{Lab, pattern, sh};
-
-const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 
 /// ferry's VTEP MAC (overlay.mac) and the kernel vxlan device's MAC (nodes[].mac).
 const FERRY_VTEP: &str = "0e:fe:c0:a8:4d:01";
@@ -156,28 +153,13 @@ fn ferry_and_kernel(tag: &str) -> (Lab, tempfile::TempDir) {
     }
 
     // Node 1: ferry.
-    let t = dir.path().join("node1.yaml");
-    fs::write(&t, tables()).unwrap();
     let pod = lab.ns("p1a");
-    lab.daemon(
-        "n1",
-        "ferry on node1",
-        &[
-            FERRY,
-            "node",
-            "--tables",
-            t.to_str().unwrap(),
-            "--attach",
-            "uplink=af-packet:up1",
-            "--attach",
-            &format!("pod-a=pod:{pod}"),
-        ],
-    );
-    lab.wait_for(10, "eth0 up in p1a", |l| {
-        l.exec("p1a", 2, &["ip", "-4", "addr", "show", "dev", "eth0"])
-            .status
-            .success()
-    });
+    let attach = [
+        "uplink=af-packet:up1".to_string(),
+        format!("pod-a=pod:{pod}"),
+    ];
+    lab.ferry_node("n1", dir.path(), &tables(), &attach);
+    lab.wait_pod("p1a");
     (lab, dir)
 }
 

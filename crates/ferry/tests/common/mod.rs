@@ -348,3 +348,40 @@ impl Lab {
         self.stop(label);
     }
 }
+
+impl Lab {
+    /// Writes `tables` to `dir/NODE.yaml` and starts `ferry node` on it in namespace
+    /// `node`, with one `--attach` per entry, as a daemon labelled "ferry on NODE".
+    pub fn ferry_node(
+        &mut self,
+        node: &str,
+        dir: &std::path::Path,
+        tables: &str,
+        attach: &[String],
+    ) {
+        let t = dir.join(format!("{node}.yaml"));
+        std::fs::write(&t, tables).unwrap();
+        let mut cmd = vec![
+            env!("CARGO_BIN_EXE_ferry").to_string(),
+            "node".into(),
+            "--tables".into(),
+        ];
+        cmd.push(t.to_str().expect("a UTF-8 path").to_string());
+        for a in attach {
+            cmd.push("--attach".into());
+            cmd.push(a.clone());
+        }
+        let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        self.daemon(node, &format!("ferry on {node}"), &args);
+    }
+
+    /// Waits until ferry has set up the pod in namespace `pod` (eth0 with an IPv4 address).
+    pub fn wait_pod(&mut self, pod: &str) {
+        let p = pod.to_string();
+        self.wait_for(10, &format!("eth0 up in {pod}"), |l| {
+            l.exec(&p, 2, &["ip", "-4", "addr", "show", "dev", "eth0"])
+                .status
+                .success()
+        });
+    }
+}
