@@ -26,7 +26,8 @@ pub struct Args {
     /// read and written through an AF_PACKET ring, with the host kernel kept off it.
     /// `PORT=pod:NETNS`: a TAP moved into the pod's network namespace as eth0, with the
     /// port's pod addresses, MAC and MTU and default routes through 169.254.1.1 and
-    /// fe80::1. `PORT=tap:NAME`: a TAP named NAME left in this namespace. Every port of
+    /// fe80::1. `PORT=tap:NAME`: a TAP named NAME left in this namespace (e.g. a `kind: host` port
+    /// for the node's own stack, see docs/node.md). Every port of
     /// the tables needs one.
     #[arg(long = "attach", value_name = "PORT=KIND:ARG", required = true)]
     pub attach: Vec<String>,

@@ -79,39 +79,16 @@ fn two_nodes(tag: &str) -> (Lab, tempfile::TempDir) {
     (lab, dir)
 }
 
-/// Pings until one answer comes (the first packets may resolve neighbours), then
-/// requires `count` answers out of `count`.
-fn ping(lab: &mut Lab, from: &str, to: &str, size: usize, count: u32) {
-    let s = size.to_string();
-    let from_s = from.to_string();
-    let to_s = to.to_string();
-    lab.wait_for(10, &format!("a ping answer from {to} to {from}"), |l| {
-        l.exec(&from_s, 3, &["ping", "-c", "1", "-W", "1", "-s", &s, &to_s])
-            .status
-            .success()
-    });
-    let c = count.to_string();
-    let out = lab.run(
-        from,
-        20,
-        &["ping", "-c", &c, "-i", "0.2", "-W", "2", "-s", &s, to],
-    );
-    assert!(
-        out.contains(&format!("{count} received")),
-        "ping {to} -s {size} from {from}: {out}"
-    );
-}
-
 #[test]
 fn pods_talk_within_and_across_nodes() {
     let (mut lab, dir) = two_nodes("na");
     // Same node, other node; IPv4 and IPv6; small and fragmented (3000 bytes at MTU 1450).
-    ping(&mut lab, "p1a", "10.244.1.6", 56, 3);
-    ping(&mut lab, "p1a", "10.244.2.5", 56, 3);
-    ping(&mut lab, "p1a", "10.244.2.5", 3000, 3);
-    ping(&mut lab, "p1a", "fd00:10:244:2::5", 56, 3);
-    ping(&mut lab, "p1a", "fd00:10:244:1::6", 3000, 3);
-    ping(&mut lab, "p2b", "fd00:10:244:1::5", 3000, 3);
+    lab.ping("p1a", "10.244.1.6", 56, 3);
+    lab.ping("p1a", "10.244.2.5", 56, 3);
+    lab.ping("p1a", "10.244.2.5", 3000, 3);
+    lab.ping("p1a", "fd00:10:244:2::5", 56, 3);
+    lab.ping("p1a", "fd00:10:244:1::6", 3000, 3);
+    lab.ping("p2b", "fd00:10:244:1::5", 3000, 3);
 
     // A TCP transfer across nodes arrives byte-identical.
     let data: Vec<u8> = (0..3_000_000u32)
@@ -178,7 +155,7 @@ fn pods_talk_within_and_across_nodes() {
 #[test]
 fn path_mtu_discovery_works_across_the_overlay() {
     let (mut lab, _dir) = two_nodes("nb");
-    ping(&mut lab, "p1b", "10.244.2.5", 56, 1);
+    lab.ping("p1b", "10.244.2.5", 56, 1);
     // Pod b's MTU is 1500 but the overlay carries 1450: ferry answers DF packets that do
     // not fit with "fragmentation needed", MTU 1450.
     let out = lab.exec(
@@ -204,13 +181,13 @@ fn path_mtu_discovery_works_across_the_overlay() {
         "no fragmentation needed with MTU 1450: {text}"
     );
     // After it, the pod's kernel knows the path MTU and a 1422-byte ping with DF passes.
-    ping(&mut lab, "p1b", "10.244.2.5", 1422, 2);
+    lab.ping("p1b", "10.244.2.5", 1422, 2);
 }
 
 #[test]
 fn a_long_tcp_stream_leaves_no_ip_fragment_on_the_wire() {
     let (mut lab, dir) = two_nodes("nc");
-    ping(&mut lab, "p1a", "10.244.2.5", 56, 1);
+    lab.ping("p1a", "10.244.2.5", 56, 1);
     let pcap = dir.path().join("wire.pcap");
     lab.spawn(
         "n2",
