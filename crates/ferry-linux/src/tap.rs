@@ -451,7 +451,15 @@ mod tests {
             "an Ethernet device"
         );
         drop(tap);
-        assert!(!Path::new(&sys).exists(), "{sys} still there after drop");
+        // Unregistering waits for the device's references: allow it a moment under load.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while Path::new(&sys).exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            !Path::new(&sys).exists(),
+            "{sys} still there 5 s after drop"
+        );
     }
 
     #[test]

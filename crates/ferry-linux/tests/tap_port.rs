@@ -378,5 +378,15 @@ fn tap_port_device_goes_with_the_port() {
         );
     }
     drop(port);
-    assert!(!std::path::Path::new(&format!("/sys/class/net/{name}")).exists());
+    // The kernel unregisters the device when the last descriptor closes; under load that
+    // can take a moment (it waits for the device's references to drop).
+    let sys = format!("/sys/class/net/{name}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::path::Path::new(&sys).exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        !std::path::Path::new(&sys).exists(),
+        "{name} still exists 5 s after its port was dropped"
+    );
 }
