@@ -11,6 +11,7 @@ pub mod gro;
 pub mod gso;
 pub mod icmp;
 pub mod ipf;
+pub mod lb;
 pub mod neigh;
 pub mod overlay;
 pub mod packet;

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use std::str::FromStr;
 
 use ipnet::IpNet;
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::fib::Fib;
 use crate::flow::{FlowKey, proto};
@@ -53,6 +53,12 @@ impl fmt::Display for MacAddr {
     }
 }
 
+impl Serialize for MacAddr {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl<'de> Deserialize<'de> for MacAddr {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<MacAddr, D::Error> {
         let s = String::deserialize(d)?;
@@ -64,7 +70,7 @@ impl<'de> Deserialize<'de> for MacAddr {
 pub const DEFAULT_MTU: u16 = 1500;
 
 /// What a port is attached to; decides which checks and answers apply to it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PortKind {
     /// A pod's TAP: source check, ARP/ND answered for every address (proxy ARP), MTU
@@ -138,6 +144,21 @@ impl FromStr for PortAddr {
     }
 }
 
+impl fmt::Display for PortAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.prefix_len {
+            Some(l) => write!(f, "{}/{l}", self.addr),
+            None => write!(f, "{}", self.addr),
+        }
+    }
+}
+
+impl Serialize for PortAddr {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl<'de> Deserialize<'de> for PortAddr {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<PortAddr, D::Error> {
         let s = String::deserialize(d)?;
@@ -146,7 +167,7 @@ impl<'de> Deserialize<'de> for PortAddr {
 }
 
 /// A port as the tables file describes it.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PortSpec {
     /// Unique name (also the replay file name: `DIR/NAME.pcap`).
@@ -158,6 +179,7 @@ pub struct PortSpec {
     pub kind: PortKind,
     /// Largest IP packet the port sends, in bytes. Default 1500, except a pod port when
     /// the overlay is configured: see [`crate::overlay::pod_mtu`].
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u16>,
     /// Conntrack / fragment zone of packets received here (default 0).
     #[serde(default)]
@@ -167,6 +189,7 @@ pub struct PortSpec {
     #[serde(default)]
     pub addresses: Vec<PortAddr>,
     /// For a pod port: the pod's own MAC (its eth0), required.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub peer_mac: Option<MacAddr>,
     /// Received TCP packets larger than the MTU are host-coalesced super-packets
     /// (GRO/RSC), to be segmented, never fragmented (default false).
@@ -195,7 +218,7 @@ impl Default for PortSpec {
 }
 
 /// A route as the tables file describes it.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteSpec {
     /// Destination prefix, e.g. `10.244.1.0/24` or `fd00:10:244:1::/64`.
@@ -203,13 +226,15 @@ pub struct RouteSpec {
     /// Name of the egress port.
     pub port: String,
     /// Destination MAC written on frames sent by this route (the next hop or the host).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub next_hop_mac: Option<MacAddr>,
     /// Next-hop address, resolved through the neighbour table (uplink and host ports).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub via: Option<IpAddr>,
 }
 
 /// This node, as the tables file describes it.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeSpec {
     /// The node's name.
@@ -222,7 +247,7 @@ pub struct NodeSpec {
 }
 
 /// Overlay mode as written: `always`, `cross-subnet` or `never`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ModeSpec {
     /// Encapsulate all traffic to other nodes' pods.
@@ -243,7 +268,7 @@ fn default_vxlan_port() -> u16 {
 }
 
 /// The VXLAN overlay, as the tables file describes it.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct OverlaySpec {
     /// VXLAN network identifier (default 4096, as Calico).
@@ -259,11 +284,12 @@ pub struct OverlaySpec {
     pub uplink: String,
     /// This node's VTEP MAC: inner source MAC (default derived from the node's first
     /// address, see [`crate::overlay::vtep_mac`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mac: Option<MacAddr>,
 }
 
 /// Another node, as the tables file describes it.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PeerSpec {
     /// Its name.
@@ -274,37 +300,45 @@ pub struct PeerSpec {
     #[serde(default)]
     pub pod_cidrs: Vec<IpNet>,
     /// Its VTEP MAC: inner destination MAC (default derived from `address`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mac: Option<MacAddr>,
 }
 
 /// Fragment-handling limits; every field optional, defaults documented in `ipf`.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct IpfSpec {
     /// Incomplete datagrams are dropped after this many milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
     /// Most datagrams being reassembled at once.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_datagrams: Option<usize>,
     /// Most bytes held for reassembly.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_bytes: Option<usize>,
     /// Smallest non-final IPv4 fragment accepted (whole IP packet, bytes).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub min_fragment_v4: Option<u16>,
     /// Smallest non-final IPv6 fragment accepted (whole IP packet, bytes).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub min_fragment_v6: Option<u16>,
 }
 
 /// ICMP error rate limit (node-wide token bucket).
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct IcmpSpec {
     /// Errors per second (default 1000).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub per_second: Option<u32>,
     /// Burst size (default 50).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub burst: Option<u32>,
 }
 
 /// The whole tables file.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TablesSpec {
     /// Ports, in order; a port's index is its `PortId`.
@@ -328,54 +362,68 @@ pub struct TablesSpec {
     #[serde(default)]
     pub node: NodeSpec,
     /// The VXLAN overlay, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub overlay: Option<OverlaySpec>,
     /// The other nodes (needs `overlay`).
     #[serde(default)]
     pub nodes: Vec<PeerSpec>,
+    /// Service ports and their endpoints.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<crate::lb::ServiceSpec>,
 }
 
 /// Connection tracking settings; every field optional.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CtSpec {
     /// Most connections tracked at once (default 262144).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_entries: Option<usize>,
     /// Let packets that conntrack finds INVALID through instead of dropping them
     /// (default false, as kube-proxy's `ctstate INVALID -j DROP`).
     #[serde(default)]
     pub pass_invalid: bool,
     /// Pick up TCP connections mid-stream, e.g. after a restart (default true).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tcp_pickup: Option<bool>,
 }
 
 /// What a NAT rule matches; every field optional, all given fields must match.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MatchSpec {
     /// The port the packet arrived on.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub in_port: Option<String>,
     /// `tcp`, `udp`, `icmp`, `icmpv6`, or a protocol number.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub proto: Option<String>,
     /// Source prefix.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub src: Option<IpNet>,
     /// Destination prefix.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dst: Option<IpNet>,
     /// Source port.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub src_port: Option<u16>,
     /// Destination port.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dst_port: Option<u16>,
 }
 
 /// A static NAT rule as the tables file describes it.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct NatRuleSpec {
     /// What the first packet of a connection must look like.
     #[serde(rename = "match", default)]
     pub matches: MatchSpec,
     /// Destination NAT: `ADDR`, `ADDR:PORT` or `[V6ADDR]:PORT`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dnat: Option<String>,
     /// Source NAT: `ADDR`, `ADDR:LO-HI` or `[V6ADDR]:LO-HI`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub snat: Option<String>,
     /// Source NAT to the egress port's address of the packet's family.
     #[serde(default)]
@@ -616,6 +664,8 @@ pub struct Tables {
     pub node: Node,
     /// The overlay, when configured.
     pub overlay: Option<Overlay>,
+    /// Services.
+    pub services: crate::lb::Services,
 }
 
 /// The smallest `ipf.min_fragment_*` accepted: IPv4's minimum MTU (RFC 791).
@@ -861,6 +911,14 @@ impl TablesSpec {
         if self.ct.max_entries == Some(0) {
             return Err("ct: max_entries must be at least 1".into());
         }
+        let local_addrs = node.addresses.iter().copied().chain(
+            ports
+                .iter()
+                .filter(|p| matches!(p.kind, PortKind::Uplink | PortKind::Host))
+                .flat_map(|p| p.addresses.iter().copied())
+                .filter(|a| *a != GATEWAY_V4 && *a != GATEWAY_V6),
+        );
+        let services = crate::lb::Services::compile(&self.services, &node.name, local_addrs)?;
         Ok(Tables {
             ports,
             fib,
@@ -870,6 +928,7 @@ impl TablesSpec {
             nat,
             node,
             overlay,
+            services,
         })
     }
 

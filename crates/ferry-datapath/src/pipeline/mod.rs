@@ -1276,6 +1276,8 @@ fn decrement_ttl(data: &mut [u8], parsed: &Parsed) {
     }
 }
 
+mod swap;
+
 #[cfg(test)]
 mod tests;
 

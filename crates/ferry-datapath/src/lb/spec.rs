@@ -1,0 +1,102 @@
+//! Services as the tables file describes them: one entry per Service port.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// Which endpoints a traffic policy allows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// Endpoints on every node.
+    #[default]
+    Cluster,
+    /// Endpoints on this node only.
+    Local,
+}
+
+impl Policy {
+    /// Lower-case name, as the tables file writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Cluster => "cluster",
+            Policy::Local => "local",
+        }
+    }
+}
+
+/// One port of a Kubernetes Service, with its frontends and endpoints (both address
+/// families may appear; a frontend only ever goes to endpoints of its own family).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSpec {
+    /// `namespace/name:port` (the port's name, or its number when unnamed): shown in
+    /// traces and counters, and the key session affinity is kept under.
+    pub name: String,
+    /// `tcp` or `udp` (SCTP is refused).
+    pub proto: String,
+    /// The Service port: the port of cluster IPs, external IPs and load balancer IPs.
+    pub port: u16,
+    /// Cluster IPs (spec.clusterIPs), reached with `port`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_ips: Vec<IpAddr>,
+    /// The node port, reached on every address of this node (`node.addresses`, and the
+    /// addresses of uplink and host ports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_port: Option<u16>,
+    /// spec.externalIPs, reached with `port`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub external_ips: Vec<IpAddr>,
+    /// status.loadBalancer.ingress[].ip, reached with `port`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// externalTrafficPolicy: endpoints for node port, external and load balancer
+    /// traffic (default cluster).
+    #[serde(default)]
+    pub external_policy: Policy,
+    /// internalTrafficPolicy: endpoints for cluster IP traffic (default cluster).
+    #[serde(default)]
+    pub internal_policy: Policy,
+    /// sessionAffinity ClientIP: a client keeps its endpoint for this many seconds after
+    /// its last new connection (absent: no affinity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity_timeout_s: Option<u32>,
+    /// External traffic to an endpoint on another node leaves with this node's address
+    /// as source (instead of the client's address kept and replies returning through
+    /// this node).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub external_snat: bool,
+    /// The endpoints.
+    #[serde(default)]
+    pub backends: Vec<BackendSpec>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+/// One endpoint of a Service port.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendSpec {
+    /// The endpoint's address.
+    pub addr: IpAddr,
+    /// The endpoint's port (the Service's target port, resolved).
+    pub port: u16,
+    /// The node the endpoint runs on; this node's name (or absent) makes it local.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// conditions.ready (default true).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub ready: bool,
+    /// conditions.serving (default: as `ready`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving: Option<bool>,
+    /// conditions.terminating (default false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub terminating: bool,
+}

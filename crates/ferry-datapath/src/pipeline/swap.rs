@@ -1,0 +1,1 @@
+//! Replacing a running pipeline's tables (see `Pipeline::set_tables`).
