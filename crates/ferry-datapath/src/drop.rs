@@ -115,6 +115,13 @@ drop_reasons! {
     CtTableFull => "ct_table_full",
     /// No free NAT port for a new connection; it is refused, existing ones are untouched.
     NatPortExhausted => "nat_port_exhausted",
+    // --- services
+    /// A new connection to a Service port that has no usable endpoint: refused with a TCP
+    /// reset or an ICMP port unreachable.
+    ServiceNoEndpoints => "service_no_endpoints",
+    /// A new connection to a Service whose traffic policy is Local, on a node without a
+    /// local endpoint: dropped, as kube-proxy does.
+    ServiceNoLocalEndpoints => "service_no_local_endpoints",
     // --- forwarding
     /// The packet arrived on a port that the tables do not know.
     UnknownPort => "unknown_port",

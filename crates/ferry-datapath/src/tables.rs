@@ -643,6 +643,14 @@ impl Overlay {
     pub fn peer_index(&self, a: IpAddr) -> Option<u16> {
         self.by_addr.get(&a).copied()
     }
+
+    /// The index of the node whose pod CIDRs hold `a` (a pod address).
+    pub fn peer_for_pod(&self, a: IpAddr) -> Option<u16> {
+        self.peers
+            .iter()
+            .position(|p| p.pod_cidrs.iter().any(|c| c.contains(&a)))
+            .map(|i| i as u16)
+    }
 }
 
 /// The compiled, immutable tables the pipeline reads.

@@ -303,6 +303,20 @@ impl Conntrack {
         nat: Option<&Nat>,
         now_ns: u64,
     ) -> Result<CtResult, DropReason> {
+        self.process_with(pkt, parsed, now_ns, |_| Ok(nat.copied()))
+    }
+
+    /// As [`Conntrack::process`], with the NAT decided only when the packet starts a
+    /// connection: `nat` is called at most once, with the packet's key, and only then
+    /// (a Service's backend choice is not made for packets of known connections). An
+    /// error from it refuses the packet with that reason and creates nothing.
+    pub fn process_with(
+        &mut self,
+        pkt: &mut Packet,
+        parsed: &mut Parsed,
+        now_ns: u64,
+        nat: impl FnOnce(&FlowKey) -> Result<Option<Nat>, DropReason>,
+    ) -> Result<CtResult, DropReason> {
         if !parsed.is_ip() {
             self.stats.untracked += 1;
             return Ok(CtResult::plain(CtState::Untracked));
@@ -334,7 +348,8 @@ impl Conntrack {
             self.table.remove(id);
             self.stats.expired += 1;
         }
-        self.create(pkt, parsed, nat, now_ns)
+        let nat = nat(&key)?;
+        self.create(pkt, parsed, nat.as_ref(), now_ns)
     }
 
     /// A packet of a tracked connection.
@@ -344,7 +359,7 @@ impl Conntrack {
         dir: usize,
         pkt: &mut Packet,
         parsed: &mut Parsed,
-        nat: Option<&Nat>,
+        nat: impl FnOnce(&FlowKey) -> Result<Option<Nat>, DropReason>,
         now_ns: u64,
     ) -> Result<CtResult, DropReason> {
         let reply = dir == REPLY;
@@ -375,7 +390,8 @@ impl Conntrack {
                 Verdict::Reopen => {
                     self.table.remove(id);
                     self.stats.deleted += 1;
-                    return self.create(pkt, parsed, nat, now_ns);
+                    let nat = nat(&parsed.key)?;
+                    return self.create(pkt, parsed, nat.as_ref(), now_ns);
                 }
             }
         }

@@ -17,10 +17,10 @@
 //! - `affinity_timeout_s` pins a client address to its endpoint until that many seconds
 //!   pass without a new connection from it ([`Affinity`]).
 
+pub mod reject;
 mod spec;
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasher, Hash, Hasher};
 use std::net::IpAddr;
 
 use ahash::RandomState;
@@ -314,9 +314,10 @@ impl Services {
         self.local_addrs.contains(a)
     }
 
-    /// Chooses the backend for a new connection with `key` to frontend `f`.
-    /// `from_local_pod`: the packet came from one of this node's pods. `affinity` keeps
-    /// session affinity records; `hash` spreads connections over the endpoints.
+    /// Chooses the endpoint for a new connection with `key` to frontend `f`: an index
+    /// into the Service's [`Service::backends`]. `from_local_pod`: the packet came from
+    /// one of this node's pods. `affinity` keeps session affinity records and spreads
+    /// connections over the eligible endpoints.
     pub fn choose(
         &self,
         f: Frontend,
@@ -324,7 +325,7 @@ impl Services {
         from_local_pod: bool,
         affinity: &mut Affinity,
         now_ns: u64,
-    ) -> Result<&Backend, Miss> {
+    ) -> Result<usize, Miss> {
         let svc = &self.services[f.service as usize];
         let fam = family(&key.dst);
         let policy = match f.scope {
@@ -341,22 +342,21 @@ impl Services {
                 Miss::NoEndpoints
             });
         }
-        if let Some(timeout) = svc.affinity_ns {
-            if let Some((addr, port)) = affinity.get(svc.id, key.src, now_ns)
-                && let Some(&i) = set.iter().find(|&&i| {
+        let Some(timeout) = svc.affinity_ns else {
+            return Ok(usize::from(set[affinity.pick(key, set.len())]));
+        };
+        let kept = affinity
+            .get(svc.id, key.src, now_ns)
+            .and_then(|(addr, port)| {
+                set.iter().copied().find(|&i| {
                     let b = &svc.backends[usize::from(i)];
                     b.addr == addr && b.port == port
                 })
-            {
-                let b = &svc.backends[usize::from(i)];
-                affinity.put(svc.id, key.src, (b.addr, b.port), now_ns, timeout);
-                return Ok(b);
-            }
-            let b = &svc.backends[usize::from(set[affinity.pick(key, set.len())])];
-            affinity.put(svc.id, key.src, (b.addr, b.port), now_ns, timeout);
-            return Ok(b);
-        }
-        Ok(&svc.backends[usize::from(set[affinity.pick(key, set.len())])])
+            });
+        let i = usize::from(kept.unwrap_or_else(|| set[affinity.pick(key, set.len())]));
+        let b = &svc.backends[i];
+        affinity.put(svc.id, key.src, (b.addr, b.port), now_ns, timeout);
+        Ok(i)
     }
 }
 
@@ -458,9 +458,7 @@ impl Affinity {
 
     /// An index below `n` from the connection's key.
     fn pick(&self, key: &FlowKey, n: usize) -> usize {
-        let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
-        (h.finish() % n as u64) as usize
+        (self.hasher.hash_one(key) % n as u64) as usize
     }
 }
 

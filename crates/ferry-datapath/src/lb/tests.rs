@@ -1,0 +1,124 @@
+use super::*;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn svc(name: &str, proto: &str) -> ServiceSpec {
+    ServiceSpec {
+        name: name.into(),
+        proto: proto.into(),
+        port: 80,
+        cluster_ips: vec![ip("10.96.0.10")],
+        node_port: Some(30080),
+        backends: vec![BackendSpec {
+            addr: ip("10.244.1.5"),
+            port: 8080,
+            node: Some("a".into()),
+            ready: true,
+            serving: None,
+            terminating: false,
+        }],
+        ..ServiceSpec::default()
+    }
+}
+
+fn key(dst: &str, dport: u16) -> FlowKey {
+    FlowKey {
+        zone: 0,
+        src: ip("192.168.60.7"),
+        dst: ip(dst),
+        proto: proto::TCP,
+        src_port: 40000,
+        dst_port: dport,
+    }
+}
+
+#[test]
+fn test_compile_errors_name_the_service_and_the_problem() {
+    let compile = |specs: &[ServiceSpec]| Services::compile(specs, "a", [ip("192.168.50.10")]);
+    let e = compile(&[svc("default/s:sctp", "sctp")]).unwrap_err();
+    assert!(e.contains("default/s:sctp") && e.contains("SCTP"), "{e}");
+    let e = compile(&[svc("x", "icmp")]).unwrap_err();
+    assert!(e.contains("expected tcp or udp"), "{e}");
+    let e = compile(&[svc("x", "tcp"), svc("x", "udp")]).unwrap_err();
+    assert!(e.contains("duplicate service name"), "{e}");
+    let mut other = svc("y", "tcp");
+    other.node_port = None;
+    let e = compile(&[svc("x", "tcp"), other]).unwrap_err();
+    assert!(
+        e.contains("frontend tcp 10.96.0.10:80") && e.contains("services[0]"),
+        "{e}"
+    );
+    let mut other = svc("y", "tcp");
+    other.cluster_ips.clear();
+    let e = compile(&[svc("x", "tcp"), other]).unwrap_err();
+    assert!(e.contains("node port tcp 30080"), "{e}");
+    // The same port number over another protocol is another frontend.
+    compile(&[svc("x", "tcp"), svc("y", "udp")]).unwrap();
+    let mut dup = svc("x", "tcp");
+    dup.backends.push(dup.backends[0].clone());
+    let e = compile(&[dup]).unwrap_err();
+    assert!(
+        e.contains("backends[1]: duplicate endpoint 10.244.1.5:8080"),
+        "{e}"
+    );
+    let mut zero = svc("x", "tcp");
+    zero.port = 0;
+    assert!(compile(&[zero]).unwrap_err().contains("port must be"));
+}
+
+#[test]
+fn test_node_ports_are_reached_on_this_nodes_addresses_only() {
+    let s = Services::compile(&[svc("x", "tcp")], "a", [ip("192.168.50.10")]).unwrap();
+    let f = s.frontend(&key("192.168.50.10", 30080)).unwrap();
+    assert_eq!(f.scope, Scope::External);
+    assert_eq!(s.frontend(&key("192.168.50.11", 30080)), None);
+    assert_eq!(s.frontend(&key("10.96.0.10", 30080)), None);
+    assert_eq!(
+        s.frontend(&key("10.96.0.10", 80)).map(|f| f.scope),
+        Some(Scope::Internal)
+    );
+    let mut udp = key("10.96.0.10", 80);
+    udp.proto = proto::UDP;
+    assert_eq!(s.frontend(&udp), None, "a TCP Service does not take UDP");
+    assert!(s.has_backend(proto::TCP, ip("10.244.1.5"), 8080));
+    assert!(!s.has_backend(proto::UDP, ip("10.244.1.5"), 8080));
+}
+
+#[test]
+fn test_an_endpoint_without_a_node_or_on_this_node_is_local() {
+    let mut spec = svc("x", "tcp");
+    spec.backends[0].node = None;
+    spec.backends.push(BackendSpec {
+        addr: ip("10.244.2.5"),
+        node: Some("b".into()),
+        ..spec.backends[0].clone()
+    });
+    let s = Services::compile(&[spec], "a", []).unwrap();
+    let local: Vec<bool> = s.services[0].backends.iter().map(|b| b.local).collect();
+    assert_eq!(local, [true, false]);
+    assert_eq!(s.services[0].eligible(0, Policy::Local), &[0]);
+    assert_eq!(s.services[0].eligible(0, Policy::Cluster), &[0, 1]);
+    assert!(s.services[0].eligible(1, Policy::Cluster).is_empty());
+}
+
+#[test]
+fn test_affinity_is_bounded_and_counts_what_it_could_not_keep() {
+    let mut a = Affinity::new(2);
+    let b = (ip("10.244.1.5"), 8080);
+    a.put(1, ip("10.0.0.1"), b, 0, 10);
+    a.put(1, ip("10.0.0.2"), b, 0, 10);
+    a.put(1, ip("10.0.0.3"), b, 0, 10);
+    assert_eq!((a.len(), a.refused()), (2, 1));
+    assert_eq!(a.get(1, ip("10.0.0.3"), 5), None);
+    // Once the first records expire, room is made for new ones.
+    a.put(1, ip("10.0.0.3"), b, 20, 10);
+    assert_eq!(a.len(), 1);
+    assert_eq!(a.get(1, ip("10.0.0.3"), 25), Some(b));
+    assert_eq!(
+        a.get(1, ip("10.0.0.3"), 30),
+        None,
+        "expired at its deadline"
+    );
+}

@@ -1,8 +1,10 @@
 //! One node's pipeline: parse (ARP answered here) -> defrag -> VXLAN decap -> source
-//! check -> neighbour discovery -> TTL -> conntrack (with NAT) -> route -> next-hop
-//! resolution -> L2 rewrite -> egress MTU -> encap.
+//! check -> neighbour discovery -> TTL -> service load balancing and conntrack (with
+//! NAT) -> route -> next-hop resolution -> L2 rewrite -> egress MTU -> encap.
 //!
-//! Later stages (services, policy) slot in around conntrack. The pipeline owns its
+//! The service stage runs inside conntrack's decision for a new connection only
+//! ([`Conntrack::process_with`]): packets of known connections follow their entry.
+//! Policy will slot in after conntrack. The pipeline owns its
 //! per-worker state (fragment buffers, connections, neighbours, ICMP budget, counters)
 //! and reads the node tables through an `Arc` that the control plane swaps.
 
@@ -15,6 +17,7 @@ use crate::flow::proto;
 use crate::gso;
 use crate::icmp::{self, ErrorKind, RateLimiter};
 use crate::ipf::{self, Reassembler};
+use crate::lb::{self, Affinity, Frontend, Miss, Scope};
 use crate::neigh::{self, Neighbours, arp, nd};
 use crate::overlay;
 use crate::packet::{Meta, Packet, PortId, VnetHdr};
@@ -153,6 +156,81 @@ pub struct Stats {
     pub encapsulated: u64,
     /// VXLAN packets decapsulated.
     pub decapsulated: u64,
+    /// New connections to a Service given an endpoint.
+    pub service_balanced: u64,
+    /// New connections to a Service refused at once (no endpoint: TCP reset or ICMP port
+    /// unreachable sent).
+    pub service_rejected: u64,
+}
+
+/// The backend choice for a new connection to a Service.
+struct Balanced {
+    nat: Nat,
+    /// Conntrack mark bits (`lb::MARK_*`).
+    mark: u32,
+    /// Index into the Service's backends.
+    backend: usize,
+    /// The client is the endpoint itself.
+    hairpin: bool,
+}
+
+/// Chooses the endpoint of a new connection to frontend `f` and the NAT that takes it
+/// there: DNAT to the endpoint; SNAT to the frontend address when the client is the
+/// endpoint itself (hairpin); for external traffic to another node's endpoint, SNAT to
+/// this node with `external_snat`, else the client address is kept and the connection
+/// marked to go through the tunnel.
+fn balance(
+    tables: &Tables,
+    f: Frontend,
+    key: &crate::flow::FlowKey,
+    from_local_pod: bool,
+    affinity: &mut Affinity,
+    now: u64,
+) -> Result<Balanced, DropReason> {
+    let i = tables
+        .services
+        .choose(f, key, from_local_pod, affinity, now)
+        .map_err(|m| match m {
+            Miss::NoEndpoints => DropReason::ServiceNoEndpoints,
+            Miss::NoLocalEndpoints => DropReason::ServiceNoLocalEndpoints,
+        })?;
+    let svc = &tables.services.services[f.service as usize];
+    let b = &svc.backends[i];
+    let mut mark = lb::MARK_SERVICE;
+    let hairpin = b.addr == key.src;
+    let snat = if hairpin {
+        Some((key.dst, None))
+    } else if f.scope == Scope::External && !b.local && !from_local_pod {
+        if svc.spec.external_snat {
+            tables.node.addr(key.dst.is_ipv6()).map(|a| (a, None))
+        } else {
+            mark |= lb::MARK_TUNNEL;
+            None
+        }
+    } else {
+        None
+    };
+    Ok(Balanced {
+        nat: Nat {
+            dnat: Some((b.addr, Some(b.port))),
+            snat,
+        },
+        mark,
+        backend: i,
+        hairpin,
+    })
+}
+
+/// `addr:port`, with brackets for IPv6.
+struct SockAddr(IpAddr, u16);
+
+impl std::fmt::Display for SockAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            IpAddr::V4(a) => write!(f, "{a}:{}", self.1),
+            IpAddr::V6(a) => write!(f, "[{a}]:{}", self.1),
+        }
+    }
 }
 
 /// Where one routed packet leaves, resolved: link-layer addresses, offloads, and the
@@ -176,11 +254,16 @@ pub struct Pipeline {
     ct: Conntrack,
     neigh: Neighbours,
     icmp: RateLimiter,
+    affinity: Affinity,
+    affinity_swept_ns: u64,
     drops: DropCounters,
     stats: Stats,
     ports: Vec<PortStats>,
     scratch: Vec<Packet>,
 }
+
+/// How often session affinity records are swept for expiry.
+const AFFINITY_SWEEP_NS: u64 = 1_000_000_000;
 
 impl Pipeline {
     /// A pipeline over `tables`, with fragment and ICMP limits from them.
@@ -223,6 +306,8 @@ impl Pipeline {
             ct: Conntrack::new(ct),
             neigh: Neighbours::new(neigh::Config::default()),
             icmp,
+            affinity: Affinity::default(),
+            affinity_swept_ns: 0,
             drops: DropCounters::default(),
             stats: Stats::default(),
             scratch: Vec::new(),
@@ -269,11 +354,20 @@ impl Pipeline {
         &self.neigh
     }
 
+    /// Session affinity records.
+    pub fn affinity(&self) -> &Affinity {
+        &self.affinity
+    }
+
     /// Advances the pipeline's clock: expires fragments and connections, with bounded
     /// work.
     pub fn tick(&mut self, now_ns: u64) {
         self.ipf.expire(now_ns, EXPIRE_BUDGET, &mut self.drops);
         self.ct.expire(now_ns, EXPIRE_BUDGET);
+        if now_ns.saturating_sub(self.affinity_swept_ns) >= AFFINITY_SWEEP_NS {
+            self.affinity_swept_ns = now_ns;
+            self.affinity.expire(now_ns, usize::MAX);
+        }
     }
 
     fn drop(&mut self, reason: DropReason, trace: &mut Trace) -> Verdict {
@@ -420,13 +514,70 @@ impl Pipeline {
             return self.drop(DropReason::TtlExceeded, trace);
         }
 
-        let nat = self.nat_for(&tables, in_id, &parsed);
+        // Static NAT rules come first; a packet no rule matches may be addressed to a
+        // Service. Either is decided only if the packet starts a connection.
+        let static_nat = self.nat_for(&tables, in_id, &parsed);
+        let frontend = match static_nat {
+            None => tables.services.frontend(&parsed.key),
+            Some(_) => None,
+        };
+        let from_local_pod = tunnel_peer.is_none() && in_port.kind == PortKind::Pod;
         let before = parsed.key;
         let now = pkt.meta.time_ns;
-        let ct = match self.ct.process(&mut pkt, &mut parsed, nat.as_ref(), now) {
+        let mut balanced: Option<Balanced> = None;
+        let affinity = &mut self.affinity;
+        let result = self.ct.process_with(&mut pkt, &mut parsed, now, |key| {
+            let Some(f) = frontend else {
+                return Ok(static_nat);
+            };
+            let b = balance(&tables, f, key, from_local_pod, affinity, now)?;
+            let nat = b.nat;
+            balanced = Some(b);
+            Ok(Some(nat))
+        });
+        let ct = match result {
             Ok(r) => r,
-            Err(r) => return self.drop(r, trace),
+            Err(r) => {
+                if let Some(f) = frontend {
+                    trace.note("service", || {
+                        let svc = &tables.services.services[f.service as usize];
+                        format!(
+                            "{} ({:?}): no endpoint to send {} to",
+                            svc.name, f.scope, before
+                        )
+                    });
+                }
+                if r == DropReason::ServiceNoEndpoints {
+                    self.reject(&pkt, &parsed, out, trace);
+                }
+                return self.drop(r, trace);
+            }
         };
+        if let (Some(b), Some(f)) = (&balanced, frontend) {
+            self.stats.service_balanced += 1;
+            trace.note("service", || {
+                let svc = &tables.services.services[f.service as usize];
+                let how = match (b.nat.snat, b.mark & lb::MARK_TUNNEL != 0) {
+                    (Some((a, _)), _) if b.hairpin => format!(", hairpin: source NAT to {a}"),
+                    (Some((a, _)), _) => format!(", source NAT to {a}"),
+                    (None, true) => ", client address kept, through the tunnel so that replies return through this node".to_string(),
+                    (None, false) => String::new(),
+                };
+                let be = &svc.backends[b.backend];
+                let node = be.node.as_deref().map_or(String::new(), |n| format!(" on node {n}"));
+                format!(
+                    "{} ({} frontend {}:{}) -> endpoint {}{node}{how}",
+                    svc.name,
+                    match f.scope {
+                        Scope::Internal => "cluster IP",
+                        Scope::External => "external",
+                    },
+                    before.dst,
+                    before.dst_port,
+                    SockAddr(be.addr, be.port)
+                )
+            });
+        }
         trace.ct = Some((ct.state, ct.reply));
         trace.note("ct", || {
             let dir = if ct.reply { " reply" } else { "" };
@@ -441,6 +592,20 @@ impl Pipeline {
             return self.drop(DropReason::CtInvalid, trace);
         }
         let mut pending = ct.pending;
+        if let (Some(b), Some(p)) = (&balanced, pending.as_mut()) {
+            p.entry_mut().mark |= b.mark;
+        }
+        // External traffic balanced to another node's endpoint with the client address
+        // kept must reach that node through the tunnel, whatever the overlay mode, so that
+        // its replies come back here to be translated.
+        let force_tunnel = match (&pending, ct.entry) {
+            (Some(p), _) => p.entry().mark & lb::MARK_TUNNEL != 0,
+            (None, Some(id)) if !ct.reply => self
+                .ct
+                .get(id)
+                .is_some_and(|e| e.mark & lb::MARK_TUNNEL != 0),
+            _ => false,
+        };
         // The connection remembers the node its original direction came through, so
         // that replies return through that node (which undoes its NAT).
         if let Some(peer) = tunnel_peer {
@@ -464,6 +629,13 @@ impl Pipeline {
             return self.drop(DropReason::NoRoute, trace);
         };
         let (mut out_id, mut next_hop) = (route.port, route.next_hop);
+        if force_tunnel
+            && !matches!(next_hop, NextHop::Tunnel(_))
+            && let Some(ov) = &tables.overlay
+            && let Some(i) = ov.peer_for_pod(parsed.key.dst)
+        {
+            (out_id, next_hop) = (ov.uplink, NextHop::Tunnel(i));
+        }
         if let (Some(peer), Some(ov)) = (reply_peer, &tables.overlay)
             && tables.ports[usize::from(out_id)].kind != PortKind::Pod
             && let Some(i) = ov.peer_index(peer)
@@ -1088,6 +1260,40 @@ impl Pipeline {
         self.send(in_id, err, out);
     }
 
+    /// Refuses a new connection to a Service without endpoints at once: a TCP reset, or
+    /// an ICMP port unreachable for UDP, back out of the port it came in on.
+    fn reject(
+        &mut self,
+        pkt: &Packet,
+        parsed: &Parsed,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) {
+        let in_id = pkt.meta.in_port;
+        match parsed.proto {
+            proto::TCP => {
+                let mac = self.tables.ports[usize::from(in_id)].mac;
+                let Some(frame) = lb::reject::tcp_reset(&pkt.data, parsed, mac) else {
+                    return;
+                };
+                self.stats.service_rejected += 1;
+                trace.note("service", || "refused with a TCP reset".to_string());
+                let rst = Packet::new(frame, in_id, pkt.meta.time_ns);
+                self.send(in_id, rst, out);
+            }
+            proto::UDP => {
+                let code = if parsed.l3 == L3::Ipv4 { 3 } else { 4 };
+                let sent = self.stats.icmp_sent;
+                let kind = ErrorKind::Unreachable { code };
+                self.icmp_error(pkt, parsed, kind, false, None, out, trace);
+                if self.stats.icmp_sent > sent {
+                    self.stats.service_rejected += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// Inserts the connection a NEW packet started, if any.
     fn commit(
         &mut self,
@@ -1284,3 +1490,9 @@ mod tests;
 /// Two nodes on one underlay subnet, each with two pods, through the overlay.
 #[cfg(test)]
 mod overlay_tests;
+
+#[cfg(test)]
+mod service_tests;
+
+#[cfg(test)]
+mod test_support;

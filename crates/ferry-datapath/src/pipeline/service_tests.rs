@@ -1,0 +1,706 @@
+//! The service stage: frontends, endpoint choice, policies, affinity, reject, hairpin,
+//! and the cross-node NodePort path whose replies return through the ingress node.
+
+use super::test_support::*;
+use super::*;
+use crate::lb::{BackendSpec, Policy, ServiceSpec};
+
+const CLIENT: &str = "192.168.60.7";
+const NODE1: &str = "192.168.50.10";
+const GW: &str = "192.168.50.1";
+
+fn be(addr: &str, port: u16, node: u8) -> BackendSpec {
+    BackendSpec {
+        addr: ip(addr),
+        port,
+        node: Some(format!("node{node}")),
+        ready: true,
+        serving: None,
+        terminating: false,
+    }
+}
+
+fn web(backends: Vec<BackendSpec>) -> ServiceSpec {
+    ServiceSpec {
+        name: "default/web:http".into(),
+        proto: "tcp".into(),
+        port: 80,
+        cluster_ips: vec![ip("10.96.0.10"), ip("fd00:96::10")],
+        node_port: Some(30080),
+        external_ips: vec![ip("192.168.70.9")],
+        load_balancer_ips: vec![ip("192.168.70.10")],
+        backends,
+        ..ServiceSpec::default()
+    }
+}
+
+/// Node `n` of the two-node tables with `services`; node 2 is on the uplink subnet, so
+/// cross-subnet mode routes to its pods without encapsulation.
+fn node(n: u8, mode: ModeSpec, services: Vec<ServiceSpec>) -> Pipeline {
+    let other = 3 - n;
+    let mut spec = node_spec(
+        n,
+        mode,
+        vec![peer(other, &format!("192.168.50.{}", other * 10))],
+    );
+    spec.services = services;
+    let mut p = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    learn(&mut p, n, GW, GW_MAC);
+    learn(
+        &mut p,
+        n,
+        &format!("192.168.50.{}", other * 10),
+        uplink_mac(other),
+    );
+    p
+}
+
+fn tcp_from_pod(last: u8, dst: &str, sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+    build::tcp(
+        ip(&format!("10.244.1.{last}")),
+        ip(dst),
+        sport,
+        dport,
+        1000,
+        0,
+        flags,
+        &[],
+        &from_pod(1, last),
+    )
+}
+
+/// A TCP segment from the client outside, arriving on node `n`'s uplink.
+fn tcp_from_outside(
+    n: u8,
+    dst: &str,
+    sport: u16,
+    dport: u16,
+    seq: u32,
+    ack: u32,
+    flags: u8,
+) -> Vec<u8> {
+    let o = IpOpts {
+        src_mac: GW_MAC,
+        dst_mac: uplink_mac(n),
+        ..IpOpts::default()
+    };
+    build::tcp(ip(CLIENT), ip(dst), sport, dport, seq, ack, flags, &[], &o)
+}
+
+fn traced(
+    p: &mut Pipeline,
+    frame: Vec<u8>,
+    port: PortId,
+    t: u64,
+) -> (Verdict, Vec<(PortId, Packet)>, Trace) {
+    let mut out = Vec::new();
+    let mut tr = Trace::enabled();
+    let v = p.process(Packet::new(frame, port, t), &mut out, &mut tr);
+    (v, out, tr)
+}
+
+fn key_of(frame: &[u8]) -> FlowKey {
+    parse(frame, 0).unwrap().key
+}
+
+/// The inner frame of a VXLAN packet.
+fn inner(frame: &[u8]) -> &[u8] {
+    let o = parse(frame, 0).unwrap();
+    assert_eq!(o.key.dst_port, 4789, "not VXLAN: {:?}", o.key);
+    &frame[o.l4_off + 16..]
+}
+
+use crate::flow::FlowKey;
+
+#[test]
+fn test_cluster_ip_is_translated_to_an_endpoint_and_replies_back() {
+    let mut a = node(
+        1,
+        ModeSpec::Always,
+        vec![web(vec![be("10.244.1.6", 8080, 1)])],
+    );
+    let (v, out, tr) = traced(
+        &mut a,
+        tcp_from_pod(5, "10.96.0.10", 40000, 80, tcp_flags::SYN),
+        POD,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0, POD2);
+    let k = key_of(&out[0].1.data);
+    assert_eq!(
+        (k.src, k.src_port, k.dst, k.dst_port),
+        (ip("10.244.1.5"), 40000, ip("10.244.1.6"), 8080)
+    );
+    let note = tr
+        .events
+        .iter()
+        .find(|e| e.stage == "service")
+        .expect("a service event");
+    assert!(
+        note.detail.contains("default/web:http") && note.detail.contains("10.244.1.6:8080"),
+        "{}",
+        note.detail
+    );
+    let original = FlowKey {
+        dst: ip("10.96.0.10"),
+        dst_port: 80,
+        ..k
+    };
+    let (id, _) = a.conntrack().lookup(&original).unwrap();
+    assert_ne!(a.conntrack().get(id).unwrap().mark & lb::MARK_SERVICE, 0);
+    assert_eq!(a.stats().service_balanced, 1);
+
+    let reply = build::tcp(
+        ip("10.244.1.6"),
+        ip("10.244.1.5"),
+        8080,
+        40000,
+        5000,
+        1001,
+        tcp_flags::SYN | tcp_flags::ACK,
+        &[],
+        &from_pod(1, 6),
+    );
+    let (v, out) = run(&mut a, reply, POD2, SEC);
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(out[0].0, POD);
+    let k = key_of(&out[0].1.data);
+    assert_eq!(
+        (k.src, k.src_port, k.dst, k.dst_port),
+        (ip("10.96.0.10"), 80, ip("10.244.1.5"), 40000)
+    );
+    assert_eq!(
+        a.stats().service_balanced,
+        1,
+        "replies are not balanced again"
+    );
+}
+
+#[test]
+fn test_connections_spread_over_endpoints_and_each_stays_on_its_own() {
+    let backends = vec![
+        be("10.244.1.6", 8080, 1),
+        be("10.244.2.5", 8080, 2),
+        be("10.244.2.6", 8080, 2),
+    ];
+    let mut a = node(1, ModeSpec::Always, vec![dns(backends)]);
+    let mut seen: HashMap<IpAddr, u32> = HashMap::new();
+    for sport in 30000..30300u16 {
+        let (_, out) = run(&mut a, udp_to_service(sport), POD, SEC);
+        assert_eq!(out.len(), 1);
+        let f = &out[0].1.data;
+        let dst = if out[0].0 == UPLINK {
+            key_of(inner(f)).dst
+        } else {
+            key_of(f).dst
+        };
+        *seen.entry(dst).or_default() += 1;
+        // The next packet of the same flow goes to the same endpoint.
+        let (_, again) = run(&mut a, udp_to_service(sport), POD, SEC);
+        let f2 = &again[0].1.data;
+        let dst2 = if again[0].0 == UPLINK {
+            key_of(inner(f2)).dst
+        } else {
+            key_of(f2).dst
+        };
+        assert_eq!(dst, dst2);
+    }
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(seen.values().all(|&n| n >= 50), "uneven: {seen:?}");
+}
+
+fn udp_to_service(sport: u16) -> Vec<u8> {
+    build::udp(
+        ip("10.244.1.5"),
+        ip("10.96.0.11"),
+        sport,
+        53,
+        b"q",
+        &from_pod(1, 5),
+    )
+}
+
+fn dns(backends: Vec<BackendSpec>) -> ServiceSpec {
+    ServiceSpec {
+        name: "kube-system/dns:dns".into(),
+        proto: "udp".into(),
+        port: 53,
+        cluster_ips: vec![ip("10.96.0.11"), ip("fd00:96::11")],
+        backends,
+        ..ServiceSpec::default()
+    }
+}
+
+#[test]
+fn test_service_without_endpoints_refuses_tcp_with_a_reset_at_once() {
+    let mut a = node(1, ModeSpec::Always, vec![web(vec![])]);
+    let (v, out, tr) = traced(
+        &mut a,
+        tcp_from_pod(5, "10.96.0.10", 40000, 80, tcp_flags::SYN),
+        POD,
+        SEC,
+    );
+    assert_eq!(
+        v,
+        Verdict::Dropped(DropReason::ServiceNoEndpoints),
+        "{:?}",
+        tr.events
+    );
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0, POD);
+    let f = &out[0].1.data;
+    assert_eq!(&f[0..6], &pod_mac(1, 5));
+    let p = parse(f, 0).unwrap();
+    assert_eq!(
+        (p.key.src, p.key.src_port, p.key.dst, p.key.dst_port),
+        (ip("10.96.0.10"), 80, ip("10.244.1.5"), 40000)
+    );
+    let t = &f[p.l4_off..p.ip_end];
+    assert_eq!(t[13], tcp_flags::RST | tcp_flags::ACK);
+    assert_eq!(
+        u32::from_be_bytes([t[8], t[9], t[10], t[11]]),
+        1001,
+        "acknowledges the SYN"
+    );
+    // A correct checksum sums to zero with the pseudo-header.
+    let IpAddr::V4(s) = p.key.src else { panic!() };
+    let IpAddr::V4(d) = p.key.dst else { panic!() };
+    let sum = checksum::add(
+        t,
+        checksum::pseudo_v4(s.octets(), d.octets(), proto::TCP, t.len() as u16),
+    );
+    assert_eq!(checksum::fold(sum), 0xffff);
+    assert_eq!(a.stats().service_rejected, 1);
+    assert!(
+        a.conntrack().is_empty(),
+        "nothing is tracked for a refused connection"
+    );
+}
+
+#[test]
+fn test_service_without_endpoints_refuses_udp_with_port_unreachable_in_both_families() {
+    let mut a = node(1, ModeSpec::Always, vec![dns(vec![])]);
+    let (v, out) = run(&mut a, udp_to_service(30000), POD, SEC);
+    assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoEndpoints));
+    let p = parse(&out[0].1.data, 0).unwrap();
+    assert_eq!(p.key.proto, proto::ICMP);
+    assert_eq!(p.key.dst_port, 3 << 8 | 3, "type 3 code 3");
+    assert_eq!(p.key.dst, ip("10.244.1.5"));
+
+    let q = build::udp(
+        ip("fd00:10:244:1::5"),
+        ip("fd00:96::11"),
+        30000,
+        53,
+        b"q",
+        &from_pod(1, 5),
+    );
+    let (v, out) = run(&mut a, q, POD, SEC);
+    assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoEndpoints));
+    let p = parse(&out[0].1.data, 0).unwrap();
+    assert_eq!(p.key.proto, proto::ICMPV6);
+    assert_eq!(p.key.dst_port, 1 << 8 | 4, "type 1 code 4");
+}
+
+#[test]
+fn test_a_frontend_goes_only_to_endpoints_of_its_family() {
+    let backends = vec![be("10.244.1.6", 53, 1), be("fd00:10:244:1::6", 53, 1)];
+    let mut a = node(1, ModeSpec::Always, vec![dns(backends)]);
+    for sport in 30000..30040u16 {
+        let q = build::udp(
+            ip("fd00:10:244:1::5"),
+            ip("fd00:96::11"),
+            sport,
+            53,
+            b"q",
+            &from_pod(1, 5),
+        );
+        let (_, out) = run(&mut a, q, POD, SEC);
+        assert_eq!(key_of(&out[0].1.data).dst, ip("fd00:10:244:1::6"));
+        let (_, out) = run(&mut a, udp_to_service(sport), POD, SEC);
+        assert_eq!(key_of(&out[0].1.data).dst, ip("10.244.1.6"));
+    }
+}
+
+#[test]
+fn test_terminating_endpoints_serve_only_when_no_endpoint_is_ready() {
+    let term = |addr: &str, serving: bool| BackendSpec {
+        ready: false,
+        serving: Some(serving),
+        terminating: true,
+        ..be(addr, 53, 2)
+    };
+    let mut a = node(
+        1,
+        ModeSpec::Always,
+        vec![dns(vec![be("10.244.2.5", 53, 2), term("10.244.2.6", true)])],
+    );
+    for sport in 30000..30040u16 {
+        let (_, out) = run(&mut a, udp_to_service(sport), POD, SEC);
+        assert_eq!(key_of(inner(&out[0].1.data)).dst, ip("10.244.2.5"));
+    }
+    let mut a = node(
+        1,
+        ModeSpec::Always,
+        vec![dns(vec![
+            term("10.244.2.6", true),
+            term("10.244.2.5", false),
+        ])],
+    );
+    for sport in 30000..30040u16 {
+        let (_, out) = run(&mut a, udp_to_service(sport), POD, SEC);
+        assert_eq!(
+            key_of(inner(&out[0].1.data)).dst,
+            ip("10.244.2.6"),
+            "serving, not the other"
+        );
+    }
+    let mut a = node(
+        1,
+        ModeSpec::Always,
+        vec![dns(vec![term("10.244.2.5", false)])],
+    );
+    let (v, _) = run(&mut a, udp_to_service(30000), POD, SEC);
+    assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoEndpoints));
+}
+
+#[test]
+fn test_internal_policy_local_uses_this_nodes_endpoints_or_drops_silently() {
+    let svc = |b| ServiceSpec {
+        internal_policy: Policy::Local,
+        ..dns(b)
+    };
+    let mut a = node(
+        1,
+        ModeSpec::Always,
+        vec![svc(vec![be("10.244.1.6", 53, 1), be("10.244.2.5", 53, 2)])],
+    );
+    for sport in 30000..30040u16 {
+        let (_, out) = run(&mut a, udp_to_service(sport), POD, SEC);
+        assert_eq!(key_of(&out[0].1.data).dst, ip("10.244.1.6"));
+    }
+    let mut a = node(
+        1,
+        ModeSpec::Always,
+        vec![svc(vec![be("10.244.2.5", 53, 2)])],
+    );
+    let (v, out) = run(&mut a, udp_to_service(30000), POD, SEC);
+    assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoLocalEndpoints));
+    assert!(
+        out.is_empty(),
+        "no ICMP: kube-proxy drops, it does not reject"
+    );
+}
+
+#[test]
+fn test_node_port_to_a_local_endpoint_keeps_the_client_address() {
+    let mut a = node(
+        1,
+        ModeSpec::Always,
+        vec![web(vec![be("10.244.1.6", 8080, 1)])],
+    );
+    let (v, out) = run(
+        &mut a,
+        tcp_from_outside(1, NODE1, 50000, 30080, 1, 0, tcp_flags::SYN),
+        UPLINK,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(out[0].0, POD2);
+    let k = key_of(&out[0].1.data);
+    assert_eq!(
+        (k.src, k.dst, k.dst_port),
+        (ip(CLIENT), ip("10.244.1.6"), 8080)
+    );
+    let reply = build::tcp(
+        ip("10.244.1.6"),
+        ip(CLIENT),
+        8080,
+        50000,
+        9,
+        2,
+        tcp_flags::SYN | tcp_flags::ACK,
+        &[],
+        &from_pod(1, 6),
+    );
+    let (_, out) = run(&mut a, reply, POD2, SEC);
+    assert_eq!(out[0].0, UPLINK);
+    assert_eq!(&out[0].1.data[0..6], &GW_MAC);
+    let k = key_of(&out[0].1.data);
+    assert_eq!((k.src, k.src_port, k.dst), (ip(NODE1), 30080, ip(CLIENT)));
+}
+
+#[test]
+fn test_load_balancer_and_external_ips_are_frontends_too() {
+    let mut a = node(
+        1,
+        ModeSpec::Always,
+        vec![web(vec![be("10.244.1.6", 8080, 1)])],
+    );
+    for (i, dst) in ["192.168.70.9", "192.168.70.10"].into_iter().enumerate() {
+        let (v, out) = run(
+            &mut a,
+            tcp_from_outside(1, dst, 50000 + i as u16, 80, 1, 0, tcp_flags::SYN),
+            UPLINK,
+            SEC,
+        );
+        assert_eq!(v, Verdict::Forwarded, "{dst}");
+        assert_eq!(key_of(&out[0].1.data).dst, ip("10.244.1.6"));
+    }
+    // The node port is only on the node's addresses; the external IP only with port 80:
+    // this one is routed on untranslated.
+    let (_, out) = run(
+        &mut a,
+        tcp_from_outside(1, "192.168.70.9", 50003, 30080, 1, 0, tcp_flags::SYN),
+        UPLINK,
+        SEC,
+    );
+    assert_eq!(key_of(&out[0].1.data).dst, ip("192.168.70.9"));
+}
+
+#[test]
+fn test_external_policy_local_drops_without_a_local_endpoint_but_not_for_local_pods() {
+    let svc = ServiceSpec {
+        external_policy: Policy::Local,
+        ..web(vec![be("10.244.2.5", 8080, 2)])
+    };
+    let mut a = node(1, ModeSpec::Always, vec![svc]);
+    let (v, out) = run(
+        &mut a,
+        tcp_from_outside(1, NODE1, 50000, 30080, 1, 0, tcp_flags::SYN),
+        UPLINK,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoLocalEndpoints));
+    assert!(out.is_empty());
+    // A pod of this node reaching the node port uses every node's endpoints.
+    let (v, out) = run(
+        &mut a,
+        tcp_from_pod(5, NODE1, 40000, 30080, tcp_flags::SYN),
+        POD,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(key_of(inner(&out[0].1.data)).dst, ip("10.244.2.5"));
+}
+
+/// The case of `calico-ebpf-nlb-nodeport.txt`: a client-IP-preserving load balancer
+/// sends NodePort traffic to node 1, whose endpoint is on node 2, which is on the same
+/// subnet (cross-subnet mode would route to it directly). The request goes through the
+/// tunnel with the client address kept; node 2 remembers node 1 as the tunnel peer and
+/// sends the reply back to it; node 1 undoes its NAT and answers the client.
+#[test]
+fn test_node_port_to_another_nodes_endpoint_returns_through_the_ingress_node() {
+    let svc = || web(vec![be("10.244.2.5", 8080, 2)]);
+    let mut a = node(1, ModeSpec::CrossSubnet, vec![svc()]);
+    let mut b = node(2, ModeSpec::CrossSubnet, vec![svc()]);
+
+    let (v, out, tr) = traced(
+        &mut a,
+        tcp_from_outside(1, NODE1, 50000, 30080, 100, 0, tcp_flags::SYN),
+        UPLINK,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
+    assert_eq!(out[0].0, UPLINK);
+    let outer = key_of(&out[0].1.data);
+    assert_eq!(
+        (outer.src, outer.dst),
+        (ip(NODE1), ip("192.168.50.20")),
+        "through the tunnel"
+    );
+    let k = key_of(inner(&out[0].1.data));
+    assert_eq!(
+        (k.src, k.dst, k.dst_port),
+        (ip(CLIENT), ip("10.244.2.5"), 8080),
+        "client address kept"
+    );
+    let note = tr.events.iter().find(|e| e.stage == "service").unwrap();
+    assert!(
+        note.detail.contains("node2") && note.detail.contains("tunnel"),
+        "{}",
+        note.detail
+    );
+
+    let (v, got) = run(&mut b, out[0].1.data.clone(), UPLINK, SEC);
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(got[0].0, POD);
+    assert_eq!(key_of(&got[0].1.data).src, ip(CLIENT));
+
+    let synack = build::tcp(
+        ip("10.244.2.5"),
+        ip(CLIENT),
+        8080,
+        50000,
+        7000,
+        101,
+        tcp_flags::SYN | tcp_flags::ACK,
+        &[],
+        &from_pod(2, 5),
+    );
+    let (v, back) = run(&mut b, synack, POD, SEC);
+    assert_eq!(v, Verdict::Forwarded);
+    let outer = key_of(&back[0].1.data);
+    assert_eq!(
+        outer.dst,
+        ip(NODE1),
+        "the reply goes back to the ingress node, not to the client"
+    );
+
+    let (v, to_client, tr) = traced(&mut a, back[0].1.data.clone(), UPLINK, SEC);
+    assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
+    assert_eq!(to_client[0].0, UPLINK);
+    assert_eq!(&to_client[0].1.data[0..6], &GW_MAC);
+    let k = key_of(&to_client[0].1.data);
+    assert_eq!(
+        (k.src, k.src_port, k.dst, k.dst_port),
+        (ip(NODE1), 30080, ip(CLIENT), 50000)
+    );
+
+    // The client's next segment follows the connection through the tunnel again.
+    let (_, out) = run(
+        &mut a,
+        tcp_from_outside(1, NODE1, 50000, 30080, 101, 7001, tcp_flags::ACK),
+        UPLINK,
+        SEC,
+    );
+    assert_eq!(key_of(&out[0].1.data).dst, ip("192.168.50.20"));
+    assert_eq!(key_of(inner(&out[0].1.data)).src, ip(CLIENT));
+}
+
+#[test]
+fn test_external_snat_mode_sends_from_this_node_instead() {
+    let svc = || ServiceSpec {
+        external_snat: true,
+        ..web(vec![be("10.244.2.5", 8080, 2)])
+    };
+    let mut a = node(1, ModeSpec::CrossSubnet, vec![svc()]);
+    let (v, out) = run(
+        &mut a,
+        tcp_from_outside(1, NODE1, 50000, 30080, 100, 0, tcp_flags::SYN),
+        UPLINK,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(
+        &out[0].1.data[0..6],
+        &uplink_mac(2),
+        "routed directly, same subnet"
+    );
+    let k = key_of(&out[0].1.data);
+    assert_eq!(
+        (k.src, k.dst, k.dst_port),
+        (ip(NODE1), ip("10.244.2.5"), 8080)
+    );
+    // The reply comes back to the node address and is translated for the client.
+    let o = IpOpts {
+        src_mac: uplink_mac(2),
+        dst_mac: uplink_mac(1),
+        ..IpOpts::default()
+    };
+    let synack = build::tcp(
+        ip("10.244.2.5"),
+        ip(NODE1),
+        8080,
+        k.src_port,
+        7000,
+        101,
+        tcp_flags::SYN | tcp_flags::ACK,
+        &[],
+        &o,
+    );
+    let (_, back) = run(&mut a, synack, UPLINK, SEC);
+    let k = key_of(&back[0].1.data);
+    assert_eq!(
+        (k.src, k.src_port, k.dst, k.dst_port),
+        (ip(NODE1), 30080, ip(CLIENT), 50000)
+    );
+}
+
+#[test]
+fn test_session_affinity_keeps_a_client_on_its_endpoint_until_the_timeout() {
+    let backends = vec![
+        be("10.244.1.6", 53, 1),
+        be("10.244.2.5", 53, 2),
+        be("10.244.2.6", 53, 2),
+    ];
+    let svc = ServiceSpec {
+        affinity_timeout_s: Some(10),
+        ..dns(backends.clone())
+    };
+    let mut a = node(1, ModeSpec::Always, vec![svc]);
+    let dst_of = |out: &[(PortId, Packet)]| {
+        let f = &out[0].1.data;
+        if out[0].0 == UPLINK {
+            key_of(inner(f)).dst
+        } else {
+            key_of(f).dst
+        }
+    };
+    let (_, out) = run(&mut a, udp_to_service(30000), POD, SEC);
+    let first = dst_of(&out);
+    for (i, sport) in (30001..30060u16).enumerate() {
+        // New connections within the timeout of the last one keep the endpoint.
+        let (_, out) = run(
+            &mut a,
+            udp_to_service(sport),
+            POD,
+            SEC + i as u64 * SEC / 10,
+        );
+        assert_eq!(dst_of(&out), first);
+    }
+    assert_eq!(a.affinity().len(), 1);
+    a.tick(30 * SEC);
+    assert!(a.affinity().is_empty(), "expired records are swept");
+
+    // Without affinity, the same client's connections spread.
+    let mut b = node(1, ModeSpec::Always, vec![dns(backends)]);
+    let spread: HashSet<IpAddr> = (30000..30060u16)
+        .map(|sport| dst_of(&run(&mut b, udp_to_service(sport), POD, SEC).1))
+        .collect();
+    assert!(spread.len() > 1);
+}
+
+#[test]
+fn test_hairpin_is_source_translated_to_the_service_address() {
+    let mut a = node(
+        1,
+        ModeSpec::Always,
+        vec![web(vec![be("10.244.1.5", 8080, 1)])],
+    );
+    let (v, out) = run(
+        &mut a,
+        tcp_from_pod(5, "10.96.0.10", 40000, 80, tcp_flags::SYN),
+        POD,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(out[0].0, POD, "back to the pod itself");
+    let k = key_of(&out[0].1.data);
+    assert_eq!(
+        (k.src, k.dst, k.dst_port),
+        (ip("10.96.0.10"), ip("10.244.1.5"), 8080)
+    );
+    let reply = build::tcp(
+        ip("10.244.1.5"),
+        ip("10.96.0.10"),
+        8080,
+        k.src_port,
+        9,
+        1001,
+        tcp_flags::SYN | tcp_flags::ACK,
+        &[],
+        &from_pod(1, 5),
+    );
+    let (v, out) = run(&mut a, reply, POD, SEC);
+    assert_eq!(v, Verdict::Forwarded);
+    let k = key_of(&out[0].1.data);
+    assert_eq!(
+        (k.src, k.src_port, k.dst, k.dst_port),
+        (ip("10.96.0.10"), 80, ip("10.244.1.5"), 40000)
+    );
+}
+
+use std::collections::{HashMap, HashSet};

@@ -1,0 +1,166 @@
+//! Two-node tables, frames and helpers shared by the pipeline's tests.
+
+pub(super) use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use super::*;
+pub(super) use crate::tables::{
+    MacAddr, ModeSpec, NodeSpec, OverlaySpec, PeerSpec, PortSpec, RouteSpec, TablesSpec,
+};
+pub(super) use crate::wire::build::{self, IpOpts, tcp_flags};
+
+pub(super) const UPLINK: PortId = 0;
+pub(super) const POD: PortId = 1;
+pub(super) const POD2: PortId = 2;
+pub(super) const GW_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xfe];
+pub(super) const SEC: u64 = 1_000_000_000;
+
+pub(super) fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// Node `n` (1 or 2): uplink 192.168.50.n0/24 and fd00:50::n0/64, pods 10.244.n.5
+/// and 10.244.n.6 (and fd00:10:244:n::5), default routes via the .1 gateways.
+pub(super) fn node_spec(n: u8, mode: ModeSpec, peers: Vec<PeerSpec>) -> TablesSpec {
+    let pod = |name: &str, last: u8| PortSpec {
+        name: name.into(),
+        kind: PortKind::Pod,
+        mac: MacAddr([0xee, 0xee, 0xee, 0xee, n, last]),
+        peer_mac: Some(MacAddr(pod_mac(n, last))),
+        addresses: vec![
+            format!("10.244.{n}.{last}").parse().unwrap(),
+            format!("fd00:10:244:{n}::{last}").parse().unwrap(),
+        ],
+        ..PortSpec::default()
+    };
+    let via = |prefix: &str, gw: &str| RouteSpec {
+        prefix: prefix.parse().unwrap(),
+        port: "eth0".into(),
+        next_hop_mac: None,
+        via: Some(ip(gw)),
+    };
+    TablesSpec {
+        ports: vec![
+            PortSpec {
+                name: "eth0".into(),
+                kind: PortKind::Uplink,
+                mac: MacAddr(uplink_mac(n)),
+                addresses: vec![
+                    format!("192.168.50.{}/24", n * 10).parse().unwrap(),
+                    format!("fd00:50::{}/64", n * 10).parse().unwrap(),
+                ],
+                ..PortSpec::default()
+            },
+            pod("pod-a", 5),
+            pod("pod-b", 6),
+        ],
+        routes: vec![via("0.0.0.0/0", "192.168.50.1"), via("::/0", "fd00:50::1")],
+        node: NodeSpec {
+            name: format!("node{n}"),
+            addresses: vec![],
+        },
+        overlay: Some(OverlaySpec {
+            vni: 4096,
+            port: 4789,
+            mode,
+            uplink: "eth0".into(),
+            mac: None,
+        }),
+        nodes: peers,
+        ..TablesSpec::default()
+    }
+}
+
+pub(super) fn peer(n: u8, address: &str) -> PeerSpec {
+    PeerSpec {
+        name: format!("node{n}"),
+        address: ip(address),
+        pod_cidrs: vec![
+            format!("10.244.{n}.0/24").parse().unwrap(),
+            format!("fd00:10:244:{n}::/64").parse().unwrap(),
+        ],
+        mac: None,
+    }
+}
+
+pub(super) fn pod_mac(n: u8, last: u8) -> [u8; 6] {
+    [0x0a, 0x58, 0x0a, 0xf4, n, last]
+}
+
+pub(super) fn uplink_mac(n: u8) -> [u8; 6] {
+    [2, 0xaa, 0, 0, 0, n]
+}
+
+/// The two nodes of the tests, encapsulating always.
+pub(super) fn nodes() -> (Pipeline, Pipeline) {
+    let a = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let b = node_spec(2, ModeSpec::Always, vec![peer(1, "192.168.50.10")]);
+    (
+        Pipeline::new(Arc::new(a.compile().unwrap())),
+        Pipeline::new(Arc::new(b.compile().unwrap())),
+    )
+}
+
+pub(super) fn run(
+    p: &mut Pipeline,
+    frame: Vec<u8>,
+    port: PortId,
+    t: u64,
+) -> (Verdict, Vec<(PortId, Packet)>) {
+    let mut out = Vec::new();
+    let v = p.process(
+        Packet::new(frame, port, t),
+        &mut out,
+        &mut Trace::disabled(),
+    );
+    (v, out)
+}
+
+/// Options for a frame sent by pod `last` of node `n` to its gateway.
+pub(super) fn from_pod(n: u8, last: u8) -> IpOpts {
+    IpOpts {
+        src_mac: pod_mac(n, last),
+        dst_mac: [0xee, 0xee, 0xee, 0xee, n, last],
+        ..IpOpts::default()
+    }
+}
+
+pub(super) fn udp_from_pod(dst: &str, sport: u16, payload: &[u8]) -> Vec<u8> {
+    build::udp(
+        ip("10.244.1.5"),
+        ip(dst),
+        sport,
+        7000,
+        payload,
+        &from_pod(1, 5),
+    )
+}
+
+/// An ARP reply from `ip` at `mac` to node `n`'s uplink.
+pub(super) fn arp_reply(n: u8, from: &str, mac: [u8; 6]) -> Vec<u8> {
+    let IpAddr::V4(from) = ip(from) else { panic!() };
+    arp::Repr {
+        op: arp::REPLY,
+        sender_mac: mac,
+        sender_ip: from,
+        target_mac: uplink_mac(n),
+        target_ip: Ipv4Addr::new(192, 168, 50, n * 10),
+    }
+    .frame(uplink_mac(n), mac, None)
+}
+
+/// Teaches node `n` where `addr` is, the way it learns it: its probe, then a reply.
+pub(super) fn learn(p: &mut Pipeline, n: u8, addr: &str, mac: [u8; 6]) {
+    let mut out = Vec::new();
+    p.neighbour(UPLINK, ip(addr), 0, &mut out, &mut Trace::disabled())
+        .unwrap_err();
+    assert_eq!(
+        run(p, arp_reply(n, addr, mac), UPLINK, 0).0,
+        Verdict::Consumed
+    );
+}
+
+pub(super) fn arp_of(frame: &[u8]) -> arp::Repr {
+    let p = parse(frame, 0).unwrap();
+    assert_eq!(p.l3, L3::Arp);
+    arp::Repr::parse(&frame[p.l3_off..]).unwrap()
+}
