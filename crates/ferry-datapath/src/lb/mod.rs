@@ -170,12 +170,13 @@ impl Services {
             local_addrs: local_addrs.into_iter().collect(),
             ..Services::default()
         };
+        let mut names = HashSet::with_capacity(specs.len());
         for (i, spec) in specs.iter().enumerate() {
             let what = || format!("services[{i}] ({:?})", spec.name);
             if spec.name.is_empty() {
                 return Err(format!("{}: name must not be empty", what()));
             }
-            if specs[..i].iter().any(|o| o.name == spec.name) {
+            if !names.insert(spec.name.as_str()) {
                 return Err(format!("{}: duplicate service name", what()));
             }
             let proto = match spec.proto.as_str() {

@@ -1,0 +1,203 @@
+//! Service benchmarks: compiling 1 K / 10 K / 100 K Service ports with 10 endpoints each
+//! (time, and resident memory the result adds), an established cluster IP connection's packets
+//! through the pipeline, and new connections with endpoint choice. Figures:
+//! docs/benchmarks.md.
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use ferry_datapath::lb::{BackendSpec, ServiceSpec, Services};
+use ferry_datapath::packet::Packet;
+use ferry_datapath::pipeline::{Pipeline, Trace, Verdict};
+use ferry_datapath::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
+use ferry_datapath::wire::build::{self, IpOpts};
+
+/// The process's resident memory in bytes (VmRSS), to report what compiled Services
+/// hold.
+fn rss() -> isize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<isize>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// `n` TCP Service ports, each with a cluster IP, a node port (for the first 30000) and
+/// 10 endpoints spread over 10 nodes.
+fn specs(n: usize) -> Vec<ServiceSpec> {
+    (0..n)
+        .map(|i| {
+            let i = i as u32;
+            ServiceSpec {
+                name: format!("ns{}/svc{i}:http", i % 100),
+                proto: "tcp".into(),
+                port: 80,
+                cluster_ips: vec![IpAddr::V4(Ipv4Addr::from(0x0a60_0000 + i))],
+                node_port: (i < 30000).then(|| 30000 + (i % 30000) as u16),
+                backends: (0..10u32)
+                    .map(|j| BackendSpec {
+                        addr: IpAddr::V4(Ipv4Addr::from(0x0af4_0000 + i * 10 + j)),
+                        port: 8080,
+                        node: Some(format!("node{j}")),
+                        ready: true,
+                        serving: None,
+                        terminating: false,
+                    })
+                    .collect(),
+                ..ServiceSpec::default()
+            }
+        })
+        .collect()
+}
+
+fn compile(c: &mut Criterion) {
+    let mut g = c.benchmark_group("services_compile");
+    g.sample_size(10);
+    for n in [1_000usize, 10_000, 100_000] {
+        let s = specs(n);
+        let before = rss();
+        let compiled = Services::compile(&s, "node0", []).unwrap();
+        let held = rss() - before;
+        eprintln!(
+            "services_compile/{n}: compiled Services: resident memory grew by {:.1} MiB ({} bytes per Service port)",
+            held as f64 / (1 << 20) as f64,
+            held / n as isize
+        );
+        drop(compiled);
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_with_input(BenchmarkId::from_parameter(n), &s, |b, s| {
+            b.iter(|| Services::compile(black_box(s), "node0", []).unwrap())
+        });
+    }
+    g.finish();
+}
+
+/// A pipeline with 10 K Services between a client port and a port towards the
+/// endpoints.
+fn pipeline() -> Pipeline {
+    let port = |name: &str, last: u8| PortSpec {
+        name: name.into(),
+        mac: MacAddr([2, 0, 0, 0, 0, last]),
+        ..PortSpec::default()
+    };
+    let spec = TablesSpec {
+        ports: vec![port("clients", 1), port("endpoints", 2)],
+        routes: vec![
+            RouteSpec {
+                prefix: "10.244.0.0/16".parse().unwrap(),
+                port: "endpoints".into(),
+                next_hop_mac: Some(MacAddr([2, 0, 0, 0, 0, 3])),
+                via: None,
+            },
+            RouteSpec {
+                prefix: "10.0.0.0/16".parse().unwrap(),
+                port: "clients".into(),
+                next_hop_mac: Some(MacAddr([2, 0, 0, 0, 0, 4])),
+                via: None,
+            },
+        ],
+        services: specs(10_000),
+        ..TablesSpec::default()
+    };
+    Pipeline::new(Arc::new(spec.compile().unwrap()))
+}
+
+fn to_service(client: u32, sport: u16, svc: u32) -> Vec<u8> {
+    build::tcp(
+        IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + client)),
+        IpAddr::V4(Ipv4Addr::from(0x0a60_0000 + svc)),
+        sport,
+        80,
+        1,
+        0,
+        build::tcp_flags::SYN,
+        &[],
+        &IpOpts::default(),
+    )
+}
+
+fn packets(c: &mut Criterion) {
+    let mut g = c.benchmark_group("services");
+    g.throughput(Throughput::Elements(1));
+    let mut out = Vec::with_capacity(4);
+    let mut trace = Trace::disabled();
+
+    // One established connection to a cluster IP: its packets are translated by the
+    // conntrack entry, never balanced again.
+    let mut p = pipeline();
+    let client = IpAddr::V4(Ipv4Addr::from(0x0a00_0001));
+    let syn = to_service(1, 40000, 4321);
+    p.process(Packet::new(syn, 0, 1), &mut out, &mut trace);
+    let backend = ferry_datapath::wire::parse(&out[0].1.data, 0).unwrap().key;
+    let synack = build::tcp(
+        backend.dst,
+        client,
+        backend.dst_port,
+        40000,
+        100,
+        2,
+        build::tcp_flags::SYN | build::tcp_flags::ACK,
+        &[],
+        &IpOpts::default(),
+    );
+    assert_eq!(
+        p.process(Packet::new(synack, 1, 2), &mut out, &mut trace),
+        Verdict::Forwarded
+    );
+    let ack = build::tcp(
+        client,
+        IpAddr::V4(Ipv4Addr::from(0x0a60_0000 + 4321)),
+        40000,
+        80,
+        2,
+        101,
+        build::tcp_flags::ACK,
+        &[0u8; 6],
+        &IpOpts::default(),
+    );
+    let mut check = Vec::new();
+    assert_eq!(
+        p.process(Packet::new(ack.clone(), 0, 3), &mut check, &mut trace),
+        Verdict::Forwarded
+    );
+    g.bench_function("established_cluster_ip_dnat", |b| {
+        b.iter_batched(
+            || Packet::new(ack.clone(), 0, 3),
+            |pkt| {
+                out.clear();
+                p.process(pkt, &mut out, &mut trace)
+            },
+            BatchSize::SmallInput,
+        )
+    });
+
+    // New connections: a fresh client address and port each time, to one of 10 K
+    // Services; the table stays at its default bound by evicting unreplied entries.
+    let mut p = pipeline();
+    let mut n = 0u32;
+    g.bench_function("new_connection_with_endpoint_choice", |b| {
+        b.iter_batched(
+            || {
+                n = n.wrapping_add(1);
+                Packet::new(
+                    to_service(n >> 8, 1024 + (n & 0xff) as u16, n % 10_000),
+                    0,
+                    u64::from(n),
+                )
+            },
+            |pkt| {
+                out.clear();
+                p.process(pkt, &mut out, &mut trace)
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    assert!(p.stats().service_balanced > 0);
+    g.finish();
+}
+
+criterion_group!(benches, compile, packets);
+criterion_main!(benches);
