@@ -320,10 +320,11 @@ fn run_rounds(
             } else {
                 stats.updates_refused += 1;
             }
+            let done = Instant::now();
             control.answer(r.map(|(report, closed)| Applied {
                 report,
-                waited: sent.elapsed(),
-                paused: begun.elapsed(),
+                waited: done - sent,
+                paused: done - begun,
                 closed,
             }));
         }
