@@ -290,6 +290,22 @@ impl RateLimiter {
         }
     }
 
+    /// Changes the rate and the bucket size, keeping the tokens in the bucket (at most
+    /// the new size): a new limit does not grant a fresh burst.
+    pub fn set_limits(&mut self, per_second: u32, burst: u32) {
+        self.per_second = u64::from(per_second);
+        self.capacity = u64::from(burst) * TOKEN;
+        self.level = self.level.min(self.capacity);
+    }
+
+    /// The rate (tokens per second) and bucket size (tokens) in force.
+    pub fn limits(&self) -> (u32, u32) {
+        (
+            u32::try_from(self.per_second).unwrap_or(u32::MAX),
+            u32::try_from(self.capacity / TOKEN).unwrap_or(u32::MAX),
+        )
+    }
+
     /// How many errors were refused.
     pub fn limited(&self) -> u64 {
         self.limited
@@ -659,5 +675,25 @@ mod tests {
         let mut none = RateLimiter::new(1000, 0);
         assert!(!none.allow(0));
         assert!(!none.allow(u64::MAX));
+    }
+
+    #[test]
+    fn test_rate_limiter_new_limits_keep_the_tokens_left() {
+        let mut rl = RateLimiter::new(1000, 10);
+        for _ in 0..8 {
+            assert!(rl.allow(0));
+        }
+        // Two tokens left: a bigger bucket does not refill them...
+        rl.set_limits(10, 100);
+        assert_eq!(rl.limits(), (10, 100));
+        assert!(rl.allow(0) && rl.allow(0));
+        assert!(!rl.allow(0));
+        // ...and the new rate applies: 10/s is one token per 100 ms.
+        assert!(!rl.allow(99_999_999));
+        assert!(rl.allow(100_000_000));
+        // A smaller bucket caps what is left.
+        rl.set_limits(10, 1);
+        assert!(rl.allow(10_000_000_000));
+        assert!(!rl.allow(10_000_000_000));
     }
 }

@@ -16,4 +16,7 @@ pub mod worker;
 pub use af_packet::{AfPacketConfig, AfPacketPort};
 pub use port::{Frame, Port, PortCounters};
 pub use tap::{Tap, TapPort};
-pub use worker::{WorkerStats, run_worker};
+pub use worker::{
+    Applied, Control, NamedPort, PortSnapshot, Snapshot, Update, UpdateError, WorkerStats,
+    run_worker, run_worker_with,
+};

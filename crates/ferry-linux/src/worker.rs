@@ -11,16 +11,32 @@
 //! instead of one per segment. A port with `gso: false` gets plain packets only, as the
 //! pipeline made them.
 //!
-//! **Port numbering.** `ports[i]` is the pipeline's `PortId` `i`: the order of `ports`
-//! must be the order of `ports` in the tables the pipeline was built from. A port's
-//! `gso` setting in the tables must match [`Port::offloads`]: a port without offloads
+//! **Port numbering.** Each port comes with the name of its port in the tables, and the
+//! worker keeps them in table order: `ports[i]` is the pipeline's `PortId` `i`. A port
+//! whose tables say `gso: true` must have [`Port::offloads`]: a port without offloads
 //! cannot take GSO packets or partial checksums, and the pipeline only finishes them for
-//! ports whose `gso` is false.
+//! ports whose `gso` is false. The worker refuses ports that do not match the tables.
 //!
-//! **Shutdown.** [`run_worker`] returns once `stop` is set (within one poll timeout). It
-//! borrows the ports: the caller drops them afterwards, which closes TAP descriptors (the
-//! devices disappear), closes and unmaps AF_PACKET sockets, and removes any ingress drop
-//! filter.
+//! **Live updates.** [`run_worker_with`] takes a [`Control`] through which the control
+//! plane swaps tables and ports while the worker runs ([`Control::send`] with an
+//! [`Update`]). The packet path takes no lock for it: the worker reads one atomic flag per
+//! round, and when an update waits it applies it between two rounds, when nothing is
+//! queued for sending (so no packet carries a `PortId` of the old tables). It keeps the
+//! ports whose names the new tables still have, adds the update's new ports, lets go of
+//! the others (handed back to the sender to close, so that closing a device never stalls
+//! forwarding), puts the ports in the new table order, and hands the tables to the
+//! pipeline ([`Pipeline::set_tables`]: connections survive, counters follow ports by
+//! name). An update whose tables name a port that has no Linux port, or that does not
+//! fit otherwise, is refused whole. The sender learns what the swap did and how long it
+//! waited ([`Applied`]); an update waits at most one round, one poll timeout when idle.
+//! The worker also publishes its counters and the pipeline's every
+//! [`STATS_INTERVAL_NS`] of pipeline time, after each update and when it returns
+//! ([`Control::snapshot`]), for status and metrics.
+//!
+//! **Shutdown.** The worker returns once `stop` is set (within one poll timeout). It
+//! borrows the ports: the caller drops them afterwards (after updates, the ports of the
+//! latest tables, in their order), which closes TAP descriptors (the devices disappear),
+//! closes and unmaps AF_PACKET sockets, and removes any ingress drop filter.
 //!
 //! **One worker per core (not done yet).** The pieces exist: [`crate::AfPacketConfig::fanout`]
 //! puts one uplink socket per worker in a `PACKET_FANOUT` group (hash mode, the kernel's
@@ -33,17 +49,28 @@
 //!   addresses only. Either the pipelines share (sharded, locked) conntrack and
 //!   reassembly state, or a worker hands packets to the owner of the connection.
 //! - Per-worker pipelines over the same `Arc<Tables>` snapshot, with the snapshot swap
-//!   reaching every worker, and counters summed across workers.
+//!   reaching every worker (one [`Control`] per worker, or one that fans out), and
+//!   counters summed across workers.
 //! - Pinning: each worker thread on its core, and the NIC's queues/IRQs on the same.
 
+mod control;
+#[cfg(test)]
+mod tests;
+
+pub use control::{Applied, Control, PortSnapshot, Snapshot, Update, UpdateError};
+
+use std::collections::{HashMap, HashSet};
 use std::io;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use ferry_datapath::gro;
 use ferry_datapath::packet::{Packet, PortId, VnetHdr};
-use ferry_datapath::pipeline::{Pipeline, Trace};
+use ferry_datapath::pipeline::{Pipeline, SwapReport, Trace};
+use ferry_datapath::tables::Tables;
 
-use crate::port::{Frame, Port};
+use crate::port::{Frame, Port, PortCounters};
 
 /// Longest wait for traffic before the pipeline's clock is advanced and `stop` checked.
 pub const POLL_TIMEOUT_MS: i32 = 10;
@@ -52,6 +79,11 @@ pub const POLL_TIMEOUT_MS: i32 = 10;
 pub const MAX_FAILING_ROUNDS: u32 = 1000;
 /// Frames received from one port per round.
 pub const RX_BATCH: usize = 64;
+/// How often, in pipeline time, the worker publishes its counters to its [`Control`].
+pub const STATS_INTERVAL_NS: u64 = 100_000_000;
+
+/// A port with the name of the tables' port it is.
+pub type NamedPort = (String, Box<dyn Port>);
 
 /// What a worker counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -71,58 +103,133 @@ pub struct WorkerStats {
     /// TCP segments merged into the segment before them on the way out (each one a frame
     /// fewer to send).
     pub gro_merged: u64,
+    /// Updates applied.
+    pub updates: u64,
+    /// Updates refused.
+    pub updates_refused: u64,
 }
 
 /// Runs ports through `pipeline` until `stop` is set; `clock` gives the pipeline's time
 /// in nanoseconds. `ports[i]` is the pipeline's port `i` (see the module docs); the
-/// counts must be equal.
+/// counts must be equal. Without live updates: see [`run_worker_with`].
 pub fn run_worker(
     ports: &mut [Box<dyn Port>],
     pipeline: &mut Pipeline,
     stop: &AtomicBool,
     clock: impl Fn() -> u64,
 ) -> io::Result<WorkerStats> {
-    let tables = pipeline.tables().ports.len();
-    if ports.len() != tables || ports.len() > usize::from(PortId::MAX) {
+    let tables = std::sync::Arc::clone(pipeline.tables());
+    if ports.len() != tables.ports.len() || ports.len() > usize::from(PortId::MAX) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
-                "{} ports for a pipeline whose tables have {tables}",
-                ports.len()
+                "{} ports for a pipeline whose tables have {}",
+                ports.len(),
+                tables.ports.len()
             ),
         ));
     }
-    let mut pfds: Vec<libc::pollfd> = ports
-        .iter()
-        .map(|p| libc::pollfd {
-            fd: p.raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
+    // Moved out for the run and back after it: with a control of its own, nothing
+    // changes the set or its order.
+    let mut named: Vec<NamedPort> = ports
+        .iter_mut()
+        .zip(&tables.ports)
+        .map(|(p, t)| (t.name.clone(), std::mem::replace(p, Box::new(Vacant))))
         .collect();
+    let r = run_worker_with(&mut named, pipeline, stop, clock, &Control::new());
+    for (slot, (_, p)) in ports.iter_mut().zip(named) {
+        *slot = p;
+    }
+    r
+}
+
+/// Runs ports through `pipeline` until `stop` is set, taking updates through `control`
+/// (see the module docs); `clock` gives the pipeline's time in nanoseconds. Each port
+/// comes with the name of its port in the pipeline's tables, in any order: every port of
+/// the tables needs exactly one. On return `ports` holds the ports of the tables in
+/// force, in their order, for the caller to drop.
+pub fn run_worker_with(
+    ports: &mut Vec<NamedPort>,
+    pipeline: &mut Pipeline,
+    stop: &AtomicBool,
+    clock: impl Fn() -> u64,
+    control: &Control,
+) -> io::Result<WorkerStats> {
+    let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+    plan(&[], ports, pipeline.tables()).map_err(invalid)?;
+    let given = std::mem::take(ports);
+    (*ports, _) = arrange(Vec::new(), given, pipeline.tables());
+    if !control.attach() {
+        return Err(invalid(
+            "the control is already attached to a running worker".into(),
+        ));
+    }
+    let _attached = control::Attached(control);
     let mut stats = WorkerStats::default();
+    let r = run_rounds(ports, pipeline, stop, &clock, control, &mut stats);
+    publish(control, clock(), &stats, pipeline, ports);
+    r.map(|()| stats)
+}
+
+/// Per-port state of the loop, rebuilt when the ports change.
+struct Rings {
+    pfds: Vec<libc::pollfd>,
+    /// Packets to send, per egress port.
+    tx: Vec<Vec<Packet>>,
+    /// Whether to merge TCP segments before sending, per port.
+    coalesce: Vec<bool>,
+    /// Receive errors in a row, per port.
+    failing: Vec<u32>,
+}
+
+impl Rings {
+    fn new(ports: &[NamedPort], tables: &Tables) -> Rings {
+        Rings {
+            pfds: ports
+                .iter()
+                .map(|(_, p)| libc::pollfd {
+                    fd: p.raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect(),
+            tx: ports.iter().map(|_| Vec::new()).collect(),
+            coalesce: ports
+                .iter()
+                .zip(&tables.ports)
+                .map(|((_, p), t)| p.offloads() && t.gso)
+                .collect(),
+            failing: vec![0; ports.len()],
+        }
+    }
+}
+
+fn run_rounds(
+    ports: &mut Vec<NamedPort>,
+    pipeline: &mut Pipeline,
+    stop: &AtomicBool,
+    clock: &impl Fn() -> u64,
+    control: &Control,
+    stats: &mut WorkerStats,
+) -> io::Result<()> {
+    let mut rings = Rings::new(ports, pipeline.tables());
     let mut rx = Vec::with_capacity(RX_BATCH);
     let mut out: Vec<(PortId, Packet)> = Vec::new();
-    let mut tx: Vec<Vec<Packet>> = (0..ports.len()).map(|_| Vec::new()).collect();
-    let coalesce: Vec<bool> = ports
-        .iter()
-        .zip(&pipeline.tables().ports)
-        .map(|(p, t)| p.offloads() && t.gso)
-        .collect();
     let mut frames: Vec<Frame> = Vec::new();
     let mut trace = Trace::disabled();
-    let mut failing = vec![0u32; ports.len()];
+    let mut published = clock();
+    publish(control, published, stats, pipeline, ports);
     while !stop.load(Ordering::Relaxed) {
         stats.rounds += 1;
-        for p in &mut pfds {
+        for p in &mut rings.pfds {
             p.revents = 0;
         }
-        // SAFETY: `pfds` is a live, exclusively borrowed array of `pfds.len()` pollfds;
-        // the descriptors belong to `ports`, which outlive the call.
+        // SAFETY: `rings.pfds` is a live, exclusively borrowed array of `pfds.len()`
+        // pollfds; the descriptors belong to `ports`, which outlive the call.
         let rc = unsafe {
             libc::poll(
-                pfds.as_mut_ptr(),
-                pfds.len() as libc::nfds_t,
+                rings.pfds.as_mut_ptr(),
+                rings.pfds.len() as libc::nfds_t,
                 POLL_TIMEOUT_MS,
             )
         };
@@ -133,8 +240,8 @@ pub fn run_worker(
             }
         }
         let now = clock();
-        for (i, port) in ports.iter_mut().enumerate() {
-            let revents = pfds[i].revents;
+        for (i, (_, port)) in ports.iter_mut().enumerate() {
+            let revents = rings.pfds[i].revents;
             if revents == 0 {
                 continue;
             }
@@ -150,12 +257,12 @@ pub fn run_worker(
             match port.recv_batch(&mut rx, RX_BATCH) {
                 Ok(n) => {
                     stats.rx_frames += n as u64;
-                    failing[i] = 0;
+                    rings.failing[i] = 0;
                 }
                 Err(e) => {
                     stats.rx_errors += 1;
-                    failing[i] += 1;
-                    if failing[i] >= MAX_FAILING_ROUNDS {
+                    rings.failing[i] += 1;
+                    if rings.failing[i] >= MAX_FAILING_ROUNDS {
                         return Err(io::Error::new(
                             e.kind(),
                             format!(
@@ -175,10 +282,10 @@ pub fn run_worker(
             }
             for (egress, pkt) in out.drain(..) {
                 // The pipeline only names ports of its tables, which are `ports`.
-                tx[usize::from(egress)].push(pkt);
+                rings.tx[usize::from(egress)].push(pkt);
             }
         }
-        for ((port, q), &merge) in ports.iter_mut().zip(&mut tx).zip(&coalesce) {
+        for (((_, port), q), &merge) in ports.iter_mut().zip(&mut rings.tx).zip(&rings.coalesce) {
             if q.is_empty() {
                 continue;
             }
@@ -199,31 +306,184 @@ pub fn run_worker(
             stats.tx_dropped += frames.len() as u64;
         }
         pipeline.tick(now);
+        // Every send queue is empty here: no packet holds a PortId of the old tables.
+        if control.pending()
+            && let Some((update, sent)) = control.take()
+        {
+            let begun = Instant::now();
+            let r = apply(ports, pipeline, update);
+            if r.is_ok() {
+                rings = Rings::new(ports, pipeline.tables());
+                stats.updates += 1;
+                publish(control, now, stats, pipeline, ports);
+                published = now;
+            } else {
+                stats.updates_refused += 1;
+            }
+            let done = Instant::now();
+            control.answer(r.map(|(report, closed)| Applied {
+                report,
+                waited: done - sent,
+                paused: done - begun,
+                closed,
+            }));
+        }
+        if now.wrapping_sub(published) >= STATS_INTERVAL_NS {
+            publish(control, now, stats, pipeline, ports);
+            published = now;
+        }
     }
-    Ok(stats)
+    Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use ferry_datapath::tables::{MacAddr, PortSpec, TablesSpec};
-    use std::sync::Arc;
+/// Applies an update, or refuses it having changed nothing. Returns the pipeline's report
+/// and the ports let go.
+fn apply(
+    ports: &mut Vec<NamedPort>,
+    pipeline: &mut Pipeline,
+    update: Update,
+) -> Result<(SwapReport, Vec<NamedPort>), UpdateError> {
+    if let Err(reason) = plan(ports, &update.new_ports, &update.tables) {
+        return Err(UpdateError::Refused { reason, update });
+    }
+    let existing = std::mem::take(ports);
+    let closed;
+    (*ports, closed) = arrange(existing, update.new_ports, &update.tables);
+    let report = pipeline.set_tables(update.tables);
+    Ok((report, closed))
+}
 
-    #[test]
-    fn test_port_count_must_match_the_tables() {
-        let spec = TablesSpec {
-            ports: vec![PortSpec {
-                name: "pod".into(),
-                mac: MacAddr([2, 0, 0, 0, 0, 1]),
-                gso: true,
-                ..PortSpec::default()
-            }],
-            ..TablesSpec::default()
+/// Checks that `existing` ports (already named after the tables') with `new` ones (which
+/// replace existing ones of the same name) give every port of `tables` exactly one Linux
+/// port that can take what the tables say; the error names what is wrong.
+fn plan(existing: &[NamedPort], new: &[NamedPort], tables: &Tables) -> Result<(), String> {
+    if tables.ports.len() > usize::from(PortId::MAX) {
+        return Err(format!(
+            "the tables have {} ports, at most {} are supported",
+            tables.ports.len(),
+            PortId::MAX
+        ));
+    }
+    let mut by_name: HashMap<&str, &dyn Port> = existing
+        .iter()
+        .map(|(n, p)| (n.as_str(), p.as_ref()))
+        .collect();
+    let mut given = HashSet::new();
+    for (name, p) in new {
+        if !given.insert(name.as_str()) {
+            return Err(format!("port {name:?} is given twice"));
+        }
+        if tables.port_id(name).is_none() {
+            return Err(format!("port {name:?} is not in the tables"));
+        }
+        by_name.insert(name, p.as_ref());
+    }
+    let mut missing = Vec::new();
+    for t in &tables.ports {
+        match by_name.get(t.name.as_str()) {
+            None => missing.push(format!("{:?}", t.name)),
+            Some(p) if t.gso && !p.offloads() => {
+                return Err(format!(
+                    "port {:?}: the tables say gso: true but {} does not pass GSO packets",
+                    t.name,
+                    p.name()
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    if !missing.is_empty() {
+        return Err(format!(
+            "the tables name ports that have no Linux port: {}",
+            missing.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// Puts the ports in table order (after [`plan`] accepted them): a new port wins over an
+/// existing one of the same name. Returns the ports and those let go.
+fn arrange(
+    existing: Vec<NamedPort>,
+    new: Vec<NamedPort>,
+    tables: &Tables,
+) -> (Vec<NamedPort>, Vec<NamedPort>) {
+    let mut old: Vec<Option<NamedPort>> = existing.into_iter().map(Some).collect();
+    let old_ids: HashMap<String, usize> = old
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| p.as_ref().map(|(n, _)| (n.clone(), i)))
+        .collect();
+    let mut new: HashMap<String, Box<dyn Port>> = new.into_iter().collect();
+    let mut closed = Vec::new();
+    let mut ports = Vec::with_capacity(tables.ports.len());
+    for t in &tables.ports {
+        let prev = old_ids.get(&t.name).and_then(|&i| old[i].take());
+        let port = match (new.remove(&t.name), prev) {
+            (Some(p), prev) => {
+                closed.extend(prev);
+                p
+            }
+            (None, Some((_, p))) => p,
+            // Ruled out by plan().
+            (None, None) => continue,
         };
-        let mut pipeline = Pipeline::new(Arc::new(spec.compile().unwrap()));
-        let stop = AtomicBool::new(false);
-        let e = run_worker(&mut [], &mut pipeline, &stop, || 0).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-        assert!(e.to_string().contains("0 ports"), "{e}");
+        ports.push((t.name.clone(), port));
+    }
+    // Ports gone from the tables, in their former order, then the replaced ones.
+    let mut rest: Vec<NamedPort> = old.into_iter().flatten().collect();
+    rest.extend(closed);
+    (ports, rest)
+}
+
+/// Publishes the counters of the worker, its pipeline and its ports.
+fn publish(
+    control: &Control,
+    now: u64,
+    stats: &WorkerStats,
+    pipeline: &Pipeline,
+    ports: &[NamedPort],
+) {
+    control.publish(Snapshot {
+        time_ns: now,
+        worker: *stats,
+        pipeline: *pipeline.stats(),
+        drops: pipeline.drops().clone(),
+        conntrack: *pipeline.conntrack().stats(),
+        ct_entries: pipeline.conntrack().len(),
+        reassembly: *pipeline.reassembler().stats(),
+        ports: ports
+            .iter()
+            .zip(pipeline.port_stats())
+            .map(|((name, p), s)| PortSnapshot {
+                name: name.clone(),
+                pipeline: *s,
+                linux: p.counters(),
+            })
+            .collect(),
+    });
+}
+
+/// Stands in for a port that [`run_worker`] moved out of its caller's slice for the run.
+struct Vacant;
+
+impl Port for Vacant {
+    fn name(&self) -> &str {
+        ""
+    }
+    fn raw_fd(&self) -> RawFd {
+        -1
+    }
+    fn recv_batch(&mut self, _: &mut Vec<Frame>, _: usize) -> io::Result<usize> {
+        Ok(0)
+    }
+    fn send_batch(&mut self, _: &mut Vec<Frame>) -> io::Result<usize> {
+        Ok(0)
+    }
+    fn offloads(&self) -> bool {
+        false
+    }
+    fn counters(&self) -> PortCounters {
+        PortCounters::default()
     }
 }

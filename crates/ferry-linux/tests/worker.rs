@@ -2,7 +2,7 @@
 //!
 //! Pods A (10.77.1.2) and B (10.77.2.2) are namespaces with TAPs as eth0; each reaches the
 //! other through a gateway address whose MAC is ferry's port MAC (a static neighbour
-//! entry: the pipeline does not answer ARP yet). Needs root and `ip`.
+//! entry, so that the ports can stay `plain`). Needs root and `ip`.
 
 mod common;
 
@@ -19,7 +19,9 @@ use ferry_datapath::pipeline::Pipeline;
 use ferry_datapath::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
 use ferry_datapath::wire::build;
 use ferry_linux::link::{self, PodInterface};
-use ferry_linux::{Port, TapPort, WorkerStats, run_worker};
+use ferry_linux::{
+    Control, NamedPort, Port, TapPort, Update, WorkerStats, run_worker, run_worker_with,
+};
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 77, 1, 2);
 const B: Ipv4Addr = Ipv4Addr::new(10, 77, 2, 2);
@@ -87,19 +89,20 @@ fn route(prefix: &str, port: &str, mac: [u8; 6]) -> RouteSpec {
 type Finished = (Vec<Box<dyn Port>>, Pipeline, WorkerStats);
 
 /// Stops the worker on drop (also when an assertion fails), so the test never hangs.
-struct Running {
+/// `T` is what the worker thread gives back.
+struct Running<T = Finished> {
     stop: Arc<AtomicBool>,
-    handle: Option<thread::JoinHandle<Finished>>,
+    handle: Option<thread::JoinHandle<T>>,
 }
 
-impl Running {
-    fn finish(mut self) -> Finished {
+impl<T> Running<T> {
+    fn finish(mut self) -> T {
         self.stop.store(true, Ordering::Relaxed);
         self.handle.take().unwrap().join().expect("worker panicked")
     }
 }
 
-impl Drop for Running {
+impl<T> Drop for Running<T> {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(h) = self.handle.take() {
@@ -231,4 +234,114 @@ fn worker_forwards_ping_and_tcp_between_two_pods() {
             pod.ns.name
         );
     }
+}
+
+#[test]
+fn worker_takes_a_pod_port_in_and_lets_it_go_while_running() {
+    require_root_and_ip();
+    let (pod_a, port_a) = pod("wua", A, FERRY_MAC_A);
+    let only_a = |pod_a: &Pod| TablesSpec {
+        ports: vec![port_spec("pod-a", FERRY_MAC_A, "10.77.1.1")],
+        routes: vec![route("10.77.1.2/32", "pod-a", pod_a.mac)],
+        ..TablesSpec::default()
+    };
+    let tables_a = Arc::new(only_a(&pod_a).compile().unwrap());
+    let control = Arc::new(Control::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (flag, c) = (Arc::clone(&stop), Arc::clone(&control));
+    let handle = thread::spawn(move || {
+        let mut ports: Vec<NamedPort> = vec![("pod-a".into(), Box::new(port_a))];
+        let mut pipeline = Pipeline::new(tables_a);
+        let t0 = Instant::now();
+        let r = run_worker_with(
+            &mut ports,
+            &mut pipeline,
+            &flag,
+            || t0.elapsed().as_nanos() as u64,
+            &c,
+        );
+        (ports, pipeline, r)
+    });
+    let running = Running {
+        stop,
+        handle: Some(handle),
+    };
+
+    // Pod B appears: its port comes first in the new tables, A's moves to second.
+    let (pod_b, port_b) = pod("wub", B, FERRY_MAC_B);
+    let both = TablesSpec {
+        ports: vec![
+            port_spec("pod-b", FERRY_MAC_B, "10.77.2.1"),
+            port_spec("pod-a", FERRY_MAC_A, "10.77.1.1"),
+        ],
+        routes: vec![
+            route("10.77.1.2/32", "pod-a", pod_a.mac),
+            route("10.77.2.2/32", "pod-b", pod_b.mac),
+        ],
+        ..TablesSpec::default()
+    };
+    let applied = control
+        .send(
+            Update {
+                tables: Arc::new(both.compile().unwrap()),
+                new_ports: vec![("pod-b".into(), Box::new(port_b))],
+            },
+            WAIT,
+        )
+        .expect("pod B added");
+    assert_eq!(applied.report.ports_added, ["pod-b"]);
+    assert!(applied.closed.is_empty());
+    let payload = build::pattern(600, 7);
+    let p = payload.clone();
+    let got = pod_a
+        .ns
+        .run(move || ping(B, 0x79, &p, WAIT))
+        .expect("ping A -> B through ferry after B's port was added");
+    assert_eq!(got, payload);
+
+    // Pod B goes: its TAP is handed back, and disappears when dropped.
+    let applied = control
+        .send(
+            Update {
+                tables: Arc::new(only_a(&pod_a).compile().unwrap()),
+                new_ports: vec![],
+            },
+            WAIT,
+        )
+        .expect("pod B removed");
+    assert_eq!(applied.report.ports_removed, ["pod-b"]);
+    let closed: Vec<&str> = applied.closed.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(closed, ["pod-b"]);
+    assert!(
+        link::mac_address(Some(&pod_b.ns.name), "eth0").is_ok(),
+        "B's eth0 stays until the sender drops the port"
+    );
+    drop(applied);
+    let deadline = Instant::now() + WAIT;
+    while link::mac_address(Some(&pod_b.ns.name), "eth0").is_ok() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        link::mac_address(Some(&pod_b.ns.name), "eth0").is_err(),
+        "eth0 still in {} {WAIT:?} after its port was dropped",
+        pod_b.ns.name
+    );
+    let p = payload.clone();
+    let e = pod_a
+        .ns
+        .run(move || ping(B, 0x7a, &p, Duration::from_millis(300)));
+    assert!(e.is_err(), "B answered after its port was removed");
+
+    let snap = control.snapshot();
+    assert_eq!(snap.worker.updates, 2);
+    let names: Vec<&str> = snap.ports.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["pod-a"]);
+    let (ports, pipeline, r) = running.finish();
+    let stats = r.expect("worker");
+    assert_eq!((stats.rx_errors, stats.tx_errors), (0, 0), "{stats:?}");
+    assert_eq!(ports.len(), 1);
+    assert!(
+        pipeline.port_stats()[0].tx_packets > 0,
+        "A's counters followed it to index 1 and back"
+    );
 }

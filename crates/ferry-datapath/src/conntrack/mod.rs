@@ -152,6 +152,8 @@ pub struct Config {
 impl Config {
     /// Default for [`Config::max_entries`].
     pub const DEFAULT_MAX_ENTRIES: usize = 262_144;
+    /// Largest [`Config::max_entries`]; a larger value is taken as this.
+    pub const MAX_ENTRIES: usize = table::MAX_ENTRIES;
 }
 
 impl Default for Config {
@@ -612,12 +614,23 @@ impl Conntrack {
     /// Removes the entries that `filter` selects (a control-plane operation: it scans the
     /// table). Returns how many were removed.
     pub fn delete(&mut self, filter: &Filter) -> usize {
-        let ids: Vec<EntryId> = self.dump(filter).map(|(id, _)| id).collect();
-        for &id in &ids {
-            self.table.remove(id);
-        }
-        self.stats.deleted += ids.len() as u64;
-        ids.len()
+        self.retain(|e| !filter.matches(e))
+    }
+
+    /// Keeps only the entries for which `keep` is true: the others are removed from the
+    /// table, its index, the expiry wheel and the eviction FIFO, and counted as deleted.
+    /// One pass over the table without allocating (a control-plane operation, e.g. when
+    /// a table swap removes Service endpoints). Returns how many were removed.
+    pub fn retain(&mut self, keep: impl FnMut(&Entry) -> bool) -> usize {
+        let n = self.table.retain(keep);
+        self.stats.deleted += n as u64;
+        n
+    }
+
+    /// Turns mid-stream TCP pickup ([`Config::tcp_pickup`]) on or off for connections
+    /// created from now on.
+    pub fn set_tcp_pickup(&mut self, on: bool) {
+        self.config.tcp_pickup = on;
     }
 
     /// Live entries.

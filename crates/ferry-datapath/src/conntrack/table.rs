@@ -234,6 +234,21 @@ impl Table {
         }
     }
 
+    /// Removes every entry for which `keep` is false, in one pass over the slab and
+    /// without allocating; returns how many were removed. Removing an entry only frees
+    /// its own slot and relinks its list neighbours, so walking the slab by index while
+    /// removing visits every entry that was live once.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) -> usize {
+        let mut removed = 0;
+        for id in 0..self.slots.len() as u32 {
+            if self.get(id).is_some_and(|e| !keep(e)) {
+                self.remove(id);
+                removed += 1;
+            }
+        }
+        removed
+    }
+
     /// Marks an entry as having seen a reply: it leaves the eviction FIFO.
     pub(crate) fn set_replied(&mut self, id: u32) {
         let Some(e) = self.get(id) else { return };

@@ -892,6 +892,39 @@ fn delete_by_filter_removes_both_directions_from_the_index() {
 }
 
 #[test]
+fn retain_removes_rejected_entries_from_every_structure_and_keeps_the_rest() {
+    let mut ct = ct();
+    // Sixty UDP flows: even ones answered (out of the eviction FIFO), odd ones not.
+    for i in 0..60u16 {
+        let mut p = udp(C, 10_000 + i, V, 53);
+        run(&mut ct, &mut p, None, 0);
+        if i % 2 == 0 {
+            run(&mut ct, &mut udp(V, 53, C, 10_000 + i), None, 1);
+        }
+    }
+    let rejected = |e: &Entry| e.original().src_port.is_multiple_of(3);
+    let gone: Vec<FlowKey> = ct
+        .dump(&Filter::default())
+        .filter(|(_, e)| rejected(e))
+        .map(|(_, e)| e.reply())
+        .collect();
+    assert_eq!(ct.retain(|e| !rejected(e)), 20);
+    ct.check();
+    assert_eq!(ct.len(), 40);
+    assert_eq!(ct.stats().deleted, 20);
+    for k in &gone {
+        assert_eq!(ct.lookup(k), None, "{k} still indexed");
+    }
+    assert!(ct.dump(&Filter::default()).all(|(_, e)| !rejected(e)));
+    // Freed slots are reused and the expiry wheel still reaps everything.
+    run(&mut ct, &mut udp(C, 9, V, 53), None, 2);
+    ct.check();
+    assert_eq!(ct.expire(3600 * S, 1000), 41);
+    assert!(ct.is_empty());
+    ct.check();
+}
+
+#[test]
 fn entry_line_looks_like_conntrack_list() {
     let mut ct = ct();
     let nat = Nat {

@@ -304,6 +304,16 @@ impl Reassembler {
         &self.config
     }
 
+    /// Changes the limits for the fragments that arrive from now on. Datagrams already
+    /// held stay, even above a lowered limit, until they complete or expire (new ones are
+    /// refused meanwhile). A new timeout applies to datagrams started from now on; since
+    /// expiry goes in creation order, after a shortened timeout new datagrams can wait
+    /// behind older ones, so it fully applies once those are gone (at most the old
+    /// timeout later).
+    pub fn set_config(&mut self, config: Config) {
+        self.config = config;
+    }
+
     /// Refusals that depend on the fragment alone.
     fn check(&self, f: &FragInfo, parsed: &Parsed) -> Result<(), DropReason> {
         // The attack-specific reasons first: they say more than "too small".

@@ -591,6 +591,43 @@ fn test_full_table_refuses_new_datagrams_but_not_those_in_flight() {
 }
 
 #[test]
+fn test_lowered_datagram_limit_keeps_those_in_flight_and_refuses_new_ones() {
+    let mut r = Reassembler::new(Config::default());
+    let mut d = DropCounters::default();
+    let dgs: Vec<_> = (1..=3u16)
+        .map(|id| {
+            let w = udp_frame(false, 2000, id);
+            (w.clone(), cut_v4(&w, &pieces(2008, 1200), false))
+        })
+        .collect();
+    for dg in &dgs[..2] {
+        assert!(matches!(
+            feed(&mut r, &dg.1[0], 0, 0, &mut d),
+            Outcome::Held
+        ));
+    }
+    r.set_config(Config {
+        max_datagrams: 1,
+        ..Config::default()
+    });
+    assert_eq!(r.config().max_datagrams, 1);
+    assert_eq!(
+        dropped(feed(&mut r, &dgs[2].1[0], 0, 0, &mut d)),
+        DropReason::FragTableFull
+    );
+    for dg in &dgs[..2] {
+        match feed(&mut r, &dg.1[1], 0, 0, &mut d) {
+            Outcome::Complete(p, _) => assert_eq!(p.data, dg.0),
+            o => panic!("{o:?}"),
+        }
+    }
+    assert!(matches!(
+        feed(&mut r, &dgs[2].1[0], 0, 0, &mut d),
+        Outcome::Held
+    ));
+}
+
+#[test]
 fn test_byte_limit_counts_fragments_held_and_lets_a_datagram_in_flight_complete() {
     // Datagram a: fragments of 1220 and 828 IP bytes.
     let cfg = Config {

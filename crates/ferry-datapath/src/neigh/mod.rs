@@ -201,6 +201,14 @@ impl Neighbours {
         self.map.insert((port, ip), n);
     }
 
+    /// Keeps only the entries of ports for which `keep` is true (the others are for a
+    /// port that is gone or now has another `PortId`); returns how many were removed.
+    pub fn retain_ports(&mut self, mut keep: impl FnMut(PortId) -> bool) -> usize {
+        let before = self.map.len();
+        self.map.retain(|(port, _), _| keep(*port));
+        before - self.map.len()
+    }
+
     /// The entry for `ip` on `port`.
     pub fn get(&self, port: PortId, ip: IpAddr) -> Option<&Neighbour> {
         self.map.get(&(port, ip))
@@ -270,6 +278,19 @@ mod tests {
         let r = t.resolve(0, a, 31 * SEC);
         assert_eq!((r.mac, r.probe), (Some([2; 6]), true));
         assert_eq!(t.get(0, a).unwrap().state, State::Stale);
+    }
+
+    #[test]
+    fn test_retain_ports_removes_only_the_other_ports_entries() {
+        let mut t = Neighbours::new(Config::default());
+        t.learn(0, ip("10.0.0.1"), [1; 6], 0, true);
+        t.learn(1, ip("10.0.0.1"), [2; 6], 0, true);
+        t.resolve(2, ip("10.0.0.2"), 0);
+        assert_eq!(t.retain_ports(|p| p != 1), 1);
+        assert_eq!(t.len(), 2);
+        assert!(t.get(1, ip("10.0.0.1")).is_none());
+        assert_eq!(t.get(0, ip("10.0.0.1")).unwrap().mac, [1; 6]);
+        assert!(t.get(2, ip("10.0.0.2")).is_some());
     }
 
     #[test]

@@ -1483,6 +1483,7 @@ fn decrement_ttl(data: &mut [u8], parsed: &Parsed) {
 }
 
 mod swap;
+pub use swap::SwapReport;
 
 #[cfg(test)]
 mod tests;

@@ -1,1 +1,160 @@
-//! Replacing a running pipeline's tables (see `Pipeline::set_tables`).
+//! Replacing a running pipeline's tables (see [`Pipeline::set_tables`]).
+//!
+//! The control plane compiles a new [`Tables`] snapshot and the worker hands it to its
+//! pipeline between two batches, so no packet ever sees two snapshots. What the pipeline
+//! owns outlives the swap, adjusted to the new tables:
+//!
+//! - **Connections** stay: a swap is not a restart. The exception is a connection this
+//!   node load balanced to a Service endpoint ([`MARK_SERVICE`]) whose endpoint (the
+//!   reply tuple's source address and port, with the protocol) no Service of the new
+//!   tables has any more: it is deleted, as kube-proxy runs `conntrack -D` for removed
+//!   endpoints, so that the next packet of a UDP flow starts a new connection to a live
+//!   endpoint instead of following the entry to a dead one until it times out.
+//!   Connections without the mark (a node port connection another node forwarded here
+//!   has no NAT here, only its tunnel peer) are never touched.
+//! - **Per-port counters** follow ports by name: a port that keeps its name keeps its
+//!   counters at its new index; new ports start at zero; removed ports' counters go.
+//! - **Neighbours** are kept for ports whose name is at the same index in both tables
+//!   (entries are keyed by `PortId`); those of ports that moved or went are dropped and
+//!   learned again on demand.
+//! - **Fragments** being reassembled are keyed by zone, not port: they stay.
+//! - **Drop and pipeline counters** go on counting.
+//!
+//! Settings: the fragment limits (`ipf`), the ICMP error rate limit (`icmp`) and
+//! `ct.tcp_pickup` take effect at the swap (see [`Reassembler::set_config`] and
+//! [`RateLimiter::set_limits`] for how held state meets new limits); `ct.pass_invalid` is
+//! read from the tables for every packet. `ct.max_entries` sizes the connection table
+//! when the pipeline is created and is not changed by a swap: a new value is listed in
+//! [`SwapReport::not_applied`] and takes effect when the agent restarts.
+//!
+//! [`Reassembler::set_config`]: crate::ipf::Reassembler::set_config
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use super::{Pipeline, PortStats};
+use crate::conntrack;
+use crate::icmp::RateLimiter;
+use crate::ipf;
+use crate::lb::MARK_SERVICE;
+use crate::tables::{CtSpec, IcmpSpec, IpfSpec, Tables};
+
+#[cfg(test)]
+#[path = "swap_tests.rs"]
+mod swap_tests;
+
+/// What a table swap changed, for the agent's log.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SwapReport {
+    /// Service connections deleted because their endpoint is gone.
+    pub ct_removed: usize,
+    /// Neighbour entries dropped because their port moved or went.
+    pub neigh_removed: usize,
+    /// Ports of the new tables that the old ones did not have, by name.
+    pub ports_added: Vec<String>,
+    /// Ports of the old tables that the new ones do not have, by name.
+    pub ports_removed: Vec<String>,
+    /// Ports in both tables at a different index, by name.
+    pub ports_moved: Vec<String>,
+    /// Settings that differ from those in force but only apply when a pipeline is
+    /// created (`ct.max_entries`).
+    pub not_applied: Vec<&'static str>,
+}
+
+impl Pipeline {
+    /// Replaces the tables, keeping connections, counters and neighbours as the module
+    /// documentation says. Call it between packets: a `PortId` handed out before the
+    /// swap (a packet still queued for sending) means the old tables' port.
+    pub fn set_tables(&mut self, tables: Arc<Tables>) -> SwapReport {
+        let old = std::mem::replace(&mut self.tables, tables);
+        let new = Arc::clone(&self.tables);
+        let mut report = SwapReport::default();
+
+        let old_ids: HashMap<&str, usize> = old
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.name.as_str(), i))
+            .collect();
+        let mut ports = Vec::with_capacity(new.ports.len());
+        for (i, p) in new.ports.iter().enumerate() {
+            match old_ids.get(p.name.as_str()) {
+                Some(&j) => {
+                    ports.push(self.ports.get(j).copied().unwrap_or_default());
+                    if j != i {
+                        report.ports_moved.push(p.name.clone());
+                    }
+                }
+                None => {
+                    ports.push(PortStats::default());
+                    report.ports_added.push(p.name.clone());
+                }
+            }
+        }
+        self.ports = ports;
+        let new_names: HashSet<&str> = new.ports.iter().map(|p| p.name.as_str()).collect();
+        report.ports_removed = old
+            .ports
+            .iter()
+            .filter(|p| !new_names.contains(p.name.as_str()))
+            .map(|p| p.name.clone())
+            .collect();
+
+        report.neigh_removed = self.neigh.retain_ports(|id| {
+            let i = usize::from(id);
+            matches!((old.ports.get(i), new.ports.get(i)), (Some(a), Some(b)) if a.name == b.name)
+        });
+
+        let services = &new.services;
+        report.ct_removed = self.ct.retain(|e| {
+            if e.mark & MARK_SERVICE == 0 {
+                return true;
+            }
+            // After DNAT the reply comes from the endpoint.
+            let r = e.reply();
+            services.has_backend(r.proto, r.src, r.src_port)
+        });
+
+        self.ipf.set_config(ipf_config(&new.ipf));
+        let (per_second, burst) = icmp_limits(&new.icmp);
+        self.icmp.set_limits(per_second, burst);
+        let ct = ct_config(&new.ct);
+        self.ct.set_tcp_pickup(ct.tcp_pickup);
+        if ct.max_entries.min(conntrack::Config::MAX_ENTRIES) != self.ct.config().max_entries {
+            report.not_applied.push("ct.max_entries");
+        }
+        report
+    }
+}
+
+/// The reassembler limits the tables ask for (defaults where they say nothing).
+pub(super) fn ipf_config(s: &IpfSpec) -> ipf::Config {
+    let d = ipf::Config::default();
+    ipf::Config {
+        timeout_ns: s
+            .timeout_ms
+            .map_or(d.timeout_ns, |ms| ms.saturating_mul(1_000_000)),
+        max_datagrams: s.max_datagrams.unwrap_or(d.max_datagrams),
+        max_bytes: s.max_bytes.unwrap_or(d.max_bytes),
+        min_fragment_v4: s.min_fragment_v4.unwrap_or(d.min_fragment_v4),
+        min_fragment_v6: s.min_fragment_v6.unwrap_or(d.min_fragment_v6),
+    }
+}
+
+/// The ICMP error rate and burst the tables ask for.
+pub(super) fn icmp_limits(s: &IcmpSpec) -> (u32, u32) {
+    (
+        s.per_second.unwrap_or(RateLimiter::DEFAULT_PER_SECOND),
+        s.burst.unwrap_or(RateLimiter::DEFAULT_BURST),
+    )
+}
+
+/// The conntrack configuration the tables ask for.
+pub(super) fn ct_config(s: &CtSpec) -> conntrack::Config {
+    let d = conntrack::Config::default();
+    conntrack::Config {
+        max_entries: s.max_entries.unwrap_or(d.max_entries),
+        tcp_pickup: s.tcp_pickup.unwrap_or(d.tcp_pickup),
+        ..d
+    }
+}

@@ -1,0 +1,327 @@
+//! The control plane's handle on a running worker: table and port updates in, counters
+//! out.
+//!
+//! The worker looks at one atomic flag per round and takes the lock only when an update
+//! is waiting, so the packet path never takes a lock. Counters go the other way as an
+//! `Arc` snapshot that the worker replaces every [`super::STATS_INTERVAL_NS`] (and after
+//! an update, and when it stops): a reader clones the `Arc` and never holds up the worker
+//! for longer than that clone.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ferry_datapath::DropCounters;
+use ferry_datapath::conntrack;
+use ferry_datapath::ipf;
+use ferry_datapath::pipeline::{self, PortStats, SwapReport};
+use ferry_datapath::tables::Tables;
+
+use super::{NamedPort, WorkerStats};
+use crate::port::PortCounters;
+
+/// New tables for a running worker, and the Linux ports of the tables' new ports.
+pub struct Update {
+    /// The tables to switch to.
+    pub tables: Arc<Tables>,
+    /// Ports to add, each with the name of its port in `tables`. A name the worker
+    /// already has replaces that port (the old one is handed back in
+    /// [`Applied::closed`]). Every port of `tables` must be here or already in the
+    /// worker.
+    pub new_ports: Vec<NamedPort>,
+}
+
+impl fmt::Debug for Update {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Update")
+            .field("tables_ports", &self.tables.ports.len())
+            .field(
+                "new_ports",
+                &self.new_ports.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+/// What an applied update did.
+pub struct Applied {
+    /// What the pipeline kept and dropped.
+    pub report: SwapReport,
+    /// From [`Control::send`] to the update in force: at most one round of the worker
+    /// (one poll timeout when idle) plus `paused`.
+    pub waited: Duration,
+    /// How long the worker stopped forwarding to apply it.
+    pub paused: Duration,
+    /// Ports the worker let go: those whose names the new tables dropped, and those
+    /// replaced by a new port of the same name. Dropping them closes them (a pod's TAP
+    /// disappears); that is left to the caller so that the worker never waits for it.
+    pub closed: Vec<NamedPort>,
+}
+
+impl fmt::Debug for Applied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Applied")
+            .field("report", &self.report)
+            .field("waited", &self.waited)
+            .field("paused", &self.paused)
+            .field(
+                "closed",
+                &self.closed.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+/// Why an update did not happen. In every case the worker changed nothing, and the
+/// update (with its ports) is handed back, except after [`UpdateError::Aborted`].
+#[derive(Debug)]
+pub enum UpdateError {
+    /// The update does not fit the worker: a port of the tables has no Linux port, a new
+    /// port is not in the tables or is given twice, a port cannot take what the tables
+    /// say it takes, or there are too many ports.
+    Refused {
+        /// What is wrong, naming the ports.
+        reason: String,
+        /// The update.
+        update: Update,
+    },
+    /// No worker took the update within the timeout; it was withdrawn.
+    TimedOut(Update),
+    /// The worker stopped before it took the update.
+    Stopped(Update),
+    /// The worker stopped while applying the update (it panicked): its state is unknown.
+    Aborted,
+}
+
+impl UpdateError {
+    /// The update, to retry or drop, when there is one.
+    pub fn into_update(self) -> Option<Update> {
+        match self {
+            UpdateError::Refused { update, .. }
+            | UpdateError::TimedOut(update)
+            | UpdateError::Stopped(update) => Some(update),
+            UpdateError::Aborted => None,
+        }
+    }
+}
+
+impl fmt::Display for UpdateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UpdateError::Refused { reason, .. } => write!(f, "update refused: {reason}"),
+            UpdateError::TimedOut(_) => write!(f, "no worker took the update in time"),
+            UpdateError::Stopped(_) => write!(f, "the worker is not running"),
+            UpdateError::Aborted => write!(f, "the worker stopped while applying the update"),
+        }
+    }
+}
+
+impl std::error::Error for UpdateError {}
+
+/// One port's counters in a [`Snapshot`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortSnapshot {
+    /// The port's name in the tables.
+    pub name: String,
+    /// What the pipeline counted for it.
+    pub pipeline: PortStats,
+    /// What the Linux port counted.
+    pub linux: PortCounters,
+}
+
+/// What a running worker and its pipeline had counted at `time_ns`.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// The pipeline's clock when it was taken.
+    pub time_ns: u64,
+    /// The worker's counts.
+    pub worker: WorkerStats,
+    /// Pipeline counters.
+    pub pipeline: pipeline::Stats,
+    /// Drops per reason.
+    pub drops: DropCounters,
+    /// Conntrack counters.
+    pub conntrack: conntrack::Stats,
+    /// Connections tracked.
+    pub ct_entries: usize,
+    /// Fragment reassembly counters.
+    pub reassembly: ipf::Stats,
+    /// Per port, in table order.
+    pub ports: Vec<PortSnapshot>,
+}
+
+/// An update on its way to the worker and the answer on its way back.
+#[derive(Default)]
+struct State {
+    /// A worker is attached.
+    running: bool,
+    /// The last attached worker returned (nothing will take updates until another
+    /// attaches).
+    stopped: bool,
+    /// The update waiting for the worker, and when it was sent.
+    queued: Option<(Update, Instant)>,
+    /// The worker is applying the update.
+    taken: bool,
+    /// The worker's answer.
+    done: Option<Result<Applied, UpdateError>>,
+}
+
+/// Shared between a running worker and the control plane (in an `Arc`): see the module
+/// documentation.
+pub struct Control {
+    /// An update is queued: the only thing the worker reads each round.
+    pending: AtomicBool,
+    state: Mutex<State>,
+    changed: Condvar,
+    /// One update at a time.
+    senders: Mutex<()>,
+    snapshot: Mutex<Arc<Snapshot>>,
+}
+
+impl Default for Control {
+    fn default() -> Self {
+        Control::new()
+    }
+}
+
+/// Locks `m`, going on after a panic elsewhere: the state stays consistent because
+/// every holder leaves it so before anything can panic.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Control {
+    /// A control for a worker that is not running yet.
+    pub fn new() -> Control {
+        Control {
+            pending: AtomicBool::new(false),
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            senders: Mutex::new(()),
+            snapshot: Mutex::new(Arc::new(Snapshot::default())),
+        }
+    }
+
+    /// Hands `update` to the worker and waits until it is in force, refused, or not
+    /// taken within `timeout` (then withdrawn). Once the worker has taken an update it
+    /// always answers (applying is bounded work), so the wait can outlast `timeout` by
+    /// the time the worker takes to apply it. Concurrent calls go one at a time.
+    pub fn send(&self, update: Update, timeout: Duration) -> Result<Applied, UpdateError> {
+        let _one = lock(&self.senders);
+        // A timeout too large for the clock is as good as a day.
+        let deadline = Instant::now()
+            .checked_add(timeout)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
+        let mut st = lock(&self.state);
+        if st.stopped {
+            return Err(UpdateError::Stopped(update));
+        }
+        st.done = None;
+        st.queued = Some((update, Instant::now()));
+        self.pending.store(true, Ordering::Release);
+        loop {
+            if let Some(r) = st.done.take() {
+                return r;
+            }
+            if st.taken {
+                if st.stopped {
+                    st.taken = false;
+                    return Err(UpdateError::Aborted);
+                }
+                st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            let now = Instant::now();
+            if st.stopped || now >= deadline {
+                self.pending.store(false, Ordering::Relaxed);
+                let stopped = st.stopped;
+                let Some((u, _)) = st.queued.take() else {
+                    // Unreachable: only the worker takes it, and then sets `taken`.
+                    return Err(UpdateError::Aborted);
+                };
+                return Err(if stopped {
+                    UpdateError::Stopped(u)
+                } else {
+                    UpdateError::TimedOut(u)
+                });
+            }
+            st = self
+                .changed
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// The latest counters the worker published.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        Arc::clone(&lock(&self.snapshot))
+    }
+
+    /// True while a worker runs with this control.
+    pub fn is_running(&self) -> bool {
+        lock(&self.state).running
+    }
+
+    /// Marks a worker as attached; false when one already is.
+    pub(super) fn attach(&self) -> bool {
+        let mut st = lock(&self.state);
+        if st.running {
+            return false;
+        }
+        st.running = true;
+        st.stopped = false;
+        true
+    }
+
+    /// Marks the worker as gone: a queued update is answered, a sender waiting for one
+    /// being applied is woken. Runs on the worker's way out, panics included.
+    pub(super) fn detach(&self) {
+        let mut st = lock(&self.state);
+        st.running = false;
+        st.stopped = true;
+        if let Some((u, _)) = st.queued.take() {
+            st.done = Some(Err(UpdateError::Stopped(u)));
+        }
+        self.pending.store(false, Ordering::Relaxed);
+        self.changed.notify_all();
+    }
+
+    /// True when an update waits: one atomic load, the worker's per-round check.
+    #[inline]
+    pub(super) fn pending(&self) -> bool {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// Takes the queued update, if any, and when it was sent.
+    pub(super) fn take(&self) -> Option<(Update, Instant)> {
+        let mut st = lock(&self.state);
+        self.pending.store(false, Ordering::Relaxed);
+        let q = st.queued.take();
+        st.taken = q.is_some();
+        q
+    }
+
+    /// Answers the update taken last.
+    pub(super) fn answer(&self, r: Result<Applied, UpdateError>) {
+        let mut st = lock(&self.state);
+        st.taken = false;
+        st.done = Some(r);
+        self.changed.notify_all();
+    }
+
+    /// Replaces the published counters.
+    pub(super) fn publish(&self, s: Snapshot) {
+        *lock(&self.snapshot) = Arc::new(s);
+    }
+}
+
+/// Detaches the worker from its control when dropped, also on a panic.
+pub(super) struct Attached<'a>(pub(super) &'a Control);
+
+impl Drop for Attached<'_> {
+    fn drop(&mut self) {
+        self.0.detach();
+    }
+}

@@ -1,0 +1,514 @@
+//! Worker tests with in-memory ports: frames come in through one end of a Unix datagram
+//! socket pair (a real descriptor for poll) whose other end the test holds, and go out
+//! through a channel (unbounded, so that a slow test thread never makes the worker drop).
+
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixDatagram;
+use std::sync::{Arc, mpsc};
+use std::thread;
+use std::time::Duration;
+
+use super::*;
+use ferry_datapath::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
+use ferry_datapath::wire::build::{self, IpOpts};
+use ferry_datapath::wire::parse;
+
+const WAIT: Duration = Duration::from_secs(5);
+const SHORT: Duration = Duration::from_millis(100);
+
+/// A port whose frames come from and go to its [`Wire`].
+struct FakePort {
+    name: String,
+    sock: UnixDatagram,
+    out: mpsc::Sender<Vec<u8>>,
+    closed: Arc<AtomicBool>,
+    counters: PortCounters,
+}
+
+impl Drop for FakePort {
+    fn drop(&mut self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Port for FakePort {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn raw_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    fn recv_batch(&mut self, out: &mut Vec<Frame>, max: usize) -> io::Result<usize> {
+        let mut buf = [0u8; 2048];
+        let mut got = 0;
+        while got < max {
+            match self.sock.recv(&mut buf) {
+                Ok(n) => {
+                    out.push(Frame {
+                        data: buf[..n].to_vec(),
+                        vnet: VnetHdr::default(),
+                    });
+                    self.counters.rx_frames += 1;
+                    got += 1;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(got)
+    }
+
+    fn send_batch(&mut self, frames: &mut Vec<Frame>) -> io::Result<usize> {
+        let n = frames.len();
+        for f in frames.drain(..) {
+            match self.out.send(f.data) {
+                Ok(()) => self.counters.tx_frames += 1,
+                Err(_) => self.counters.tx_errors += 1,
+            }
+        }
+        Ok(n)
+    }
+
+    fn offloads(&self) -> bool {
+        false
+    }
+
+    fn counters(&self) -> PortCounters {
+        self.counters
+    }
+}
+
+/// The test's end of a [`FakePort`].
+struct Wire {
+    name: &'static str,
+    sock: UnixDatagram,
+    out: mpsc::Receiver<Vec<u8>>,
+    closed: Arc<AtomicBool>,
+}
+
+impl Wire {
+    /// Sends a UDP frame from 10.9.0.1:`sport` to `dst` into the port.
+    fn send(&self, dst: &str, sport: u16) {
+        let f = build::udp(
+            IpAddr::from([10, 9, 0, 1]),
+            dst.parse().unwrap(),
+            sport,
+            7,
+            b"x",
+            &IpOpts::default(),
+        );
+        self.sock.send(&f).expect("frame into the fake port");
+    }
+
+    /// The source port of the next frame the port sent, if one comes within `wait`.
+    fn recv(&self, wait: Duration) -> Option<u16> {
+        let f = self.out.recv_timeout(wait).ok()?;
+        Some(parse(&f, 0).expect("a frame").key.src_port)
+    }
+
+    fn expect(&self, sport: u16) {
+        assert_eq!(
+            self.recv(WAIT),
+            Some(sport),
+            "frame {sport} did not come out of port {} within {WAIT:?}",
+            self.name
+        );
+    }
+
+    fn expect_nothing(&self) {
+        assert_eq!(self.recv(SHORT), None, "port {} sent something", self.name);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+}
+
+fn fake(name: &'static str) -> (NamedPort, Wire) {
+    let (a, b) = UnixDatagram::pair().unwrap();
+    a.set_nonblocking(true).unwrap();
+    let closed = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel();
+    let port = FakePort {
+        name: format!("fake-{name}"),
+        sock: a,
+        out: tx,
+        closed: Arc::clone(&closed),
+        counters: PortCounters::default(),
+    };
+    (
+        (name.to_string(), Box::new(port)),
+        Wire {
+            name,
+            sock: b,
+            out: rx,
+            closed,
+        },
+    )
+}
+
+/// Plain ports in this order; port NAME gets 10.0.N.0/24, N its position in "abcdxyz".
+fn tables(names: &[&str]) -> Arc<Tables> {
+    let net = |n: &str| "abcdxyz".find(n).unwrap() + 1;
+    let spec = TablesSpec {
+        ports: names
+            .iter()
+            .map(|n| PortSpec {
+                name: n.to_string(),
+                mac: MacAddr([2, 0xfe, 0, 0, 0, net(n) as u8]),
+                ..PortSpec::default()
+            })
+            .collect(),
+        routes: names
+            .iter()
+            .map(|n| RouteSpec {
+                prefix: format!("10.0.{}.0/24", net(n)).parse().unwrap(),
+                port: n.to_string(),
+                next_hop_mac: Some(MacAddr([2, 0, 0, 0, 0, 0xfe])),
+                via: None,
+            })
+            .collect(),
+        ..TablesSpec::default()
+    };
+    Arc::new(spec.compile().unwrap())
+}
+
+type Finished = (Vec<NamedPort>, Pipeline, io::Result<WorkerStats>);
+
+/// A worker on its own thread, stopped on drop so that a failing test never hangs.
+struct Running {
+    control: Arc<Control>,
+    stop: Arc<AtomicBool>,
+    handle: Option<thread::JoinHandle<Finished>>,
+}
+
+impl Running {
+    fn start(tables: Arc<Tables>, mut ports: Vec<NamedPort>) -> Running {
+        let control = Arc::new(Control::new());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (c, s) = (Arc::clone(&control), Arc::clone(&stop));
+        let handle = thread::spawn(move || {
+            let mut pipeline = Pipeline::new(tables);
+            let t0 = Instant::now();
+            let r = run_worker_with(
+                &mut ports,
+                &mut pipeline,
+                &s,
+                || t0.elapsed().as_nanos() as u64,
+                &c,
+            );
+            (ports, pipeline, r)
+        });
+        let deadline = Instant::now() + WAIT;
+        while !control.is_running() && !handle.is_finished() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(1));
+        }
+        Running {
+            control,
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    fn update(&self, tables: Arc<Tables>, new_ports: Vec<NamedPort>) -> Applied {
+        self.control
+            .send(Update { tables, new_ports }, WAIT)
+            .expect("update applied")
+    }
+
+    fn finish(mut self) -> Finished {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.take().unwrap().join().expect("worker panicked")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn names(ports: &[NamedPort]) -> Vec<&str> {
+    ports.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+#[test]
+fn test_port_count_must_match_the_tables() {
+    let spec = TablesSpec {
+        ports: vec![PortSpec {
+            name: "pod".into(),
+            mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            gso: true,
+            ..PortSpec::default()
+        }],
+        ..TablesSpec::default()
+    };
+    let mut pipeline = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    let stop = AtomicBool::new(false);
+    let e = run_worker(&mut [], &mut pipeline, &stop, || 0).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    assert!(e.to_string().contains("0 ports"), "{e}");
+}
+
+#[test]
+fn test_start_puts_named_ports_in_table_order_and_refuses_mismatches() {
+    let (pa, _wa) = fake("a");
+    let (pb, wb) = fake("b");
+    let mut pipeline = Pipeline::new(tables(&["a", "b"]));
+    let stop = AtomicBool::new(true);
+    let mut ports = vec![pb, pa];
+    run_worker_with(&mut ports, &mut pipeline, &stop, || 0, &Control::new()).unwrap();
+    assert_eq!(names(&ports), ["a", "b"]);
+
+    let mut gso = TablesSpec {
+        ports: vec![PortSpec {
+            name: "b".into(),
+            gso: true,
+            ..PortSpec::default()
+        }],
+        ..TablesSpec::default()
+    };
+    let mut pipeline = Pipeline::new(Arc::new(gso.compile().unwrap()));
+    let mut only_b = vec![ports.pop().unwrap()];
+    let e = run_worker_with(&mut only_b, &mut pipeline, &stop, || 0, &Control::new()).unwrap_err();
+    assert!(e.to_string().contains("gso: true"), "{e}");
+    gso.ports[0].name = "c".into();
+    let mut pipeline = Pipeline::new(Arc::new(gso.compile().unwrap()));
+    let e = run_worker_with(&mut only_b, &mut pipeline, &stop, || 0, &Control::new()).unwrap_err();
+    assert!(e.to_string().contains("\"b\" is not in the tables"), "{e}");
+    assert!(
+        !wb.is_closed(),
+        "a refused start leaves the ports to the caller"
+    );
+}
+
+#[test]
+fn test_update_adds_removes_and_reorders_ports() {
+    let (pa, wa) = fake("a");
+    let (pb, wb) = fake("b");
+    let w = Running::start(tables(&["a", "b"]), vec![pa, pb]);
+    wa.send("10.0.2.5", 1);
+    wb.expect(1);
+
+    // b moves from 1 to 0, c comes at 1, a goes.
+    let (pc, wc) = fake("c");
+    let applied = w.update(tables(&["b", "c"]), vec![pc]);
+    assert_eq!(applied.report.ports_added, ["c"]);
+    assert_eq!(applied.report.ports_removed, ["a"]);
+    assert_eq!(applied.report.ports_moved, ["b"]);
+    assert_eq!(names(&applied.closed), ["a"]);
+    assert!(applied.waited >= applied.paused);
+    assert!(!wa.is_closed(), "closing is left to the sender");
+    drop(applied);
+    assert!(wa.is_closed());
+
+    wb.send("10.0.3.5", 2);
+    wc.expect(2);
+    wc.send("10.0.2.5", 3);
+    wb.expect(3);
+
+    let snap = w.control.snapshot();
+    assert_eq!(snap.worker.updates, 1);
+    let ports: Vec<&str> = snap.ports.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(ports, ["b", "c"], "published after the update");
+    assert_eq!(
+        snap.ports[0].pipeline.tx_packets, 1,
+        "b kept the counters of before the update"
+    );
+
+    let (ports, pipeline, r) = w.finish();
+    let stats = r.unwrap();
+    assert_eq!(names(&ports), ["b", "c"]);
+    assert_eq!(pipeline.tables().ports.len(), 2);
+    assert_eq!((stats.updates, stats.tx_dropped), (1, 0));
+    assert!(ports.iter().all(|(_, p)| p.counters().tx_errors == 0));
+}
+
+#[test]
+fn test_update_naming_a_port_without_a_linux_port_is_refused_and_changes_nothing() {
+    let (pa, wa) = fake("a");
+    let (pb, wb) = fake("b");
+    let w = Running::start(tables(&["a", "b"]), vec![pa, pb]);
+    let refused = |u: Update, want: &str| {
+        let e = w.control.send(u, WAIT).unwrap_err();
+        assert!(e.to_string().contains(want), "{e}");
+        e.into_update().expect("the update comes back")
+    };
+    let u = refused(
+        Update {
+            tables: tables(&["a", "b", "c", "d"]),
+            new_ports: vec![],
+        },
+        "the tables name ports that have no Linux port: \"c\", \"d\"",
+    );
+    assert_eq!(u.tables.ports.len(), 4);
+    let (px, wx) = fake("x");
+    let u = refused(
+        Update {
+            tables: tables(&["a", "b"]),
+            new_ports: vec![px],
+        },
+        "port \"x\" is not in the tables",
+    );
+    assert!(!wx.is_closed(), "the refused port is handed back open");
+    let (pc1, _wc1) = fake("c");
+    let (pc2, _wc2) = fake("c");
+    refused(
+        Update {
+            tables: tables(&["a", "b", "c"]),
+            new_ports: vec![pc1, pc2],
+        },
+        "port \"c\" is given twice",
+    );
+    drop(u);
+
+    // Still the old tables and ports.
+    wa.send("10.0.2.5", 1);
+    wb.expect(1);
+    wa.send("10.0.3.5", 2);
+    wa.expect_nothing();
+    let (ports, pipeline, r) = w.finish();
+    let stats = r.unwrap();
+    assert_eq!((stats.updates, stats.updates_refused), (0, 3));
+    assert_eq!(names(&ports), ["a", "b"]);
+    assert_eq!(pipeline.tables().ports.len(), 2);
+    assert!(!wa.is_closed() && !wb.is_closed());
+}
+
+#[test]
+fn test_new_port_with_an_existing_name_replaces_it() {
+    let (pa, wa) = fake("a");
+    let (pb, wb) = fake("b");
+    let w = Running::start(tables(&["a", "b"]), vec![pa, pb]);
+    let (pb2, wb2) = fake("b");
+    let applied = w.update(tables(&["a", "b"]), vec![pb2]);
+    assert_eq!(names(&applied.closed), ["b"]);
+    assert_eq!(applied.report.ports_added, Vec::<String>::new());
+    drop(applied);
+    assert!(wb.is_closed() && !wb2.is_closed());
+    wa.send("10.0.2.5", 1);
+    wb2.expect(1);
+}
+
+#[test]
+fn test_frames_keep_flowing_across_swaps() {
+    let (pa, wa) = fake("a");
+    let (pb, wb) = fake("b");
+    let w = Running::start(tables(&["a", "b"]), vec![pa, pb]);
+    const N: u16 = 3000;
+    let sender = thread::spawn(move || {
+        for i in 0..N {
+            wa.send("10.0.2.5", i);
+            if i % 16 == 0 {
+                thread::sleep(Duration::from_micros(200));
+            }
+        }
+        wa
+    });
+    let receiver = thread::spawn(move || {
+        let mut got = Vec::new();
+        while let Some(sport) = wb.recv(Duration::from_secs(2)) {
+            got.push(sport);
+            if got.len() == usize::from(N) {
+                break;
+            }
+        }
+        got
+    });
+    // Meanwhile: a port comes and goes, and a and b trade places.
+    let layouts: [&[&str]; 4] = [&["a", "b", "x"], &["b", "x", "a"], &["b", "a"], &["a", "b"]];
+    let mut updates = 0;
+    let mut x_wires = Vec::new();
+    while !sender.is_finished() {
+        for names in layouts {
+            let new_ports = if updates % 4 == 0 {
+                let (px, wx) = fake("x");
+                x_wires.push(wx);
+                vec![px]
+            } else {
+                vec![]
+            };
+            drop(w.update(tables(names), new_ports));
+            updates += 1;
+        }
+    }
+    let _wa = sender.join().unwrap();
+    let got = receiver.join().unwrap();
+    assert!(updates >= 4);
+    assert_eq!(
+        got,
+        (0..N).collect::<Vec<_>>(),
+        "every frame arrived, in order, across {updates} updates"
+    );
+    let (_, _, r) = w.finish();
+    let stats = r.unwrap();
+    assert_eq!(stats.updates, updates);
+    assert_eq!(stats.tx_dropped, 0);
+}
+
+#[test]
+fn test_send_to_no_running_worker_gives_the_update_back() {
+    let control = Control::new();
+    let u = Update {
+        tables: tables(&["a"]),
+        new_ports: vec![fake("a").0],
+    };
+    let e = control.send(u, SHORT).unwrap_err();
+    assert!(matches!(e, UpdateError::TimedOut(_)), "{e}");
+    let u = e.into_update().unwrap();
+    assert_eq!(u.new_ports.len(), 1);
+
+    // After a worker ran and stopped: at once.
+    let (pa, _wa) = fake("a");
+    let mut pipeline = Pipeline::new(tables(&["a"]));
+    let mut ports = vec![pa];
+    run_worker_with(
+        &mut ports,
+        &mut pipeline,
+        &AtomicBool::new(true),
+        || 0,
+        &control,
+    )
+    .unwrap();
+    assert!(!control.is_running());
+    let begun = Instant::now();
+    let e = control.send(u, WAIT).unwrap_err();
+    assert!(matches!(e, UpdateError::Stopped(_)), "{e}");
+    assert!(begun.elapsed() < WAIT);
+}
+
+#[test]
+fn test_snapshot_follows_the_running_worker() {
+    let (pa, wa) = fake("a");
+    let (pb, wb) = fake("b");
+    let w = Running::start(tables(&["a", "b"]), vec![pa, pb]);
+    for i in 0..5 {
+        wa.send("10.0.2.5", i);
+        wb.expect(i);
+    }
+    let deadline = Instant::now() + WAIT;
+    let snap = loop {
+        let s = w.control.snapshot();
+        if s.worker.rx_frames >= 5 || Instant::now() > deadline {
+            break s;
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(snap.worker.rx_frames, 5, "published within {WAIT:?}");
+    assert_eq!(snap.ports[0].pipeline.rx_packets, 5);
+    assert_eq!(snap.ports[1].linux.tx_frames, 5);
+    assert_eq!(snap.drops.total(), 0);
+    let control = Arc::clone(&w.control);
+    let (_, _, r) = w.finish();
+    assert_eq!(
+        control.snapshot().worker,
+        r.unwrap(),
+        "the final counts are published"
+    );
+}
