@@ -704,3 +704,85 @@ fn test_hairpin_is_source_translated_to_the_service_address() {
 }
 
 use std::collections::{HashMap, HashSet};
+
+/// Tables of node `n` with `services`, for a swap.
+fn tables(n: u8, mode: ModeSpec, services: Vec<ServiceSpec>) -> Arc<Tables> {
+    let other = 3 - n;
+    let mut spec = node_spec(
+        n,
+        mode,
+        vec![peer(other, &format!("192.168.50.{}", other * 10))],
+    );
+    spec.services = services;
+    Arc::new(spec.compile().unwrap())
+}
+
+#[test]
+fn test_a_removed_endpoints_connections_are_deleted_and_udp_clients_move_on() {
+    let both = vec![be("10.244.1.6", 53, 1), be("10.244.2.5", 53, 2)];
+    let mut a = node(1, ModeSpec::Always, vec![dns(both)]);
+    let dst_of = |out: &[(PortId, Packet)]| {
+        let f = &out[0].1.data;
+        if out[0].0 == UPLINK {
+            key_of(inner(f)).dst
+        } else {
+            key_of(f).dst
+        }
+    };
+    let mut on_removed = 0;
+    for sport in 30000..30040u16 {
+        let (_, out) = run(&mut a, udp_to_service(sport), POD, SEC);
+        if dst_of(&out) == ip("10.244.1.6") {
+            on_removed += 1;
+        }
+    }
+    assert!(on_removed > 0);
+    let report = a.set_tables(tables(
+        1,
+        ModeSpec::Always,
+        vec![dns(vec![be("10.244.2.5", 53, 2)])],
+    ));
+    assert_eq!(report.ct_removed, on_removed);
+    assert_eq!(a.conntrack().len(), 40 - on_removed);
+    for sport in 30000..30040u16 {
+        let (_, out) = run(&mut a, udp_to_service(sport), POD, 2 * SEC);
+        assert_eq!(
+            dst_of(&out),
+            ip("10.244.2.5"),
+            "every client on the endpoint left"
+        );
+    }
+}
+
+#[test]
+fn test_a_node_port_connection_forwarded_from_another_node_survives_endpoint_changes() {
+    let svc = || web(vec![be("10.244.2.5", 8080, 2)]);
+    let mut a = node(1, ModeSpec::Always, vec![svc()]);
+    let mut b = node(2, ModeSpec::Always, vec![svc()]);
+    let (_, out) = run(
+        &mut a,
+        tcp_from_outside(1, NODE1, 50000, 30080, 100, 0, tcp_flags::SYN),
+        UPLINK,
+        SEC,
+    );
+    run(&mut b, out[0].1.data.clone(), UPLINK, SEC);
+    assert_eq!(b.conntrack().len(), 1);
+    // Node 2 loses every Service (its own view of the endpoints changed): the
+    // connection node 1 forwarded is not one node 2 balanced, and stays.
+    let report = b.set_tables(tables(2, ModeSpec::Always, vec![]));
+    assert_eq!(report.ct_removed, 0);
+    let synack = build::tcp(
+        ip("10.244.2.5"),
+        ip(CLIENT),
+        8080,
+        50000,
+        7000,
+        101,
+        tcp_flags::SYN | tcp_flags::ACK,
+        &[],
+        &from_pod(2, 5),
+    );
+    let (v, back) = run(&mut b, synack, POD, SEC);
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(key_of(&back[0].1.data).dst, ip(NODE1));
+}
