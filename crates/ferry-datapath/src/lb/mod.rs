@@ -20,7 +20,6 @@
 mod spec;
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasher, Hash, Hasher};
 use std::net::IpAddr;
 
 use ahash::RandomState;
@@ -458,9 +457,7 @@ impl Affinity {
 
     /// An index below `n` from the connection's key.
     fn pick(&self, key: &FlowKey, n: usize) -> usize {
-        let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
-        (h.finish() % n as u64) as usize
+        (self.hasher.hash_one(key) % n as u64) as usize
     }
 }
 
