@@ -1,0 +1,13 @@
+//! ferry's control plane: the cluster model (Kubernetes objects), the datastores that
+//! fill it, and the compilation of one node's tables from it.
+//!
+//! - [`cluster`]: [`Cluster`], the Nodes, Pods, Services, EndpointSlices and ConfigMaps
+//!   ferry reads, with `apply` / `delete` for a datastore to drive it;
+//! - [`fields`] and [`config`]: what ferry reads of each object and of the
+//!   `kube-system/ferry-config` ConfigMap, checked in one place.
+
+pub mod cluster;
+pub mod config;
+pub mod fields;
+
+pub use cluster::{Cluster, Kind, Object, ObjectKey};
