@@ -460,6 +460,16 @@ impl ServiceFields {
             let port = e.take(parse_port(p.port, format!("spec.ports[{i}].port")));
             let node_port = match p.node_port {
                 None => None,
+                // As the API refuses it: a node port would be silently ignored.
+                Some(_)
+                    if matches!(f.type_, ServiceType::ClusterIp | ServiceType::ExternalName) =>
+                {
+                    e.push(
+                        format!("spec.ports[{i}].nodePort"),
+                        "only for type NodePort or LoadBalancer",
+                    );
+                    None
+                }
                 Some(n) => e.take(parse_port(n, format!("spec.ports[{i}].nodePort"))),
             };
             let (Some(protocol), Some(port)) = (protocol, port) else {
@@ -523,6 +533,12 @@ impl ServiceFields {
         }
         if let Some(n) = spec.health_check_node_port {
             f.health_check_node_port = e.take(parse_port(n, "spec.healthCheckNodePort"));
+            if f.type_ != ServiceType::LoadBalancer || f.external_policy != Policy::Local {
+                e.push(
+                    "spec.healthCheckNodePort",
+                    "only for type LoadBalancer with externalTrafficPolicy Local",
+                );
+            }
         }
         f.publish_not_ready = spec.publish_not_ready_addresses.unwrap_or(false);
         let ingress = svc
@@ -731,6 +747,15 @@ spec:
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].field, "spec.ports[2]");
         assert!(errs[0].message.contains("duplicate port UDP 53"));
+    }
+
+    #[test]
+    fn node_ports_and_health_check_ports_only_where_the_type_has_them() {
+        let svc = service(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: c}\nspec: {clusterIP: 10.96.0.9, healthCheckNodePort: 32000, ports: [{port: 80, nodePort: 30080}]}\n",
+        );
+        let errs = fields_of(ServiceFields::parse(&svc).unwrap_err());
+        assert_eq!(errs, ["spec.ports[0].nodePort", "spec.healthCheckNodePort"]);
     }
 
     #[test]

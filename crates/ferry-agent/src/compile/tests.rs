@@ -847,9 +847,15 @@ fn health_checks_count_ready_local_endpoints_by_address_over_all_ports() {
         service(
             name,
             &format!(
-                "  type: LoadBalancer\n  clusterIP: {ip}\n  externalTrafficPolicy: {etp}\n  healthCheckNodePort: 32100\n  ports:\n  - {{name: http, port: 80, nodePort: 3{}0}}\n  - {{name: https, port: 443, nodePort: 3{}1}}\n",
+                "  type: LoadBalancer\n  clusterIP: {ip}\n  externalTrafficPolicy: {etp}\n{hc}  ports:\n  - {{name: http, port: 80, nodePort: 3{}0}}\n  - {{name: https, port: 443, nodePort: 3{}1}}\n",
                 &ip[8..],
-                &ip[8..]
+                &ip[8..],
+                // The API keeps a health check node port for Local only.
+                hc = if etp == "Local" {
+                    "  healthCheckNodePort: 32100\n"
+                } else {
+                    ""
+                },
             ),
         )
     };
