@@ -333,7 +333,9 @@ fn run_in(dir: &Path) -> Result<()> {
 
     let out = dir.join("out");
     let args = replay::Args {
-        tables: tables_path,
+        tables: Some(tables_path),
+        cluster: None,
+        node: None,
         inputs,
         out: out.clone(),
     };

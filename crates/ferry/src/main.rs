@@ -9,6 +9,7 @@ mod demo;
 mod node;
 mod pcap;
 mod replay;
+mod tables;
 
 /// ferry: a Kubernetes node network dataplane.
 #[derive(Parser)]
@@ -25,6 +26,9 @@ enum Command {
     Replay(replay::Args),
     /// Run one node's dataplane on real interfaces until SIGINT or SIGTERM.
     Node(node::Args),
+    /// Compile one node's tables from a directory of Kubernetes manifests and print
+    /// them (YAML) on stdout.
+    Tables(tables::Args),
     /// The built-in replay demo: fragments reassembled, forwarded and refragmented, a
     /// coalesced TCP packet segmented, path MTU discovery, refused attacks.
     Demo {
@@ -42,6 +46,7 @@ fn main() -> ExitCode {
         }),
         Command::Demo { dir } => demo::run(dir),
         Command::Node(args) => node::run(&args),
+        Command::Tables(args) => tables::run(&args),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

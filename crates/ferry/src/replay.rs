@@ -20,9 +20,17 @@ use crate::pcap;
 /// Arguments of `ferry replay`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The node tables (YAML; see docs/tables.md).
-    #[arg(long, value_name = "FILE")]
-    pub tables: PathBuf,
+    /// The node tables (YAML; see docs/tables.md). With --cluster: the base tables the
+    /// cluster's are compiled on (optional).
+    #[arg(long, value_name = "FILE", required_unless_present = "cluster")]
+    pub tables: Option<PathBuf>,
+    /// Compile the tables from this directory of Kubernetes manifests (see
+    /// docs/agent.md), every pod of the node attached; needs --node.
+    #[arg(long, value_name = "DIR", requires = "node")]
+    pub cluster: Option<PathBuf>,
+    /// The node of the cluster whose tables to use.
+    #[arg(long, value_name = "NAME", requires = "cluster")]
+    pub node: Option<String>,
     /// Input: a port name and a pcap/pcapng file of frames received on it. Repeatable.
     #[arg(long = "in", value_name = "PORT=FILE", required = true)]
     pub inputs: Vec<String>,
@@ -31,14 +39,39 @@ pub struct Args {
     pub out: PathBuf,
 }
 
-/// Reads and compiles a tables file; errors name the file and the problem.
-pub fn load_tables(path: &Path) -> Result<Tables> {
+/// Reads a tables file without compiling it; errors name the file.
+pub fn read_tables_spec(path: &Path) -> Result<TablesSpec> {
     let text =
         fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
-    let spec: TablesSpec =
-        serde_saphyr::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    spec.compile()
+    serde_saphyr::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// Reads and compiles a tables file; errors name the file and the problem.
+pub fn load_tables(path: &Path) -> Result<Tables> {
+    read_tables_spec(path)?
+        .compile()
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// The tables `args` name: a tables file, or a node of a cluster compiled on it.
+/// Returns them with a description of where they came from, for messages.
+fn tables_of(args: &Args) -> Result<(Tables, String)> {
+    match (&args.cluster, &args.node) {
+        (Some(dir), Some(node)) => {
+            let c = crate::tables::compile_cluster(dir, node, args.tables.as_deref(), None)?;
+            let t = c
+                .tables
+                .compile()
+                .map_err(|e| anyhow::anyhow!("{}: node {node}: {e}", dir.display()))?;
+            Ok((t, format!("node {node} of {}", dir.display())))
+        }
+        _ => {
+            let Some(path) = &args.tables else {
+                bail!("give --tables FILE, or --cluster DIR and --node NAME");
+            };
+            Ok((load_tables(path)?, path.display().to_string()))
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -157,7 +190,8 @@ struct Input {
 
 /// Runs a replay as `args` say.
 pub fn run(args: &Args) -> Result<Summary> {
-    let tables = Arc::new(load_tables(&args.tables)?);
+    let (tables, source) = tables_of(args)?;
+    let tables = Arc::new(tables);
     let mut inputs = Vec::new();
     for spec in &args.inputs {
         let Some((name, file)) = spec.split_once('=') else {
@@ -166,8 +200,7 @@ pub fn run(args: &Args) -> Result<Summary> {
         let Some(port) = tables.port_id(name) else {
             let known: Vec<&str> = tables.ports.iter().map(|p| p.name.as_str()).collect();
             bail!(
-                "--in {spec:?}: no port {name:?} in {} (ports: {})",
-                args.tables.display(),
+                "--in {spec:?}: no port {name:?} in {source} (ports: {})",
                 known.join(", ")
             );
         };

@@ -1,0 +1,422 @@
+//! The cluster model: the Kubernetes objects ferry reads, keyed by namespace and name.
+//!
+//! A datastore drives it with [`Cluster::apply`] and [`Cluster::delete`] (the file
+//! datastore rebuilds it from the manifests; a watch on an API server applies each
+//! event). Maps are ordered, so everything compiled from a cluster comes out in the same
+//! order every time.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// The namespace of a namespaced object whose manifest gives none (as `kubectl apply`
+/// does with the default context).
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// Where an object lives: its namespace (empty for cluster-scoped kinds such as Node)
+/// and its name. Ordered by namespace, then name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    /// The namespace; empty for cluster-scoped objects.
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// The key of a namespaced object.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> ObjectKey {
+        ObjectKey {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The key of a cluster-scoped object.
+    pub fn cluster_scoped(name: impl Into<String>) -> ObjectKey {
+        ObjectKey::new("", name)
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    /// `namespace/name`, or `name` for cluster-scoped objects (as kubectl writes them).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            f.write_str(&self.name)
+        } else {
+            write!(f, "{}/{}", self.namespace, self.name)
+        }
+    }
+}
+
+/// The kinds of object the model holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    /// core/v1 Node (cluster-scoped).
+    Node,
+    /// core/v1 Pod.
+    Pod,
+    /// core/v1 Service.
+    Service,
+    /// discovery.k8s.io/v1 EndpointSlice.
+    EndpointSlice,
+    /// core/v1 ConfigMap.
+    ConfigMap,
+}
+
+impl Kind {
+    /// Every kind, in the order the model lists them.
+    pub const ALL: [Kind; 5] = [
+        Kind::Node,
+        Kind::Pod,
+        Kind::Service,
+        Kind::EndpointSlice,
+        Kind::ConfigMap,
+    ];
+
+    /// The `kind` field of a manifest.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Node => "Node",
+            Kind::Pod => "Pod",
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::ConfigMap => "ConfigMap",
+        }
+    }
+
+    /// The `apiVersion` field of a manifest.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Kind::EndpointSlice => "discovery.k8s.io/v1",
+            _ => "v1",
+        }
+    }
+
+    /// False for cluster-scoped kinds.
+    pub fn namespaced(self) -> bool {
+        self != Kind::Node
+    }
+
+    /// The kind a manifest's `apiVersion` and `kind` name, when the model holds it.
+    pub fn from_type(api_version: &str, kind: &str) -> Option<Kind> {
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.api_version() == api_version && k.name() == kind)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One object of a kind the model holds.
+// A Pod is much larger than the rest; an object passes through once per change, so
+// boxing it would buy nothing but an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq)]
+pub enum Object {
+    /// A Node.
+    Node(Node),
+    /// A Pod.
+    Pod(Pod),
+    /// A Service.
+    Service(Service),
+    /// An EndpointSlice.
+    EndpointSlice(EndpointSlice),
+    /// A ConfigMap.
+    ConfigMap(ConfigMap),
+}
+
+impl Object {
+    /// Its kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Object::Node(_) => Kind::Node,
+            Object::Pod(_) => Kind::Pod,
+            Object::Service(_) => Kind::Service,
+            Object::EndpointSlice(_) => Kind::EndpointSlice,
+            Object::ConfigMap(_) => Kind::ConfigMap,
+        }
+    }
+
+    /// Its metadata.
+    pub fn metadata(&self) -> &ObjectMeta {
+        match self {
+            Object::Node(o) => &o.metadata,
+            Object::Pod(o) => &o.metadata,
+            Object::Service(o) => &o.metadata,
+            Object::EndpointSlice(o) => &o.metadata,
+            Object::ConfigMap(o) => &o.metadata,
+        }
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        match self {
+            Object::Node(o) => &mut o.metadata,
+            Object::Pod(o) => &mut o.metadata,
+            Object::Service(o) => &mut o.metadata,
+            Object::EndpointSlice(o) => &mut o.metadata,
+            Object::ConfigMap(o) => &mut o.metadata,
+        }
+    }
+
+    /// Its key: the namespace ([`DEFAULT_NAMESPACE`] when a namespaced object gives
+    /// none; empty for a Node) and the name. `None` without a name.
+    pub fn key(&self) -> Option<ObjectKey> {
+        let m = self.metadata();
+        let name = m.name.as_deref().filter(|n| !n.is_empty())?;
+        let namespace = if self.kind().namespaced() {
+            m.namespace
+                .as_deref()
+                .filter(|n| !n.is_empty())
+                .unwrap_or(DEFAULT_NAMESPACE)
+        } else {
+            ""
+        };
+        Some(ObjectKey::new(namespace, name))
+    }
+}
+
+impl fmt::Display for Object {
+    /// `Kind namespace/name`, the way problems and warnings name an object.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.key() {
+            Some(k) => write!(f, "{} {k}", self.kind()),
+            None => write!(f, "{} without a name", self.kind()),
+        }
+    }
+}
+
+macro_rules! object_from {
+    ($($t:ident),*) => {$(
+        impl From<$t> for Object {
+            fn from(o: $t) -> Object {
+                Object::$t(o)
+            }
+        }
+    )*};
+}
+object_from!(Node, Pod, Service, EndpointSlice, ConfigMap);
+
+/// The objects ferry reads, by kind, each map keyed by namespace and name.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Cluster {
+    /// Nodes (namespace empty).
+    pub nodes: BTreeMap<ObjectKey, Node>,
+    /// Pods.
+    pub pods: BTreeMap<ObjectKey, Pod>,
+    /// Services.
+    pub services: BTreeMap<ObjectKey, Service>,
+    /// EndpointSlices.
+    pub endpoint_slices: BTreeMap<ObjectKey, EndpointSlice>,
+    /// ConfigMaps.
+    pub config_maps: BTreeMap<ObjectKey, ConfigMap>,
+}
+
+/// Why [`Cluster::apply`] refused an object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NoName(pub Kind);
+
+impl fmt::Display for NoName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: metadata.name is required", self.0)
+    }
+}
+
+impl std::error::Error for NoName {}
+
+impl Cluster {
+    /// Adds `obj`, or replaces the object of the same kind and key; returns the one it
+    /// replaced. A namespaced object without a namespace goes to [`DEFAULT_NAMESPACE`]
+    /// (and says so in its metadata, so every reader sees the same key).
+    pub fn apply(&mut self, obj: impl Into<Object>) -> Result<Option<Object>, NoName> {
+        let mut obj = obj.into();
+        let key = obj.key().ok_or(NoName(obj.kind()))?;
+        if obj.kind().namespaced() {
+            obj.metadata_mut().namespace = Some(key.namespace.clone());
+        }
+        Ok(match obj {
+            Object::Node(o) => self.nodes.insert(key, o).map(Object::from),
+            Object::Pod(o) => self.pods.insert(key, o).map(Object::from),
+            Object::Service(o) => self.services.insert(key, o).map(Object::from),
+            Object::EndpointSlice(o) => self.endpoint_slices.insert(key, o).map(Object::from),
+            Object::ConfigMap(o) => self.config_maps.insert(key, o).map(Object::from),
+        })
+    }
+
+    /// Removes the object of `kind` at `namespace`/`name` (the namespace is ignored for
+    /// cluster-scoped kinds); returns it.
+    pub fn delete(&mut self, kind: Kind, namespace: &str, name: &str) -> Option<Object> {
+        let key = ObjectKey::new(if kind.namespaced() { namespace } else { "" }, name);
+        match kind {
+            Kind::Node => self.nodes.remove(&key).map(Object::from),
+            Kind::Pod => self.pods.remove(&key).map(Object::from),
+            Kind::Service => self.services.remove(&key).map(Object::from),
+            Kind::EndpointSlice => self.endpoint_slices.remove(&key).map(Object::from),
+            Kind::ConfigMap => self.config_maps.remove(&key).map(Object::from),
+        }
+    }
+
+    /// True when an object of `kind` has `key`.
+    pub fn contains(&self, kind: Kind, key: &ObjectKey) -> bool {
+        match kind {
+            Kind::Node => self.nodes.contains_key(key),
+            Kind::Pod => self.pods.contains_key(key),
+            Kind::Service => self.services.contains_key(key),
+            Kind::EndpointSlice => self.endpoint_slices.contains_key(key),
+            Kind::ConfigMap => self.config_maps.contains_key(key),
+        }
+    }
+
+    /// The Node named `name`.
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes.get(&ObjectKey::cluster_scoped(name))
+    }
+
+    /// The ConfigMap `namespace/name`.
+    pub fn config_map(&self, namespace: &str, name: &str) -> Option<&ConfigMap> {
+        self.config_maps.get(&ObjectKey::new(namespace, name))
+    }
+
+    /// The EndpointSlices of the Service `namespace/service`: those of its namespace
+    /// labelled `kubernetes.io/service-name: service`, ordered by name.
+    pub fn endpoint_slices_of<'a>(
+        &'a self,
+        namespace: &'a str,
+        service: &'a str,
+    ) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
+        self.endpoint_slices
+            .range(ObjectKey::new(namespace, "")..)
+            .take_while(move |(k, _)| k.namespace == namespace)
+            .map(|(_, s)| s)
+            .filter(move |s| {
+                s.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(SERVICE_NAME_LABEL))
+                    .is_some_and(|n| n == service)
+            })
+    }
+
+    /// How many objects the model holds, all kinds together.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+            + self.pods.len()
+            + self.services.len()
+            + self.endpoint_slices.len()
+            + self.config_maps.len()
+    }
+
+    /// True when it holds no object.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(ns: Option<&str>, name: &str) -> ObjectMeta {
+        ObjectMeta {
+            namespace: ns.map(str::to_string),
+            name: Some(name.to_string()),
+            ..ObjectMeta::default()
+        }
+    }
+
+    #[test]
+    fn apply_replaces_by_kind_and_key_and_delete_removes() {
+        let mut c = Cluster::default();
+        let svc = Service {
+            metadata: meta(Some("prod"), "web"),
+            ..Service::default()
+        };
+        assert_eq!(c.apply(svc.clone()).unwrap(), None);
+        assert_eq!(
+            c.apply(svc.clone()).unwrap(),
+            Some(Object::Service(svc.clone()))
+        );
+        // Same name, other kind: a separate object.
+        c.apply(Pod {
+            metadata: meta(Some("prod"), "web"),
+            ..Pod::default()
+        })
+        .unwrap();
+        assert_eq!(c.len(), 2);
+        assert!(c.delete(Kind::Service, "prod", "web").is_some());
+        assert!(c.delete(Kind::Service, "prod", "web").is_none());
+        assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn missing_namespace_is_default_and_nodes_have_none() {
+        let mut c = Cluster::default();
+        c.apply(Pod {
+            metadata: meta(None, "p"),
+            ..Pod::default()
+        })
+        .unwrap();
+        let p = &c.pods[&ObjectKey::new("default", "p")];
+        assert_eq!(p.metadata.namespace.as_deref(), Some("default"));
+        c.apply(Node {
+            metadata: meta(Some("ignored"), "n1"),
+            ..Node::default()
+        })
+        .unwrap();
+        assert!(c.node("n1").is_some());
+        assert!(c.delete(Kind::Node, "whatever", "n1").is_some());
+    }
+
+    #[test]
+    fn apply_refuses_an_object_without_a_name() {
+        let mut c = Cluster::default();
+        assert_eq!(c.apply(Pod::default()), Err(NoName(Kind::Pod)));
+    }
+
+    #[test]
+    fn endpoint_slices_of_selects_by_namespace_and_label() {
+        let mut c = Cluster::default();
+        let slice = |ns: &str, name: &str, svc: &str| EndpointSlice {
+            metadata: ObjectMeta {
+                labels: Some([(SERVICE_NAME_LABEL.to_string(), svc.to_string())].into()),
+                ..meta(Some(ns), name)
+            },
+            address_type: "IPv4".into(),
+            ..EndpointSlice::default()
+        };
+        c.apply(slice("a", "web-2", "web")).unwrap();
+        c.apply(slice("a", "web-1", "web")).unwrap();
+        c.apply(slice("a", "db-1", "db")).unwrap();
+        c.apply(slice("b", "web-3", "web")).unwrap();
+        c.apply(slice("aa", "web-4", "web")).unwrap();
+        let names: Vec<_> = c
+            .endpoint_slices_of("a", "web")
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["web-1", "web-2"]);
+    }
+
+    #[test]
+    fn kind_from_type_needs_the_right_api_version() {
+        assert_eq!(
+            Kind::from_type("discovery.k8s.io/v1", "EndpointSlice"),
+            Some(Kind::EndpointSlice)
+        );
+        assert_eq!(
+            Kind::from_type("discovery.k8s.io/v1beta1", "EndpointSlice"),
+            None
+        );
+        assert_eq!(Kind::from_type("v1", "Node"), Some(Kind::Node));
+        assert_eq!(Kind::from_type("apps/v1", "Deployment"), None);
+    }
+}

@@ -1,0 +1,213 @@
+//! From the cluster to one node's tables: the node and its peers, the overlay, the pods
+//! attached to this node, and every Service port with its endpoints. See `docs/agent.md`
+//! for the mapping, field by field.
+
+mod base;
+mod pods;
+mod services;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+
+use ferry_datapath::tables::{OverlaySpec, PeerSpec, PortKind, TablesSpec};
+
+use crate::cluster::{Cluster, ObjectKey};
+use crate::config::FerryConfig;
+use crate::fields::{FieldError, NodeFields, describe};
+
+pub use base::{UPLINK_PORT, default_base};
+pub use pods::{POD_GATEWAY_MAC, pod_mac};
+
+/// A pod whose interface exists on this node (the CNI plugin made it): only these get a
+/// port, so that the tables never name a device that is not there.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AttachedPod {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl AttachedPod {
+    /// The pod `namespace/name`.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> AttachedPod {
+        AttachedPod {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+/// Settings of the compilation that do not come from the cluster.
+#[derive(Clone, Debug, Default)]
+pub struct CompileOptions {
+    /// `external_snat` of Services that neither their annotation nor the ferry-config
+    /// ConfigMap decide (default false: keep the client's address).
+    pub external_snat: bool,
+}
+
+/// A health check node port this node must serve: kube-proxy's for a LoadBalancer
+/// Service with `externalTrafficPolicy: Local`, so that the load balancer sends only to
+/// nodes with local endpoints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// The Service, `namespace/name`.
+    pub service: String,
+    /// spec.healthCheckNodePort.
+    pub port: u16,
+    /// The Service's ready endpoints on this node, counted by address over all its
+    /// ports (an endpoint serving two ports counts once, as kube-proxy counts).
+    pub local_endpoints: usize,
+}
+
+/// What [`node_tables`] makes.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    /// The node's tables (they pass [`TablesSpec::compile`]).
+    pub tables: TablesSpec,
+    /// The health check node ports to serve, by Service name.
+    pub health_checks: Vec<HealthCheck>,
+    /// Things left out, each naming its object (e.g. an SCTP Service port).
+    pub warnings: Vec<String>,
+    /// The port name given to each attached pod.
+    pub pod_ports: BTreeMap<ObjectKey, String>,
+}
+
+/// Reads an object's fields; an error names the object and every bad field.
+fn read<T>(r: Result<T, Vec<FieldError>>, what: &dyn fmt::Display) -> Result<T, String> {
+    r.map_err(|e| describe(what, &e))
+}
+
+/// Compiles the tables of the node named `node`.
+///
+/// `base` gives what the cluster does not know (the uplink port, routes, limits); without
+/// one, [`default_base`] derives it from the Node object. `attached` lists the pods whose
+/// interface is on this node. The error names the object and the field at fault, or the
+/// entry of the compiled tables that does not compile.
+pub fn node_tables(
+    cluster: &Cluster,
+    node: &str,
+    base: Option<&TablesSpec>,
+    attached: &[AttachedPod],
+    opts: &CompileOptions,
+) -> Result<Compiled, String> {
+    let this = cluster
+        .node(node)
+        .ok_or_else(|| format!("no Node named {node:?} in the cluster"))?;
+    let this_fields = read(NodeFields::parse(this), &format_args!("Node {node}"))?;
+    let mut warnings = Vec::new();
+    let mut tables = match base {
+        Some(b) => b.clone(),
+        None => {
+            let (b, w) = default_base(cluster, node)?;
+            warnings.extend(w);
+            b
+        }
+    };
+    let config = FerryConfig::of(cluster)?;
+
+    tables.node.name = node.to_string();
+    if tables.node.addresses.is_empty() {
+        // Internal addresses first: the first of a family is the overlay's outer source.
+        for a in this_fields
+            .internal_ips
+            .iter()
+            .chain(&this_fields.external_ips)
+        {
+            if !tables.node.addresses.contains(a) {
+                tables.node.addresses.push(*a);
+            }
+        }
+    }
+    if tables.node.addresses.is_empty() {
+        warnings.push(format!(
+            "Node {node}: no InternalIP or ExternalIP in status.addresses: no underlay address, so no other node is reachable"
+        ));
+    }
+
+    let pod_ports = pods::add_ports(cluster, node, attached, &mut tables)?;
+    add_peers(cluster, node, &config, &mut tables, &mut warnings)?;
+    let svc = services::compile(cluster, node, &config, opts)?;
+    tables.services.extend(svc.specs);
+    warnings.extend(svc.warnings);
+
+    // A datastore must never hand the datapath tables it would refuse: find out here,
+    // where the error can still name the node.
+    tables
+        .compile()
+        .map_err(|e| format!("the tables of node {node} do not compile: {e}"))?;
+    Ok(Compiled {
+        tables,
+        health_checks: svc.health_checks,
+        warnings,
+        pod_ports,
+    })
+}
+
+/// Adds every other Node reachable on an underlay family this node has as an overlay
+/// peer, and the overlay itself when the base has none.
+fn add_peers(
+    cluster: &Cluster,
+    node: &str,
+    config: &FerryConfig,
+    tables: &mut TablesSpec,
+    warnings: &mut Vec<String>,
+) -> Result<(), String> {
+    let has = |v6: bool| tables.node.addresses.iter().any(|a| a.is_ipv6() == v6);
+    let mut peers = Vec::new();
+    for (key, n) in &cluster.nodes {
+        if key.name == node || tables.nodes.iter().any(|p| p.name == key.name) {
+            continue;
+        }
+        let f = read(NodeFields::parse(n), &format_args!("Node {key}"))?;
+        let Some(address) = f.internal_ips.iter().copied().find(|a| has(a.is_ipv6())) else {
+            warnings.push(format!(
+                "Node {key}: no InternalIP of a family node {node} has ({}): not reachable through the overlay",
+                families(&tables.node.addresses)
+            ));
+            continue;
+        };
+        peers.push(PeerSpec {
+            name: key.name.clone(),
+            address,
+            pod_cidrs: f.pod_cidrs,
+            mac: None,
+        });
+    }
+    if !peers.is_empty() && tables.overlay.is_none() {
+        let uplink = tables
+            .ports
+            .iter()
+            .find(|p| p.kind == PortKind::Uplink)
+            .ok_or_else(|| {
+                format!(
+                    "{} other nodes need the overlay, and the base tables have no port of kind uplink to carry it",
+                    peers.len()
+                )
+            })?;
+        tables.overlay = Some(OverlaySpec {
+            vni: config.vxlan_vni,
+            port: config.vxlan_port,
+            mode: config.encapsulation,
+            uplink: uplink.name.clone(),
+            mac: None,
+        });
+    }
+    tables.nodes.extend(peers);
+    Ok(())
+}
+
+fn families(addrs: &[IpAddr]) -> &'static str {
+    match (
+        addrs.iter().any(IpAddr::is_ipv4),
+        addrs.iter().any(IpAddr::is_ipv6),
+    ) {
+        (true, true) => "IPv4, IPv6",
+        (true, false) => "IPv4",
+        (false, true) => "IPv6",
+        (false, false) => "none",
+    }
+}

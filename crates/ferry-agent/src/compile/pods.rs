@@ -1,0 +1,130 @@
+//! Pod ports: one per pod of this node that has addresses and an interface here.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ferry_datapath::tables::{MacAddr, PortAddr, PortKind, PortSpec, TablesSpec};
+
+use crate::cluster::{Cluster, ObjectKey};
+use crate::fields::PodFields;
+
+use super::{AttachedPod, read};
+
+/// The MAC of the pods' gateway, as every pod sees it (the same on every pod port, as
+/// Calico's `ee:ee:ee:ee:ee:ee`).
+pub const POD_GATEWAY_MAC: MacAddr = MacAddr([0xee; 6]);
+
+/// The MAC of a pod's eth0, derived from its first address so that the CNI plugin and
+/// the tables agree without asking each other: `0a:58` and the four bytes of an IPv4
+/// address (as the Kubernetes CNI plugins do), or of a hash of an IPv6 address. Locally
+/// administered and unicast.
+pub fn pod_mac(ip: IpAddr) -> MacAddr {
+    let tail = match ip {
+        IpAddr::V4(v4) => v4.octets(),
+        IpAddr::V6(v6) => v6
+            .octets()
+            .iter()
+            .fold(0x811c_9dc5u32, |h, b| {
+                (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+            })
+            .to_be_bytes(),
+    };
+    MacAddr([0x0a, 0x58, tail[0], tail[1], tail[2], tail[3]])
+}
+
+/// `pod.NAMESPACE.NAME`, with anything a port name may not hold replaced by `_`.
+/// Namespaces have no dots, so two pods cannot collide; a base port could, and then a
+/// suffix `.2`, `.3`... keeps the name unique.
+fn port_name(key: &ObjectKey, taken: impl Fn(&str) -> bool) -> String {
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    let name = format!("pod.{}.{}", clean(&key.namespace), clean(&key.name));
+    if !taken(&name) {
+        return name;
+    }
+    (2..)
+        .map(|i| format!("{name}.{i}"))
+        .find(|n| !taken(n))
+        .expect("some suffix is free")
+}
+
+/// Appends a port for each pod of `node` that runs, has addresses, is not on the host
+/// network and is attached; ordered by namespace and name. Returns the port names.
+pub(super) fn add_ports(
+    cluster: &Cluster,
+    node: &str,
+    attached: &[AttachedPod],
+    tables: &mut TablesSpec,
+) -> Result<BTreeMap<ObjectKey, String>, String> {
+    let attached: BTreeSet<ObjectKey> = attached
+        .iter()
+        .map(|p| ObjectKey::new(&p.namespace, &p.name))
+        .collect();
+    let mut names = BTreeMap::new();
+    for (key, pod) in &cluster.pods {
+        let on_node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
+        if !on_node || !attached.contains(key) {
+            continue;
+        }
+        let f = read(PodFields::parse(pod), &format_args!("Pod {key}"))?;
+        if f.host_network || f.finished || f.ips.is_empty() {
+            continue;
+        }
+        let name = port_name(key, |n| tables.ports.iter().any(|p| p.name == n));
+        tables.ports.push(PortSpec {
+            name: name.clone(),
+            kind: PortKind::Pod,
+            mac: POD_GATEWAY_MAC,
+            peer_mac: Some(pod_mac(f.ips[0])),
+            addresses: f.ips.iter().copied().map(PortAddr::from).collect(),
+            gso: true,
+            ..PortSpec::default()
+        });
+        names.insert(key.clone(), name);
+    }
+    Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_mac_is_0a58_and_the_ipv4_address() {
+        assert_eq!(
+            pod_mac("10.244.1.5".parse().unwrap()).to_string(),
+            "0a:58:0a:f4:01:05"
+        );
+    }
+
+    #[test]
+    fn pod_mac_of_ipv6_is_stable_locally_administered_unicast() {
+        let a = pod_mac("fd00:10:244:1::5".parse().unwrap());
+        assert_eq!(a, pod_mac("fd00:10:244:1::5".parse().unwrap()));
+        assert_ne!(a, pod_mac("fd00:10:244:1::6".parse().unwrap()));
+        assert_eq!(a.0[0] & 0b11, 0b10);
+    }
+
+    #[test]
+    fn port_name_is_readable_and_unique() {
+        let key = ObjectKey::new("default", "web-1");
+        assert_eq!(port_name(&key, |_| false), "pod.default.web-1");
+        assert_eq!(
+            port_name(&key, |n| n == "pod.default.web-1"),
+            "pod.default.web-1.2"
+        );
+        assert_eq!(
+            port_name(&ObjectKey::new("a", "b:c"), |_| false),
+            "pod.a.b_c"
+        );
+    }
+}

@@ -1,0 +1,178 @@
+//! Services: one tables entry per Service port, its endpoints from the Service's
+//! EndpointSlices; and the health check node ports.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
+
+use ferry_datapath::lb::{BackendSpec, Policy, ServiceSpec};
+
+use crate::cluster::{Cluster, SERVICE_NAME_LABEL};
+use crate::config::FerryConfig;
+use crate::fields::{Protocol, ServiceFields, ServicePortFields, ServiceType, SliceFields};
+
+use super::{CompileOptions, HealthCheck, read};
+
+/// The Services' part of a node's tables.
+pub(super) struct Out {
+    pub specs: Vec<ServiceSpec>,
+    pub health_checks: Vec<HealthCheck>,
+    pub warnings: Vec<String>,
+}
+
+pub(super) fn compile(
+    cluster: &Cluster,
+    node: &str,
+    config: &FerryConfig,
+    opts: &CompileOptions,
+) -> Result<Out, String> {
+    let mut out = Out {
+        specs: Vec::new(),
+        health_checks: Vec::new(),
+        warnings: Vec::new(),
+    };
+    // Each slice once, grouped by its Service (namespace, kubernetes.io/service-name).
+    let mut by_service: HashMap<(&str, &str), Vec<SliceFields>> = HashMap::new();
+    for (key, s) in &cluster.endpoint_slices {
+        let Some(service) = s
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_NAME_LABEL))
+        else {
+            continue;
+        };
+        let f = read(SliceFields::parse(s), &format_args!("EndpointSlice {key}"))?;
+        by_service
+            .entry((key.namespace.as_str(), service.as_str()))
+            .or_default()
+            .push(f);
+    }
+    for (key, svc) in &cluster.services {
+        let f = read(ServiceFields::parse(svc), &format_args!("Service {key}"))?;
+        // kube-proxy leaves both alone: an ExternalName Service is a DNS alias, a
+        // headless one only gives its endpoints' addresses through DNS.
+        if f.type_ == ServiceType::ExternalName || f.headless {
+            continue;
+        }
+        let slices = by_service
+            .get(&(key.namespace.as_str(), key.name.as_str()))
+            .map_or(&[][..], Vec::as_slice);
+        let node_ports = matches!(f.type_, ServiceType::NodePort | ServiceType::LoadBalancer);
+        // The external policy only concerns traffic from outside: node ports, external
+        // and load balancer IPs. A ClusterIP Service without them has none.
+        let external = node_ports || !f.external_ips.is_empty();
+        let external_snat = f
+            .external_snat
+            .or(config.external_snat)
+            .unwrap_or(opts.external_snat);
+        let mut local_ips = BTreeSet::new();
+        let mut any_frontend = false;
+        for p in &f.ports {
+            let port_name = if p.name.is_empty() {
+                p.port.to_string()
+            } else {
+                p.name.clone()
+            };
+            if p.protocol == Protocol::Sctp {
+                out.warnings.push(format!(
+                    "Service {key}: spec.ports[{}] ({port_name}): SCTP is not supported yet; port skipped",
+                    p.index
+                ));
+                continue;
+            }
+            let backends = backends(slices, p, f.publish_not_ready);
+            local_ips.extend(
+                backends
+                    .iter()
+                    .filter(|b| b.ready && b.node.as_deref() == Some(node))
+                    .map(|b| b.addr),
+            );
+            let spec = ServiceSpec {
+                name: format!("{key}:{port_name}"),
+                proto: p.protocol.tables_name().to_string(),
+                port: p.port,
+                cluster_ips: f.cluster_ips.clone(),
+                node_port: p.node_port.filter(|_| node_ports),
+                external_ips: f.external_ips.clone(),
+                load_balancer_ips: f.load_balancer_ips.clone(),
+                external_policy: if external {
+                    f.external_policy
+                } else {
+                    Policy::Cluster
+                },
+                internal_policy: f.internal_policy,
+                affinity_timeout_s: f.affinity_timeout_s,
+                external_snat,
+                backends,
+            };
+            any_frontend |= !spec.cluster_ips.is_empty()
+                || spec.node_port.is_some()
+                || !spec.external_ips.is_empty()
+                || !spec.load_balancer_ips.is_empty();
+            out.specs.push(spec);
+        }
+        if !f.ports.is_empty() && !any_frontend {
+            out.warnings.push(format!(
+                "Service {key}: no cluster IP, node port, external or load balancer IP: nothing reaches it"
+            ));
+        }
+        if f.type_ == ServiceType::LoadBalancer
+            && f.external_policy == Policy::Local
+            && let Some(port) = f.health_check_node_port
+        {
+            out.health_checks.push(HealthCheck {
+                service: key.to_string(),
+                port,
+                local_endpoints: local_ips.len(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The endpoints of Service port `p`: from each IPv4/IPv6 slice, the slice port of the
+/// same name (both unnamed counts as the same) and protocol, one backend per endpoint
+/// address. An address:port in two slices (while the controller moves endpoints between
+/// them) is kept once, from the slice that sorts first. Sorted by address and port.
+fn backends(
+    slices: &[SliceFields],
+    p: &ServicePortFields,
+    publish_not_ready: bool,
+) -> Vec<BackendSpec> {
+    let mut seen: HashSet<(IpAddr, u16)> = HashSet::new();
+    let mut out = Vec::new();
+    for s in slices {
+        if s.v6.is_none() {
+            continue;
+        }
+        let Some(port) = s
+            .ports
+            .iter()
+            .find(|sp| sp.name == p.name && sp.protocol == p.protocol)
+            .and_then(|sp| sp.port)
+        else {
+            continue;
+        };
+        for ep in &s.endpoints {
+            for a in &ep.addresses {
+                if !seen.insert((*a, port)) {
+                    continue;
+                }
+                // The Service asks for its endpoints to be used whatever their
+                // readiness (e.g. peers of a StatefulSet finding each other).
+                let ready = ep.ready || publish_not_ready;
+                out.push(BackendSpec {
+                    addr: *a,
+                    port,
+                    node: ep.node.clone(),
+                    ready,
+                    // Absent means "as ready": say it only when it differs.
+                    serving: ep.serving.filter(|s| *s != ready),
+                    terminating: ep.terminating,
+                });
+            }
+        }
+    }
+    out.sort_by_key(|b| (b.addr, b.port));
+    out
+}

@@ -1,0 +1,901 @@
+use std::net::IpAddr;
+
+use ferry_datapath::lb::{BackendSpec, Policy, ServiceSpec};
+use ferry_datapath::tables::{
+    MacAddr, ModeSpec, OverlaySpec, PortAddr, PortKind, PortSpec, TablesSpec,
+};
+
+use super::*;
+use crate::datastore::file::parse;
+
+fn cluster(yaml: &str) -> Cluster {
+    parse("test.yaml", yaml)
+        .unwrap_or_else(|e| panic!("test manifests are good:\n{e}"))
+        .0
+}
+
+fn every_pod(c: &Cluster) -> Vec<AttachedPod> {
+    c.pods
+        .keys()
+        .map(|k| AttachedPod::new(&k.namespace, &k.name))
+        .collect()
+}
+
+/// Compiles with every pod attached; checks the tables compile, also after a trip
+/// through YAML (what `ferry tables` prints must load back).
+fn compile_with(
+    c: &Cluster,
+    node: &str,
+    base: Option<&TablesSpec>,
+    opts: &CompileOptions,
+) -> Compiled {
+    let out = node_tables(c, node, base, &every_pod(c), opts).unwrap_or_else(|e| panic!("{e}"));
+    out.tables.compile().expect("the tables compile");
+    let yaml = serde_saphyr::to_string(&out.tables).unwrap();
+    let back: TablesSpec = serde_saphyr::from_str(&yaml).expect("printed tables parse");
+    back.compile().expect("printed tables compile");
+    out
+}
+
+fn compile(c: &Cluster, node: &str) -> Compiled {
+    compile_with(c, node, None, &CompileOptions::default())
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// A Node as the API prints it.
+fn node(
+    name: &str,
+    addresses: &[(&str, &str)],
+    cidrs: &[&str],
+    annotations: &[(&str, &str)],
+) -> String {
+    let mut s = format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  uid: 5d1c9a3e-6f0b-4c52-9a7e-{:012}\n  resourceVersion: \"48211\"\n  labels:\n    kubernetes.io/hostname: {name}\n",
+        name.len()
+    );
+    if !annotations.is_empty() {
+        s += "  annotations:\n";
+        for (k, v) in annotations {
+            s += &format!("    {k}: \"{v}\"\n");
+        }
+    }
+    s += "spec:\n";
+    if let Some(first) = cidrs.first() {
+        s += &format!("  podCIDR: {first}\n  podCIDRs:\n");
+        for c in cidrs {
+            s += &format!("  - \"{c}\"\n");
+        }
+    }
+    s += "status:\n  addresses:\n";
+    for (t, a) in addresses {
+        s += &format!("  - address: \"{a}\"\n    type: {t}\n");
+    }
+    s += &format!("  - address: {name}\n    type: Hostname\n---\n");
+    s
+}
+
+/// A running Pod on `node` as the API prints it; `extra` goes under spec.
+fn pod(ns: &str, name: &str, node: &str, ips: &[&str], phase: &str, extra: &str) -> String {
+    let mut s = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\n  uid: 3f6a0c2e-8b1d-4e7f-9a2c-5d0e1f2a3b41\n  labels: {{app: web}}\nspec:\n  containers:\n  - name: app\n    image: nginx:1.27\n    resources: {{requests: {{cpu: 100m}}}}\n  nodeName: {node}\n{extra}status:\n  phase: {phase}\n  hostIP: 192.168.10.2\n"
+    );
+    if let Some(first) = ips.first() {
+        s += &format!("  podIP: \"{first}\"\n  podIPs:\n");
+        for a in ips {
+            s += &format!("  - ip: \"{a}\"\n");
+        }
+    }
+    s += "---\n";
+    s
+}
+
+fn two_nodes() -> String {
+    node(
+        "node-a",
+        &[("InternalIP", "192.168.10.2")],
+        &["10.244.1.0/24", "fd00:10:244:1::/64"],
+        &[
+            ("ferry.io/ipv4-address", "192.168.10.2/24"),
+            ("ferry.io/ipv4-gateway", "192.168.10.1"),
+        ],
+    ) + &node(
+        "node-b",
+        &[("InternalIP", "192.168.20.2")],
+        &["10.244.2.0/24", "fd00:10:244:2::/64"],
+        &[
+            ("ferry.io/ipv4-address", "192.168.20.2/24"),
+            ("ferry.io/ipv4-gateway", "192.168.20.1"),
+        ],
+    )
+}
+
+fn one_node() -> String {
+    node(
+        "node-a",
+        &[("InternalIP", "192.168.10.2")],
+        &["10.244.1.0/24"],
+        &[],
+    )
+}
+
+// ---- the node ----
+
+#[test]
+fn a_missing_node_is_an_error() {
+    let c = cluster(&one_node());
+    let e = node_tables(&c, "node-z", None, &[], &CompileOptions::default()).unwrap_err();
+    assert_eq!(e, "no Node named \"node-z\" in the cluster");
+}
+
+#[test]
+fn node_addresses_are_internal_ips_then_external_ips() {
+    let c = cluster(&node(
+        "node-a",
+        &[
+            ("ExternalIP", "203.0.113.5"),
+            ("InternalIP", "192.168.10.2"),
+            ("InternalIP", "fd00:50::2"),
+        ],
+        &[],
+        &[],
+    ));
+    let t = compile(&c, "node-a").tables;
+    assert_eq!(t.node.name, "node-a");
+    assert_eq!(
+        t.node.addresses,
+        [ip("192.168.10.2"), ip("fd00:50::2"), ip("203.0.113.5")]
+    );
+}
+
+#[test]
+fn base_node_addresses_win_over_the_node_object() {
+    let c = cluster(&one_node());
+    let (mut base, _) = default_base(&c, "node-a").unwrap();
+    base.node.addresses = vec![ip("192.168.10.2")];
+    base.ports[0]
+        .addresses
+        .push(PortAddr::from(ip("192.168.10.3")));
+    let c2 = cluster(&node(
+        "node-a",
+        &[
+            ("InternalIP", "192.168.10.2"),
+            ("ExternalIP", "203.0.113.5"),
+        ],
+        &[],
+        &[],
+    ));
+    let t = compile_with(&c2, "node-a", Some(&base), &CompileOptions::default()).tables;
+    assert_eq!(t.node.addresses, [ip("192.168.10.2")]);
+}
+
+// ---- the default base ----
+
+#[test]
+fn default_base_is_an_uplink_from_the_node_and_its_annotations() {
+    let c = cluster(&node(
+        "node-a",
+        &[("InternalIP", "192.168.10.2"), ("InternalIP", "fd00:50::2")],
+        &[],
+        &[
+            ("ferry.io/ipv4-address", "192.168.10.2/24"),
+            ("ferry.io/ipv4-gateway", "192.168.10.1"),
+            ("ferry.io/ipv6-gateway", "fd00:50::1"),
+        ],
+    ));
+    let (base, warnings) = default_base(&c, "node-a").unwrap();
+    assert!(warnings.is_empty());
+    let up = &base.ports[0];
+    assert_eq!(base.ports.len(), 1);
+    assert_eq!((up.name.as_str(), up.kind), ("uplink", PortKind::Uplink));
+    assert_eq!(up.mac.to_string(), "02:fe:c0:a8:0a:02");
+    let addrs: Vec<String> = up.addresses.iter().map(ToString::to_string).collect();
+    // The IPv6 address has no annotation: only itself is on-link.
+    assert_eq!(addrs, ["192.168.10.2/24", "fd00:50::2/128"]);
+    let routes: Vec<String> = base
+        .routes
+        .iter()
+        .map(|r| format!("{} {} {:?}", r.prefix, r.port, r.via))
+        .collect();
+    assert_eq!(
+        routes,
+        [
+            "0.0.0.0/0 uplink Some(192.168.10.1)",
+            "::/0 uplink Some(fd00:50::1)"
+        ]
+    );
+}
+
+#[test]
+fn default_base_mac_comes_from_the_name_without_an_ipv4_address() {
+    let c = cluster(&node("node-6", &[("InternalIP", "fd00:50::6")], &[], &[]));
+    let (base, _) = default_base(&c, "node-6").unwrap();
+    let h = base::name_hash("node-6").to_be_bytes();
+    assert_eq!(
+        base.ports[0].mac,
+        MacAddr([0x02, 0xfe, h[0], h[1], h[2], h[3]])
+    );
+}
+
+#[test]
+fn an_address_annotation_for_another_address_is_ignored_with_a_warning() {
+    let c = cluster(&node(
+        "node-a",
+        &[("InternalIP", "192.168.10.2")],
+        &[],
+        &[("ferry.io/ipv4-address", "192.168.99.9/24")],
+    ));
+    let out = compile(&c, "node-a");
+    assert_eq!(
+        out.tables.ports[0].addresses[0].to_string(),
+        "192.168.10.2/32"
+    );
+    assert_eq!(
+        out.warnings,
+        [
+            "Node node-a: annotation ferry.io/ipv4-address 192.168.99.9/24 is not one of the node's InternalIPs; ignored"
+        ]
+    );
+}
+
+// ---- peers and the overlay ----
+
+#[test]
+fn other_nodes_become_peers_with_their_pod_cidrs_and_an_overlay() {
+    let c = cluster(&two_nodes());
+    let t = compile(&c, "node-a").tables;
+    assert_eq!(t.nodes.len(), 1);
+    let b = &t.nodes[0];
+    assert_eq!((b.name.as_str(), b.address), ("node-b", ip("192.168.20.2")));
+    let cidrs: Vec<String> = b.pod_cidrs.iter().map(ToString::to_string).collect();
+    assert_eq!(cidrs, ["10.244.2.0/24", "fd00:10:244:2::/64"]);
+    let o = t.overlay.as_ref().unwrap();
+    assert_eq!(
+        (o.vni, o.port, o.mode, o.uplink.as_str()),
+        (4096, 4789, ModeSpec::CrossSubnet, "uplink")
+    );
+    // And the compiled tables tunnel to node-b: it is in another subnet.
+    let tables = t.compile().unwrap();
+    let r = tables.fib.lookup(ip("10.244.2.9")).unwrap();
+    assert_eq!(r.next_hop, ferry_datapath::tables::NextHop::Tunnel(0));
+}
+
+#[test]
+fn a_node_with_only_pod_cidr_gives_that_one() {
+    let text = two_nodes().replace(
+        "  podCIDRs:\n  - \"10.244.2.0/24\"\n  - \"fd00:10:244:2::/64\"\n",
+        "",
+    );
+    let c = cluster(&text);
+    let t = compile(&c, "node-a").tables;
+    let cidrs: Vec<String> = t.nodes[0]
+        .pod_cidrs
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(cidrs, ["10.244.2.0/24"]);
+}
+
+#[test]
+fn a_node_without_an_address_of_this_nodes_family_is_left_out() {
+    let text = two_nodes()
+        + &node(
+            "node-v6",
+            &[("InternalIP", "fd00:50::7")],
+            &["fd00:10:244:7::/64"],
+            &[],
+        );
+    let c = cluster(&text);
+    let out = compile(&c, "node-a");
+    let names: Vec<&str> = out.tables.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["node-b"]);
+    assert_eq!(
+        out.warnings,
+        [
+            "Node node-v6: no InternalIP of a family node node-a has (IPv4): not reachable through the overlay"
+        ]
+    );
+}
+
+#[test]
+fn the_overlay_takes_the_ferry_config_settings() {
+    let text = two_nodes()
+        + "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: ferry-config, namespace: kube-system}\ndata:\n  vxlan-vni: \"77\"\n  vxlan-port: \"8472\"\n  encapsulation: always\n";
+    let c = cluster(&text);
+    let o = compile(&c, "node-a").tables.overlay.unwrap();
+    assert_eq!((o.vni, o.port, o.mode), (77, 8472, ModeSpec::Always));
+}
+
+#[test]
+fn a_base_overlay_and_base_peers_are_kept() {
+    let c = cluster(&two_nodes());
+    let (mut base, _) = default_base(&c, "node-a").unwrap();
+    base.overlay = Some(OverlaySpec {
+        vni: 9,
+        port: 4789,
+        mode: ModeSpec::Always,
+        uplink: "uplink".into(),
+        mac: None,
+    });
+    base.nodes.push(ferry_datapath::tables::PeerSpec {
+        name: "node-b".into(),
+        address: ip("192.168.20.2"),
+        pod_cidrs: vec!["10.244.99.0/24".parse().unwrap()],
+        mac: Some(MacAddr([0x6a, 1, 2, 3, 4, 5])),
+    });
+    let t = compile_with(&c, "node-a", Some(&base), &CompileOptions::default()).tables;
+    assert_eq!(t.overlay.unwrap().vni, 9);
+    assert_eq!(t.nodes.len(), 1);
+    assert_eq!(t.nodes[0].pod_cidrs[0].to_string(), "10.244.99.0/24");
+}
+
+#[test]
+fn peers_without_an_uplink_in_the_base_are_an_error() {
+    let c = cluster(&two_nodes());
+    let base = TablesSpec {
+        ports: vec![PortSpec {
+            name: "lab".into(),
+            mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            ..PortSpec::default()
+        }],
+        ..TablesSpec::default()
+    };
+    let e = node_tables(&c, "node-a", Some(&base), &[], &CompileOptions::default()).unwrap_err();
+    assert_eq!(
+        e,
+        "1 other nodes need the overlay, and the base tables have no port of kind uplink to carry it"
+    );
+}
+
+#[test]
+fn tables_that_do_not_compile_are_an_error_naming_the_node() {
+    // node-b is in another subnet, and without a gateway node-a has no way there.
+    let text = two_nodes().replace("    ferry.io/ipv4-gateway: \"192.168.10.1\"\n", "");
+    let c = cluster(&text);
+    let e = node_tables(&c, "node-a", None, &[], &CompileOptions::default()).unwrap_err();
+    assert!(
+        e.starts_with("the tables of node node-a do not compile: nodes[0] (\"node-b\"): no route to 192.168.20.2"),
+        "{e}"
+    );
+}
+
+// ---- pods ----
+
+#[test]
+fn pods_of_this_node_that_run_with_addresses_and_are_attached_get_ports() {
+    let text = two_nodes()
+        + &pod(
+            "default",
+            "web-1",
+            "node-a",
+            &["10.244.1.5", "fd00:10:244:1::5"],
+            "Running",
+            "",
+        )
+        + &pod("default", "web-2", "node-b", &["10.244.2.5"], "Running", "")
+        + &pod("default", "pending", "node-a", &[], "Pending", "")
+        + &pod(
+            "default",
+            "done",
+            "node-a",
+            &["10.244.1.9"],
+            "Succeeded",
+            "",
+        )
+        + &pod(
+            "default",
+            "failed",
+            "node-a",
+            &["10.244.1.10"],
+            "Failed",
+            "",
+        )
+        + &pod(
+            "kube-system",
+            "exporter",
+            "node-a",
+            &["192.168.10.2"],
+            "Running",
+            "  hostNetwork: true\n",
+        )
+        + &pod("apps", "api", "node-a", &["10.244.1.6"], "Running", "")
+        + &pod(
+            "apps",
+            "not-attached",
+            "node-a",
+            &["10.244.1.7"],
+            "Running",
+            "",
+        );
+    let c = cluster(&text);
+    let mut attached = every_pod(&c);
+    attached.retain(|p| p.name != "not-attached");
+    let out = node_tables(&c, "node-a", None, &attached, &CompileOptions::default()).unwrap();
+    let names: Vec<&str> = out.tables.ports.iter().map(|p| p.name.as_str()).collect();
+    // Base ports first, then pods by namespace and name.
+    assert_eq!(names, ["uplink", "pod.apps.api", "pod.default.web-1"]);
+    let web = &out.tables.ports[2];
+    assert_eq!(web.kind, PortKind::Pod);
+    assert_eq!(web.mac.to_string(), "ee:ee:ee:ee:ee:ee");
+    assert_eq!(web.peer_mac.unwrap().to_string(), "0a:58:0a:f4:01:05");
+    let addrs: Vec<String> = web.addresses.iter().map(ToString::to_string).collect();
+    assert_eq!(addrs, ["10.244.1.5", "fd00:10:244:1::5"]);
+    assert!(web.gso);
+    assert_eq!(web.mtu, None, "derived from the overlay");
+    assert_eq!(
+        out.pod_ports[&ObjectKey::new("default", "web-1")],
+        "pod.default.web-1"
+    );
+    // The pod MTU is the uplink's minus the VXLAN overhead.
+    let t = out.tables.compile().unwrap();
+    assert_eq!(t.ports[2].mtu, 1450);
+}
+
+#[test]
+fn a_pod_port_name_taken_by_the_base_gets_a_suffix() {
+    let c =
+        cluster(&(one_node() + &pod("default", "web", "node-a", &["10.244.1.5"], "Running", "")));
+    let (mut base, _) = default_base(&c, "node-a").unwrap();
+    base.ports.push(PortSpec {
+        name: "pod.default.web".into(),
+        mac: MacAddr([2, 0, 0, 0, 0, 9]),
+        ..PortSpec::default()
+    });
+    let out = compile_with(&c, "node-a", Some(&base), &CompileOptions::default());
+    assert_eq!(out.tables.ports[2].name, "pod.default.web.2");
+}
+
+#[test]
+fn a_bad_pod_address_names_the_pod_and_field() {
+    let c =
+        cluster(&(one_node() + &pod("default", "web", "node-a", &["10.244.1.5"], "Running", "")));
+    let mut c2 = c.clone();
+    let p = c2.pods.get_mut(&ObjectKey::new("default", "web")).unwrap();
+    p.status.as_mut().unwrap().pod_ips.as_mut().unwrap()[0].ip = "10.244.1.x".into();
+    let e = node_tables(
+        &c2,
+        "node-a",
+        None,
+        &every_pod(&c2),
+        &CompileOptions::default(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        e,
+        "Pod default/web: status.podIPs[0].ip: \"10.244.1.x\" is not an IP address"
+    );
+}
+
+// ---- services ----
+
+const SLICE_HEAD: &str = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n";
+
+fn slice(name: &str, service: &str, family: &str, ports: &str, endpoints: &str) -> String {
+    format!(
+        "{SLICE_HEAD}metadata:\n  name: {name}\n  namespace: default\n  generateName: {service}-\n  labels:\n    kubernetes.io/service-name: {service}\n    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io\n  resourceVersion: \"51102\"\naddressType: {family}\nports:\n{ports}endpoints:\n{endpoints}---\n"
+    )
+}
+
+fn endpoint(addr: &str, node: &str, conditions: &str) -> String {
+    format!(
+        "- addresses: [\"{addr}\"]\n  nodeName: {node}\n  conditions: {{{conditions}}}\n  targetRef: {{kind: Pod, name: x, namespace: default}}\n"
+    )
+}
+
+fn service(name: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\n  uid: 7a3c5e9b-1d2f-4b6a-8c0e-2f4a6b8c0d71\n  resourceVersion: \"50871\"\nspec:\n{spec}---\n"
+    )
+}
+
+fn services(extra: &str) -> Vec<ServiceSpec> {
+    compile(&cluster(&(two_nodes() + extra)), "node-a")
+        .tables
+        .services
+}
+
+fn by_name<'a>(specs: &'a [ServiceSpec], name: &str) -> &'a ServiceSpec {
+    specs.iter().find(|s| s.name == name).unwrap_or_else(|| {
+        panic!(
+            "no service {name} in {:?}",
+            specs.iter().map(|s| &s.name).collect::<Vec<_>>()
+        )
+    })
+}
+
+#[test]
+fn a_cluster_ip_service_port_becomes_one_entry() {
+    let s = services(
+        &(service(
+            "web",
+            "  type: ClusterIP\n  clusterIP: 10.96.0.10\n  clusterIPs: [10.96.0.10, \"fd00:10:96::10\"]\n  ipFamilies: [IPv4, IPv6]\n  ports:\n  - {name: http, port: 80, protocol: TCP, targetPort: 8080}\n  - {name: dns, port: 53, protocol: UDP, targetPort: 5353}\n  selector: {app: web}\n  sessionAffinity: None\n",
+        ) + &slice(
+            "web-abc",
+            "web",
+            "IPv4",
+            "- {name: http, port: 8080, protocol: TCP}\n- {name: dns, port: 5353, protocol: UDP}\n",
+            &endpoint("10.244.1.5", "node-a", "ready: true"),
+        )),
+    );
+    assert_eq!(s.len(), 2);
+    let http = by_name(&s, "default/web:http");
+    assert_eq!((http.proto.as_str(), http.port), ("tcp", 80));
+    assert_eq!(http.cluster_ips, [ip("10.96.0.10"), ip("fd00:10:96::10")]);
+    assert_eq!(http.node_port, None);
+    assert_eq!(http.affinity_timeout_s, None);
+    assert!(!http.external_snat);
+    assert_eq!(
+        http.backends,
+        [BackendSpec {
+            addr: ip("10.244.1.5"),
+            port: 8080,
+            node: Some("node-a".into()),
+            ready: true,
+            serving: None,
+            terminating: false
+        }]
+    );
+    let dns = by_name(&s, "default/web:dns");
+    assert_eq!((dns.proto.as_str(), dns.port), ("udp", 53));
+    assert_eq!(dns.backends[0].port, 5353);
+}
+
+#[test]
+fn an_unnamed_port_is_named_by_its_number_and_matches_an_unnamed_slice_port() {
+    let s = services(
+        &(service(
+            "single",
+            "  clusterIP: 10.96.0.20\n  ports:\n  - {port: 8080, targetPort: 80}\n",
+        ) + &slice(
+            "single-1",
+            "single",
+            "IPv4",
+            "- {port: 80, protocol: TCP}\n",
+            &endpoint("10.244.1.5", "node-a", ""),
+        )),
+    );
+    let p = by_name(&s, "default/single:8080");
+    assert_eq!(p.proto, "tcp");
+    assert_eq!(p.backends.len(), 1);
+    assert_eq!(p.backends[0].port, 80);
+}
+
+#[test]
+fn slice_ports_match_by_name_and_protocol_only() {
+    let s = services(
+        &(service(
+            "web",
+            "  clusterIP: 10.96.0.10\n  ports:\n  - {name: http, port: 80}\n  - {name: metrics, port: 9090}\n",
+        ) + &slice(
+            "web-1",
+            "web",
+            "IPv4",
+            "- {name: http, port: 8080, protocol: UDP}\n- {name: metric, port: 9100}\n- {name: http, port: 8081}\n",
+            &endpoint("10.244.1.5", "node-a", ""),
+        )),
+    );
+    assert_eq!(by_name(&s, "default/web:http").backends[0].port, 8081);
+    assert!(by_name(&s, "default/web:metrics").backends.is_empty());
+}
+
+#[test]
+fn sctp_ports_are_skipped_with_a_warning_and_the_rest_kept() {
+    let c = cluster(
+        &(two_nodes()
+            + &service(
+                "sig",
+                "  clusterIP: 10.96.0.30\n  ports:\n  - {name: tcp, port: 80}\n  - {name: sctp, port: 3868, protocol: SCTP}\n",
+            )),
+    );
+    let out = compile(&c, "node-a");
+    let names: Vec<&str> = out
+        .tables
+        .services
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(names, ["default/sig:tcp"]);
+    assert_eq!(
+        out.warnings,
+        ["Service default/sig: spec.ports[1] (sctp): SCTP is not supported yet; port skipped"]
+    );
+}
+
+#[test]
+fn external_name_and_headless_services_are_left_alone() {
+    let s = services(
+        &(service(
+            "ext",
+            "  type: ExternalName\n  externalName: db.example.com\n  ports:\n  - {port: 5432}\n",
+        ) + &service(
+            "headless",
+            "  clusterIP: None\n  clusterIPs: [None]\n  ports:\n  - {port: 80}\n",
+        )),
+    );
+    assert!(s.is_empty());
+}
+
+#[test]
+fn node_ports_only_for_node_port_and_load_balancer_services() {
+    let s = services(
+        &(service(
+            "np",
+            "  type: NodePort\n  clusterIP: 10.96.0.11\n  externalTrafficPolicy: Cluster\n  ports:\n  - {name: http, port: 80, nodePort: 30080}\n",
+        ) + &service(
+            "lb",
+            "  type: LoadBalancer\n  clusterIP: 10.96.0.12\n  allocateLoadBalancerNodePorts: false\n  externalTrafficPolicy: Local\n  ports:\n  - {name: http, port: 80}\n",
+        )),
+    );
+    let np = by_name(&s, "default/np:http");
+    assert_eq!(np.node_port, Some(30080));
+    assert_eq!(np.external_policy, Policy::Cluster);
+    let lb = by_name(&s, "default/lb:http");
+    assert_eq!(lb.node_port, None, "allocateLoadBalancerNodePorts: false");
+    assert_eq!(lb.external_policy, Policy::Local);
+}
+
+#[test]
+fn external_and_load_balancer_ips_and_policies() {
+    let s = services(
+        &(service(
+            "lb",
+            "  type: LoadBalancer\n  clusterIP: 10.96.0.12\n  externalIPs: [198.51.100.7]\n  externalTrafficPolicy: Local\n  internalTrafficPolicy: Local\n  healthCheckNodePort: 32100\n  ports:\n  - {name: http, port: 80, nodePort: 30081}\nstatus:\n  loadBalancer:\n    ingress:\n    - {ip: 203.0.113.10, ipMode: VIP}\n    - {ip: 203.0.113.11, ipMode: Proxy}\n",
+        ) + &service(
+            "plain",
+            "  clusterIP: 10.96.0.13\n  externalTrafficPolicy: Local\n  ports:\n  - {port: 80}\n",
+        )),
+    );
+    let lb = by_name(&s, "default/lb:http");
+    assert_eq!(lb.external_ips, [ip("198.51.100.7")]);
+    assert_eq!(lb.load_balancer_ips, [ip("203.0.113.10")]);
+    assert_eq!(
+        (lb.external_policy, lb.internal_policy),
+        (Policy::Local, Policy::Local)
+    );
+    // No node port, external or load balancer IP: no external traffic to have a policy.
+    let plain = by_name(&s, "default/plain:80");
+    assert_eq!(plain.external_policy, Policy::Cluster);
+}
+
+#[test]
+fn client_ip_affinity_takes_its_timeout_or_the_default() {
+    let s = services(
+        &(service(
+            "a",
+            "  clusterIP: 10.96.0.21\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}\n  ports:\n  - {port: 80}\n",
+        ) + &service(
+            "b",
+            "  clusterIP: 10.96.0.22\n  sessionAffinity: ClientIP\n  ports:\n  - {port: 80}\n",
+        )),
+    );
+    assert_eq!(by_name(&s, "default/a:80").affinity_timeout_s, Some(600));
+    assert_eq!(by_name(&s, "default/b:80").affinity_timeout_s, Some(10800));
+}
+
+#[test]
+fn external_snat_annotation_then_config_map_then_option() {
+    let svcs = service(
+        "plain",
+        "  clusterIP: 10.96.0.21\n  ports:\n  - {port: 80}\n",
+    ) + &service(
+        "snat-on",
+        "  clusterIP: 10.96.0.22\n  ports:\n  - {port: 80}\n",
+    )
+    .replace(
+        "  namespace: default\n",
+        "  namespace: default\n  annotations: {ferry.io/external-snat: \"true\"}\n",
+    ) + &service(
+        "snat-off",
+        "  clusterIP: 10.96.0.23\n  ports:\n  - {port: 80}\n",
+    )
+    .replace(
+        "  namespace: default\n",
+        "  namespace: default\n  annotations: {ferry.io/external-snat: \"false\"}\n",
+    );
+    let snat = |extra: &str, opt: bool| -> Vec<bool> {
+        let c = cluster(&(two_nodes() + &svcs + extra));
+        let t = compile_with(&c, "node-a", None, &CompileOptions { external_snat: opt }).tables;
+        [
+            "default/plain:80",
+            "default/snat-off:80",
+            "default/snat-on:80",
+        ]
+        .iter()
+        .map(|n| by_name(&t.services, n).external_snat)
+        .collect()
+    };
+    assert_eq!(snat("", false), [false, false, true]);
+    assert_eq!(snat("", true), [true, false, true]);
+    let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: ferry-config, namespace: kube-system}\ndata: {external-snat: \"false\"}\n";
+    assert_eq!(snat(cm, true), [false, false, true]);
+}
+
+#[test]
+fn backends_come_from_every_ip_slice_of_the_service_deduplicated_and_sorted() {
+    let port = "- {name: http, port: 8080, protocol: TCP}\n";
+    let s = services(
+        &(service(
+            "web",
+            "  clusterIP: 10.96.0.10\n  ports:\n  - {name: http, port: 80}\n",
+        ) + &slice(
+            "web-b",
+            "web",
+            "IPv4",
+            port,
+            &(endpoint("10.244.2.5", "node-b", "ready: true")
+                + &endpoint("10.244.1.5", "node-a", "ready: false")),
+        ) + &slice(
+            "web-a",
+            "web",
+            "IPv4",
+            port,
+            // 10.244.1.5 again: the slice that sorts first (web-a) wins.
+            &endpoint("10.244.1.5", "node-a", "ready: true"),
+        ) + &slice(
+            "web-v6",
+            "web",
+            "IPv6",
+            port,
+            "- addresses: [\"fd00:10:244:1::5\", \"fd00:10:244:1::55\"]\n  nodeName: node-a\n",
+        ) + &slice(
+            "web-fqdn",
+            "web",
+            "FQDN",
+            port,
+            "- addresses: [web.example.com]\n",
+        ) + &slice(
+            "other-1",
+            "other",
+            "IPv4",
+            port,
+            &endpoint("10.244.1.99", "node-a", ""),
+        ) + &slice(
+            "web-x",
+            "web",
+            "IPv4",
+            port,
+            &endpoint("10.244.1.98", "node-a", ""),
+        )
+        .replace("namespace: default", "namespace: elsewhere")),
+    );
+    let b: Vec<String> = by_name(&s, "default/web:http")
+        .backends
+        .iter()
+        .map(|b| format!("{}:{} {}", b.addr, b.port, b.ready))
+        .collect();
+    assert_eq!(
+        b,
+        [
+            "10.244.1.5:8080 true",
+            "10.244.2.5:8080 true",
+            "fd00:10:244:1::5:8080 true",
+            "fd00:10:244:1::55:8080 true",
+        ]
+    );
+}
+
+#[test]
+fn endpoint_conditions_map_to_backend_state() {
+    let port = "- {name: http, port: 8080}\n";
+    let eps = endpoint("10.244.1.1", "node-a", "")
+        + &endpoint("10.244.1.2", "node-a", "ready: false")
+        + &endpoint(
+            "10.244.1.3",
+            "node-a",
+            "ready: false, serving: true, terminating: true",
+        )
+        + &endpoint(
+            "10.244.1.4",
+            "node-a",
+            "ready: true, serving: true, terminating: false",
+        );
+    let spec = "  clusterIP: 10.96.0.10\n  ports:\n  - {name: http, port: 80}\n";
+    let s = services(&(service("web", spec) + &slice("web-1", "web", "IPv4", port, &eps)));
+    let b: Vec<(bool, Option<bool>, bool)> = by_name(&s, "default/web:http")
+        .backends
+        .iter()
+        .map(|b| (b.ready, b.serving, b.terminating))
+        .collect();
+    assert_eq!(
+        b,
+        [
+            (true, None, false),
+            (false, None, false),
+            (false, Some(true), true),
+            (true, None, false),
+        ]
+    );
+    // publishNotReadyAddresses: every endpoint counts as ready.
+    let spec = format!("{spec}  publishNotReadyAddresses: true\n");
+    let s = services(&(service("web", &spec) + &slice("web-1", "web", "IPv4", port, &eps)));
+    assert!(
+        by_name(&s, "default/web:http")
+            .backends
+            .iter()
+            .all(|b| b.ready)
+    );
+}
+
+#[test]
+fn a_service_that_nothing_reaches_is_warned_about() {
+    let c = cluster(&(two_nodes() + &service("noip", "  ports:\n  - {port: 80}\n")));
+    let out = compile(&c, "node-a");
+    assert_eq!(
+        out.warnings,
+        [
+            "Service default/noip: no cluster IP, node port, external or load balancer IP: nothing reaches it"
+        ]
+    );
+}
+
+// ---- health checks ----
+
+#[test]
+fn health_checks_count_ready_local_endpoints_by_address_over_all_ports() {
+    let ports = "- {name: http, port: 8080}\n- {name: https, port: 8443}\n";
+    let eps = endpoint("10.244.1.5", "node-a", "ready: true")
+        + &endpoint("10.244.1.6", "node-a", "ready: true")
+        + &endpoint(
+            "10.244.1.7",
+            "node-a",
+            "ready: false, serving: true, terminating: true",
+        )
+        + &endpoint("10.244.2.5", "node-b", "ready: true");
+    let lb = |name: &str, etp: &str, ip: &str| {
+        service(
+            name,
+            &format!(
+                "  type: LoadBalancer\n  clusterIP: {ip}\n  externalTrafficPolicy: {etp}\n{hc}  ports:\n  - {{name: http, port: 80, nodePort: 3{}0}}\n  - {{name: https, port: 443, nodePort: 3{}1}}\n",
+                &ip[8..],
+                &ip[8..],
+                // The API keeps a health check node port for Local only.
+                hc = if etp == "Local" {
+                    "  healthCheckNodePort: 32100\n"
+                } else {
+                    ""
+                },
+            ),
+        )
+    };
+    let text = two_nodes()
+        + &lb("local", "Local", "10.96.0.12")
+        + &slice("local-1", "local", "IPv4", ports, &eps)
+        + &lb("cluster", "Cluster", "10.96.0.13")
+        + &slice("cluster-1", "cluster", "IPv4", ports, &eps);
+    let c = cluster(&text);
+    let a = compile(&c, "node-a").health_checks;
+    assert_eq!(
+        a,
+        [HealthCheck {
+            service: "default/local".into(),
+            port: 32100,
+            local_endpoints: 2
+        }]
+    );
+    let b = compile(&c, "node-b").health_checks;
+    assert_eq!(b[0].local_endpoints, 1);
+}
+
+// ---- the example cluster ----
+
+#[test]
+fn example_cluster_compiles_for_both_nodes() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster");
+    let (c, _) = crate::datastore::file::load(&dir).unwrap_or_else(|e| panic!("{e}"));
+    for (node, pods, local) in [("node-a", 3, 2), ("node-b", 2, 1)] {
+        let out = compile(&c, node);
+        assert!(out.warnings.is_empty(), "{:?}", out.warnings);
+        let pod_ports = out
+            .tables
+            .ports
+            .iter()
+            .filter(|p| p.kind == PortKind::Pod)
+            .count();
+        assert_eq!(pod_ports, pods, "{node}");
+        assert_eq!(out.tables.services.len(), 6);
+        assert_eq!(out.health_checks.len(), 1);
+        assert_eq!(out.health_checks[0].local_endpoints, local, "{node}");
+    }
+}

@@ -1,0 +1,184 @@
+//! Cluster-wide settings: the `kube-system/ferry-config` ConfigMap.
+
+use ferry_datapath::overlay::{DEFAULT_PORT, DEFAULT_VNI, MAX_VNI};
+use ferry_datapath::tables::ModeSpec;
+use k8s_openapi::api::core::v1::ConfigMap;
+
+use crate::cluster::Cluster;
+use crate::fields::{FieldError, describe};
+
+/// The namespace of ferry's ConfigMap.
+pub const CONFIG_NAMESPACE: &str = "kube-system";
+/// The name of ferry's ConfigMap.
+pub const CONFIG_NAME: &str = "ferry-config";
+/// Key: the overlay's VXLAN network identifier (default 4096).
+pub const KEY_VXLAN_VNI: &str = "vxlan-vni";
+/// Key: the overlay's UDP port (default 4789).
+pub const KEY_VXLAN_PORT: &str = "vxlan-port";
+/// Key: when to encapsulate, `always`, `cross-subnet` or `never` (default cross-subnet).
+pub const KEY_ENCAPSULATION: &str = "encapsulation";
+/// Key: `"true"` or `"false"`, the default of every Service's `external_snat`.
+pub const KEY_EXTERNAL_SNAT: &str = "external-snat";
+
+const KEYS: [&str; 4] = [
+    KEY_VXLAN_VNI,
+    KEY_VXLAN_PORT,
+    KEY_ENCAPSULATION,
+    KEY_EXTERNAL_SNAT,
+];
+
+/// The settings `kube-system/ferry-config` gives, with their defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FerryConfig {
+    /// VXLAN network identifier.
+    pub vxlan_vni: u32,
+    /// VXLAN UDP port.
+    pub vxlan_port: u16,
+    /// When to encapsulate.
+    pub encapsulation: ModeSpec,
+    /// The cluster-wide default of `external_snat`, when the ConfigMap sets one.
+    pub external_snat: Option<bool>,
+}
+
+impl Default for FerryConfig {
+    fn default() -> FerryConfig {
+        FerryConfig {
+            vxlan_vni: DEFAULT_VNI,
+            vxlan_port: DEFAULT_PORT,
+            // Cross-subnet, as Calico's VXLANCrossSubnet: nodes that share a subnet talk
+            // directly, without the overhead.
+            encapsulation: ModeSpec::CrossSubnet,
+            external_snat: None,
+        }
+    }
+}
+
+impl FerryConfig {
+    /// Reads the ConfigMap's `data`. Unknown keys are errors: a misspelt key must not
+    /// silently leave a default in force.
+    pub fn from_config_map(cm: &ConfigMap) -> Result<FerryConfig, Vec<FieldError>> {
+        let mut c = FerryConfig::default();
+        let mut errors = Vec::new();
+        for (k, v) in cm.data.iter().flatten() {
+            let field = format!("data.{k}");
+            let r = match k.as_str() {
+                KEY_VXLAN_VNI => match v.parse::<u32>() {
+                    Ok(n) if n <= MAX_VNI => {
+                        c.vxlan_vni = n;
+                        Ok(())
+                    }
+                    _ => Err(format!("{v:?}: expected a number 0-{MAX_VNI}")),
+                },
+                KEY_VXLAN_PORT => match v.parse::<u16>() {
+                    Ok(n) if n != 0 => {
+                        c.vxlan_port = n;
+                        Ok(())
+                    }
+                    _ => Err(format!("{v:?}: expected a port 1-65535")),
+                },
+                KEY_ENCAPSULATION => match v.as_str() {
+                    "always" => Ok(ModeSpec::Always),
+                    "cross-subnet" => Ok(ModeSpec::CrossSubnet),
+                    "never" => Ok(ModeSpec::Never),
+                    _ => Err(format!("{v:?}: expected always, cross-subnet or never")),
+                }
+                .map(|m| c.encapsulation = m),
+                KEY_EXTERNAL_SNAT => match v.as_str() {
+                    "true" => Ok(true),
+                    "false" => Ok(false),
+                    _ => Err(format!("{v:?}: expected \"true\" or \"false\"")),
+                }
+                .map(|b| c.external_snat = Some(b)),
+                _ => Err(format!("unknown key (known: {})", KEYS.join(", "))),
+            };
+            if let Err(m) = r {
+                errors.push(FieldError::new(field, m));
+            }
+        }
+        if errors.is_empty() {
+            Ok(c)
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// The cluster's settings: from `kube-system/ferry-config` when it exists, else the
+    /// defaults. The error names the ConfigMap and the key.
+    pub fn of(cluster: &Cluster) -> Result<FerryConfig, String> {
+        match cluster.config_map(CONFIG_NAMESPACE, CONFIG_NAME) {
+            None => Ok(FerryConfig::default()),
+            Some(cm) => FerryConfig::from_config_map(cm).map_err(|e| {
+                describe(
+                    &format_args!("ConfigMap {CONFIG_NAMESPACE}/{CONFIG_NAME}"),
+                    &e,
+                )
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cm(data: &[(&str, &str)]) -> ConfigMap {
+        ConfigMap {
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..ConfigMap::default()
+        }
+    }
+
+    #[test]
+    fn defaults_are_calico_like() {
+        let c = FerryConfig::from_config_map(&cm(&[])).unwrap();
+        assert_eq!(
+            c,
+            FerryConfig {
+                vxlan_vni: 4096,
+                vxlan_port: 4789,
+                encapsulation: ModeSpec::CrossSubnet,
+                external_snat: None
+            }
+        );
+    }
+
+    #[test]
+    fn every_key_is_read() {
+        let c = FerryConfig::from_config_map(&cm(&[
+            ("vxlan-vni", "7"),
+            ("vxlan-port", "8472"),
+            ("encapsulation", "always"),
+            ("external-snat", "true"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (c.vxlan_vni, c.vxlan_port, c.encapsulation, c.external_snat),
+            (7, 8472, ModeSpec::Always, Some(true))
+        );
+    }
+
+    #[test]
+    fn bad_values_and_unknown_keys_name_the_key() {
+        let e = FerryConfig::from_config_map(&cm(&[
+            ("vxlan-vni", "16777216"),
+            ("vxlan-port", "0"),
+            ("encapsulation", "sometimes"),
+            ("vxlan-vnii", "1"),
+        ]))
+        .unwrap_err();
+        let fields: Vec<_> = e.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "data.encapsulation",
+                "data.vxlan-port",
+                "data.vxlan-vni",
+                "data.vxlan-vnii"
+            ]
+        );
+    }
+}

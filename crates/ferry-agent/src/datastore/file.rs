@@ -1,0 +1,632 @@
+//! The file datastore (`file:DIR`): a directory of Kubernetes manifests.
+//!
+//! Every `*.yaml` / `*.yml` file directly in the directory (not in subdirectories; names
+//! starting with `.` are skipped, like editors' swap files and the `..data` of a mounted
+//! ConfigMap) holds one or more documents separated by `---`; a document is an object or
+//! a `kind: List` of them, as `kubectl get -o yaml` prints. Each document's `apiVersion`
+//! and `kind` decide what it is: v1 Node, Pod, Service and ConfigMap and
+//! discovery.k8s.io/v1 EndpointSlice are read, anything else is left out with a note.
+//!
+//! A state is all or nothing: one problem anywhere (YAML syntax, a field of the wrong
+//! type, an unknown field, a bad address or port, the same object in two places, two
+//! Services claiming one cluster IP or node port) refuses it whole, with every problem
+//! named by file, object and field; the watcher keeps the last good state in force.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::{Problem, Refused};
+use crate::cluster::{Cluster, DEFAULT_NAMESPACE, Kind, Object, ObjectKey};
+use crate::config::{CONFIG_NAME, CONFIG_NAMESPACE, FerryConfig};
+use crate::fields::{
+    FieldError, NodeFields, PodFields, Protocol, ServiceFields, ServiceType, SliceFields,
+};
+
+/// Where an object was read.
+#[derive(Clone, Debug)]
+struct Origin {
+    file: String,
+    line: Option<u64>,
+}
+
+impl Origin {
+    fn problem(&self, object: Option<String>, field: Option<String>, message: String) -> Problem {
+        Problem {
+            file: self.file.clone(),
+            line: self.line,
+            object,
+            field,
+            message,
+        }
+    }
+}
+
+/// What reading the files gathers.
+#[derive(Default)]
+struct Loader {
+    objects: Vec<(Object, Origin)>,
+    problems: Vec<Problem>,
+    notes: Vec<Problem>,
+}
+
+/// Reads the manifests of `dir` into a cluster. `Ok` carries notes about documents left
+/// out (kinds ferry does not read); `Err` every problem found, when there is any.
+pub fn load(dir: &Path) -> Result<(Cluster, Vec<Problem>), Refused> {
+    let refuse = |message: String| Refused {
+        problems: vec![Problem {
+            file: dir.display().to_string(),
+            line: None,
+            object: None,
+            field: None,
+            message,
+        }],
+    };
+    let files = manifest_files(dir).map_err(refuse)?;
+    let mut l = Loader::default();
+    for (name, path) in files {
+        match fs::read_to_string(&path) {
+            Ok(text) => l.file(&name, &text),
+            Err(e) => l.problems.push(Problem {
+                file: name,
+                line: None,
+                object: None,
+                field: None,
+                message: format!("cannot read: {e}"),
+            }),
+        }
+    }
+    l.finish()
+}
+
+/// Reads the manifests in `text` as if they were the file `file_name` of a directory
+/// (the name is only used in problems).
+pub fn parse(file_name: &str, text: &str) -> Result<(Cluster, Vec<Problem>), Refused> {
+    let mut l = Loader::default();
+    l.file(file_name, text);
+    l.finish()
+}
+
+fn is_manifest(name: &str) -> bool {
+    !name.starts_with('.') && (name.ends_with(".yaml") || name.ends_with(".yml"))
+}
+
+/// The manifest files of `dir` (following symbolic links), by name.
+fn manifest_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
+    let entries =
+        fs::read_dir(dir).map_err(|e| format!("cannot read the manifest directory: {e}"))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("cannot read the manifest directory: {e}"))?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        let path = entry.path();
+        if is_manifest(&name) && path.is_file() {
+            files.push((name, path));
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+impl Loader {
+    fn file(&mut self, name: &str, text: &str) {
+        let docs: Vec<serde_saphyr::Spanned<Value>> = match serde_saphyr::from_multiple(text) {
+            Ok(d) => d,
+            Err(e) => {
+                // The first line says what and where; the rest is a source snippet.
+                let msg = e.to_string();
+                let first = msg.lines().next().unwrap_or_default();
+                self.problems.push(Problem {
+                    file: name.to_string(),
+                    line: None,
+                    object: None,
+                    field: None,
+                    message: format!(
+                        "not valid YAML: {}",
+                        first.strip_prefix("error: ").unwrap_or(first)
+                    ),
+                });
+                return;
+            }
+        };
+        for (i, doc) in docs.into_iter().enumerate() {
+            let origin = Origin {
+                file: name.to_string(),
+                line: Some(doc.referenced.line()).filter(|l| *l > 0),
+            };
+            self.document(&origin, format!("document {}", i + 1), doc.value);
+        }
+    }
+
+    /// One document (or one item of a List), called `label` until its name is known.
+    fn document(&mut self, origin: &Origin, label: String, mut value: Value) {
+        let Some(map) = value.as_object() else {
+            self.problems.push(origin.problem(
+                Some(label),
+                None,
+                "expected a Kubernetes object (a mapping with apiVersion and kind)".into(),
+            ));
+            return;
+        };
+        let text = |k: &str| map.get(k).and_then(Value::as_str).map(str::to_string);
+        let (Some(api_version), Some(kind)) = (text("apiVersion"), text("kind")) else {
+            let missing = if text("apiVersion").is_none() {
+                "apiVersion"
+            } else {
+                "kind"
+            };
+            self.problems.push(origin.problem(
+                Some(label),
+                Some(missing.into()),
+                "required (a string)".into(),
+            ));
+            return;
+        };
+        if api_version == "v1" && kind == "List" {
+            let items = match value.get_mut("items").map(Value::take) {
+                Some(Value::Array(items)) => items,
+                None | Some(Value::Null) => Vec::new(),
+                Some(_) => {
+                    self.problems.push(origin.problem(
+                        Some(label),
+                        Some("items".into()),
+                        "expected a list of objects".into(),
+                    ));
+                    return;
+                }
+            };
+            for (j, item) in items.into_iter().enumerate() {
+                self.document(origin, format!("{label} items[{j}]"), item);
+            }
+            return;
+        }
+        let name = value
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .map(str::to_string);
+        let namespace = value
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .unwrap_or(DEFAULT_NAMESPACE)
+            .to_string();
+        let Some(kind) = Kind::from_type(&api_version, &kind) else {
+            let what = match &name {
+                Some(n) => format!("{api_version} {kind} {n}"),
+                None => format!("{label} ({api_version} {kind})"),
+            };
+            self.notes.push(origin.problem(
+                Some(what),
+                None,
+                "ignored: ferry reads v1 Node, Pod, Service and ConfigMap and discovery.k8s.io/v1 EndpointSlice"
+                    .into(),
+            ));
+            return;
+        };
+        let what = match &name {
+            Some(n) if kind.namespaced() => format!("{kind} {namespace}/{n}"),
+            Some(n) => format!("{kind} {n}"),
+            None => format!("{label} ({kind})"),
+        };
+        quantities_as_strings(&mut value);
+        let decoded = match kind {
+            Kind::Node => decode(&value).map(Object::Node),
+            Kind::Pod => decode(&value).map(Object::Pod),
+            Kind::Service => decode(&value).map(Object::Service),
+            Kind::EndpointSlice => decode(&value).map(Object::EndpointSlice),
+            Kind::ConfigMap => decode(&value).map(Object::ConfigMap),
+        };
+        let errors = match decoded {
+            Ok(_) if name.is_none() => vec![FieldError::new("metadata.name", "required")],
+            Ok(obj) => {
+                let errors = check(&obj);
+                if errors.is_empty() {
+                    self.objects.push((obj, origin.clone()));
+                }
+                errors
+            }
+            Err(errors) => errors,
+        };
+        for e in errors {
+            self.problems.push(origin.problem(
+                Some(what.clone()),
+                Some(e.field).filter(|f| !f.is_empty()),
+                e.message,
+            ));
+        }
+    }
+
+    fn finish(mut self) -> Result<(Cluster, Vec<Problem>), Refused> {
+        let cluster = self.assemble();
+        if self.problems.is_empty() {
+            Ok((cluster, self.notes))
+        } else {
+            Err(Refused {
+                problems: self.problems,
+            })
+        }
+    }
+
+    /// Builds the cluster from the objects read, refusing duplicates and clashes
+    /// between objects.
+    fn assemble(&mut self) -> Cluster {
+        let mut cluster = Cluster::default();
+        let mut origins: HashMap<(Kind, ObjectKey), Origin> = HashMap::new();
+        for (obj, origin) in std::mem::take(&mut self.objects) {
+            let key = obj.key().expect("named: checked when read");
+            let what = format!("{} {key}", obj.kind());
+            if let Some(first) = origins.get(&(obj.kind(), key.clone())) {
+                self.problems.push(origin.problem(
+                    Some(what),
+                    None,
+                    format!("defined twice: also in {}", place(first)),
+                ));
+                continue;
+            }
+            origins.insert((obj.kind(), key), origin);
+            cluster.apply(obj).expect("named: checked when read");
+        }
+        self.clashes(&cluster, &origins);
+        cluster
+    }
+
+    /// Two Services must not claim the same cluster IP, or the same node port and
+    /// protocol: one of them would silently lose its traffic.
+    fn clashes(&mut self, cluster: &Cluster, origins: &HashMap<(Kind, ObjectKey), Origin>) {
+        let mut ips = HashMap::new();
+        let mut node_ports: HashMap<(Protocol, u16), &ObjectKey> = HashMap::new();
+        for (key, svc) in &cluster.services {
+            let Ok(f) = ServiceFields::parse(svc) else {
+                continue;
+            };
+            let origin = &origins[&(Kind::Service, key.clone())];
+            let mut clash = |field: String, message: String| {
+                self.problems.push(origin.problem(
+                    Some(format!("Service {key}")),
+                    Some(field),
+                    message,
+                ));
+            };
+            for (i, ip) in f.cluster_ips.iter().enumerate() {
+                if let Some(other) = ips.insert(*ip, key) {
+                    clash(
+                        format!("spec.clusterIPs[{i}]"),
+                        format!("{ip} is also the cluster IP of Service {other}"),
+                    );
+                }
+            }
+            if !matches!(f.type_, ServiceType::NodePort | ServiceType::LoadBalancer) {
+                continue;
+            }
+            for p in &f.ports {
+                let Some(np) = p.node_port else { continue };
+                if let Some(other) = node_ports.insert((p.protocol, np), key) {
+                    clash(
+                        format!("spec.ports[{}].nodePort", p.index),
+                        format!(
+                            "{} {np} is also a node port of Service {other}",
+                            p.protocol.api_name()
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn place(o: &Origin) -> String {
+    match o.line {
+        Some(l) => format!("{}:{l}", o.file),
+        None => o.file.clone(),
+    }
+}
+
+/// The semantic checks of an object: the fields ferry reads must make sense.
+fn check(obj: &Object) -> Vec<FieldError> {
+    let r = match obj {
+        Object::Node(o) => NodeFields::parse(o).map(drop),
+        Object::Pod(o) => PodFields::parse(o).map(drop),
+        Object::Service(o) => ServiceFields::parse(o).map(drop),
+        Object::EndpointSlice(o) => SliceFields::parse(o).map(drop),
+        Object::ConfigMap(o) => {
+            let key = obj.key();
+            if key == Some(ObjectKey::new(CONFIG_NAMESPACE, CONFIG_NAME)) {
+                FerryConfig::from_config_map(o).map(drop)
+            } else {
+                Ok(())
+            }
+        }
+    };
+    r.err().unwrap_or_default()
+}
+
+/// Decodes an API object, naming the field at fault. Fields the API type does not have
+/// are errors too: a misspelt field must not be silently dropped (as `kubectl apply`
+/// refuses unknown fields).
+fn decode<T: DeserializeOwned + Serialize>(value: &Value) -> Result<T, Vec<FieldError>> {
+    let obj: T = serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { String::new() } else { path };
+        vec![FieldError::new(field, e.into_inner().to_string())]
+    })?;
+    // What the type keeps, written back out, shows what it dropped.
+    let back = serde_json::to_value(&obj)
+        .map_err(|e| vec![FieldError::new("", format!("cannot re-encode: {e}"))])?;
+    let mut unknown = Vec::new();
+    dropped_fields(value, &back, String::new(), &mut unknown);
+    if unknown.is_empty() {
+        Ok(obj)
+    } else {
+        Err(unknown
+            .into_iter()
+            .map(|f| FieldError::new(f, "unknown field"))
+            .collect())
+    }
+}
+
+/// The paths of fields in `given` that `kept` lacks (nulls in `given` say nothing).
+fn dropped_fields(given: &Value, kept: &Value, path: String, out: &mut Vec<String>) {
+    match (given, kept) {
+        (Value::Object(g), Value::Object(k)) => {
+            for (key, v) in g {
+                let p = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                match k.get(key) {
+                    _ if v.is_null() => {}
+                    None => out.push(p),
+                    Some(kv) => dropped_fields(v, kv, p, out),
+                }
+            }
+        }
+        (Value::Array(g), Value::Array(k)) => {
+            for (i, (gv, kv)) in g.iter().zip(k).enumerate() {
+                dropped_fields(gv, kv, format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Maps of resource quantities (`cpu: 1`, `memory: 1Gi`): kubectl takes a bare number
+/// there, the API type wants a string.
+const QUANTITY_MAPS: [&str; 6] = [
+    "limits",
+    "requests",
+    "capacity",
+    "allocatable",
+    "overhead",
+    "allocatedResources",
+];
+
+/// Writes numbers where the API has resource quantities as strings, so that a
+/// manifest kubectl accepts is accepted here too.
+fn quantities_as_strings(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m.iter_mut() {
+                if QUANTITY_MAPS.contains(&k.as_str())
+                    && let Value::Object(q) = v
+                {
+                    for n in q.values_mut() {
+                        if let Value::Number(num) = n {
+                            *n = Value::String(num.to_string());
+                        }
+                    }
+                } else if k == "sizeLimit"
+                    && let Value::Number(num) = v
+                {
+                    *v = Value::String(num.to_string());
+                } else {
+                    quantities_as_strings(v);
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(quantities_as_strings),
+        _ => {}
+    }
+}
+
+/// The state of the directory as `stat` sees it: manifest names, sizes and
+/// modification times (or why it cannot be read).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Fingerprint(Result<Vec<(String, u64, Option<SystemTime>)>, String>);
+
+impl Fingerprint {
+    fn of(dir: &Path) -> Fingerprint {
+        Fingerprint(manifest_files(dir).map(|files| {
+            files
+                .into_iter()
+                .map(|(name, path)| {
+                    let m = fs::metadata(&path).ok();
+                    (
+                        name,
+                        m.as_ref().map_or(0, |m| m.len()),
+                        m.and_then(|m| m.modified().ok()),
+                    )
+                })
+                .collect()
+        }))
+    }
+}
+
+/// What a poll of the directory found.
+#[derive(Clone, Debug)]
+pub enum Update {
+    /// The manifests changed and are good: this state is in force now.
+    Applied {
+        /// The new state.
+        cluster: Arc<Cluster>,
+        /// Documents left out.
+        notes: Vec<Problem>,
+    },
+    /// The manifests changed and something is wrong: nothing of it applies, the last
+    /// good state stays in force.
+    Refused(Refused),
+}
+
+/// The file datastore: the last good state of a manifest directory, and [`poll`] to
+/// look for changes.
+///
+/// [`poll`]: FileDatastore::poll
+#[derive(Debug)]
+pub struct FileDatastore {
+    dir: PathBuf,
+    current: Arc<Cluster>,
+    /// What the directory looked like at the last poll.
+    seen: Fingerprint,
+    /// What it looked like when it was last read (applied or refused).
+    read: Fingerprint,
+    /// The last read was refused.
+    refused: bool,
+}
+
+impl FileDatastore {
+    /// Reads `dir`; its state must be good to start from. Returns the notes too.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<(FileDatastore, Vec<Problem>), Refused> {
+        let dir = dir.into();
+        let fp = Fingerprint::of(&dir);
+        let (cluster, notes) = load(&dir)?;
+        Ok((
+            FileDatastore {
+                dir,
+                current: Arc::new(cluster),
+                seen: fp.clone(),
+                read: fp,
+                refused: false,
+            },
+            notes,
+        ))
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The state in force: the last good one.
+    pub fn current(&self) -> Arc<Cluster> {
+        Arc::clone(&self.current)
+    }
+
+    /// Looks at the directory once. A change is read when the directory looked the same
+    /// at the previous poll too, so that a file being written is not read half-way;
+    /// a state equal to the one in force is not reported again (unless the previous
+    /// read was refused: then it is news that the state in force is good again).
+    pub fn poll(&mut self) -> Option<Update> {
+        let fp = Fingerprint::of(&self.dir);
+        if fp != self.seen {
+            self.seen = fp;
+            return None;
+        }
+        if fp == self.read {
+            return None;
+        }
+        self.read = fp;
+        match load(&self.dir) {
+            Ok((cluster, notes)) => {
+                if !self.refused && *self.current == cluster {
+                    return None;
+                }
+                self.refused = false;
+                self.current = Arc::new(cluster);
+                Some(Update::Applied {
+                    cluster: self.current(),
+                    notes,
+                })
+            }
+            Err(r) => {
+                self.refused = true;
+                Some(Update::Refused(r))
+            }
+        }
+    }
+
+    /// Reads `dir` and then polls it every `interval` on a thread of its own, until the
+    /// returned [`Watch`] is dropped. The first update is the initial state.
+    pub fn watch(dir: impl Into<PathBuf>, interval: Duration) -> Result<Watch, Refused> {
+        let (mut ds, notes) = FileDatastore::open(dir)?;
+        let current = Arc::new(Mutex::new(ds.current()));
+        let (tx, updates) = mpsc::channel();
+        let (stop, stopped) = mpsc::channel::<()>();
+        tx.send(Update::Applied {
+            cluster: ds.current(),
+            notes,
+        })
+        .expect("the receiver is still here");
+        let shared = Arc::clone(&current);
+        let thread = thread::Builder::new()
+            .name("file-datastore".into())
+            .spawn(move || {
+                // Dropping the Watch drops `stop`, which ends the wait at once.
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
+                    let Some(u) = ds.poll() else { continue };
+                    if let Update::Applied { cluster, .. } = &u {
+                        *shared.lock().unwrap_or_else(PoisonError::into_inner) =
+                            Arc::clone(cluster);
+                    }
+                    if tx.send(u).is_err() {
+                        return;
+                    }
+                }
+            })
+            .expect("spawn the file datastore thread");
+        Ok(Watch {
+            updates,
+            current,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+/// A watched manifest directory: updates as they happen, and the state in force.
+#[derive(Debug)]
+pub struct Watch {
+    updates: Receiver<Update>,
+    current: Arc<Mutex<Arc<Cluster>>>,
+    stop: Option<Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watch {
+    /// The state in force: the last good one.
+    pub fn current(&self) -> Arc<Cluster> {
+        Arc::clone(&self.current.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The updates, in order.
+    pub fn updates(&self) -> &Receiver<Update> {
+        &self.updates
+    }
+
+    /// The next update, waiting at most `timeout`.
+    pub fn next_update(&self, timeout: Duration) -> Option<Update> {
+        self.updates.recv_timeout(timeout).ok()
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,882 @@
+//! The fields of Kubernetes objects that ferry reads, parsed and checked in one place.
+//!
+//! Each `*Fields::parse` turns an API object into typed values (addresses, ports,
+//! policies) or says which fields are wrong, with the field path the API uses
+//! (`spec.ports[1].nodePort`). The file datastore calls them to refuse a bad manifest;
+//! compilation calls them again to read the values, so both agree on what is valid.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use ferry_datapath::lb::Policy;
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use crate::cluster::SERVICE_NAME_LABEL;
+
+/// Node annotation: this node's IPv4 address with its prefix length, `ADDR/LEN` (as
+/// Calico's `projectcalico.org/IPv4Address`), for the on-link subnet of the uplink.
+pub const ANNOTATION_IPV4_ADDRESS: &str = "ferry.io/ipv4-address";
+/// Node annotation: the IPv6 counterpart of [`ANNOTATION_IPV4_ADDRESS`].
+pub const ANNOTATION_IPV6_ADDRESS: &str = "ferry.io/ipv6-address";
+/// Node annotation: the node's IPv4 default gateway.
+pub const ANNOTATION_IPV4_GATEWAY: &str = "ferry.io/ipv4-gateway";
+/// Node annotation: the node's IPv6 default gateway.
+pub const ANNOTATION_IPV6_GATEWAY: &str = "ferry.io/ipv6-gateway";
+/// Service annotation: `"true"` or `"false"`, whether external traffic sent to another
+/// node's endpoint takes this node's address as source.
+pub const ANNOTATION_EXTERNAL_SNAT: &str = "ferry.io/external-snat";
+
+/// A field that is wrong: its path in the object and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    /// The field's path, as the API writes it: `spec.ports[1].port`.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl FieldError {
+    /// An error about `field`.
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> FieldError {
+        FieldError {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Joins an object's field errors into one line per error, each prefixed with `what`.
+pub fn describe(what: &dyn fmt::Display, errors: &[FieldError]) -> String {
+    errors
+        .iter()
+        .map(|e| format!("{what}: {e}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Collects field errors while values are parsed, so that one pass reports them all.
+#[derive(Default)]
+struct Errors(Vec<FieldError>);
+
+impl Errors {
+    fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(FieldError::new(field, message));
+    }
+
+    /// The value, or `None` with its error recorded.
+    fn take<T>(&mut self, r: Result<T, FieldError>) -> Option<T> {
+        r.map_err(|e| self.0.push(e)).ok()
+    }
+
+    fn finish<T>(self, value: T) -> Result<T, Vec<FieldError>> {
+        if self.0.is_empty() {
+            Ok(value)
+        } else {
+            Err(self.0)
+        }
+    }
+}
+
+/// Parses an IP address.
+pub fn parse_ip(s: &str, field: impl Into<String>) -> Result<IpAddr, FieldError> {
+    s.parse()
+        .map_err(|_| FieldError::new(field, format!("{s:?} is not an IP address")))
+}
+
+/// Parses a prefix (`10.244.1.0/24`).
+pub fn parse_cidr(s: &str, field: impl Into<String>) -> Result<IpNet, FieldError> {
+    s.parse()
+        .map_err(|_| FieldError::new(field, format!("{s:?} is not a CIDR (ADDR/LEN)")))
+}
+
+/// Checks a port number (the API's int32) is 1-65535.
+pub fn parse_port(n: i32, field: impl Into<String>) -> Result<u16, FieldError> {
+    match u16::try_from(n) {
+        Ok(p) if p != 0 => Ok(p),
+        _ => Err(FieldError::new(field, format!("{n} is outside 1-65535"))),
+    }
+}
+
+fn parse_policy(s: Option<&str>, field: &str) -> Result<Policy, FieldError> {
+    match s {
+        None | Some("Cluster") => Ok(Policy::Cluster),
+        Some("Local") => Ok(Policy::Local),
+        Some(o) => Err(FieldError::new(
+            field,
+            format!("{o:?}: expected Cluster or Local"),
+        )),
+    }
+}
+
+fn parse_bool(s: &str, field: impl Into<String>) -> Result<bool, FieldError> {
+    match s {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        o => Err(FieldError::new(
+            field,
+            format!("{o:?}: expected \"true\" or \"false\""),
+        )),
+    }
+}
+
+fn annotation_field(key: &str) -> String {
+    format!("metadata.annotations[{key}]")
+}
+
+/// An L4 protocol of a Service port or an EndpointSlice port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    /// TCP (the API's default).
+    Tcp,
+    /// UDP.
+    Udp,
+    /// SCTP: accepted in manifests, not carried by ferry yet.
+    Sctp,
+}
+
+impl Protocol {
+    /// The API's name: `TCP`, `UDP`, `SCTP`.
+    pub fn api_name(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
+
+    /// The tables' name: `tcp`, `udp`, `sctp`.
+    pub fn tables_name(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+
+    fn parse(s: Option<&str>, field: impl Into<String>) -> Result<Protocol, FieldError> {
+        match s {
+            None | Some("TCP") => Ok(Protocol::Tcp),
+            Some("UDP") => Ok(Protocol::Udp),
+            Some("SCTP") => Ok(Protocol::Sctp),
+            Some(o) => Err(FieldError::new(
+                field,
+                format!("{o:?}: expected TCP, UDP or SCTP"),
+            )),
+        }
+    }
+}
+
+/// What ferry reads of a Node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeFields {
+    /// status.addresses of type InternalIP, in order.
+    pub internal_ips: Vec<IpAddr>,
+    /// status.addresses of type ExternalIP, in order.
+    pub external_ips: Vec<IpAddr>,
+    /// spec.podCIDRs, or spec.podCIDR when that is all there is.
+    pub pod_cidrs: Vec<IpNet>,
+    /// The `ferry.io/ipv4-address` annotation.
+    pub ipv4_address: Option<IpNet>,
+    /// The `ferry.io/ipv6-address` annotation.
+    pub ipv6_address: Option<IpNet>,
+    /// The `ferry.io/ipv4-gateway` annotation.
+    pub ipv4_gateway: Option<IpAddr>,
+    /// The `ferry.io/ipv6-gateway` annotation.
+    pub ipv6_gateway: Option<IpAddr>,
+}
+
+impl NodeFields {
+    /// Reads and checks a Node.
+    pub fn parse(node: &Node) -> Result<NodeFields, Vec<FieldError>> {
+        let mut e = Errors::default();
+        let mut f = NodeFields::default();
+        let addresses = node.status.as_ref().and_then(|s| s.addresses.as_deref());
+        for (i, a) in addresses.unwrap_or_default().iter().enumerate() {
+            let list = match a.type_.as_str() {
+                "InternalIP" => &mut f.internal_ips,
+                "ExternalIP" => &mut f.external_ips,
+                // Hostname and DNS names are names, not addresses.
+                _ => continue,
+            };
+            if let Some(ip) = e.take(parse_ip(
+                &a.address,
+                format!("status.addresses[{i}].address"),
+            )) {
+                list.push(ip);
+            }
+        }
+        let spec = node.spec.as_ref();
+        match spec.and_then(|s| s.pod_cidrs.as_deref()) {
+            Some(cidrs) if !cidrs.is_empty() => {
+                for (i, c) in cidrs.iter().enumerate() {
+                    f.pod_cidrs
+                        .extend(e.take(parse_cidr(c, format!("spec.podCIDRs[{i}]"))));
+                }
+            }
+            _ => {
+                if let Some(c) = spec.and_then(|s| s.pod_cidr.as_deref()) {
+                    f.pod_cidrs.extend(e.take(parse_cidr(c, "spec.podCIDR")));
+                }
+            }
+        }
+        let ann = node.metadata.annotations.as_ref();
+        let get = |k: &str| ann.and_then(|a| a.get(k)).map(String::as_str);
+        for (key, v6, slot) in [
+            (ANNOTATION_IPV4_ADDRESS, false, &mut f.ipv4_address),
+            (ANNOTATION_IPV6_ADDRESS, true, &mut f.ipv6_address),
+        ] {
+            if let Some(s) = get(key) {
+                let field = annotation_field(key);
+                *slot = e
+                    .take(parse_cidr(s, &field))
+                    .and_then(|n| check_family(&mut e, n.addr(), v6, &field).then_some(n));
+            }
+        }
+        for (key, v6, slot) in [
+            (ANNOTATION_IPV4_GATEWAY, false, &mut f.ipv4_gateway),
+            (ANNOTATION_IPV6_GATEWAY, true, &mut f.ipv6_gateway),
+        ] {
+            if let Some(s) = get(key) {
+                let field = annotation_field(key);
+                *slot = e
+                    .take(parse_ip(s, &field))
+                    .filter(|a| check_family(&mut e, *a, v6, &field));
+            }
+        }
+        e.finish(f)
+    }
+}
+
+fn family_name(v6: bool) -> &'static str {
+    if v6 { "IPv6" } else { "IPv4" }
+}
+
+/// True when `a` is of the family; records an error otherwise.
+fn check_family(e: &mut Errors, a: IpAddr, v6: bool, field: &str) -> bool {
+    if a.is_ipv6() == v6 {
+        return true;
+    }
+    e.push(field, format!("{a} is not an {} address", family_name(v6)));
+    false
+}
+
+/// What ferry reads of a Pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodFields {
+    /// spec.nodeName.
+    pub node: Option<String>,
+    /// spec.hostNetwork: the pod uses its node's network, no port of its own.
+    pub host_network: bool,
+    /// status.phase is Succeeded or Failed: its containers are gone for good.
+    pub finished: bool,
+    /// status.podIPs (or status.podIP), in order.
+    pub ips: Vec<IpAddr>,
+}
+
+impl PodFields {
+    /// Reads and checks a Pod.
+    pub fn parse(pod: &Pod) -> Result<PodFields, Vec<FieldError>> {
+        let mut e = Errors::default();
+        let spec = pod.spec.as_ref();
+        let status = pod.status.as_ref();
+        let mut f = PodFields {
+            node: spec
+                .and_then(|s| s.node_name.clone())
+                .filter(|n| !n.is_empty()),
+            host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
+            finished: matches!(
+                status.and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            ),
+            ips: Vec::new(),
+        };
+        match status.and_then(|s| s.pod_ips.as_deref()) {
+            Some(ips) if !ips.is_empty() => {
+                for (i, ip) in ips.iter().enumerate() {
+                    f.ips
+                        .extend(e.take(parse_ip(&ip.ip, format!("status.podIPs[{i}].ip"))));
+                }
+            }
+            _ => {
+                if let Some(ip) = status.and_then(|s| s.pod_ip.as_deref()) {
+                    f.ips.extend(e.take(parse_ip(ip, "status.podIP")));
+                }
+            }
+        }
+        e.finish(f)
+    }
+}
+
+/// A Service's type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ServiceType {
+    /// ClusterIP (the default).
+    #[default]
+    ClusterIp,
+    /// NodePort.
+    NodePort,
+    /// LoadBalancer.
+    LoadBalancer,
+    /// ExternalName: a DNS alias, nothing for a dataplane.
+    ExternalName,
+}
+
+/// One port of a Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePortFields {
+    /// Its index in spec.ports.
+    pub index: usize,
+    /// Its name; empty when unnamed.
+    pub name: String,
+    /// Its protocol.
+    pub protocol: Protocol,
+    /// The Service port.
+    pub port: u16,
+    /// The node port, when one is set.
+    pub node_port: Option<u16>,
+}
+
+/// Longest session affinity timeout the API accepts (one day).
+pub const MAX_AFFINITY_TIMEOUT_S: u32 = 86_400;
+/// The API's default session affinity timeout (three hours).
+pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10_800;
+
+/// What ferry reads of a Service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceFields {
+    /// spec.type.
+    pub type_: ServiceType,
+    /// spec.clusterIP is `None`: a headless Service, only DNS.
+    pub headless: bool,
+    /// spec.clusterIPs (or spec.clusterIP).
+    pub cluster_ips: Vec<IpAddr>,
+    /// spec.externalIPs.
+    pub external_ips: Vec<IpAddr>,
+    /// status.loadBalancer.ingress[].ip, for type LoadBalancer, except ingress points
+    /// with `ipMode: Proxy` (the load balancer proxies and sends to the node, so the IP
+    /// is not to be answered on the node: kube-proxy leaves those out too).
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// spec.ports.
+    pub ports: Vec<ServicePortFields>,
+    /// spec.externalTrafficPolicy.
+    pub external_policy: Policy,
+    /// spec.internalTrafficPolicy.
+    pub internal_policy: Policy,
+    /// spec.sessionAffinity ClientIP: its timeout.
+    pub affinity_timeout_s: Option<u32>,
+    /// spec.healthCheckNodePort.
+    pub health_check_node_port: Option<u16>,
+    /// spec.publishNotReadyAddresses.
+    pub publish_not_ready: bool,
+    /// The `ferry.io/external-snat` annotation.
+    pub external_snat: Option<bool>,
+}
+
+impl ServiceFields {
+    /// Reads and checks a Service.
+    pub fn parse(svc: &Service) -> Result<ServiceFields, Vec<FieldError>> {
+        let mut e = Errors::default();
+        let mut f = ServiceFields::default();
+        let Some(spec) = svc.spec.as_ref() else {
+            return e.finish(f);
+        };
+        f.type_ = match spec.type_.as_deref() {
+            None | Some("ClusterIP") => ServiceType::ClusterIp,
+            Some("NodePort") => ServiceType::NodePort,
+            Some("LoadBalancer") => ServiceType::LoadBalancer,
+            Some("ExternalName") => ServiceType::ExternalName,
+            Some(o) => {
+                e.push(
+                    "spec.type",
+                    format!("{o:?}: expected ClusterIP, NodePort, LoadBalancer or ExternalName"),
+                );
+                ServiceType::ClusterIp
+            }
+        };
+        let cluster_ip = spec.cluster_ip.as_deref().filter(|s| !s.is_empty());
+        let cluster_ips = spec.cluster_ips.as_deref().unwrap_or_default();
+        if let (Some(ip), Some(first)) = (cluster_ip, cluster_ips.first())
+            && ip != first
+        {
+            e.push(
+                "spec.clusterIPs[0]",
+                format!("{first:?} differs from spec.clusterIP {ip:?}"),
+            );
+        }
+        let (list, base): (Vec<&str>, &str) = if cluster_ips.is_empty() {
+            (cluster_ip.into_iter().collect(), "spec.clusterIP")
+        } else {
+            (
+                cluster_ips.iter().map(String::as_str).collect(),
+                "spec.clusterIPs",
+            )
+        };
+        for (i, s) in list.iter().enumerate() {
+            let field = if cluster_ips.is_empty() {
+                base.to_string()
+            } else {
+                format!("{base}[{i}]")
+            };
+            if *s == "None" {
+                if i > 0 {
+                    e.push(field, "\"None\" is only valid as the only cluster IP");
+                }
+                f.headless = true;
+            } else {
+                f.cluster_ips.extend(e.take(parse_ip(s, field)));
+            }
+        }
+        for (i, s) in spec.external_ips.iter().flatten().enumerate() {
+            f.external_ips
+                .extend(e.take(parse_ip(s, format!("spec.externalIPs[{i}]"))));
+        }
+        let ports = spec.ports.as_deref().unwrap_or_default();
+        for (i, p) in ports.iter().enumerate() {
+            let name = p.name.clone().unwrap_or_default();
+            if ports.len() > 1 && name.is_empty() {
+                e.push(
+                    format!("spec.ports[{i}].name"),
+                    "required when a Service has more than one port",
+                );
+            }
+            if !name.is_empty() && ports[..i].iter().any(|q| q.name.as_ref() == Some(&name)) {
+                e.push(
+                    format!("spec.ports[{i}].name"),
+                    format!("duplicate port name {name:?}"),
+                );
+            }
+            let protocol = e.take(Protocol::parse(
+                p.protocol.as_deref(),
+                format!("spec.ports[{i}].protocol"),
+            ));
+            let port = e.take(parse_port(p.port, format!("spec.ports[{i}].port")));
+            let node_port = match p.node_port {
+                None => None,
+                // As the API refuses it: a node port would be silently ignored.
+                Some(_)
+                    if matches!(f.type_, ServiceType::ClusterIp | ServiceType::ExternalName) =>
+                {
+                    e.push(
+                        format!("spec.ports[{i}].nodePort"),
+                        "only for type NodePort or LoadBalancer",
+                    );
+                    None
+                }
+                Some(n) => e.take(parse_port(n, format!("spec.ports[{i}].nodePort"))),
+            };
+            let (Some(protocol), Some(port)) = (protocol, port) else {
+                continue;
+            };
+            if f.ports
+                .iter()
+                .any(|q| q.port == port && q.protocol == protocol)
+            {
+                e.push(
+                    format!("spec.ports[{i}]"),
+                    format!("duplicate port {} {port}", protocol.api_name()),
+                );
+            }
+            f.ports.push(ServicePortFields {
+                index: i,
+                name,
+                protocol,
+                port,
+                node_port,
+            });
+        }
+        f.external_policy = e
+            .take(parse_policy(
+                spec.external_traffic_policy.as_deref(),
+                "spec.externalTrafficPolicy",
+            ))
+            .unwrap_or_default();
+        f.internal_policy = e
+            .take(parse_policy(
+                spec.internal_traffic_policy.as_deref(),
+                "spec.internalTrafficPolicy",
+            ))
+            .unwrap_or_default();
+        match spec.session_affinity.as_deref() {
+            None | Some("None") => {}
+            Some("ClientIP") => {
+                let t = spec
+                    .session_affinity_config
+                    .as_ref()
+                    .and_then(|c| c.client_ip.as_ref())
+                    .and_then(|c| c.timeout_seconds);
+                f.affinity_timeout_s = match t {
+                    None => Some(DEFAULT_AFFINITY_TIMEOUT_S),
+                    Some(t) => match u32::try_from(t) {
+                        Ok(t) if (1..=MAX_AFFINITY_TIMEOUT_S).contains(&t) => Some(t),
+                        _ => {
+                            e.push(
+                                "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                                format!("{t} is outside 1-{MAX_AFFINITY_TIMEOUT_S}"),
+                            );
+                            None
+                        }
+                    },
+                };
+            }
+            Some(o) => e.push(
+                "spec.sessionAffinity",
+                format!("{o:?}: expected None or ClientIP"),
+            ),
+        }
+        if let Some(n) = spec.health_check_node_port {
+            f.health_check_node_port = e.take(parse_port(n, "spec.healthCheckNodePort"));
+            if f.type_ != ServiceType::LoadBalancer || f.external_policy != Policy::Local {
+                e.push(
+                    "spec.healthCheckNodePort",
+                    "only for type LoadBalancer with externalTrafficPolicy Local",
+                );
+            }
+        }
+        f.publish_not_ready = spec.publish_not_ready_addresses.unwrap_or(false);
+        let ingress = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|l| l.ingress.as_deref())
+            .unwrap_or_default();
+        for (i, ing) in ingress.iter().enumerate() {
+            let Some(ip) = ing.ip.as_deref() else {
+                continue;
+            };
+            let ip = e.take(parse_ip(ip, format!("status.loadBalancer.ingress[{i}].ip")));
+            if f.type_ == ServiceType::LoadBalancer && ing.ip_mode.as_deref() != Some("Proxy") {
+                f.load_balancer_ips.extend(ip);
+            }
+        }
+        if let Some(s) = svc
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_EXTERNAL_SNAT))
+        {
+            f.external_snat = e.take(parse_bool(s, annotation_field(ANNOTATION_EXTERNAL_SNAT)));
+        }
+        e.finish(f)
+    }
+}
+
+/// One port of an EndpointSlice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlicePortFields {
+    /// Its name; empty when unnamed.
+    pub name: String,
+    /// Its protocol.
+    pub protocol: Protocol,
+    /// Its number; `None` means the port is not usable (kube-proxy skips it too).
+    pub port: Option<u16>,
+}
+
+/// One endpoint of an EndpointSlice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointFields {
+    /// Its addresses.
+    pub addresses: Vec<IpAddr>,
+    /// nodeName.
+    pub node: Option<String>,
+    /// conditions.ready; absent means ready (an unknown state is taken as ready, as
+    /// the API documents).
+    pub ready: bool,
+    /// conditions.serving as given (absent: as `ready`).
+    pub serving: Option<bool>,
+    /// conditions.terminating; absent means false.
+    pub terminating: bool,
+}
+
+/// What ferry reads of an EndpointSlice.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SliceFields {
+    /// The `kubernetes.io/service-name` label: the Service it belongs to.
+    pub service: Option<String>,
+    /// addressType is IPv6 (false: IPv4). `None` for FQDN slices, which hold names.
+    pub v6: Option<bool>,
+    /// Its ports.
+    pub ports: Vec<SlicePortFields>,
+    /// Its endpoints (empty for FQDN slices).
+    pub endpoints: Vec<EndpointFields>,
+}
+
+impl SliceFields {
+    /// Reads and checks an EndpointSlice.
+    pub fn parse(slice: &EndpointSlice) -> Result<SliceFields, Vec<FieldError>> {
+        let mut e = Errors::default();
+        let mut f = SliceFields {
+            service: slice
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(SERVICE_NAME_LABEL))
+                .cloned(),
+            ..SliceFields::default()
+        };
+        f.v6 = match slice.address_type.as_str() {
+            "IPv4" => Some(false),
+            "IPv6" => Some(true),
+            "FQDN" => None,
+            o => {
+                e.push("addressType", format!("{o:?}: expected IPv4, IPv6 or FQDN"));
+                None
+            }
+        };
+        for (i, p) in slice.ports.iter().flatten().enumerate() {
+            let protocol = e.take(Protocol::parse(
+                p.protocol.as_deref(),
+                format!("ports[{i}].protocol"),
+            ));
+            let port = match p.port {
+                None => None,
+                Some(n) => e.take(parse_port(n, format!("ports[{i}].port"))),
+            };
+            if let Some(protocol) = protocol {
+                f.ports.push(SlicePortFields {
+                    name: p.name.clone().unwrap_or_default(),
+                    protocol,
+                    port,
+                });
+            }
+        }
+        let Some(v6) = f.v6 else {
+            return e.finish(f);
+        };
+        for (i, ep) in slice.endpoints.iter().flatten().enumerate() {
+            let mut addresses = Vec::with_capacity(ep.addresses.len());
+            for (j, a) in ep.addresses.iter().enumerate() {
+                let field = format!("endpoints[{i}].addresses[{j}]");
+                if let Some(ip) = e.take(parse_ip(a, &field)) {
+                    if ip.is_ipv6() != v6 {
+                        e.push(
+                            field,
+                            format!("{ip} is not an {} address (addressType)", family_name(v6)),
+                        );
+                    } else {
+                        addresses.push(ip);
+                    }
+                }
+            }
+            let c = ep.conditions.as_ref();
+            let ready = c.and_then(|c| c.ready).unwrap_or(true);
+            f.endpoints.push(EndpointFields {
+                addresses,
+                node: ep.node_name.clone().filter(|n| !n.is_empty()),
+                ready,
+                serving: c.and_then(|c| c.serving),
+                terminating: c.and_then(|c| c.terminating).unwrap_or(false),
+            });
+        }
+        e.finish(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(yaml: &str) -> Service {
+        serde_saphyr::from_str(yaml).expect("test Service parses")
+    }
+
+    fn fields_of(errors: Vec<FieldError>) -> Vec<String> {
+        errors.into_iter().map(|e| e.field).collect()
+    }
+
+    #[test]
+    fn service_errors_name_every_bad_field() {
+        let svc = service(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, annotations: {ferry.io/external-snat: "yes"}}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.300
+  externalIPs: [203.0.113.1, nope]
+  ports:
+  - {name: http, port: 80, nodePort: 70000}
+  - {port: 0, protocol: ICMP}
+  - {name: http, port: 81}
+  externalTrafficPolicy: local
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 0}}
+"#,
+        );
+        let errs = fields_of(ServiceFields::parse(&svc).unwrap_err());
+        assert_eq!(
+            errs,
+            [
+                "spec.clusterIP",
+                "spec.externalIPs[1]",
+                "spec.ports[0].nodePort",
+                "spec.ports[1].name",
+                "spec.ports[1].protocol",
+                "spec.ports[1].port",
+                "spec.ports[2].name",
+                "spec.externalTrafficPolicy",
+                "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                "metadata.annotations[ferry.io/external-snat]",
+            ]
+        );
+    }
+
+    #[test]
+    fn duplicate_service_port_and_protocol_is_refused_but_tcp_and_udp_may_share() {
+        let svc = service(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: {name: dns}
+spec:
+  ports:
+  - {name: dns, port: 53, protocol: UDP}
+  - {name: dns-tcp, port: 53, protocol: TCP}
+  - {name: again, port: 53, protocol: UDP}
+"#,
+        );
+        let errs = ServiceFields::parse(&svc).unwrap_err();
+        assert_eq!(errs.len(), 1);
+        assert_eq!(errs[0].field, "spec.ports[2]");
+        assert!(errs[0].message.contains("duplicate port UDP 53"));
+    }
+
+    #[test]
+    fn node_ports_and_health_check_ports_only_where_the_type_has_them() {
+        let svc = service(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: c}\nspec: {clusterIP: 10.96.0.9, healthCheckNodePort: 32000, ports: [{port: 80, nodePort: 30080}]}\n",
+        );
+        let errs = fields_of(ServiceFields::parse(&svc).unwrap_err());
+        assert_eq!(errs, ["spec.ports[0].nodePort", "spec.healthCheckNodePort"]);
+    }
+
+    #[test]
+    fn headless_service_has_no_cluster_ips() {
+        let svc = service(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: h}\nspec: {clusterIP: None, clusterIPs: [None], ports: [{port: 80}]}\n",
+        );
+        let f = ServiceFields::parse(&svc).unwrap();
+        assert!(f.headless);
+        assert!(f.cluster_ips.is_empty());
+    }
+
+    #[test]
+    fn load_balancer_ips_skip_proxy_mode_and_other_types() {
+        let lb = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: lb}
+spec: {type: TYPE, ports: [{port: 80}]}
+status:
+  loadBalancer:
+    ingress:
+    - {ip: 203.0.113.10}
+    - {ip: 203.0.113.11, ipMode: Proxy}
+    - {hostname: lb.example.com}
+    - {ip: "2001:db8::10", ipMode: VIP}
+"#;
+        let f = ServiceFields::parse(&service(&lb.replace("TYPE", "LoadBalancer"))).unwrap();
+        assert_eq!(
+            f.load_balancer_ips,
+            [
+                "203.0.113.10".parse::<IpAddr>().unwrap(),
+                "2001:db8::10".parse().unwrap()
+            ]
+        );
+        let f = ServiceFields::parse(&service(&lb.replace("TYPE", "ClusterIP"))).unwrap();
+        assert!(f.load_balancer_ips.is_empty());
+    }
+
+    #[test]
+    fn node_annotations_must_be_of_their_family() {
+        let node: Node = serde_saphyr::from_str(
+            r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: n
+  annotations:
+    ferry.io/ipv4-address: "fd00::1/64"
+    ferry.io/ipv6-gateway: "192.168.1.1"
+    ferry.io/ipv4-gateway: "192.168.1.1"
+spec: {podCIDR: 10.244.0.0/24, podCIDRs: [10.244.0.0/24, "fd00:10:244::/64"]}
+status:
+  addresses:
+  - {type: Hostname, address: n}
+  - {type: InternalIP, address: 192.168.1.10}
+  - {type: ExternalIP, address: 203.0.113.5}
+"#,
+        )
+        .unwrap();
+        let errs = fields_of(NodeFields::parse(&node).unwrap_err());
+        assert_eq!(
+            errs,
+            [
+                "metadata.annotations[ferry.io/ipv4-address]",
+                "metadata.annotations[ferry.io/ipv6-gateway]"
+            ]
+        );
+    }
+
+    #[test]
+    fn slice_addresses_must_match_address_type() {
+        let slice: EndpointSlice = serde_saphyr::from_str(
+            r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: s, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+endpoints:
+- addresses: ["fd00::1"]
+- addresses: [10.0.0.1]
+  conditions: {ready: false}
+ports: [{port: 8080}]
+"#,
+        )
+        .unwrap();
+        let errs = fields_of(SliceFields::parse(&slice).unwrap_err());
+        assert_eq!(errs, ["endpoints[1].addresses[0]"]);
+    }
+
+    #[test]
+    fn endpoint_conditions_default_ready_and_not_terminating() {
+        let slice: EndpointSlice = serde_saphyr::from_str(
+            r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: s}
+addressType: IPv4
+endpoints:
+- addresses: [10.0.0.1]
+- addresses: [10.0.0.2]
+  conditions: {ready: false, serving: true, terminating: true}
+"#,
+        )
+        .unwrap();
+        let f = SliceFields::parse(&slice).unwrap();
+        assert_eq!(
+            (
+                f.endpoints[0].ready,
+                f.endpoints[0].serving,
+                f.endpoints[0].terminating
+            ),
+            (true, None, false)
+        );
+        assert_eq!(
+            (
+                f.endpoints[1].ready,
+                f.endpoints[1].serving,
+                f.endpoints[1].terminating
+            ),
+            (false, Some(true), true)
+        );
+    }
+}

@@ -1,0 +1,24 @@
+//! ferry's control plane: the cluster model (Kubernetes objects), the datastores that
+//! fill it, and the compilation of one node's tables from it.
+//!
+//! - [`cluster`]: [`Cluster`], the Nodes, Pods, Services, EndpointSlices and ConfigMaps
+//!   ferry reads, with `apply` / `delete` for a datastore to drive it;
+//! - [`datastore`]: where the cluster comes from; [`datastore::file`] reads a directory
+//!   of YAML manifests and watches it;
+//! - [`compile`]: [`node_tables`], a node's tables (ports, overlay peers, Services) from
+//!   the cluster;
+//! - [`fields`] and [`config`]: what ferry reads of each object and of the
+//!   `kube-system/ferry-config` ConfigMap, checked in one place.
+//!
+//! `docs/agent.md` documents the mapping from Kubernetes fields to tables fields.
+
+pub mod cluster;
+pub mod compile;
+pub mod config;
+pub mod datastore;
+pub mod fields;
+
+pub use cluster::{Cluster, Kind, Object, ObjectKey};
+pub use compile::{AttachedPod, CompileOptions, Compiled, HealthCheck, node_tables};
+pub use datastore::file::{FileDatastore, Update, Watch};
+pub use datastore::{Problem, Refused};
