@@ -7,6 +7,8 @@
 //!   of YAML manifests and watches it;
 //! - [`compile`]: [`node_tables`], a node's tables (ports, overlay peers, Services) from
 //!   the cluster;
+//! - [`run`]: the running agent, [`run::Agent`]: ports opened, tables swapped into the
+//!   worker as the cluster changes; [`health`]: health check node ports;
 //! - [`fields`] and [`config`]: what ferry reads of each object and of the
 //!   `kube-system/ferry-config` ConfigMap, checked in one place.
 //!
@@ -17,6 +19,8 @@ pub mod compile;
 pub mod config;
 pub mod datastore;
 pub mod fields;
+pub mod health;
+pub mod run;
 
 pub use cluster::{Cluster, Kind, Object, ObjectKey};
 pub use compile::{AttachedPod, CompileOptions, Compiled, HealthCheck, node_tables};

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod agent;
 mod demo;
 mod node;
 mod pcap;
@@ -15,8 +16,30 @@ mod tables;
 #[derive(Parser)]
 #[command(name = "ferry", version, about, long_about = None)]
 struct Cli {
+    /// Log format on stderr: `text` (human-readable) or `json` (one object per line).
+    /// The level is set with RUST_LOG (default info).
+    #[arg(long, global = true, value_name = "FORMAT", default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => b.init(),
+        LogFormat::Json => b.json().init(),
+    }
 }
 
 #[derive(Subcommand)]
@@ -26,6 +49,9 @@ enum Command {
     Replay(replay::Args),
     /// Run one node's dataplane on real interfaces until SIGINT or SIGTERM.
     Node(node::Args),
+    /// Run one node of a cluster: its tables compiled from cluster state and swapped
+    /// into the running dataplane as the cluster changes.
+    Agent(agent::Args),
     /// Compile one node's tables from a directory of Kubernetes manifests and print
     /// them (YAML) on stdout.
     Tables(tables::Args),
@@ -40,12 +66,14 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logs(cli.log_format);
     let r = match cli.command {
         Command::Replay(args) => replay::run(&args).map(|s| {
             print!("{}", s.render());
         }),
         Command::Demo { dir } => demo::run(dir),
         Command::Node(args) => node::run(&args),
+        Command::Agent(args) => agent::run(&args),
         Command::Tables(args) => tables::run(&args),
     };
     match r {

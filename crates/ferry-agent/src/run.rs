@@ -1,0 +1,358 @@
+//! The running agent: cluster state in, the node's ports and tables out.
+//!
+//! [`Agent::start`] compiles the node's tables from the cluster, opens a Linux port for
+//! each port of them (the uplink through AF_PACKET, a host TAP, a TAP per attached pod
+//! moved into the pod's namespace as eth0) and starts the worker thread.
+//! [`Agent::apply`] takes each new cluster state: it compiles the tables again, opens the
+//! ports of pods that appeared, and hands the new tables and ports to the worker, which
+//! switches between two rounds of its loop (no packet sees half of a change); ports whose
+//! pods went away come back closed. Health check node ports follow the tables.
+//!
+//! A cluster state that does not compile changes nothing: the tables in force stay, and
+//! the error names the object and field.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use ferry_datapath::pipeline::Pipeline;
+use ferry_datapath::tables::{MacAddr, PortKind, Tables, TablesSpec};
+use ferry_linux::link::{self, Pod, PodInterface};
+use ferry_linux::worker::{Control, NamedPort, Snapshot, Update, WorkerStats};
+use ferry_linux::{AfPacketConfig, AfPacketPort, Port, TapPort};
+use ipnet::IpNet;
+
+use crate::cluster::{Cluster, ObjectKey};
+use crate::compile::{AttachedPod, CompileOptions, Compiled, UPLINK_PORT, node_tables};
+use crate::health::HealthServers;
+
+/// How long [`Agent::apply`] waits for the worker to take an update.
+pub const APPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the agent runs with besides the cluster state.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// This node's name (its Node object).
+    pub node: String,
+    /// The node-local tables the cluster does not know (uplink, routes, limits); None
+    /// derives them from the Node object (see `docs/agent.md`).
+    pub base: Option<TablesSpec>,
+    /// The Linux interface of the tables' uplink port, read and written through
+    /// AF_PACKET.
+    pub uplink: Option<String>,
+    /// The name of a TAP for the tables' host port (the node's own stack).
+    pub host_tap: Option<String>,
+    /// Attached pods and their network namespaces (`ip netns` names).
+    pub pods: BTreeMap<ObjectKey, String>,
+    /// Leave the host kernel processing what arrives on the uplink as well.
+    pub share_uplink: bool,
+    /// Compilation settings.
+    pub compile: CompileOptions,
+}
+
+/// What one applied cluster state did.
+#[derive(Debug)]
+pub struct Applied {
+    /// The tables' generation, counting from 1 at start.
+    pub generation: u64,
+    /// Compiling the cluster into tables.
+    pub compile: Duration,
+    /// From handing the tables to the worker to the worker using them.
+    pub swap: Duration,
+    /// Pod ports opened.
+    pub opened: Vec<String>,
+    /// Ports closed.
+    pub closed: Vec<String>,
+    /// Connections removed because their endpoint went away.
+    pub ct_removed: usize,
+    /// Things left out of the tables, each naming its object.
+    pub warnings: Vec<String>,
+}
+
+/// A running node: the worker thread and what feeds it.
+pub struct Agent {
+    opts: Options,
+    control: Arc<Control>,
+    stop: Arc<AtomicBool>,
+    worker: Option<JoinHandle<std::io::Result<WorkerStats>>>,
+    health: HealthServers,
+    /// Port names the worker has.
+    open: BTreeSet<String>,
+    /// Counts TAP names handed out.
+    taps: u64,
+    generation: u64,
+    started: Instant,
+    /// The first worker error, once the worker stopped.
+    failed: Arc<Mutex<Option<String>>>,
+}
+
+impl Agent {
+    /// Compiles the tables of `cluster`, opens every port, and starts the worker.
+    pub fn start(opts: Options, cluster: &Cluster) -> Result<(Agent, Applied), String> {
+        let t0 = Instant::now();
+        let mut agent = Agent {
+            opts,
+            control: Arc::new(Control::new()),
+            stop: Arc::new(AtomicBool::new(false)),
+            worker: None,
+            health: HealthServers::new(),
+            open: BTreeSet::new(),
+            taps: 0,
+            generation: 1,
+            started: Instant::now(),
+            failed: Arc::new(Mutex::new(None)),
+        };
+        let compiled = agent.compile(cluster)?;
+        let tables = Arc::new(compiled.tables.compile()?);
+        let compile = t0.elapsed();
+        let mut ports: Vec<NamedPort> = Vec::with_capacity(tables.ports.len());
+        for p in &tables.ports {
+            let port = agent.open_port(p.name.as_str(), &tables, &compiled)?;
+            ports.push((p.name.clone(), port));
+        }
+        agent.open = ports.iter().map(|(n, _)| n.clone()).collect();
+        let opened = agent.open.iter().cloned().collect();
+        let mut pipeline = Pipeline::new(Arc::clone(&tables));
+        let (control, stop, failed) = (
+            Arc::clone(&agent.control),
+            Arc::clone(&agent.stop),
+            Arc::clone(&agent.failed),
+        );
+        let started = agent.started;
+        let worker = thread::Builder::new()
+            .name("ferry-worker".into())
+            .spawn(move || {
+                let r = ferry_linux::worker::run_worker_with(
+                    &mut ports,
+                    &mut pipeline,
+                    &stop,
+                    || started.elapsed().as_nanos() as u64,
+                    &control,
+                );
+                if let Err(e) = &r {
+                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                }
+                // Dropping the ports here closes them: TAPs disappear with their pods'
+                // eth0, AF_PACKET sockets and ingress filters go.
+                drop(ports);
+                r
+            })
+            .map_err(|e| format!("starting the worker: {e}"))?;
+        agent.worker = Some(worker);
+        agent.set_health(&compiled);
+        Ok((
+            agent,
+            Applied {
+                generation: 1,
+                compile,
+                swap: Duration::ZERO,
+                opened,
+                closed: Vec::new(),
+                ct_removed: 0,
+                warnings: compiled.warnings,
+            },
+        ))
+    }
+
+    /// Switches the node to the tables of `cluster`. On an error nothing changed.
+    pub fn apply(&mut self, cluster: &Cluster) -> Result<Applied, String> {
+        if let Some(e) = self.worker_error() {
+            return Err(format!("the worker stopped: {e}"));
+        }
+        let t0 = Instant::now();
+        let compiled = self.compile(cluster)?;
+        let tables = Arc::new(compiled.tables.compile()?);
+        let compile = t0.elapsed();
+        let mut new_ports = Vec::new();
+        for p in &tables.ports {
+            if self.open.contains(&p.name) {
+                continue;
+            }
+            let port = self.open_port(&p.name, &tables, &compiled)?;
+            new_ports.push((p.name.clone(), port));
+        }
+        let opened: Vec<String> = new_ports.iter().map(|(n, _)| n.clone()).collect();
+        let update = Update {
+            tables: Arc::clone(&tables),
+            new_ports,
+        };
+        let t1 = Instant::now();
+        let applied = self
+            .control
+            .send(update, APPLY_TIMEOUT)
+            .map_err(|e| format!("the worker did not take the new tables: {e}"))?;
+        let swap = t1.elapsed();
+        let closed: Vec<String> = applied.closed.iter().map(|(n, _)| n.clone()).collect();
+        // Closing a pod's TAP removes its eth0; done here, off the worker's thread.
+        drop(applied.closed);
+        self.open = tables.ports.iter().map(|p| p.name.clone()).collect();
+        self.generation += 1;
+        self.set_health(&compiled);
+        Ok(Applied {
+            generation: self.generation,
+            compile,
+            swap,
+            opened,
+            closed,
+            ct_removed: applied.report.ct_removed,
+            warnings: compiled.warnings,
+        })
+    }
+
+    /// The worker's latest counters.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.control.snapshot()
+    }
+
+    /// The health check node ports served.
+    pub fn health_ports(&self) -> Vec<u16> {
+        self.health.ports()
+    }
+
+    /// Why the worker stopped, when it stopped on an error.
+    pub fn worker_error(&self) -> Option<String> {
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// True while the worker runs.
+    pub fn is_running(&self) -> bool {
+        self.worker.as_ref().is_some_and(|w| !w.is_finished())
+    }
+
+    /// Stops the worker and closes every port.
+    pub fn stop(mut self) -> Result<WorkerStats, String> {
+        self.stop.store(true, Ordering::Relaxed);
+        let w = self.worker.take().ok_or("no worker")?;
+        match w.join() {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err("the worker panicked".into()),
+        }
+    }
+
+    fn compile(&self, cluster: &Cluster) -> Result<Compiled, String> {
+        let attached: Vec<AttachedPod> = self
+            .opts
+            .pods
+            .keys()
+            .map(|k| AttachedPod::new(&k.namespace, &k.name))
+            .collect();
+        let mut c = node_tables(
+            cluster,
+            &self.opts.node,
+            self.opts.base.as_ref(),
+            &attached,
+            &self.opts.compile,
+        )?;
+        // The derived uplink takes the interface's own MAC, so that the node answers ARP
+        // and sends with the address its neighbours know.
+        if self.opts.base.is_none()
+            && let Some(dev) = &self.opts.uplink
+        {
+            let mac = link::mac_address(None, dev).map_err(|e| format!("uplink {dev}: {e}"))?;
+            if let Some(p) = c.tables.ports.iter_mut().find(|p| p.name == UPLINK_PORT) {
+                p.mac = MacAddr(mac);
+            }
+        }
+        Ok(c)
+    }
+
+    fn set_health(&mut self, compiled: &Compiled) {
+        for (port, e) in self.health.set(&compiled.health_checks) {
+            tracing::warn!(port, error = %e, "health check node port not served");
+        }
+    }
+
+    /// Opens the Linux port of tables port `name`.
+    fn open_port(
+        &mut self,
+        name: &str,
+        tables: &Tables,
+        compiled: &Compiled,
+    ) -> Result<Box<dyn Port>, String> {
+        let id = tables
+            .port_id(name)
+            .ok_or_else(|| format!("no port {name:?}"))?;
+        let p = &tables.ports[usize::from(id)];
+        let port: Box<dyn Port> = match p.kind {
+            PortKind::Uplink => {
+                let dev = self.opts.uplink.as_deref().ok_or_else(|| {
+                    format!("port {name:?} is the uplink: give its interface (--uplink IFNAME)")
+                })?;
+                let cfg = AfPacketConfig {
+                    drop_kernel_ingress: !self.opts.share_uplink,
+                    ..AfPacketConfig::default()
+                };
+                Box::new(
+                    AfPacketPort::open(dev, &cfg)
+                        .map_err(|e| format!("port {name:?}: af-packet on {dev}: {e}"))?,
+                )
+            }
+            PortKind::Host => {
+                let dev = self.opts.host_tap.as_deref().ok_or_else(|| {
+                    format!("port {name:?} is a host port: give its TAP name (--host-tap NAME)")
+                })?;
+                Box::new(
+                    TapPort::create(dev).map_err(|e| format!("port {name:?}: tap {dev}: {e}"))?,
+                )
+            }
+            PortKind::Pod => {
+                let key = compiled
+                    .pod_ports
+                    .iter()
+                    .find(|(_, n)| n.as_str() == name)
+                    .map(|(k, _)| k)
+                    .ok_or_else(|| format!("port {name:?}: no pod"))?;
+                let netns = self
+                    .opts
+                    .pods
+                    .get(key)
+                    .ok_or_else(|| format!("port {name:?}: pod {key} is not attached"))?;
+                self.taps += 1;
+                let dev = format!("fy{}t{}", std::process::id() % 100_000, self.taps);
+                let tap =
+                    TapPort::create(&dev).map_err(|e| format!("port {name:?}: tap {dev}: {e}"))?;
+                let addresses: Vec<IpNet> = p.addresses.iter().map(|a| IpNet::from(*a)).collect();
+                let mac = p
+                    .peer_mac
+                    .ok_or_else(|| format!("port {name:?}: a pod port needs peer_mac"))?;
+                let pod = Pod {
+                    interface: PodInterface {
+                        netns,
+                        name: "eth0",
+                        mtu: p.mtu,
+                        addresses: &addresses,
+                    },
+                    mac,
+                };
+                link::attach_pod(&dev, &pod)
+                    .map_err(|e| format!("port {name:?}: eth0 of pod {key} in {netns}: {e}"))?;
+                Box::new(tap)
+            }
+            PortKind::Plain => {
+                return Err(format!(
+                    "port {name:?}: a plain port cannot be attached by the agent"
+                ));
+            }
+        };
+        if p.gso && !port.offloads() {
+            return Err(format!(
+                "port {name:?}: the tables say gso: true but this port does not pass GSO packets"
+            ));
+        }
+        Ok(port)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! `ferry agent`: one node's dataplane driven by cluster state. It watches the datastore,
+//! compiles the node's tables on every change and swaps them into the running worker;
+//! a bad change is reported (file, object, field) and the tables in force stay.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use ferry_agent::compile::CompileOptions;
+use ferry_agent::datastore::file::{FileDatastore, Update};
+use ferry_agent::run::{Agent, Applied, Options};
+use ferry_agent::{Cluster, ObjectKey};
+use std::sync::atomic::Ordering;
+
+use crate::replay::read_tables_spec;
+
+/// How often the manifest directory is looked at.
+const POLL: Duration = Duration::from_millis(100);
+
+/// Arguments of `ferry agent`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// This node's name: the Node object whose tables to program.
+    #[arg(long, value_name = "NAME")]
+    pub node: String,
+    /// Where cluster state comes from: `file:DIR`, a directory of Kubernetes manifests,
+    /// watched (edits apply live).
+    #[arg(long, value_name = "file:DIR")]
+    pub datastore: String,
+    /// Base tables: the ports, routes and settings the cluster does not say (default:
+    /// one uplink derived from the Node object; see docs/agent.md).
+    #[arg(long, value_name = "FILE")]
+    pub base: Option<PathBuf>,
+    /// The Linux interface of the uplink port (read and written through AF_PACKET).
+    #[arg(long, value_name = "IFNAME")]
+    pub uplink: Option<String>,
+    /// The name of a TAP for the base's host port (the node's own stack).
+    #[arg(long, value_name = "NAME")]
+    pub host_tap: Option<String>,
+    /// A pod attached to this node: NAMESPACE/NAME=NETNS puts its eth0 (a TAP with its
+    /// addresses, MAC and MTU) into network namespace NETNS once the pod is in the
+    /// cluster state; repeatable.
+    #[arg(long = "pod", value_name = "NS/NAME=NETNS")]
+    pub pods: Vec<String>,
+    /// External traffic to another node's endpoint leaves with this node's address
+    /// instead of keeping the client's (for Services that neither their
+    /// ferry.io/external-snat annotation nor the ferry-config ConfigMap decide).
+    #[arg(long)]
+    pub external_snat: bool,
+    /// Leave the host kernel processing what arrives on the uplink as well.
+    #[arg(long)]
+    pub share_uplink: bool,
+}
+
+fn parse_pod(spec: &str) -> Result<(ObjectKey, String)> {
+    let bad = || anyhow!("--pod {spec:?}: expected NAMESPACE/NAME=NETNS");
+    let (pod, netns) = spec.split_once('=').ok_or_else(bad)?;
+    let (ns, name) = pod.split_once('/').ok_or_else(bad)?;
+    if ns.is_empty() || name.is_empty() || netns.is_empty() || name.contains('/') {
+        return Err(bad());
+    }
+    Ok((ObjectKey::new(ns, name), netns.to_string()))
+}
+
+fn report(a: &Applied) {
+    tracing::info!(
+        generation = a.generation,
+        compile_ms = a.compile.as_secs_f64() * 1e3,
+        swap_ms = a.swap.as_secs_f64() * 1e3,
+        opened = ?a.opened,
+        closed = ?a.closed,
+        ct_removed = a.ct_removed,
+        "tables applied"
+    );
+    for w in &a.warnings {
+        tracing::warn!("{w}");
+    }
+}
+
+/// Runs the agent until SIGINT or SIGTERM.
+pub fn run(args: &Args) -> Result<()> {
+    let Some(dir) = args.datastore.strip_prefix("file:") else {
+        bail!(
+            "--datastore {:?}: expected file:DIR (the kubernetes datastore is not wired to this command yet)",
+            args.datastore
+        );
+    };
+    let mut pods = BTreeMap::new();
+    for p in &args.pods {
+        let (k, netns) = parse_pod(p)?;
+        if pods.insert(k.clone(), netns).is_some() {
+            bail!("--pod: {k} is given twice");
+        }
+    }
+    let base = args.base.as_deref().map(read_tables_spec).transpose()?;
+    let opts = Options {
+        node: args.node.clone(),
+        base,
+        uplink: args.uplink.clone(),
+        host_tap: args.host_tap.clone(),
+        pods,
+        share_uplink: args.share_uplink,
+        compile: CompileOptions {
+            external_snat: args.external_snat,
+        },
+    };
+    let (mut ds, notes) = FileDatastore::open(dir)
+        .map_err(|r| anyhow!("{dir}: the cluster state is refused:\n{r}"))?;
+    for n in &notes {
+        tracing::info!("{n}");
+    }
+    let stop = ferry_linux::signal::stop_on_signals().context("installing signal handlers")?;
+    let cluster: std::sync::Arc<Cluster> = ds.current();
+    let (mut agent, applied) = Agent::start(opts, &cluster).map_err(|e| anyhow!("{e}"))?;
+    report(&applied);
+    tracing::info!(
+        node = %args.node,
+        ports = applied.opened.len(),
+        health_ports = ?agent.health_ports(),
+        "ferry agent running; stop with SIGINT or SIGTERM"
+    );
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(POLL);
+        if !agent.is_running() {
+            bail!(
+                "the worker stopped: {}",
+                agent.worker_error().unwrap_or_default()
+            );
+        }
+        match ds.poll() {
+            None => {}
+            Some(Update::Refused(r)) => {
+                tracing::error!("{dir}: change refused, the tables in force stay:\n{r}");
+            }
+            Some(Update::Applied { cluster, notes }) => {
+                for n in &notes {
+                    tracing::info!("{n}");
+                }
+                let t0 = Instant::now();
+                match agent.apply(&cluster) {
+                    Ok(a) => {
+                        report(&a);
+                        tracing::debug!(total_ms = t0.elapsed().as_secs_f64() * 1e3);
+                    }
+                    Err(e) => {
+                        tracing::error!("cluster state not applied, the tables in force stay: {e}")
+                    }
+                }
+            }
+        }
+    }
+    let stats = agent.stop().map_err(|e| anyhow!("{e}"))?;
+    tracing::info!(
+        rx = stats.rx_frames,
+        tx = stats.tx_frames,
+        updates = stats.updates,
+        "ferry agent stopped"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_attachments_parse_or_say_what_is_wrong() {
+        assert_eq!(
+            parse_pod("default/web-1=pod1").unwrap(),
+            (ObjectKey::new("default", "web-1"), "pod1".into())
+        );
+        for bad in [
+            "web-1=pod1",
+            "default/web-1",
+            "/web=x",
+            "default/=x",
+            "a/b/c=x",
+            "a/b=",
+        ] {
+            let e = parse_pod(bad).unwrap_err().to_string();
+            assert!(e.contains("NAMESPACE/NAME=NETNS"), "{bad}: {e}");
+        }
+    }
+}
