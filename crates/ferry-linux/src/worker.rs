@@ -28,7 +28,8 @@
 //! pipeline ([`Pipeline::set_tables`]: connections survive, counters follow ports by
 //! name). An update whose tables name a port that has no Linux port, or that does not
 //! fit otherwise, is refused whole. The sender learns what the swap did and how long it
-//! waited ([`Applied`]); an update waits at most one round, one poll timeout when idle.
+//! waited ([`Applied`]); an update waits for the end of the current round; an idle worker is woken at once
+//! (an eventfd polled with the ports).
 //! The worker also publishes its counters and the pipeline's every
 //! [`STATS_INTERVAL_NS`] of pipeline time, after each update and when it returns
 //! ([`Control::snapshot`]), for status and metrics.
@@ -183,12 +184,15 @@ struct Rings {
 }
 
 impl Rings {
-    fn new(ports: &[NamedPort], tables: &Tables) -> Rings {
+    /// The pollfds are the ports' in order, then the control's wake descriptor.
+    fn new(ports: &[NamedPort], tables: &Tables, control: &Control) -> Rings {
         Rings {
             pfds: ports
                 .iter()
-                .map(|(_, p)| libc::pollfd {
-                    fd: p.raw_fd(),
+                .map(|(_, p)| p.raw_fd())
+                .chain(control.wake_fd())
+                .map(|fd| libc::pollfd {
+                    fd,
                     events: libc::POLLIN,
                     revents: 0,
                 })
@@ -212,7 +216,7 @@ fn run_rounds(
     control: &Control,
     stats: &mut WorkerStats,
 ) -> io::Result<()> {
-    let mut rings = Rings::new(ports, pipeline.tables());
+    let mut rings = Rings::new(ports, pipeline.tables(), control);
     let mut rx = Vec::with_capacity(RX_BATCH);
     let mut out: Vec<(PortId, Packet)> = Vec::new();
     let mut frames: Vec<Frame> = Vec::new();
@@ -240,6 +244,11 @@ fn run_rounds(
             }
         }
         let now = clock();
+        if let Some(w) = rings.pfds.get(ports.len())
+            && w.revents != 0
+        {
+            control.clear_wake();
+        }
         for (i, (_, port)) in ports.iter_mut().enumerate() {
             let revents = rings.pfds[i].revents;
             if revents == 0 {
@@ -313,7 +322,7 @@ fn run_rounds(
             let begun = Instant::now();
             let r = apply(ports, pipeline, update);
             if r.is_ok() {
-                rings = Rings::new(ports, pipeline.tables());
+                rings = Rings::new(ports, pipeline.tables(), control);
                 stats.updates += 1;
                 publish(control, now, stats, pipeline, ports);
                 published = now;

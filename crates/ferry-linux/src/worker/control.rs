@@ -8,6 +8,7 @@
 //! for longer than that clone.
 
 use std::fmt;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -48,8 +49,8 @@ impl fmt::Debug for Update {
 pub struct Applied {
     /// What the pipeline kept and dropped.
     pub report: SwapReport,
-    /// From [`Control::send`] to the update in force: at most one round of the worker
-    /// (one poll timeout when idle) plus `paused`.
+    /// From [`Control::send`] to the update in force: the rest of the worker's current
+    /// round (an idle worker is woken at once) plus `paused`.
     pub waited: Duration,
     /// How long the worker stopped forwarding to apply it.
     pub paused: Duration,
@@ -177,6 +178,10 @@ pub struct Control {
     /// One update at a time.
     senders: Mutex<()>,
     snapshot: Mutex<Arc<Snapshot>>,
+    /// An eventfd the worker polls with its ports, so that an update wakes an idle
+    /// worker at once instead of after its poll timeout (None if the kernel refused one:
+    /// then the timeout bounds the wait).
+    wake: Option<OwnedFd>,
 }
 
 impl Default for Control {
@@ -200,6 +205,34 @@ impl Control {
             changed: Condvar::new(),
             senders: Mutex::new(()),
             snapshot: Mutex::new(Arc::new(Snapshot::default())),
+            wake: new_eventfd(),
+        }
+    }
+
+    /// The descriptor that becomes readable when an update is queued.
+    pub(super) fn wake_fd(&self) -> Option<RawFd> {
+        self.wake.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// Resets the wake descriptor (after poll said it was readable).
+    pub(super) fn clear_wake(&self) {
+        if let Some(fd) = &self.wake {
+            let mut v = 0u64;
+            // SAFETY: reads 8 bytes into a live u64 from an eventfd this Control owns;
+            // non-blocking, so an already cleared counter returns EAGAIN, which is fine.
+            unsafe {
+                libc::read(fd.as_raw_fd(), (&raw mut v).cast(), 8);
+            }
+        }
+    }
+
+    fn ring_wake(&self) {
+        if let Some(fd) = &self.wake {
+            let v = 1u64;
+            // SAFETY: writes 8 bytes from a live u64 to an eventfd this Control owns.
+            unsafe {
+                libc::write(fd.as_raw_fd(), (&raw const v).cast(), 8);
+            }
         }
     }
 
@@ -220,6 +253,7 @@ impl Control {
         st.done = None;
         st.queued = Some((update, Instant::now()));
         self.pending.store(true, Ordering::Release);
+        self.ring_wake();
         loop {
             if let Some(r) = st.done.take() {
                 return r;
@@ -324,4 +358,11 @@ impl Drop for Attached<'_> {
     fn drop(&mut self) {
         self.0.detach();
     }
+}
+
+fn new_eventfd() -> Option<OwnedFd> {
+    // SAFETY: eventfd takes no pointers; a negative result is an error, handled.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    // SAFETY: a non-negative fd just returned by eventfd is ours alone.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }
