@@ -687,6 +687,30 @@ pub const GATEWAY_V4: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(169, 254, 1, 1
 /// The pods' IPv6 default gateway.
 pub const GATEWAY_V6: IpAddr = IpAddr::V6(std::net::Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1));
 
+impl Tables {
+    /// These tables with the Service ports named in `removed` taken out and `added` put
+    /// in (see [`crate::lb::Services::update`]); everything else is shared or copied as
+    /// is, so an endpoint change costs a copy of the Service lookup tables, not a
+    /// compilation.
+    pub fn with_services(
+        &self,
+        removed: &[&str],
+        added: &[crate::lb::ServiceSpec],
+    ) -> Result<Tables, String> {
+        Ok(Tables {
+            services: self.services.update(removed, added)?,
+            ports: self.ports.clone(),
+            fib: self.fib.clone(),
+            ipf: self.ipf.clone(),
+            icmp: self.icmp.clone(),
+            ct: self.ct.clone(),
+            nat: self.nat.clone(),
+            node: self.node.clone(),
+            overlay: self.overlay.clone(),
+        })
+    }
+}
+
 impl TablesSpec {
     /// Checks the spec and compiles it. The error names the entry and the problem.
     pub fn compile(&self) -> Result<Tables, String> {

@@ -22,6 +22,7 @@ mod spec;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ahash::RandomState;
 
@@ -88,6 +89,20 @@ pub struct Service {
 }
 
 impl Service {
+    /// An emptied slot.
+    fn vacant() -> Service {
+        Service {
+            name: String::new(),
+            proto: 0,
+            spec: ServiceSpec::default(),
+            backends: Vec::new(),
+            cluster: [Vec::new(), Vec::new()],
+            local: [Vec::new(), Vec::new()],
+            affinity_ns: None,
+            id: 0,
+        }
+    }
+
     /// The endpoints a packet of `family` (0 IPv4, 1 IPv6) may go to under `policy`.
     pub fn eligible(&self, family: usize, policy: Policy) -> &[u16] {
         match policy {
@@ -109,16 +124,22 @@ pub struct Frontend {
 /// The compiled Services of a node.
 #[derive(Clone, Debug, Default)]
 pub struct Services {
-    /// The Service ports.
-    pub services: Vec<Service>,
+    /// The Service ports, by the index frontends name; an emptied slot (a Service port
+    /// taken out by [`Services::update`]) has an empty name and nothing reaches it.
+    pub services: Vec<Arc<Service>>,
     /// (protocol, address, port) of cluster, external and load balancer IPs.
     frontends: HashMap<(u8, IpAddr, u16), Frontend, RandomState>,
     /// (protocol, node port).
     node_ports: HashMap<(u8, u16), u32, RandomState>,
     /// This node's addresses, where node ports are reached.
     local_addrs: HashSet<IpAddr, RandomState>,
-    /// (protocol, address, port) of every endpoint of every Service.
-    backends: HashSet<(u8, IpAddr, u16), RandomState>,
+    /// (protocol, address, port) of every endpoint, with the number of Service ports
+    /// that have it.
+    backends: HashMap<(u8, IpAddr, u16), u32, RandomState>,
+    /// This node's name: endpoints on it are local.
+    node: String,
+    /// Service ports in force (not emptied slots).
+    live: usize,
 }
 
 /// Why a Service gives no backend.
@@ -168,127 +189,226 @@ impl Services {
     ) -> Result<Services, String> {
         let mut s = Services {
             local_addrs: local_addrs.into_iter().collect(),
+            node: node.to_string(),
             ..Services::default()
         };
         let mut names = HashSet::with_capacity(specs.len());
         for (i, spec) in specs.iter().enumerate() {
-            let what = || format!("services[{i}] ({:?})", spec.name);
-            if spec.name.is_empty() {
-                return Err(format!("{}: name must not be empty", what()));
-            }
+            let what = format!("services[{i}] ({:?})", spec.name);
             if !names.insert(spec.name.as_str()) {
-                return Err(format!("{}: duplicate service name", what()));
+                return Err(format!("{what}: duplicate service name"));
             }
-            let proto = match spec.proto.as_str() {
-                "tcp" => proto::TCP,
-                "udp" => proto::UDP,
-                "sctp" => {
-                    return Err(format!(
-                        "{}: proto sctp: SCTP Services are not supported yet",
-                        what()
-                    ));
-                }
-                p => return Err(format!("{}: proto {p:?}: expected tcp or udp", what())),
-            };
-            if spec.port == 0 {
-                return Err(format!("{}: port must be 1-65535", what()));
-            }
-            if spec.node_port == Some(0) {
-                return Err(format!("{}: node_port must be 1-65535", what()));
-            }
-            if spec.backends.len() > usize::from(u16::MAX) {
-                return Err(format!("{}: at most {} backends", what(), u16::MAX));
-            }
-            let idx = s.services.len() as u32;
-            let mut backends = Vec::with_capacity(spec.backends.len());
-            for (j, b) in spec.backends.iter().enumerate() {
-                if b.port == 0 {
-                    return Err(format!("{}: backends[{j}]: port must be 1-65535", what()));
-                }
-                if spec.backends[..j]
-                    .iter()
-                    .any(|o| o.addr == b.addr && o.port == b.port)
-                {
-                    return Err(format!(
-                        "{}: backends[{j}]: duplicate endpoint {}:{}",
-                        what(),
-                        b.addr,
-                        b.port
-                    ));
-                }
-                backends.push(Backend {
-                    addr: b.addr,
-                    port: b.port,
-                    local: b.node.as_deref().is_none_or(|n| n == node),
-                    node: b.node.clone(),
-                    ready: b.ready,
-                    serving: b.serving.unwrap_or(b.ready),
-                    terminating: b.terminating,
-                });
-                s.backends.insert((proto, b.addr, b.port));
-            }
-            let of = |fam: usize, local: bool| {
-                let bs = &backends;
-                usable(
-                    bs,
-                    (0..bs.len() as u16).filter(move |&k| {
-                        let b = &bs[usize::from(k)];
-                        family(&b.addr) == fam && (!local || b.local)
-                    }),
-                )
-            };
-            let cluster = [of(0, false), of(1, false)];
-            let local = [of(0, true), of(1, true)];
-            let mut add = |addr: IpAddr, port: u16, scope: Scope| -> Result<(), String> {
-                let f = Frontend {
-                    service: idx,
-                    scope,
-                };
-                if let Some(prev) = s.frontends.insert((proto, addr, port), f) {
-                    return Err(format!(
-                        "{}: frontend {} {addr}:{port} is also services[{}]'s",
-                        what(),
-                        spec.proto,
-                        prev.service
-                    ));
-                }
-                Ok(())
-            };
-            for a in &spec.cluster_ips {
-                add(*a, spec.port, Scope::Internal)?;
-            }
-            for a in spec.external_ips.iter().chain(&spec.load_balancer_ips) {
-                add(*a, spec.port, Scope::External)?;
-            }
-            if let Some(np) = spec.node_port
-                && let Some(prev) = s.node_ports.insert((proto, np), idx)
-            {
-                return Err(format!(
-                    "{}: node port {} {np} is also services[{prev}]'s",
-                    what(),
-                    spec.proto
-                ));
-            }
-            s.services.push(Service {
-                name: spec.name.clone(),
-                proto,
-                spec: spec.clone(),
-                backends,
-                cluster,
-                local,
-                affinity_ns: spec
-                    .affinity_timeout_s
-                    .map(|t| u64::from(t) * 1_000_000_000),
-                id: stable_id(&spec.name),
-            });
+            s.add(spec, &what)?;
         }
         Ok(s)
+    }
+
+    /// These Services with the Service ports named in `removed` taken out and `added`
+    /// put in (one of an existing name replaces it), without compiling the others again:
+    /// the cost is a copy of the lookup tables, not a compilation of every Service, so
+    /// that an endpoint change reaches the workers in a few milliseconds however many
+    /// Services there are. Unknown names in `removed` are ignored.
+    pub fn update(&self, removed: &[&str], added: &[ServiceSpec]) -> Result<Services, String> {
+        let mut s = self.clone();
+        for name in removed
+            .iter()
+            .copied()
+            .chain(added.iter().map(|a| a.name.as_str()))
+        {
+            if let Some(i) = s.position(name) {
+                s.remove(i);
+            }
+        }
+        let mut names = HashSet::with_capacity(added.len());
+        for spec in added {
+            let what = format!("services ({:?})", spec.name);
+            if !names.insert(spec.name.as_str()) {
+                return Err(format!("{what}: duplicate service name"));
+            }
+            s.add(spec, &what)?;
+        }
+        // Removed Service ports leave empty slots behind (frontends hold indices); once
+        // they outnumber the live ones, compile afresh.
+        if s.services.len() > 2 * s.live + 64 {
+            let live: Vec<ServiceSpec> = s
+                .services
+                .iter()
+                .filter(|v| !v.name.is_empty())
+                .map(|v| v.spec.clone())
+                .collect();
+            let node = std::mem::take(&mut s.node);
+            return Services::compile(&live, &node, s.local_addrs.iter().copied());
+        }
+        Ok(s)
+    }
+
+    /// Service ports in force.
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// True when there is none.
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// The Service port named `name`.
+    pub fn get(&self, name: &str) -> Option<&Service> {
+        self.position(name).map(|i| &*self.services[i])
+    }
+
+    fn position(&self, name: &str) -> Option<usize> {
+        if name.is_empty() {
+            return None;
+        }
+        self.services.iter().position(|v| v.name == name)
+    }
+
+    /// Takes Service port `i` out: its frontends and endpoints go, its slot stays empty.
+    fn remove(&mut self, i: usize) {
+        let old = std::mem::replace(&mut self.services[i], Arc::new(Service::vacant()));
+        let proto = old.proto;
+        let idx = i as u32;
+        let spec = &old.spec;
+        for a in spec
+            .cluster_ips
+            .iter()
+            .chain(&spec.external_ips)
+            .chain(&spec.load_balancer_ips)
+        {
+            let k = (proto, *a, spec.port);
+            if self.frontends.get(&k).is_some_and(|f| f.service == idx) {
+                self.frontends.remove(&k);
+            }
+        }
+        if let Some(np) = spec.node_port
+            && self.node_ports.get(&(proto, np)) == Some(&idx)
+        {
+            self.node_ports.remove(&(proto, np));
+        }
+        for b in &old.backends {
+            let k = (proto, b.addr, b.port);
+            if let Some(n) = self.backends.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    self.backends.remove(&k);
+                }
+            }
+        }
+        self.live -= 1;
+    }
+
+    /// Checks and adds one Service port; `what` names it in errors. On an error the
+    /// tables may hold part of it: callers work on a copy they drop then.
+    fn add(&mut self, spec: &ServiceSpec, what: &str) -> Result<(), String> {
+        if spec.name.is_empty() {
+            return Err(format!("{what}: name must not be empty"));
+        }
+        let proto = match spec.proto.as_str() {
+            "tcp" => proto::TCP,
+            "udp" => proto::UDP,
+            "sctp" => {
+                return Err(format!(
+                    "{what}: proto sctp: SCTP Services are not supported yet"
+                ));
+            }
+            p => return Err(format!("{what}: proto {p:?}: expected tcp or udp")),
+        };
+        if spec.port == 0 {
+            return Err(format!("{what}: port must be 1-65535"));
+        }
+        if spec.node_port == Some(0) {
+            return Err(format!("{what}: node_port must be 1-65535"));
+        }
+        if spec.backends.len() > usize::from(u16::MAX) {
+            return Err(format!("{what}: at most {} backends", u16::MAX));
+        }
+        let idx = self.services.len() as u32;
+        let mut backends = Vec::with_capacity(spec.backends.len());
+        let mut seen = HashSet::with_capacity(spec.backends.len());
+        for (j, b) in spec.backends.iter().enumerate() {
+            if b.port == 0 {
+                return Err(format!("{what}: backends[{j}]: port must be 1-65535"));
+            }
+            if !seen.insert((b.addr, b.port)) {
+                return Err(format!(
+                    "{what}: backends[{j}]: duplicate endpoint {}:{}",
+                    b.addr, b.port
+                ));
+            }
+            backends.push(Backend {
+                addr: b.addr,
+                port: b.port,
+                local: b.node.as_deref().is_none_or(|n| n == self.node),
+                node: b.node.clone(),
+                ready: b.ready,
+                serving: b.serving.unwrap_or(b.ready),
+                terminating: b.terminating,
+            });
+            *self.backends.entry((proto, b.addr, b.port)).or_default() += 1;
+        }
+        let of = |fam: usize, local: bool| {
+            let bs = &backends;
+            usable(
+                bs,
+                (0..bs.len() as u16).filter(move |&k| {
+                    let b = &bs[usize::from(k)];
+                    family(&b.addr) == fam && (!local || b.local)
+                }),
+            )
+        };
+        let cluster = [of(0, false), of(1, false)];
+        let local = [of(0, true), of(1, true)];
+        let frontends = spec
+            .cluster_ips
+            .iter()
+            .map(|a| (*a, Scope::Internal))
+            .chain(
+                spec.external_ips
+                    .iter()
+                    .chain(&spec.load_balancer_ips)
+                    .map(|a| (*a, Scope::External)),
+            );
+        for (addr, scope) in frontends {
+            let f = Frontend {
+                service: idx,
+                scope,
+            };
+            if let Some(prev) = self.frontends.insert((proto, addr, spec.port), f) {
+                return Err(format!(
+                    "{what}: frontend {} {addr}:{} is also {:?}'s",
+                    spec.proto, spec.port, self.services[prev.service as usize].name
+                ));
+            }
+        }
+        if let Some(np) = spec.node_port
+            && let Some(prev) = self.node_ports.insert((proto, np), idx)
+        {
+            return Err(format!(
+                "{what}: node port {} {np} is also {:?}'s",
+                spec.proto, self.services[prev as usize].name
+            ));
+        }
+        self.services.push(Arc::new(Service {
+            name: spec.name.clone(),
+            proto,
+            spec: spec.clone(),
+            backends,
+            cluster,
+            local,
+            affinity_ns: spec
+                .affinity_timeout_s
+                .map(|t| u64::from(t) * 1_000_000_000),
+            id: stable_id(&spec.name),
+        }));
+        self.live += 1;
+        Ok(())
     }
 
     /// The frontend a packet with `key` is addressed to, if any.
     #[inline]
     pub fn frontend(&self, key: &FlowKey) -> Option<Frontend> {
-        if self.services.is_empty() || !matches!(key.proto, proto::TCP | proto::UDP) {
+        if self.live == 0 || !matches!(key.proto, proto::TCP | proto::UDP) {
             return None;
         }
         if let Some(f) = self.frontends.get(&(key.proto, key.dst, key.dst_port)) {
@@ -307,7 +427,7 @@ impl Services {
 
     /// True when some Service has the endpoint (protocol, address, port).
     pub fn has_backend(&self, proto: u8, addr: IpAddr, port: u16) -> bool {
-        self.backends.contains(&(proto, addr, port))
+        self.backends.contains_key(&(proto, addr, port))
     }
 
     /// True when this node's addresses include `a` (where node ports are reached).

@@ -47,7 +47,7 @@ fn test_compile_errors_name_the_service_and_the_problem() {
     other.node_port = None;
     let e = compile(&[svc("x", "tcp"), other]).unwrap_err();
     assert!(
-        e.contains("frontend tcp 10.96.0.10:80") && e.contains("services[0]"),
+        e.contains("frontend tcp 10.96.0.10:80") && e.contains("also \"x\"'s"),
         "{e}"
     );
     let mut other = svc("y", "tcp");
@@ -121,4 +121,68 @@ fn test_affinity_is_bounded_and_counts_what_it_could_not_keep() {
         None,
         "expired at its deadline"
     );
+}
+
+#[test]
+fn test_update_replaces_removes_and_adds_service_ports_in_place() {
+    let mut b = svc("b", "tcp");
+    b.cluster_ips = vec![ip("10.96.0.20")];
+    b.node_port = Some(30081);
+    let s = Services::compile(&[svc("a", "tcp"), b.clone()], "a", [ip("192.168.50.10")]).unwrap();
+    // "a" gets another endpoint, "b" goes, "c" comes with b's cluster IP.
+    let mut a2 = svc("a", "tcp");
+    a2.backends[0].addr = ip("10.244.1.9");
+    let mut c = svc("c", "udp");
+    c.cluster_ips = vec![ip("10.96.0.20")];
+    c.node_port = None;
+    let u = s.update(&["b"], &[a2, c]).unwrap();
+    assert_eq!(u.len(), 2);
+    assert!(u.get("b").is_none());
+    assert!(u.has_backend(proto::TCP, ip("10.244.1.9"), 8080));
+    assert!(
+        !u.has_backend(proto::TCP, ip("10.244.1.5"), 8080),
+        "the replaced endpoint is gone"
+    );
+    let hit = u.frontend(&key("10.96.0.10", 80)).unwrap();
+    assert_eq!(u.services[hit.service as usize].name, "a");
+    assert_eq!(
+        u.frontend(&key("10.96.0.20", 80)),
+        None,
+        "b's TCP frontend is gone"
+    );
+    assert_eq!(u.frontend(&key("192.168.50.10", 30081)), None);
+    let mut k = key("10.96.0.20", 80);
+    k.proto = proto::UDP;
+    assert_eq!(
+        u.services[u.frontend(&k).unwrap().service as usize].name,
+        "c"
+    );
+    // The original is untouched.
+    assert!(s.get("b").is_some());
+    assert!(s.has_backend(proto::TCP, ip("10.244.1.5"), 8080));
+    // An endpoint two Service ports share stays while either has it.
+    let mut d = svc("d", "tcp");
+    d.cluster_ips = vec![ip("10.96.0.30")];
+    d.node_port = None;
+    let both = s.update(&[], &[d]).unwrap();
+    let one = both.update(&["a"], &[]).unwrap();
+    assert!(one.has_backend(proto::TCP, ip("10.244.1.5"), 8080));
+    // A clash is refused and names both.
+    let mut clash = svc("e", "tcp");
+    clash.node_port = None;
+    let e = s.update(&[], &[clash]).unwrap_err();
+    assert!(e.contains("\"e\"") && e.contains("also \"a\"'s"), "{e}");
+}
+
+#[test]
+fn test_many_updates_compact_the_emptied_slots() {
+    let mut s = Services::compile(&[svc("a", "tcp")], "a", []).unwrap();
+    for i in 0..500u32 {
+        let mut a = svc("a", "tcp");
+        a.backends[0].port = 1 + (i % 1000) as u16;
+        s = s.update(&[], &[a]).unwrap();
+    }
+    assert_eq!(s.len(), 1);
+    assert!(s.services.len() <= 2 + 64, "{} slots", s.services.len());
+    assert!(s.frontend(&key("10.96.0.10", 80)).is_some());
 }
