@@ -304,6 +304,53 @@ impl Cluster {
             })
     }
 
+    /// The objects that differ between `self` and `newer`: added, changed or removed,
+    /// by kind and key.
+    pub fn diff(&self, newer: &Cluster) -> Vec<(Kind, ObjectKey)> {
+        fn walk<T: PartialEq>(
+            kind: Kind,
+            a: &BTreeMap<ObjectKey, T>,
+            b: &BTreeMap<ObjectKey, T>,
+            out: &mut Vec<(Kind, ObjectKey)>,
+        ) {
+            for (k, v) in a {
+                if b.get(k) != Some(v) {
+                    out.push((kind, k.clone()));
+                }
+            }
+            for k in b.keys() {
+                if !a.contains_key(k) {
+                    out.push((kind, k.clone()));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(Kind::Node, &self.nodes, &newer.nodes, &mut out);
+        walk(Kind::Pod, &self.pods, &newer.pods, &mut out);
+        walk(Kind::Service, &self.services, &newer.services, &mut out);
+        walk(
+            Kind::EndpointSlice,
+            &self.endpoint_slices,
+            &newer.endpoint_slices,
+            &mut out,
+        );
+        walk(
+            Kind::ConfigMap,
+            &self.config_maps,
+            &newer.config_maps,
+            &mut out,
+        );
+        out
+    }
+
+    /// The Service an EndpointSlice belongs to (its namespace and
+    /// `kubernetes.io/service-name` label), if it is in the model and labelled.
+    pub fn service_of_slice(&self, slice: &ObjectKey) -> Option<ObjectKey> {
+        let s = self.endpoint_slices.get(slice)?;
+        let name = s.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+        Some(ObjectKey::new(slice.namespace.clone(), name.clone()))
+    }
+
     /// How many objects the model holds, all kinds together.
     pub fn len(&self) -> usize {
         self.nodes.len()

@@ -24,8 +24,10 @@ use ferry_linux::worker::{Control, NamedPort, Snapshot, Update, WorkerStats};
 use ferry_linux::{AfPacketConfig, AfPacketPort, Port, TapPort};
 use ipnet::IpNet;
 
-use crate::cluster::{Cluster, ObjectKey};
-use crate::compile::{AttachedPod, CompileOptions, Compiled, UPLINK_PORT, node_tables};
+use crate::cluster::{Cluster, Kind, ObjectKey};
+use crate::compile::{
+    AttachedPod, CompileOptions, Compiled, HealthCheck, UPLINK_PORT, node_tables, service_tables,
+};
 use crate::health::HealthServers;
 
 /// How long [`Agent::apply`] waits for the worker to take an update.
@@ -67,6 +69,8 @@ pub struct Applied {
     pub closed: Vec<String>,
     /// Connections removed because their endpoint went away.
     pub ct_removed: usize,
+    /// Only the changed Services were compiled (an EndpointSlice or Service change).
+    pub incremental: bool,
     /// Things left out of the tables, each naming its object.
     pub warnings: Vec<String>,
 }
@@ -86,11 +90,51 @@ pub struct Agent {
     started: Instant,
     /// The first worker error, once the worker stopped.
     failed: Arc<Mutex<Option<String>>>,
+    /// What is in force, for changes that only concern Services.
+    last: Option<Last>,
+}
+
+/// The state in force.
+struct Last {
+    cluster: Arc<Cluster>,
+    tables: Arc<Tables>,
+    /// The tables entries of each Service.
+    service_ports: BTreeMap<ObjectKey, Vec<String>>,
+    /// Health check node ports by Service (`namespace/name`).
+    health: BTreeMap<String, HealthCheck>,
+}
+
+impl Last {
+    fn new(cluster: Arc<Cluster>, tables: Arc<Tables>, compiled: &Compiled) -> Last {
+        let mut service_ports: BTreeMap<ObjectKey, Vec<String>> = BTreeMap::new();
+        for s in &compiled.tables.services {
+            if let Some(key) = service_key(&s.name) {
+                service_ports.entry(key).or_default().push(s.name.clone());
+            }
+        }
+        Last {
+            cluster,
+            tables,
+            service_ports,
+            health: compiled
+                .health_checks
+                .iter()
+                .map(|h| (h.service.clone(), h.clone()))
+                .collect(),
+        }
+    }
+}
+
+/// The Service of a tables entry named `namespace/name:port`.
+fn service_key(entry: &str) -> Option<ObjectKey> {
+    let (svc, _) = entry.rsplit_once(':')?;
+    let (ns, name) = svc.split_once('/')?;
+    Some(ObjectKey::new(ns, name))
 }
 
 impl Agent {
     /// Compiles the tables of `cluster`, opens every port, and starts the worker.
-    pub fn start(opts: Options, cluster: &Cluster) -> Result<(Agent, Applied), String> {
+    pub fn start(opts: Options, cluster: Arc<Cluster>) -> Result<(Agent, Applied), String> {
         let t0 = Instant::now();
         let mut agent = Agent {
             opts,
@@ -103,8 +147,9 @@ impl Agent {
             generation: 1,
             started: Instant::now(),
             failed: Arc::new(Mutex::new(None)),
+            last: None,
         };
-        let compiled = agent.compile(cluster)?;
+        let compiled = agent.compile(&cluster)?;
         let tables = Arc::new(compiled.tables.compile()?);
         let compile = t0.elapsed();
         let mut ports: Vec<NamedPort> = Vec::with_capacity(tables.ports.len());
@@ -141,7 +186,8 @@ impl Agent {
             })
             .map_err(|e| format!("starting the worker: {e}"))?;
         agent.worker = Some(worker);
-        agent.set_health(&compiled);
+        agent.set_health(&compiled.health_checks);
+        agent.last = Some(Last::new(cluster, tables, &compiled));
         Ok((
             agent,
             Applied {
@@ -151,18 +197,124 @@ impl Agent {
                 opened,
                 closed: Vec::new(),
                 ct_removed: 0,
+                incremental: false,
                 warnings: compiled.warnings,
             },
         ))
     }
 
-    /// Switches the node to the tables of `cluster`. On an error nothing changed.
-    pub fn apply(&mut self, cluster: &Cluster) -> Result<Applied, String> {
+    /// Switches the node to the tables of `cluster`, of which `changed` lists the
+    /// objects that differ from the state in force ([`Cluster::diff`]). When only
+    /// Services and EndpointSlices changed, only the Services concerned are compiled and
+    /// patched into the tables in force; otherwise the whole node is compiled again. On
+    /// an error nothing changed.
+    pub fn apply_changes(
+        &mut self,
+        cluster: Arc<Cluster>,
+        changed: &[(Kind, ObjectKey)],
+    ) -> Result<Applied, String> {
+        let services_only = changed
+            .iter()
+            .all(|(k, _)| matches!(k, Kind::Service | Kind::EndpointSlice));
+        match &self.last {
+            Some(last) if services_only => {
+                let mut keys = BTreeSet::new();
+                for (kind, key) in changed {
+                    match kind {
+                        Kind::Service => {
+                            keys.insert(key.clone());
+                        }
+                        _ => keys.extend(
+                            [&last.cluster, &cluster]
+                                .into_iter()
+                                .filter_map(|c| c.service_of_slice(key)),
+                        ),
+                    }
+                }
+                self.apply_services(cluster, &keys)
+            }
+            _ => self.apply(cluster),
+        }
+    }
+
+    /// Compiles the Services `keys` of `cluster` and patches them into the tables in
+    /// force.
+    fn apply_services(
+        &mut self,
+        cluster: Arc<Cluster>,
+        keys: &BTreeSet<ObjectKey>,
+    ) -> Result<Applied, String> {
         if let Some(e) = self.worker_error() {
             return Err(format!("the worker stopped: {e}"));
         }
         let t0 = Instant::now();
-        let compiled = self.compile(cluster)?;
+        let last = self.last.as_ref().ok_or("nothing in force yet")?;
+        let st = service_tables(&cluster, &self.opts.node, keys, &self.opts.compile)?;
+        let removed: Vec<&str> = keys
+            .iter()
+            .filter_map(|k| last.service_ports.get(k))
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        let tables = Arc::new(last.tables.with_services(&removed, &st.specs)?);
+        let compile = t0.elapsed();
+        let t1 = Instant::now();
+        let applied = self
+            .control
+            .send(
+                Update {
+                    tables: Arc::clone(&tables),
+                    new_ports: Vec::new(),
+                },
+                APPLY_TIMEOUT,
+            )
+            .map_err(|e| format!("the worker did not take the new tables: {e}"))?;
+        let swap = t1.elapsed();
+        let closed: Vec<String> = applied.closed.iter().map(|(n, _)| n.clone()).collect();
+        drop(applied.closed);
+        let Some(last) = self.last.as_mut() else {
+            return Err("nothing in force yet".into());
+        };
+        for k in keys {
+            last.service_ports.remove(k);
+            last.health.remove(&k.to_string());
+        }
+        for s in &st.specs {
+            if let Some(key) = service_key(&s.name) {
+                last.service_ports
+                    .entry(key)
+                    .or_default()
+                    .push(s.name.clone());
+            }
+        }
+        for h in st.health_checks {
+            last.health.insert(h.service.clone(), h);
+        }
+        last.cluster = cluster;
+        last.tables = tables;
+        let checks: Vec<HealthCheck> = last.health.values().cloned().collect();
+        self.generation += 1;
+        self.set_health(&checks);
+        Ok(Applied {
+            generation: self.generation,
+            compile,
+            swap,
+            opened: Vec::new(),
+            closed,
+            ct_removed: applied.report.ct_removed,
+            incremental: true,
+            warnings: st.warnings,
+        })
+    }
+
+    /// Switches the node to the tables of `cluster`, compiled whole. On an error nothing
+    /// changed.
+    pub fn apply(&mut self, cluster: Arc<Cluster>) -> Result<Applied, String> {
+        if let Some(e) = self.worker_error() {
+            return Err(format!("the worker stopped: {e}"));
+        }
+        let t0 = Instant::now();
+        let compiled = self.compile(&cluster)?;
         let tables = Arc::new(compiled.tables.compile()?);
         let compile = t0.elapsed();
         let mut new_ports = Vec::new();
@@ -189,7 +341,8 @@ impl Agent {
         drop(applied.closed);
         self.open = tables.ports.iter().map(|p| p.name.clone()).collect();
         self.generation += 1;
-        self.set_health(&compiled);
+        self.set_health(&compiled.health_checks);
+        self.last = Some(Last::new(cluster, tables, &compiled));
         Ok(Applied {
             generation: self.generation,
             compile,
@@ -197,6 +350,7 @@ impl Agent {
             opened,
             closed,
             ct_removed: applied.report.ct_removed,
+            incremental: false,
             warnings: compiled.warnings,
         })
     }
@@ -261,8 +415,8 @@ impl Agent {
         Ok(c)
     }
 
-    fn set_health(&mut self, compiled: &Compiled) {
-        for (port, e) in self.health.set(&compiled.health_checks) {
+    fn set_health(&mut self, checks: &[HealthCheck]) {
+        for (port, e) in self.health.set(checks) {
             tracing::warn!(port, error = %e, "health check node port not served");
         }
     }

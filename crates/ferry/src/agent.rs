@@ -11,6 +11,7 @@ use ferry_agent::compile::CompileOptions;
 use ferry_agent::datastore::file::{FileDatastore, Update};
 use ferry_agent::run::{Agent, Applied, Options};
 use ferry_agent::{Cluster, ObjectKey};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::replay::read_tables_spec;
@@ -71,6 +72,7 @@ fn report(a: &Applied) {
         opened = ?a.opened,
         closed = ?a.closed,
         ct_removed = a.ct_removed,
+        incremental = a.incremental,
         "tables applied"
     );
     for w in &a.warnings {
@@ -111,8 +113,9 @@ pub fn run(args: &Args) -> Result<()> {
         tracing::info!("{n}");
     }
     let stop = ferry_linux::signal::stop_on_signals().context("installing signal handlers")?;
-    let cluster: std::sync::Arc<Cluster> = ds.current();
-    let (mut agent, applied) = Agent::start(opts, &cluster).map_err(|e| anyhow!("{e}"))?;
+    let mut in_force: Arc<Cluster> = ds.current();
+    let (mut agent, applied) =
+        Agent::start(opts, Arc::clone(&in_force)).map_err(|e| anyhow!("{e}"))?;
     report(&applied);
     tracing::info!(
         node = %args.node,
@@ -138,10 +141,17 @@ pub fn run(args: &Args) -> Result<()> {
                     tracing::info!("{n}");
                 }
                 let t0 = Instant::now();
-                match agent.apply(&cluster) {
+                let changed = in_force.diff(&cluster);
+                let diffed = t0.elapsed();
+                match agent.apply_changes(Arc::clone(&cluster), &changed) {
                     Ok(a) => {
                         report(&a);
-                        tracing::debug!(total_ms = t0.elapsed().as_secs_f64() * 1e3);
+                        tracing::debug!(
+                            changed = changed.len(),
+                            diff_ms = diffed.as_secs_f64() * 1e3,
+                            total_ms = t0.elapsed().as_secs_f64() * 1e3
+                        );
+                        in_force = cluster;
                     }
                     Err(e) => {
                         tracing::error!("cluster state not applied, the tables in force stay: {e}")

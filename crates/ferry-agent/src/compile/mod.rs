@@ -147,6 +147,36 @@ pub fn node_tables(
     })
 }
 
+/// The Services part of a node's tables for the Services `keys` only (those still in
+/// the cluster; a key without a Service gives nothing): what an EndpointSlice or Service
+/// change needs, without compiling every other Service. The tables entries of a Service
+/// are named `namespace/name:port`.
+#[derive(Clone, Debug, Default)]
+pub struct ServiceTables {
+    /// Tables entries, one per Service port.
+    pub specs: Vec<ferry_datapath::lb::ServiceSpec>,
+    /// Health check node ports of these Services.
+    pub health_checks: Vec<HealthCheck>,
+    /// Things left out.
+    pub warnings: Vec<String>,
+}
+
+/// Compiles the Services `keys` of `cluster` for node `node` (see [`ServiceTables`]).
+pub fn service_tables(
+    cluster: &Cluster,
+    node: &str,
+    keys: &std::collections::BTreeSet<ObjectKey>,
+    opts: &CompileOptions,
+) -> Result<ServiceTables, String> {
+    let config = FerryConfig::of(cluster)?;
+    let out = services::compile_some(cluster, node, &config, opts, keys)?;
+    Ok(ServiceTables {
+        specs: out.specs,
+        health_checks: out.health_checks,
+        warnings: out.warnings,
+    })
+}
+
 /// Adds every other Node reachable on an underlay family this node has as an overlay
 /// peer, and the overlay itself when the base has none.
 fn add_peers(

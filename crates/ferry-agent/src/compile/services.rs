@@ -6,7 +6,9 @@ use std::net::IpAddr;
 
 use ferry_datapath::lb::{BackendSpec, Policy, ServiceSpec};
 
-use crate::cluster::{Cluster, SERVICE_NAME_LABEL};
+use k8s_openapi::api::core::v1::Service;
+
+use crate::cluster::{Cluster, ObjectKey, SERVICE_NAME_LABEL};
 use crate::config::FerryConfig;
 use crate::fields::{Protocol, ServiceFields, ServicePortFields, ServiceType, SliceFields};
 
@@ -48,86 +50,131 @@ pub(super) fn compile(
             .push(f);
     }
     for (key, svc) in &cluster.services {
-        let f = read(ServiceFields::parse(svc), &format_args!("Service {key}"))?;
-        // kube-proxy leaves both alone: an ExternalName Service is a DNS alias, a
-        // headless one only gives its endpoints' addresses through DNS.
-        if f.type_ == ServiceType::ExternalName || f.headless {
-            continue;
-        }
         let slices = by_service
             .get(&(key.namespace.as_str(), key.name.as_str()))
             .map_or(&[][..], Vec::as_slice);
-        let node_ports = matches!(f.type_, ServiceType::NodePort | ServiceType::LoadBalancer);
-        // The external policy only concerns traffic from outside: node ports, external
-        // and load balancer IPs. A ClusterIP Service without them has none.
-        let external = node_ports || !f.external_ips.is_empty();
-        let external_snat = f
-            .external_snat
-            .or(config.external_snat)
-            .unwrap_or(opts.external_snat);
-        let mut local_ips = BTreeSet::new();
-        let mut any_frontend = false;
-        for p in &f.ports {
-            let port_name = if p.name.is_empty() {
-                p.port.to_string()
-            } else {
-                p.name.clone()
-            };
-            if p.protocol == Protocol::Sctp {
-                out.warnings.push(format!(
-                    "Service {key}: spec.ports[{}] ({port_name}): SCTP is not supported yet; port skipped",
-                    p.index
-                ));
-                continue;
-            }
-            let backends = backends(slices, p, f.publish_not_ready);
-            local_ips.extend(
-                backends
-                    .iter()
-                    .filter(|b| b.ready && b.node.as_deref() == Some(node))
-                    .map(|b| b.addr),
-            );
-            let spec = ServiceSpec {
-                name: format!("{key}:{port_name}"),
-                proto: p.protocol.tables_name().to_string(),
-                port: p.port,
-                cluster_ips: f.cluster_ips.clone(),
-                node_port: p.node_port.filter(|_| node_ports),
-                external_ips: f.external_ips.clone(),
-                load_balancer_ips: f.load_balancer_ips.clone(),
-                external_policy: if external {
-                    f.external_policy
-                } else {
-                    Policy::Cluster
-                },
-                internal_policy: f.internal_policy,
-                affinity_timeout_s: f.affinity_timeout_s,
-                external_snat,
-                backends,
-            };
-            any_frontend |= !spec.cluster_ips.is_empty()
-                || spec.node_port.is_some()
-                || !spec.external_ips.is_empty()
-                || !spec.load_balancer_ips.is_empty();
-            out.specs.push(spec);
-        }
-        if !f.ports.is_empty() && !any_frontend {
-            out.warnings.push(format!(
-                "Service {key}: no cluster IP, node port, external or load balancer IP: nothing reaches it"
-            ));
-        }
-        if f.type_ == ServiceType::LoadBalancer
-            && f.external_policy == Policy::Local
-            && let Some(port) = f.health_check_node_port
-        {
-            out.health_checks.push(HealthCheck {
-                service: key.to_string(),
-                port,
-                local_endpoints: local_ips.len(),
-            });
-        }
+        one(key, svc, slices, node, config, opts, &mut out)?;
     }
     Ok(out)
+}
+
+/// Compiles only the Services `keys` (those of them still in the cluster): what an
+/// EndpointSlice or Service change needs, without reading every other Service.
+pub(super) fn compile_some(
+    cluster: &Cluster,
+    node: &str,
+    config: &FerryConfig,
+    opts: &CompileOptions,
+    keys: &BTreeSet<ObjectKey>,
+) -> Result<Out, String> {
+    let mut out = Out {
+        specs: Vec::new(),
+        health_checks: Vec::new(),
+        warnings: Vec::new(),
+    };
+    for key in keys {
+        let Some(svc) = cluster.services.get(key) else {
+            continue;
+        };
+        let mut slices = Vec::new();
+        for s in cluster.endpoint_slices_of(&key.namespace, &key.name) {
+            let name = s.metadata.name.as_deref().unwrap_or_default();
+            slices.push(read(
+                SliceFields::parse(s),
+                &format_args!("EndpointSlice {}/{name}", key.namespace),
+            )?);
+        }
+        one(key, svc, &slices, node, config, opts, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// Compiles one Service: its ports' tables entries, and its health check node port.
+fn one(
+    key: &ObjectKey,
+    svc: &Service,
+    slices: &[SliceFields],
+    node: &str,
+    config: &FerryConfig,
+    opts: &CompileOptions,
+    out: &mut Out,
+) -> Result<(), String> {
+    let f = read(ServiceFields::parse(svc), &format_args!("Service {key}"))?;
+    // kube-proxy leaves both alone: an ExternalName Service is a DNS alias, a
+    // headless one only gives its endpoints' addresses through DNS.
+    if f.type_ == ServiceType::ExternalName || f.headless {
+        return Ok(());
+    }
+    let node_ports = matches!(f.type_, ServiceType::NodePort | ServiceType::LoadBalancer);
+    // The external policy only concerns traffic from outside: node ports, external
+    // and load balancer IPs. A ClusterIP Service without them has none.
+    let external = node_ports || !f.external_ips.is_empty();
+    let external_snat = f
+        .external_snat
+        .or(config.external_snat)
+        .unwrap_or(opts.external_snat);
+    let mut local_ips = BTreeSet::new();
+    let mut any_frontend = false;
+    for p in &f.ports {
+        let port_name = if p.name.is_empty() {
+            p.port.to_string()
+        } else {
+            p.name.clone()
+        };
+        if p.protocol == Protocol::Sctp {
+            out.warnings.push(format!(
+                "Service {key}: spec.ports[{}] ({port_name}): SCTP is not supported yet; port skipped",
+                p.index
+            ));
+            continue;
+        }
+        let backends = backends(slices, p, f.publish_not_ready);
+        local_ips.extend(
+            backends
+                .iter()
+                .filter(|b| b.ready && b.node.as_deref() == Some(node))
+                .map(|b| b.addr),
+        );
+        let spec = ServiceSpec {
+            name: format!("{key}:{port_name}"),
+            proto: p.protocol.tables_name().to_string(),
+            port: p.port,
+            cluster_ips: f.cluster_ips.clone(),
+            node_port: p.node_port.filter(|_| node_ports),
+            external_ips: f.external_ips.clone(),
+            load_balancer_ips: f.load_balancer_ips.clone(),
+            external_policy: if external {
+                f.external_policy
+            } else {
+                Policy::Cluster
+            },
+            internal_policy: f.internal_policy,
+            affinity_timeout_s: f.affinity_timeout_s,
+            external_snat,
+            backends,
+        };
+        any_frontend |= !spec.cluster_ips.is_empty()
+            || spec.node_port.is_some()
+            || !spec.external_ips.is_empty()
+            || !spec.load_balancer_ips.is_empty();
+        out.specs.push(spec);
+    }
+    if !f.ports.is_empty() && !any_frontend {
+        out.warnings.push(format!(
+            "Service {key}: no cluster IP, node port, external or load balancer IP: nothing reaches it"
+        ));
+    }
+    if f.type_ == ServiceType::LoadBalancer
+        && f.external_policy == Policy::Local
+        && let Some(port) = f.health_check_node_port
+    {
+        out.health_checks.push(HealthCheck {
+            service: key.to_string(),
+            port,
+            local_endpoints: local_ips.len(),
+        });
+    }
+    Ok(())
 }
 
 /// The endpoints of Service port `p`: from each IPv4/IPv6 slice, the slice port of the

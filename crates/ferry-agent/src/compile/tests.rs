@@ -899,3 +899,77 @@ fn example_cluster_compiles_for_both_nodes() {
         assert_eq!(out.health_checks[0].local_endpoints, local, "{node}");
     }
 }
+
+#[test]
+fn services_compiled_alone_match_the_whole_node_and_patch_its_tables() {
+    let c = crate::datastore::file::load(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/cluster"
+    )))
+    .unwrap()
+    .0;
+    let whole = compile(&c, "node-a");
+    let keys: std::collections::BTreeSet<ObjectKey> = c.services.keys().cloned().collect();
+    let alone = service_tables(&c, "node-a", &keys, &CompileOptions::default()).unwrap();
+    let names = |v: &[ServiceSpec]| {
+        let mut n: Vec<String> = v
+            .iter()
+            .map(|s| serde_json::to_string(s).unwrap())
+            .collect();
+        n.sort();
+        n
+    };
+    assert!(!alone.specs.is_empty());
+    assert_eq!(names(&alone.specs), names(&whole.tables.services));
+    assert_eq!(alone.health_checks, whole.health_checks);
+
+    // One Service's entries patched into the compiled tables give what compiling the
+    // changed cluster whole gives.
+    let mut changed = c.clone();
+    let key = ObjectKey::new("default", "web");
+    let slice = changed
+        .endpoint_slices
+        .iter()
+        .find(|(k, _)| changed_service(&c, k) == Some(key.clone()))
+        .map(|(k, _)| k.clone())
+        .expect("a slice of default/web");
+    let s = changed.endpoint_slices.get_mut(&slice).unwrap();
+    let eps = s.endpoints.as_mut().expect("endpoints");
+    assert!(eps.len() > 1);
+    eps.truncate(1);
+    let patch = service_tables(
+        &changed,
+        "node-a",
+        &[key.clone()].into(),
+        &CompileOptions::default(),
+    )
+    .unwrap();
+    let before: Vec<&str> = whole
+        .tables
+        .services
+        .iter()
+        .filter(|s| s.name.starts_with("default/web:"))
+        .map(|s| s.name.as_str())
+        .collect();
+    let patched = whole
+        .tables
+        .compile()
+        .unwrap()
+        .with_services(&before, &patch.specs)
+        .unwrap();
+    let fresh = compile(&changed, "node-a").tables.compile().unwrap();
+    for s in &compile(&changed, "node-a").tables.services {
+        let (a, b) = (patched.services.get(&s.name), fresh.services.get(&s.name));
+        assert_eq!(
+            a.map(|x| serde_json::to_string(&x.spec).unwrap()),
+            b.map(|x| serde_json::to_string(&x.spec).unwrap()),
+            "{}",
+            s.name
+        );
+    }
+    assert_eq!(patched.services.len(), fresh.services.len());
+}
+
+fn changed_service(c: &Cluster, slice: &ObjectKey) -> Option<ObjectKey> {
+    c.service_of_slice(slice)
+}
