@@ -26,7 +26,7 @@ use ipnet::IpNet;
 
 use crate::cluster::{Cluster, Kind, ObjectKey};
 use crate::compile::{
-    AttachedPod, CompileOptions, Compiled, HealthCheck, UPLINK_PORT, node_tables, service_tables,
+    AttachedPod, CompileOptions, Compiled, HealthCheck, node_tables, service_tables,
 };
 use crate::health::HealthServers;
 
@@ -150,7 +150,7 @@ impl Agent {
             last: None,
         };
         let compiled = agent.compile(&cluster)?;
-        let tables = Arc::new(compiled.tables.compile()?);
+        let tables = Arc::clone(&compiled.compiled);
         let compile = t0.elapsed();
         let mut ports: Vec<NamedPort> = Vec::with_capacity(tables.ports.len());
         for p in &tables.ports {
@@ -315,7 +315,7 @@ impl Agent {
         }
         let t0 = Instant::now();
         let compiled = self.compile(&cluster)?;
-        let tables = Arc::new(compiled.tables.compile()?);
+        let tables = Arc::clone(&compiled.compiled);
         let compile = t0.elapsed();
         let mut new_ports = Vec::new();
         for p in &tables.ports {
@@ -395,24 +395,22 @@ impl Agent {
             .keys()
             .map(|k| AttachedPod::new(&k.namespace, &k.name))
             .collect();
-        let mut c = node_tables(
-            cluster,
-            &self.opts.node,
-            self.opts.base.as_ref(),
-            &attached,
-            &self.opts.compile,
-        )?;
+        let mut opts = self.opts.compile.clone();
         // The derived uplink takes the interface's own MAC, so that the node answers ARP
         // and sends with the address its neighbours know.
         if self.opts.base.is_none()
             && let Some(dev) = &self.opts.uplink
         {
             let mac = link::mac_address(None, dev).map_err(|e| format!("uplink {dev}: {e}"))?;
-            if let Some(p) = c.tables.ports.iter_mut().find(|p| p.name == UPLINK_PORT) {
-                p.mac = MacAddr(mac);
-            }
+            opts.uplink_mac = Some(MacAddr(mac));
         }
-        Ok(c)
+        node_tables(
+            cluster,
+            &self.opts.node,
+            self.opts.base.as_ref(),
+            &attached,
+            &opts,
+        )
     }
 
     fn set_health(&mut self, checks: &[HealthCheck]) {

@@ -105,6 +105,7 @@ pub fn run(args: &Args) -> Result<()> {
         share_uplink: args.share_uplink,
         compile: CompileOptions {
             external_snat: args.external_snat,
+            ..CompileOptions::default()
         },
     };
     let (mut ds, notes) = FileDatastore::open(dir)

@@ -47,6 +47,9 @@ pub struct CompileOptions {
     /// `external_snat` of Services that neither their annotation nor the ferry-config
     /// ConfigMap decide (default false: keep the client's address).
     pub external_snat: bool,
+    /// The MAC of the default base's uplink port (the interface's own, when the agent
+    /// knows it); derived from the node's address when None. A given base is kept as is.
+    pub uplink_mac: Option<ferry_datapath::tables::MacAddr>,
 }
 
 /// A health check node port this node must serve: kube-proxy's for a LoadBalancer
@@ -68,6 +71,8 @@ pub struct HealthCheck {
 pub struct Compiled {
     /// The node's tables (they pass [`TablesSpec::compile`]).
     pub tables: TablesSpec,
+    /// The same, compiled.
+    pub compiled: std::sync::Arc<ferry_datapath::tables::Tables>,
     /// The health check node ports to serve, by Service name.
     pub health_checks: Vec<HealthCheck>,
     /// Things left out, each naming its object (e.g. an SCTP Service port).
@@ -102,8 +107,13 @@ pub fn node_tables(
     let mut tables = match base {
         Some(b) => b.clone(),
         None => {
-            let (b, w) = default_base(cluster, node)?;
+            let (mut b, w) = default_base(cluster, node)?;
             warnings.extend(w);
+            if let Some(mac) = opts.uplink_mac
+                && let Some(p) = b.ports.iter_mut().find(|p| p.name == UPLINK_PORT)
+            {
+                p.mac = mac;
+            }
             b
         }
     };
@@ -136,10 +146,11 @@ pub fn node_tables(
 
     // A datastore must never hand the datapath tables it would refuse: find out here,
     // where the error can still name the node.
-    tables
+    let compiled = tables
         .compile()
         .map_err(|e| format!("the tables of node {node} do not compile: {e}"))?;
     Ok(Compiled {
+        compiled: std::sync::Arc::new(compiled),
         tables,
         health_checks: svc.health_checks,
         warnings,

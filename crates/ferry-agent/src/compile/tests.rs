@@ -696,7 +696,16 @@ fn external_snat_annotation_then_config_map_then_option() {
     );
     let snat = |extra: &str, opt: bool| -> Vec<bool> {
         let c = cluster(&(two_nodes() + &svcs + extra));
-        let t = compile_with(&c, "node-a", None, &CompileOptions { external_snat: opt }).tables;
+        let t = compile_with(
+            &c,
+            "node-a",
+            None,
+            &CompileOptions {
+                external_snat: opt,
+                ..CompileOptions::default()
+            },
+        )
+        .tables;
         [
             "default/plain:80",
             "default/snat-off:80",
@@ -961,8 +970,8 @@ fn services_compiled_alone_match_the_whole_node_and_patch_its_tables() {
     for s in &compile(&changed, "node-a").tables.services {
         let (a, b) = (patched.services.get(&s.name), fresh.services.get(&s.name));
         assert_eq!(
-            a.map(|x| serde_json::to_string(&x.spec).unwrap()),
-            b.map(|x| serde_json::to_string(&x.spec).unwrap()),
+            a.map(|x| serde_json::to_string(&x.to_spec()).unwrap()),
+            b.map(|x| serde_json::to_string(&x.to_spec()).unwrap()),
             "{}",
             s.name
         );

@@ -73,7 +73,8 @@ pub struct Service {
     pub name: String,
     /// IP protocol.
     pub proto: u8,
-    /// The spec it came from.
+    /// The spec it came from, without its name and endpoints (see
+    /// [`Service::to_spec`]).
     pub spec: ServiceSpec,
     /// Every endpoint.
     pub backends: Vec<Backend>,
@@ -89,6 +90,26 @@ pub struct Service {
 }
 
 impl Service {
+    /// The spec this Service port was compiled from.
+    pub fn to_spec(&self) -> ServiceSpec {
+        ServiceSpec {
+            name: self.name.clone(),
+            backends: self
+                .backends
+                .iter()
+                .map(|b| BackendSpec {
+                    addr: b.addr,
+                    port: b.port,
+                    node: b.node.clone(),
+                    ready: b.ready,
+                    serving: (b.serving != b.ready).then_some(b.serving),
+                    terminating: b.terminating,
+                })
+                .collect(),
+            ..self.spec.clone()
+        }
+    }
+
     /// An emptied slot.
     fn vacant() -> Service {
         Service {
@@ -234,7 +255,7 @@ impl Services {
                 .services
                 .iter()
                 .filter(|v| !v.name.is_empty())
-                .map(|v| v.spec.clone())
+                .map(|v| v.to_spec())
                 .collect();
             let node = std::mem::take(&mut s.node);
             return Services::compile(&live, &node, s.local_addrs.iter().copied());
@@ -325,12 +346,20 @@ impl Services {
         }
         let idx = self.services.len() as u32;
         let mut backends = Vec::with_capacity(spec.backends.len());
-        let mut seen = HashSet::with_capacity(spec.backends.len());
+        // Few endpoints per Service port: comparing with the earlier ones beats hashing.
+        let mut seen = (spec.backends.len() > 32)
+            .then(|| HashSet::with_capacity_and_hasher(spec.backends.len(), RandomState::new()));
         for (j, b) in spec.backends.iter().enumerate() {
             if b.port == 0 {
                 return Err(format!("{what}: backends[{j}]: port must be 1-65535"));
             }
-            if !seen.insert((b.addr, b.port)) {
+            let dup = match seen.as_mut() {
+                Some(seen) => !seen.insert((b.addr, b.port)),
+                None => spec.backends[..j]
+                    .iter()
+                    .any(|o| o.addr == b.addr && o.port == b.port),
+            };
+            if dup {
                 return Err(format!(
                     "{what}: backends[{j}]: duplicate endpoint {}:{}",
                     b.addr, b.port
@@ -392,7 +421,21 @@ impl Services {
         self.services.push(Arc::new(Service {
             name: spec.name.clone(),
             proto,
-            spec: spec.clone(),
+            // The endpoints live in `backends`; the spec keeps the rest.
+            spec: ServiceSpec {
+                name: String::new(),
+                proto: spec.proto.clone(),
+                port: spec.port,
+                cluster_ips: spec.cluster_ips.clone(),
+                node_port: spec.node_port,
+                external_ips: spec.external_ips.clone(),
+                load_balancer_ips: spec.load_balancer_ips.clone(),
+                external_policy: spec.external_policy,
+                internal_policy: spec.internal_policy,
+                affinity_timeout_s: spec.affinity_timeout_s,
+                external_snat: spec.external_snat,
+                backends: Vec::new(),
+            },
             backends,
             cluster,
             local,
