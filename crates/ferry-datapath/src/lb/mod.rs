@@ -161,6 +161,20 @@ pub struct Services {
     node: String,
     /// Service ports in force (not emptied slots).
     live: usize,
+    /// Identifies this value (0: none, e.g. the default); see
+    /// [`Services::endpoints_gone_since`].
+    id: u64,
+    /// The value [`Services::update`] made this one from.
+    parent: u64,
+    /// Endpoints that update took away (no Service port has them any more).
+    gone: Vec<(u8, IpAddr, u16)>,
+}
+
+/// Gives every compiled or updated [`Services`] its own id.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Why a Service gives no backend.
@@ -211,6 +225,7 @@ impl Services {
         let mut s = Services {
             local_addrs: local_addrs.into_iter().collect(),
             node: node.to_string(),
+            id: next_id(),
             ..Services::default()
         };
         let mut names = HashSet::with_capacity(specs.len());
@@ -231,6 +246,9 @@ impl Services {
     /// Services there are. Unknown names in `removed` are ignored.
     pub fn update(&self, removed: &[&str], added: &[ServiceSpec]) -> Result<Services, String> {
         let mut s = self.clone();
+        s.id = next_id();
+        s.parent = self.id;
+        s.gone.clear();
         for name in removed
             .iter()
             .copied()
@@ -258,9 +276,23 @@ impl Services {
                 .map(|v| v.to_spec())
                 .collect();
             let node = std::mem::take(&mut s.node);
-            return Services::compile(&live, &node, s.local_addrs.iter().copied());
+            let mut c = Services::compile(&live, &node, s.local_addrs.iter().copied())?;
+            c.parent = self.id;
+            c.gone = s.gone;
+            return Ok(c);
         }
+        // Endpoints taken out and put back by the same update did not go.
+        let backends = &s.backends;
+        s.gone.retain(|k| !backends.contains_key(k));
         Ok(s)
+    }
+
+    /// The endpoints no Service port has any more since `older`, when these Services
+    /// were made from it by [`Services::update`]; None when they were not (then any
+    /// endpoint may have gone). A table swap uses it to visit the connection table only
+    /// when an endpoint went away.
+    pub fn endpoints_gone_since(&self, older: &Services) -> Option<&[(u8, IpAddr, u16)]> {
+        (older.id != 0 && self.parent == older.id).then_some(self.gone.as_slice())
     }
 
     /// Service ports in force.
@@ -313,6 +345,7 @@ impl Services {
                 *n -= 1;
                 if *n == 0 {
                     self.backends.remove(&k);
+                    self.gone.push(k);
                 }
             }
         }

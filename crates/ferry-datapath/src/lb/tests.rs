@@ -186,3 +186,23 @@ fn test_many_updates_compact_the_emptied_slots() {
     assert!(s.services.len() <= 2 + 64, "{} slots", s.services.len());
     assert!(s.frontend(&key("10.96.0.10", 80)).is_some());
 }
+
+#[test]
+fn test_an_update_says_which_endpoints_went() {
+    let s = Services::compile(&[svc("a", "tcp")], "a", []).unwrap();
+    let mut more = svc("a", "tcp");
+    more.backends.push(BackendSpec {
+        addr: ip("10.244.1.6"),
+        ..more.backends[0].clone()
+    });
+    let grown = s.update(&[], &[more]).unwrap();
+    assert_eq!(grown.endpoints_gone_since(&s), Some(&[][..]), "none went");
+    let back = grown.update(&[], &[svc("a", "tcp")]).unwrap();
+    assert_eq!(
+        back.endpoints_gone_since(&grown),
+        Some(&[(proto::TCP, ip("10.244.1.6"), 8080)][..])
+    );
+    assert_eq!(back.endpoints_gone_since(&s), None, "not made from it");
+    let fresh = Services::compile(&[svc("a", "tcp")], "a", []).unwrap();
+    assert_eq!(fresh.endpoints_gone_since(&back), None);
+}

@@ -106,14 +106,23 @@ impl Pipeline {
         });
 
         let services = &new.services;
-        report.ct_removed = self.ct.retain(|e| {
-            if e.mark & MARK_SERVICE == 0 {
-                return true;
-            }
-            // After DNAT the reply comes from the endpoint.
-            let r = e.reply();
-            services.has_backend(r.proto, r.src, r.src_port)
-        });
+        // Visit the connections only when an endpoint may have gone: an update that
+        // only added or changed endpoints leaves them be.
+        let sweep = services
+            .endpoints_gone_since(&old.services)
+            .is_none_or(|gone| !gone.is_empty());
+        report.ct_removed = if !sweep {
+            0
+        } else {
+            self.ct.retain(|e| {
+                if e.mark & MARK_SERVICE == 0 {
+                    return true;
+                }
+                // After DNAT the reply comes from the endpoint.
+                let r = e.reply();
+                services.has_backend(r.proto, r.src, r.src_port)
+            })
+        };
 
         self.ipf.set_config(ipf_config(&new.ipf));
         let (per_second, burst) = icmp_limits(&new.icmp);
