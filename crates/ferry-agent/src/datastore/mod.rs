@@ -1,10 +1,10 @@
 //! Datastores: where the cluster model comes from. `file:DIR` reads a directory of
-//! YAML manifests ([`file`]); a Kubernetes API datastore drives the same
-//! [`crate::Cluster`] from watches. A datastore hands its states over as a [`Watch`]: a
-//! thread of its own sends an [`Update`] whenever the state in force changes or is
-//! refused.
+//! YAML manifests ([`file`]); [`kube`] drives the same [`crate::Cluster`] from watches
+//! on a Kubernetes API server. Both hand their states over as a [`Watch`]: a thread of
+//! their own sends an [`Update`] whenever the state in force changes or is refused.
 
 pub mod file;
+pub mod kube;
 
 use std::any::Any;
 use std::fmt;
@@ -22,7 +22,7 @@ use crate::fields::{FieldError, NodeFields, PodFields, ServiceFields, SliceField
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Problem {
     /// The file, relative to the datastore's directory (the directory itself when the
-    /// problem is with it).
+    /// problem is with it); `kubernetes` for the Kubernetes datastore.
     pub file: String,
     /// The line the document starts on, when known.
     pub line: Option<u64>,
@@ -55,7 +55,7 @@ impl fmt::Display for Problem {
 /// Why a datastore refused the state it read: every problem found, one per line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refused {
-    /// The problems, in file order.
+    /// The problems, in file order (in the order they were seen, for Kubernetes).
     pub problems: Vec<Problem>,
 }
 
@@ -104,7 +104,9 @@ pub enum Update {
         notes: Vec<Problem>,
     },
     /// Something is wrong: what it names does not apply, the last good state stays in
-    /// force.
+    /// force. The file datastore refuses a whole directory this way; the Kubernetes
+    /// datastore refuses single objects (keeping their last good version) and reports
+    /// watch errors.
     Refused(Refused),
 }
 
