@@ -1,7 +1,8 @@
 //! Datastores: where the cluster model comes from. `file:DIR` reads a directory of
-//! YAML manifests ([`file`]); [`kube`] drives the same [`crate::Cluster`] from watches
-//! on a Kubernetes API server. Both hand their states over as a [`Watch`]: a thread of
-//! their own sends an [`Update`] whenever the state in force changes or is refused.
+//! YAML manifests ([`file`](mod@file)); [`kube`] drives the same [`crate::Cluster`]
+//! from watches on a Kubernetes API server. Both hand their states over as a [`Watch`]:
+//! a thread of their own sends an [`Update`] whenever the state in force changes or is
+//! refused.
 
 pub mod file;
 pub mod kube;
