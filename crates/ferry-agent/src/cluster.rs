@@ -156,7 +156,8 @@ impl Object {
         }
     }
 
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+    /// Its metadata, to change before the object is applied.
+    pub fn metadata_mut(&mut self) -> &mut ObjectMeta {
         match self {
             Object::Node(o) => &mut o.metadata,
             Object::Pod(o) => &mut o.metadata,

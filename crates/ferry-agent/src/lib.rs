@@ -4,7 +4,8 @@
 //! - [`cluster`]: [`Cluster`], the Nodes, Pods, Services, EndpointSlices and ConfigMaps
 //!   ferry reads, with `apply` / `delete` for a datastore to drive it;
 //! - [`datastore`]: where the cluster comes from; [`datastore::file`] reads a directory
-//!   of YAML manifests and watches it;
+//!   of YAML manifests and watches it, [`datastore::kube`] watches a Kubernetes API
+//!   server;
 //! - [`compile`]: [`node_tables`], a node's tables (ports, overlay peers, Services) from
 //!   the cluster;
 //! - [`run`]: the running agent, [`run::Agent`]: ports opened, tables swapped into the
@@ -25,4 +26,5 @@ pub mod run;
 pub use cluster::{Cluster, Kind, Object, ObjectKey};
 pub use compile::{AttachedPod, CompileOptions, Compiled, HealthCheck, node_tables};
 pub use datastore::file::{FileDatastore, Update, Watch};
+pub use datastore::kube::{KubeDatastore, KubeError, KubeOptions};
 pub use datastore::{Problem, Refused};

@@ -15,21 +15,21 @@
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::{Problem, Refused};
+use super::{Problem, Refused, check};
 use crate::cluster::{Cluster, DEFAULT_NAMESPACE, Kind, Object, ObjectKey};
-use crate::config::{CONFIG_NAME, CONFIG_NAMESPACE, FerryConfig};
-use crate::fields::{
-    FieldError, NodeFields, PodFields, Protocol, ServiceFields, ServiceType, SliceFields,
-};
+use crate::fields::{FieldError, Protocol, ServiceFields, ServiceType};
+
+// Shared with the Kubernetes datastore; re-exported where they were first defined.
+pub use super::{Update, Watch};
 
 /// Where an object was read.
 #[derive(Clone, Debug)]
@@ -332,25 +332,6 @@ fn place(o: &Origin) -> String {
     }
 }
 
-/// The semantic checks of an object: the fields ferry reads must make sense.
-fn check(obj: &Object) -> Vec<FieldError> {
-    let r = match obj {
-        Object::Node(o) => NodeFields::parse(o).map(drop),
-        Object::Pod(o) => PodFields::parse(o).map(drop),
-        Object::Service(o) => ServiceFields::parse(o).map(drop),
-        Object::EndpointSlice(o) => SliceFields::parse(o).map(drop),
-        Object::ConfigMap(o) => {
-            let key = obj.key();
-            if key == Some(ObjectKey::new(CONFIG_NAMESPACE, CONFIG_NAME)) {
-                FerryConfig::from_config_map(o).map(drop)
-            } else {
-                Ok(())
-            }
-        }
-    };
-    r.err().unwrap_or_default()
-}
-
 /// Decodes an API object, naming the field at fault. Fields the API type does not have
 /// are errors too: a misspelt field must not be silently dropped (as `kubectl apply`
 /// refuses unknown fields).
@@ -463,21 +444,6 @@ impl Fingerprint {
     }
 }
 
-/// What a poll of the directory found.
-#[derive(Clone, Debug)]
-pub enum Update {
-    /// The manifests changed and are good: this state is in force now.
-    Applied {
-        /// The new state.
-        cluster: Arc<Cluster>,
-        /// Documents left out.
-        notes: Vec<Problem>,
-    },
-    /// The manifests changed and something is wrong: nothing of it applies, the last
-    /// good state stays in force.
-    Refused(Refused),
-}
-
 /// The file datastore: the last good state of a manifest directory, and [`poll`] to
 /// look for changes.
 ///
@@ -584,47 +550,7 @@ impl FileDatastore {
                 }
             })
             .expect("spawn the file datastore thread");
-        Ok(Watch {
-            updates,
-            current,
-            stop: Some(stop),
-            thread: Some(thread),
-        })
-    }
-}
-
-/// A watched manifest directory: updates as they happen, and the state in force.
-#[derive(Debug)]
-pub struct Watch {
-    updates: Receiver<Update>,
-    current: Arc<Mutex<Arc<Cluster>>>,
-    stop: Option<Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Watch {
-    /// The state in force: the last good one.
-    pub fn current(&self) -> Arc<Cluster> {
-        Arc::clone(&self.current.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-
-    /// The updates, in order.
-    pub fn updates(&self) -> &Receiver<Update> {
-        &self.updates
-    }
-
-    /// The next update, waiting at most `timeout`.
-    pub fn next_update(&self, timeout: Duration) -> Option<Update> {
-        self.updates.recv_timeout(timeout).ok()
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        Ok(Watch::new(updates, current, stop, thread))
     }
 }
 

@@ -1,17 +1,29 @@
 //! Datastores: where the cluster model comes from. `file:DIR` reads a directory of
-//! YAML manifests ([`file`]); a Kubernetes API datastore drives the same
-//! [`crate::Cluster`] from watches.
+//! YAML manifests ([`file`](mod@file)); [`kube`] drives the same [`crate::Cluster`]
+//! from watches on a Kubernetes API server. Both hand their states over as a [`Watch`]:
+//! a thread of their own sends an [`Update`] whenever the state in force changes or is
+//! refused.
 
 pub mod file;
+pub mod kube;
 
+use std::any::Any;
 use std::fmt;
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::cluster::{Cluster, Object, ObjectKey};
+use crate::config::{CONFIG_NAME, CONFIG_NAMESPACE, FerryConfig};
+use crate::fields::{FieldError, NodeFields, PodFields, ServiceFields, SliceFields};
 
 /// Something wrong with (or left out of) the manifests, naming where: the file, the line
 /// of its document, the object and the field.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Problem {
     /// The file, relative to the datastore's directory (the directory itself when the
-    /// problem is with it).
+    /// problem is with it); `kubernetes` for the Kubernetes datastore.
     pub file: String,
     /// The line the document starts on, when known.
     pub line: Option<u64>,
@@ -44,7 +56,7 @@ impl fmt::Display for Problem {
 /// Why a datastore refused the state it read: every problem found, one per line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refused {
-    /// The problems, in file order.
+    /// The problems, in file order (in the order they were seen, for Kubernetes).
     pub problems: Vec<Problem>,
 }
 
@@ -61,3 +73,93 @@ impl fmt::Display for Refused {
 }
 
 impl std::error::Error for Refused {}
+
+/// The semantic checks of an object: the fields ferry reads must make sense. Every
+/// datastore runs them before an object enters the cluster.
+pub(crate) fn check(obj: &Object) -> Vec<FieldError> {
+    let r = match obj {
+        Object::Node(o) => NodeFields::parse(o).map(drop),
+        Object::Pod(o) => PodFields::parse(o).map(drop),
+        Object::Service(o) => ServiceFields::parse(o).map(drop),
+        Object::EndpointSlice(o) => SliceFields::parse(o).map(drop),
+        Object::ConfigMap(o) => {
+            let key = obj.key();
+            if key == Some(ObjectKey::new(CONFIG_NAMESPACE, CONFIG_NAME)) {
+                FerryConfig::from_config_map(o).map(drop)
+            } else {
+                Ok(())
+            }
+        }
+    };
+    r.err().unwrap_or_default()
+}
+
+/// What a datastore found when it looked again.
+#[derive(Clone, Debug)]
+pub enum Update {
+    /// The state changed and is good: this state is in force now.
+    Applied {
+        /// The new state.
+        cluster: Arc<Cluster>,
+        /// Documents left out.
+        notes: Vec<Problem>,
+    },
+    /// Something is wrong: what it names does not apply, the last good state stays in
+    /// force. The file datastore refuses a whole directory this way; the Kubernetes
+    /// datastore refuses single objects (keeping their last good version) and reports
+    /// watch errors.
+    Refused(Refused),
+}
+
+/// A watched datastore: updates as they happen, and the state in force.
+#[derive(Debug)]
+pub struct Watch {
+    updates: Receiver<Update>,
+    current: Arc<Mutex<Arc<Cluster>>>,
+    /// Dropping it tells the thread to stop (it is the sending half of a channel the
+    /// thread waits on).
+    stop: Option<Box<dyn Any + Send>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watch {
+    /// A watch on the thread `thread`, which sends on the other end of `updates`, keeps
+    /// `current` at the state in force, and stops when `stop` is dropped.
+    pub(crate) fn new(
+        updates: Receiver<Update>,
+        current: Arc<Mutex<Arc<Cluster>>>,
+        stop: impl Any + Send,
+        thread: JoinHandle<()>,
+    ) -> Watch {
+        Watch {
+            updates,
+            current,
+            stop: Some(Box::new(stop)),
+            thread: Some(thread),
+        }
+    }
+
+    /// The state in force: the last good one.
+    pub fn current(&self) -> Arc<Cluster> {
+        Arc::clone(&self.current.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The updates, in order.
+    pub fn updates(&self) -> &Receiver<Update> {
+        &self.updates
+    }
+
+    /// The next update, waiting at most `timeout`.
+    pub fn next_update(&self, timeout: Duration) -> Option<Update> {
+        self.updates.recv_timeout(timeout).ok()
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,506 @@
+//! The Kubernetes datastore (`kubernetes`): the cluster as watches on an API server
+//! tell it.
+//!
+//! Five watches, each a `kube` watcher that lists, then watches, and lists again
+//! whenever the watch cannot resume (see [`scopes`]):
+//!
+//! - Nodes, all of them (overlay peers);
+//! - Pods with `spec.nodeName=<this node>`: only this node's pods become ports, other
+//!   nodes' endpoints come from EndpointSlices;
+//! - Services and EndpointSlices in every namespace;
+//! - the ConfigMap `kube-system/ferry-config`, by a `metadata.name` field selector.
+//!
+//! Events drive one [`Cluster`] ([`KubeDatastore::event`]). Nothing is sent before every
+//! watch has completed its first list; then the whole state goes out as
+//! [`Update::Applied`], and afterwards one update per batch of events (events that
+//! arrive within [`BATCH_QUIET`] of each other make one batch, at most [`BATCH_MAX`]
+//! long), so a burst (a rollout touching many EndpointSlices) costs one compilation.
+//!
+//! Unlike the file datastore, a bad object does not refuse the whole state: the API
+//! server has already accepted it and other objects keep changing around it. The object
+//! is left out (its last good version, if any, stays in force) and reported in an
+//! [`Update::Refused`] naming the object and field. Watch errors (the API server
+//! unreachable, a watch expired with 410 Gone) are retried with the watcher's default
+//! backoff and reported the same way; the state in force stays.
+//!
+//! The agent is synchronous: the watches run on a thread of their own, on a
+//! current-thread tokio runtime, and hand updates over a std channel in a [`Watch`],
+//! like the file datastore.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::{self, Debug};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread;
+use std::time::Duration;
+
+use futures::future::{self, Either};
+use futures::stream::{self, BoxStream, StreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::Api;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::NamespaceResourceScope;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, Config, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{Problem, Refused, Update, Watch, check};
+use crate::cluster::{Cluster, Kind, Object, ObjectKey};
+use crate::config::{CONFIG_NAME, CONFIG_NAMESPACE};
+use crate::fields::FieldError;
+
+/// The `file` of every [`Problem`] this datastore reports.
+pub const ORIGIN: &str = "kubernetes";
+
+/// A batch of events closes when no event has come for this long.
+pub const BATCH_QUIET: Duration = Duration::from_millis(5);
+
+/// A batch of events closes this long after its first event at the latest, so that a
+/// steady stream of events still makes updates.
+pub const BATCH_MAX: Duration = Duration::from_millis(50);
+
+/// How the datastore reaches the API server, and for which node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubeOptions {
+    /// This node's name: its pods are watched.
+    pub node: String,
+    /// A kubeconfig file; `None` infers the configuration as kubectl does (`$KUBECONFIG`,
+    /// `~/.kube/config`), then from the pod's service account in a cluster.
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// What the datastore watches of one kind: the API resource and how the watch is
+/// narrowed. [`scopes`] lists them; the RBAC rules in `deploy/ferry.yaml` grant exactly
+/// these.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scope {
+    /// The kind.
+    pub kind: Kind,
+    /// The API group (empty for the core group).
+    pub group: &'static str,
+    /// The resource, as RBAC rules and URLs name it (`endpointslices`).
+    pub resource: &'static str,
+    /// The one namespace watched; `None` for all of them (or a cluster-scoped kind).
+    pub namespace: Option<&'static str>,
+    /// The field selector, when there is one.
+    pub field_selector: Option<String>,
+}
+
+/// The five watches of the datastore for `node`, in [`Kind::ALL`] order.
+pub fn scopes(node: &str) -> [Scope; 5] {
+    fn scope<K: k8s_openapi::Resource>(
+        kind: Kind,
+        namespace: Option<&'static str>,
+        field_selector: Option<String>,
+    ) -> Scope {
+        Scope {
+            kind,
+            group: K::GROUP,
+            resource: K::URL_PATH_SEGMENT,
+            namespace,
+            field_selector,
+        }
+    }
+    [
+        scope::<Node>(Kind::Node, None, None),
+        scope::<Pod>(Kind::Pod, None, Some(format!("spec.nodeName={node}"))),
+        scope::<Service>(Kind::Service, None, None),
+        scope::<EndpointSlice>(Kind::EndpointSlice, None, None),
+        scope::<ConfigMap>(
+            Kind::ConfigMap,
+            Some(CONFIG_NAMESPACE),
+            Some(format!("metadata.name={CONFIG_NAME}")),
+        ),
+    ]
+}
+
+/// Why the datastore could not start.
+#[derive(Debug)]
+pub enum KubeError {
+    /// The node name is empty.
+    NoNode,
+    /// The async runtime could not start.
+    Runtime(std::io::Error),
+    /// No client configuration: the kubeconfig cannot be read, or neither a kubeconfig
+    /// nor a service account is there.
+    Config(String),
+    /// The client cannot be built from the configuration (bad certificates, say).
+    Client(kube::Error),
+}
+
+impl fmt::Display for KubeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KubeError::NoNode => f.write_str("the Kubernetes datastore needs this node's name"),
+            KubeError::Runtime(e) => write!(f, "cannot start the Kubernetes datastore: {e}"),
+            KubeError::Config(e) => write!(f, "no Kubernetes client configuration: {e}"),
+            KubeError::Client(e) => write!(f, "cannot build the Kubernetes client: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for KubeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            KubeError::Runtime(e) => Some(e),
+            KubeError::Client(e) => Some(e),
+            KubeError::NoNode | KubeError::Config(_) => None,
+        }
+    }
+}
+
+/// The cluster as the watch events tell it, and what to report. The live watches feed
+/// it ([`KubeDatastore::watch`] does); it is public so that anything holding events
+/// (a test, a replay of recorded events) drives the same code.
+#[derive(Debug)]
+pub struct KubeDatastore {
+    cluster: Arc<Cluster>,
+    /// Kinds whose first list is complete.
+    listed: BTreeSet<Kind>,
+    /// The objects of a list in progress, by kind: they replace the kind's objects
+    /// together when the list is complete, so a relist never shows half a kind.
+    listing: HashMap<Kind, Vec<Object>>,
+    /// The state changed since the last update (true until the first one).
+    changed: bool,
+    /// Problems since the last update.
+    problems: Vec<Problem>,
+}
+
+impl Default for KubeDatastore {
+    fn default() -> KubeDatastore {
+        KubeDatastore::new()
+    }
+}
+
+impl KubeDatastore {
+    /// No objects, no list complete yet.
+    pub fn new() -> KubeDatastore {
+        KubeDatastore {
+            cluster: Arc::default(),
+            listed: BTreeSet::new(),
+            listing: HashMap::new(),
+            changed: true,
+            problems: Vec::new(),
+        }
+    }
+
+    /// The state as the events so far make it.
+    pub fn current(&self) -> Arc<Cluster> {
+        Arc::clone(&self.cluster)
+    }
+
+    /// True once every kind has been listed: the state is whole.
+    pub fn is_listed(&self) -> bool {
+        self.listed.len() == Kind::ALL.len()
+    }
+
+    /// Applies one event of the watch of `kind`. An object that fails its field checks
+    /// is left out and reported; `metadata.managedFields` is dropped on the way in
+    /// (ferry never reads it, and it is often the larger part of an object).
+    pub fn event(&mut self, kind: Kind, event: Event<Object>) {
+        match event {
+            Event::Init => {
+                self.listing.insert(kind, Vec::new());
+            }
+            Event::InitApply(obj) => match self.listing.get_mut(&kind) {
+                Some(list) => list.push(strip(obj)),
+                // Not announced by Init: nothing to replace, take it as it comes.
+                None => self.apply(strip(obj)),
+            },
+            Event::InitDone => {
+                let list = self.listing.remove(&kind).unwrap_or_default();
+                self.replace(kind, list);
+                self.listed.insert(kind);
+            }
+            Event::Apply(obj) => self.apply(strip(obj)),
+            Event::Delete(obj) => self.delete(&obj),
+        }
+    }
+
+    /// Reports an error of the watch of `kind`; the watch retries by itself.
+    pub fn watch_error(&mut self, kind: Kind, error: &dyn fmt::Display) {
+        let what = match kind {
+            Kind::ConfigMap => format!("ConfigMap {CONFIG_NAMESPACE}/{CONFIG_NAME}"),
+            k => format!("{k}s"),
+        };
+        self.problems.push(Problem {
+            file: ORIGIN.into(),
+            line: None,
+            object: None,
+            field: None,
+            message: format!("watching {what}: {error}; retrying"),
+        });
+    }
+
+    /// Ends a batch of events: the updates it makes, in order. The state goes out when
+    /// it changed and every kind has been listed (the first time, whole); problems go
+    /// out as they come, before the first state too (an unreachable API server is news
+    /// while the agent waits).
+    pub fn take_updates(&mut self) -> Vec<Update> {
+        let mut out = Vec::new();
+        if self.changed && self.is_listed() {
+            self.changed = false;
+            out.push(Update::Applied {
+                cluster: self.current(),
+                notes: Vec::new(),
+            });
+        }
+        if !self.problems.is_empty() {
+            out.push(Update::Refused(Refused {
+                problems: std::mem::take(&mut self.problems),
+            }));
+        }
+        out
+    }
+
+    fn apply(&mut self, obj: Object) {
+        let mut errors = check(&obj);
+        if obj.key().is_none() {
+            errors.push(FieldError::new("metadata.name", "required"));
+        }
+        if !errors.is_empty() {
+            let what = obj.to_string();
+            self.problems.extend(errors.into_iter().map(|e| Problem {
+                file: ORIGIN.into(),
+                line: None,
+                object: Some(what.clone()),
+                field: Some(e.field).filter(|f| !f.is_empty()),
+                message: e.message,
+            }));
+            return;
+        }
+        if self.holds(&obj) {
+            return;
+        }
+        // Copies the cluster only when an update still shares it: once per batch.
+        Arc::make_mut(&mut self.cluster)
+            .apply(obj)
+            .expect("named: checked above");
+        self.changed = true;
+    }
+
+    fn delete(&mut self, obj: &Object) {
+        let Some(key) = obj.key() else { return };
+        if self.cluster.contains(obj.kind(), &key) {
+            Arc::make_mut(&mut self.cluster).delete(obj.kind(), &key.namespace, &key.name);
+            self.changed = true;
+        }
+    }
+
+    /// A complete list of `kind`: its objects replace the kind's, and objects it lacks
+    /// were deleted while no watch saw it. An object listed but refused keeps its last
+    /// good version.
+    fn replace(&mut self, kind: Kind, list: Vec<Object>) {
+        let listed: BTreeSet<ObjectKey> = list.iter().filter_map(Object::key).collect();
+        for obj in list {
+            self.apply(obj);
+        }
+        let gone: Vec<ObjectKey> = keys(&self.cluster, kind)
+            .filter(|k| !listed.contains(k))
+            .cloned()
+            .collect();
+        if !gone.is_empty() {
+            let cluster = Arc::make_mut(&mut self.cluster);
+            for k in gone {
+                cluster.delete(kind, &k.namespace, &k.name);
+            }
+            self.changed = true;
+        }
+    }
+
+    /// True when `obj` is in force as it is.
+    fn holds(&self, obj: &Object) -> bool {
+        let Some(key) = obj.key() else { return false };
+        let c = &self.cluster;
+        match obj {
+            Object::Node(o) => c.nodes.get(&key) == Some(o),
+            Object::Pod(o) => c.pods.get(&key) == Some(o),
+            Object::Service(o) => c.services.get(&key) == Some(o),
+            Object::EndpointSlice(o) => c.endpoint_slices.get(&key) == Some(o),
+            Object::ConfigMap(o) => c.config_maps.get(&key) == Some(o),
+        }
+    }
+
+    /// Connects to the API server (see [`KubeOptions::kubeconfig`]) and watches it on a
+    /// thread of its own until the returned [`Watch`] is dropped.
+    ///
+    /// Returns once the client is configured, without waiting for the API server: the
+    /// first [`Update::Applied`] is the whole initial state, and until it comes
+    /// [`Watch::current`] is empty. An unreachable server shows as
+    /// [`Update::Refused`] updates while the watches retry.
+    pub fn watch(opts: KubeOptions) -> Result<Watch, KubeError> {
+        let kubeconfig = opts.kubeconfig;
+        watch_with(opts.node, move || connect(kubeconfig))
+    }
+}
+
+/// The keys of the objects of `kind`.
+fn keys(c: &Cluster, kind: Kind) -> Box<dyn Iterator<Item = &ObjectKey> + '_> {
+    match kind {
+        Kind::Node => Box::new(c.nodes.keys()),
+        Kind::Pod => Box::new(c.pods.keys()),
+        Kind::Service => Box::new(c.services.keys()),
+        Kind::EndpointSlice => Box::new(c.endpoint_slices.keys()),
+        Kind::ConfigMap => Box::new(c.config_maps.keys()),
+    }
+}
+
+/// The object without `metadata.managedFields`.
+fn strip(mut obj: Object) -> Object {
+    obj.metadata_mut().managed_fields = None;
+    obj
+}
+
+/// The client for a kubeconfig file, or the inferred configuration.
+async fn connect(kubeconfig: Option<PathBuf>) -> Result<Client, KubeError> {
+    let config = match kubeconfig {
+        None => Config::infer()
+            .await
+            .map_err(|e| KubeError::Config(e.to_string()))?,
+        Some(path) => {
+            let failed =
+                |e: &dyn fmt::Display| KubeError::Config(format!("{}: {e}", path.display()));
+            let kc = Kubeconfig::read_from(&path).map_err(|e| failed(&e))?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| failed(&e))?
+        }
+    };
+    Client::try_from(config).map_err(KubeError::Client)
+}
+
+/// Starts the watches for `node` with the client `connect` makes (it runs on the
+/// datastore's runtime: a client spawns its connection tasks where it is made).
+pub(crate) fn watch_with<F, Fut>(node: String, connect: F) -> Result<Watch, KubeError>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<Client, KubeError>>,
+{
+    if node.is_empty() {
+        return Err(KubeError::NoNode);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(KubeError::Runtime)?;
+    let client = rt.block_on(connect())?;
+    let events = stream::select_all(scopes(&node).iter().map(|s| watch_scope(&client, s)));
+    let current = Arc::new(Mutex::new(Arc::new(Cluster::default())));
+    let (tx, updates) = mpsc::channel();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let shared = Arc::clone(&current);
+    let thread = thread::Builder::new()
+        .name("kube-datastore".into())
+        .spawn(move || {
+            rt.block_on(run(events, KubeDatastore::new(), tx, shared, stopped));
+            // A name lookup may still be running on the blocking pool; do not wait
+            // for it.
+            rt.shutdown_timeout(Duration::from_millis(100));
+        })
+        .map_err(KubeError::Runtime)?;
+    Ok(Watch::new(updates, current, stop, thread))
+}
+
+/// One watch's events, tagged with its kind.
+type Tagged = (Kind, Result<Event<Object>, watcher::Error>);
+
+/// The watcher of one scope, with the default backoff after errors.
+fn watch_scope(client: &Client, scope: &Scope) -> BoxStream<'static, Tagged> {
+    fn namespaced<K>(client: &Client, ns: Option<&str>) -> Api<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
+    {
+        match ns {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let c = client;
+    let ns = scope.namespace;
+    match scope.kind {
+        Kind::Node => watch_api(Api::<Node>::all(c.clone()), scope),
+        Kind::Pod => watch_api(namespaced::<Pod>(c, ns), scope),
+        Kind::Service => watch_api(namespaced::<Service>(c, ns), scope),
+        Kind::EndpointSlice => watch_api(namespaced::<EndpointSlice>(c, ns), scope),
+        Kind::ConfigMap => watch_api(namespaced::<ConfigMap>(c, ns), scope),
+    }
+}
+
+fn watch_api<K>(api: Api<K>, scope: &Scope) -> BoxStream<'static, Tagged>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static + Into<Object>,
+{
+    let mut config = watcher::Config::default();
+    if let Some(f) = &scope.field_selector {
+        config = config.fields(f);
+    }
+    let kind = scope.kind;
+    watcher::watcher(api, config)
+        .default_backoff()
+        .map(move |r| (kind, r.map(into_object)))
+        .boxed()
+}
+
+fn into_object<K: Into<Object>>(e: Event<K>) -> Event<Object> {
+    match e {
+        Event::Apply(o) => Event::Apply(o.into()),
+        Event::Delete(o) => Event::Delete(o.into()),
+        Event::Init => Event::Init,
+        Event::InitApply(o) => Event::InitApply(o.into()),
+        Event::InitDone => Event::InitDone,
+    }
+}
+
+/// Feeds the events to `ds` in batches and sends the updates, until `stop` fires or
+/// the receiver of the updates is gone.
+async fn run(
+    mut events: stream::SelectAll<BoxStream<'static, Tagged>>,
+    mut ds: KubeDatastore,
+    tx: Sender<Update>,
+    current: Arc<Mutex<Arc<Cluster>>>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let feed = |ds: &mut KubeDatastore, (kind, r): Tagged| match r {
+        Ok(e) => ds.event(kind, e),
+        Err(e) => ds.watch_error(kind, &e),
+    };
+    loop {
+        let first = match future::select(&mut stop, events.next()).await {
+            Either::Right((Some(item), _)) => item,
+            // Stopped; or the watches ended, which they do not: nothing more to say.
+            Either::Left(_) | Either::Right((None, _)) => return,
+        };
+        feed(&mut ds, first);
+        let close = Instant::now() + BATCH_MAX;
+        loop {
+            let now = Instant::now();
+            if now >= close {
+                break;
+            }
+            let quiet = BATCH_QUIET.min(close - now);
+            match tokio::time::timeout(quiet, events.next()).await {
+                Ok(Some(item)) => feed(&mut ds, item),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        for u in ds.take_updates() {
+            if let Update::Applied { cluster, .. } = &u {
+                *current.lock().unwrap_or_else(PoisonError::into_inner) = Arc::clone(cluster);
+            }
+            if tx.send(u).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod mock;
+#[cfg(test)]
+mod tests;

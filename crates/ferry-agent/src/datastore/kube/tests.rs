@@ -1,0 +1,684 @@
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use ::kube::core::{ObjectList, WatchEvent};
+use serde_json::{Value, json};
+
+use super::mock::MockApi;
+use super::*;
+use crate::datastore::file;
+
+// The example cluster (`examples/cluster`) as the API server sends it: list answers,
+// items without kind and apiVersion, every object with its managedFields.
+const NODES: &str = include_str!("testdata/nodes.json");
+const PODS: &str = include_str!("testdata/pods.json");
+const SERVICES: &str = include_str!("testdata/services.json");
+const SLICES: &str = include_str!("testdata/endpointslices.json");
+const CONFIG_MAPS: &str = include_str!("testdata/configmaps.json");
+
+const NODE: &str = "node-a";
+
+/// What node-a's datastore should make of the example: the file datastore's reading of
+/// `examples/cluster`, with node-a's pods only and no managedFields.
+fn expected() -> Cluster {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster");
+    let (mut c, _) = file::load(&dir).unwrap();
+    c.pods
+        .retain(|_, p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE));
+    let metas = (c.nodes.values_mut().map(|o| &mut o.metadata))
+        .chain(c.pods.values_mut().map(|o| &mut o.metadata))
+        .chain(c.services.values_mut().map(|o| &mut o.metadata))
+        .chain(c.endpoint_slices.values_mut().map(|o| &mut o.metadata))
+        .chain(c.config_maps.values_mut().map(|o| &mut o.metadata));
+    for m in metas {
+        m.managed_fields = None;
+    }
+    // The example's ferry-config is written as a user applies it; the server adds these.
+    let served = items::<ConfigMap>(CONFIG_MAPS)
+        .into_iter()
+        .find(|o| o.metadata().name.as_deref() == Some(CONFIG_NAME))
+        .unwrap();
+    let cm = c
+        .config_maps
+        .get_mut(&ObjectKey::new(CONFIG_NAMESPACE, CONFIG_NAME))
+        .unwrap();
+    cm.metadata.uid = served.metadata().uid.clone();
+    cm.metadata.resource_version = served.metadata().resource_version.clone();
+    cm.metadata.creation_timestamp = served.metadata().creation_timestamp.clone();
+    c
+}
+
+/// Asserts two clusters are equal, naming the objects that differ.
+fn assert_same(got: &Cluster, want: &Cluster) {
+    fn objects(c: &Cluster) -> BTreeMap<(Kind, ObjectKey), String> {
+        let mut m = BTreeMap::new();
+        let mut add = |kind, k: &ObjectKey, o: &dyn Debug| {
+            m.insert((kind, k.clone()), format!("{o:?}"));
+        };
+        c.nodes.iter().for_each(|(k, o)| add(Kind::Node, k, o));
+        c.pods.iter().for_each(|(k, o)| add(Kind::Pod, k, o));
+        c.services
+            .iter()
+            .for_each(|(k, o)| add(Kind::Service, k, o));
+        (c.endpoint_slices.iter()).for_each(|(k, o)| add(Kind::EndpointSlice, k, o));
+        c.config_maps
+            .iter()
+            .for_each(|(k, o)| add(Kind::ConfigMap, k, o));
+        m
+    }
+    let (got, want) = (objects(got), objects(want));
+    let keys: BTreeSet<_> = got.keys().chain(want.keys()).collect();
+    let diffs: Vec<String> = keys
+        .into_iter()
+        .filter_map(|k| match (got.get(k), want.get(k)) {
+            (Some(g), Some(w)) if g == w => None,
+            (Some(g), Some(w)) => Some(format!("{} {}:\n got  {g}\n want {w}", k.0, k.1)),
+            (Some(_), None) => Some(format!("{} {}: not expected", k.0, k.1)),
+            _ => Some(format!("{} {}: missing", k.0, k.1)),
+        })
+        .collect();
+    assert!(diffs.is_empty(), "{}", diffs.join("\n"));
+}
+
+/// The items of a list answer, decoded as the client decodes them.
+fn items<K: Clone + DeserializeOwned + Into<Object>>(list: &str) -> Vec<Object> {
+    let list: ObjectList<K> = serde_json::from_str(list).unwrap();
+    list.items.into_iter().map(Into::into).collect()
+}
+
+/// What the API server lists for node-a: its field selectors leave out node-b's pods
+/// and every ConfigMap but ferry-config.
+fn served() -> Vec<(Kind, Vec<Object>)> {
+    let mut pods = items::<Pod>(PODS);
+    pods.retain(|o| matches!(o, Object::Pod(p) if p.spec.as_ref().unwrap().node_name.as_deref() == Some(NODE)));
+    let mut cms = items::<ConfigMap>(CONFIG_MAPS);
+    cms.retain(|o| o.metadata().name.as_deref() == Some(CONFIG_NAME));
+    vec![
+        (Kind::Node, items::<Node>(NODES)),
+        (Kind::Pod, pods),
+        (Kind::Service, items::<Service>(SERVICES)),
+        (Kind::EndpointSlice, items::<EndpointSlice>(SLICES)),
+        (Kind::ConfigMap, cms),
+    ]
+}
+
+/// Feeds a complete list of `kind`, as the watcher reports one.
+fn list(ds: &mut KubeDatastore, kind: Kind, objects: Vec<Object>) {
+    ds.event(kind, Event::Init);
+    for o in objects {
+        ds.event(kind, Event::InitApply(o));
+    }
+    ds.event(kind, Event::InitDone);
+}
+
+/// A datastore that has listed the example.
+fn listed() -> KubeDatastore {
+    let mut ds = KubeDatastore::new();
+    for (kind, objects) in served() {
+        list(&mut ds, kind, objects);
+    }
+    let u = ds.take_updates();
+    assert!(matches!(&u[..], [Update::Applied { .. }]), "{u:?}");
+    ds
+}
+
+/// A watch event line as the API server writes it, decoded as the client does.
+fn watch_event<K: DeserializeOwned + Into<Object>>(type_: &str, item: &Value) -> Event<Object> {
+    let line = json!({"type": type_, "object": item}).to_string();
+    match serde_json::from_str::<WatchEvent<K>>(&line).unwrap() {
+        WatchEvent::Added(o) | WatchEvent::Modified(o) => Event::Apply(o.into()),
+        WatchEvent::Deleted(o) => Event::Delete(o.into()),
+        e => panic!("unexpected {e:?}"),
+    }
+}
+
+/// An item of a test data list, by name.
+fn item(list: &str, name: &str) -> Value {
+    let list: Value = serde_json::from_str(list).unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {name}"))
+        .clone()
+}
+
+fn typed<K: DeserializeOwned + Into<Object>>(v: Value) -> Object {
+    serde_json::from_value::<K>(v).unwrap().into()
+}
+
+/// How many endpoints the slice `default/name` has.
+fn endpoints(c: &Cluster, name: &str) -> usize {
+    let slice = &c.endpoint_slices[&ObjectKey::new("default", name)];
+    slice.endpoints.as_ref().map_or(0, Vec::len)
+}
+
+fn problems(u: &[Update]) -> Vec<String> {
+    u.iter()
+        .filter_map(|u| match u {
+            Update::Refused(r) => Some(r.problems.iter().map(ToString::to_string)),
+            Update::Applied { .. } => None,
+        })
+        .flatten()
+        .collect()
+}
+
+#[test]
+fn api_lists_make_the_cluster_the_file_datastore_reads_from_the_example() {
+    let mut ds = KubeDatastore::new();
+    for (kind, objects) in served() {
+        list(&mut ds, kind, objects);
+    }
+    let u = ds.take_updates();
+    let [Update::Applied { cluster, notes }] = &u[..] else {
+        panic!("expected one state, got {u:?}");
+    };
+    assert!(notes.is_empty());
+    assert_same(cluster, &expected());
+    assert_eq!(cluster.pods.len(), 5, "node-a's pods only");
+    assert!(
+        cluster
+            .nodes
+            .values()
+            .all(|n| n.metadata.managed_fields.is_none())
+    );
+}
+
+#[test]
+fn api_watch_events_make_the_cluster_the_file_datastore_reads_from_the_example() {
+    let mut ds = KubeDatastore::new();
+    for kind in Kind::ALL {
+        list(&mut ds, kind, Vec::new());
+    }
+    ds.take_updates();
+    let lists = [
+        (NODES, "Node", "v1"),
+        (PODS, "Pod", "v1"),
+        (SERVICES, "Service", "v1"),
+        (SLICES, "EndpointSlice", "discovery.k8s.io/v1"),
+        (CONFIG_MAPS, "ConfigMap", "v1"),
+    ];
+    for (list, kind, api_version) in lists {
+        let list: Value = serde_json::from_str(list).unwrap();
+        for item in list["items"].as_array().unwrap() {
+            // Watch events carry the type of their object.
+            let mut obj = item.clone();
+            obj["kind"] = kind.into();
+            obj["apiVersion"] = api_version.into();
+            // What the selectors let through, as the server would.
+            if obj.pointer("/spec/nodeName").is_some_and(|n| n != NODE)
+                || (kind == "ConfigMap" && obj["metadata"]["name"] != CONFIG_NAME)
+            {
+                continue;
+            }
+            let e = match kind {
+                "Node" => watch_event::<Node>("ADDED", &obj),
+                "Pod" => watch_event::<Pod>("ADDED", &obj),
+                "Service" => watch_event::<Service>("ADDED", &obj),
+                "EndpointSlice" => watch_event::<EndpointSlice>("ADDED", &obj),
+                _ => watch_event::<ConfigMap>("ADDED", &obj),
+            };
+            ds.event(Kind::from_type(api_version, kind).unwrap(), e);
+        }
+    }
+    let u = ds.take_updates();
+    assert!(problems(&u).is_empty(), "{:?}", problems(&u));
+    assert_same(&ds.current(), &expected());
+}
+
+#[test]
+fn nothing_is_sent_until_every_kind_is_listed() {
+    let mut ds = KubeDatastore::new();
+    let mut lists = served();
+    let (last_kind, last) = lists.pop().unwrap();
+    for (kind, objects) in lists {
+        list(&mut ds, kind, objects);
+        assert!(ds.take_updates().is_empty());
+    }
+    assert!(!ds.is_listed());
+    list(&mut ds, last_kind, last);
+    assert!(ds.is_listed());
+    assert!(matches!(&ds.take_updates()[..], [Update::Applied { .. }]));
+}
+
+#[test]
+fn a_bad_object_is_refused_alone_and_its_last_good_version_stays() {
+    let mut ds = listed();
+    let before = ds.current();
+    let mut web = item(SERVICES, "web");
+    web["spec"]["ports"][0]["port"] = 0.into();
+    ds.event(Kind::Service, Event::Apply(typed::<Service>(web)));
+    // A good change in the same batch still applies.
+    let mut slice = item(SLICES, "web-x7h2k");
+    slice["endpoints"].as_array_mut().unwrap().pop();
+    ds.event(
+        Kind::EndpointSlice,
+        Event::Apply(typed::<EndpointSlice>(slice)),
+    );
+    let u = ds.take_updates();
+    assert_eq!(
+        problems(&u),
+        ["kubernetes: Service default/web: spec.ports[0].port: 0 is outside 1-65535"]
+    );
+    let Update::Applied { cluster, .. } = &u[0] else {
+        panic!("expected the good change first: {u:?}");
+    };
+    let key = ObjectKey::new("default", "web");
+    assert_eq!(cluster.services[&key], before.services[&key]);
+    assert_eq!(endpoints(cluster, "web-x7h2k"), 2);
+
+    // A bad object never seen before is not there at all.
+    let mut other = item(SERVICES, "sticky");
+    other["metadata"]["name"] = "other".into();
+    other["spec"]["sessionAffinity"] = "Sometimes".into();
+    ds.event(Kind::Service, Event::Apply(typed::<Service>(other)));
+    let u = ds.take_updates();
+    assert_eq!(u.len(), 1, "only the problem: {u:?}");
+    assert_eq!(
+        problems(&u)[0],
+        "kubernetes: Service default/other: spec.sessionAffinity: \"Sometimes\": expected None or ClientIP"
+    );
+    assert!(
+        !ds.current()
+            .contains(Kind::Service, &ObjectKey::new("default", "other"))
+    );
+}
+
+#[test]
+fn a_relist_replaces_the_kind_at_once_and_drops_what_it_no_longer_lists() {
+    let mut ds = listed();
+    let sticky = ObjectKey::new("default", "sticky");
+    ds.event(Kind::Service, Event::Init);
+    for o in items::<Service>(SERVICES) {
+        if o.key() != Some(sticky.clone()) {
+            ds.event(Kind::Service, Event::InitApply(o));
+        }
+    }
+    // Half a list changes nothing yet.
+    assert!(ds.take_updates().is_empty());
+    assert!(ds.current().services.contains_key(&sticky));
+    ds.event(Kind::Service, Event::InitDone);
+    let u = ds.take_updates();
+    let [Update::Applied { cluster, .. }] = &u[..] else {
+        panic!("{u:?}");
+    };
+    assert!(!cluster.services.contains_key(&sticky));
+    assert_eq!(cluster.services.len(), 4);
+}
+
+#[test]
+fn a_relist_or_event_that_changes_nothing_sends_nothing() {
+    let mut ds = listed();
+    let before = ds.current();
+    for (kind, objects) in served() {
+        list(&mut ds, kind, objects);
+    }
+    let web = item(SERVICES, "web");
+    ds.event(Kind::Service, watch_event::<Service>("MODIFIED", &web));
+    assert!(ds.take_updates().is_empty());
+    assert!(Arc::ptr_eq(&before, &ds.current()));
+}
+
+#[test]
+fn a_deleted_object_is_removed() {
+    let mut ds = listed();
+    let slice = item(SLICES, "web-nodeport-5fz8c");
+    ds.event(
+        Kind::EndpointSlice,
+        watch_event::<EndpointSlice>("DELETED", &slice),
+    );
+    let u = ds.take_updates();
+    let [Update::Applied { cluster, .. }] = &u[..] else {
+        panic!("{u:?}");
+    };
+    assert!(
+        !cluster
+            .endpoint_slices
+            .contains_key(&ObjectKey::new("default", "web-nodeport-5fz8c"))
+    );
+    // Deleting what is not there is no change.
+    ds.event(
+        Kind::EndpointSlice,
+        watch_event::<EndpointSlice>("DELETED", &slice),
+    );
+    assert!(ds.take_updates().is_empty());
+}
+
+#[test]
+fn a_watch_error_is_refused_and_the_state_stays() {
+    let mut ds = listed();
+    let before = ds.current();
+    ds.watch_error(Kind::Pod, &"connection refused");
+    ds.watch_error(Kind::ConfigMap, &"connection refused");
+    let u = ds.take_updates();
+    assert_eq!(
+        problems(&u),
+        [
+            "kubernetes: watching Pods: connection refused; retrying",
+            "kubernetes: watching ConfigMap kube-system/ferry-config: connection refused; retrying",
+        ]
+    );
+    assert_eq!(u.len(), 1);
+    assert!(Arc::ptr_eq(&before, &ds.current()));
+}
+
+#[test]
+fn a_bad_ferry_config_keeps_the_last_good_one() {
+    let mut ds = listed();
+    let mut cm = item(CONFIG_MAPS, CONFIG_NAME);
+    cm["data"]["encapsulation"] = "sometimes".into();
+    ds.event(Kind::ConfigMap, Event::Apply(typed::<ConfigMap>(cm)));
+    let u = ds.take_updates();
+    assert_eq!(
+        problems(&u),
+        [
+            "kubernetes: ConfigMap kube-system/ferry-config: data.encapsulation: \"sometimes\": expected always, cross-subnet or never"
+        ]
+    );
+    let cm = ds.current();
+    let cm = cm.config_map(CONFIG_NAMESPACE, CONFIG_NAME).unwrap();
+    assert_eq!(cm.data.as_ref().unwrap()["encapsulation"], "cross-subnet");
+}
+
+#[test]
+fn scopes_narrow_pods_to_the_node_and_config_maps_to_ferry_config() {
+    let s = scopes("node-a");
+    assert_eq!(s.clone().map(|s| s.kind), Kind::ALL);
+    let rows: Vec<_> = s
+        .iter()
+        .map(|s| {
+            (
+                s.group,
+                s.resource,
+                s.namespace,
+                s.field_selector.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("", "nodes", None, None),
+            ("", "pods", None, Some("spec.nodeName=node-a")),
+            ("", "services", None, None),
+            ("discovery.k8s.io", "endpointslices", None, None),
+            (
+                "",
+                "configmaps",
+                Some("kube-system"),
+                Some("metadata.name=ferry-config")
+            ),
+        ]
+    );
+}
+
+// The live path: the real client and watchers against the mock API server.
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn example_api() -> MockApi {
+    let api = MockApi::new();
+    api.load("nodes", NODES);
+    api.load("pods", PODS);
+    api.load("services", SERVICES);
+    api.load("endpointslices", SLICES);
+    api.load("configmaps", CONFIG_MAPS);
+    api
+}
+
+fn start(api: &MockApi) -> Watch {
+    let service = api.service();
+    watch_with(NODE.into(), move || async move {
+        Ok(Client::new(service, "default"))
+    })
+    .unwrap()
+}
+
+fn next(w: &Watch) -> Update {
+    w.next_update(WAIT).expect("an update in time")
+}
+
+fn applied(u: Update) -> Arc<Cluster> {
+    match u {
+        Update::Applied { cluster, notes } => {
+            assert!(notes.is_empty(), "{notes:?}");
+            cluster
+        }
+        Update::Refused(r) => panic!("expected a state, got:\n{r}"),
+    }
+}
+
+fn refused(u: Update) -> Vec<String> {
+    match u {
+        Update::Refused(r) => r.problems.iter().map(ToString::to_string).collect(),
+        Update::Applied { .. } => panic!("expected problems, got a state"),
+    }
+}
+
+fn percent_decoded(s: &str) -> String {
+    s.replace("%3D", "=").replace("%2C", ",")
+}
+
+#[test]
+fn live_watches_list_then_follow_changes_refusals_and_deletions() {
+    let api = example_api();
+    let w = start(&api);
+    let c = applied(next(&w));
+    assert_same(&c, &expected());
+    assert!(Arc::ptr_eq(&c, &w.current()));
+
+    // One list per scope, narrowed by its field selector.
+    let lists: Vec<String> = api
+        .requests()
+        .iter()
+        .filter(|r| !r.contains("watch=true"))
+        .map(|r| percent_decoded(r))
+        .collect();
+    let wanted = [
+        ("/api/v1/nodes", None),
+        ("/api/v1/pods", Some("spec.nodeName=node-a")),
+        ("/api/v1/services", None),
+        ("/apis/discovery.k8s.io/v1/endpointslices", None),
+        (
+            "/api/v1/namespaces/kube-system/configmaps",
+            Some("metadata.name=ferry-config"),
+        ),
+    ];
+    assert_eq!(lists.len(), wanted.len(), "{lists:?}");
+    for (path, selector) in wanted {
+        let r = lists
+            .iter()
+            .find(|r| r.split_once('?').unwrap().0 == path)
+            .unwrap_or_else(|| panic!("no list of {path}: {lists:?}"));
+        let field = r
+            .split(['?', '&'])
+            .find_map(|kv| kv.strip_prefix("fieldSelector="));
+        assert_eq!(field, selector, "{r}");
+    }
+
+    // An endpoint leaves a slice.
+    let mut slice = item(SLICES, "web-x7h2k");
+    slice["endpoints"].as_array_mut().unwrap().pop();
+    api.put("endpointslices", slice);
+    let c = applied(next(&w));
+    assert_eq!(endpoints(&c, "web-x7h2k"), 2);
+
+    // A Service the API accepted but ferry cannot use: refused, the last good one stays.
+    let mut web = item(SERVICES, "web");
+    web["spec"]["ports"][0]["port"] = 0.into();
+    api.put("services", web);
+    assert_eq!(
+        refused(next(&w)),
+        ["kubernetes: Service default/web: spec.ports[0].port: 0 is outside 1-65535"]
+    );
+    let web = ObjectKey::new("default", "web");
+    assert_eq!(w.current().services[&web], c.services[&web]);
+
+    // Deleted.
+    api.delete("endpointslices", "default", "web-nodeport-5fz8c");
+    let c = applied(next(&w));
+    let key = ObjectKey::new("default", "web-nodeport-5fz8c");
+    assert!(!c.endpoint_slices.contains_key(&key));
+
+    // Another node's pod never reaches this node; its own pods do.
+    let mut theirs = item(PODS, "sticky-1");
+    theirs["metadata"]["labels"]["changed"] = "yes".into();
+    api.put("pods", theirs);
+    let mut ours = item(PODS, "sticky-0");
+    ours["metadata"]["labels"]["changed"] = "yes".into();
+    api.put("pods", ours);
+    let c = applied(next(&w));
+    let labels = |name: &str| {
+        c.pods
+            .get(&ObjectKey::new("default", name))
+            .map(|p| p.metadata.labels.clone().unwrap_or_default())
+    };
+    assert_eq!(labels("sticky-0").unwrap()["changed"], "yes");
+    assert_eq!(labels("sticky-1"), None);
+}
+
+#[test]
+fn a_burst_of_events_makes_one_update() {
+    let api = example_api();
+    let w = start(&api);
+    applied(next(&w));
+    let mut burst = Vec::new();
+    for name in ["web-x7h2k", "web-q9m4t", "web-lb-b2n6d"] {
+        let mut slice = item(SLICES, name);
+        slice["endpoints"].as_array_mut().unwrap().pop();
+        burst.push(("endpointslices", slice));
+    }
+    let mut sticky = item(SERVICES, "sticky");
+    sticky["spec"]["sessionAffinity"] = "None".into();
+    burst.push(("services", sticky));
+    api.put_all(burst);
+    let c = applied(next(&w));
+    for name in ["web-x7h2k", "web-q9m4t", "web-lb-b2n6d"] {
+        assert_eq!(endpoints(&c, name), 2, "{name}");
+    }
+    let sticky = &c.services[&ObjectKey::new("default", "sticky")];
+    assert_eq!(
+        sticky.spec.as_ref().unwrap().session_affinity.as_deref(),
+        Some("None")
+    );
+    assert!(w.next_update(BATCH_MAX * 4).is_none());
+}
+
+#[test]
+fn an_expired_watch_lists_again_and_drops_what_was_deleted_meanwhile() {
+    let api = example_api();
+    let w = start(&api);
+    applied(next(&w));
+    api.delete_quietly("services", "default", "sticky");
+    api.expire("services");
+    let p = refused(next(&w));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(p[0].starts_with("kubernetes: watching Services: "), "{p:?}");
+    assert!(p[0].contains("too old resource version"), "{p:?}");
+    // The watcher backs off, then lists again.
+    let c = applied(next(&w));
+    assert!(
+        !c.services
+            .contains_key(&ObjectKey::new("default", "sticky"))
+    );
+    assert_eq!(c.services.len(), 4);
+}
+
+#[test]
+fn an_unreachable_api_server_is_reported_and_the_state_in_force_stays() {
+    let api = example_api();
+    api.fail("services", 1);
+    let w = start(&api);
+    // The Services list failed: said at once, and nothing else until it is retried.
+    let p = refused(next(&w));
+    assert!(
+        p.iter()
+            .all(|p| p.starts_with("kubernetes: watching Services: ")),
+        "{p:?}"
+    );
+    assert!(w.current().is_empty());
+    let c = applied(next(&w));
+    assert_same(&c, &expected());
+
+    // The EndpointSlice watch drops and cannot come back at once.
+    api.fail("endpointslices", 2);
+    api.close("endpointslices");
+    let mut slice = item(SLICES, "web-x7h2k");
+    slice["endpoints"].as_array_mut().unwrap().pop();
+    api.put("endpointslices", slice);
+    let mut errors = 0;
+    let c = loop {
+        match next(&w) {
+            Update::Refused(r) => {
+                errors += r.problems.len();
+                for p in &r.problems {
+                    assert!(
+                        p.to_string()
+                            .starts_with("kubernetes: watching EndpointSlices: "),
+                        "{p}"
+                    );
+                }
+                assert!(Arc::ptr_eq(&c, &w.current()));
+            }
+            Update::Applied { cluster, .. } => break cluster,
+        }
+    };
+    assert_eq!(errors, 2);
+    // The change made while it was away arrives when it resumes.
+    assert_eq!(endpoints(&c, "web-x7h2k"), 2);
+}
+
+#[test]
+fn a_kubeconfig_is_read_and_a_server_that_does_not_answer_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    // Nothing listens on port 1 of the loopback address.
+    std::fs::write(
+        &path,
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}
+users:
+- name: u
+  user: {token: abc}
+contexts:
+- name: x
+  context: {cluster: c, user: u}
+current-context: x
+",
+    )
+    .unwrap();
+    let w = KubeDatastore::watch(KubeOptions {
+        node: NODE.into(),
+        kubeconfig: Some(path),
+    })
+    .unwrap();
+    let p = refused(next(&w));
+    assert!(
+        p.iter().all(|p| p.starts_with("kubernetes: watching ")),
+        "{p:?}"
+    );
+    assert!(w.current().is_empty());
+}
+
+#[test]
+fn a_missing_kubeconfig_or_node_name_is_an_error_at_start() {
+    let missing = PathBuf::from("/nonexistent/kubeconfig");
+    let e = KubeDatastore::watch(KubeOptions {
+        node: NODE.into(),
+        kubeconfig: Some(missing),
+    })
+    .unwrap_err();
+    assert!(matches!(e, KubeError::Config(_)), "{e:?}");
+    assert!(e.to_string().contains("/nonexistent/kubeconfig"), "{e}");
+    let e = KubeDatastore::watch(KubeOptions {
+        node: String::new(),
+        kubeconfig: None,
+    })
+    .unwrap_err();
+    assert!(matches!(e, KubeError::NoNode), "{e:?}");
+}
