@@ -8,9 +8,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use ferry_agent::compile::CompileOptions;
-use ferry_agent::datastore::file::{FileDatastore, Update};
+use ferry_agent::datastore::file::FileDatastore;
+use ferry_agent::datastore::{Update, Watch};
 use ferry_agent::run::{Agent, Applied, Options};
 use ferry_agent::{Cluster, ObjectKey};
+use ferry_agent::{KubeDatastore, KubeOptions};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -26,8 +28,10 @@ pub struct Args {
     #[arg(long, value_name = "NAME")]
     pub node: String,
     /// Where cluster state comes from: `file:DIR`, a directory of Kubernetes manifests,
-    /// watched (edits apply live).
-    #[arg(long, value_name = "file:DIR")]
+    /// watched (edits apply live); `kubernetes`, the API server of the in-cluster
+    /// configuration or the usual kubeconfig; `kubernetes:KUBECONFIG`, with that
+    /// kubeconfig file.
+    #[arg(long, value_name = "file:DIR|kubernetes[:KUBECONFIG]")]
     pub datastore: String,
     /// Base tables: the ports, routes and settings the cluster does not say (default:
     /// one uplink derived from the Node object; see docs/agent.md).
@@ -80,14 +84,30 @@ fn report(a: &Applied) {
     }
 }
 
+/// Opens the datastore `spec` names.
+fn open_datastore(spec: &str, node: &str) -> Result<Watch> {
+    if let Some(dir) = spec.strip_prefix("file:") {
+        return FileDatastore::watch(dir, POLL)
+            .map_err(|r| anyhow!("{dir}: the cluster state is refused:\n{r}"));
+    }
+    let kubeconfig = match spec {
+        "kubernetes" => None,
+        _ => match spec.strip_prefix("kubernetes:") {
+            Some(path) if !path.is_empty() => Some(PathBuf::from(path)),
+            _ => bail!(
+                "--datastore {spec:?}: expected file:DIR, kubernetes or kubernetes:KUBECONFIG"
+            ),
+        },
+    };
+    KubeDatastore::watch(KubeOptions {
+        node: node.to_string(),
+        kubeconfig,
+    })
+    .map_err(|e| anyhow!("--datastore {spec}: {e}"))
+}
+
 /// Runs the agent until SIGINT or SIGTERM.
 pub fn run(args: &Args) -> Result<()> {
-    let Some(dir) = args.datastore.strip_prefix("file:") else {
-        bail!(
-            "--datastore {:?}: expected file:DIR (the kubernetes datastore is not wired to this command yet)",
-            args.datastore
-        );
-    };
     let mut pods = BTreeMap::new();
     for p in &args.pods {
         let (k, netns) = parse_pod(p)?;
@@ -108,13 +128,27 @@ pub fn run(args: &Args) -> Result<()> {
             ..CompileOptions::default()
         },
     };
-    let (mut ds, notes) = FileDatastore::open(dir)
-        .map_err(|r| anyhow!("{dir}: the cluster state is refused:\n{r}"))?;
-    for n in &notes {
-        tracing::info!("{n}");
-    }
     let stop = ferry_linux::signal::stop_on_signals().context("installing signal handlers")?;
-    let mut in_force: Arc<Cluster> = ds.current();
+    let watch = open_datastore(&args.datastore, &args.node)?;
+    // The first good state starts the node (the Kubernetes datastore gives it once every
+    // kind is listed).
+    let mut in_force: Arc<Cluster> = loop {
+        if stop.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        match watch.next_update(POLL) {
+            Some(Update::Applied { cluster, notes }) => {
+                for n in &notes {
+                    tracing::info!("{n}");
+                }
+                break cluster;
+            }
+            Some(Update::Refused(r)) => {
+                tracing::error!("{}: waiting for a good state:\n{r}", args.datastore)
+            }
+            None => {}
+        }
+    };
     let (mut agent, applied) =
         Agent::start(opts, Arc::clone(&in_force)).map_err(|e| anyhow!("{e}"))?;
     report(&applied);
@@ -125,17 +159,19 @@ pub fn run(args: &Args) -> Result<()> {
         "ferry agent running; stop with SIGINT or SIGTERM"
     );
     while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(POLL);
         if !agent.is_running() {
             bail!(
                 "the worker stopped: {}",
                 agent.worker_error().unwrap_or_default()
             );
         }
-        match ds.poll() {
+        match watch.next_update(POLL) {
             None => {}
             Some(Update::Refused(r)) => {
-                tracing::error!("{dir}: change refused, the tables in force stay:\n{r}");
+                tracing::error!(
+                    "{}: change refused, the tables in force stay:\n{r}",
+                    args.datastore
+                );
             }
             Some(Update::Applied { cluster, notes }) => {
                 for n in &notes {
@@ -144,6 +180,9 @@ pub fn run(args: &Args) -> Result<()> {
                 let t0 = Instant::now();
                 let changed = in_force.diff(&cluster);
                 let diffed = t0.elapsed();
+                if changed.is_empty() {
+                    continue;
+                }
                 match agent.apply_changes(Arc::clone(&cluster), &changed) {
                     Ok(a) => {
                         report(&a);

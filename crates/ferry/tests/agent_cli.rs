@@ -1,0 +1,74 @@
+//! `ferry agent` refuses bad arguments and a bad cluster state at start with messages
+//! that say what is wrong, before touching any interface.
+
+use std::process::Command;
+
+fn agent(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .arg("agent")
+        .args(args)
+        .output()
+        .expect("run ferry");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn an_unknown_datastore_is_refused() {
+    let (ok, err) = agent(&["--node", "n1", "--datastore", "etcd:x"]);
+    assert!(!ok);
+    assert!(
+        err.contains("expected file:DIR, kubernetes or kubernetes:KUBECONFIG"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_missing_kubeconfig_is_refused() {
+    let (ok, err) = agent(&[
+        "--node",
+        "n1",
+        "--datastore",
+        "kubernetes:/nonexistent/kubeconfig",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("/nonexistent/kubeconfig"), "{err}");
+}
+
+#[test]
+fn a_bad_pod_attachment_is_refused() {
+    let (ok, err) = agent(&["--node", "n1", "--datastore", "file:.", "--pod", "web"]);
+    assert!(!ok);
+    assert!(err.contains("NAMESPACE/NAME=NETNS"), "{err}");
+}
+
+#[test]
+fn a_bad_cluster_at_start_names_the_file_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("svc.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: { name: s, namespace: default }\nspec:\n  ports: [{ port: 0 }]\n",
+    )
+    .unwrap();
+    let ds = format!("file:{}", dir.path().display());
+    let (ok, err) = agent(&["--node", "n1", "--datastore", &ds]);
+    assert!(!ok);
+    assert!(
+        err.contains("svc.yaml") && err.contains("spec.ports[0].port"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_node_missing_from_the_cluster_is_an_error() {
+    let ds = concat!(
+        "file:",
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/cluster"
+    );
+    let (ok, err) = agent(&["--node", "no-such-node", "--datastore", ds]);
+    assert!(!ok);
+    assert!(err.contains("no Node named \"no-such-node\""), "{err}");
+}
