@@ -19,10 +19,9 @@ use std::time::{Duration, Instant};
 
 use ferry_datapath::pipeline::Pipeline;
 use ferry_datapath::tables::{MacAddr, PortKind, Tables, TablesSpec};
-use ferry_linux::link::{self, Pod, PodInterface};
+use ferry_linux::link;
 use ferry_linux::worker::{Control, NamedPort, Snapshot, Update, WorkerStats};
 use ferry_linux::{AfPacketConfig, AfPacketPort, Port, TapPort};
-use ipnet::IpNet;
 
 use crate::cluster::{Cluster, Kind, ObjectKey};
 use crate::compile::{
@@ -466,22 +465,7 @@ impl Agent {
                     .ok_or_else(|| format!("port {name:?}: pod {key} is not attached"))?;
                 self.taps += 1;
                 let dev = format!("fy{}t{}", std::process::id() % 100_000, self.taps);
-                let tap =
-                    TapPort::create(&dev).map_err(|e| format!("port {name:?}: tap {dev}: {e}"))?;
-                let addresses: Vec<IpNet> = p.addresses.iter().map(|a| IpNet::from(*a)).collect();
-                let mac = p
-                    .peer_mac
-                    .ok_or_else(|| format!("port {name:?}: a pod port needs peer_mac"))?;
-                let pod = Pod {
-                    interface: PodInterface {
-                        netns,
-                        name: "eth0",
-                        mtu: p.mtu,
-                        addresses: &addresses,
-                    },
-                    mac,
-                };
-                link::attach_pod(&dev, &pod)
+                let tap = link::pod_tap(&dev, netns, p)
                     .map_err(|e| format!("port {name:?}: eth0 of pod {key} in {netns}: {e}"))?;
                 Box::new(tap)
             }

@@ -139,6 +139,35 @@ fn parse_mac(s: &str) -> Option<[u8; 6]> {
     parts.next().is_none().then_some(m)
 }
 
+/// The TAP of the tables' pod port `port`: created as `dev` (with virtio-net headers and
+/// offloads), then moved into network namespace `netns` as eth0 with the port's pod
+/// addresses, MAC (`peer_mac`) and MTU and the default routes ([`attach_pod`]).
+pub fn pod_tap(
+    dev: &str,
+    netns: &str,
+    port: &ferry_datapath::tables::Port,
+) -> io::Result<crate::TapPort> {
+    let mac = port.peer_mac.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("port {:?}: a pod port needs peer_mac", port.name),
+        )
+    })?;
+    let addresses: Vec<IpNet> = port.addresses.iter().map(|a| IpNet::from(*a)).collect();
+    let tap = crate::TapPort::create(dev)?;
+    let pod = Pod {
+        interface: PodInterface {
+            netns,
+            name: "eth0",
+            mtu: port.mtu,
+            addresses: &addresses,
+        },
+        mac,
+    };
+    attach_pod(dev, &pod)?;
+    Ok(tap)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

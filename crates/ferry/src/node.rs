@@ -10,9 +10,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use ferry_datapath::pipeline::Pipeline;
 use ferry_datapath::tables::{PortKind, Tables};
-use ferry_linux::link::{self, Pod, PodInterface};
+use ferry_linux::link;
 use ferry_linux::{AfPacketConfig, AfPacketPort, Port, TapPort};
-use ipnet::IpNet;
 
 use crate::replay::load_tables;
 
@@ -110,23 +109,8 @@ fn open_ports(
                     );
                 }
                 let dev = pod_tap_name(i);
-                let tap = TapPort::create(&dev)
-                    .with_context(|| format!("port {:?}: tap {dev}", p.name))?;
-                let addresses: Vec<IpNet> = p.addresses.iter().map(|a| IpNet::from(*a)).collect();
-                let mac = p
-                    .peer_mac
-                    .with_context(|| format!("port {:?}: a pod port needs peer_mac", p.name))?;
-                let pod = Pod {
-                    interface: PodInterface {
-                        netns,
-                        name: "eth0",
-                        mtu: p.mtu,
-                        addresses: &addresses,
-                    },
-                    mac,
-                };
-                link::attach_pod(&dev, &pod)
-                    .with_context(|| format!("port {:?}: setting up eth0 in {netns}", p.name))?;
+                let tap = link::pod_tap(&dev, netns, p)
+                    .with_context(|| format!("port {:?}: eth0 in {netns} (tap {dev})", p.name))?;
                 Box::new(tap)
             }
         };

@@ -112,6 +112,33 @@ fn inner(frame: &[u8]) -> &[u8] {
 
 use crate::flow::FlowKey;
 
+/// Pod `last` of node `n` answering a SYN: from its port `sport` to `to`:`dport`,
+/// acknowledging `ack`.
+fn synack(n: u8, last: u8, to: &str, sport: u16, dport: u16, ack: u32) -> Vec<u8> {
+    build::tcp(
+        ip(&format!("10.244.{n}.{last}")),
+        ip(to),
+        sport,
+        dport,
+        7000,
+        ack,
+        tcp_flags::SYN | tcp_flags::ACK,
+        &[],
+        &from_pod(n, last),
+    )
+}
+
+/// Where the first packet out goes: the inner destination when it went through the
+/// tunnel.
+fn delivered_to(out: &[(PortId, Packet)]) -> IpAddr {
+    let f = &out[0].1.data;
+    if out[0].0 == UPLINK {
+        key_of(inner(f)).dst
+    } else {
+        key_of(f).dst
+    }
+}
+
 #[test]
 fn test_cluster_ip_is_translated_to_an_endpoint_and_replies_back() {
     let mut a = node(
@@ -152,17 +179,7 @@ fn test_cluster_ip_is_translated_to_an_endpoint_and_replies_back() {
     assert_ne!(a.conntrack().get(id).unwrap().mark & lb::MARK_SERVICE, 0);
     assert_eq!(a.stats().service_balanced, 1);
 
-    let reply = build::tcp(
-        ip("10.244.1.6"),
-        ip("10.244.1.5"),
-        8080,
-        40000,
-        5000,
-        1001,
-        tcp_flags::SYN | tcp_flags::ACK,
-        &[],
-        &from_pod(1, 6),
-    );
+    let reply = synack(1, 6, "10.244.1.5", 8080, 40000, 1001);
     let (v, out) = run(&mut a, reply, POD2, SEC);
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out[0].0, POD);
@@ -190,21 +207,11 @@ fn test_connections_spread_over_endpoints_and_each_stays_on_its_own() {
     for sport in 30000..30300u16 {
         let (_, out) = run(&mut a, udp_to_service(sport), POD, SEC);
         assert_eq!(out.len(), 1);
-        let f = &out[0].1.data;
-        let dst = if out[0].0 == UPLINK {
-            key_of(inner(f)).dst
-        } else {
-            key_of(f).dst
-        };
+        let dst = delivered_to(&out);
         *seen.entry(dst).or_default() += 1;
         // The next packet of the same flow goes to the same endpoint.
         let (_, again) = run(&mut a, udp_to_service(sport), POD, SEC);
-        let f2 = &again[0].1.data;
-        let dst2 = if again[0].0 == UPLINK {
-            key_of(inner(f2)).dst
-        } else {
-            key_of(f2).dst
-        };
+        let dst2 = delivered_to(&again);
         assert_eq!(dst, dst2);
     }
     assert_eq!(seen.len(), 3, "{seen:?}");
@@ -414,17 +421,7 @@ fn test_node_port_to_a_local_endpoint_keeps_the_client_address() {
         (k.src, k.dst, k.dst_port),
         (ip(CLIENT), ip("10.244.1.6"), 8080)
     );
-    let reply = build::tcp(
-        ip("10.244.1.6"),
-        ip(CLIENT),
-        8080,
-        50000,
-        9,
-        2,
-        tcp_flags::SYN | tcp_flags::ACK,
-        &[],
-        &from_pod(1, 6),
-    );
+    let reply = synack(1, 6, CLIENT, 8080, 50000, 2);
     let (_, out) = run(&mut a, reply, POD2, SEC);
     assert_eq!(out[0].0, UPLINK);
     assert_eq!(&out[0].1.data[0..6], &GW_MAC);
@@ -529,17 +526,7 @@ fn test_node_port_to_another_nodes_endpoint_returns_through_the_ingress_node() {
     assert_eq!(got[0].0, POD);
     assert_eq!(key_of(&got[0].1.data).src, ip(CLIENT));
 
-    let synack = build::tcp(
-        ip("10.244.2.5"),
-        ip(CLIENT),
-        8080,
-        50000,
-        7000,
-        101,
-        tcp_flags::SYN | tcp_flags::ACK,
-        &[],
-        &from_pod(2, 5),
-    );
+    let synack = synack(2, 5, CLIENT, 8080, 50000, 101);
     let (v, back) = run(&mut b, synack, POD, SEC);
     assert_eq!(v, Verdict::Forwarded);
     let outer = key_of(&back[0].1.data);
@@ -631,16 +618,8 @@ fn test_session_affinity_keeps_a_client_on_its_endpoint_until_the_timeout() {
         ..dns(backends.clone())
     };
     let mut a = node(1, ModeSpec::Always, vec![svc]);
-    let dst_of = |out: &[(PortId, Packet)]| {
-        let f = &out[0].1.data;
-        if out[0].0 == UPLINK {
-            key_of(inner(f)).dst
-        } else {
-            key_of(f).dst
-        }
-    };
     let (_, out) = run(&mut a, udp_to_service(30000), POD, SEC);
-    let first = dst_of(&out);
+    let first = delivered_to(&out);
     for (i, sport) in (30001..30060u16).enumerate() {
         // New connections within the timeout of the last one keep the endpoint.
         let (_, out) = run(
@@ -649,7 +628,7 @@ fn test_session_affinity_keeps_a_client_on_its_endpoint_until_the_timeout() {
             POD,
             SEC + i as u64 * SEC / 10,
         );
-        assert_eq!(dst_of(&out), first);
+        assert_eq!(delivered_to(&out), first);
     }
     assert_eq!(a.affinity().len(), 1);
     a.tick(30 * SEC);
@@ -658,7 +637,7 @@ fn test_session_affinity_keeps_a_client_on_its_endpoint_until_the_timeout() {
     // Without affinity, the same client's connections spread.
     let mut b = node(1, ModeSpec::Always, vec![dns(backends)]);
     let spread: HashSet<IpAddr> = (30000..30060u16)
-        .map(|sport| dst_of(&run(&mut b, udp_to_service(sport), POD, SEC).1))
+        .map(|sport| delivered_to(&run(&mut b, udp_to_service(sport), POD, SEC).1))
         .collect();
     assert!(spread.len() > 1);
 }
@@ -683,17 +662,7 @@ fn test_hairpin_is_source_translated_to_the_service_address() {
         (k.src, k.dst, k.dst_port),
         (ip("10.96.0.10"), ip("10.244.1.5"), 8080)
     );
-    let reply = build::tcp(
-        ip("10.244.1.5"),
-        ip("10.96.0.10"),
-        8080,
-        k.src_port,
-        9,
-        1001,
-        tcp_flags::SYN | tcp_flags::ACK,
-        &[],
-        &from_pod(1, 5),
-    );
+    let reply = synack(1, 5, "10.96.0.10", 8080, k.src_port, 1001);
     let (v, out) = run(&mut a, reply, POD, SEC);
     assert_eq!(v, Verdict::Forwarded);
     let k = key_of(&out[0].1.data);
@@ -721,18 +690,10 @@ fn tables(n: u8, mode: ModeSpec, services: Vec<ServiceSpec>) -> Arc<Tables> {
 fn test_a_removed_endpoints_connections_are_deleted_and_udp_clients_move_on() {
     let both = vec![be("10.244.1.6", 53, 1), be("10.244.2.5", 53, 2)];
     let mut a = node(1, ModeSpec::Always, vec![dns(both)]);
-    let dst_of = |out: &[(PortId, Packet)]| {
-        let f = &out[0].1.data;
-        if out[0].0 == UPLINK {
-            key_of(inner(f)).dst
-        } else {
-            key_of(f).dst
-        }
-    };
     let mut on_removed = 0;
     for sport in 30000..30040u16 {
         let (_, out) = run(&mut a, udp_to_service(sport), POD, SEC);
-        if dst_of(&out) == ip("10.244.1.6") {
+        if delivered_to(&out) == ip("10.244.1.6") {
             on_removed += 1;
         }
     }
@@ -747,7 +708,7 @@ fn test_a_removed_endpoints_connections_are_deleted_and_udp_clients_move_on() {
     for sport in 30000..30040u16 {
         let (_, out) = run(&mut a, udp_to_service(sport), POD, 2 * SEC);
         assert_eq!(
-            dst_of(&out),
+            delivered_to(&out),
             ip("10.244.2.5"),
             "every client on the endpoint left"
         );
@@ -771,17 +732,7 @@ fn test_a_node_port_connection_forwarded_from_another_node_survives_endpoint_cha
     // connection node 1 forwarded is not one node 2 balanced, and stays.
     let report = b.set_tables(tables(2, ModeSpec::Always, vec![]));
     assert_eq!(report.ct_removed, 0);
-    let synack = build::tcp(
-        ip("10.244.2.5"),
-        ip(CLIENT),
-        8080,
-        50000,
-        7000,
-        101,
-        tcp_flags::SYN | tcp_flags::ACK,
-        &[],
-        &from_pod(2, 5),
-    );
+    let synack = synack(2, 5, CLIENT, 8080, 50000, 101);
     let (v, back) = run(&mut b, synack, POD, SEC);
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(key_of(&back[0].1.data).dst, ip(NODE1));
