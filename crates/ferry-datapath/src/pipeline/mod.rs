@@ -11,7 +11,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use crate::conntrack::{self, Conntrack, CtState, Nat, Pending};
+use crate::conntrack::{Conntrack, CtState, Nat, Pending};
 use crate::drop::{DropCounters, DropReason};
 use crate::flow::proto;
 use crate::gso;
@@ -268,37 +268,10 @@ const AFFINITY_SWEEP_NS: u64 = 1_000_000_000;
 impl Pipeline {
     /// A pipeline over `tables`, with fragment and ICMP limits from them.
     pub fn new(tables: Arc<Tables>) -> Pipeline {
-        let mut cfg = ipf::Config::default();
-        let s = &tables.ipf;
-        if let Some(ms) = s.timeout_ms {
-            cfg.timeout_ns = ms.saturating_mul(1_000_000);
-        }
-        if let Some(v) = s.max_datagrams {
-            cfg.max_datagrams = v;
-        }
-        if let Some(v) = s.max_bytes {
-            cfg.max_bytes = v;
-        }
-        if let Some(v) = s.min_fragment_v4 {
-            cfg.min_fragment_v4 = v;
-        }
-        if let Some(v) = s.min_fragment_v6 {
-            cfg.min_fragment_v6 = v;
-        }
-        let icmp = RateLimiter::new(
-            tables
-                .icmp
-                .per_second
-                .unwrap_or(RateLimiter::DEFAULT_PER_SECOND),
-            tables.icmp.burst.unwrap_or(RateLimiter::DEFAULT_BURST),
-        );
-        let mut ct = conntrack::Config::default();
-        if let Some(n) = tables.ct.max_entries {
-            ct.max_entries = n;
-        }
-        if let Some(p) = tables.ct.tcp_pickup {
-            ct.tcp_pickup = p;
-        }
+        let cfg = swap::ipf_config(&tables.ipf);
+        let (per_second, burst) = swap::icmp_limits(&tables.icmp);
+        let icmp = RateLimiter::new(per_second, burst);
+        let ct = swap::ct_config(&tables.ct);
         Pipeline {
             ports: vec![PortStats::default(); tables.ports.len()],
             tables,
