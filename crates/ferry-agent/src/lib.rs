@@ -15,6 +15,7 @@
 //!
 //! `docs/agent.md` documents the mapping from Kubernetes fields to tables fields.
 
+pub mod api;
 pub mod cluster;
 pub mod compile;
 pub mod config;

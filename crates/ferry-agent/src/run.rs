@@ -17,16 +17,19 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use ferry_api::{Answer, PodRef, Request, Response};
 use ferry_datapath::pipeline::Pipeline;
 use ferry_datapath::tables::{MacAddr, PortKind, Tables, TablesSpec};
 use ferry_linux::link;
 use ferry_linux::worker::{Control, NamedPort, Snapshot, Update, WorkerStats};
 use ferry_linux::{AfPacketConfig, AfPacketPort, Port, TapPort};
+use ipnet::IpNet;
 
 use crate::cluster::{Cluster, Kind, ObjectKey};
 use crate::compile::{
     AttachedPod, CompileOptions, Compiled, HealthCheck, node_tables, service_tables,
 };
+use crate::fields::{NodeFields, describe};
 use crate::health::HealthServers;
 
 /// How long [`Agent::apply`] waits for the worker to take an update.
@@ -91,6 +94,20 @@ pub struct Agent {
     failed: Arc<Mutex<Option<String>>>,
     /// What is in force, for changes that only concern Services.
     last: Option<Last>,
+    /// Pod interfaces the CNI plugin asked for, by container ID and interface name.
+    cni: BTreeMap<(String, String), CniPod>,
+}
+
+/// A pod interface the CNI plugin asked for.
+#[derive(Clone, Debug)]
+struct CniPod {
+    pod: ObjectKey,
+    /// The `ip netns` name of its namespace.
+    netns: String,
+    /// The name was made by the agent (`ip netns attach`) and goes with the pod.
+    named_here: bool,
+    ifname: String,
+    addresses: Vec<IpNet>,
 }
 
 /// The state in force.
@@ -147,6 +164,7 @@ impl Agent {
             started: Instant::now(),
             failed: Arc::new(Mutex::new(None)),
             last: None,
+            cni: BTreeMap::new(),
         };
         let compiled = agent.compile(&cluster)?;
         let tables = Arc::clone(&compiled.compiled);
@@ -354,6 +372,235 @@ impl Agent {
         })
     }
 
+    /// Answers a request of the local API ([`ferry_api`]); `cluster` is the state in
+    /// force, compiled again when pods come or go.
+    pub fn handle(&mut self, cluster: Arc<Cluster>, req: Request) -> Response {
+        match req {
+            Request::Status => match self.worker_error() {
+                None if self.is_running() => Response::Ok(Answer::default()),
+                e => Response::error(
+                    50,
+                    "the agent's dataplane is not running",
+                    e.unwrap_or_default(),
+                ),
+            },
+            Request::Node => self.node_info(&cluster),
+            Request::Add {
+                container_id,
+                netns,
+                ifname,
+                pod,
+                addresses,
+            } => self.cni_add(cluster, container_id, &netns, ifname, pod, &addresses),
+            Request::Del {
+                container_id,
+                ifname,
+            } => {
+                let Some(gone) = self.cni.remove(&(container_id, ifname)) else {
+                    return Response::Ok(Answer::default());
+                };
+                self.cni_release(cluster, vec![gone])
+            }
+            Request::Check {
+                container_id,
+                ifname,
+                netns,
+            } => match self.cni.get(&(container_id.clone(), ifname.clone())) {
+                None => {
+                    Response::error(3, "no such attachment", format!("{container_id} {ifname}"))
+                }
+                Some(c) if netns_name(&netns).is_ok_and(|n| n.0 != c.netns) && !c.named_here => {
+                    Response::error(7, "the attachment is in another network namespace", netns)
+                }
+                Some(c) => match self.last.as_ref().and_then(|l| {
+                    let port = l.tables.ports.iter().find(|p| {
+                        p.addresses.first() == c.addresses.first().map(IpNet::addr).as_ref()
+                    })?;
+                    Some(port.name.clone())
+                }) {
+                    Some(port) if self.open.contains(&port) => Response::Ok(Answer::default()),
+                    _ => Response::error(
+                        100,
+                        "the pod has no port in the tables in force",
+                        c.pod.to_string(),
+                    ),
+                },
+            },
+            Request::Gc { valid } => {
+                let keep: BTreeSet<(String, String)> = valid
+                    .into_iter()
+                    .map(|a| (a.container_id, a.ifname))
+                    .collect();
+                let gone: Vec<(String, String)> = self
+                    .cni
+                    .keys()
+                    .filter(|k| !keep.contains(*k))
+                    .cloned()
+                    .collect();
+                if gone.is_empty() {
+                    return Response::Ok(Answer::default());
+                }
+                let gone = gone.iter().filter_map(|k| self.cni.remove(k)).collect();
+                self.cni_release(cluster, gone)
+            }
+        }
+    }
+
+    fn node_info(&self, cluster: &Cluster) -> Response {
+        let Some(node) = cluster.node(&self.opts.node) else {
+            return Response::error(
+                11,
+                "this node is not in the cluster state yet",
+                self.opts.node.clone(),
+            );
+        };
+        let fields = match NodeFields::parse(node) {
+            Ok(f) => f,
+            Err(e) => {
+                return Response::error(
+                    100,
+                    "the Node object is bad",
+                    describe(&format_args!("Node {}", self.opts.node), &e),
+                );
+            }
+        };
+        Response::Ok(Answer {
+            node: Some(self.opts.node.clone()),
+            pod_cidrs: fields.pod_cidrs.iter().map(ToString::to_string).collect(),
+            mtu: Some(self.pod_mtu()),
+            ..Answer::default()
+        })
+    }
+
+    /// The MTU pod ports get: the overlay's, from the uplink's.
+    fn pod_mtu(&self) -> u16 {
+        let Some(t) = self.last.as_ref().map(|l| &l.tables) else {
+            return ferry_datapath::tables::DEFAULT_MTU;
+        };
+        match &t.overlay {
+            Some(ov) => ferry_datapath::overlay::pod_mtu(
+                t.ports[usize::from(ov.uplink)].mtu,
+                ov.peers.iter().any(|p| p.address.is_ipv6()),
+            ),
+            None => ferry_datapath::tables::DEFAULT_MTU,
+        }
+    }
+
+    fn cni_add(
+        &mut self,
+        cluster: Arc<Cluster>,
+        container_id: String,
+        netns: &str,
+        ifname: String,
+        pod: PodRef,
+        addresses: &[String],
+    ) -> Response {
+        let id = (container_id.clone(), ifname.clone());
+        if let Some(c) = self.cni.get(&id) {
+            // The same ADD again: the same answer.
+            return self.add_answer(&c.addresses.clone());
+        }
+        if container_id.is_empty() || ifname.is_empty() || ifname.len() > 15 {
+            return Response::error(
+                4,
+                "container ID and interface name (at most 15 bytes) are required",
+                format!("{container_id:?} {ifname:?}"),
+            );
+        }
+        let mut addrs = Vec::new();
+        for a in addresses {
+            match a.parse::<IpNet>() {
+                Ok(n) => addrs.push(n),
+                Err(_) => return Response::error(7, "a pod address is not ADDR/LEN", a.clone()),
+            }
+        }
+        if addrs.is_empty() {
+            return Response::error(
+                7,
+                "the pod has no address",
+                format!("{}/{}", pod.namespace, pod.name),
+            );
+        }
+        let key = ObjectKey::new(&pod.namespace, &pod.name);
+        if self.cni.values().any(|c| c.pod == key) {
+            return Response::error(
+                100,
+                "the pod already has an interface from another container",
+                key.to_string(),
+            );
+        }
+        let (netns, named_here) = match netns_name(netns).and_then(|(n, attach)| {
+            if let Some(pid) = attach {
+                let name = format!("ferry-{}", &container_id[..container_id.len().min(24)]);
+                link::ip(&["netns", "attach", &name, &pid.to_string()])
+                    .map_err(|e| e.to_string())?;
+                Ok((name, true))
+            } else {
+                Ok((n, false))
+            }
+        }) {
+            Ok(n) => n,
+            Err(e) => return Response::error(7, "the network namespace cannot be used", e),
+        };
+        self.cni.insert(
+            id.clone(),
+            CniPod {
+                pod: key,
+                netns,
+                named_here,
+                ifname,
+                addresses: addrs.clone(),
+            },
+        );
+        match self.apply(cluster) {
+            Ok(a) => {
+                tracing::info!(container = %container_id, opened = ?a.opened, "pod attached");
+                self.add_answer(&addrs)
+            }
+            Err(e) => {
+                if let Some(c) = self.cni.remove(&id)
+                    && c.named_here
+                {
+                    let _ = link::ip(&["netns", "delete", &c.netns]);
+                }
+                Response::error(11, "the pod's interface could not be made", e)
+            }
+        }
+    }
+
+    fn add_answer(&self, addrs: &[IpNet]) -> Response {
+        let mut gateways = Vec::new();
+        if addrs.iter().any(|a| a.addr().is_ipv4()) {
+            gateways.push(ferry_datapath::tables::GATEWAY_V4);
+        }
+        if addrs.iter().any(|a| a.addr().is_ipv6()) {
+            gateways.push(ferry_datapath::tables::GATEWAY_V6);
+        }
+        Response::Ok(Answer {
+            mtu: Some(self.pod_mtu()),
+            mac: addrs
+                .first()
+                .map(|a| crate::compile::pod_mac(a.addr()).to_string()),
+            gateways,
+            ..Answer::default()
+        })
+    }
+
+    /// Compiles again without the pods `gone` (their ports close, their interfaces go).
+    fn cni_release(&mut self, cluster: Arc<Cluster>, gone: Vec<CniPod>) -> Response {
+        let r = match self.apply(cluster) {
+            Ok(a) => {
+                tracing::info!(closed = ?a.closed, "pods detached");
+                Response::Ok(Answer::default())
+            }
+            Err(e) => Response::error(11, "the tables without the pod could not be applied", e),
+        };
+        for c in gone.iter().filter(|c| c.named_here) {
+            let _ = link::ip(&["netns", "delete", &c.netns]);
+        }
+        r
+    }
+
     /// The worker's latest counters.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.control.snapshot()
@@ -388,12 +635,16 @@ impl Agent {
     }
 
     fn compile(&self, cluster: &Cluster) -> Result<Compiled, String> {
-        let attached: Vec<AttachedPod> = self
+        let mut attached: Vec<AttachedPod> = self
             .opts
             .pods
             .keys()
             .map(|k| AttachedPod::new(&k.namespace, &k.name))
             .collect();
+        attached.extend(self.cni.values().map(|c| AttachedPod {
+            addresses: c.addresses.iter().map(IpNet::addr).collect(),
+            ..AttachedPod::new(&c.pod.namespace, &c.pod.name)
+        }));
         let mut opts = self.opts.compile.clone();
         // The derived uplink takes the interface's own MAC, so that the node answers ARP
         // and sends with the address its neighbours know.
@@ -456,17 +707,23 @@ impl Agent {
                     .pod_ports
                     .iter()
                     .find(|(_, n)| n.as_str() == name)
-                    .map(|(k, _)| k)
+                    .map(|(k, _)| k.clone())
                     .ok_or_else(|| format!("port {name:?}: no pod"))?;
-                let netns = self
-                    .opts
-                    .pods
-                    .get(key)
-                    .ok_or_else(|| format!("port {name:?}: pod {key} is not attached"))?;
+                let (netns, ifname) = match self.cni.values().find(|c| c.pod == key) {
+                    Some(c) => (c.netns.clone(), c.ifname.clone()),
+                    None => (
+                        self.opts
+                            .pods
+                            .get(&key)
+                            .ok_or_else(|| format!("port {name:?}: pod {key} is not attached"))?
+                            .clone(),
+                        "eth0".to_string(),
+                    ),
+                };
                 self.taps += 1;
                 let dev = format!("fy{}t{}", std::process::id() % 100_000, self.taps);
-                let tap = link::pod_tap(&dev, netns, p)
-                    .map_err(|e| format!("port {name:?}: eth0 of pod {key} in {netns}: {e}"))?;
+                let tap = link::pod_tap(&dev, &netns, &ifname, p)
+                    .map_err(|e| format!("port {name:?}: {ifname} of pod {key} in {netns}: {e}"))?;
                 Box::new(tap)
             }
             PortKind::Plain => {
@@ -490,5 +747,68 @@ impl Drop for Agent {
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
+    }
+}
+
+/// The `ip netns` name of a CNI_NETNS path: `/var/run/netns/NAME` or `/run/netns/NAME`
+/// give NAME; `/proc/PID/ns/net` gives no name yet but the PID to attach one to.
+fn netns_name(path: &str) -> Result<(String, Option<u32>), String> {
+    for dir in ["/var/run/netns/", "/run/netns/"] {
+        if let Some(n) = path.strip_prefix(dir)
+            && !n.is_empty()
+            && !n.contains('/')
+        {
+            return Ok((n.to_string(), None));
+        }
+    }
+    if let Some(pid) = path
+        .strip_prefix("/proc/")
+        .and_then(|r| r.strip_suffix("/ns/net"))
+        .and_then(|p| p.parse::<u32>().ok())
+    {
+        return Ok((String::new(), Some(pid)));
+    }
+    Err(format!(
+        "{path:?}: expected /var/run/netns/NAME, /run/netns/NAME or /proc/PID/ns/net"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netns_paths_give_a_name_or_a_pid() {
+        assert_eq!(
+            netns_name("/var/run/netns/cni-1").unwrap(),
+            ("cni-1".into(), None)
+        );
+        assert_eq!(netns_name("/run/netns/x").unwrap(), ("x".into(), None));
+        assert_eq!(
+            netns_name("/proc/42/ns/net").unwrap(),
+            (String::new(), Some(42))
+        );
+        for bad in [
+            "",
+            "/var/run/netns/",
+            "/tmp/ns",
+            "/proc/x/ns/net",
+            "/var/run/netns/a/b",
+        ] {
+            assert!(netns_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn service_keys_come_from_tables_entry_names() {
+        assert_eq!(
+            service_key("default/web:http"),
+            Some(ObjectKey::new("default", "web"))
+        );
+        assert_eq!(
+            service_key("kube-system/dns:53"),
+            Some(ObjectKey::new("kube-system", "dns"))
+        );
+        assert_eq!(service_key("nonsense"), None);
     }
 }

@@ -140,11 +140,12 @@ fn parse_mac(s: &str) -> Option<[u8; 6]> {
 }
 
 /// The TAP of the tables' pod port `port`: created as `dev` (with virtio-net headers and
-/// offloads), then moved into network namespace `netns` as eth0 with the port's pod
+/// offloads), then moved into network namespace `netns` as `ifname` with the port's pod
 /// addresses, MAC (`peer_mac`) and MTU and the default routes ([`attach_pod`]).
 pub fn pod_tap(
     dev: &str,
     netns: &str,
+    ifname: &str,
     port: &ferry_datapath::tables::Port,
 ) -> io::Result<crate::TapPort> {
     let mac = port.peer_mac.ok_or_else(|| {
@@ -158,7 +159,7 @@ pub fn pod_tap(
     let pod = Pod {
         interface: PodInterface {
             netns,
-            name: "eth0",
+            name: ifname,
             mtu: port.mtu,
             addresses: &addresses,
         },

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use ferry_agent::api::ApiServer;
 use ferry_agent::compile::CompileOptions;
 use ferry_agent::datastore::file::FileDatastore;
 use ferry_agent::datastore::{Update, Watch};
@@ -20,6 +21,8 @@ use crate::replay::read_tables_spec;
 
 /// How often the manifest directory is looked at.
 const POLL: Duration = Duration::from_millis(100);
+/// Longest wait for a cluster change before API requests are looked at.
+const API_POLL: Duration = Duration::from_millis(10);
 
 /// Arguments of `ferry agent`.
 #[derive(clap::Args, Debug)]
@@ -56,6 +59,10 @@ pub struct Args {
     /// Leave the host kernel processing what arrives on the uplink as well.
     #[arg(long)]
     pub share_uplink: bool,
+    /// The local API socket (root only), where the CNI plugin asks for pods'
+    /// interfaces.
+    #[arg(long, value_name = "PATH", default_value = ferry_api::DEFAULT_SOCKET)]
+    pub api_socket: PathBuf,
 }
 
 fn parse_pod(spec: &str) -> Result<(ObjectKey, String)> {
@@ -151,6 +158,8 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let (mut agent, applied) =
         Agent::start(opts, Arc::clone(&in_force)).map_err(|e| anyhow!("{e}"))?;
+    let api = ApiServer::bind(&args.api_socket)
+        .with_context(|| format!("--api-socket {}", args.api_socket.display()))?;
     report(&applied);
     tracing::info!(
         node = %args.node,
@@ -165,7 +174,11 @@ pub fn run(args: &Args) -> Result<()> {
                 agent.worker_error().unwrap_or_default()
             );
         }
-        match watch.next_update(POLL) {
+        while let Ok((req, answer)) = api.requests().try_recv() {
+            tracing::debug!(?req, "api request");
+            let _ = answer.send(agent.handle(Arc::clone(&in_force), req));
+        }
+        match watch.next_update(API_POLL) {
             None => {}
             Some(Update::Refused(r)) => {
                 tracing::error!(

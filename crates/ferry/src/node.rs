@@ -109,7 +109,7 @@ fn open_ports(
                     );
                 }
                 let dev = pod_tap_name(i);
-                let tap = link::pod_tap(&dev, netns, p)
+                let tap = link::pod_tap(&dev, netns, "eth0", p)
                     .with_context(|| format!("port {:?}: eth0 in {netns} (tap {dev})", p.name))?;
                 Box::new(tap)
             }

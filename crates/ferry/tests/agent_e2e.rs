@@ -260,6 +260,8 @@ fn start(tag: &str) -> Cluster {
             tap.clone(),
             "--pod".into(),
             format!("{pod}={pod_ns}"),
+            "--api-socket".into(),
+            dir.path().join(format!("n{n}.sock")).display().to_string(),
         ];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         lab.daemon(&ns, &format!("ferry agent on node{n}"), &args);

@@ -29,14 +29,17 @@ pub struct AttachedPod {
     pub namespace: String,
     /// Its name.
     pub name: String,
+    /// The addresses the CNI plugin gave it; empty: those of its Pod object.
+    pub addresses: Vec<IpAddr>,
 }
 
 impl AttachedPod {
-    /// The pod `namespace/name`.
+    /// The pod `namespace/name`, with the addresses of its Pod object.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> AttachedPod {
         AttachedPod {
             namespace: namespace.into(),
             name: name.into(),
+            addresses: Vec::new(),
         }
     }
 }

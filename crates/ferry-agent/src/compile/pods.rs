@@ -1,6 +1,6 @@
 //! Pod ports: one per pod of this node that has addresses and an interface here.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use ferry_datapath::tables::{MacAddr, PortAddr, PortKind, PortSpec, TablesSpec};
@@ -57,39 +57,50 @@ fn port_name(key: &ObjectKey, taken: impl Fn(&str) -> bool) -> String {
         .expect("some suffix is free")
 }
 
-/// Appends a port for each pod of `node` that runs, has addresses, is not on the host
-/// network and is attached; ordered by namespace and name. Returns the port names.
+/// Appends a port for each attached pod, ordered by namespace and name, and returns the
+/// port names. A pod attached with addresses (by the CNI plugin, which allocated them)
+/// gets them, also before its Pod object says them or exists in this node's view; one
+/// attached without gets the addresses of its Pod object, which must be on `node`. Either
+/// way a pod on the host network or finished gets none.
 pub(super) fn add_ports(
     cluster: &Cluster,
     node: &str,
     attached: &[AttachedPod],
     tables: &mut TablesSpec,
 ) -> Result<BTreeMap<ObjectKey, String>, String> {
-    let attached: BTreeSet<ObjectKey> = attached
+    let attached: BTreeMap<ObjectKey, &AttachedPod> = attached
         .iter()
-        .map(|p| ObjectKey::new(&p.namespace, &p.name))
+        .map(|p| (ObjectKey::new(&p.namespace, &p.name), p))
         .collect();
     let mut names = BTreeMap::new();
-    for (key, pod) in &cluster.pods {
-        let on_node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
-        if !on_node || !attached.contains(key) {
+    for (key, att) in attached {
+        let fields = match cluster.pods.get(&key) {
+            Some(pod) => Some((
+                read(PodFields::parse(pod), &format_args!("Pod {key}"))?,
+                pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node),
+            )),
+            None => None,
+        };
+        let ips = match (&fields, att.addresses.is_empty()) {
+            (Some((f, _)), _) if f.host_network || f.finished => continue,
+            (_, false) => att.addresses.clone(),
+            (Some((f, true)), true) => f.ips.clone(),
+            _ => continue,
+        };
+        if ips.is_empty() {
             continue;
         }
-        let f = read(PodFields::parse(pod), &format_args!("Pod {key}"))?;
-        if f.host_network || f.finished || f.ips.is_empty() {
-            continue;
-        }
-        let name = port_name(key, |n| tables.ports.iter().any(|p| p.name == n));
+        let name = port_name(&key, |n| tables.ports.iter().any(|p| p.name == n));
         tables.ports.push(PortSpec {
             name: name.clone(),
             kind: PortKind::Pod,
             mac: POD_GATEWAY_MAC,
-            peer_mac: Some(pod_mac(f.ips[0])),
-            addresses: f.ips.iter().copied().map(PortAddr::from).collect(),
+            peer_mac: Some(pod_mac(ips[0])),
+            addresses: ips.iter().copied().map(PortAddr::from).collect(),
             gso: true,
             ..PortSpec::default()
         });
-        names.insert(key.clone(), name);
+        names.insert(key, name);
     }
     Ok(names)
 }

@@ -1,0 +1,219 @@
+//! The agent's local socket: [`ferry_api`] requests in, answers out.
+//!
+//! [`ApiServer::bind`] listens on a Unix stream socket that only root may use (the file is
+//! made mode 0600 in a directory of mode 0700 when ferry creates it). Each connection
+//! carries one request line and gets one answer line. The server thread does no work of
+//! its own: it hands each request to whoever owns the agent (the `ferry agent` loop) over
+//! [`ApiServer::requests`] and writes back what comes in return, so requests and cluster
+//! changes are applied one at a time, in order.
+
+use std::fs;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use ferry_api::{Request, Response};
+
+/// Longest request line read.
+const MAX_REQUEST: u64 = 64 * 1024;
+/// How long a client may take to send its request.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a request may wait for the agent's answer (a pod's interface is made in
+/// well under a second; the margin covers a full compilation of a large cluster).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A request and where its answer goes.
+pub type Pending = (Request, Sender<Response>);
+
+/// The listening socket and its thread; dropping it stops both and removes the socket
+/// file.
+pub struct ApiServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    requests: Receiver<Pending>,
+}
+
+impl ApiServer {
+    /// Listens on `path`. A socket file left by an agent that is gone is replaced; one
+    /// that an agent still answers on is an error (two agents on one node).
+    pub fn bind(path: &Path) -> io::Result<ApiServer> {
+        if let Some(dir) = path.parent()
+            && !dir.as_os_str().is_empty()
+            && !dir.exists()
+        {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)?;
+        }
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{}: another agent answers there", path.display()),
+                ));
+            }
+            fs::remove_file(path)?;
+        }
+        let listener = UnixListener::bind(path)?;
+        fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
+        listener.set_nonblocking(true)?;
+        let (tx, requests) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = thread::Builder::new()
+            .name("ferry-api".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((conn, _)) => {
+                            let tx = tx.clone();
+                            // One thread per connection: a slow client does not hold up
+                            // the others.
+                            let _ = thread::Builder::new()
+                                .name("ferry-api-conn".into())
+                                .spawn(move || serve(conn, &tx));
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            thread::sleep(Duration::from_millis(10));
+                        }
+                        Err(_) => thread::sleep(Duration::from_millis(50)),
+                    }
+                }
+            })?;
+        Ok(ApiServer {
+            path: path.to_path_buf(),
+            stop,
+            thread: Some(thread),
+            requests,
+        })
+    }
+
+    /// The requests, in arrival order; answer each on its sender.
+    pub fn requests(&self) -> &Receiver<Pending> {
+        &self.requests
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+fn serve(conn: UnixStream, tx: &Sender<Pending>) {
+    let answer = match read_request(&conn) {
+        Ok(req) => {
+            let (atx, arx) = mpsc::channel();
+            if tx.send((req, atx)).is_err() {
+                Response::error(50, "the agent is stopping", "")
+            } else {
+                arx.recv_timeout(ANSWER_TIMEOUT)
+                    .unwrap_or_else(|_| Response::error(11, "the agent did not answer in time", ""))
+            }
+        }
+        Err(r) => r,
+    };
+    let mut w = &conn;
+    if let Ok(mut line) = serde_json::to_string(&answer) {
+        line.push('\n');
+        let _ = w.write_all(line.as_bytes());
+        let _ = w.flush();
+    }
+}
+
+fn read_request(conn: &UnixStream) -> Result<Request, Response> {
+    conn.set_nonblocking(false)
+        .and_then(|()| conn.set_read_timeout(Some(READ_TIMEOUT)))
+        .map_err(|e| Response::error(5, "cannot read the request", e.to_string()))?;
+    let mut line = String::new();
+    BufReader::new(conn.take(MAX_REQUEST))
+        .read_line(&mut line)
+        .map_err(|e| Response::error(5, "cannot read the request", e.to_string()))?;
+    serde_json::from_str(line.trim_end())
+        .map_err(|e| Response::error(6, "cannot decode the request", e.to_string()))
+}
+
+/// Sends `req` to the agent listening on `path` and returns its answer.
+pub fn call(path: &Path, req: &Request) -> io::Result<Response> {
+    let mut conn = UnixStream::connect(path)?;
+    conn.set_read_timeout(Some(ANSWER_TIMEOUT + READ_TIMEOUT))?;
+    let mut line = serde_json::to_string(req).map_err(io::Error::other)?;
+    line.push('\n');
+    conn.write_all(line.as_bytes())?;
+    let mut back = String::new();
+    BufReader::new(conn.take(MAX_REQUEST)).read_line(&mut back)?;
+    serde_json::from_str(back.trim_end()).map_err(io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_api::Answer;
+
+    #[test]
+    fn requests_reach_the_owner_and_answers_the_client() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/ferry.sock");
+        let server = ApiServer::bind(&path).unwrap();
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "root only");
+        let owner = thread::spawn(move || {
+            let (req, tx) = server.requests().recv().unwrap();
+            assert_eq!(req, Request::Status);
+            tx.send(Response::Ok(Answer::default())).unwrap();
+            server
+        });
+        assert_eq!(
+            call(&path, &Request::Status).unwrap(),
+            Response::Ok(Answer::default())
+        );
+        let server = owner.join().unwrap();
+        // A second agent on the same socket is refused while the first one answers.
+        let e = ApiServer::bind(&path).err().expect("refused");
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
+        drop(server);
+        assert!(!path.exists(), "the socket file goes with the server");
+    }
+
+    #[test]
+    fn a_request_that_is_not_json_gets_a_decode_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ferry.sock");
+        let _server = ApiServer::bind(&path).unwrap();
+        let mut c = UnixStream::connect(&path).unwrap();
+        c.write_all(b"{\"op\": \"launch\"}\n").unwrap();
+        let mut back = String::new();
+        BufReader::new(c).read_line(&mut back).unwrap();
+        let r: Response = serde_json::from_str(&back).unwrap();
+        match r {
+            Response::Error(e) => assert_eq!(e.code, 6, "{e:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_stale_socket_file_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ferry.sock");
+        drop(UnixListener::bind(&path).unwrap());
+        assert!(path.exists());
+        let _server = ApiServer::bind(&path).unwrap();
+    }
+}
