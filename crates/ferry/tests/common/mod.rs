@@ -8,6 +8,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+pub mod two_nodes;
+
 /// Fails the test, saying what is needed, unless root with the given commands available.
 pub fn require(commands: &[(&str, &str)]) {
     let uid = std::fs::read_to_string("/proc/self/status")

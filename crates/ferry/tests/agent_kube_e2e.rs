@@ -1,0 +1,225 @@
+//! `ferry agent --datastore kubernetes:KUBECONFIG` on two nodes, against a fake API
+//! server (`fake_apiserver.py`) that serves the lab's cluster: the agents list and
+//! watch it through the real `kube` client and watcher over HTTP, and the test checks
+//! the result with real traffic, then pushes watch events (an endpoint removed and
+//! back, a Service the API server would refuse) and sees the nodes follow, and holds
+//! each agent to its field selectors through the server's request log.
+//!
+//! Plain HTTP, no credentials: kube's connector takes an `http://` server URL as it is,
+//! so no certificate is needed.
+//!
+//! The API server runs in a namespace of its own, `api`, reached from each node over a
+//! management link of its own (10.255.N.2 on node N, the server at 10.255.N.1): the
+//! agent needs the API before it has made the host port through which the node's kernel
+//! otherwise reaches the fabric. The lab and the cluster are in `common/two_nodes.rs`.
+//! Needs root, iproute2, curl and python3.
+
+mod common;
+
+use std::fs;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use common::two_nodes::{self, BAD_SERVICE, TwoNodes, WEB_ON_NODE2, slice};
+
+const SERVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fake_apiserver.py");
+const PORT: u16 = 8080;
+/// The server's log of requests, in the lab's directory: a JSON line per request.
+const REQUESTS: &str = "requests.jsonl";
+
+/// A kubeconfig for the API server at `server`: plain HTTP, no credentials.
+fn kubeconfig(server: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Config
+clusters:
+- name: fake
+  cluster: {{ server: "{server}" }}
+users:
+- name: ferry
+  user: {{}}
+contexts:
+- name: fake
+  context: {{ cluster: fake, user: ferry }}
+current-context: fake
+"#
+    )
+}
+
+/// The object of a YAML document, as JSON.
+fn object(yaml: &str) -> Value {
+    serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}: {yaml}"))
+}
+
+struct KubeLab {
+    c: TwoNodes,
+}
+
+impl KubeLab {
+    /// Sends one watch event through the server: `type_` ADDED, MODIFIED or DELETED.
+    fn push(&self, type_: &str, yaml: &str) {
+        let file = self.c.dir.path().join("push.json");
+        let event = json!({"type": type_, "object": object(yaml)});
+        fs::write(&file, event.to_string()).unwrap();
+        self.c.lab.run(
+            "api",
+            5,
+            &[
+                "curl",
+                "-sS",
+                "--fail-with-body",
+                "--data-binary",
+                &format!("@{}", file.display()),
+                &format!("http://127.0.0.1:{PORT}/_push"),
+            ],
+        );
+    }
+
+    /// The requests the server saw from node `n`, in order: (path, decoded query).
+    fn requests_from(&self, n: u8) -> Vec<(String, Value)> {
+        let client = format!("10.255.{n}.2");
+        fs::read_to_string(self.c.dir.path().join(REQUESTS))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|r| r["client"] == client.as_str())
+            .map(|r| (r["path"].as_str().unwrap().to_string(), r["query"].clone()))
+            .collect()
+    }
+
+    /// Requires every request of node `n` for `path` to carry `selector`, and a list and
+    /// a watch among them.
+    fn assert_selector(&self, n: u8, path: &str, selector: &str) {
+        let seen: Vec<Value> = self
+            .requests_from(n)
+            .into_iter()
+            .filter(|(p, _)| p == path)
+            .map(|(_, q)| q)
+            .collect();
+        let watches = seen.iter().filter(|q| q["watch"] == "true").count();
+        assert!(
+            watches > 0 && watches < seen.len(),
+            "node{n} lists and watches {path}: {seen:?}"
+        );
+        for q in &seen {
+            assert_eq!(
+                q["fieldSelector"], selector,
+                "node{n}'s request for {path}: {q}"
+            );
+        }
+    }
+}
+
+fn start(tag: &str) -> KubeLab {
+    let mut c = TwoNodes::new(tag);
+    c.lab.add_ns("api");
+    for n in [1u8, 2] {
+        let node = format!("n{n}");
+        c.lab.veth(&node, "mgmt", "api", &node);
+        c.lab.ip(
+            &node,
+            &["addr", "add", &format!("10.255.{n}.2/24"), "dev", "mgmt"],
+        );
+        c.lab.ip(
+            "api",
+            &["addr", "add", &format!("10.255.{n}.1/24"), "dev", &node],
+        );
+    }
+    let objects: Vec<Value> = two_nodes::manifests()
+        .iter()
+        .flat_map(|(file, yaml)| {
+            serde_saphyr::from_multiple::<Value>(yaml).unwrap_or_else(|e| panic!("{file}: {e}"))
+        })
+        .collect();
+    let objects_file = c.dir.path().join("objects.json");
+    fs::write(&objects_file, Value::from(objects).to_string()).unwrap();
+    let (objects_file, log) = (
+        objects_file.display().to_string(),
+        c.dir.path().join(REQUESTS).display().to_string(),
+    );
+    c.lab.daemon(
+        "api",
+        "fake API server",
+        &[
+            "python3",
+            SERVER,
+            "--listen",
+            &format!("0.0.0.0:{PORT}"),
+            "--objects",
+            &objects_file,
+            "--log",
+            &log,
+            // Often enough that every watch sees some during the test.
+            "--bookmark-interval",
+            "0.5",
+        ],
+    );
+    for n in [1u8, 2] {
+        let (node, url) = (
+            format!("n{n}"),
+            format!("http://10.255.{n}.1:{PORT}/version"),
+        );
+        c.lab
+            .wait_for(10, &format!("the API server from node{n}"), |l| {
+                l.exec(&node, 2, &["curl", "-sf", &url]).status.success()
+            });
+        let config = c.dir.path().join(format!("kubeconfig{n}"));
+        fs::write(&config, kubeconfig(&format!("http://10.255.{n}.1:{PORT}"))).unwrap();
+        c.start_agent(n, &format!("kubernetes:{}", config.display()));
+    }
+    c.start_web();
+    KubeLab { c }
+}
+
+#[test]
+fn services_follow_the_api_server_watches() {
+    let mut k = start("ak");
+    let url = "http://10.96.0.10/hostname";
+
+    // Cluster IP from a pod on node 1 to the endpoint on node 2.
+    assert_eq!(k.c.curl("p1a", url), "web");
+    assert_eq!(k.c.curl("p1a", "http://10.96.0.10/clientip"), "10.244.1.5");
+    // The node port on node 1, whose endpoint is on node 2, keeps the client's address.
+    assert_eq!(
+        k.c.curl("ext", "http://192.168.77.1:30080/clientip"),
+        "192.168.77.100"
+    );
+
+    // A Service the API server would refuse is refused alone: traffic goes on.
+    k.push("ADDED", BAD_SERVICE);
+    assert_eq!(k.c.curl("p1a", url), "web");
+
+    // The endpoint goes away: new connections are refused at once (TCP reset).
+    let t0 = Instant::now();
+    k.push("MODIFIED", &slice("web", "[]"));
+    k.c.wait_curl(3, "p1a", url, 7, "the endpoint removal applied");
+    let removed = t0.elapsed();
+    // And it comes back.
+    k.push("MODIFIED", &slice("web", WEB_ON_NODE2));
+    k.c.wait_curl(3, "p1a", url, 0, "the endpoint back");
+    assert_eq!(
+        k.c.curl("ext", "http://192.168.77.1:30080/clientip"),
+        "192.168.77.100"
+    );
+    eprintln!("endpoint removal seen by a client after {removed:?}");
+
+    // Each node asked for its own pods and for ferry-config alone.
+    for n in [1u8, 2] {
+        k.assert_selector(n, "/api/v1/pods", &format!("spec.nodeName=node{n}"));
+        k.assert_selector(
+            n,
+            "/api/v1/namespaces/kube-system/configmaps",
+            "metadata.name=ferry-config",
+        );
+    }
+    for n in [1u8, 2] {
+        let log = k.c.lab.stop(&format!("ferry agent on node{n}"));
+        assert!(
+            log.contains("Service default/broken: spec.ports[0].port: 70000"),
+            "node{n}'s refusal names the object and field: {log}"
+        );
+        // No watch failed (bookmarks and events parsed, no stream broken).
+        assert!(!log.contains("retrying"), "node{n}: {log}");
+    }
+}
