@@ -22,6 +22,7 @@ pub mod config;
 pub mod datastore;
 pub mod fields;
 pub mod health;
+pub mod host_nat;
 pub mod run;
 
 pub use cluster::{Cluster, Kind, Object, ObjectKey};

@@ -31,6 +31,7 @@ use crate::compile::{
 };
 use crate::fields::{NodeFields, describe};
 use crate::health::HealthServers;
+use crate::host_nat;
 
 /// How long [`Agent::apply`] waits for the worker to take an update.
 pub const APPLY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -96,6 +97,8 @@ pub struct Agent {
     last: Option<Last>,
     /// Pod interfaces the CNI plugin asked for, by container ID and interface name.
     cni: BTreeMap<(String, String), CniPod>,
+    /// The node-port rewrites for the node's own processes in force ([`host_nat`]).
+    host_nat: Option<(Vec<std::net::IpAddr>, BTreeSet<host_nat::Rule>)>,
 }
 
 /// A pod interface the CNI plugin asked for.
@@ -165,6 +168,7 @@ impl Agent {
             failed: Arc::new(Mutex::new(None)),
             last: None,
             cni: BTreeMap::new(),
+            host_nat: None,
         };
         let compiled = agent.compile(&cluster)?;
         let tables = Arc::clone(&compiled.compiled);
@@ -204,6 +208,7 @@ impl Agent {
             .map_err(|e| format!("starting the worker: {e}"))?;
         agent.worker = Some(worker);
         agent.set_health(&compiled.health_checks);
+        agent.set_host_nat(&tables);
         agent.last = Some(Last::new(cluster, tables, &compiled));
         Ok((
             agent,
@@ -308,10 +313,11 @@ impl Agent {
             last.health.insert(h.service.clone(), h);
         }
         last.cluster = cluster;
-        last.tables = tables;
+        last.tables = Arc::clone(&tables);
         let checks: Vec<HealthCheck> = last.health.values().cloned().collect();
         self.generation += 1;
         self.set_health(&checks);
+        self.set_host_nat(&tables);
         Ok(Applied {
             generation: self.generation,
             compile,
@@ -359,6 +365,7 @@ impl Agent {
         self.open = tables.ports.iter().map(|p| p.name.clone()).collect();
         self.generation += 1;
         self.set_health(&compiled.health_checks);
+        self.set_host_nat(&tables);
         self.last = Some(Last::new(cluster, tables, &compiled));
         Ok(Applied {
             generation: self.generation,
@@ -627,6 +634,7 @@ impl Agent {
     /// Stops the worker and closes every port.
     pub fn stop(mut self) -> Result<WorkerStats, String> {
         self.stop.store(true, Ordering::Relaxed);
+        self.remove_host_nat();
         let w = self.worker.take().ok_or("no worker")?;
         match w.join() {
             Ok(r) => r.map_err(|e| e.to_string()),
@@ -661,6 +669,25 @@ impl Agent {
             &attached,
             &opts,
         )
+    }
+
+    /// Keeps the node's own processes' node port rewrites in step with `tables` (only
+    /// with a host port: without one, the node's processes do not reach ferry).
+    fn set_host_nat(&mut self, tables: &Tables) {
+        if self.opts.host_tap.is_none() {
+            return;
+        }
+        let want = host_nat::rules(tables);
+        if self.host_nat.as_ref() == Some(&want) {
+            return;
+        }
+        match host_nat::apply(&host_nat::script(&want.0, &want.1)) {
+            Ok(()) => self.host_nat = Some(want),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "node ports are not rewritten for the node's own processes"
+            ),
+        }
     }
 
     fn set_health(&mut self, checks: &[HealthCheck]) {
@@ -741,9 +768,20 @@ impl Agent {
     }
 }
 
+impl Agent {
+    fn remove_host_nat(&mut self) {
+        if self.host_nat.take().is_some()
+            && let Err(e) = host_nat::remove()
+        {
+            tracing::warn!(error = %e, "ferry's nftables tables were not removed");
+        }
+    }
+}
+
 impl Drop for Agent {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        self.remove_host_nat();
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }

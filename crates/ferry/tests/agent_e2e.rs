@@ -1,6 +1,7 @@
 //! `ferry agent` on two nodes, from a directory of Kubernetes manifests: Services with
 //! real TCP clients, the NodePort path across nodes with the client address kept,
-//! live edits (an endpoint removed, a bad manifest), and health check node ports.
+//! live edits (an endpoint removed, a bad manifest), health check node ports, and node
+//! ports from the nodes' own processes.
 //!
 //! The lab and the cluster are in `common/two_nodes.rs`.
 //! Needs root, iproute2, curl and python3.
@@ -62,6 +63,18 @@ fn services_and_the_node_port_path_across_nodes() {
     assert_eq!(
         c.curl("ext", "http://192.168.77.2:30080/clientip"),
         "192.168.77.100"
+    );
+
+    // The node's own processes reach the node port on the node's own address (the
+    // kernel would otherwise deliver it locally): on node 2, whose endpoint is local,
+    // and on node 1, whose endpoint is on node 2.
+    assert_eq!(
+        c.curl("n2", "http://192.168.77.2:30080/clientip"),
+        "192.168.77.2"
+    );
+    assert_eq!(
+        c.curl("n1", "http://192.168.77.1:30080/clientip"),
+        "192.168.77.1"
     );
 
     // externalTrafficPolicy Local: node 2 serves it, node 1 has no local endpoint and
