@@ -10,6 +10,7 @@ mod demo;
 mod node;
 mod pcap;
 mod replay;
+mod serve;
 mod tables;
 
 /// ferry: a Kubernetes node network dataplane.
@@ -52,6 +53,9 @@ enum Command {
     /// Run one node of a cluster: its tables compiled from cluster state and swapped
     /// into the running dataplane as the cluster changes.
     Agent(agent::Args),
+    /// Test servers for lab pods, like agnhost netexec: HTTP /hostname, /clientip,
+    /// /echo?msg=, /bytes?n= and UDP echo.
+    Serve(serve::Args),
     /// Compile one node's tables from a directory of Kubernetes manifests and print
     /// them (YAML) on stdout.
     Tables(tables::Args),
@@ -74,6 +78,7 @@ fn main() -> ExitCode {
         Command::Demo { dir } => demo::run(dir),
         Command::Node(args) => node::run(&args),
         Command::Agent(args) => agent::run(&args),
+        Command::Serve(args) => serve::run(&args),
         Command::Tables(args) => tables::run(&args),
     };
     match r {
