@@ -511,7 +511,11 @@ impl Pipeline {
         let ct = match result {
             Ok(r) => r,
             Err(r) => {
-                if let Some(f) = frontend {
+                let no_endpoint = matches!(
+                    r,
+                    DropReason::ServiceNoEndpoints | DropReason::ServiceNoLocalEndpoints
+                );
+                if let Some(f) = frontend.filter(|_| no_endpoint) {
                     trace.note("service", || {
                         let svc = &tables.services.services[f.service as usize];
                         format!(
