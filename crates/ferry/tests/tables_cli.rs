@@ -271,6 +271,58 @@ fn replay_with_cluster_uses_the_compiled_tables() {
 }
 
 #[test]
+fn replay_with_cluster_balances_services_to_their_endpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    // web-7c9d8f6b5-4xk2p (10.244.1.5) opens a connection to the sticky Service's
+    // cluster IP: its only ready endpoint is sticky-0 (10.244.1.7:9376) on this node.
+    let mut syn = Vec::new();
+    etherparse::PacketBuilder::ethernet2([0x0a, 0x58, 0x0a, 0xf4, 0x01, 0x05], [0xee; 6])
+        .ipv4([10, 244, 1, 5], [10, 96, 0, 13], 64)
+        .tcp(40000, 80, 1, 65535)
+        .syn()
+        .write(&mut syn, &[])
+        .unwrap();
+    let input = dir.path().join("syn.pcap");
+    pcap_of(&input, &syn);
+    let out_dir = dir.path().join("out");
+    let pod = "pod.default.web-7c9d8f6b5-4xk2p";
+    let out = ferry(&[
+        "replay",
+        "--cluster",
+        example().to_str().unwrap(),
+        "--node",
+        "node-a",
+        "--in",
+        &format!("{pod}={}", input.display()),
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(
+        fs::read_to_string(out_dir.join("verdicts.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(v["outputs"][0]["port"], "pod.default.sticky-0", "{v}");
+    assert_eq!(v["ct"], "new");
+    let service = v["trace"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["stage"] == "service")
+        .and_then(|e| e["detail"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        service.contains("default/sticky:http") && service.contains("10.244.1.7:9376"),
+        "{v}"
+    );
+}
+
+#[test]
 fn replay_names_the_cluster_when_a_port_is_unknown() {
     let dir = tempfile::tempdir().unwrap();
     let out = ferry(&[
