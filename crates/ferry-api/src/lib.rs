@@ -110,8 +110,11 @@ pub struct ApiError {
     pub details: String,
 }
 
-/// A successful answer; which fields are set depends on the request.
+/// A successful answer; which fields are set depends on the request. Unknown fields are
+/// refused, so that an error answer that does not decode as [`ApiError`] is not taken
+/// for a success.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Answer {
     /// Node: the node's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -165,6 +168,10 @@ mod tests {
     fn test_an_error_and_an_answer_are_told_apart() {
         let e: Response = serde_json::from_str(r#"{"code":11,"msg":"busy"}"#).unwrap();
         assert_eq!(e, Response::error(11, "busy", ""));
+        assert!(
+            serde_json::from_str::<Response>(r#"{"code":"x","msg":"busy"}"#).is_err(),
+            "a malformed error is no success"
+        );
         let ok: Response = serde_json::from_str(r#"{"mtu":1450}"#).unwrap();
         assert_eq!(
             ok,
