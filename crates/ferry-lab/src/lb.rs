@@ -1,0 +1,170 @@
+//! The external L4 load balancer: nftables DNAT in the `lb` namespace, in the manner of
+//! IPVS in NAT mode (or a cloud NLB with client IP preservation). The client's packets
+//! to a listener are sent to one node's NodePort, chosen in turn; the client's address
+//! is kept, and since the load balancer is the client's gateway and the fabric routes the
+//! client's subnet back to it, the nodes' replies pass through it and are un-NATed.
+//!
+//! Listeners: `VIP_CROSS_ZONE` spreads over every node; `vip_of_zone(z)` only over zone
+//! `z`'s nodes (cross-zone balancing off). Port [`lb_port::CLUSTER`] goes to `web`'s node
+//! port (externalTrafficPolicy Cluster: every node is a target), [`lb_port::LOCAL`] to
+//! `web-local`'s (Local: only nodes whose health check node port answers 200, which
+//! [`health_loop`] keeps current). A listener without targets resets connections.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::plan::{Plan, VIP_CROSS_ZONE, lb_port, node_port};
+
+/// The nftables table the load balancer owns in its namespace.
+pub const TABLE: &str = "ferrylb";
+
+/// One listener: address, port, and the node addresses and port it sends to.
+struct Listener {
+    vip: String,
+    port: u16,
+    targets: Vec<String>,
+    target_port: u16,
+}
+
+fn listeners(plan: &Plan, healthy: &[u8]) -> Vec<Listener> {
+    let mut out = Vec::new();
+    let mut add = |vip: String, nodes: Vec<u8>| {
+        out.push(Listener {
+            vip: vip.clone(),
+            port: lb_port::CLUSTER,
+            targets: nodes.iter().map(|&n| plan.node_ip(n)).collect(),
+            target_port: node_port::WEB_HTTP,
+        });
+        out.push(Listener {
+            vip,
+            port: lb_port::LOCAL,
+            targets: nodes
+                .iter()
+                .filter(|n| healthy.contains(n))
+                .map(|&n| plan.node_ip(n))
+                .collect(),
+            target_port: node_port::WEB_LOCAL_HTTP,
+        });
+    };
+    add(VIP_CROSS_ZONE.to_string(), plan.node_numbers().collect());
+    for z in 0..plan.zones {
+        add(Plan::vip_of_zone(z), plan.nodes_in_zone(z));
+    }
+    out
+}
+
+/// The whole ruleset for the nodes in `healthy`, replacing the previous one in one
+/// transaction (`nft -f` applies a file atomically).
+pub fn ruleset(plan: &Plan, healthy: &[u8]) -> String {
+    let mut dnat = String::new();
+    for l in listeners(plan, healthy) {
+        if l.targets.is_empty() {
+            continue;
+        }
+        let map: Vec<String> = l
+            .targets
+            .iter()
+            .enumerate()
+            .map(|(i, t)| format!("{i} : {t} . {}", l.target_port))
+            .collect();
+        dnat.push_str(&format!(
+            "    ip daddr {} tcp dport {} dnat ip to numgen inc mod {} map {{ {} }}\n",
+            l.vip,
+            l.port,
+            l.targets.len(),
+            map.join(", ")
+        ));
+    }
+    format!(
+        "add table ip {TABLE}\ndelete table ip {TABLE}\ntable ip {TABLE} {{\n  \
+         chain listeners {{\n    type nat hook prerouting priority dstnat;\n{dnat}  }}\n  \
+         chain no_target {{\n    type filter hook prerouting priority 0;\n    \
+         ip daddr 10.30.0.0/16 meta l4proto tcp reject with tcp reset\n    \
+         ip daddr 10.30.0.0/16 drop\n  }}\n}}\n"
+    )
+}
+
+/// Applies a ruleset in the current namespace.
+fn apply(rules: &str) -> Result<()> {
+    let mut child = std::process::Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .context("running nft")?;
+    child
+        .stdin
+        .take()
+        .context("nft's stdin")?
+        .write_all(rules.as_bytes())?;
+    anyhow::ensure!(child.wait()?.success(), "nft refused:\n{rules}");
+    Ok(())
+}
+
+/// Whether node `n`'s health check node port answers 200 within 300 ms.
+pub fn healthy(plan: &Plan, n: u8) -> bool {
+    let addr: SocketAddr =
+        match format!("{}:{}", plan.node_ip(n), node_port::WEB_LOCAL_HEALTH).parse() {
+            Ok(a) => a,
+            Err(_) => return false,
+        };
+    let t = Duration::from_millis(300);
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, t) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(t));
+    let _ = s.set_write_timeout(Some(t));
+    if s.write_all(b"GET /healthz HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut head = [0u8; 16];
+    let Ok(got) = s.read(&mut head) else {
+        return false;
+    };
+    String::from_utf8_lossy(&head[..got]).starts_with("HTTP/1.1 200")
+}
+
+/// The health checker, run in the load balancer's namespace until killed: polls every
+/// node's health check node port, steers the Local listeners to the nodes that pass,
+/// and records them in `DIR/lb-healthy.json` for `ferry lab status`.
+pub fn health_loop(plan: &Plan, dir: &Path) -> Result<()> {
+    let mut last: Option<Vec<u8>> = None;
+    loop {
+        let now: Vec<u8> = plan.node_numbers().filter(|&n| healthy(plan, n)).collect();
+        if last.as_ref() != Some(&now) {
+            apply(&ruleset(plan, &now))?;
+            crate::sys::write_atomic(&dir.join("lb-healthy.json"), &serde_json::to_string(&now)?)?;
+            last = Some(now);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_listeners_send_only_to_healthy_nodes_and_zonal_ones_stay_in_their_zone() {
+        let plan = Plan::new("flab", 3, 2).unwrap();
+        let r = ruleset(&plan, &[2]);
+        assert!(r.contains(
+            "ip daddr 10.30.100.1 tcp dport 80 dnat ip to numgen inc mod 3 map \
+             { 0 : 10.10.0.11 . 30080, 1 : 10.10.1.12 . 30080, 2 : 10.10.0.13 . 30080 }"
+        ));
+        assert!(r.contains(
+            "ip daddr 10.30.100.1 tcp dport 81 dnat ip to numgen inc mod 1 map { 0 : 10.10.1.12 . 30082 }"
+        ));
+        assert!(r.contains(
+            "ip daddr 10.30.0.1 tcp dport 80 dnat ip to numgen inc mod 2 map \
+             { 0 : 10.10.0.11 . 30080, 1 : 10.10.0.13 . 30080 }"
+        ));
+        // Zone a has no healthy node for Local: no rule, so the reset rule answers.
+        assert!(!r.contains("10.30.0.1 tcp dport 81"));
+    }
+}
