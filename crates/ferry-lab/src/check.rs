@@ -371,6 +371,13 @@ fn fragmented_icmp(c: &mut Ctx) -> Result<()> {
 fn large_tcp_no_fragments(c: &mut Ctx) -> Result<()> {
     let web = c.pod_ip("web")?;
     let web_ns = c.ns("web")?;
+    let shown = sys::ip(&web_ns, &["-o", "link", "show", "eth0"])?;
+    let mtu = shown
+        .split_whitespace()
+        .skip_while(|w| *w != "mtu")
+        .nth(1)
+        .context("eth0's MTU")?
+        .to_string();
     // The pod's kernel believes in jumbo frames; the path through the overlay is 1450.
     sys::ip(&web_ns, &["link", "set", "eth0", "mtu", "9000"])?;
     let r = (|| -> Result<()> {
@@ -431,7 +438,7 @@ fn large_tcp_no_fragments(c: &mut Ctx) -> Result<()> {
         ensure!(frags == 0, "{frags} IP fragments on the uplink");
         Ok(())
     })();
-    let _ = sys::ip(&web_ns, &["link", "set", "eth0", "mtu", "1450"]);
+    let _ = sys::ip(&web_ns, &["link", "set", "eth0", "mtu", &mtu]);
     r
 }
 

@@ -95,9 +95,14 @@ pub fn up(plan: &Plan, dir: &Path, bins: &Binaries) -> Result<()> {
     });
     state.save(dir)?;
     let healthy = dir.join("lb-healthy.json");
-    sys::wait_for(10, "the load balancer's first health check", || {
-        healthy.exists()
-    })?;
+    // The agents have applied the Pods and EndpointSlices once web's node passes its
+    // health check and no other does: the lab is ready.
+    let want = serde_json::to_string(&[plan.web_node()])?;
+    sys::wait_for(
+        15,
+        "node health checks saying only web's node has it",
+        || fs::read_to_string(&healthy).is_ok_and(|h| h == want),
+    )?;
     say("load balancer");
     Ok(())
 }
