@@ -104,14 +104,14 @@ fn apply(rules: &str) -> Result<()> {
     Ok(())
 }
 
-/// Whether node `n`'s health check node port answers 200 within 300 ms.
+/// Whether node `n`'s health check node port answers 200 within a second.
 pub fn healthy(plan: &Plan, n: u8) -> bool {
     let addr: SocketAddr =
         match format!("{}:{}", plan.node_ip(n), node_port::WEB_LOCAL_HEALTH).parse() {
             Ok(a) => a,
             Err(_) => return false,
         };
-    let t = Duration::from_millis(300);
+    let t = Duration::from_secs(1);
     let Ok(mut s) = TcpStream::connect_timeout(&addr, t) else {
         return false;
     };
@@ -122,20 +122,42 @@ pub fn healthy(plan: &Plan, n: u8) -> bool {
     {
         return false;
     }
-    let mut head = [0u8; 16];
-    let Ok(got) = s.read(&mut head) else {
-        return false;
-    };
-    String::from_utf8_lossy(&head[..got]).starts_with("HTTP/1.1 200")
+    // The status line may come in pieces: read until its end (or the connection's).
+    let mut head = Vec::new();
+    let mut buf = [0u8; 256];
+    while !head.windows(2).any(|w| w == b"\r\n") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(got) => head.extend_from_slice(&buf[..got]),
+        }
+    }
+    head.starts_with(b"HTTP/1.1 200 ")
 }
+
+/// Consecutive failed checks before a healthy node is taken out, as a cloud load
+/// balancer's unhealthy threshold: one slow answer on a busy machine is not an outage.
+pub const UNHEALTHY_THRESHOLD: u32 = 3;
 
 /// The health checker, run in the load balancer's namespace until killed: polls every
 /// node's health check node port, steers the Local listeners to the nodes that pass,
-/// and records them in `DIR/lb-healthy.json` for `ferry lab status`.
+/// and records them in `DIR/lb-healthy.json` for `ferry lab status`. A node is added at
+/// its first passing check and removed after [`UNHEALTHY_THRESHOLD`] failed ones.
 pub fn health_loop(plan: &Plan, dir: &Path) -> Result<()> {
     let mut last: Option<Vec<u8>> = None;
+    let mut failures = vec![UNHEALTHY_THRESHOLD; usize::from(plan.nodes) + 1];
     loop {
-        let now: Vec<u8> = plan.node_numbers().filter(|&n| healthy(plan, n)).collect();
+        for n in plan.node_numbers() {
+            let f = &mut failures[usize::from(n)];
+            *f = if healthy(plan, n) {
+                0
+            } else {
+                f.saturating_add(1)
+            };
+        }
+        let now: Vec<u8> = plan
+            .node_numbers()
+            .filter(|&n| failures[usize::from(n)] < UNHEALTHY_THRESHOLD)
+            .collect();
         if last.as_ref() != Some(&now) {
             apply(&ruleset(plan, &now))?;
             crate::sys::write_atomic(&dir.join("lb-healthy.json"), &serde_json::to_string(&now)?)?;
