@@ -276,23 +276,62 @@ fn through_lb(c: &Ctx, vip: &str, port: u16, count: usize) -> Result<(usize, Str
     Ok((ok, other))
 }
 
-fn lb_cross_zone_cluster(c: &mut Ctx) -> Result<()> {
-    // Three rounds over every node (the load balancer takes them in turn).
-    let count = 3 * c.plan().nodes as usize;
-    let (ok, other) = through_lb(c, VIP_CROSS_ZONE, lb_port::CLUSTER, count)?;
-    ensure!(ok == count, "{ok}/{count} connections answered; {other}");
+/// Connections the load balancer has sent to each node's `port`, by node.
+fn lb_counts(c: &Ctx, port: u16) -> Result<Vec<(u8, u64)>> {
+    let listing = sys::run_in(
+        &c.ns("lb")?,
+        5,
+        &[
+            "nft",
+            "list",
+            "chain",
+            "ip",
+            crate::lb::TABLE,
+            crate::lb::COUNTERS,
+        ],
+    )?;
+    Ok(crate::lb::connections_to(&listing, port))
+}
+
+/// `through_lb`, requiring every connection answered and the nodes that got
+/// connections to be exactly `nodes`.
+fn spread_over(c: &Ctx, vip: &str, port: u16, nodes: &[u8]) -> Result<()> {
+    let target = if port == lb_port::CLUSTER {
+        node_port::WEB_HTTP
+    } else {
+        node_port::WEB_LOCAL_HTTP
+    };
+    let before = lb_counts(c, target)?;
+    // Three rounds over the targets (the load balancer takes them in turn).
+    let count = 3 * nodes.len();
+    let (ok, other) = through_lb(c, vip, port, count)?;
+    ensure!(
+        ok == count,
+        "{vip}:{port}: {ok}/{count} connections answered; {other}"
+    );
+    let after = lb_counts(c, target)?;
+    let reached: Vec<u8> = after
+        .iter()
+        .filter(|(n, a)| before.iter().any(|(m, b)| m == n && a > b))
+        .map(|(n, _)| *n)
+        .collect();
+    ensure!(
+        reached == nodes,
+        "{vip}:{port} sent connections to nodes {reached:?}, not {nodes:?}"
+    );
     Ok(())
+}
+
+fn lb_cross_zone_cluster(c: &mut Ctx) -> Result<()> {
+    let all: Vec<u8> = c.plan().node_numbers().collect();
+    spread_over(c, VIP_CROSS_ZONE, lb_port::CLUSTER, &all)
 }
 
 fn lb_zonal_cluster(c: &mut Ctx) -> Result<()> {
     for z in 0..c.plan().zones {
-        let count = 3 * c.plan().nodes_in_zone(z).len();
-        let (ok, other) = through_lb(c, &Plan::vip_of_zone(z), lb_port::CLUSTER, count)?;
-        ensure!(
-            ok == count,
-            "{}'s listener: {ok}/{count} connections answered; {other}",
-            Plan::zone_name(z)
-        );
+        let nodes = c.plan().nodes_in_zone(z);
+        spread_over(c, &Plan::vip_of_zone(z), lb_port::CLUSTER, &nodes)
+            .with_context(|| format!("{}'s listener", Plan::zone_name(z)))?;
     }
     Ok(())
 }
@@ -312,17 +351,11 @@ fn lb_local(c: &mut Ctx) -> Result<()> {
         || healthy() == [web],
     )
     .with_context(|| format!("healthy: {:?}", healthy()))?;
-    let count = 3 * c.plan().nodes as usize;
-    let (ok, other) = through_lb(c, VIP_CROSS_ZONE, lb_port::LOCAL, count)?;
-    ensure!(
-        ok == count,
-        "cross-zone: {ok}/{count} connections answered; {other}"
-    );
+    spread_over(c, VIP_CROSS_ZONE, lb_port::LOCAL, &[web])?;
     for z in 0..c.plan().zones {
         let vip = Plan::vip_of_zone(z);
         if c.plan().zone_of(web) == z {
-            let (ok, other) = through_lb(c, &vip, lb_port::LOCAL, 6)?;
-            ensure!(ok == 6, "{}: {ok}/6 answered; {other}", Plan::zone_name(z));
+            spread_over(c, &vip, lb_port::LOCAL, &[web])?;
         } else {
             // No healthy node in the zone: refused at the load balancer.
             let url = format!("http://{vip}:{}/clientip", lb_port::LOCAL);

@@ -22,6 +22,27 @@ use crate::plan::{Plan, VIP_CROSS_ZONE, lb_port, node_port};
 /// The nftables table the load balancer owns in its namespace.
 pub const TABLE: &str = "ferrylb";
 
+/// The chain counting connections to each node port.
+pub const COUNTERS: &str = "targets";
+
+/// Connections (SYNs) the load balancer has sent to each node at node port `port`, by
+/// node number, read from `nft list chain` output.
+pub fn connections_to(listing: &str, port: u16) -> Vec<(u8, u64)> {
+    listing
+        .lines()
+        .filter_map(|l| {
+            let comment = l.split("comment \"").nth(1)?.trim_end_matches('"');
+            let (node, p) = comment.split_once(':')?;
+            if p.parse::<u16>().ok()? != port {
+                return None;
+            }
+            let n = node.strip_prefix("node")?.parse().ok()?;
+            let packets = l.split("packets ").nth(1)?.split_whitespace().next()?;
+            Some((n, packets.parse().ok()?))
+        })
+        .collect()
+}
+
 /// One listener: address, port, and the node addresses and port it sends to.
 struct Listener {
     vip: String,
@@ -79,12 +100,25 @@ pub fn ruleset(plan: &Plan, healthy: &[u8]) -> String {
             map.join(", ")
         ));
     }
+    // A counter of connections (SYNs) forwarded to each node port, which the checks
+    // read to see that the load balancer spread them as it should.
+    let mut counters = String::new();
+    for n in plan.node_numbers() {
+        for port in [node_port::WEB_HTTP, node_port::WEB_LOCAL_HTTP] {
+            counters.push_str(&format!(
+                "    ip daddr {} tcp dport {port} tcp flags & (syn | ack) == syn counter \
+                 comment \"node{n}:{port}\"\n",
+                plan.node_ip(n)
+            ));
+        }
+    }
     format!(
         "add table ip {TABLE}\ndelete table ip {TABLE}\ntable ip {TABLE} {{\n  \
          chain listeners {{\n    type nat hook prerouting priority dstnat;\n{dnat}  }}\n  \
          chain no_target {{\n    type filter hook prerouting priority 0;\n    \
          ip daddr 10.30.0.0/16 meta l4proto tcp reject with tcp reset\n    \
-         ip daddr 10.30.0.0/16 drop\n  }}\n}}\n"
+         ip daddr 10.30.0.0/16 drop\n  }}\n  \
+         chain {COUNTERS} {{\n    type filter hook forward priority 0;\n{counters}  }}\n}}\n"
     )
 }
 
@@ -188,5 +222,19 @@ mod tests {
         ));
         // Zone a has no healthy node for Local: no rule, so the reset rule answers.
         assert!(!r.contains("10.30.0.1 tcp dport 81"));
+    }
+
+    #[test]
+    fn connection_counts_are_read_per_node_and_port() {
+        let listing = r#"table ip ferrylb {
+	chain targets {
+		type filter hook forward priority filter; policy accept;
+		ip daddr 10.10.0.11 tcp dport 30080 tcp flags & (syn | ack) == syn counter packets 3 bytes 180 comment "node1:30080"
+		ip daddr 10.10.0.11 tcp dport 30082 tcp flags & (syn | ack) == syn counter packets 0 bytes 0 comment "node1:30082"
+		ip daddr 10.10.1.12 tcp dport 30080 tcp flags & (syn | ack) == syn counter packets 4 bytes 240 comment "node2:30080"
+	}
+}"#;
+        assert_eq!(connections_to(listing, 30080), [(1, 3), (2, 4)]);
+        assert_eq!(connections_to(listing, 30082), [(1, 0)]);
     }
 }
