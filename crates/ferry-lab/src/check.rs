@@ -29,6 +29,10 @@ pub const SCENARIOS: &[(&str, Scenario)] = &[
     ("pod to pod, same node (ping, HTTP)", same_node),
     ("pod to pod, across zones (VXLAN)", across_zones),
     ("pod to pod, other node in the zone (routed)", within_zone),
+    (
+        "IPv6 pod to pod: same node, across zones, in zone",
+        ipv6_pod_to_pod,
+    ),
     ("pod to ClusterIP, TCP", cluster_ip_tcp),
     ("pod to ClusterIP, UDP", cluster_ip_udp),
     (
@@ -209,6 +213,19 @@ fn within_zone(c: &mut Ctx) -> Result<()> {
     );
     let (a, m) = (c.pod_ip("a")?, c.pod_ip("multi-2")?);
     c.expect("a", &format!("http://{m}:8080/clientip"), &a)
+}
+
+fn ipv6_pod_to_pod(c: &mut Ctx) -> Result<()> {
+    let a = c.state.pod_ip6("a")?;
+    for pod in ["b", "web", "multi-2"] {
+        let to = c.state.pod_ip6(pod)?;
+        c.ping("a", &to, 56)?;
+        c.expect("a", &format!("http://[{to}]:8080/clientip"), &a)?;
+        // Fragmented both ways: ICMPv6 and UDP.
+        c.ping("a", &to, 8000)?;
+        c.probe("a", &["--sizes", FRAGMENTED, &format!("[{to}]:8081")])?;
+    }
+    Ok(())
 }
 
 fn cluster_ip_tcp(c: &mut Ctx) -> Result<()> {

@@ -22,19 +22,25 @@ metadata:
   annotations:
     ferry.io/ipv4-address: {ip}/24
     ferry.io/ipv4-gateway: {gw}
+    ferry.io/ipv6-address: {ip6}/64
+    ferry.io/ipv6-gateway: {gw6}
   labels:
     topology.kubernetes.io/zone: {zone}
 spec:
   podCIDR: {cidr}
-  podCIDRs: [{cidr}]
+  podCIDRs: [{cidr}, "{cidr6}"]
 status:
   addresses:
   - {{ type: InternalIP, address: {ip} }}
+  - {{ type: InternalIP, address: "{ip6}" }}
   - {{ type: Hostname, address: node{n} }}
 "#,
             gw = Plan::gateway(z),
             zone = Plan::zone_name(z),
             cidr = Plan::pod_cidr(n),
+            ip6 = plan.node_ip6(n),
+            gw6 = Plan::gateway6(z),
+            cidr6 = Plan::pod_cidr6(n),
         );
     }
     out
@@ -126,7 +132,11 @@ spec:
 pub fn pods(state: &State) -> String {
     let mut out = String::new();
     for p in &state.pods {
-        let ips: Vec<String> = p.ips.iter().map(|ip| format!("{{ ip: {ip} }}")).collect();
+        let ips: Vec<String> = p
+            .ips
+            .iter()
+            .map(|ip| format!("{{ ip: \"{ip}\" }}"))
+            .collect();
         let _ = write!(
             out,
             r#"---
@@ -138,7 +148,7 @@ spec:
   containers: [{{ name: main, image: ferry-serve }}]
 status:
   phase: Running
-  podIP: {ip}
+  podIP: "{ip}"
   podIPs: [{ips}]
 "#,
             name = p.name,
@@ -208,10 +218,12 @@ endpoints: [{endpoints}]
     out
 }
 
+/// An IPv4 endpoint: the slices are of `addressType: IPv4`.
 fn endpoint(p: &Pod) -> String {
+    let v4 = p.ips.iter().find(|a| !a.contains(':')).unwrap_or(&p.ips[0]);
     format!(
-        "{{ addresses: [{}], conditions: {{ ready: true }}, nodeName: node{} }}",
-        p.ips[0], p.node
+        "{{ addresses: [{v4}], conditions: {{ ready: true }}, nodeName: node{} }}",
+        p.node
     )
 }
 
@@ -221,12 +233,15 @@ pub fn base(plan: &Plan, n: u8) -> String {
     let ip = plan.node_ip(n);
     format!(
         r#"ports:
-  - {{ name: uplink, kind: uplink, mac: "{up}", addresses: [{ip}/24] }}
+  - {{ name: uplink, kind: uplink, mac: "{up}", addresses: [{ip}/24, "{ip6}/64"] }}
   - {{ name: host, kind: host, mac: "02:fe:00:00:01:{n:02x}", addresses: [169.254.1.1] }}
 routes:
   - {{ prefix: {ip}/32, port: host, next_hop_mac: "{host}" }}
   - {{ prefix: 0.0.0.0/0, port: uplink, via: {gw} }}
+  - {{ prefix: "::/0", port: uplink, via: "{gw6}" }}
 "#,
+        ip6 = plan.node_ip6(n),
+        gw6 = Plan::gateway6(plan.zone_of(n)),
         up = uplink_mac(n),
         host = host_tap_mac(n),
         gw = Plan::gateway(plan.zone_of(n)),

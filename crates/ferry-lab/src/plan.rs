@@ -127,6 +127,21 @@ impl Plan {
         format!("10.10.{}.{}", self.zone_of(n), 10 + n)
     }
 
+    /// Node `n`'s IPv6 address on its zone's subnet (`/64`).
+    pub fn node_ip6(&self, n: u8) -> String {
+        format!("fd00:10:{}::{}", self.zone_of(n), 10 + n)
+    }
+
+    /// Zone `z`'s IPv6 router on the fabric.
+    pub fn gateway6(z: u8) -> String {
+        format!("fd00:10:{z}::fe")
+    }
+
+    /// Node `n`'s IPv6 pod CIDR.
+    pub fn pod_cidr6(n: u8) -> String {
+        format!("fd00:244:{n}::/64")
+    }
+
     /// Zone `z`'s router on the fabric.
     pub fn gateway(z: u8) -> String {
         format!("10.10.{z}.254")

@@ -79,6 +79,16 @@ impl State {
             .with_context(|| format!("no pod {name} in the lab"))
     }
 
+    /// The first IPv6 address of pod `name`.
+    pub fn pod_ip6(&self, name: &str) -> Result<String> {
+        let p = self.pod(name)?;
+        p.ips
+            .iter()
+            .find(|a| a.contains(':'))
+            .cloned()
+            .with_context(|| format!("pod {name} has no IPv6 address"))
+    }
+
     /// The first IPv4 address of pod `name`.
     pub fn pod_ip(&self, name: &str) -> Result<String> {
         let p = self.pod(name)?;

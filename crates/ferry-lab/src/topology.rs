@@ -42,7 +42,17 @@ fn veth(a: &str, a_dev: &str, b: &str, b_dev: &str) -> Result<()> {
 }
 
 fn forwarding(ns: &str) -> Result<()> {
-    sys::run_in(ns, 5, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]).map(drop)
+    sys::run_in(
+        ns,
+        5,
+        &[
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+            "net.ipv6.conf.all.forwarding=1",
+        ],
+    )
+    .map(drop)
 }
 
 /// `ferry lab up`: the namespaces, the agents, the pods, the load balancer. A lab
@@ -134,6 +144,8 @@ fn network(plan: &Plan) -> Result<()> {
                 &br,
             ],
         )?;
+        let gw6 = format!("{}/64", Plan::gateway6(z));
+        ip(&fabric, &["addr", "add", &gw6, "dev", &br, "nodad"])?;
     }
     for n in plan.node_numbers() {
         let node = plan.ns(&format!("node{n}"));
