@@ -30,7 +30,7 @@ pub const SCENARIOS: &[(&str, Scenario)] = &[
     ("pod to pod, across zones (VXLAN)", across_zones),
     ("pod to pod, other node in the zone (routed)", within_zone),
     (
-        "IPv6 pod to pod: same node, across zones, in zone",
+        "IPv6: pod to pod (three ways), pod to ClusterIP",
         ipv6_pod_to_pod,
     ),
     ("pod to ClusterIP, TCP", cluster_ip_tcp),
@@ -225,6 +225,11 @@ fn ipv6_pod_to_pod(c: &mut Ctx) -> Result<()> {
         c.ping("a", &to, 8000)?;
         c.probe("a", &["--sizes", FRAGMENTED, &format!("[{to}]:8081")])?;
     }
+    // web's IPv6 cluster IP, TCP and UDP.
+    let svc = cluster_ip::WEB6;
+    c.expect("a", &format!("http://[{svc}]/clientip"), &a)?;
+    let name = c.probe("a", &["--ask", "hostname", &format!("[{svc}]:81")])?;
+    ensure!(name.trim() == "web", "hostname over UDP/IPv6: {name:?}");
     Ok(())
 }
 

@@ -59,8 +59,10 @@ kind: Service
 metadata: {{ name: web, namespace: default }}
 spec:
   type: NodePort
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
   clusterIP: {web}
-  clusterIPs: [{web}]
+  clusterIPs: [{web}, "{web6}"]
   selector: {{ app: web }}
   ports:
   - {{ name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: {wh} }}
@@ -116,6 +118,7 @@ spec:
   ports: [{{ name: udp, protocol: UDP, port: 53, targetPort: 8081 }}]
 "#,
         web = cluster_ip::WEB,
+        web6 = cluster_ip::WEB6,
         local = cluster_ip::WEB_LOCAL,
         sticky = cluster_ip::MULTI_STICKY,
         multi = cluster_ip::MULTI,
@@ -191,7 +194,34 @@ pub fn slices(state: &State) -> String {
         ),
         ("echo", "echo", "[{ name: udp, protocol: UDP, port: 8081 }]"),
     ];
-    let mut out = String::new();
+    // `web` is dual-stack: its IPv6 endpoints in a slice of their own.
+    let web6: Vec<String> = state
+        .pods
+        .iter()
+        .filter(|p| p.app == "web" && p.ready)
+        .filter_map(|p| {
+            let v6 = p.ips.iter().find(|a| a.contains(':'))?;
+            Some(format!(
+                "{{ addresses: [\"{v6}\"], conditions: {{ ready: true }}, nodeName: node{} }}",
+                p.node
+            ))
+        })
+        .collect();
+    let mut out = format!(
+        r#"---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-lab-v6
+  namespace: default
+  labels: {{ kubernetes.io/service-name: web }}
+addressType: IPv6
+ports: {}
+endpoints: [{}]
+"#,
+        services[0].2,
+        web6.join(", ")
+    );
     for (service, app, ports) in services {
         let endpoints: Vec<String> = state
             .pods

@@ -24,6 +24,8 @@ pub const VIP_CROSS_ZONE: &str = "10.30.100.1";
 pub mod cluster_ip {
     /// `web`: NodePort, externalTrafficPolicy Cluster, HTTP and UDP.
     pub const WEB: &str = "10.96.0.10";
+    /// `web`'s IPv6 cluster IP (the Service is dual-stack).
+    pub const WEB6: &str = "fd00:96::10";
     /// `web-local`: LoadBalancer, externalTrafficPolicy Local.
     pub const WEB_LOCAL: &str = "10.96.0.11";
     /// `multi-sticky`: the two `multi` pods with ClientIP session affinity.
