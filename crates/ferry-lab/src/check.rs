@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::plan::{CLIENT_IP, Plan, VIP_CROSS_ZONE, cluster_ip, lb_port, node_port};
+use crate::plan::{CLIENT_IP, CLIENT_IP6, Plan, VIP_CROSS_ZONE, cluster_ip, lb_port, node_port};
 use crate::state::State;
 use crate::sys;
 
@@ -38,6 +38,10 @@ pub const SCENARIOS: &[(&str, Scenario)] = &[
     (
         "NodePort Cluster from outside, every node",
         node_port_cluster,
+    ),
+    (
+        "NodePort Cluster from outside over IPv6, every node",
+        node_port_cluster_ipv6,
     ),
     (
         "NodePort Local from outside, only the endpoint's node",
@@ -257,6 +261,18 @@ fn node_port_cluster(c: &mut Ctx) -> Result<()> {
             node_port::WEB_HTTP
         );
         c.expect("client", &url, CLIENT_IP)?;
+    }
+    Ok(())
+}
+
+fn node_port_cluster_ipv6(c: &mut Ctx) -> Result<()> {
+    for n in c.plan().node_numbers() {
+        let url = format!(
+            "http://[{}]:{}/clientip",
+            c.plan().node_ip6(n),
+            node_port::WEB_HTTP
+        );
+        c.expect("client", &url, CLIENT_IP6)?;
     }
     Ok(())
 }

@@ -11,6 +11,14 @@ pub const MAX_ZONES: u8 = 4;
 
 /// The external client's address; its gateway is the load balancer.
 pub const CLIENT_IP: &str = "10.20.0.2";
+/// The external client's IPv6 address; its gateway is the load balancer's.
+pub const CLIENT_IP6: &str = "fd00:20::2";
+/// The load balancer's IPv6 address on the client's subnet.
+pub const LB_CLIENT_SIDE_IP6: &str = "fd00:20::1";
+/// The client's IPv6 subnet, routed back to the load balancer by the fabric.
+pub const CLIENT_SUBNET6: &str = "fd00:20::/64";
+/// The load balancer's IPv6 address on the fabric, in the first zone's subnet.
+pub const LB_FABRIC_IP6: &str = "fd00:10:0::fa";
 /// The load balancer's address on the client's subnet.
 pub const LB_CLIENT_SIDE_IP: &str = "10.20.0.1";
 /// The client's subnet, routed back to the load balancer by the fabric.

@@ -16,7 +16,10 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use crate::plan::{CLIENT_IP, CLIENT_SUBNET, LB_CLIENT_SIDE_IP, LB_FABRIC_IP, Plan};
+use crate::plan::{
+    CLIENT_IP, CLIENT_IP6, CLIENT_SUBNET, CLIENT_SUBNET6, LB_CLIENT_SIDE_IP, LB_CLIENT_SIDE_IP6,
+    LB_FABRIC_IP, LB_FABRIC_IP6, Plan,
+};
 use crate::state::{Pod, Process, State};
 use crate::sys::{self, ip};
 use crate::{Binaries, cluster, cni};
@@ -200,6 +203,24 @@ fn network(plan: &Plan) -> Result<()> {
     ip(
         &client,
         &["route", "add", "default", "via", LB_CLIENT_SIDE_IP],
+    )?;
+    // IPv6 from the client to the nodes: routed through the load balancer, no listener.
+    let nodad =
+        |ns: &str, addr: String, dev: &str| ip(ns, &["addr", "add", &addr, "dev", dev, "nodad"]);
+    nodad(&lb, format!("{LB_FABRIC_IP6}/64"), "fab")?;
+    nodad(&lb, format!("{LB_CLIENT_SIDE_IP6}/64"), "cli")?;
+    nodad(&client, format!("{CLIENT_IP6}/64"), "eth0")?;
+    ip(
+        &lb,
+        &["route", "add", "fd00:10::/32", "via", &Plan::gateway6(0)],
+    )?;
+    ip(
+        &fabric,
+        &["route", "add", CLIENT_SUBNET6, "via", LB_FABRIC_IP6],
+    )?;
+    ip(
+        &client,
+        &["-6", "route", "add", "default", "via", LB_CLIENT_SIDE_IP6],
     )?;
     // The load balancer starts with its Cluster listeners and no Local target.
     let rules = crate::lb::ruleset(plan, &[]);
