@@ -89,8 +89,8 @@ fn invoke(
     let mut input = Vec::new();
     let read = stdin.read_to_end(&mut input);
     if env.command == Command::Version {
-        // VERSION is how a runtime learns which versions to speak: it answers whatever
-        // version its input names, and whether that input could be read.
+        // VERSION is how a runtime finds out which versions to speak, so it answers
+        // whatever version its input names, and even when the input cannot be read.
         return Ok(Some(version_info()));
     }
     read.map_err(|e| {

@@ -1,8 +1,8 @@
 //! The CNI specification versions the plugin speaks, and what each allows.
 //!
-//! 0.4.0 is the oldest supported: it is the first with CHECK and with `prevResult` on
-//! DEL, and the plugin relies on both. Older configurations are refused rather than
-//! half served. STATUS and GC exist from 1.1.0 only, as the specification says.
+//! 0.4.0 is the oldest supported: it is the first with CHECK, which the plugin serves
+//! for every version it speaks. Older configurations are refused rather than half
+//! served. STATUS and GC exist from 1.1.0 only, as the specification says.
 
 use crate::env::Command;
 
