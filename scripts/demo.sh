@@ -11,6 +11,6 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "ferry: the lab demo makes network namespaces: run it as root" >&2
   exit 1
 fi
-ensure_packages cc:build-essential ip:iproute2 nft:nftables curl:curl ping:iputils-ping tshark:tshark
+ensure_packages cc:build-essential ip:iproute2 nft:nftables curl:curl ping:iputils-ping tshark:tshark sysctl:procps
 cargo build --release --locked -q -p ferry -p ferry-cni
 exec target/release/ferry lab demo "$@"
