@@ -280,34 +280,24 @@ fn start_agent(dir: &Path, state: &mut State, n: u8) -> Result<()> {
         sys::alive(pid) && ip(&node, &["link", "show", &tap]).is_ok()
     })
     .with_context(|| format!("ferry agent on node{n}: {}", agent_log()))?;
-    ip(
-        &node,
-        &[
-            "link",
-            "set",
-            &tap,
-            "address",
-            &cluster::host_tap_mac(n),
-            "up",
-        ],
-    )?;
-    ip(
-        &node,
-        &[
-            "addr",
-            "add",
-            &format!("{}/32", plan.node_ip(n)),
-            "dev",
-            &tap,
-        ],
-    )?;
-    ip(
-        &node,
-        &["route", "add", "169.254.1.1", "dev", &tap, "scope", "link"],
-    )?;
-    ip(&node, &["route", "add", "default", "via", "169.254.1.1"])?;
+    node_kernel_on_host_tap(&node, &tap, &cluster::host_tap_mac(n), &plan.node_ip(n))?;
     sys::wait_for(10, &format!("node{n}'s API socket"), || sock.exists())
         .with_context(agent_log)?;
+    Ok(())
+}
+
+/// Gives a node's kernel (namespace `ns`) its address `addr` on the agent's host TAP
+/// `tap`, with MAC `mac` (the base's `next_hop_mac` for the node's address), and routes
+/// everything else through ferry's gateway 169.254.1.1 there (as `docs/node.md`
+/// describes). The agent must have made the TAP.
+pub fn node_kernel_on_host_tap(ns: &str, tap: &str, mac: &str, addr: &str) -> Result<()> {
+    ip(ns, &["link", "set", tap, "address", mac, "up"])?;
+    ip(ns, &["addr", "add", &format!("{addr}/32"), "dev", tap])?;
+    ip(
+        ns,
+        &["route", "add", "169.254.1.1", "dev", tap, "scope", "link"],
+    )?;
+    ip(ns, &["route", "add", "default", "via", "169.254.1.1"])?;
     Ok(())
 }
 
