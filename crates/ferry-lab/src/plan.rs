@@ -182,6 +182,15 @@ impl Plan {
         2
     }
 
+    /// The node of `multi-2`: another node of node1's zone when there is one (pod to
+    /// pod routed without the overlay), else the last node.
+    pub fn multi_2_node(&self) -> u8 {
+        self.nodes_in_zone(0)
+            .into_iter()
+            .find(|&n| n != 1)
+            .unwrap_or(self.nodes)
+    }
+
     /// The pods the lab creates at `up`.
     pub fn pods(&self) -> Vec<PodSpec> {
         let p = |name: &str, node: u8, app| PodSpec {
@@ -194,7 +203,7 @@ impl Plan {
             p("b", 1, "peer"),
             p("web", self.web_node(), "web"),
             p("multi-1", 1, "multi"),
-            p("multi-2", self.nodes, "multi"),
+            p("multi-2", self.multi_2_node(), "multi"),
             p("echo-1", 1, "echo"),
         ]
     }
