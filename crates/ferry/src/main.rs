@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod agent;
 mod demo;
+mod lab;
 mod node;
 mod pcap;
 mod replay;
@@ -56,6 +57,8 @@ enum Command {
     /// Test servers for lab pods, like agnhost netexec: HTTP /hostname, /clientip,
     /// /echo?msg=, /bytes?n= and UDP echo.
     Serve(serve::Args),
+    /// A multi-node cluster in network namespaces: up, down, status, exec, check, demo.
+    Lab(lab::Args),
     /// Compile one node's tables from a directory of Kubernetes manifests and print
     /// them (YAML) on stdout.
     Tables(tables::Args),
@@ -80,6 +83,7 @@ fn main() -> ExitCode {
         Command::Agent(args) => agent::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Tables(args) => tables::run(&args),
+        Command::Lab(args) => lab::run(args),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -325,12 +325,9 @@ impl Lab {
     }
 }
 
-/// `len` bytes of a pattern that does not repeat at short periods.
-pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    (0..len as u32)
-        .map(|i| ((i ^ seed).wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect()
-}
+/// `len` bytes of a pattern that does not repeat at short periods (the lab's).
+#[allow(unused_imports)] // not every test binary sends patterns
+pub use ferry_lab::probe::pattern;
 
 impl Lab {
     /// Stops a capture started with [`Lab::capture`] once its file has stopped growing

@@ -270,17 +270,15 @@ impl TwoNodes {
                 .status
                 .success()
         });
+        // The same host TAP set-up as the lab's nodes.
         let mac = format!("02:aa:00:00:00:0{n}");
-        lab.ip(&ns, &["link", "set", &tap, "address", &mac, "up"]);
-        lab.ip(
-            &ns,
-            &["addr", "add", &format!("192.168.77.{n}/32"), "dev", &tap],
-        );
-        lab.ip(
-            &ns,
-            &["route", "add", "169.254.1.1", "dev", &tap, "scope", "link"],
-        );
-        lab.ip(&ns, &["route", "add", "default", "via", "169.254.1.1"]);
+        ferry_lab::topology::node_kernel_on_host_tap(
+            &lab.ns(&ns),
+            &tap,
+            &mac,
+            &format!("192.168.77.{n}"),
+        )
+        .unwrap();
     }
 
     /// Waits for both pods' interfaces, then starts the web pod's server and waits for it.

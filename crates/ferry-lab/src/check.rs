@@ -1,0 +1,636 @@
+//! `ferry lab check`: one row per scenario (name, pass or fail, time, what went wrong),
+//! real tools (ping, curl, tshark) for some traffic and `ferry serve` / `ferry lab
+//! probe-udp` for the rest. Every expectation looks at what arrived: the server's
+//! answer, the client address it saw, bytes compared, fragments counted.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::plan::{CLIENT_IP, CLIENT_IP6, Plan, VIP_CROSS_ZONE, cluster_ip, lb_port, node_port};
+use crate::state::State;
+use crate::sys;
+
+/// What a scenario sees of the lab.
+pub struct Ctx<'a> {
+    /// The lab's directory.
+    pub dir: &'a Path,
+    /// Its state, re-read by scenarios that change it.
+    pub state: State,
+}
+
+type Scenario = fn(&mut Ctx) -> Result<()>;
+
+/// A scenario the lab's shape does not allow (reported as SKIP with the reason, not as a
+/// failure: it is the shape asked for, not something missing).
+#[derive(Debug)]
+pub struct NotApplicable(pub &'static str);
+
+impl std::fmt::Display for NotApplicable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for NotApplicable {}
+
+/// The scenarios, in order.
+pub const SCENARIOS: &[(&str, Scenario)] = &[
+    ("pod to pod, same node (ping, HTTP)", same_node),
+    (
+        "pod to pod, across nodes (VXLAN between zones)",
+        across_zones,
+    ),
+    ("pod to pod, other node in the zone (routed)", within_zone),
+    (
+        "IPv6: pod to pod (three ways), pod to ClusterIP",
+        ipv6_pod_to_pod,
+    ),
+    ("pod to ClusterIP, TCP", cluster_ip_tcp),
+    ("pod to ClusterIP, UDP", cluster_ip_udp),
+    (
+        "NodePort Cluster from outside, every node",
+        node_port_cluster,
+    ),
+    (
+        "NodePort Cluster from outside over IPv6, every node",
+        node_port_cluster_ipv6,
+    ),
+    (
+        "NodePort Local from outside, only the endpoint's node",
+        node_port_local,
+    ),
+    (
+        "LB cross-zone on, Cluster: every connection",
+        lb_cross_zone_cluster,
+    ),
+    (
+        "LB cross-zone off, Cluster: every zone's listener",
+        lb_zonal_cluster,
+    ),
+    ("LB health checks steer Local", lb_local),
+    (
+        "fragmented UDP pod to pod (4000-16000 B)",
+        fragmented_udp_pod,
+    ),
+    (
+        "fragmented UDP from outside to a NodePort",
+        fragmented_udp_node_port,
+    ),
+    (
+        "fragmented ICMP pod to pod and from outside",
+        fragmented_icmp,
+    ),
+    (
+        "large TCP across nodes, MTU 9000 pod vs 1450 path",
+        large_tcp_no_fragments,
+    ),
+    ("session affinity ClientIP", session_affinity),
+    ("Service without endpoints refused at once", no_endpoints),
+    ("hairpin: a pod through its own Service", hairpin),
+    (
+        "UDP Service answers while its pod is replaced",
+        udp_pod_replaced,
+    ),
+];
+
+/// Runs every scenario, writing a row each and a summary; true when all passed.
+pub fn run(dir: &Path, out: &mut dyn Write) -> Result<bool> {
+    let mut ctx = Ctx {
+        dir,
+        state: State::load(dir)?,
+    };
+    let (mut failed, mut skipped) = (0, 0);
+    writeln!(out, "{:<4}  {:<55}  {:>6}  detail", "", "scenario", "time")?;
+    for (name, f) in SCENARIOS {
+        let start = Instant::now();
+        let r = f(&mut ctx);
+        let t = format!("{:.2}s", start.elapsed().as_secs_f64());
+        match r {
+            Ok(()) => writeln!(out, "PASS  {name:<55}  {t:>6}")?,
+            Err(e) if e.downcast_ref::<NotApplicable>().is_some() => {
+                skipped += 1;
+                writeln!(out, "SKIP  {name:<55}  {t:>6}  {e}")?;
+            }
+            Err(e) => {
+                failed += 1;
+                let detail = format!("{e:#}").replace('\n', " ");
+                writeln!(out, "FAIL  {name:<55}  {t:>6}  {detail}")?;
+            }
+        }
+        out.flush()?;
+    }
+    writeln!(
+        out,
+        "{} passed, {failed} failed, {skipped} skipped",
+        SCENARIOS.len() - failed - skipped
+    )?;
+    Ok(failed == 0)
+}
+
+impl Ctx<'_> {
+    fn ns(&self, target: &str) -> Result<String> {
+        Ok(match self.state.pods.iter().find(|p| p.name == target) {
+            Some(p) => p.netns.clone(),
+            None => self.state.plan.ns(target),
+        })
+    }
+
+    fn plan(&self) -> &Plan {
+        &self.state.plan
+    }
+
+    /// curl's exit code and output (body, or error).
+    fn curl_code(&self, from: &str, url: &str, max_secs: u32) -> Result<(i32, String)> {
+        let m = max_secs.to_string();
+        let out = sys::exec_in(
+            &self.ns(from)?,
+            max_secs + 2,
+            &["curl", "-sS", "--max-time", &m, url],
+        )?;
+        Ok((
+            out.status.code().unwrap_or(-1),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ))
+    }
+
+    /// What `url` answers from `from`.
+    fn curl(&self, from: &str, url: &str) -> Result<String> {
+        match self.curl_code(from, url, 3)? {
+            (0, body) => Ok(body),
+            (code, err) => bail!("curl {url} from {from}: exit {code}: {err}"),
+        }
+    }
+
+    /// Requires `url` to answer `want` from `from`, retrying for up to 5 s (a first
+    /// packet may wait for neighbours, or the agents for a manifest change).
+    fn expect(&self, from: &str, url: &str, want: &str) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let got = self.curl_code(from, url, 2)?;
+            if got.0 == 0 && got.1 == want {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{url} from {from}: wanted {want:?}, got exit {}: {:?}",
+                    got.0,
+                    got.1
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// `ferry lab probe-udp ARGS` in `from`'s namespace.
+    fn probe(&self, from: &str, args: &[&str]) -> Result<String> {
+        let ferry = self.state.ferry.display().to_string();
+        let mut cmd = vec![ferry.as_str(), "lab", "probe-udp"];
+        cmd.extend_from_slice(args);
+        sys::run_in(&self.ns(from)?, 30, &cmd)
+    }
+
+    fn ping(&self, from: &str, to: &str, size: usize) -> Result<()> {
+        let ns = self.ns(from)?;
+        let s = size.to_string();
+        sys::wait_for(5, &format!("a ping answer from {to}"), || {
+            sys::exec_in(&ns, 2, &["ping", "-c", "1", "-W", "1", "-s", &s, to])
+                .is_ok_and(|o| o.status.success())
+        })?;
+        let out = sys::run_in(
+            &ns,
+            10,
+            &["ping", "-c", "3", "-i", "0.2", "-W", "2", "-s", &s, to],
+        )?;
+        ensure!(
+            out.contains("3 received"),
+            "ping -s {size} {to} from {from}: {out}"
+        );
+        Ok(())
+    }
+
+    fn pod_ip(&self, name: &str) -> Result<String> {
+        self.state.pod_ip(name)
+    }
+}
+
+fn same_node(c: &mut Ctx) -> Result<()> {
+    let (a, b) = (c.pod_ip("a")?, c.pod_ip("b")?);
+    c.ping("a", &b, 56)?;
+    c.expect("a", &format!("http://{b}:8080/clientip"), &a)
+}
+
+fn across_zones(c: &mut Ctx) -> Result<()> {
+    let (a, web) = (c.pod_ip("a")?, c.pod_ip("web")?);
+    c.ping("a", &web, 56)?;
+    c.expect("a", &format!("http://{web}:8080/clientip"), &a)
+}
+
+fn within_zone(c: &mut Ctx) -> Result<()> {
+    let other = c.state.pod("multi-2")?.node;
+    if other == 1 || c.plan().zone_of(other) != c.plan().zone_of(1) {
+        return Err(NotApplicable("node1 is alone in its zone").into());
+    }
+    let (a, m) = (c.pod_ip("a")?, c.pod_ip("multi-2")?);
+    c.expect("a", &format!("http://{m}:8080/clientip"), &a)
+}
+
+fn ipv6_pod_to_pod(c: &mut Ctx) -> Result<()> {
+    let a = c.state.pod_ip6("a")?;
+    for pod in ["b", "web", "multi-2"] {
+        let to = c.state.pod_ip6(pod)?;
+        c.ping("a", &to, 56)?;
+        c.expect("a", &format!("http://[{to}]:8080/clientip"), &a)?;
+        // Fragmented both ways: ICMPv6 and UDP.
+        c.ping("a", &to, 8000)?;
+        c.probe("a", &["--sizes", FRAGMENTED, &format!("[{to}]:8081")])?;
+    }
+    // web's IPv6 cluster IP, TCP and UDP.
+    let svc = cluster_ip::WEB6;
+    c.expect("a", &format!("http://[{svc}]/clientip"), &a)?;
+    let name = c.probe("a", &["--ask", "hostname", &format!("[{svc}]:81")])?;
+    ensure!(name.trim() == "web", "hostname over UDP/IPv6: {name:?}");
+    Ok(())
+}
+
+fn cluster_ip_tcp(c: &mut Ctx) -> Result<()> {
+    let a = c.pod_ip("a")?;
+    c.expect("a", &format!("http://{}/hostname", cluster_ip::WEB), "web")?;
+    c.expect("a", &format!("http://{}/clientip", cluster_ip::WEB), &a)
+}
+
+fn cluster_ip_udp(c: &mut Ctx) -> Result<()> {
+    let a = c.pod_ip("a")?;
+    let to = format!("{}:81", cluster_ip::WEB);
+    let name = c.probe("a", &["--ask", "hostname", &to])?;
+    ensure!(name.trim() == "web", "hostname over UDP: {name:?}");
+    let ip = c.probe("a", &["--ask", "clientip", &to])?;
+    ensure!(ip.trim() == a, "clientip over UDP: {ip:?}, not {a}");
+    Ok(())
+}
+
+fn node_port_cluster(c: &mut Ctx) -> Result<()> {
+    for n in c.plan().node_numbers() {
+        let url = format!(
+            "http://{}:{}/clientip",
+            c.plan().node_ip(n),
+            node_port::WEB_HTTP
+        );
+        c.expect("client", &url, CLIENT_IP)?;
+    }
+    Ok(())
+}
+
+fn node_port_cluster_ipv6(c: &mut Ctx) -> Result<()> {
+    for n in c.plan().node_numbers() {
+        let url = format!(
+            "http://[{}]:{}/clientip",
+            c.plan().node_ip6(n),
+            node_port::WEB_HTTP
+        );
+        c.expect("client", &url, CLIENT_IP6)?;
+    }
+    Ok(())
+}
+
+fn node_port_local(c: &mut Ctx) -> Result<()> {
+    let web = c.plan().web_node();
+    for n in c.plan().node_numbers() {
+        let url = format!(
+            "http://{}:{}/clientip",
+            c.plan().node_ip(n),
+            node_port::WEB_LOCAL_HTTP
+        );
+        if n == web {
+            c.expect("client", &url, CLIENT_IP)?;
+        } else {
+            let (code, out) = c.curl_code("client", &url, 1)?;
+            ensure!(
+                code != 0,
+                "node{n} has no local endpoint, yet answered {out:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `count` connections to `vip:port` from the client: how many answered the client's
+/// address, and the first other outcome.
+fn through_lb(c: &Ctx, vip: &str, port: u16, count: usize) -> Result<(usize, String)> {
+    let url = format!("http://{vip}:{port}/clientip");
+    let mut ok = 0;
+    let mut other = String::new();
+    for _ in 0..count {
+        match c.curl_code("client", &url, 2)? {
+            (0, body) if body == CLIENT_IP => ok += 1,
+            (code, out) if other.is_empty() => other = format!("exit {code}: {out:?}"),
+            _ => {}
+        }
+    }
+    Ok((ok, other))
+}
+
+/// Connections the load balancer has sent to each node's `port`, by node.
+fn lb_counts(c: &Ctx, port: u16) -> Result<Vec<(u8, u64)>> {
+    let listing = sys::run_in(
+        &c.ns("lb")?,
+        5,
+        &[
+            "nft",
+            "list",
+            "chain",
+            "ip",
+            crate::lb::TABLE,
+            crate::lb::COUNTERS,
+        ],
+    )?;
+    Ok(crate::lb::connections_to(&listing, port))
+}
+
+/// `through_lb`, requiring every connection answered and the nodes that got
+/// connections to be exactly `nodes`.
+fn spread_over(c: &Ctx, vip: &str, port: u16, nodes: &[u8]) -> Result<()> {
+    let target = if port == lb_port::CLUSTER {
+        node_port::WEB_HTTP
+    } else {
+        node_port::WEB_LOCAL_HTTP
+    };
+    let before = lb_counts(c, target)?;
+    // Three rounds over the targets (the load balancer takes them in turn).
+    let count = 3 * nodes.len();
+    let (ok, other) = through_lb(c, vip, port, count)?;
+    ensure!(
+        ok == count,
+        "{vip}:{port}: {ok}/{count} connections answered; {other}"
+    );
+    let after = lb_counts(c, target)?;
+    let reached: Vec<u8> = after
+        .iter()
+        .filter(|(n, a)| before.iter().any(|(m, b)| m == n && a > b))
+        .map(|(n, _)| *n)
+        .collect();
+    ensure!(
+        reached == nodes,
+        "{vip}:{port} sent connections to nodes {reached:?}, not {nodes:?}"
+    );
+    Ok(())
+}
+
+fn lb_cross_zone_cluster(c: &mut Ctx) -> Result<()> {
+    let all: Vec<u8> = c.plan().node_numbers().collect();
+    spread_over(c, VIP_CROSS_ZONE, lb_port::CLUSTER, &all)
+}
+
+fn lb_zonal_cluster(c: &mut Ctx) -> Result<()> {
+    for z in 0..c.plan().zones {
+        let nodes = c.plan().nodes_in_zone(z);
+        spread_over(c, &Plan::vip_of_zone(z), lb_port::CLUSTER, &nodes)
+            .with_context(|| format!("{}'s listener", Plan::zone_name(z)))?;
+    }
+    Ok(())
+}
+
+fn lb_local(c: &mut Ctx) -> Result<()> {
+    let web = c.plan().web_node();
+    let file = c.dir.join("lb-healthy.json");
+    let healthy = || -> Vec<u8> {
+        std::fs::read_to_string(&file)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default()
+    };
+    sys::wait_for(
+        5,
+        &format!("the load balancer seeing only node{web} healthy"),
+        || healthy() == [web],
+    )
+    .with_context(|| format!("healthy: {:?}", healthy()))?;
+    spread_over(c, VIP_CROSS_ZONE, lb_port::LOCAL, &[web])?;
+    for z in 0..c.plan().zones {
+        let vip = Plan::vip_of_zone(z);
+        if c.plan().zone_of(web) == z {
+            spread_over(c, &vip, lb_port::LOCAL, &[web])?;
+        } else {
+            // No healthy node in the zone: refused at the load balancer.
+            let url = format!("http://{vip}:{}/clientip", lb_port::LOCAL);
+            let (code, out) = c.curl_code("client", &url, 2)?;
+            ensure!(
+                code == 7,
+                "{}: no healthy target, yet exit {code}: {out:?}",
+                Plan::zone_name(z)
+            );
+        }
+    }
+    Ok(())
+}
+
+const FRAGMENTED: &str = "4000,9000,16000";
+
+fn fragmented_udp_pod(c: &mut Ctx) -> Result<()> {
+    let web = c.pod_ip("web")?;
+    let b = c.pod_ip("b")?;
+    c.probe("a", &["--sizes", FRAGMENTED, &format!("{web}:8081")])?;
+    c.probe("a", &["--sizes", FRAGMENTED, &format!("{b}:8081")])?;
+    c.probe(
+        "a",
+        &["--sizes", FRAGMENTED, &format!("{}:81", cluster_ip::WEB)],
+    )
+    .map(drop)
+}
+
+fn fragmented_udp_node_port(c: &mut Ctx) -> Result<()> {
+    for n in c.plan().node_numbers() {
+        let to = format!("{}:{}", c.plan().node_ip(n), node_port::WEB_UDP);
+        c.probe("client", &["--sizes", FRAGMENTED, &to])?;
+    }
+    Ok(())
+}
+
+fn fragmented_icmp(c: &mut Ctx) -> Result<()> {
+    let web = c.pod_ip("web")?;
+    c.ping("a", &web, 8000)?;
+    for n in c.plan().node_numbers() {
+        c.ping("client", &c.plan().node_ip(n), 8000)?;
+    }
+    Ok(())
+}
+
+fn large_tcp_no_fragments(c: &mut Ctx) -> Result<()> {
+    let web = c.pod_ip("web")?;
+    let web_ns = c.ns("web")?;
+    let shown = sys::ip(&web_ns, &["-o", "link", "show", "eth0"])?;
+    let mtu = shown
+        .split_whitespace()
+        .skip_while(|w| *w != "mtu")
+        .nth(1)
+        .context("eth0's MTU")?
+        .to_string();
+    // The pod's kernel believes in jumbo frames; the path through the overlay is 1450.
+    sys::ip(&web_ns, &["link", "set", "eth0", "mtu", "9000"])?;
+    let r = (|| -> Result<()> {
+        // The fabric's end of the node's uplink: ferry's own transmissions bypass the
+        // node side's packet taps (PACKET_QDISC_BYPASS).
+        let fabric = c.ns("fabric")?;
+        let port = format!("n{}", c.state.pod("web")?.node);
+        let pcap = c.dir.join("large-tcp.pcap");
+        let _ = std::fs::remove_file(&pcap);
+        let p = pcap.display().to_string();
+        let mut tshark = Command::new("ip")
+            .args([
+                "netns", "exec", &fabric, "tshark", "-q", "-i", &port, "-w", &p,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("tshark (apt-get install tshark)")?;
+        let started = sys::wait_for(5, "tshark capturing", || {
+            std::fs::metadata(&pcap).is_ok_and(|m| m.len() > 0)
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let n: usize = 20_000_000;
+        let url = format!("http://{web}:8080/bytes?n={n}");
+        let out = started.and_then(|()| {
+            sys::run_in(
+                &c.ns("a")?,
+                30,
+                &[
+                    "curl",
+                    "-sS",
+                    "--max-time",
+                    "20",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{size_download}",
+                    &url,
+                ],
+            )
+        });
+        std::thread::sleep(Duration::from_millis(800));
+        sys::signal(tshark.id(), "INT");
+        let _ = tshark.wait();
+        let got = out?;
+        ensure!(got.trim() == n.to_string(), "downloaded {got} of {n} bytes");
+        let count = |filter: &str| -> Result<usize> {
+            let o = sys::run(&["tshark", "-r", &p, "-Y", filter])?;
+            Ok(o.lines().count())
+        };
+        let frags = count("ip.flags.mf == 1 || ip.frag_offset > 0")?;
+        // web's packets, encapsulated (another zone) or routed (the same): ip.src
+        // matches the inner header too.
+        let from_web = count(&format!("tcp && ip.src == {web}"))?;
+        ensure!(
+            from_web > 1000,
+            "only {from_web} of web's packets captured on its node's uplink"
+        );
+        let zone = |pod: &str| -> Result<u8> { Ok(c.plan().zone_of(c.state.pod(pod)?.node)) };
+        if zone("web")? != zone("a")? {
+            let vxlan = count("vxlan")?;
+            ensure!(vxlan > 1000, "between zones, only {vxlan} VXLAN packets");
+        }
+        ensure!(frags == 0, "{frags} IP fragments on the uplink");
+        Ok(())
+    })();
+    let _ = sys::ip(&web_ns, &["link", "set", "eth0", "mtu", &mtu]);
+    r
+}
+
+fn session_affinity(c: &mut Ctx) -> Result<()> {
+    let url = format!("http://{}/hostname", cluster_ip::MULTI_STICKY);
+    let first = c.curl("a", &url)?;
+    for _ in 0..9 {
+        let again = c.curl("a", &url)?;
+        ensure!(again == first, "affinity broken: {first} then {again}");
+    }
+    // Without affinity both pods answer: the sticky one is not sticky by chance.
+    let url = format!("http://{}/hostname", cluster_ip::MULTI);
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..20 {
+        seen.insert(c.curl("a", &url)?);
+    }
+    ensure!(
+        seen.len() == 2,
+        "the Service without affinity reached only {seen:?}"
+    );
+    Ok(())
+}
+
+fn no_endpoints(c: &mut Ctx) -> Result<()> {
+    let start = Instant::now();
+    let (code, out) = c.curl_code("a", &format!("http://{}/", cluster_ip::EMPTY), 3)?;
+    let t = start.elapsed();
+    ensure!(code == 7, "curl exit {code} (7: refused): {out}");
+    ensure!(t < Duration::from_secs(1), "refused only after {t:?}");
+    Ok(())
+}
+
+fn hairpin(c: &mut Ctx) -> Result<()> {
+    c.expect(
+        "web",
+        &format!("http://{}/hostname", cluster_ip::WEB),
+        "web",
+    )
+}
+
+fn udp_pod_replaced(c: &mut Ctx) -> Result<()> {
+    let old = c
+        .state
+        .pods
+        .iter()
+        .find(|p| p.app == "echo")
+        .context("no echo pod")?
+        .clone();
+    let n: u32 = old.name.trim_start_matches("echo-").parse().unwrap_or(1);
+    let new = format!("echo-{}", n + 1);
+    let node = if old.node == 1 { c.plan().nodes } else { 1 };
+    let ferry = c.state.ferry.display().to_string();
+    let to = format!("{}:53", cluster_ip::ECHO);
+    let stream = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &c.ns("a")?,
+            &ferry,
+            "lab",
+            "probe-udp",
+            "--stream",
+            "8",
+            &to,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    std::thread::sleep(Duration::from_secs(1));
+    let dir = c.dir;
+    let replaced = (|| -> Result<()> {
+        crate::topology::add_pod(dir, &mut c.state, &new, node, "echo")?;
+        crate::topology::write_pods(dir, &c.state)?;
+        std::thread::sleep(Duration::from_millis(1000));
+        crate::topology::remove_pod(dir, &mut c.state, &old.name)
+    })();
+    let out = stream.wait_with_output()?;
+    replaced?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "probe: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The probe prints the answers in order, then the longest silence in ms.
+    let mut lines: Vec<&str> = text.lines().collect();
+    let gap: u64 = lines.pop().and_then(|l| l.parse().ok()).unwrap_or(u64::MAX);
+    ensure!(
+        lines.last() == Some(&new.as_str()),
+        "answers {lines:?}: the new pod {new} never answered"
+    );
+    ensure!(gap < 2000, "answers {lines:?}; silent for {gap} ms");
+    Ok(())
+}

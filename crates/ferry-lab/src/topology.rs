@@ -1,0 +1,476 @@
+//! Building and removing the lab.
+//!
+//! ```text
+//!   client 10.20.0.2 ── lb (10.20.0.1 | 10.10.0.250, nftables DNAT)
+//!                          │
+//!   fabric: bridge z0 (10.10.0.254/24)   bridge z1 (10.10.1.254/24)   ...
+//!             │        │                    │
+//!           node1    node3                node2          (uplink "uplink", AF_PACKET)
+//!           10.10.0.11 10.10.0.13         10.10.1.12
+//!           pods      pods                pods           (eth0 TAPs from the agent)
+//! ```
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use crate::plan::{
+    CLIENT_IP, CLIENT_IP6, CLIENT_SUBNET, CLIENT_SUBNET6, LB_CLIENT_SIDE_IP, LB_CLIENT_SIDE_IP6,
+    LB_FABRIC_IP, LB_FABRIC_IP6, Plan,
+};
+use crate::state::{Pod, Process, State};
+use crate::sys::{self, ip};
+use crate::{Binaries, cluster, cni};
+
+/// The manifest directory the agents watch.
+pub fn manifests(dir: &Path) -> std::path::PathBuf {
+    dir.join("cluster")
+}
+
+fn add_ns(name: &str) -> Result<()> {
+    sys::run(&["ip", "netns", "add", name])?;
+    ip(name, &["link", "set", "lo", "up"])?;
+    Ok(())
+}
+
+fn veth(a: &str, a_dev: &str, b: &str, b_dev: &str) -> Result<()> {
+    sys::run(&[
+        "ip", "link", "add", a_dev, "netns", a, "type", "veth", "peer", "name", b_dev, "netns", b,
+    ])?;
+    ip(a, &["link", "set", a_dev, "up"])?;
+    ip(b, &["link", "set", b_dev, "up"])?;
+    Ok(())
+}
+
+fn forwarding(ns: &str) -> Result<()> {
+    sys::run_in(
+        ns,
+        5,
+        &[
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+            "net.ipv6.conf.all.forwarding=1",
+        ],
+    )
+    .map(drop)
+}
+
+/// `ferry lab up`: the namespaces, the agents, the pods, the load balancer. A lab
+/// already in `dir` (or namespaces with the prefix) is an error: `down` first.
+pub fn up(plan: &Plan, dir: &Path, bins: &Binaries) -> Result<()> {
+    anyhow::ensure!(
+        !State::path(dir).exists() && sys::namespaces_with_prefix(&plan.prefix).is_empty(),
+        "a lab with prefix {} is up (or left over): ferry lab down --dir {} first",
+        plan.prefix,
+        dir.display()
+    );
+    fs::create_dir_all(manifests(dir))?;
+    fs::create_dir_all(dir.join("logs"))?;
+    let mut state = State {
+        plan: plan.clone(),
+        ferry: bins.ferry.clone(),
+        cni: bins.cni.clone(),
+        processes: Vec::new(),
+        pods: Vec::new(),
+    };
+    state.save(dir)?;
+    network(plan)?;
+    say("namespaces and links");
+    sys::write_atomic(&manifests(dir).join("nodes.yaml"), &cluster::nodes(plan))?;
+    sys::write_atomic(&manifests(dir).join("services.yaml"), &cluster::services())?;
+    write_pods(dir, &state)?;
+    for n in plan.node_numbers() {
+        start_agent(dir, &mut state, n)?;
+    }
+    say("agents");
+    for p in plan.pods() {
+        add_pod(dir, &mut state, &p.name, p.node, p.app)?;
+    }
+    write_pods(dir, &state)?;
+    say("pods (through ferry-cni) and their servers");
+    let pid = sys::start_in(
+        &plan.ns("lb"),
+        &dir.join("logs/lb-health.log"),
+        &[
+            &bins.ferry.display().to_string(),
+            "lab",
+            "lb-health",
+            "--dir",
+            &dir.display().to_string(),
+        ],
+    )?;
+    state.processes.push(Process {
+        label: "load balancer health checks".into(),
+        pid,
+    });
+    state.save(dir)?;
+    let healthy = dir.join("lb-healthy.json");
+    // The agents have applied the Pods and EndpointSlices once web's node passes its
+    // health check and no other does: the lab is ready.
+    let want = serde_json::to_string(&[plan.web_node()])?;
+    sys::wait_for(
+        15,
+        "node health checks saying only web's node has it",
+        || fs::read_to_string(&healthy).is_ok_and(|h| h == want),
+    )?;
+    say("load balancer");
+    Ok(())
+}
+
+fn say(what: &str) {
+    let _ = writeln!(std::io::stderr(), "ferry lab: {what} up");
+}
+
+/// The namespaces and links (docs/lab.md has the picture).
+fn network(plan: &Plan) -> Result<()> {
+    let fabric = plan.ns("fabric");
+    let (lb, client) = (plan.ns("lb"), plan.ns("client"));
+    for ns in [&fabric, &lb, &client] {
+        add_ns(ns)?;
+    }
+    forwarding(&fabric)?;
+    forwarding(&lb)?;
+    for z in 0..plan.zones {
+        let br = format!("z{z}");
+        ip(&fabric, &["link", "add", &br, "type", "bridge"])?;
+        ip(&fabric, &["link", "set", &br, "up"])?;
+        ip(
+            &fabric,
+            &[
+                "addr",
+                "add",
+                &format!("{}/24", Plan::gateway(z)),
+                "dev",
+                &br,
+            ],
+        )?;
+        let gw6 = format!("{}/64", Plan::gateway6(z));
+        ip(&fabric, &["addr", "add", &gw6, "dev", &br, "nodad"])?;
+    }
+    for n in plan.node_numbers() {
+        let node = plan.ns(&format!("node{n}"));
+        add_ns(&node)?;
+        let port = format!("n{n}");
+        veth(&node, "uplink", &fabric, &port)?;
+        ip(
+            &node,
+            &["link", "set", "uplink", "address", &cluster::uplink_mac(n)],
+        )?;
+        ip(
+            &fabric,
+            &[
+                "link",
+                "set",
+                &port,
+                "master",
+                &format!("z{}", plan.zone_of(n)),
+            ],
+        )?;
+    }
+    // The load balancer: the client's gateway, on the first zone's subnet.
+    veth(&lb, "fab", &fabric, "lb")?;
+    ip(&fabric, &["link", "set", "lb", "master", "z0"])?;
+    ip(
+        &lb,
+        &["addr", "add", &format!("{LB_FABRIC_IP}/24"), "dev", "fab"],
+    )?;
+    ip(
+        &lb,
+        &["route", "add", "10.10.0.0/16", "via", &Plan::gateway(0)],
+    )?;
+    ip(
+        &fabric,
+        &["route", "add", CLIENT_SUBNET, "via", LB_FABRIC_IP],
+    )?;
+    veth(&client, "eth0", &lb, "cli")?;
+    ip(
+        &lb,
+        &[
+            "addr",
+            "add",
+            &format!("{LB_CLIENT_SIDE_IP}/24"),
+            "dev",
+            "cli",
+        ],
+    )?;
+    ip(
+        &client,
+        &["addr", "add", &format!("{CLIENT_IP}/24"), "dev", "eth0"],
+    )?;
+    ip(
+        &client,
+        &["route", "add", "default", "via", LB_CLIENT_SIDE_IP],
+    )?;
+    // IPv6 from the client to the nodes: routed through the load balancer, no listener.
+    let nodad =
+        |ns: &str, addr: String, dev: &str| ip(ns, &["addr", "add", &addr, "dev", dev, "nodad"]);
+    nodad(&lb, format!("{LB_FABRIC_IP6}/64"), "fab")?;
+    nodad(&lb, format!("{LB_CLIENT_SIDE_IP6}/64"), "cli")?;
+    nodad(&client, format!("{CLIENT_IP6}/64"), "eth0")?;
+    ip(
+        &lb,
+        &["route", "add", "fd00:10::/32", "via", &Plan::gateway6(0)],
+    )?;
+    ip(
+        &fabric,
+        &["route", "add", CLIENT_SUBNET6, "via", LB_FABRIC_IP6],
+    )?;
+    ip(
+        &client,
+        &["-6", "route", "add", "default", "via", LB_CLIENT_SIDE_IP6],
+    )?;
+    // The load balancer starts with its Cluster listeners and no Local target.
+    let rules = crate::lb::ruleset(plan, &[]);
+    let mut nft = std::process::Command::new("ip")
+        .args(["netns", "exec", &lb, "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .context("running nft in the load balancer's namespace (apt-get install nftables)")?;
+    nft.stdin
+        .take()
+        .context("nft stdin")?
+        .write_all(rules.as_bytes())?;
+    anyhow::ensure!(
+        nft.wait()?.success(),
+        "nft refused the load balancer's rules"
+    );
+    Ok(())
+}
+
+/// Starts node `n`'s agent and gives the node's kernel its address on the host TAP,
+/// everything else routed through ferry (as `docs/node.md` describes).
+fn start_agent(dir: &Path, state: &mut State, n: u8) -> Result<()> {
+    let plan = state.plan.clone();
+    let node = plan.ns(&format!("node{n}"));
+    let base = dir.join(format!("base{n}.yaml"));
+    fs::write(&base, cluster::base(&plan, n))?;
+    let tap = format!("{}h{n}", plan.prefix);
+    let sock = dir.join(format!("node{n}.sock"));
+    let pid = sys::start_in(
+        &node,
+        &dir.join(format!("logs/agent-node{n}.log")),
+        &[
+            &state.ferry.display().to_string(),
+            "agent",
+            "--node",
+            &format!("node{n}"),
+            "--datastore",
+            &format!("file:{}", manifests(dir).display()),
+            "--base",
+            &base.display().to_string(),
+            "--uplink",
+            "uplink",
+            "--host-tap",
+            &tap,
+            "--api-socket",
+            &sock.display().to_string(),
+        ],
+    )?;
+    state.processes.push(Process {
+        label: format!("ferry agent on node{n}"),
+        pid,
+    });
+    state.save(dir)?;
+    let log = dir.join(format!("logs/agent-node{n}.log"));
+    let agent_log = || fs::read_to_string(&log).unwrap_or_default();
+    sys::wait_for(15, &format!("the host TAP {tap} on node{n}"), || {
+        sys::alive(pid) && ip(&node, &["link", "show", &tap]).is_ok()
+    })
+    .with_context(|| format!("ferry agent on node{n}: {}", agent_log()))?;
+    node_kernel_on_host_tap(&node, &tap, &cluster::host_tap_mac(n), &plan.node_ip(n))?;
+    sys::wait_for(10, &format!("node{n}'s API socket"), || sock.exists())
+        .with_context(agent_log)?;
+    Ok(())
+}
+
+/// Gives a node's kernel (namespace `ns`) its address `addr` on the agent's host TAP
+/// `tap`, with MAC `mac` (the base's `next_hop_mac` for the node's address), and routes
+/// everything else through ferry's gateway 169.254.1.1 there (as `docs/node.md`
+/// describes). The agent must have made the TAP.
+pub fn node_kernel_on_host_tap(ns: &str, tap: &str, mac: &str, addr: &str) -> Result<()> {
+    ip(ns, &["link", "set", tap, "address", mac, "up"])?;
+    ip(ns, &["addr", "add", &format!("{addr}/32"), "dev", tap])?;
+    ip(
+        ns,
+        &["route", "add", "169.254.1.1", "dev", tap, "scope", "link"],
+    )?;
+    ip(ns, &["route", "add", "default", "via", "169.254.1.1"])?;
+    Ok(())
+}
+
+/// Makes pod `name` on node `node` through the CNI plugin and starts its server; it is
+/// not in EndpointSlices until [`write_pods`].
+pub fn add_pod(dir: &Path, state: &mut State, name: &str, node: u8, app: &str) -> Result<()> {
+    let netns = state.plan.ns(&format!("pod-{name}"));
+    add_ns(&netns)?;
+    let container_id = format!("{}-{name}", state.plan.prefix);
+    state.pods.push(Pod {
+        name: name.to_string(),
+        node,
+        app: app.to_string(),
+        netns: netns.clone(),
+        container_id: container_id.clone(),
+        ips: Vec::new(),
+        ready: false,
+    });
+    state.save(dir)?;
+    let conf = cni::netconf(dir, node);
+    let ips = cni::add(&state.cni, &conf, &container_id, &netns, name)?;
+    let pod = state.pods.last_mut().context("the pod just added")?;
+    pod.ips = ips;
+    let pid = sys::start_in(
+        &netns,
+        &dir.join(format!("logs/pod-{name}.log")),
+        &[
+            &state.ferry.display().to_string(),
+            "serve",
+            "--name",
+            name,
+            "--http-port",
+            "8080",
+            "--udp-port",
+            "8081",
+        ],
+    )?;
+    state.processes.push(Process {
+        label: format!("ferry serve in pod {name}"),
+        pid,
+    });
+    sys::wait_for(10, &format!("the server in pod {name}"), || {
+        sys::exec_in(&netns, 2, &["curl", "-s", "http://127.0.0.1:8080/healthz"])
+            .is_ok_and(|o| o.status.success())
+    })?;
+    if let Some(p) = state.pods.iter_mut().find(|p| p.name == name) {
+        p.ready = true;
+    }
+    state.save(dir)
+}
+
+/// Removes pod `name`: CNI DEL, its server, its namespace.
+pub fn remove_pod(dir: &Path, state: &mut State, name: &str) -> Result<()> {
+    let pod = state.pod(name)?.clone();
+    state.pods.retain(|p| p.name != name);
+    write_pods(dir, state)?;
+    let conf = cni::netconf(dir, pod.node);
+    cni::del(&state.cni, &conf, &pod.container_id, &pod.netns, name)?;
+    sys::stop(&sys::pids_in(&pod.netns));
+    let _ = sys::run(&["ip", "netns", "del", &pod.netns]);
+    state.save(dir)
+}
+
+/// Writes the Pod objects and the EndpointSlices for the pods in `state`.
+pub fn write_pods(dir: &Path, state: &State) -> Result<()> {
+    let ready = State {
+        pods: state
+            .pods
+            .iter()
+            .filter(|p| !p.ips.is_empty())
+            .cloned()
+            .collect(),
+        ..state.clone()
+    };
+    sys::write_atomic(&manifests(dir).join("pods.yaml"), &cluster::pods(&ready))?;
+    sys::write_atomic(
+        &manifests(dir).join("slices.yaml"),
+        &cluster::slices(&ready),
+    )
+}
+
+/// `ferry lab down`: CNI DEL for every pod the state knows (while the agents still
+/// run), every process stopped, every namespace named `PREFIX-...` deleted (with
+/// whatever runs in it, also after a crash that lost the state), the directory removed.
+pub fn down(dir: &Path, prefix: &str) -> Result<()> {
+    let state = State::load(dir).ok();
+    let prefix = state
+        .as_ref()
+        .map_or(prefix, |s| s.plan.prefix.as_str())
+        .to_string();
+    if let Some(s) = &state {
+        for p in s.pods.iter().filter(|p| !p.ips.is_empty()) {
+            let conf = cni::netconf(dir, p.node);
+            if let Err(e) = cni::del(&s.cni, &conf, &p.container_id, &p.netns, &p.name) {
+                eprintln!("ferry lab: {e:#}");
+            }
+        }
+        let pids: Vec<u32> = s.processes.iter().map(|p| p.pid).collect();
+        sys::stop(&pids);
+    }
+    let namespaces = sys::namespaces_with_prefix(&prefix);
+    let pids: Vec<u32> = namespaces.iter().flat_map(|ns| sys::pids_in(ns)).collect();
+    sys::stop(&pids);
+    for ns in &namespaces {
+        // Deleting a namespace deletes its links, nftables state and (with the agent's
+        // TAPs gone) everything the lab put in it.
+        sys::run(&["ip", "netns", "del", ns])?;
+    }
+    if dir.exists() && (state.is_some() || manifests(dir).exists()) {
+        fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// `ferry lab status`: nodes, pods, processes, the load balancer's healthy nodes.
+pub fn status(dir: &Path) -> Result<String> {
+    let s = State::load(dir)?;
+    let plan = &s.plan;
+    let mut out = format!(
+        "lab {} ({} nodes, {} zones) in {}\n",
+        plan.prefix,
+        plan.nodes,
+        plan.zones,
+        dir.display()
+    );
+    for n in plan.node_numbers() {
+        out += &format!(
+            "node{n}  {}  {}  pods {}\n",
+            Plan::zone_name(plan.zone_of(n)),
+            plan.node_ip(n),
+            Plan::pod_cidr(n)
+        );
+    }
+    for p in &s.pods {
+        out += &format!("pod {:<8} node{}  {}\n", p.name, p.node, p.ips.join(", "));
+    }
+    for p in &s.processes {
+        let up = if sys::alive(p.pid) {
+            "running"
+        } else {
+            "EXITED"
+        };
+        out += &format!("{:<7} {:>7}  {}\n", up, p.pid, p.label);
+    }
+    let healthy = fs::read_to_string(dir.join("lb-healthy.json")).unwrap_or_default();
+    out += &format!("load balancer: nodes passing web-local's health check: {healthy}\n");
+    Ok(out)
+}
+
+/// `ferry lab exec TARGET -- CMD...`: runs CMD in a node (`node1`), a pod (`web`), or
+/// `client`, `lb`, `fabric`; returns its exit code.
+pub fn exec(dir: &Path, target: &str, cmd: &[String]) -> Result<i32> {
+    let s = State::load(dir)?;
+    let ns = match s.pods.iter().find(|p| p.name == target) {
+        Some(p) => p.netns.clone(),
+        None => {
+            let known = ["client", "lb", "fabric"].contains(&target)
+                || target
+                    .strip_prefix("node")
+                    .and_then(|n| n.parse::<u8>().ok())
+                    .is_some_and(|n| (1..=s.plan.nodes).contains(&n));
+            anyhow::ensure!(
+                known,
+                "{target}: not a node (node1..node{}), pod, client, lb or fabric",
+                s.plan.nodes
+            );
+            s.plan.ns(target)
+        }
+    };
+    let status = std::process::Command::new("ip")
+        .args(["netns", "exec", &ns])
+        .args(cmd)
+        .status()
+        .with_context(|| format!("running {cmd:?} in {ns}"))?;
+    Ok(status.code().unwrap_or(1))
+}
