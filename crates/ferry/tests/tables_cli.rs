@@ -216,6 +216,34 @@ fn pcap_of(path: &Path, frame: &[u8]) {
     .unwrap();
 }
 
+/// Replays `inputs` (each received on web-7c9d8f6b5-4xk2p's port) through node-a of the
+/// example cluster; the verdicts.
+fn replay_node_a(dir: &Path, inputs: &[&Path]) -> Vec<serde_json::Value> {
+    let out_dir = dir.join("out");
+    let pod = "pod.default.web-7c9d8f6b5-4xk2p";
+    let mut args = vec![
+        "replay".to_string(),
+        "--cluster".into(),
+        example().display().to_string(),
+        "--node".into(),
+        "node-a".into(),
+    ];
+    for i in inputs {
+        args.push("--in".into());
+        args.push(format!("{pod}={}", i.display()));
+    }
+    args.push("--out".into());
+    args.push(out_dir.display().to_string());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = ferry(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    fs::read_to_string(out_dir.join("verdicts.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 #[test]
 fn replay_with_cluster_uses_the_compiled_tables() {
     let dir = tempfile::tempdir().unwrap();
@@ -234,27 +262,7 @@ fn replay_with_cluster_uses_the_compiled_tables() {
     let (a, b) = (dir.path().join("a.pcap"), dir.path().join("b.pcap"));
     pcap_of(&a, &frames[0]);
     pcap_of(&b, &frames[1]);
-    let out_dir = dir.path().join("out");
-    let pod = "pod.default.web-7c9d8f6b5-4xk2p";
-    let out = ferry(&[
-        "replay",
-        "--cluster",
-        example().to_str().unwrap(),
-        "--node",
-        "node-a",
-        "--in",
-        &format!("{pod}={}", a.display()),
-        "--in",
-        &format!("{pod}={}", b.display()),
-        "--out",
-        out_dir.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let verdicts: Vec<serde_json::Value> = fs::read_to_string(out_dir.join("verdicts.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let verdicts = replay_node_a(dir.path(), &[&a, &b]);
     assert_eq!(verdicts[0]["outputs"][0]["port"], "pod.default.sticky-0");
     // To node-b through the tunnel (then held up asking for the gateway's MAC, as nothing
     // answers in a replay).
@@ -284,28 +292,7 @@ fn replay_with_cluster_balances_services_to_their_endpoints() {
         .unwrap();
     let input = dir.path().join("syn.pcap");
     pcap_of(&input, &syn);
-    let out_dir = dir.path().join("out");
-    let pod = "pod.default.web-7c9d8f6b5-4xk2p";
-    let out = ferry(&[
-        "replay",
-        "--cluster",
-        example().to_str().unwrap(),
-        "--node",
-        "node-a",
-        "--in",
-        &format!("{pod}={}", input.display()),
-        "--out",
-        out_dir.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let v: serde_json::Value = serde_json::from_str(
-        fs::read_to_string(out_dir.join("verdicts.jsonl"))
-            .unwrap()
-            .lines()
-            .next()
-            .unwrap(),
-    )
-    .unwrap();
+    let v = replay_node_a(dir.path(), &[&input]).remove(0);
     assert_eq!(v["outputs"][0]["port"], "pod.default.sticky-0", "{v}");
     assert_eq!(v["ct"], "new");
     let service = v["trace"]
