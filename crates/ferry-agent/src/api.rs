@@ -118,7 +118,7 @@ impl Drop for ApiServer {
 }
 
 fn serve(conn: UnixStream, tx: &Sender<Pending>) {
-    let answer = match read_request(&conn) {
+    let answer = match read_request(&conn).map_err(|e| *e) {
         Ok(req) => {
             let (atx, arx) = mpsc::channel();
             if tx.send((req, atx)).is_err() {
@@ -138,16 +138,17 @@ fn serve(conn: UnixStream, tx: &Sender<Pending>) {
     }
 }
 
-fn read_request(conn: &UnixStream) -> Result<Request, Response> {
+fn read_request(conn: &UnixStream) -> Result<Request, Box<Response>> {
+    let fail = |code, msg: &str, e: String| Box::new(Response::error(code, msg, e));
     conn.set_nonblocking(false)
         .and_then(|()| conn.set_read_timeout(Some(READ_TIMEOUT)))
-        .map_err(|e| Response::error(5, "cannot read the request", e.to_string()))?;
+        .map_err(|e| fail(5, "cannot read the request", e.to_string()))?;
     let mut line = String::new();
     BufReader::new(conn.take(MAX_REQUEST))
         .read_line(&mut line)
-        .map_err(|e| Response::error(5, "cannot read the request", e.to_string()))?;
+        .map_err(|e| fail(5, "cannot read the request", e.to_string()))?;
     serde_json::from_str(line.trim_end())
-        .map_err(|e| Response::error(6, "cannot decode the request", e.to_string()))
+        .map_err(|e| fail(6, "cannot decode the request", e.to_string()))
 }
 
 /// Sends `req` to the agent listening on `path` and returns its answer.

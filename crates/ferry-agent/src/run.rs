@@ -392,6 +392,10 @@ impl Agent {
                 ),
             },
             Request::Node => self.node_info(&cluster),
+            Request::Counters => Response::Ok(Answer {
+                counters: Some(self.counters()),
+                ..Answer::default()
+            }),
             Request::Add {
                 container_id,
                 netns,
@@ -450,6 +454,36 @@ impl Agent {
                 let gone = gone.iter().filter_map(|k| self.cni.remove(k)).collect();
                 self.cni_release(cluster, gone)
             }
+        }
+    }
+
+    /// The dataplane's counters, from the worker's latest snapshot.
+    pub fn counters(&self) -> ferry_api::Counters {
+        let snap = self.snapshot();
+        ferry_api::Counters {
+            generation: self.generation,
+            ports: snap
+                .ports
+                .iter()
+                .map(|p| ferry_api::PortCounters {
+                    name: p.name.clone(),
+                    rx_packets: p.pipeline.rx_packets,
+                    rx_bytes: p.pipeline.rx_bytes,
+                    tx_packets: p.pipeline.tx_packets,
+                    tx_bytes: p.pipeline.tx_bytes,
+                })
+                .collect(),
+            drops: snap
+                .drops
+                .nonzero()
+                .map(|(r, n)| (r.name().to_string(), n))
+                .collect(),
+            ct_entries: snap.ct_entries,
+            ct_inserted: snap.conntrack.inserted,
+            ct_insert_failed: snap.conntrack.insert_failed,
+            reassembled: snap.pipeline.reassembled,
+            service_balanced: snap.pipeline.service_balanced,
+            service_rejected: snap.pipeline.service_rejected,
         }
     }
 

@@ -74,6 +74,48 @@ pub enum Request {
         /// The attachments that must stay.
         valid: Vec<Attachment>,
     },
+    /// The dataplane's counters (`ferry status`).
+    Counters,
+}
+
+/// What the node's dataplane has counted (as of its last snapshot, at most 100 ms old).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Counters {
+    /// The generation of the tables in force (1 at start, one more per change).
+    pub generation: u64,
+    /// Per port, in table order.
+    pub ports: Vec<PortCounters>,
+    /// Dropped packets by reason (stable snake_case names), reasons with none left out.
+    pub drops: std::collections::BTreeMap<String, u64>,
+    /// Connections tracked now.
+    pub ct_entries: usize,
+    /// Connections inserted since start.
+    pub ct_inserted: u64,
+    /// New connections refused because the table was full.
+    pub ct_insert_failed: u64,
+    /// Datagrams completed from fragments.
+    pub reassembled: u64,
+    /// New connections to a Service given an endpoint.
+    pub service_balanced: u64,
+    /// New connections to a Service refused at once.
+    pub service_rejected: u64,
+}
+
+/// One port's packet counts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortCounters {
+    /// The port's name in the tables.
+    pub name: String,
+    /// Packets received.
+    pub rx_packets: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Packets sent.
+    pub tx_packets: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
 }
 
 /// One attachment of a container (CNI's `cni.dev/valid-attachments` entry).
@@ -131,6 +173,9 @@ pub struct Answer {
     /// Add: the pod's gateways (169.254.1.1, fe80::1), per family present.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gateways: Vec<IpAddr>,
+    /// Counters: the dataplane's counters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters: Option<Counters>,
 }
 
 impl Response {

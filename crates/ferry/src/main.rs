@@ -12,6 +12,7 @@ mod node;
 mod pcap;
 mod replay;
 mod serve;
+mod status;
 mod tables;
 
 /// ferry: a Kubernetes node network dataplane.
@@ -54,6 +55,9 @@ enum Command {
     /// Run one node of a cluster: its tables compiled from cluster state and swapped
     /// into the running dataplane as the cluster changes.
     Agent(agent::Args),
+    /// The running agent's dataplane counters: ports, drops by reason, conntrack,
+    /// Services (asked over its local API socket).
+    Status(status::Args),
     /// Test servers for lab pods, like agnhost netexec: HTTP /hostname, /clientip,
     /// /echo?msg=, /bytes?n= and UDP echo.
     Serve(serve::Args),
@@ -82,6 +86,7 @@ fn main() -> ExitCode {
         Command::Node(args) => node::run(&args),
         Command::Agent(args) => agent::run(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::Status(args) => status::run(&args),
         Command::Tables(args) => tables::run(&args),
         Command::Lab(args) => lab::run(args),
     };

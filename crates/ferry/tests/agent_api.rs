@@ -103,6 +103,32 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
         "ADD again: the same answer"
     );
 
+    // The pod's traffic shows in the counters, through the API and `ferry status`.
+    let sp = sock.clone();
+    lab.wait_for(5, "the pod's packets counted", move |_| {
+        ok(call(&sp, &Request::Counters).unwrap())
+            .counters
+            .is_some_and(|c| {
+                c.ports
+                    .iter()
+                    .any(|p| p.name == "pod.default.web" && p.rx_packets >= 2)
+            })
+    });
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["status", "--api-socket", &s])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&st.stdout);
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    assert!(
+        text.contains("pod.default.web") && text.contains("uplink") && text.contains("drops"),
+        "{text}"
+    );
+
     let check = Request::Check {
         container_id: "c0ffee".into(),
         ifname: "eth0".into(),

@@ -66,9 +66,11 @@ pub fn good_agent(pod_cidrs: &[&str], request: &Request) -> Reply {
                 ..Answer::default()
             }
         }
-        Request::Del { .. } | Request::Check { .. } | Request::Status | Request::Gc { .. } => {
-            Answer::default()
-        }
+        Request::Del { .. }
+        | Request::Check { .. }
+        | Request::Status
+        | Request::Gc { .. }
+        | Request::Counters => Answer::default(),
     }))
 }
 
