@@ -34,39 +34,18 @@ fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
 }
 
-/// The paths of fields in `given` that `kept` lacks.
-fn dropped(given: &Value, kept: &Value, path: &str, out: &mut Vec<String>) {
-    match (given, kept) {
-        (Value::Object(g), Value::Object(k)) => {
-            for (key, v) in g {
-                let p = if path.is_empty() {
-                    key.clone()
-                } else {
-                    format!("{path}.{key}")
-                };
-                match k.get(key) {
-                    _ if v.is_null() => {}
-                    None => out.push(p),
-                    Some(kv) => dropped(v, kv, &p, out),
-                }
-            }
-        }
-        (Value::Array(g), Value::Array(k)) => {
-            for (i, (gv, kv)) in g.iter().zip(k).enumerate() {
-                dropped(gv, kv, &format!("{path}[{i}]"), out);
-            }
-        }
-        _ => {}
-    }
-}
-
 /// Decodes a document into its API type; a field the type does not have (a typo, a
 /// field at the wrong level) fails, as `kubectl apply` refuses it.
 fn decode<T: DeserializeOwned + Serialize>(what: &str, doc: &Value) -> T {
     let obj: T = serde_path_to_error::deserialize(doc)
         .unwrap_or_else(|e| panic!("{what}: {}: {}", e.path(), e.inner()));
     let mut unknown = Vec::new();
-    dropped(doc, &serde_json::to_value(&obj).unwrap(), "", &mut unknown);
+    ferry_agent::datastore::file::dropped_fields(
+        doc,
+        &serde_json::to_value(&obj).unwrap(),
+        String::new(),
+        &mut unknown,
+    );
     assert!(unknown.is_empty(), "{what}: unknown fields {unknown:?}");
     obj
 }

@@ -356,8 +356,10 @@ fn decode<T: DeserializeOwned + Serialize>(value: &Value) -> Result<T, Vec<Field
     }
 }
 
-/// The paths of fields in `given` that `kept` lacks (nulls in `given` say nothing).
-fn dropped_fields(given: &Value, kept: &Value, path: String, out: &mut Vec<String>) {
+/// The paths of fields in `given` that `kept` lacks (nulls in `given` say nothing): what
+/// a typed decoding of `given` silently left out, once `kept` is the decoded value
+/// serialized again.
+pub fn dropped_fields(given: &Value, kept: &Value, path: String, out: &mut Vec<String>) {
     match (given, kept) {
         (Value::Object(g), Value::Object(k)) => {
             for (key, v) in g {
