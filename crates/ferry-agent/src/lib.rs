@@ -23,6 +23,7 @@ pub mod datastore;
 pub mod fields;
 pub mod health;
 pub mod host_nat;
+pub mod metrics;
 pub mod run;
 
 pub use cluster::{Cluster, Kind, Object, ObjectKey};

@@ -11,6 +11,7 @@ use ferry_agent::api::ApiServer;
 use ferry_agent::compile::CompileOptions;
 use ferry_agent::datastore::file::FileDatastore;
 use ferry_agent::datastore::{Update, Watch};
+use ferry_agent::metrics::MetricsServer;
 use ferry_agent::run::{Agent, Applied, Options};
 use ferry_agent::{Cluster, ObjectKey};
 use ferry_agent::{KubeDatastore, KubeOptions};
@@ -63,6 +64,9 @@ pub struct Args {
     /// interfaces.
     #[arg(long, value_name = "PATH", default_value = ferry_api::DEFAULT_SOCKET)]
     pub api_socket: PathBuf,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 0.0.0.0:9250).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 fn parse_pod(spec: &str) -> Result<(ObjectKey, String)> {
@@ -160,6 +164,13 @@ pub fn run(args: &Args) -> Result<()> {
         Agent::start(opts, Arc::clone(&in_force)).map_err(|e| anyhow!("{e}"))?;
     let api = ApiServer::bind(&args.api_socket)
         .with_context(|| format!("--api-socket {}", args.api_socket.display()))?;
+    let _metrics = match args.metrics_addr {
+        Some(addr) => Some(
+            MetricsServer::bind(addr, args.api_socket.clone())
+                .with_context(|| format!("--metrics-addr {addr}"))?,
+        ),
+        None => None,
+    };
     report(&applied);
     tracing::info!(
         node = %args.node,

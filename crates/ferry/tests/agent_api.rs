@@ -33,7 +33,11 @@ fn ok(r: Response) -> Answer {
 
 #[test]
 fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
-    common::require(&[("ip", "iproute2"), ("ping", "iputils-ping")]);
+    common::require(&[
+        ("ip", "iproute2"),
+        ("ping", "iputils-ping"),
+        ("curl", "curl"),
+    ]);
     let dir = tempfile::tempdir().unwrap();
     let manifests = dir.path().join("cluster");
     fs::create_dir(&manifests).unwrap();
@@ -65,6 +69,8 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
             "up1",
             "--api-socket",
             &s,
+            "--metrics-addr",
+            "127.0.0.1:9250",
         ],
     );
     let sp = sock.clone();
@@ -128,6 +134,34 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
         text.contains("pod.default.web") && text.contains("uplink") && text.contains("drops"),
         "{text}"
     );
+
+    // The same counters as Prometheus metrics, on the node's loopback.
+    let m = lab.run(
+        "n1",
+        5,
+        &[
+            "curl",
+            "-sS",
+            "--max-time",
+            "3",
+            "http://127.0.0.1:9250/metrics",
+        ],
+    );
+    assert!(
+        m.contains("ferry_port_rx_packets_total{port=\"pod.default.web\"}"),
+        "{m}"
+    );
+    for line in m.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        // NAME{LABELS} VALUE, the value a number.
+        let (name, value) = line.rsplit_once(' ').expect("a sample line");
+        assert!(value.parse::<f64>().is_ok(), "{line}");
+        let name = name.split('{').next().unwrap();
+        assert!(
+            name.starts_with("ferry_")
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+            "{line}"
+        );
+    }
 
     let check = Request::Check {
         container_id: "c0ffee".into(),
