@@ -12,13 +12,13 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::Duration;
 
 use ferry_api::{Request, Response};
+
+use crate::accept::Acceptor;
 
 /// Longest request line read.
 const MAX_REQUEST: u64 = 64 * 1024;
@@ -35,8 +35,7 @@ pub type Pending = (Request, Sender<Response>);
 /// file.
 pub struct ApiServer {
     path: PathBuf,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    acceptor: Option<Acceptor>,
     requests: Receiver<Pending>,
 }
 
@@ -65,33 +64,21 @@ impl ApiServer {
         let listener = UnixListener::bind(path)?;
         fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
         listener.set_nonblocking(true)?;
-        let (tx, requests) = mpsc::channel();
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let thread = thread::Builder::new()
-            .name("ferry-api".into())
-            .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
-                    match listener.accept() {
-                        Ok((conn, _)) => {
-                            let tx = tx.clone();
-                            // One thread per connection: a slow client does not hold up
-                            // the others.
-                            let _ = thread::Builder::new()
-                                .name("ferry-api-conn".into())
-                                .spawn(move || serve(conn, &tx));
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            thread::sleep(Duration::from_millis(10));
-                        }
-                        Err(_) => thread::sleep(Duration::from_millis(50)),
-                    }
-                }
-            })?;
+        let (tx, requests) = mpsc::channel::<Pending>();
+        let acceptor = Acceptor::spawn(
+            "ferry-api".into(),
+            move || listener.accept().map(|(c, _)| c),
+            move |conn| {
+                let tx = tx.clone();
+                // One thread per connection: a slow client does not hold up the others.
+                let _ = thread::Builder::new()
+                    .name("ferry-api-conn".into())
+                    .spawn(move || serve(conn, &tx));
+            },
+        )?;
         Ok(ApiServer {
             path: path.to_path_buf(),
-            stop,
-            thread: Some(thread),
+            acceptor: Some(acceptor),
             requests,
         })
     }
@@ -109,10 +96,8 @@ impl ApiServer {
 
 impl Drop for ApiServer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        // The loop stops before the socket file goes.
+        drop(self.acceptor.take());
         let _ = fs::remove_file(&self.path);
     }
 }

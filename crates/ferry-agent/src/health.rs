@@ -9,11 +9,10 @@
 use std::collections::BTreeMap;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{Ipv6Addr, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
+use crate::accept::Acceptor;
 use crate::compile::HealthCheck;
 
 /// How long a client may take to send its request.
@@ -33,21 +32,7 @@ struct Answer {
 /// [`HealthServers::set`].
 pub struct HealthServers {
     answers: Arc<Mutex<BTreeMap<u16, Answer>>>,
-    listeners: BTreeMap<u16, Listener>,
-}
-
-struct Listener {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+    listeners: BTreeMap<u16, Acceptor>,
 }
 
 impl Default for HealthServers {
@@ -103,40 +88,26 @@ impl HealthServers {
     }
 }
 
-fn listen(port: u16, answers: Arc<Mutex<BTreeMap<u16, Answer>>>) -> io::Result<Listener> {
+fn listen(port: u16, answers: Arc<Mutex<BTreeMap<u16, Answer>>>) -> io::Result<Acceptor> {
     // The IPv6 wildcard takes IPv4 too (unless the host forbids dual-stack sockets, then
     // IPv4 only).
     let sock = TcpListener::bind(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)))
         .or_else(|_| TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))))?;
     sock.set_nonblocking(true)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&stop);
-    let thread = thread::Builder::new()
-        .name(format!("health-{port}"))
-        .spawn(move || {
-            while !flag.load(Ordering::Relaxed) {
-                match sock.accept() {
-                    Ok((conn, _)) => {
-                        let answer = answers
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .get(&port)
-                            .cloned();
-                        if let Some(a) = answer {
-                            let _ = serve(conn, &a);
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        thread::sleep(Duration::from_millis(20));
-                    }
-                    Err(_) => thread::sleep(Duration::from_millis(100)),
-                }
+    Acceptor::spawn(
+        format!("health-{port}"),
+        move || sock.accept().map(|(c, _)| c),
+        move |conn| {
+            let answer = answers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&port)
+                .cloned();
+            if let Some(a) = answer {
+                let _ = serve(conn, &a);
             }
-        })?;
-    Ok(Listener {
-        stop,
-        thread: Some(thread),
-    })
+        },
+    )
 }
 
 /// Reads the request head (whatever it asks) and answers.

@@ -15,6 +15,7 @@
 //!
 //! `docs/agent.md` documents the mapping from Kubernetes fields to tables fields.
 
+mod accept;
 pub mod api;
 pub mod cluster;
 pub mod compile;

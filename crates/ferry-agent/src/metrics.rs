@@ -10,9 +10,7 @@ use std::fmt::Write as _;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::Duration;
 
 use ferry_api::{Counters, Request, Response};
@@ -22,6 +20,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+
+use crate::accept::Acceptor;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PortLabel {
@@ -126,8 +126,7 @@ pub fn render(c: &Counters) -> String {
 /// The metrics endpoint; dropping it stops the server.
 pub struct MetricsServer {
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    _acceptor: Acceptor,
 }
 
 impl MetricsServer {
@@ -136,45 +135,25 @@ impl MetricsServer {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let thread = thread::Builder::new()
-            .name("ferry-metrics".into())
-            .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
-                    match listener.accept() {
-                        Ok((conn, _)) => {
-                            let sock = api_socket.clone();
-                            let _ = thread::Builder::new()
-                                .name("ferry-metrics-conn".into())
-                                .spawn(move || serve(conn, &sock));
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            thread::sleep(Duration::from_millis(20));
-                        }
-                        Err(_) => thread::sleep(Duration::from_millis(100)),
-                    }
-                }
-            })?;
+        let acceptor = Acceptor::spawn(
+            "ferry-metrics".into(),
+            move || listener.accept().map(|(c, _)| c),
+            move |conn| {
+                let sock = api_socket.clone();
+                let _ = thread::Builder::new()
+                    .name("ferry-metrics-conn".into())
+                    .spawn(move || serve(conn, &sock));
+            },
+        )?;
         Ok(MetricsServer {
             addr,
-            stop,
-            thread: Some(thread),
+            _acceptor: acceptor,
         })
     }
 
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
-    }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 
