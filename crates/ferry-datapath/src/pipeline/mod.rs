@@ -490,19 +490,22 @@ impl Pipeline {
         // Static NAT rules come first; a packet no rule matches may be addressed to a
         // Service. Either is decided only if the packet starts a connection.
         let static_nat = self.nat_for(&tables, in_id, &parsed);
-        let frontend = match static_nat {
-            None => tables.services.frontend(&parsed.key),
-            Some(_) => None,
-        };
         let from_local_pod = tunnel_peer.is_none() && in_port.kind == PortKind::Pod;
         let before = parsed.key;
         let now = pkt.meta.time_ns;
+        // The frontend is looked up only for a packet that starts a connection: packets
+        // of known connections follow their entry and pay no Service lookup.
+        let mut frontend: Option<Frontend> = None;
         let mut balanced: Option<Balanced> = None;
         let affinity = &mut self.affinity;
         let result = self.ct.process_with(&mut pkt, &mut parsed, now, |key| {
-            let Some(f) = frontend else {
+            if static_nat.is_some() {
                 return Ok(static_nat);
+            }
+            let Some(f) = tables.services.frontend(key) else {
+                return Ok(None);
             };
+            frontend = Some(f);
             let b = balance(&tables, f, key, from_local_pod, affinity, now)?;
             let nat = b.nat;
             balanced = Some(b);
