@@ -17,6 +17,6 @@ pub use af_packet::{AfPacketConfig, AfPacketPort};
 pub use port::{Frame, Port, PortCounters};
 pub use tap::{Tap, TapPort};
 pub use worker::{
-    Applied, Control, NamedPort, PortSnapshot, Snapshot, Update, UpdateError, WorkerStats,
-    run_worker, run_worker_with,
+    Applied, Control, JobError, NamedPort, PortSnapshot, Snapshot, Taps, Update, UpdateError,
+    WorkerStats, WorkerView, run_worker, run_worker_with,
 };

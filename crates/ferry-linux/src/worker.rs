@@ -55,10 +55,14 @@
 //! - Pinning: each worker thread on its core, and the NIC's queues/IRQs on the same.
 
 mod control;
+mod taps;
 #[cfg(test)]
 mod tests;
 
-pub use control::{Applied, Control, PortSnapshot, Snapshot, Update, UpdateError};
+pub use control::{
+    Applied, Control, JobError, PortSnapshot, Snapshot, Update, UpdateError, WorkerView,
+};
+pub use taps::Taps;
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -221,6 +225,7 @@ fn run_rounds(
     let mut out: Vec<(PortId, Packet)> = Vec::new();
     let mut frames: Vec<Frame> = Vec::new();
     let mut trace = Trace::disabled();
+    let mut taps = Taps::default();
     let mut published = clock();
     publish(control, published, stats, pipeline, ports);
     while !stop.load(Ordering::Relaxed) {
@@ -336,6 +341,15 @@ fn run_rounds(
                 paused: done - begun,
                 closed,
             }));
+        }
+        if control.jobs_waiting() {
+            let mut view = WorkerView {
+                pipeline: &mut *pipeline,
+                taps: &mut taps,
+                ports: ports.iter().map(|(n, _)| n.as_str()).collect(),
+                now_ns: now,
+            };
+            control.run_jobs(&mut view);
         }
         if now.wrapping_sub(published) >= STATS_INTERVAL_NS {
             publish(control, now, stats, pipeline, ports);

@@ -10,16 +10,17 @@
 use std::fmt;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ferry_datapath::DropCounters;
 use ferry_datapath::conntrack;
 use ferry_datapath::ipf;
-use ferry_datapath::pipeline::{self, PortStats, SwapReport};
+use ferry_datapath::pipeline::{self, Pipeline, PortStats, SwapReport};
 use ferry_datapath::tables::Tables;
 
-use super::{NamedPort, WorkerStats};
+use super::{NamedPort, Taps, WorkerStats};
 use crate::port::PortCounters;
 
 /// New tables for a running worker, and the Linux ports of the tables' new ports.
@@ -152,6 +153,43 @@ pub struct Snapshot {
     pub ports: Vec<PortSnapshot>,
 }
 
+/// What a job sees of the worker: its pipeline (tables, connections, counters), the
+/// taps that trace and capture live packets, and the names of its ports in table order.
+pub struct WorkerView<'a> {
+    /// The pipeline.
+    pub pipeline: &'a mut Pipeline,
+    /// Live tracing and capture.
+    pub taps: &'a mut Taps,
+    /// The ports' names, in table order (index = `PortId`).
+    pub ports: Vec<&'a str>,
+    /// The pipeline's clock now.
+    pub now_ns: u64,
+}
+
+/// Work for the worker to run between two rounds on its own state.
+type Job = Box<dyn FnOnce(&mut WorkerView<'_>) + Send>;
+
+/// Why a job did not run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobError {
+    /// No worker is running.
+    Stopped,
+    /// The worker did not get to it in time; it may still run later (its result is then
+    /// dropped).
+    TimedOut,
+}
+
+impl fmt::Display for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JobError::Stopped => f.write_str("the worker is not running"),
+            JobError::TimedOut => f.write_str("the worker did not answer in time"),
+        }
+    }
+}
+
+impl std::error::Error for JobError {}
+
 /// An update on its way to the worker and the answer on its way back.
 #[derive(Default)]
 struct State {
@@ -178,6 +216,9 @@ pub struct Control {
     /// One update at a time.
     senders: Mutex<()>,
     snapshot: Mutex<Arc<Snapshot>>,
+    /// Jobs are queued: the worker's other per-round check.
+    jobs_waiting: AtomicBool,
+    jobs: Mutex<Vec<Job>>,
     /// An eventfd the worker polls with its ports, so that an update wakes an idle
     /// worker at once instead of after its poll timeout (None if the kernel refused one:
     /// then the timeout bounds the wait).
@@ -205,6 +246,8 @@ impl Control {
             changed: Condvar::new(),
             senders: Mutex::new(()),
             snapshot: Mutex::new(Arc::new(Snapshot::default())),
+            jobs_waiting: AtomicBool::new(false),
+            jobs: Mutex::new(Vec::new()),
             wake: new_eventfd(),
         }
     }
@@ -288,6 +331,55 @@ impl Control {
         }
     }
 
+    /// Runs `f` in the worker thread between two rounds, on the worker's own state (the
+    /// connection table lives there), and returns what it returns. Jobs are control-plane
+    /// work: they hold up forwarding while they run, so they should be bounded (a scan of
+    /// the connection table is the most they should do). An idle worker is woken at
+    /// once; a busy one takes the job at the end of its current round.
+    pub fn run<R: Send + 'static>(
+        &self,
+        timeout: Duration,
+        f: impl FnOnce(&mut WorkerView<'_>) -> R + Send + 'static,
+    ) -> Result<R, JobError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        {
+            // Checked under the jobs lock, which detach() also takes: a job queued here
+            // is either run or dropped (closing its channel) by the worker's way out.
+            let mut jobs = lock(&self.jobs);
+            if !lock(&self.state).running {
+                return Err(JobError::Stopped);
+            }
+            jobs.push(Box::new(move |w: &mut WorkerView<'_>| {
+                let _ = tx.send(f(w));
+            }));
+            self.jobs_waiting.store(true, Ordering::Release);
+        }
+        self.ring_wake();
+        match rx.recv_timeout(timeout) {
+            Ok(r) => Ok(r),
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(JobError::TimedOut),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(JobError::Stopped),
+        }
+    }
+
+    /// True when jobs wait: one atomic load, the worker's per-round check.
+    #[inline]
+    pub(super) fn jobs_waiting(&self) -> bool {
+        self.jobs_waiting.load(Ordering::Acquire)
+    }
+
+    /// Runs the queued jobs on `view`.
+    pub(super) fn run_jobs(&self, view: &mut WorkerView<'_>) {
+        let jobs = {
+            let mut q = lock(&self.jobs);
+            self.jobs_waiting.store(false, Ordering::Relaxed);
+            std::mem::take(&mut *q)
+        };
+        for job in jobs {
+            job(view);
+        }
+    }
+
     /// The latest counters the worker published.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         Arc::clone(&lock(&self.snapshot))
@@ -312,6 +404,10 @@ impl Control {
     /// Marks the worker as gone: a queued update is answered, a sender waiting for one
     /// being applied is woken. Runs on the worker's way out, panics included.
     pub(super) fn detach(&self) {
+        // Jobs nobody will run: dropping them tells their callers the worker stopped.
+        let mut jobs = lock(&self.jobs);
+        jobs.clear();
+        self.jobs_waiting.store(false, Ordering::Relaxed);
         let mut st = lock(&self.state);
         st.running = false;
         st.stopped = true;

@@ -512,3 +512,42 @@ fn test_snapshot_follows_the_running_worker() {
         "the final counts are published"
     );
 }
+
+#[test]
+fn test_job_runs_on_the_worker_state_and_answers() {
+    let (pa, wa) = fake("a");
+    let (pb, wb) = fake("b");
+    let w = Running::start(tables(&["a", "b"]), vec![pa, pb]);
+    for i in 0..3 {
+        wa.send("10.0.2.5", i);
+        wb.expect(i);
+    }
+    let (rx, names) = w
+        .control
+        .run(WAIT, |v| {
+            let rx = v.pipeline.port_stats()[0].rx_packets;
+            let names: Vec<String> = v.ports.iter().map(|n| n.to_string()).collect();
+            (rx, names)
+        })
+        .expect("the job ran");
+    assert_eq!(rx, 3, "the job saw the pipeline that forwarded the frames");
+    assert_eq!(names, ["a", "b"]);
+    // Forwarding goes on after a job.
+    wa.send("10.0.2.5", 3);
+    wb.expect(3);
+    let control = Arc::clone(&w.control);
+    let _ = w.finish();
+    assert_eq!(
+        control.run(WAIT, |_| ()).unwrap_err(),
+        JobError::Stopped,
+        "a stopped worker runs no job"
+    );
+}
+
+#[test]
+fn test_job_without_a_worker_is_refused_at_once() {
+    let control = Control::new();
+    let begun = Instant::now();
+    assert_eq!(control.run(WAIT, |_| 1).unwrap_err(), JobError::Stopped);
+    assert!(begun.elapsed() < WAIT);
+}
