@@ -6,6 +6,7 @@
 pub mod conntrack;
 pub mod drop;
 pub mod fib;
+pub mod filter;
 pub mod flow;
 pub mod gro;
 pub mod gso;
