@@ -34,6 +34,10 @@
 //! [`STATS_INTERVAL_NS`] of pipeline time, after each update and when it returns
 //! ([`Control::snapshot`]), for status and metrics.
 //!
+//! **Taps.** A live trace or a capture ([`Taps`], turned on and off by control-plane
+//! jobs) sends the packets of a batch through [`Taps`] on their way to the pipeline;
+//! with both off, the loop checks one flag per batch and is as it would be without them.
+//!
 //! **Shutdown.** The worker returns once `stop` is set (within one poll timeout). It
 //! borrows the ports: the caller drops them afterwards (after updates, the ports of the
 //! latest tables, in their order), which closes TAP descriptors (the devices disappear),
@@ -57,12 +61,14 @@
 mod control;
 mod taps;
 #[cfg(test)]
+mod taps_tests;
+#[cfg(test)]
 mod tests;
 
 pub use control::{
     Applied, Control, JobError, PortSnapshot, Snapshot, Update, UpdateError, WorkerView,
 };
-pub use taps::Taps;
+pub use taps::{Captured, Direction, MAX_TRACE_COUNT, Taps, TracedPacket, summary};
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -226,6 +232,7 @@ fn run_rounds(
     let mut frames: Vec<Frame> = Vec::new();
     let mut trace = Trace::disabled();
     let mut taps = Taps::default();
+    taps.set_ports(ports.iter().map(|(n, _)| n.as_str()), pipeline.tables());
     let mut published = clock();
     publish(control, published, stats, pipeline, ports);
     while !stop.load(Ordering::Relaxed) {
@@ -288,11 +295,19 @@ fn run_rounds(
                 }
             }
             let offloads = port.offloads();
-            for f in rx.drain(..) {
-                let mut pkt = Packet::new(f.data, i as PortId, now);
-                pkt.meta.vnet = if offloads { f.vnet } else { VnetHdr::default() };
-                trace.clear();
-                pipeline.process(pkt, &mut out, &mut trace);
+            if taps.active() {
+                for f in rx.drain(..) {
+                    let mut pkt = Packet::new(f.data, i as PortId, now);
+                    pkt.meta.vnet = if offloads { f.vnet } else { VnetHdr::default() };
+                    taps.process(pipeline, pkt, &mut out, now);
+                }
+            } else {
+                for f in rx.drain(..) {
+                    let mut pkt = Packet::new(f.data, i as PortId, now);
+                    pkt.meta.vnet = if offloads { f.vnet } else { VnetHdr::default() };
+                    trace.clear();
+                    pipeline.process(pkt, &mut out, &mut trace);
+                }
             }
             for (egress, pkt) in out.drain(..) {
                 // The pipeline only names ports of its tables, which are `ports`.
@@ -328,6 +343,7 @@ fn run_rounds(
             let r = apply(ports, pipeline, update);
             if r.is_ok() {
                 rings = Rings::new(ports, pipeline.tables(), control);
+                taps.set_ports(ports.iter().map(|(n, _)| n.as_str()), pipeline.tables());
                 stats.updates += 1;
                 publish(control, now, stats, pipeline, ports);
                 published = now;

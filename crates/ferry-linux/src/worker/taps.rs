@@ -1,16 +1,446 @@
 //! Live tracing and capture of the packets a worker forwards.
 //!
 //! Both are off unless a control-plane job turns them on ([`super::Control::run`]); off,
-//! they cost the worker one branch per received batch.
+//! they cost the worker one branch per received batch. On, the worker hands each packet
+//! of a batch to [`Taps::process`] instead of to the pipeline directly.
+//!
+//! - A **live trace** runs the packets that match its filter (as received) through the
+//!   pipeline with tracing on and records what became of them ([`TracedPacket`]), until
+//!   it has recorded as many as asked; then it turns itself off.
+//! - A **capture** copies the frames of one port, by name so that it survives table
+//!   swaps ([`Captured`]): those received there that match its filter, as received; the
+//!   packets the pipeline made of them, as sent (after NAT, encapsulation, TTL and MAC
+//!   rewriting); and the packets the pipeline sent to that port for frames received
+//!   elsewhere, when they match. Frames not taken yet are bounded: beyond the bound they
+//!   are counted as lost. Packets are copied as the pipeline made them, before the
+//!   worker merges TCP segments for a port with offloads.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use ferry_datapath::filter::{self, Match};
+use ferry_datapath::packet::{Packet, PortId};
+use ferry_datapath::pipeline::{Pipeline, Trace, Verdict};
+use ferry_datapath::tables::{MacAddr, Tables};
+use ferry_datapath::wire::{L3, parse};
+
+/// Most packets one live trace records ([`Taps::start_trace`] asks for fewer).
+pub const MAX_TRACE_COUNT: usize = 10_000;
+
+/// What became of one traced packet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TracedPacket {
+    /// The pipeline's clock when the packet was received.
+    pub time_ns: u64,
+    /// The port it was received on.
+    pub in_port: String,
+    /// One line: flow key and length ([`summary`]).
+    pub summary: String,
+    /// `(stage, detail)` for each stage the packet went through, in order.
+    pub stages: Vec<(String, String)>,
+    /// `forwarded`, `held`, `consumed` or `dropped: REASON` (the drop reason's name).
+    pub verdict: String,
+    /// What conntrack made of it (`new`, `established`, `reply`, ...), if it got there.
+    pub ct: Option<String>,
+    /// The packets the pipeline sent for it: egress port and [`summary`], as sent.
+    pub out: Vec<(String, String)>,
+}
+
+/// Whether a captured frame came in or went out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// Received by the worker.
+    In,
+    /// Sent by the worker.
+    Out,
+}
+
+/// One captured frame.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Captured {
+    /// The pipeline's clock when the frame (or the one it was made from) was received.
+    pub time_ns: u64,
+    /// In or out.
+    pub dir: Direction,
+    /// The port it was received on (`In`) or sent to (`Out`).
+    pub port: String,
+    /// `received on PORT`, `after ferry: to EGRESS (received on PORT)` or
+    /// `sent on PORT`.
+    pub note: String,
+    /// The Ethernet frame.
+    pub data: Vec<u8>,
+}
+
+/// A live trace in progress.
+#[derive(Debug)]
+struct LiveTrace {
+    filter: Match,
+    remaining: usize,
+}
+
+/// A capture in progress.
+#[derive(Debug)]
+struct Capture {
+    port: String,
+    /// The port's index in the current tables; None while the tables do not have it.
+    id: Option<PortId>,
+    filter: Match,
+    max_buffered: usize,
+}
 
 /// The worker's live taps.
 #[derive(Debug, Default)]
-pub struct Taps {}
+pub struct Taps {
+    /// A trace or a capture is on: the worker's one check per batch.
+    active: bool,
+    trace: Option<LiveTrace>,
+    traced: Vec<TracedPacket>,
+    capture: Option<Capture>,
+    captured: Vec<Captured>,
+    lost: u64,
+    /// The worker's port names, in table order.
+    ports: Vec<String>,
+    /// The VXLAN port of the tables' overlay, for summaries (0: none).
+    vxlan_port: u16,
+    /// Reused for the packets a live trace records (enabled when a trace starts).
+    recording: Trace,
+    /// Reused for the other packets.
+    silent: Trace,
+}
 
 impl Taps {
     /// True when any tap is on: the worker then takes the slow path for its packets.
     #[inline]
     pub fn active(&self) -> bool {
-        false
+        self.active
+    }
+
+    fn update_active(&mut self) {
+        self.active = self.trace.is_some() || self.capture.is_some();
+    }
+
+    /// Starts a live trace of the next `count` packets (at most [`MAX_TRACE_COUNT`])
+    /// that match `filter` as received, replacing a trace in progress. Packets recorded
+    /// earlier and not taken are forgotten.
+    pub fn start_trace(&mut self, filter: Match, count: usize) {
+        self.traced.clear();
+        self.recording = Trace::enabled();
+        let filter = self.for_overlay(filter);
+        self.trace = (count > 0).then(|| LiveTrace {
+            filter,
+            remaining: count.min(MAX_TRACE_COUNT),
+        });
+        self.update_active();
+    }
+
+    /// The packets recorded since the last call (they remain to be taken after the trace
+    /// stopped).
+    pub fn take_traced(&mut self) -> Vec<TracedPacket> {
+        std::mem::take(&mut self.traced)
+    }
+
+    /// How many packets the live trace still records; 0 when it is off.
+    pub fn trace_remaining(&self) -> usize {
+        self.trace.as_ref().map_or(0, |t| t.remaining)
+    }
+
+    /// Stops the live trace; what it recorded stays to be taken.
+    pub fn stop_trace(&mut self) {
+        self.trace = None;
+        self.update_active();
+    }
+
+    /// Starts capturing on the port named `port` in the tables (see the module docs),
+    /// keeping at most `max_buffered` frames not taken yet. Replaces a capture in
+    /// progress; frames captured earlier and not taken are forgotten.
+    pub fn start_capture(&mut self, port: String, filter: Match, max_buffered: usize) {
+        self.captured.clear();
+        self.lost = 0;
+        let id = self.port_id(&port);
+        let filter = self.for_overlay(filter);
+        self.capture = Some(Capture {
+            port,
+            id,
+            filter,
+            max_buffered,
+        });
+        self.update_active();
+    }
+
+    /// The frames captured since the last call, and how many were lost meanwhile
+    /// because the buffer was full.
+    pub fn take_captured(&mut self) -> (Vec<Captured>, u64) {
+        (
+            std::mem::take(&mut self.captured),
+            std::mem::take(&mut self.lost),
+        )
+    }
+
+    /// True while a capture is on.
+    pub fn capturing(&self) -> bool {
+        self.capture.is_some()
+    }
+
+    /// Stops capturing; what was captured stays to be taken.
+    pub fn stop_capture(&mut self) {
+        self.capture = None;
+        self.update_active();
+    }
+
+    /// With an overlay, filters look into the VXLAN frames of its port.
+    fn for_overlay(&self, filter: Match) -> Match {
+        match self.vxlan_port {
+            0 => filter,
+            p => filter.with_vxlan_port(p),
+        }
+    }
+
+    fn port_id(&self, name: &str) -> Option<PortId> {
+        self.ports
+            .iter()
+            .position(|p| p == name)
+            .and_then(|i| PortId::try_from(i).ok())
+    }
+
+    /// Learns the worker's ports (names in table order) and the overlay's VXLAN port:
+    /// at the start and after every update.
+    pub(super) fn set_ports<'a>(&mut self, names: impl Iterator<Item = &'a str>, tables: &Tables) {
+        self.ports.clear();
+        self.ports.extend(names.map(str::to_string));
+        self.vxlan_port = tables.overlay.as_ref().map_or(0, |o| o.port);
+        if let Some(c) = &self.capture {
+            let id = self.port_id(&c.port);
+            if let Some(c) = &mut self.capture {
+                c.id = id;
+            }
+        }
+    }
+
+    fn name(&self, id: PortId) -> &str {
+        self.ports.get(usize::from(id)).map_or("?", String::as_str)
+    }
+
+    /// Runs one received packet through `pipeline` as the worker would, recording what
+    /// the taps ask for. What the pipeline sends is appended to `out`, as without taps.
+    pub(super) fn process(
+        &mut self,
+        pipeline: &mut Pipeline,
+        pkt: Packet,
+        out: &mut Vec<(PortId, Packet)>,
+        now: u64,
+    ) {
+        let in_id = pkt.meta.in_port;
+        let traced = self
+            .trace
+            .as_ref()
+            .is_some_and(|t| t.filter.matches(&pkt.data));
+        let captured_in = match &self.capture {
+            Some(c) if c.id == Some(in_id) && c.filter.matches(&pkt.data) => Some(c.max_buffered),
+            _ => None,
+        };
+        if let Some(max) = captured_in {
+            let port = self.name(in_id).to_string();
+            let note = format!("received on {port}");
+            self.record(max, now, Direction::In, port, note, &pkt.data);
+        }
+        let captured_in = captured_in.is_some();
+        let in_summary = traced.then(|| self.summary(&pkt.data));
+        let first = out.len();
+        let trace = if traced {
+            &mut self.recording
+        } else {
+            &mut self.silent
+        };
+        trace.clear();
+        let verdict = pipeline.process(pkt, out, trace);
+        let sent = &out[first..];
+
+        if let Some(summary) = in_summary {
+            let t = &self.recording;
+            let record = TracedPacket {
+                time_ns: now,
+                in_port: self.name(in_id).to_string(),
+                summary,
+                stages: t
+                    .events
+                    .iter()
+                    .map(|e| (e.stage.to_string(), e.detail.clone()))
+                    .collect(),
+                verdict: match verdict {
+                    Verdict::Dropped(r) => format!("dropped: {}", r.name()),
+                    v => v.name().to_string(),
+                },
+                ct: t.ct_name().map(str::to_string),
+                out: sent
+                    .iter()
+                    .map(|(id, p)| (self.name(*id).to_string(), self.summary(&p.data)))
+                    .collect(),
+            };
+            self.traced.push(record);
+            if let Some(t) = &mut self.trace {
+                t.remaining -= 1;
+                if t.remaining == 0 {
+                    self.stop_trace();
+                }
+            }
+        }
+
+        let Some(c) = self.capture.take() else {
+            return;
+        };
+        if let Some(cap_id) = c.id {
+            for (id, p) in sent {
+                let note = if captured_in {
+                    format!(
+                        "after ferry: to {} (received on {})",
+                        self.name(*id),
+                        self.name(in_id)
+                    )
+                } else if *id == cap_id && c.filter.matches(&p.data) {
+                    format!("sent on {}", self.name(*id))
+                } else {
+                    continue;
+                };
+                let port = self.name(*id).to_string();
+                self.record(c.max_buffered, now, Direction::Out, port, note, &p.data);
+            }
+        }
+        self.capture = Some(c);
+    }
+
+    /// Keeps a copy of a frame, or counts it lost when `max` frames wait to be taken.
+    fn record(
+        &mut self,
+        max: usize,
+        now: u64,
+        dir: Direction,
+        port: String,
+        note: String,
+        data: &[u8],
+    ) {
+        if self.captured.len() >= max {
+            self.lost += 1;
+            return;
+        }
+        self.captured.push(Captured {
+            time_ns: now,
+            dir,
+            port,
+            note,
+            data: data.to_vec(),
+        });
+    }
+
+    fn summary(&self, frame: &[u8]) -> String {
+        summary(frame, self.vxlan_port)
+    }
+}
+
+/// One line about a frame: its flow key and length (`udp 10.0.0.1:5000 -> 10.0.1.2:53,
+/// 46 bytes`); for ARP what it asks or tells; for VXLAN to `vxlan_port` (0: none) the
+/// inner frame's key too; for a frame the datapath cannot parse, why.
+pub fn summary(frame: &[u8], vxlan_port: u16) -> String {
+    let len = frame.len();
+    let p = match parse(frame, 0) {
+        Ok(p) => p,
+        Err(r) => return format!("unparsed ({}), {len} bytes", r.name()),
+    };
+    if p.l3 == L3::Arp {
+        let at = |off: usize| {
+            frame
+                .get(p.l3_off + off..p.l3_off + off + 4)
+                .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                .map_or_else(|| "?".to_string(), |b| IpAddr::from(b).to_string())
+        };
+        let op = frame.get(p.l3_off + 6..p.l3_off + 8);
+        return match op {
+            Some([0, 1]) => format!("arp who-has {} tell {}, {len} bytes", at(24), at(14)),
+            Some([0, 2]) => {
+                let mac = frame
+                    .get(p.l3_off + 8..p.l3_off + 14)
+                    .and_then(|m| <[u8; 6]>::try_from(m).ok())
+                    .map_or_else(|| "?".to_string(), |m| MacAddr(m).to_string());
+                format!("arp reply {} is-at {mac}, {len} bytes", at(14))
+            }
+            _ => format!("arp, {len} bytes"),
+        };
+    }
+    // The flow key without its zone: the frame is seen outside the pipeline.
+    let key = p.key.to_string();
+    let key = key
+        .split_once(' ')
+        .and_then(|(_, rest)| rest.split_once(' '))
+        .map_or(key.as_str(), |(_, rest)| rest);
+    let mut s = format!("{key}, {len} bytes");
+    if let Some(f) = p.frag {
+        s += &format!(", fragment offset {} more {}", f.offset, f.more);
+    }
+    if let Some(inner) = filter::vxlan_inner(frame, &p, vxlan_port) {
+        s += &format!(", vxlan: {}", summary(inner, 0));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_datapath::overlay::{Outer, encapsulate};
+    use ferry_datapath::wire::build::{self, IpOpts};
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn test_summary() {
+        let u = build::udp(
+            ip("10.0.0.1"),
+            ip("10.0.1.2"),
+            5000,
+            53,
+            b"q",
+            &IpOpts::default(),
+        );
+        assert_eq!(summary(&u, 0), "udp 10.0.0.1:5000 -> 10.0.1.2:53, 43 bytes");
+        let e = build::echo_request(ip("fd00::1"), ip("fd00::2"), 7, 1, b"", &IpOpts::default());
+        assert_eq!(
+            summary(&e, 0),
+            "icmpv6 fd00::1 -> fd00::2 type 128 code 0 id 7, 62 bytes"
+        );
+        let v = encapsulate(
+            &u,
+            &Outer {
+                src_mac: build::MAC_SRC,
+                dst_mac: build::MAC_DST,
+                src: ip("192.168.0.1"),
+                dst: ip("192.168.0.2"),
+                vni: 1,
+                port: 4789,
+                hash: 0x2345,
+            },
+        );
+        let s = summary(&v, 4789);
+        assert!(
+            s.ends_with(", vxlan: udp 10.0.0.1:5000 -> 10.0.1.2:53, 43 bytes"),
+            "{s}"
+        );
+        assert!(!summary(&v, 0).contains("vxlan"));
+        let mut arp = vec![0xff; 6];
+        arp.extend_from_slice(&build::MAC_SRC);
+        arp.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+        arp.extend_from_slice(&build::MAC_SRC);
+        arp.extend_from_slice(&[10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 10, 0, 0, 2]);
+        assert_eq!(
+            summary(&arp, 0),
+            "arp who-has 10.0.0.2 tell 10.0.0.1, 42 bytes"
+        );
+        arp[21] = 2;
+        assert_eq!(
+            summary(&arp, 0),
+            "arp reply 10.0.0.1 is-at 02:00:00:00:00:01, 42 bytes"
+        );
+        assert_eq!(summary(&u[..10], 0), "unparsed (frame_too_short), 10 bytes");
     }
 }

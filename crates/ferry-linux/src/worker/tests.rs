@@ -14,8 +14,8 @@ use ferry_datapath::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
 use ferry_datapath::wire::build::{self, IpOpts};
 use ferry_datapath::wire::parse;
 
-const WAIT: Duration = Duration::from_secs(5);
-const SHORT: Duration = Duration::from_millis(100);
+pub(super) const WAIT: Duration = Duration::from_secs(5);
+pub(super) const SHORT: Duration = Duration::from_millis(100);
 
 /// A port whose frames come from and go to its [`Wire`].
 struct FakePort {
@@ -82,16 +82,16 @@ impl Port for FakePort {
 }
 
 /// The test's end of a [`FakePort`].
-struct Wire {
+pub(super) struct Wire {
     name: &'static str,
     sock: UnixDatagram,
-    out: mpsc::Receiver<Vec<u8>>,
+    pub(super) out: mpsc::Receiver<Vec<u8>>,
     closed: Arc<AtomicBool>,
 }
 
 impl Wire {
     /// Sends a UDP frame from 10.9.0.1:`sport` to `dst` into the port.
-    fn send(&self, dst: &str, sport: u16) {
+    pub(super) fn send(&self, dst: &str, sport: u16) {
         let f = build::udp(
             IpAddr::from([10, 9, 0, 1]),
             dst.parse().unwrap(),
@@ -100,16 +100,21 @@ impl Wire {
             b"x",
             &IpOpts::default(),
         );
-        self.sock.send(&f).expect("frame into the fake port");
+        self.send_frame(&f);
+    }
+
+    /// Sends `frame` into the port as it is.
+    pub(super) fn send_frame(&self, frame: &[u8]) {
+        self.sock.send(frame).expect("frame into the fake port");
     }
 
     /// The source port of the next frame the port sent, if one comes within `wait`.
-    fn recv(&self, wait: Duration) -> Option<u16> {
+    pub(super) fn recv(&self, wait: Duration) -> Option<u16> {
         let f = self.out.recv_timeout(wait).ok()?;
         Some(parse(&f, 0).expect("a frame").key.src_port)
     }
 
-    fn expect(&self, sport: u16) {
+    pub(super) fn expect(&self, sport: u16) {
         assert_eq!(
             self.recv(WAIT),
             Some(sport),
@@ -118,7 +123,7 @@ impl Wire {
         );
     }
 
-    fn expect_nothing(&self) {
+    pub(super) fn expect_nothing(&self) {
         assert_eq!(self.recv(SHORT), None, "port {} sent something", self.name);
     }
 
@@ -127,7 +132,7 @@ impl Wire {
     }
 }
 
-fn fake(name: &'static str) -> (NamedPort, Wire) {
+pub(super) fn fake(name: &'static str) -> (NamedPort, Wire) {
     let (a, b) = UnixDatagram::pair().unwrap();
     a.set_nonblocking(true).unwrap();
     let closed = Arc::new(AtomicBool::new(false));
@@ -151,7 +156,7 @@ fn fake(name: &'static str) -> (NamedPort, Wire) {
 }
 
 /// Plain ports in this order; port NAME gets 10.0.N.0/24, N its position in "abcdxyz".
-fn tables(names: &[&str]) -> Arc<Tables> {
+pub(super) fn tables(names: &[&str]) -> Arc<Tables> {
     let net = |n: &str| "abcdxyz".find(n).unwrap() + 1;
     let spec = TablesSpec {
         ports: names
@@ -179,14 +184,14 @@ fn tables(names: &[&str]) -> Arc<Tables> {
 type Finished = (Vec<NamedPort>, Pipeline, io::Result<WorkerStats>);
 
 /// A worker on its own thread, stopped on drop so that a failing test never hangs.
-struct Running {
-    control: Arc<Control>,
+pub(super) struct Running {
+    pub(super) control: Arc<Control>,
     stop: Arc<AtomicBool>,
     handle: Option<thread::JoinHandle<Finished>>,
 }
 
 impl Running {
-    fn start(tables: Arc<Tables>, mut ports: Vec<NamedPort>) -> Running {
+    pub(super) fn start(tables: Arc<Tables>, mut ports: Vec<NamedPort>) -> Running {
         let control = Arc::new(Control::new());
         let stop = Arc::new(AtomicBool::new(false));
         let (c, s) = (Arc::clone(&control), Arc::clone(&stop));
@@ -213,13 +218,13 @@ impl Running {
         }
     }
 
-    fn update(&self, tables: Arc<Tables>, new_ports: Vec<NamedPort>) -> Applied {
+    pub(super) fn update(&self, tables: Arc<Tables>, new_ports: Vec<NamedPort>) -> Applied {
         self.control
             .send(Update { tables, new_ports }, WAIT)
             .expect("update applied")
     }
 
-    fn finish(mut self) -> Finished {
+    pub(super) fn finish(mut self) -> Finished {
         self.stop.store(true, Ordering::Relaxed);
         self.handle.take().unwrap().join().expect("worker panicked")
     }
