@@ -125,6 +125,10 @@ pub struct PortStats {
     pub tx_packets: u64,
     /// Bytes sent.
     pub tx_bytes: u64,
+    /// Packets received here that the pipeline dropped (by reason in
+    /// [`Pipeline::port_drops`]). Fragments dropped later with their datagram (expired,
+    /// overlapped) are counted in [`Pipeline::drops`] only.
+    pub drops: u64,
 }
 
 /// Pipeline-wide counters besides drops.
@@ -259,6 +263,10 @@ pub struct Pipeline {
     drops: DropCounters,
     stats: Stats,
     ports: Vec<PortStats>,
+    /// Drops by reason of the packets received on each port, indexed like `ports`.
+    port_drops: Vec<DropCounters>,
+    /// The port of the packet being processed, for [`Pipeline::drop`].
+    rx_port: usize,
     scratch: Vec<Packet>,
 }
 
@@ -274,6 +282,8 @@ impl Pipeline {
         let ct = swap::ct_config(&tables.ct);
         Pipeline {
             ports: vec![PortStats::default(); tables.ports.len()],
+            port_drops: vec![DropCounters::default(); tables.ports.len()],
+            rx_port: 0,
             tables,
             ipf: Reassembler::new(cfg),
             ct: Conntrack::new(ct),
@@ -305,6 +315,12 @@ impl Pipeline {
     /// Per-port counters, indexed by `PortId`.
     pub fn port_stats(&self) -> &[PortStats] {
         &self.ports
+    }
+
+    /// Drops by reason of the packets received on each port, indexed by `PortId` (their
+    /// totals are [`PortStats::drops`]).
+    pub fn port_drops(&self) -> &[DropCounters] {
+        &self.port_drops
     }
 
     /// The fragment reassembler (for its counters and usage).
@@ -345,6 +361,13 @@ impl Pipeline {
 
     fn drop(&mut self, reason: DropReason, trace: &mut Trace) -> Verdict {
         self.drops.count(reason);
+        if let (Some(s), Some(d)) = (
+            self.ports.get_mut(self.rx_port),
+            self.port_drops.get_mut(self.rx_port),
+        ) {
+            s.drops += 1;
+            d.count(reason);
+        }
         trace.note("drop", || reason.name().to_string());
         Verdict::Dropped(reason)
     }
@@ -367,6 +390,7 @@ impl Pipeline {
     ) -> Verdict {
         let tables = Arc::clone(&self.tables);
         let in_id = pkt.meta.in_port;
+        self.rx_port = usize::from(in_id);
         let Some(in_port) = tables.ports.get(usize::from(in_id)) else {
             return self.drop(DropReason::UnknownPort, trace);
         };
