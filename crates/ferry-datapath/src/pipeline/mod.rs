@@ -1575,6 +1575,12 @@ fn decrement_ttl(data: &mut [u8], parsed: &Parsed) {
 mod swap;
 pub use swap::SwapReport;
 
+mod trace;
+pub use trace::{TraceOut, TracePass, TraceReport, TraceStage, trace};
+
+#[cfg(test)]
+mod trace_tests;
+
 #[cfg(test)]
 mod tests;
 
