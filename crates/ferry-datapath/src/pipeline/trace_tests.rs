@@ -387,3 +387,63 @@ fn test_two_fragments_reassemble_in_the_second_pass() {
             .contains("replies from 10.244.1.5:53 to 192.168.60.7:4000")
     );
 }
+
+#[test]
+fn test_a_static_nat_rule_is_named_and_undone_on_the_way_back() {
+    use crate::tables::{MatchSpec, NatRuleSpec};
+    let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    spec.nat.push(NatRuleSpec {
+        matches: MatchSpec {
+            in_port: Some("pod-a".into()),
+            dst: Some("192.168.60.0/24".parse().unwrap()),
+            ..MatchSpec::default()
+        },
+        dnat: None,
+        snat: None,
+        masquerade: true,
+    });
+    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    learn(&mut a, 1, GW, GW_MAC);
+    let f = described(&a, "udp 10.244.1.5:5000 -> 192.168.60.7:53", POD);
+    let r = trace(&a, vec![(POD, f)], SEC, true);
+    let p = &r.passes[0];
+    assert_eq!(stage(p, "nat"), "static rule: source to 192.168.50.10");
+    assert!(stage(p, "l2").contains("gateway 192.168.50.1"));
+    let back = &r.passes[1];
+    assert_eq!(back.in_port, "eth0");
+    assert_eq!(back.ct.as_deref(), Some("reply"));
+    assert_eq!(back.out[0].port, "pod-a");
+    let rev = r.reverse.unwrap();
+    assert!(
+        rev.contains("arrive on eth0")
+            && rev.contains("source NAT of 10.244.1.5:5000 to 192.168.50.10:5000"),
+        "{rev}"
+    );
+}
+
+/// On the endpoint's node, a connection another node tunnelled here is sent back to it.
+#[test]
+fn test_the_endpoint_node_sends_replies_back_to_the_ingress_node() {
+    let svc = || web(vec![be("10.244.2.5", 8080, 2)]);
+    let mut a = node(1, ModeSpec::Always, vec![svc()]);
+    let b = node(2, ModeSpec::Always, vec![svc()]);
+    let syn = described(
+        &a,
+        "tcp 192.168.60.7:50000 -> 192.168.50.10:30080 syn",
+        UPLINK,
+    );
+    let (_, out) = run(&mut a, syn, UPLINK, SEC);
+    let r = trace(&b, vec![(UPLINK, out[0].1.data.clone())], SEC, true);
+    let fwd = &r.passes[0];
+    assert!(stage(fwd, "decap").contains("from node 192.168.50.10"));
+    assert_eq!(fwd.out[0].port, "pod-a");
+    let back = &r.passes[1];
+    assert_eq!(back.in_port, "pod-a");
+    assert!(stage(back, "encap").contains("to node node1"));
+    let rev = r.reverse.unwrap();
+    assert!(
+        rev.contains("sent back through the tunnel to node node1 (192.168.50.10)")
+            && rev.contains("no translation"),
+        "{rev}"
+    );
+}
