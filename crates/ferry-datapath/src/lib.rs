@@ -4,6 +4,7 @@
 //! packet), so every behaviour can be unit-tested and replayed from pcap files.
 
 pub mod conntrack;
+pub mod describe;
 pub mod drop;
 pub mod fib;
 pub mod filter;

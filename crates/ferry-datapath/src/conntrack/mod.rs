@@ -43,6 +43,7 @@ mod tests;
 pub use dump::Filter;
 pub use entry::{Entry, Line, ORIGINAL, ProtoState, REPLY, Status};
 pub use icmp::reverse;
+pub use nat::{SNAT_PORTS, SNAT_PRIVILEGED_PORTS};
 pub use tcp::{TcpConn, TcpState};
 
 use std::net::IpAddr;
@@ -579,6 +580,21 @@ impl Conntrack {
         Ok(id)
     }
 
+    /// Inserts a copy of an entry from another table as it stands: tuples, protocol
+    /// state, NAT status, mark, labels, tunnel peer, packet counts and times. This is how
+    /// a scratch table for a dry run starts with the live connections a packet would
+    /// meet. Refused when a tuple is taken (`CtInvalid`) or the table is full
+    /// (`CtTableFull`): nothing is evicted, and no counter but the table's size moves.
+    pub fn adopt(&mut self, entry: Entry, now_ns: u64) -> Result<EntryId, DropReason> {
+        if self.table.contains(&entry.original()) || self.table.contains(&entry.reply()) {
+            return Err(DropReason::CtInvalid);
+        }
+        if self.table.len() >= self.config.max_entries {
+            return Err(DropReason::CtTableFull);
+        }
+        Ok(self.table.insert(entry, &self.config.timeouts, now_ns))
+    }
+
     /// Removes entries whose timeout passed, examining at most `budget` entries (plus at
     /// most one turn of empty wheel slots). Returns how many were removed.
     pub fn expire(&mut self, now_ns: u64, budget: usize) -> usize {
@@ -636,6 +652,15 @@ impl Conntrack {
     /// Live entries.
     pub fn len(&self) -> usize {
         self.table.len()
+    }
+
+    /// Live entries whose source NAT holds a port (or ICMP echo identifier) of its
+    /// translated address: how much of the SNAT port space is in use. Kept up to date on
+    /// every insertion and removal, never counted by a scan. When no range is given, SNAT
+    /// chooses from [`SNAT_PORTS`] (or [`SNAT_PRIVILEGED_PORTS`]) per translated
+    /// address, protocol and destination.
+    pub fn nat_in_use(&self) -> usize {
+        self.table.nat_ports()
     }
 
     /// True when no connection is tracked.

@@ -33,7 +33,7 @@ pub(crate) enum Refusal {
 }
 
 /// The fields of a key that SNAT may choose: TCP/UDP source port, ICMP echo identifier.
-fn allocates(k: &FlowKey) -> bool {
+pub(crate) fn allocates(k: &FlowKey) -> bool {
     match k.proto {
         proto::TCP | proto::UDP => true,
         proto::ICMP | proto::ICMPV6 => kind(k.proto, (k.dst_port >> 8) as u8) == Kind::Request,
@@ -46,10 +46,16 @@ fn allocates(k: &FlowKey) -> bool {
 fn default_range(k: &FlowKey) -> (u16, u16) {
     match k.proto {
         proto::ICMP | proto::ICMPV6 => (0, u16::MAX),
-        _ if k.src_port < 1024 => (1, 1023),
-        _ => (1024, u16::MAX),
+        _ if k.src_port < 1024 => SNAT_PRIVILEGED_PORTS,
+        _ => SNAT_PORTS,
     }
 }
+
+/// The source ports SNAT chooses from when it is given no range, for an original source
+/// port of 1024 or above.
+pub const SNAT_PORTS: (u16, u16) = (1024, u16::MAX);
+/// The same for an original source port below 1024.
+pub const SNAT_PRIVILEGED_PORTS: (u16, u16) = (1, 1023);
 
 /// The translated original-direction key of a new connection with key `key`, and the
 /// status bits (DNAT, SNAT) it gets. The reply tuple is `reverse(result)`.

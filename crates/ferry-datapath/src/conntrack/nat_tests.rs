@@ -421,3 +421,91 @@ fn icmp_error_about_no_known_connection_is_invalid() {
     assert_eq!(r.state, CtState::Invalid);
     assert_eq!(ct.stats().related, 0);
 }
+
+#[test]
+fn nat_in_use_follows_every_insertion_and_removal() {
+    let mut ct = Conntrack::new(Config::default());
+    let nat = snat("192.168.1.1", None);
+    for (i, c) in ["10.0.0.1", "10.0.0.2", "10.0.0.3"].into_iter().enumerate() {
+        run(
+            &mut ct,
+            &mut udp(c, 5000, "8.8.8.8", 53),
+            Some(&nat),
+            i as u64,
+        );
+    }
+    // DNAT only, and no NAT at all, hold no source port.
+    run(
+        &mut ct,
+        &mut udp("10.0.0.4", 5000, "10.96.0.10", 53),
+        Some(&dnat("10.244.1.5", Some(5353))),
+        0,
+    );
+    run(&mut ct, &mut udp("10.0.0.5", 5000, "8.8.8.8", 53), None, 0);
+    assert_eq!((ct.len(), ct.nat_in_use()), (5, 3));
+    ct.check();
+
+    let one = Filter {
+        addr: Some(ip("10.0.0.1")),
+        ..Filter::default()
+    };
+    assert_eq!(ct.delete(&one), 1);
+    assert_eq!(ct.nat_in_use(), 2);
+    ct.retain(|e| e.original().src != ip("10.0.0.2"));
+    assert_eq!(ct.nat_in_use(), 1);
+    // Expiry: the last one seen at 2 s goes with the rest after the UDP timeout.
+    ct.expire(100 * S, usize::MAX);
+    assert_eq!((ct.len(), ct.nat_in_use()), (0, 0));
+    ct.check();
+}
+
+#[test]
+fn nat_in_use_counts_an_evicted_entry_out() {
+    let mut ct = Conntrack::new(Config {
+        max_entries: 1,
+        ..Config::default()
+    });
+    let nat = snat("192.168.1.1", None);
+    run(
+        &mut ct,
+        &mut udp("10.0.0.1", 5000, "8.8.8.8", 53),
+        Some(&nat),
+        0,
+    );
+    assert_eq!(ct.nat_in_use(), 1);
+    // The unreplied entry makes room for a connection without NAT.
+    run(&mut ct, &mut udp("10.0.0.2", 5000, "8.8.8.8", 53), None, 1);
+    assert_eq!((ct.len(), ct.stats().evicted, ct.nat_in_use()), (1, 1, 0));
+    ct.check();
+}
+
+#[test]
+fn adopt_copies_an_entry_with_its_nat_and_state() {
+    let mut live = Conntrack::new(Config::default());
+    let nat = snat("192.168.1.1", Some((30000, 30010)));
+    let mut p = udp("10.0.0.1", 5000, "8.8.8.8", 53);
+    let id = run(&mut live, &mut p, Some(&nat), S).entry.unwrap();
+    live.get_mut(id).unwrap().mark = 7;
+    live.get_mut(id)
+        .unwrap()
+        .set_tunnel_peer(Some(ip("192.168.50.20")));
+    let e = live.get(id).unwrap().clone();
+
+    let mut copy = Conntrack::new(*live.config());
+    let cid = copy.adopt(e.clone(), S).unwrap();
+    assert_eq!(copy.get(cid), Some(&e));
+    assert_eq!((copy.len(), copy.nat_in_use()), (1, 1));
+    assert_eq!(copy.stats().inserted, 0, "not a new connection");
+    assert_eq!(copy.adopt(e, S), Err(DropReason::CtInvalid), "tuple taken");
+    copy.check();
+    // The copy translates the next packets as the live table would.
+    let mut again = udp("10.0.0.1", 5000, "8.8.8.8", 53);
+    let r = run(&mut copy, &mut again, None, 2 * S);
+    assert_eq!((r.state, r.entry), (CtState::Established, Some(cid)));
+    assert_eq!(key(&again).0, ip("192.168.1.1"));
+    assert_eq!(
+        live.get(id).unwrap().packets()[0],
+        1,
+        "live entry untouched"
+    );
+}

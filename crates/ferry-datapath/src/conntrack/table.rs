@@ -76,9 +76,19 @@ pub(crate) struct Table {
     index: HashTable<u32>,
     hasher: RandomState,
     live: usize,
+    /// Live entries that hold a source NAT port (see [`holds_nat_port`]).
+    nat_ports: usize,
     unreplied_head: u32,
     unreplied_tail: u32,
     wheel: Wheel,
+}
+
+/// True for an entry whose source NAT took a port (or ICMP echo identifier) of its
+/// translated address: SNAT of a protocol with ports. Status and protocol never change
+/// while an entry is in the table, so counting at insert and removal stays exact.
+#[inline]
+fn holds_nat_port(e: &Entry) -> bool {
+    e.status.has(Status::SNAT) && super::nat::allocates(&e.original())
 }
 
 #[inline]
@@ -104,6 +114,7 @@ impl Table {
             index: HashTable::new(),
             hasher: RandomState::new(),
             live: 0,
+            nat_ports: 0,
             unreplied_head: NIL,
             unreplied_tail: NIL,
             wheel: Wheel::new(),
@@ -125,6 +136,12 @@ impl Table {
     #[inline]
     pub(crate) fn len(&self) -> usize {
         self.live
+    }
+
+    /// Live entries that hold a source NAT port.
+    #[inline]
+    pub(crate) fn nat_ports(&self) -> usize {
+        self.nat_ports
     }
 
     /// The entry and direction whose tuple is `key`.
@@ -195,6 +212,7 @@ impl Table {
         let hashes = [self.hash(&entry.original()), self.hash(&entry.reply())];
         let deadline = entry.deadline_ns(t);
         let replied = entry.status.has(Status::SEEN_REPLY);
+        self.nat_ports += usize::from(holds_nat_port(&entry));
         let id = self.alloc(entry);
         let (slots, hasher) = (&self.slots, &self.hasher);
         let rehash = |v: &u32| tuple_of(slots, *v).map_or(0, |k| hasher.hash_one(k));
@@ -215,6 +233,7 @@ impl Table {
         let e = self.get(id)?;
         let keys = [e.original(), e.reply()];
         let replied = e.status.has(Status::SEEN_REPLY);
+        self.nat_ports -= usize::from(holds_nat_port(e));
         for (dir, k) in keys.iter().enumerate() {
             let v = id << 1 | dir as u32;
             if let Ok(slot) = self.index.find_entry(self.hasher.hash_one(k), |&x| x == v) {
@@ -357,6 +376,8 @@ impl Table {
     pub(crate) fn check(&self) {
         let live: Vec<u32> = self.iter().map(|(id, _)| id).collect();
         assert_eq!(live.len(), self.live, "live count");
+        let nat = self.iter().filter(|(_, e)| holds_nat_port(e)).count();
+        assert_eq!(nat, self.nat_ports, "entries holding a NAT port");
         assert_eq!(self.index.len(), 2 * self.live, "two index slots per entry");
         for &v in self.index.iter() {
             assert!(

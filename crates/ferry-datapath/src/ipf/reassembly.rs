@@ -143,6 +143,8 @@ pub struct Reassembler {
     /// Newest datagram.
     tail: u32,
     held_bytes: usize,
+    /// Fragments held in incomplete datagrams.
+    held_fragments: usize,
     stats: Stats,
 }
 
@@ -158,6 +160,7 @@ impl Reassembler {
             head: NIL,
             tail: NIL,
             held_bytes: 0,
+            held_fragments: 0,
             stats: Stats::default(),
         }
     }
@@ -292,6 +295,12 @@ impl Reassembler {
     /// documentation).
     pub fn held_bytes(&self) -> usize {
         self.held_bytes
+    }
+
+    /// Fragments held in datagrams that are still incomplete (exact duplicates, which are
+    /// absorbed, not counted); kept as fragments come and go, not counted by a scan.
+    pub fn held_fragments(&self) -> usize {
+        self.held_fragments
     }
 
     /// True when a fragment of `ip_len` bytes can be held within the byte limit.
@@ -528,6 +537,7 @@ impl Reassembler {
         dg.received += len;
         dg.bytes += f.ip_len;
         self.held_bytes += f.ip_len;
+        self.held_fragments += 1;
         dg.max_end = dg.max_end.max(f.end);
         if !f.more {
             dg.end = Some(f.end);
@@ -589,6 +599,7 @@ impl Reassembler {
         let v6 = slot.v6;
         if let State::Live(dg) = old {
             self.held_bytes = self.held_bytes.saturating_sub(dg.bytes);
+            self.held_fragments = self.held_fragments.saturating_sub(dg.ranges.len());
             let held = dg.ranges.len() as u64;
             drops.add(reason, held);
             self.count(v6, reason, held);
@@ -619,6 +630,7 @@ impl Reassembler {
         self.map.remove(&slot.key);
         if let State::Live(dg) = &slot.state {
             self.held_bytes = self.held_bytes.saturating_sub(dg.bytes);
+            self.held_fragments = self.held_fragments.saturating_sub(dg.ranges.len());
         }
         Some(slot)
     }

@@ -337,6 +337,7 @@ fn test_overlap_drops_the_whole_datagram_and_counts_every_fragment() {
         let s = if v6 { r.stats().v6 } else { r.stats().v4 };
         assert_eq!(s.overlapped, 3);
         assert_eq!(r.held_bytes(), 0, "the failed datagram's buffer is freed");
+        assert_eq!(r.held_fragments(), 0);
     }
 }
 
@@ -672,6 +673,7 @@ fn test_byte_limit_refuses_growth_but_not_the_completing_fragment() {
     assert!(matches!(feed(&mut r, &fa[0], 0, 0, &mut d), Outcome::Held));
     assert!(matches!(feed(&mut r, &fa[2], 0, 0, &mut d), Outcome::Held));
     assert_eq!(r.held_bytes(), 1848);
+    assert_eq!(r.held_fragments(), 2);
     assert_eq!(
         dropped(feed(&mut r, &fb[0], 0, 0, &mut d)),
         DropReason::FragTableFull
@@ -682,6 +684,7 @@ fn test_byte_limit_refuses_growth_but_not_the_completing_fragment() {
         Outcome::Complete(..)
     ));
     assert_eq!(r.held_bytes(), 0);
+    assert_eq!(r.held_fragments(), 0);
     // Growth of a datagram in flight that would be held is refused.
     assert!(matches!(feed(&mut r, &fb[0], 0, 0, &mut d), Outcome::Held));
     assert!(matches!(feed(&mut r, &fc[0], 0, 0, &mut d), Outcome::Held));
@@ -691,6 +694,7 @@ fn test_byte_limit_refuses_growth_but_not_the_completing_fragment() {
     );
     assert_eq!(r.stats().v4.table_full, 2);
     assert_eq!(r.held_bytes(), 2440);
+    assert_eq!(r.held_fragments(), 2, "one of b and one of c");
 }
 
 #[test]

@@ -560,8 +560,9 @@ impl Services {
 /// Session affinity records: (Service, client address) -> endpoint, each valid until
 /// its timeout passes without a new connection. Bounded: when full, expired records are
 /// swept; if none is, the new record is not kept (the connection is still balanced, and
-/// counted in [`Affinity::refused`]).
-#[derive(Debug)]
+/// counted in [`Affinity::refused`]). A clone keeps the hash key, so it picks endpoints
+/// as the original does.
+#[derive(Clone, Debug)]
 pub struct Affinity {
     map: HashMap<(u64, IpAddr), Record, RandomState>,
     max: usize,

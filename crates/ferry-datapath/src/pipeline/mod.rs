@@ -70,6 +70,9 @@ pub struct Trace {
     /// What conntrack made of the packet, and whether it went in the reply direction;
     /// recorded whether or not tracing is on.
     pub ct: Option<(CtState, bool)>,
+    /// The packet's key as conntrack looked it up (after decapsulation and reassembly,
+    /// before NAT); recorded only when tracing is on.
+    pub key: Option<crate::flow::FlowKey>,
 }
 
 impl Trace {
@@ -79,6 +82,7 @@ impl Trace {
             enabled: true,
             events: Vec::new(),
             ct: None,
+            key: None,
         }
     }
 
@@ -102,6 +106,7 @@ impl Trace {
     pub fn clear(&mut self) {
         self.events.clear();
         self.ct = None;
+        self.key = None;
     }
 
     /// The conntrack state as verdict logs name it: `new`, `established`, `reply`,
@@ -125,6 +130,10 @@ pub struct PortStats {
     pub tx_packets: u64,
     /// Bytes sent.
     pub tx_bytes: u64,
+    /// Packets received here that the pipeline dropped (by reason in
+    /// [`Pipeline::port_drops`]). Fragments dropped later with their datagram (expired,
+    /// overlapped) are counted in [`Pipeline::drops`] only.
+    pub drops: u64,
 }
 
 /// Pipeline-wide counters besides drops.
@@ -259,6 +268,10 @@ pub struct Pipeline {
     drops: DropCounters,
     stats: Stats,
     ports: Vec<PortStats>,
+    /// Drops by reason of the packets received on each port, indexed like `ports`.
+    port_drops: Vec<DropCounters>,
+    /// The port of the packet being processed, for [`Pipeline::drop`].
+    rx_port: usize,
     scratch: Vec<Packet>,
 }
 
@@ -274,6 +287,8 @@ impl Pipeline {
         let ct = swap::ct_config(&tables.ct);
         Pipeline {
             ports: vec![PortStats::default(); tables.ports.len()],
+            port_drops: vec![DropCounters::default(); tables.ports.len()],
+            rx_port: 0,
             tables,
             ipf: Reassembler::new(cfg),
             ct: Conntrack::new(ct),
@@ -305,6 +320,12 @@ impl Pipeline {
     /// Per-port counters, indexed by `PortId`.
     pub fn port_stats(&self) -> &[PortStats] {
         &self.ports
+    }
+
+    /// Drops by reason of the packets received on each port, indexed by `PortId` (their
+    /// totals are [`PortStats::drops`]).
+    pub fn port_drops(&self) -> &[DropCounters] {
+        &self.port_drops
     }
 
     /// The fragment reassembler (for its counters and usage).
@@ -345,6 +366,13 @@ impl Pipeline {
 
     fn drop(&mut self, reason: DropReason, trace: &mut Trace) -> Verdict {
         self.drops.count(reason);
+        if let (Some(s), Some(d)) = (
+            self.ports.get_mut(self.rx_port),
+            self.port_drops.get_mut(self.rx_port),
+        ) {
+            s.drops += 1;
+            d.count(reason);
+        }
         trace.note("drop", || reason.name().to_string());
         Verdict::Dropped(reason)
     }
@@ -367,6 +395,7 @@ impl Pipeline {
     ) -> Verdict {
         let tables = Arc::clone(&self.tables);
         let in_id = pkt.meta.in_port;
+        self.rx_port = usize::from(in_id);
         let Some(in_port) = tables.ports.get(usize::from(in_id)) else {
             return self.drop(DropReason::UnknownPort, trace);
         };
@@ -559,6 +588,30 @@ impl Pipeline {
             });
         }
         trace.ct = Some((ct.state, ct.reply));
+        if trace.enabled {
+            trace.key = Some(before);
+        }
+        if let (Some(n), Some(_)) = (&static_nat, &ct.pending) {
+            trace.note("nat", || {
+                let mut v = Vec::new();
+                if let Some((a, p)) = n.dnat {
+                    v.push(match p {
+                        Some(p) => format!("destination to {}", SockAddr(a, p)),
+                        None => format!("destination to {a}"),
+                    });
+                }
+                if let Some((a, r)) = n.snat {
+                    v.push(match r {
+                        Some((lo, hi)) => format!("source to {a} ports {lo}-{hi}"),
+                        None => format!("source to {a}"),
+                    });
+                }
+                if v.is_empty() {
+                    v.push("no translation".into());
+                }
+                format!("static rule: {}", v.join(", "))
+            });
+        }
         trace.note("ct", || {
             let dir = if ct.reply { " reply" } else { "" };
             let nat = if before != parsed.key {
@@ -663,6 +716,28 @@ impl Pipeline {
         } else {
             parsed.ip_len() > mtu && !may_fragment
         };
+        trace.note("mtu", || {
+            let len = if gso {
+                format!("GSO packet, segment size {}", pkt.meta.vnet.gso_size)
+            } else if mru != 0 {
+                format!("{} bytes reassembled, mru {mru}", parsed.ip_len())
+            } else {
+                format!("{} bytes", parsed.ip_len())
+            };
+            let what = if too_big {
+                "too big, and may not be fragmented"
+            } else if gso || parsed.ip_len() <= mtu.min(if mru != 0 { mru } else { mtu }) {
+                "fits"
+            } else {
+                "to be cut to fit"
+            };
+            let inner = if matches!(next_hop, NextHop::Tunnel(_)) {
+                " (inside the tunnel)"
+            } else {
+                ""
+            };
+            format!("mtu {mtu}{inner} on {}: {len}, {what}", out_port.name)
+        });
         if too_big {
             // The connection is kept although this packet is not sent, so that the error,
             // which quotes the translated packet, is translated back for the sender; the
@@ -688,8 +763,13 @@ impl Pipeline {
         pkt.data[6..12].copy_from_slice(&egress.src_mac);
         if let Some(o) = &egress.tunnel {
             trace.note("encap", || {
+                let node = tables
+                    .overlay
+                    .as_ref()
+                    .and_then(|ov| ov.peer_index(o.dst).map(|i| &ov.peers[usize::from(i)]))
+                    .map_or(String::new(), |p| format!(" to node {}", p.name));
                 format!(
-                    "VXLAN vni {} {} -> {}, udp source port {}, inner mtu {mtu}",
+                    "VXLAN vni {}{node}: {} -> {}, udp source port {}, inner mtu {mtu}",
                     o.vni,
                     o.src,
                     o.dst,
@@ -905,12 +985,31 @@ impl Pipeline {
             gso: p.gso,
             tunnel: None,
         };
+        let l2 = |how: String, m: [u8; 6]| {
+            move || {
+                format!(
+                    "{how}: to {} from {} on {}",
+                    MacAddr(m),
+                    MacAddr(p.mac),
+                    p.name
+                )
+            }
+        };
         match hop {
-            NextHop::Mac(m) => Ok(plain(m)),
-            NextHop::Via(a) => self.neighbour(port, a, now, out, trace).map(plain),
-            NextHop::Direct => self
-                .neighbour(port, parsed.key.dst, now, out, trace)
-                .map(plain),
+            NextHop::Mac(m) => {
+                trace.note("l2", l2("route's next hop MAC".into(), m));
+                Ok(plain(m))
+            }
+            NextHop::Via(a) => {
+                let m = self.neighbour(port, a, now, out, trace)?;
+                trace.note("l2", l2(format!("gateway {a}"), m));
+                Ok(plain(m))
+            }
+            NextHop::Direct => {
+                let m = self.neighbour(port, parsed.key.dst, now, out, trace)?;
+                trace.note("l2", l2(format!("{} on-link", parsed.key.dst), m));
+                Ok(plain(m))
+            }
             NextHop::Tunnel(i) => {
                 let ov = tables.overlay.as_ref().ok_or(DropReason::NoRoute)?;
                 let peer = &ov.peers[usize::from(i)];
@@ -924,6 +1023,17 @@ impl Pipeline {
                     .node
                     .addr(peer.address.is_ipv6())
                     .ok_or(DropReason::NoRoute)?;
+                trace.note("l2", || {
+                    format!(
+                        "inner {} -> {}; outer to {} ({}) from {} on {}",
+                        MacAddr(ov.vtep_mac),
+                        MacAddr(peer.vtep_mac),
+                        MacAddr(outer_mac),
+                        peer.address,
+                        MacAddr(tables.ports[usize::from(up)].mac),
+                        tables.ports[usize::from(up)].name
+                    )
+                });
                 Ok(Egress {
                     port: up,
                     dst_mac: peer.vtep_mac,
@@ -1464,6 +1574,12 @@ fn decrement_ttl(data: &mut [u8], parsed: &Parsed) {
 
 mod swap;
 pub use swap::SwapReport;
+
+mod trace;
+pub use trace::{TraceOut, TracePass, TraceReport, TraceStage, trace};
+
+#[cfg(test)]
+mod trace_tests;
 
 #[cfg(test)]
 mod tests;

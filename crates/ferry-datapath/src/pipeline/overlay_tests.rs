@@ -82,7 +82,9 @@ fn test_pod_to_remote_pod_is_vxlan_encapsulated_and_delivered_by_the_peer() {
     let stages: Vec<&str> = t.events.iter().map(|e| e.stage).collect();
     assert_eq!(
         stages,
-        ["parse", "decap", "ct", "route", "commit", "egress"]
+        [
+            "parse", "decap", "ct", "route", "mtu", "l2", "commit", "egress"
+        ]
     );
     // Conntrack remembers the node the connection came through.
     let (id, _) = b.conntrack().lookup(&dp.key).unwrap();

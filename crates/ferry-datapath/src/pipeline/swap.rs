@@ -12,7 +12,7 @@
 //!   endpoint instead of following the entry to a dead one until it times out.
 //!   Connections without the mark (a node port connection another node forwarded here
 //!   has no NAT here, only its tunnel peer) are never touched.
-//! - **Per-port counters** follow ports by name: a port that keeps its name keeps its
+//! - **Per-port counters** (drops by reason included) follow ports by name: a port that keeps its name keeps its
 //!   counters at its new index; new ports start at zero; removed ports' counters go.
 //! - **Neighbours** are kept for ports whose name is at the same index in both tables
 //!   (entries are keyed by `PortId`); those of ports that moved or went are dropped and
@@ -34,6 +34,7 @@ use std::sync::Arc;
 
 use super::{Pipeline, PortStats};
 use crate::conntrack;
+use crate::drop::DropCounters;
 use crate::icmp::RateLimiter;
 use crate::ipf;
 use crate::lb::MARK_SERVICE;
@@ -77,21 +78,25 @@ impl Pipeline {
             .map(|(i, p)| (p.name.as_str(), i))
             .collect();
         let mut ports = Vec::with_capacity(new.ports.len());
+        let mut port_drops = Vec::with_capacity(new.ports.len());
         for (i, p) in new.ports.iter().enumerate() {
             match old_ids.get(p.name.as_str()) {
                 Some(&j) => {
                     ports.push(self.ports.get(j).copied().unwrap_or_default());
+                    port_drops.push(self.port_drops.get(j).cloned().unwrap_or_default());
                     if j != i {
                         report.ports_moved.push(p.name.clone());
                     }
                 }
                 None => {
                     ports.push(PortStats::default());
+                    port_drops.push(DropCounters::default());
                     report.ports_added.push(p.name.clone());
                 }
             }
         }
         self.ports = ports;
+        self.port_drops = port_drops;
         let new_names: HashSet<&str> = new.ports.iter().map(|p| p.name.as_str()).collect();
         report.ports_removed = old
             .ports

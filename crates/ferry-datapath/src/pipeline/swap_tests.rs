@@ -5,6 +5,7 @@ use std::net::IpAddr;
 
 use super::*;
 use crate::conntrack::{EntryId, Filter};
+use crate::drop::DropReason;
 use crate::lb::{BackendSpec, ServiceSpec};
 use crate::packet::{Packet, PortId};
 use crate::pipeline::{Trace, Verdict};
@@ -168,8 +169,18 @@ fn test_port_counters_follow_ports_by_name() {
             Verdict::Forwarded
         );
     }
+    // A runt on the uplink: dropped, counted against the uplink.
+    let mut out = Vec::new();
+    let v = p.process(
+        Packet::new(vec![0; 5], 0, 0),
+        &mut out,
+        &mut Trace::disabled(),
+    );
+    assert_eq!(v, Verdict::Dropped(DropReason::FrameTooShort));
     let before = p.port_stats().to_vec();
-    assert_eq!((before[0].rx_packets, before[2].tx_packets), (3, 2));
+    assert_eq!((before[0].rx_packets, before[2].tx_packets), (4, 2));
+    assert_eq!((before[0].drops, before[1].drops), (1, 0));
+    assert_eq!(p.port_drops()[0].get(DropReason::FrameTooShort), 1);
 
     // b first, uplink second, c new, a gone.
     let new = TablesSpec {
@@ -196,7 +207,10 @@ fn test_port_counters_follow_ports_by_name() {
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out[0].0, 0, "b is port 0 now");
     assert_eq!(p.port_stats()[0].tx_packets, 3);
-    assert_eq!(p.port_stats()[1].rx_packets, 4);
+    assert_eq!(p.port_stats()[1].rx_packets, 5);
+    assert_eq!(p.port_drops().len(), 3);
+    assert_eq!(p.port_drops()[1].get(DropReason::FrameTooShort), 1);
+    assert_eq!(p.port_drops()[2].total(), 0);
 }
 
 #[test]

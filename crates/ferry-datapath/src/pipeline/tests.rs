@@ -374,7 +374,10 @@ fn test_trace_records_each_stage() {
     let mut out = Vec::new();
     p.process(Packet::new(f, UPLINK, 0), &mut out, &mut t);
     let stages: Vec<&str> = t.events.iter().map(|e| e.stage).collect();
-    assert_eq!(stages, ["parse", "ct", "route", "commit", "egress"]);
+    assert_eq!(
+        stages,
+        ["parse", "ct", "route", "mtu", "l2", "commit", "egress"]
+    );
     assert_eq!(t.ct_name(), Some("new"));
 }
 

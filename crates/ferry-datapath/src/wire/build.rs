@@ -139,6 +139,30 @@ pub fn echo_request(
     payload: &[u8],
     o: &IpOpts,
 ) -> Vec<u8> {
+    echo(src, dst, id, seq, false, payload, o)
+}
+
+/// An Ethernet frame carrying an ICMP (IPv4) or ICMPv6 (IPv6) echo reply.
+pub fn echo_reply(
+    src: IpAddr,
+    dst: IpAddr,
+    id: u16,
+    seq: u16,
+    payload: &[u8],
+    o: &IpOpts,
+) -> Vec<u8> {
+    echo(src, dst, id, seq, true, payload, o)
+}
+
+fn echo(
+    src: IpAddr,
+    dst: IpAddr,
+    id: u16,
+    seq: u16,
+    reply: bool,
+    payload: &[u8],
+    o: &IpOpts,
+) -> Vec<u8> {
     let next = if src.is_ipv4() {
         proto::ICMP
     } else {
@@ -146,15 +170,13 @@ pub fn echo_request(
     };
     let step = PacketBuilder::ethernet2(o.src_mac, o.dst_mac).ip(ip_headers(src, dst, next, o));
     let mut v = Vec::new();
-    if src.is_ipv4() {
-        step.icmpv4_echo_request(id, seq)
-            .write(&mut v, payload)
-            .expect("ICMP frame fits");
-    } else {
-        step.icmpv6_echo_request(id, seq)
-            .write(&mut v, payload)
-            .expect("ICMPv6 frame fits");
-    }
+    let written = match (src.is_ipv4(), reply) {
+        (true, false) => step.icmpv4_echo_request(id, seq).write(&mut v, payload),
+        (true, true) => step.icmpv4_echo_reply(id, seq).write(&mut v, payload),
+        (false, false) => step.icmpv6_echo_request(id, seq).write(&mut v, payload),
+        (false, true) => step.icmpv6_echo_reply(id, seq).write(&mut v, payload),
+    };
+    written.expect("ICMP frame fits");
     v
 }
 
