@@ -25,6 +25,7 @@ pub mod fields;
 pub mod health;
 pub mod host_nat;
 pub mod metrics;
+pub mod observe;
 pub mod run;
 
 pub use cluster::{Cluster, Kind, Object, ObjectKey};

@@ -1,0 +1,129 @@
+//! `ferry capture`: the frames of one port as ferry sees them, into a pcapng file.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use ferry_agent::api::call;
+use ferry_api::{Answer, CapturedFrame, Request, Response};
+
+use crate::pcap::{NgWriter, Way};
+
+/// Arguments of `ferry capture`.
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "The file is pcapng: one interface per port, each frame marked inbound or outbound with a comment saying whether it is as received or as ferry sent it (tshark: -T fields -e frame.comment -e frame.interface_name)."
+)]
+pub struct Args {
+    /// The port: a port name (`ferry status` lists them), or `pod NAMESPACE/NAME`.
+    #[arg(long, value_name = "PORT")]
+    pub port: String,
+    /// Which frames (tcpdump-like: `tcp port 80 and host 10.0.1.5`); all by default.
+    #[arg(long = "match", value_name = "FILTER", default_value = "")]
+    pub filter: String,
+    /// The pcapng file to write.
+    #[arg(short = 'w', value_name = "FILE")]
+    pub write: PathBuf,
+    /// Stop after this many frames.
+    #[arg(short = 'c', long, value_name = "N")]
+    pub count: Option<usize>,
+    /// Stop after this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub duration: Option<f64>,
+    /// The agent's local API socket.
+    #[arg(long, value_name = "PATH", default_value = ferry_api::DEFAULT_SOCKET)]
+    pub api_socket: PathBuf,
+}
+
+fn ask(args: &Args, req: &Request) -> Result<Answer> {
+    let r = call(&args.api_socket, req).with_context(|| {
+        format!(
+            "no agent answers on {} (is `ferry agent` running? see --api-socket)",
+            args.api_socket.display()
+        )
+    })?;
+    match r {
+        Response::Ok(a) => Ok(a),
+        Response::Error(e) if e.details.is_empty() => bail!("{}", e.msg),
+        Response::Error(e) => bail!("{}: {}", e.msg, e.details),
+    }
+}
+
+/// Writes frames until `limit` are written; returns how many were.
+fn write(w: &mut NgWriter, frames: Vec<CapturedFrame>, written: &mut usize, limit: usize) -> Result<()> {
+    for f in frames {
+        if *written >= limit {
+            break;
+        }
+        let data = hex::decode(&f.data).context("the agent sent a frame that is not hex")?;
+        let way = if f.dir == "in" { Way::In } else { Way::Out };
+        w.write(f.time_unix_ns, &f.port, way, &f.note, &data)?;
+        *written += 1;
+    }
+    Ok(())
+}
+
+/// Runs `ferry capture`.
+pub fn run(args: &Args) -> Result<()> {
+    if args.count == Some(0) {
+        bail!("--count must be at least 1");
+    }
+    if let Some(d) = args.duration
+        && !(d.is_finite() && d > 0.0)
+    {
+        bail!("--duration must be a positive number of seconds");
+    }
+    let mut w = NgWriter::create(&args.write)?;
+    let stop = ferry_linux::signal::stop_on_signals().context("installing signal handlers")?;
+    ask(
+        args,
+        &Request::CaptureStart {
+            port: args.port.clone(),
+            filter: args.filter.clone(),
+        },
+    )?;
+    eprintln!(
+        "capturing on {}{} to {}; stop with Ctrl-C",
+        args.port,
+        if args.filter.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", args.filter)
+        },
+        args.write.display()
+    );
+    let deadline = args
+        .duration
+        .map(|d| Instant::now() + Duration::from_secs_f64(d));
+    let limit = args.count.unwrap_or(usize::MAX);
+    let (mut written, mut lost) = (0usize, 0u64);
+    let r = (|| -> Result<()> {
+        while !stop.load(Ordering::Relaxed)
+            && written < limit
+            && deadline.is_none_or(|d| Instant::now() < d)
+        {
+            std::thread::sleep(Duration::from_millis(100));
+            let a = ask(args, &Request::CaptureRead)?;
+            lost += a.lost.unwrap_or(0);
+            write(&mut w, a.captured.unwrap_or_default(), &mut written, limit)?;
+        }
+        Ok(())
+    })();
+    let a = ask(args, &Request::CaptureStop);
+    r?;
+    let a = a?;
+    lost += a.lost.unwrap_or(0);
+    write(&mut w, a.captured.unwrap_or_default(), &mut written, limit)?;
+    w.finish()?;
+    eprintln!(
+        "{written} frames written to {}{}",
+        args.write.display(),
+        if lost > 0 {
+            format!(" ({lost} lost: the agent's buffer was full between two reads)")
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
+}
