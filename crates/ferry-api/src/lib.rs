@@ -3,7 +3,8 @@
 //! The agent listens on a Unix stream socket (default [`DEFAULT_SOCKET`], mode 0600:
 //! root only). A client connects, writes one [`Request`] as a JSON object followed by a
 //! newline, and reads one [`Response`] the same way; then the connection closes. The CNI
-//! plugin asks for pods' interfaces with it; `ferry` subcommands will read state with it.
+//! plugin asks for pods' interfaces with it; `ferry status`, `ferry conntrack` and
+//! `ferry services` read the node's state with it.
 //!
 //! Every request and answer is small and self-contained so that a client written in any
 //! language (a shell with `socat`, for instance) can use it.
