@@ -11,7 +11,7 @@ use std::time::Duration;
 use ferry_api::{CtAnswer, CtEntry, CtFilter, CtTuple, ERR_BAD_REQUEST, ERR_WORKER, Response};
 use ferry_datapath::conntrack::{Entry, Filter, ORIGINAL, REPLY, Status, TcpState, Timeouts};
 use ferry_datapath::flow::{FlowKey, proto, proto_name};
-use ferry_linux::worker::Control;
+use ferry_linux::worker::{Control, JobError};
 
 /// How long a conntrack job may wait for the worker.
 pub const JOB_TIMEOUT: Duration = Duration::from_secs(5);
@@ -128,15 +128,20 @@ pub fn request(control: &Control, f: &CtFilter, delete: bool, limit: Option<usiz
         control
             .run(JOB_TIMEOUT, move |w| {
                 let ct = w.pipeline.conntrack();
+                let timeouts = ct.config().timeouts;
                 let mut copied: Vec<Entry> = Vec::new();
                 let mut matched = 0;
-                for (_, e) in ct.dump(&filter) {
+                // Entries past their deadline wait for the expiry wheel: gone already.
+                let live = ct
+                    .dump(&filter)
+                    .filter(|(_, e)| e.deadline_ns(&timeouts) > w.now_ns);
+                for (_, e) in live {
                     matched += 1;
                     if copied.len() < limit {
                         copied.push(e.clone());
                     }
                 }
-                (copied, matched, ct.config().timeouts, w.now_ns)
+                (copied, matched, timeouts, w.now_ns)
             })
             .map(|(copied, matched, timeouts, now_ns)| CtAnswer {
                 entries: copied.iter().map(|e| entry(e, &timeouts, now_ns)).collect(),
@@ -150,11 +155,13 @@ pub fn request(control: &Control, f: &CtFilter, delete: bool, limit: Option<usiz
             conntrack: Some(a),
             ..ferry_api::Answer::default()
         }),
-        Err(e) => Response::error(
-            ERR_WORKER,
-            "the dataplane's worker did not answer",
-            e.to_string(),
-        ),
+        Err(e) => {
+            let mut details = e.to_string();
+            if delete && e == JobError::TimedOut {
+                details.push_str("; the deletion may still happen");
+            }
+            Response::error(ERR_WORKER, "the dataplane's worker did not answer", details)
+        }
     }
 }
 

@@ -34,9 +34,12 @@ pub fn count(control: &Control) -> Option<Connections> {
     control
         .run(COUNT_TIMEOUT, |w| {
             let services = &w.pipeline.tables().services;
+            let ct = w.pipeline.conntrack();
+            let timeouts = ct.config().timeouts;
             let mut c = Connections::default();
-            for (_, e) in w.pipeline.conntrack().dump(&Default::default()) {
-                if e.mark & lb::MARK_SERVICE == 0 {
+            for (_, e) in ct.dump(&Default::default()) {
+                // Past its deadline an entry only waits for the expiry wheel.
+                if e.mark & lb::MARK_SERVICE == 0 || e.deadline_ns(&timeouts) <= w.now_ns {
                     continue;
                 }
                 let (o, r) = (e.original(), e.reply());
