@@ -22,6 +22,9 @@ use crate::accept::Acceptor;
 
 /// Longest request line read.
 const MAX_REQUEST: u64 = 64 * 1024;
+/// Longest answer line [`call`] reads: a conntrack listing of
+/// [`ferry_api::DEFAULT_CT_LIMIT`] connections takes a few MiB.
+const MAX_ANSWER: u64 = 64 * 1024 * 1024;
 /// How long a client may take to send its request.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a request may wait for the agent's answer (a pod's interface is made in
@@ -144,7 +147,7 @@ pub fn call(path: &Path, req: &Request) -> io::Result<Response> {
     line.push('\n');
     conn.write_all(line.as_bytes())?;
     let mut back = String::new();
-    BufReader::new(conn.take(MAX_REQUEST)).read_line(&mut back)?;
+    BufReader::new(conn.take(MAX_ANSWER)).read_line(&mut back)?;
     serde_json::from_str(back.trim_end()).map_err(io::Error::other)
 }
 

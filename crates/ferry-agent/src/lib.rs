@@ -11,7 +11,9 @@
 //! - [`run`]: the running agent, [`run::Agent`]: ports opened, tables swapped into the
 //!   worker as the cluster changes; [`health`]: health check node ports;
 //! - [`fields`] and [`config`]: what ferry reads of each object and of the
-//!   `kube-system/ferry-config` ConfigMap, checked in one place.
+//!   `kube-system/ferry-config` ConfigMap, checked in one place;
+//! - [`conntrack`], [`services`] and [`status`]: what the local API ([`api`]) and the
+//!   metrics ([`metrics`]) show of the running node.
 //!
 //! `docs/agent.md` documents the mapping from Kubernetes fields to tables fields.
 
@@ -20,6 +22,7 @@ pub mod api;
 pub mod cluster;
 pub mod compile;
 pub mod config;
+pub mod conntrack;
 pub mod datastore;
 pub mod fields;
 pub mod health;
@@ -27,6 +30,8 @@ pub mod host_nat;
 pub mod metrics;
 pub mod observe;
 pub mod run;
+pub mod services;
+pub mod status;
 
 pub use cluster::{Cluster, Kind, Object, ObjectKey};
 pub use compile::{AttachedPod, CompileOptions, Compiled, HealthCheck, node_tables};

@@ -14,11 +14,12 @@ use std::thread;
 use std::time::Duration;
 
 use ferry_api::{Counters, Request, Response};
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
 use crate::accept::Acceptor;
@@ -31,6 +32,38 @@ struct PortLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+/// A histogram whose buckets were counted elsewhere (the agent keeps the sync latency
+/// histogram; a scrape only writes it out): bounds in seconds, per-bucket counts.
+#[derive(Debug)]
+struct Counted {
+    sum: f64,
+    count: u64,
+    buckets: Vec<(f64, u64)>,
+}
+
+impl TypedMetric for Counted {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for Counted {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_histogram::<NoLabelSet>(self.sum, self.count, &self.buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+fn us_to_s(us: u64) -> f64 {
+    us as f64 / 1e6
 }
 
 /// `c` in the Prometheus text format: every metric named `ferry_*`, counters ending in
@@ -116,11 +149,230 @@ pub fn render(c: &Counters) -> String {
         "Generation of the tables in force",
         c.generation as i64,
     );
+    render_fragments(&mut reg, c);
+    gauge(
+        &mut reg,
+        "nat_ports_in_use",
+        "Source NAT ports and ICMP identifiers in use",
+        c.nat_ports_in_use as i64,
+    );
+    render_agent(&mut reg, c);
     let mut out = String::new();
     if encode(&mut out, &reg).is_err() {
         let _ = writeln!(out, "# encoding failed");
     }
     out
+}
+
+fn render_fragments(reg: &mut Registry, c: &Counters) {
+    let g = Gauge::<i64>::default();
+    g.set(c.fragments_held as i64);
+    reg.register(
+        "fragment_datagrams_held",
+        "Datagrams whose fragments are held waiting for the rest",
+        g,
+    );
+    let g = Gauge::<i64>::default();
+    g.set(c.fragment_bytes_held as i64);
+    reg.register("fragment_bytes_held", "Bytes of fragments held", g);
+    let e = Counter::<u64>::default();
+    e.inc_by(c.fragments_expired);
+    reg.register(
+        "fragments_expired",
+        "Held fragments discarded because their datagram timed out",
+        e,
+    );
+    let refused = Family::<ReasonLabel, Counter>::default();
+    reg.register(
+        "fragments_refused",
+        "Fragments refused or discarded, by reason",
+        refused.clone(),
+    );
+    for (reason, n) in &c.fragments_refused {
+        refused
+            .get_or_create(&ReasonLabel {
+                reason: reason.clone(),
+            })
+            .inc_by(*n);
+    }
+}
+
+fn render_agent(reg: &mut Registry, c: &Counters) {
+    let s = &c.sync;
+    reg.register(
+        "table_sync_latency_seconds",
+        "From a cluster change reaching the agent to the worker using the tables made from it",
+        Counted {
+            sum: us_to_s(s.sum_us),
+            count: s.count,
+            buckets: s
+                .buckets
+                .iter()
+                .map(|&(le, n)| {
+                    let le = if le == u64::MAX {
+                        f64::INFINITY
+                    } else {
+                        us_to_s(le)
+                    };
+                    (le, n)
+                })
+                .collect(),
+        },
+    );
+    let max = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+    max.set(us_to_s(s.max_us));
+    reg.register(
+        "table_sync_latency_max_seconds",
+        "The longest table sync since start",
+        max,
+    );
+    let errors = Family::<KindLabel, Counter>::default();
+    reg.register(
+        "agent_errors",
+        "The agent's errors by kind: datastore, compile, apply, api",
+        errors.clone(),
+    );
+    let e = &c.errors;
+    for (kind, n) in [
+        ("datastore", e.datastore),
+        ("compile", e.compile),
+        ("apply", e.apply),
+        ("api", e.api),
+    ] {
+        errors
+            .get_or_create(&KindLabel { kind: kind.into() })
+            .inc_by(n);
+    }
+    let d = &c.datastore;
+    let synced = Gauge::<i64>::default();
+    synced.set(i64::from(d.synced));
+    reg.register(
+        "datastore_synced",
+        "1 when the datastore's last state is in force, else 0",
+        synced,
+    );
+    let errs = Counter::<u64>::default();
+    errs.inc_by(d.errors_total);
+    reg.register(
+        "datastore_errors",
+        "States refused and watch errors of the datastore",
+        errs,
+    );
+    let last = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+    last.set(d.last_sync_unix_ms.map_or(0.0, |ms| ms as f64 / 1e3));
+    reg.register(
+        "datastore_last_sync_timestamp_seconds",
+        "When a state from the datastore was last put in force (Unix time; 0: never)",
+        last,
+    );
+}
+
+/// One sample of the text format: `name{labels} value`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    /// The sample's name (with `_total`, `_bucket`, `_sum` or `_count` where its type
+    /// adds one).
+    pub name: String,
+    /// Its labels, in order.
+    pub labels: Vec<(String, String)>,
+    /// Its value.
+    pub value: f64,
+}
+
+/// Reads the text `render` writes, strictly: every line is `# HELP NAME TEXT`,
+/// `# TYPE NAME TYPE`, a sample `NAME{LABELS} VALUE` of the family declared just before,
+/// or the final `# EOF`. Names and label names are snake_case `[a-z_][a-z0-9_]*`; the
+/// error names the line.
+pub fn parse(text: &str) -> Result<Vec<Sample>, String> {
+    fn is_name(s: &str) -> bool {
+        s.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    }
+    let mut samples = Vec::new();
+    let mut family: Option<(String, String)> = None;
+    let mut eof = false;
+    for (i, line) in text.lines().enumerate() {
+        let bad = |why: &str| format!("line {}: {why}: {line:?}", i + 1);
+        if eof {
+            return Err(bad("after # EOF"));
+        }
+        if line == "# EOF" {
+            eof = true;
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let name = rest.split(' ').next().unwrap_or_default();
+            if !is_name(name) || rest.len() <= name.len() + 1 {
+                return Err(bad("a HELP line needs a name and a text"));
+            }
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, ty) = rest.split_once(' ').ok_or_else(|| bad("TYPE NAME TYPE"))?;
+            let known = [
+                "counter",
+                "gauge",
+                "histogram",
+                "summary",
+                "info",
+                "stateset",
+                "unknown",
+            ];
+            if !is_name(name) || !known.contains(&ty) {
+                return Err(bad("a TYPE line needs a name and a known type"));
+            }
+            family = Some((name.to_string(), ty.to_string()));
+            continue;
+        }
+        let (head, value) = line.rsplit_once(' ').ok_or_else(|| bad("NAME VALUE"))?;
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().map_err(|_| bad("the value is not a number"))?,
+        };
+        let (name, labels) = match head.split_once('{') {
+            None => (head, Vec::new()),
+            Some((name, l)) => {
+                let l = l
+                    .strip_suffix('}')
+                    .ok_or_else(|| bad("labels end with }"))?;
+                let mut labels = Vec::new();
+                for pair in l.split(',').filter(|p| !p.is_empty()) {
+                    let (k, v) = pair.split_once('=').ok_or_else(|| bad("label=\"value\""))?;
+                    let v = v
+                        .strip_prefix('"')
+                        .and_then(|v| v.strip_suffix('"'))
+                        .ok_or_else(|| bad("label values are quoted"))?;
+                    if !is_name(k) {
+                        return Err(bad("label names are snake_case"));
+                    }
+                    labels.push((k.to_string(), v.to_string()));
+                }
+                (name, labels)
+            }
+        };
+        let (fam, ty) = family
+            .as_ref()
+            .ok_or_else(|| bad("a sample before any TYPE line"))?;
+        let suffixes: &[&str] = match ty.as_str() {
+            "counter" => &["_total", "_created"],
+            "histogram" => &["_bucket", "_sum", "_count", "_created"],
+            _ => &[""],
+        };
+        if !suffixes.iter().any(|s| name == format!("{fam}{s}")) {
+            return Err(bad(&format!("not a sample of the {ty} {fam}")));
+        }
+        samples.push(Sample {
+            name: name.to_string(),
+            labels,
+            value,
+        });
+    }
+    if !eof {
+        return Err("no # EOF at the end".into());
+    }
+    Ok(samples)
 }
 
 /// The metrics endpoint; dropping it stops the server.
@@ -225,5 +477,101 @@ mod tests {
         assert!(t.contains("ferry_conntrack_entries 5"), "{t}");
         assert!(t.contains("# TYPE ferry_conntrack_inserts counter"), "{t}");
         assert!(t.trim_end().ends_with("# EOF"), "{t}");
+    }
+
+    #[test]
+    fn every_line_is_help_type_a_sample_or_eof() {
+        let mut status = crate::status::AgentStatus::new();
+        status.set_datastore("file", "/etc/ferry/cluster");
+        status.datastore_applied();
+        status.synced(Duration::from_millis(3));
+        status.synced(Duration::from_secs(9));
+        status.count(crate::status::ErrorKind::Api);
+        let c = Counters {
+            ports: vec![ferry_api::PortCounters {
+                name: "pod.default.web".into(),
+                ..Default::default()
+            }],
+            drops: [("ct_invalid".to_string(), 3)].into(),
+            fragments_held: 2,
+            fragments_expired: 4,
+            fragments_refused: [("overlapped".to_string(), 5), ("too_small".to_string(), 0)].into(),
+            datastore: status.datastore(),
+            sync: status.sync(),
+            errors: status.errors(),
+            ..Counters::default()
+        };
+        let t = render(&c);
+        let samples = parse(&t).unwrap_or_else(|e| panic!("{e}\n{t}"));
+        let value = |name: &str, labels: &[(&str, &str)]| {
+            samples
+                .iter()
+                .find(|s| {
+                    s.name == name
+                        && s.labels.len() == labels.len()
+                        && labels
+                            .iter()
+                            .all(|(k, v)| s.labels.iter().any(|(a, b)| a == k && b == v))
+                })
+                .map(|s| s.value)
+                .unwrap_or_else(|| panic!("no {name} {labels:?} in\n{t}"))
+        };
+        assert_eq!(value("ferry_table_sync_latency_seconds_count", &[]), 2.0);
+        assert_eq!(value("ferry_table_sync_latency_seconds_sum", &[]), 9.003);
+        assert_eq!(
+            value(
+                "ferry_table_sync_latency_seconds_bucket",
+                &[("le", "0.005")]
+            ),
+            1.0
+        );
+        assert_eq!(
+            value("ferry_table_sync_latency_seconds_bucket", &[("le", "+Inf")]),
+            2.0,
+            "buckets are cumulative"
+        );
+        assert_eq!(value("ferry_table_sync_latency_max_seconds", &[]), 9.0);
+        assert_eq!(value("ferry_agent_errors_total", &[("kind", "api")]), 1.0);
+        assert_eq!(
+            value("ferry_agent_errors_total", &[("kind", "compile")]),
+            0.0
+        );
+        assert_eq!(value("ferry_datastore_synced", &[]), 1.0);
+        assert_eq!(value("ferry_datastore_errors_total", &[]), 0.0);
+        assert!(value("ferry_datastore_last_sync_timestamp_seconds", &[]) > 1.7e9);
+        assert_eq!(value("ferry_fragment_datagrams_held", &[]), 2.0);
+        assert_eq!(value("ferry_fragment_bytes_held", &[]), 0.0);
+        assert_eq!(value("ferry_fragments_expired_total", &[]), 4.0);
+        assert_eq!(
+            value("ferry_fragments_refused_total", &[("reason", "overlapped")]),
+            5.0
+        );
+        assert_eq!(value("ferry_nat_ports_in_use", &[]), 0.0);
+        assert_eq!(
+            value(
+                "ferry_port_rx_packets_total",
+                &[("port", "pod.default.web")]
+            ),
+            0.0
+        );
+    }
+
+    #[test]
+    fn the_parser_refuses_what_is_not_the_format() {
+        let ok = "# HELP ferry_x X.\n# TYPE ferry_x gauge\nferry_x 1\n# EOF\n";
+        assert_eq!(parse(ok).unwrap().len(), 1);
+        for bad in [
+            "# TYPE ferry_x gauge\nferry_x 1\n",
+            "ferry_x 1\n# EOF\n",
+            "# TYPE ferry_x gauge\nferry_x one\n# EOF\n",
+            "# TYPE ferry_x gauge\nferry_y 1\n# EOF\n",
+            "# TYPE ferry_x counter\nferry_x 1\n# EOF\n",
+            "# TYPE ferry_x gauge\nferry_x{Port=\"a\"} 1\n# EOF\n",
+            "# TYPE ferry_x gauge\nferry_x{port=a} 1\n# EOF\n",
+            "# TYPE ferry_x gauge\n# EOF\nferry_x 1\n",
+            "# TYPE ferry_x sometimes\n# EOF\n",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -32,9 +32,13 @@ use crate::compile::{
 use crate::fields::{NodeFields, describe};
 use crate::health::HealthServers;
 use crate::host_nat;
+use crate::status::{AgentStatus, ErrorKind};
 
 /// How long [`Agent::apply`] waits for the worker to take an update.
 pub const APPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long [`Agent::counters`] waits for the worker's figures of fragments held.
+pub const HELD_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// What the agent runs with besides the cluster state.
 #[derive(Clone, Debug, Default)]
@@ -99,6 +103,8 @@ pub struct Agent {
     cni: BTreeMap<(String, String), CniPod>,
     /// The node-port rewrites for the node's own processes in force ([`host_nat`]).
     host_nat: Option<(Vec<std::net::IpAddr>, BTreeSet<host_nat::Rule>)>,
+    /// Datastore health, sync latency and errors ([`crate::status`]).
+    status: AgentStatus,
 }
 
 /// A pod interface the CNI plugin asked for.
@@ -169,6 +175,7 @@ impl Agent {
             last: None,
             cni: BTreeMap::new(),
             host_nat: None,
+            status: AgentStatus::new(),
         };
         let compiled = agent.compile(&cluster)?;
         let tables = Arc::clone(&compiled.compiled);
@@ -271,14 +278,19 @@ impl Agent {
         }
         let t0 = Instant::now();
         let last = self.last.as_ref().ok_or("nothing in force yet")?;
-        let st = service_tables(&cluster, &self.opts.node, keys, &self.opts.compile)?;
+        let st = service_tables(&cluster, &self.opts.node, keys, &self.opts.compile)
+            .inspect_err(|_| self.status.count(ErrorKind::Compile))?;
         let removed: Vec<&str> = keys
             .iter()
             .filter_map(|k| last.service_ports.get(k))
             .flatten()
             .map(String::as_str)
             .collect();
-        let tables = Arc::new(last.tables.with_services(&removed, &st.specs)?);
+        let tables = Arc::new(
+            last.tables
+                .with_services(&removed, &st.specs)
+                .inspect_err(|_| self.status.count(ErrorKind::Compile))?,
+        );
         let compile = t0.elapsed();
         let t1 = Instant::now();
         let applied = self
@@ -290,7 +302,10 @@ impl Agent {
                 },
                 APPLY_TIMEOUT,
             )
-            .map_err(|e| format!("the worker did not take the new tables: {e}"))?;
+            .map_err(|e| {
+                self.status.count(ErrorKind::Apply);
+                format!("the worker did not take the new tables: {e}")
+            })?;
         let swap = t1.elapsed();
         let closed: Vec<String> = applied.closed.iter().map(|(n, _)| n.clone()).collect();
         drop(applied.closed);
@@ -337,7 +352,9 @@ impl Agent {
             return Err(format!("the worker stopped: {e}"));
         }
         let t0 = Instant::now();
-        let compiled = self.compile(&cluster)?;
+        let compiled = self
+            .compile(&cluster)
+            .inspect_err(|_| self.status.count(ErrorKind::Compile))?;
         let tables = Arc::clone(&compiled.compiled);
         let compile = t0.elapsed();
         let mut new_ports = Vec::new();
@@ -345,7 +362,9 @@ impl Agent {
             if self.open.contains(&p.name) {
                 continue;
             }
-            let port = self.open_port(&p.name, &tables, &compiled)?;
+            let port = self
+                .open_port(&p.name, &tables, &compiled)
+                .inspect_err(|_| self.status.count(ErrorKind::Apply))?;
             new_ports.push((p.name.clone(), port));
         }
         let opened: Vec<String> = new_ports.iter().map(|(n, _)| n.clone()).collect();
@@ -354,10 +373,10 @@ impl Agent {
             new_ports,
         };
         let t1 = Instant::now();
-        let applied = self
-            .control
-            .send(update, APPLY_TIMEOUT)
-            .map_err(|e| format!("the worker did not take the new tables: {e}"))?;
+        let applied = self.control.send(update, APPLY_TIMEOUT).map_err(|e| {
+            self.status.count(ErrorKind::Apply);
+            format!("the worker did not take the new tables: {e}")
+        })?;
         let swap = t1.elapsed();
         let closed: Vec<String> = applied.closed.iter().map(|(n, _)| n.clone()).collect();
         // Closing a pod's TAP removes its eth0; done here, off the worker's thread.
@@ -380,8 +399,17 @@ impl Agent {
     }
 
     /// Answers a request of the local API ([`ferry_api`]); `cluster` is the state in
-    /// force, compiled again when pods come or go.
+    /// force, compiled again when pods come or go. Error answers are counted
+    /// ([`ErrorKind::Api`]).
     pub fn handle(&mut self, cluster: Arc<Cluster>, req: Request) -> Response {
+        let r = self.answer(cluster, req);
+        if matches!(r, Response::Error(_)) {
+            self.status.count(ErrorKind::Api);
+        }
+        r
+    }
+
+    fn answer(&mut self, cluster: Arc<Cluster>, req: Request) -> Response {
         match req {
             Request::Status => match self.worker_error() {
                 None if self.is_running() => Response::Ok(Answer::default()),
@@ -393,9 +421,33 @@ impl Agent {
             },
             Request::Node => self.node_info(&cluster),
             Request::Counters => Response::Ok(Answer {
-                counters: Some(self.counters()),
+                counters: Some(Box::new(self.counters())),
                 ..Answer::default()
             }),
+            Request::Conntrack {
+                filter,
+                delete,
+                limit,
+            } => crate::conntrack::request(&self.control, &filter, delete, limit),
+            Request::Services => {
+                let Some(last) = self.last.as_ref() else {
+                    return Response::error(11, "no tables in force yet", "");
+                };
+                let conns = crate::services::count(&self.control);
+                Response::Ok(Answer {
+                    services: Some(crate::services::list(&last.tables, conns.as_ref())),
+                    ..Answer::default()
+                })
+            }
+            Request::Trace { .. }
+            | Request::TraceLive { .. }
+            | Request::CaptureStart { .. }
+            | Request::CaptureRead
+            | Request::CaptureStop => Response::error(
+                ferry_api::ERR_NOT_IMPLEMENTED,
+                "not implemented yet",
+                "tracing and capture come in a later version of the agent",
+            ),
             Request::Add {
                 container_id,
                 netns,
@@ -457,9 +509,26 @@ impl Agent {
         }
     }
 
-    /// The dataplane's counters, from the worker's latest snapshot.
+    /// The dataplane's counters, from the worker's latest snapshot, with the agent's own
+    /// health figures. What the snapshot lacks (fragments held now) is asked of the
+    /// worker; when it does not answer within [`HELD_TIMEOUT`] those figures are 0.
     pub fn counters(&self) -> ferry_api::Counters {
         let snap = self.snapshot();
+        let held = self
+            .control
+            .run(HELD_TIMEOUT, |w| {
+                let r = w.pipeline.reassembler();
+                (r.held_datagrams() as u64, r.held_bytes() as u64)
+            })
+            .unwrap_or_default();
+        let (v4, v6) = (&snap.reassembly.v4, &snap.reassembly.v6);
+        let refused = [
+            ("too_small", v4.too_small + v6.too_small),
+            ("overlapped", v4.overlapped + v6.overlapped),
+            ("table_full", v4.table_full + v6.table_full),
+            ("too_many", v4.too_many + v6.too_many),
+            ("invalid", v4.invalid + v6.invalid),
+        ];
         ferry_api::Counters {
             generation: self.generation,
             ports: snap
@@ -484,7 +553,26 @@ impl Agent {
             reassembled: snap.pipeline.reassembled,
             service_balanced: snap.pipeline.service_balanced,
             service_rejected: snap.pipeline.service_rejected,
+            fragments_held: held.0,
+            fragment_bytes_held: held.1,
+            fragments_expired: v4.expired + v6.expired,
+            fragments_refused: refused
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            // TODO(nat-usage): Conntrack::nat_in_use() is not in this branch yet; read it
+            // in the job above once it is. Until then 0.
+            nat_ports_in_use: 0,
+            datastore: self.status.datastore(),
+            sync: self.status.sync(),
+            errors: self.status.errors(),
         }
+    }
+
+    /// The agent's health figures, for the loop that feeds it to report datastore
+    /// updates and sync latencies.
+    pub fn status_mut(&mut self) -> &mut AgentStatus {
+        &mut self.status
     }
 
     fn node_info(&self, cluster: &Cluster) -> Response {

@@ -3,7 +3,8 @@
 //! The agent listens on a Unix stream socket (default [`DEFAULT_SOCKET`], mode 0600:
 //! root only). A client connects, writes one [`Request`] as a JSON object followed by a
 //! newline, and reads one [`Response`] the same way; then the connection closes. The CNI
-//! plugin asks for pods' interfaces with it; `ferry` subcommands will read state with it.
+//! plugin asks for pods' interfaces with it; `ferry status`, `ferry conntrack` and
+//! `ferry services` read the node's state with it.
 //!
 //! Every request and answer is small and self-contained so that a client written in any
 //! language (a shell with `socat`, for instance) can use it.
@@ -76,6 +77,105 @@ pub enum Request {
     },
     /// The dataplane's counters (`ferry status`).
     Counters,
+    /// Lists the tracked connections that `filter` selects (`ferry conntrack list`), or
+    /// deletes them (`ferry conntrack delete`).
+    Conntrack {
+        /// Which connections; every field left out matches all.
+        #[serde(default)]
+        filter: CtFilter,
+        /// Delete the selected connections instead of listing them.
+        #[serde(default)]
+        delete: bool,
+        /// Most entries listed (default [`DEFAULT_CT_LIMIT`]); the answer says when
+        /// more matched. Not used when deleting.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<usize>,
+    },
+    /// Every Service port the node's tables hold, with frontends, policies and endpoints
+    /// (`ferry services`).
+    Services,
+    /// Traces one packet (or a few frames) through the node's pipeline without sending
+    /// anything (`ferry trace`). Not implemented yet: the agent answers error
+    /// [`ERR_NOT_IMPLEMENTED`].
+    Trace {
+        /// Where the packet comes in: a port name, or `pod NAMESPACE/NAME`.
+        in_port: String,
+        /// A described packet, such as `tcp 10.0.1.5:40000 -> 10.96.0.10:80 syn`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        packet: Option<String>,
+        /// Ethernet frames, hex-encoded (from a pcap, say).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        frames: Option<Vec<String>>,
+        /// Trace the reply to the packet as well.
+        #[serde(default)]
+        reply: bool,
+    },
+    /// Traces the next live packets that `filter` selects (`ferry trace --live`). Not
+    /// implemented yet.
+    TraceLive {
+        /// Which packets, in ferry's packet filter syntax.
+        filter: String,
+        /// How many packets to trace at most.
+        count: usize,
+        /// How long to wait for them, in milliseconds.
+        timeout_ms: u64,
+    },
+    /// Starts capturing what a port carries (`ferry capture`). Not implemented yet.
+    CaptureStart {
+        /// The port's name.
+        port: String,
+        /// Which packets, in ferry's packet filter syntax.
+        filter: String,
+    },
+    /// Reads what the capture holds so far. Not implemented yet.
+    CaptureRead,
+    /// Stops the capture. Not implemented yet.
+    CaptureStop,
+}
+
+/// The error code of a request the agent does not implement yet.
+pub const ERR_NOT_IMPLEMENTED: u32 = 101;
+/// The error code of a request whose fields are bad (a filter that does not parse).
+pub const ERR_BAD_REQUEST: u32 = 102;
+/// The error code of a request the dataplane's worker did not answer (stopped, or not
+/// in time).
+pub const ERR_WORKER: u32 = 103;
+
+/// How many connections a [`Request::Conntrack`] lists unless told otherwise.
+pub const DEFAULT_CT_LIMIT: usize = 10_000;
+
+/// Which tracked connections a [`Request::Conntrack`] selects: all the fields given must
+/// match.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CtFilter {
+    /// The conntrack zone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<u16>,
+    /// An address on either side of either tuple (a Service's address and its
+    /// endpoint's both select a DNAT connection).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<IpAddr>,
+    /// A TCP or UDP port on either side of either tuple.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// The protocol: `tcp`, `udp`, `icmp`, `icmpv6` or a protocol number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proto: Option<String>,
+    /// The TCP state as `conntrack -L` prints it (`ESTABLISHED`, `TIME_WAIT`...; any
+    /// case).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// The conntrack mark.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mark: Option<u32>,
+}
+
+impl CtFilter {
+    /// True when no field is given (the filter selects every connection).
+    pub fn is_empty(&self) -> bool {
+        *self == CtFilter::default()
+    }
 }
 
 /// What the node's dataplane has counted (as of its last snapshot, at most 100 ms old).
@@ -100,6 +200,86 @@ pub struct Counters {
     pub service_balanced: u64,
     /// New connections to a Service refused at once.
     pub service_rejected: u64,
+    /// Datagrams whose fragments are held now, waiting for the rest (failed datagrams'
+    /// markers included).
+    #[serde(default)]
+    pub fragments_held: u64,
+    /// Bytes of fragments held now.
+    #[serde(default)]
+    pub fragment_bytes_held: u64,
+    /// Held fragments discarded because their datagram timed out (IPv4 and IPv6).
+    #[serde(default)]
+    pub fragments_expired: u64,
+    /// Fragments refused or discarded, by reason (`too_small`, `overlapped`,
+    /// `table_full`, `too_many`, `invalid`; IPv4 and IPv6 together).
+    #[serde(default)]
+    pub fragments_refused: std::collections::BTreeMap<String, u64>,
+    /// Source NAT ports (and ICMP identifiers) in use now.
+    #[serde(default)]
+    pub nat_ports_in_use: u64,
+    /// Where the cluster state comes from, and whether it is in force.
+    #[serde(default)]
+    pub datastore: DatastoreHealth,
+    /// How long cluster changes took to be in force in the worker.
+    #[serde(default)]
+    pub sync: SyncLatency,
+    /// The agent's errors by kind.
+    #[serde(default)]
+    pub errors: AgentErrors,
+}
+
+/// The datastore's health as the agent sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatastoreHealth {
+    /// `file` or `kubernetes`.
+    pub kind: String,
+    /// The manifest directory, or the API server's URL (the kubeconfig's path when the
+    /// URL is not known).
+    pub source: String,
+    /// The datastore's last word was a good state, and it is in force.
+    pub synced: bool,
+    /// When a state from the datastore was last put in force (Unix time, ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sync_unix_ms: Option<u64>,
+    /// The last refusal or watch error, kept after the datastore recovers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Refusals and watch errors since start.
+    pub errors_total: u64,
+}
+
+/// Table sync latency: from a cluster change reaching the agent to the worker using the
+/// tables made from it (compilation plus the wait for the worker).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyncLatency {
+    /// Changes put in force since start.
+    pub count: u64,
+    /// Their latencies added up, in microseconds.
+    pub sum_us: u64,
+    /// The last one, in microseconds.
+    pub last_us: u64,
+    /// The largest one, in microseconds.
+    pub max_us: u64,
+    /// A histogram: (upper bound in microseconds, changes in this bucket and not in a
+    /// lower one), bounds rising, the last one `u64::MAX` (+Inf).
+    #[serde(default)]
+    pub buckets: Vec<(u64, u64)>,
+}
+
+/// The agent's errors since start, by kind.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentErrors {
+    /// The datastore refused a state or reported a watch error.
+    pub datastore: u64,
+    /// A cluster state did not compile into tables (the tables in force stayed).
+    pub compile: u64,
+    /// The worker did not take new tables, or a port could not be opened.
+    pub apply: u64,
+    /// API requests answered with an error.
+    pub api: u64,
 }
 
 /// One port's packet counts.
@@ -173,9 +353,203 @@ pub struct Answer {
     /// Add: the pod's gateways (169.254.1.1, fe80::1), per family present.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gateways: Vec<IpAddr>,
-    /// Counters: the dataplane's counters.
+    /// Counters: the dataplane's counters (boxed: the largest answer, kept out of the
+    /// others' way).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub counters: Option<Counters>,
+    pub counters: Option<Box<Counters>>,
+    /// Conntrack: the connections listed, or how many were deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conntrack: Option<CtAnswer>,
+    /// Services: every Service of the tables in force, by namespace and name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub services: Option<Vec<ServiceInfo>>,
+}
+
+/// What a [`Request::Conntrack`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CtAnswer {
+    /// The connections listed, in table order (none when deleting).
+    #[serde(default)]
+    pub entries: Vec<CtEntry>,
+    /// How many connections matched (listed or not).
+    pub matched: usize,
+    /// More matched than the limit: `entries` holds the first `limit`.
+    #[serde(default)]
+    pub truncated: bool,
+    /// How many were deleted (0 when listing).
+    #[serde(default)]
+    pub deleted: usize,
+}
+
+/// One tracked connection.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CtEntry {
+    /// The protocol's name (`tcp`, `udp`, `icmp`, `icmpv6`, or `ip` for others).
+    pub proto: String,
+    /// The IP protocol number.
+    pub proto_num: u8,
+    /// The conntrack zone.
+    pub zone: u16,
+    /// The tuple of the first packet, as it arrived.
+    pub original: CtTuple,
+    /// The tuple replies carry as they arrive: the reverse of the original after NAT
+    /// (after DNAT to a Service's endpoint its source is the endpoint).
+    pub reply: CtTuple,
+    /// The TCP state (`ESTABLISHED`, ...), for TCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_state: Option<String>,
+    /// Status flags: `seen_reply`, `assured`, `dnat`, `snat`.
+    #[serde(default)]
+    pub status: Vec<String>,
+    /// Seen both ways enough to be kept (never evicted to make room).
+    pub assured: bool,
+    /// No reply seen yet.
+    pub unreplied: bool,
+    /// Seconds until the entry expires unless a packet refreshes it.
+    pub secs_left: u64,
+    /// The conntrack mark (bit 0: load balanced to a Service endpoint; bit 1: sent
+    /// through the tunnel with the client's address kept).
+    pub mark: u32,
+    /// The node the original direction came from through the overlay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel_peer: Option<IpAddr>,
+    /// Packets in the original direction.
+    pub packets_original: u64,
+    /// Packets in the reply direction.
+    pub packets_reply: u64,
+    /// Bytes (whole IP packets) in the original direction.
+    pub bytes_original: u64,
+    /// Bytes in the reply direction.
+    pub bytes_reply: u64,
+    /// The connection as one `conntrack -L` style line.
+    pub line: String,
+}
+
+/// One direction's tuple of a tracked connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CtTuple {
+    /// Source address.
+    pub src: IpAddr,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// Source port (TCP and UDP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sport: Option<u16>,
+    /// Destination port (TCP and UDP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dport: Option<u16>,
+    /// ICMP type (ICMP and ICMPv6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub icmp_type: Option<u8>,
+    /// ICMP code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub icmp_code: Option<u8>,
+    /// ICMP echo identifier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub icmp_id: Option<u16>,
+}
+
+impl Default for CtTuple {
+    fn default() -> CtTuple {
+        let any = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+        CtTuple {
+            src: any,
+            dst: any,
+            sport: None,
+            dport: None,
+            icmp_type: None,
+            icmp_code: None,
+            icmp_id: None,
+        }
+    }
+}
+
+/// A Service as the node's tables hold it: its ports, each compiled on its own.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceInfo {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its ports, in tables order.
+    pub ports: Vec<ServicePortInfo>,
+}
+
+/// One port of a Service: where it is reached, how endpoints are chosen, and the
+/// endpoints.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServicePortInfo {
+    /// The port's name, or its number when unnamed (the part after `:` of the tables
+    /// entry `namespace/name:port`).
+    pub port_name: String,
+    /// `tcp` or `udp`.
+    pub proto: String,
+    /// Where it is reached.
+    pub frontends: Vec<FrontendInfo>,
+    /// internalTrafficPolicy: `cluster` or `local` (cluster IP traffic).
+    pub internal_policy: String,
+    /// externalTrafficPolicy: `cluster` or `local` (node port, external and load
+    /// balancer traffic).
+    pub external_policy: String,
+    /// ClientIP session affinity: its timeout in seconds, when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity_timeout_s: Option<u32>,
+    /// External traffic to another node's endpoint leaves with this node's address.
+    #[serde(default)]
+    pub external_snat: bool,
+    /// The endpoints.
+    pub endpoints: Vec<EndpointInfo>,
+    /// Connections tracked now that this node balanced to this Service port; None when
+    /// the worker did not answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections: Option<u64>,
+}
+
+/// One place a Service port is reached.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FrontendInfo {
+    /// `cluster_ip`, `node_port`, `external_ip` or `load_balancer_ip`.
+    pub kind: String,
+    /// The address; none for a node port (reached on every address of the node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<IpAddr>,
+    /// The port.
+    pub port: u16,
+    /// `tcp` or `udp`.
+    pub proto: String,
+    /// Which traffic policy applies: `internal` (cluster IPs) or `external`.
+    pub scope: String,
+}
+
+/// One endpoint of a Service port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointInfo {
+    /// Its address.
+    pub address: IpAddr,
+    /// Its port.
+    pub port: u16,
+    /// Its node, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// On this node.
+    pub local: bool,
+    /// conditions.ready.
+    pub ready: bool,
+    /// conditions.serving.
+    pub serving: bool,
+    /// conditions.terminating.
+    pub terminating: bool,
+    /// Connections tracked now that this node balanced to it (any Service port); None
+    /// when the worker did not answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections: Option<u64>,
 }
 
 impl Response {
@@ -225,5 +599,170 @@ mod tests {
                 ..Answer::default()
             })
         );
+    }
+
+    fn round_trip(r: &Request, json: &str) {
+        assert_eq!(serde_json::to_string(r).unwrap(), json);
+        assert_eq!(&serde_json::from_str::<Request>(json).unwrap(), r);
+    }
+
+    #[test]
+    fn test_conntrack_requests() {
+        round_trip(
+            &Request::Conntrack {
+                filter: CtFilter {
+                    addr: Some("10.96.0.10".parse().unwrap()),
+                    proto: Some("tcp".into()),
+                    state: Some("ESTABLISHED".into()),
+                    ..CtFilter::default()
+                },
+                delete: false,
+                limit: Some(5),
+            },
+            r#"{"op":"conntrack","filter":{"addr":"10.96.0.10","proto":"tcp","state":"ESTABLISHED"},"delete":false,"limit":5}"#,
+        );
+        // Everything but the op may be left out: list every connection.
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"conntrack"}"#).unwrap(),
+            Request::Conntrack {
+                filter: CtFilter::default(),
+                delete: false,
+                limit: None
+            }
+        );
+        assert!(
+            serde_json::from_str::<Request>(r#"{"op":"conntrack","filter":{"adress":"1.2.3.4"}}"#)
+                .is_err(),
+            "a misspelt filter field is no empty filter"
+        );
+        assert!(CtFilter::default().is_empty());
+        round_trip(&Request::Services, r#"{"op":"services"}"#);
+    }
+
+    #[test]
+    fn test_trace_and_capture_requests() {
+        round_trip(
+            &Request::Trace {
+                in_port: "pod default/client".into(),
+                packet: Some("tcp 10.0.1.5:40000 -> 10.96.0.10:80 syn".into()),
+                frames: None,
+                reply: true,
+            },
+            r#"{"op":"trace","in_port":"pod default/client","packet":"tcp 10.0.1.5:40000 -> 10.96.0.10:80 syn","reply":true}"#,
+        );
+        round_trip(
+            &Request::Trace {
+                in_port: "uplink".into(),
+                packet: None,
+                frames: Some(vec!["ffffffffffff".into()]),
+                reply: false,
+            },
+            r#"{"op":"trace","in_port":"uplink","frames":["ffffffffffff"],"reply":false}"#,
+        );
+        round_trip(
+            &Request::TraceLive {
+                filter: "tcp port 80".into(),
+                count: 3,
+                timeout_ms: 5000,
+            },
+            r#"{"op":"trace_live","filter":"tcp port 80","count":3,"timeout_ms":5000}"#,
+        );
+        round_trip(
+            &Request::CaptureStart {
+                port: "uplink".into(),
+                filter: "udp".into(),
+            },
+            r#"{"op":"capture_start","port":"uplink","filter":"udp"}"#,
+        );
+        round_trip(&Request::CaptureRead, r#"{"op":"capture_read"}"#);
+        round_trip(&Request::CaptureStop, r#"{"op":"capture_stop"}"#);
+    }
+
+    #[test]
+    fn test_answers_with_connections_and_services() {
+        let a = Answer {
+            conntrack: Some(CtAnswer {
+                entries: vec![CtEntry {
+                    proto: "tcp".into(),
+                    proto_num: 6,
+                    original: CtTuple {
+                        src: "10.244.1.5".parse().unwrap(),
+                        dst: "10.96.0.10".parse().unwrap(),
+                        sport: Some(40000),
+                        dport: Some(80),
+                        ..CtTuple::default()
+                    },
+                    tcp_state: Some("ESTABLISHED".into()),
+                    line: "tcp 6 10 ESTABLISHED ...".into(),
+                    ..CtEntry::default()
+                }],
+                matched: 3,
+                truncated: true,
+                deleted: 0,
+            }),
+            services: Some(vec![ServiceInfo {
+                namespace: "default".into(),
+                name: "web".into(),
+                ports: vec![ServicePortInfo {
+                    port_name: "http".into(),
+                    proto: "tcp".into(),
+                    frontends: vec![FrontendInfo {
+                        kind: "node_port".into(),
+                        address: None,
+                        port: 30080,
+                        proto: "tcp".into(),
+                        scope: "external".into(),
+                    }],
+                    ..ServicePortInfo::default()
+                }],
+            }]),
+            ..Answer::default()
+        };
+        let j = serde_json::to_string(&a).unwrap();
+        assert!(
+            j.contains(r#""sport":40000"#) && !j.contains("icmp_type"),
+            "{j}"
+        );
+        assert!(j.contains(r#""kind":"node_port","port":30080"#), "{j}");
+        assert_eq!(
+            serde_json::from_str::<Response>(&j).unwrap(),
+            Response::Ok(a)
+        );
+    }
+
+    #[test]
+    fn test_counters_of_an_older_agent_still_decode() {
+        let c: Counters = serde_json::from_str(
+            r#"{"generation":1,"ports":[],"drops":{},"ct_entries":0,"ct_inserted":0,
+                "ct_insert_failed":0,"reassembled":0,"service_balanced":0,"service_rejected":0}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c,
+            Counters {
+                generation: 1,
+                ..Counters::default()
+            }
+        );
+        let full = Counters {
+            datastore: DatastoreHealth {
+                kind: "file".into(),
+                source: "/etc/ferry/cluster".into(),
+                synced: true,
+                last_sync_unix_ms: Some(1),
+                last_error: None,
+                errors_total: 0,
+            },
+            sync: SyncLatency {
+                count: 1,
+                sum_us: 900,
+                last_us: 900,
+                max_us: 900,
+                buckets: vec![(1000, 1), (u64::MAX, 0)],
+            },
+            ..Counters::default()
+        };
+        let j = serde_json::to_string(&full).unwrap();
+        assert_eq!(serde_json::from_str::<Counters>(&j).unwrap(), full);
     }
 }

@@ -143,6 +143,7 @@ pub fn run(args: &Args) -> Result<()> {
     let watch = open_datastore(&args.datastore, &args.node)?;
     // The first good state starts the node (the Kubernetes datastore gives it once every
     // kind is listed).
+    let mut early = Vec::new();
     let mut in_force: Arc<Cluster> = loop {
         if stop.load(Ordering::Relaxed) {
             return Ok(());
@@ -155,13 +156,36 @@ pub fn run(args: &Args) -> Result<()> {
                 break cluster;
             }
             Some(Update::Refused(r)) => {
-                tracing::error!("{}: waiting for a good state:\n{r}", args.datastore)
+                tracing::error!("{}: waiting for a good state:\n{r}", args.datastore);
+                // Counted once the agent runs; a datastore that stays unreachable for
+                // long is counted up to this many times.
+                if early.len() < 1000 {
+                    early.push(r);
+                }
             }
             None => {}
         }
     };
+    let t0 = Instant::now();
     let (mut agent, applied) =
         Agent::start(opts, Arc::clone(&in_force)).map_err(|e| anyhow!("{e}"))?;
+    let (kind, source) = match args.datastore.strip_prefix("file:") {
+        Some(dir) => ("file", dir.to_string()),
+        None => (
+            "kubernetes",
+            watch
+                .source()
+                .map(str::to_string)
+                .unwrap_or_else(|| args.datastore.clone()),
+        ),
+    };
+    let status = agent.status_mut();
+    status.set_datastore(kind, &source);
+    for r in &early {
+        status.datastore_refused(r);
+    }
+    status.synced(t0.elapsed());
+    status.datastore_applied();
     let api = ApiServer::bind(&args.api_socket)
         .with_context(|| format!("--api-socket {}", args.api_socket.display()))?;
     let _metrics = match args.metrics_addr {
@@ -192,6 +216,7 @@ pub fn run(args: &Args) -> Result<()> {
         match watch.next_update(API_POLL) {
             None => {}
             Some(Update::Refused(r)) => {
+                agent.status_mut().datastore_refused(&r);
                 tracing::error!(
                     "{}: change refused, the tables in force stay:\n{r}",
                     args.datastore
@@ -205,10 +230,14 @@ pub fn run(args: &Args) -> Result<()> {
                 let changed = in_force.diff(&cluster);
                 let diffed = t0.elapsed();
                 if changed.is_empty() {
+                    agent.status_mut().datastore_applied();
                     continue;
                 }
                 match agent.apply_changes(Arc::clone(&cluster), &changed) {
                     Ok(a) => {
+                        let status = agent.status_mut();
+                        status.synced(diffed + a.compile + a.swap);
+                        status.datastore_applied();
                         report(&a);
                         tracing::debug!(
                             changed = changed.len(),
@@ -218,6 +247,7 @@ pub fn run(args: &Args) -> Result<()> {
                         in_force = cluster;
                     }
                     Err(e) => {
+                        agent.status_mut().not_applied(&e);
                         tracing::error!("cluster state not applied, the tables in force stay: {e}")
                     }
                 }

@@ -6,12 +6,14 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod agent;
+mod conntrack;
 mod demo;
 mod lab;
 mod node;
 mod pcap;
 mod replay;
 mod serve;
+mod services;
 mod status;
 mod tables;
 
@@ -55,9 +57,16 @@ enum Command {
     /// Run one node of a cluster: its tables compiled from cluster state and swapped
     /// into the running dataplane as the cluster changes.
     Agent(agent::Args),
-    /// The running agent's dataplane counters: ports, drops by reason, conntrack,
-    /// Services (asked over its local API socket).
+    /// The running agent's health and counters: datastore, table sync latency, errors,
+    /// ports, drops by reason, conntrack, fragments, Services (asked over its local API
+    /// socket).
     Status(status::Args),
+    /// The running agent's connection table: list or delete connections, like
+    /// `conntrack -L` / `conntrack -D`.
+    Conntrack(conntrack::Args),
+    /// The Services of the running agent's tables: frontends, traffic policies,
+    /// affinity, endpoints, and connections tracked.
+    Services(services::Args),
     /// Test servers for lab pods, like agnhost netexec: HTTP /hostname, /clientip,
     /// /echo?msg=, /bytes?n= and UDP echo.
     Serve(serve::Args),
@@ -87,6 +96,8 @@ fn main() -> ExitCode {
         Command::Agent(args) => agent::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Status(args) => status::run(&args),
+        Command::Conntrack(args) => conntrack::run(&args),
+        Command::Services(args) => services::run(&args),
         Command::Tables(args) => tables::run(&args),
         Command::Lab(args) => lab::run(args),
     };

@@ -1,5 +1,5 @@
-//! `ferry status`: the running agent's dataplane counters, asked over its local API
-//! socket.
+//! `ferry status`: the running agent's health (datastore, table sync latency, errors)
+//! and dataplane counters, asked over its local API socket.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -39,10 +39,49 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
+fn ms(us: u64) -> String {
+    format!("{:.1} ms", us as f64 / 1e3)
+}
+
 /// The counters as a few human-readable tables.
 fn render(c: &Counters) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "tables generation {}", c.generation);
+    let d = &c.datastore;
+    let _ = writeln!(
+        s,
+        "datastore {} {}: {}, {} errors{}",
+        if d.kind.is_empty() { "?" } else { &d.kind },
+        d.source,
+        if d.synced { "synced" } else { "NOT synced" },
+        d.errors_total,
+        d.last_sync_unix_ms.map_or_else(
+            || ", never synced".to_string(),
+            |t| format!(", last sync at {:.3} (Unix time)", t as f64 / 1e3)
+        ),
+    );
+    if let Some(e) = &d.last_error {
+        let first = e.lines().next().unwrap_or_default();
+        let more = e.lines().count().saturating_sub(1);
+        let _ = write!(s, "  last error: {first}");
+        if more > 0 {
+            let _ = write!(s, " (and {more} more lines; see --json)");
+        }
+        let _ = writeln!(s);
+    }
+    let _ = writeln!(
+        s,
+        "tables generation {}; sync latency last {}, max {}, {} syncs",
+        c.generation,
+        ms(c.sync.last_us),
+        ms(c.sync.max_us),
+        c.sync.count
+    );
+    let e = &c.errors;
+    let _ = writeln!(
+        s,
+        "agent errors: datastore {}, compile {}, apply {}, api {}",
+        e.datastore, e.compile, e.apply, e.api
+    );
     let _ = writeln!(
         s,
         "conntrack: {} connections, {} inserted, {} refused (table full)",
@@ -53,6 +92,22 @@ fn render(c: &Counters) -> String {
         "services: {} connections balanced, {} refused without endpoints; {} datagrams reassembled",
         c.service_balanced, c.service_rejected, c.reassembled
     );
+    let refused: u64 = c.fragments_refused.values().sum();
+    let _ = write!(
+        s,
+        "fragments: {} datagrams ({} bytes) held, {} expired, {} refused",
+        c.fragments_held, c.fragment_bytes_held, c.fragments_expired, refused
+    );
+    let reasons: Vec<String> = c
+        .fragments_refused
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(r, n)| format!("{r} {n}"))
+        .collect();
+    if !reasons.is_empty() {
+        let _ = write!(s, " ({})", reasons.join(", "));
+    }
+    let _ = writeln!(s, "; NAT ports in use {}", c.nat_ports_in_use);
     let w = c
         .ports
         .iter()
@@ -100,7 +155,53 @@ mod tests {
         };
         let t = render(&c);
         assert!(t.contains("tables generation 3"), "{t}");
+        assert!(t.contains("datastore ?") && t.contains("NOT synced"), "{t}");
         assert!(t.contains("uplink") && t.contains("10"), "{t}");
         assert!(t.contains("ct_invalid") && t.contains(" 2"), "{t}");
+    }
+
+    #[test]
+    fn the_datastore_sync_and_errors_are_shown() {
+        let c = Counters {
+            datastore: ferry_api::DatastoreHealth {
+                kind: "file".into(),
+                source: "/etc/ferry/cluster".into(),
+                synced: true,
+                last_sync_unix_ms: Some(1_700_000_000_000),
+                last_error: Some("a.yaml: Service x: bad\nb.yaml: bad".into()),
+                errors_total: 2,
+            },
+            sync: ferry_api::SyncLatency {
+                count: 4,
+                last_us: 1_500,
+                max_us: 12_000,
+                ..Default::default()
+            },
+            errors: ferry_api::AgentErrors {
+                compile: 1,
+                ..Default::default()
+            },
+            fragments_held: 3,
+            fragments_refused: [("overlapped".to_string(), 2)].into(),
+            ..Counters::default()
+        };
+        let t = render(&c);
+        assert!(
+            t.contains("datastore file /etc/ferry/cluster: synced, 2 errors"),
+            "{t}"
+        );
+        assert!(
+            t.contains("last error: a.yaml: Service x: bad (and 1 more"),
+            "{t}"
+        );
+        assert!(
+            t.contains("sync latency last 1.5 ms, max 12.0 ms, 4 syncs"),
+            "{t}"
+        );
+        assert!(t.contains("compile 1"), "{t}");
+        assert!(
+            t.contains("3 datagrams") && t.contains("(overlapped 2)"),
+            "{t}"
+        );
     }
 }

@@ -213,6 +213,31 @@ fn services_follow_the_api_server_watches() {
             "metadata.name=ferry-config",
         );
     }
+    // The datastore's health: the bad Service was refused alone, so the rest is in
+    // force and the datastore synced.
+    let c = match ferry_agent::api::call(&k.c.socket(1), &ferry_api::Request::Counters).unwrap() {
+        ferry_api::Response::Ok(a) => a.counters.unwrap(),
+        r => panic!("{r:?}"),
+    };
+    let d = &c.datastore;
+    assert_eq!(d.kind, "kubernetes");
+    assert!(
+        d.source.starts_with(&format!("http://10.255.1.1:{PORT}")),
+        "{d:?}"
+    );
+    assert!(d.synced, "{d:?}");
+    assert!(d.errors_total >= 1, "{d:?}");
+    assert!(
+        d.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("Service default/broken")),
+        "{d:?}"
+    );
+    assert!(
+        c.sync.count >= 3,
+        "start, endpoint gone, endpoint back: {:?}",
+        c.sync
+    );
     for n in [1u8, 2] {
         let log = k.c.lab.stop(&format!("ferry agent on node{n}"));
         assert!(

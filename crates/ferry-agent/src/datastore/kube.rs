@@ -21,7 +21,9 @@
 //! is left out (its last good version, if any, stays in force) and reported in an
 //! [`Update::Refused`] naming the object and field. Watch errors (the API server
 //! unreachable, a watch expired with 410 Gone) are retried with the watcher's default
-//! backoff and reported the same way; the state in force stays.
+//! backoff and reported the same way; the state in force stays. When a kind whose watch
+//! failed has been listed again, the state goes out again even if nothing changed, so
+//! that the agent knows it is whole again (`ferry status` shows the datastore synced).
 //!
 //! The agent is synchronous: the watches run on a thread of their own, on a
 //! current-thread tokio runtime, and hand updates over a std channel in a [`Watch`],
@@ -170,6 +172,8 @@ pub struct KubeDatastore {
     changed: bool,
     /// Problems since the last update.
     problems: Vec<Problem>,
+    /// Kinds whose watch reported an error since their last complete list.
+    erred: BTreeSet<Kind>,
 }
 
 impl Default for KubeDatastore {
@@ -187,6 +191,7 @@ impl KubeDatastore {
             listing: HashMap::new(),
             changed: true,
             problems: Vec::new(),
+            erred: BTreeSet::new(),
         }
     }
 
@@ -217,6 +222,11 @@ impl KubeDatastore {
                 let list = self.listing.remove(&kind).unwrap_or_default();
                 self.replace(kind, list);
                 self.listed.insert(kind);
+                // A list after an error brings the state up to date again: say so
+                // with an update even when nothing changed (the state was in doubt).
+                if self.erred.remove(&kind) {
+                    self.changed = true;
+                }
             }
             Event::Apply(obj) => self.apply(strip(obj)),
             Event::Delete(obj) => self.delete(&obj),
@@ -225,6 +235,7 @@ impl KubeDatastore {
 
     /// Reports an error of the watch of `kind`; the watch retries by itself.
     pub fn watch_error(&mut self, kind: Kind, error: &dyn fmt::Display) {
+        self.erred.insert(kind);
         let what = match kind {
             Kind::ConfigMap => format!("ConfigMap {CONFIG_NAMESPACE}/{CONFIG_NAME}"),
             k => format!("{k}s"),
@@ -336,7 +347,15 @@ impl KubeDatastore {
     /// [`Update::Refused`] updates while the watches retry.
     pub fn watch(opts: KubeOptions) -> Result<Watch, KubeError> {
         let kubeconfig = opts.kubeconfig;
-        watch_with(opts.node, move || connect(kubeconfig))
+        let url = Arc::new(Mutex::new(None));
+        let found = Arc::clone(&url);
+        let mut w = watch_with(opts.node, move || async move {
+            let (client, u) = connect(kubeconfig).await?;
+            *found.lock().unwrap_or_else(PoisonError::into_inner) = Some(u);
+            Ok(client)
+        })?;
+        w.source = url.lock().unwrap_or_else(PoisonError::into_inner).take();
+        Ok(w)
     }
 }
 
@@ -357,8 +376,9 @@ fn strip(mut obj: Object) -> Object {
     obj
 }
 
-/// The client for a kubeconfig file, or the inferred configuration.
-async fn connect(kubeconfig: Option<PathBuf>) -> Result<Client, KubeError> {
+/// The client for a kubeconfig file, or the inferred configuration, and the API
+/// server's URL.
+async fn connect(kubeconfig: Option<PathBuf>) -> Result<(Client, String), KubeError> {
     let config = match kubeconfig {
         None => Config::infer()
             .await
@@ -372,7 +392,10 @@ async fn connect(kubeconfig: Option<PathBuf>) -> Result<Client, KubeError> {
                 .map_err(|e| failed(&e))?
         }
     };
-    Client::try_from(config).map_err(KubeError::Client)
+    let url = config.cluster_url.to_string();
+    Client::try_from(config)
+        .map(|c| (c, url))
+        .map_err(KubeError::Client)
 }
 
 /// Starts the watches for `node` with the client `connect` makes (it runs on the

@@ -120,6 +120,9 @@ pub struct Watch {
     /// thread waits on).
     stop: Option<Box<dyn Any + Send>>,
     thread: Option<JoinHandle<()>>,
+    /// Where the state comes from, as the datastore knows it (the Kubernetes
+    /// datastore's API server URL).
+    pub(crate) source: Option<String>,
 }
 
 impl Watch {
@@ -136,7 +139,14 @@ impl Watch {
             current,
             stop: Some(Box::new(stop)),
             thread: Some(thread),
+            source: None,
         }
+    }
+
+    /// Where the state comes from when the datastore knows more than it was given: the
+    /// Kubernetes datastore's API server URL.
+    pub fn source(&self) -> Option<&str> {
+        self.source.as_deref()
     }
 
     /// The state in force: the last good one.

@@ -222,6 +222,17 @@ impl TwoNodes {
     /// nodeN"), and once it has made the host TAP, gives the node's kernel its address
     /// there with everything else routed through ferry.
     pub fn start_agent(&mut self, n: u8, datastore: &str) {
+        self.start_agent_with(n, datastore, &[]);
+    }
+
+    /// The local API socket of node `n`'s agent.
+    pub fn socket(&self, n: u8) -> std::path::PathBuf {
+        self.dir.path().join(format!("node{n}.sock"))
+    }
+
+    /// Like [`TwoNodes::start_agent`], with `extra` arguments for `ferry agent`
+    /// (`--metrics-addr`, say).
+    pub fn start_agent_with(&mut self, n: u8, datastore: &str, extra: &[&str]) {
         let ns = format!("n{n}");
         let base_file = self.dir.path().join(format!("base{n}.yaml"));
         fs::write(&base_file, base(n)).unwrap();
@@ -255,13 +266,10 @@ impl TwoNodes {
             format!("{pod}={pod_ns}"),
             // Each node its own socket: the nodes share one filesystem here.
             "--api-socket".into(),
-            self.dir
-                .path()
-                .join(format!("node{n}.sock"))
-                .display()
-                .to_string(),
+            self.socket(n).display().to_string(),
         ];
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        args.extend_from_slice(extra);
         let lab = &mut self.lab;
         lab.daemon(&ns, &format!("ferry agent on node{n}"), &args);
         let (t, nsc) = (tap.clone(), ns.clone());

@@ -365,6 +365,28 @@ fn a_watch_error_is_refused_and_the_state_stays() {
 }
 
 #[test]
+fn a_relist_after_a_watch_error_says_the_state_is_whole_again() {
+    let mut ds = listed();
+    let before = ds.current();
+    ds.watch_error(Kind::Pod, &"connection refused");
+    assert_eq!(ds.take_updates().len(), 1);
+    let pods = served()
+        .into_iter()
+        .find(|(k, _)| *k == Kind::Pod)
+        .unwrap()
+        .1;
+    list(&mut ds, Kind::Pod, pods.clone());
+    let u = ds.take_updates();
+    let [Update::Applied { cluster, .. }] = &u[..] else {
+        panic!("the same state again, as news that it is whole: {u:?}");
+    };
+    assert!(Arc::ptr_eq(&before, cluster), "nothing changed");
+    // Once only: the next relist without an error is no news.
+    list(&mut ds, Kind::Pod, pods);
+    assert!(ds.take_updates().is_empty());
+}
+
+#[test]
 fn a_bad_ferry_config_keeps_the_last_good_one() {
     let mut ds = listed();
     let mut cm = item(CONFIG_MAPS, CONFIG_NAME);

@@ -1,0 +1,202 @@
+//! What the agent knows about its own health, for `ferry status` and the metrics: the
+//! datastore's state, how long cluster changes take to be in force, and errors by kind.
+//!
+//! The agent's loop reports here as things happen ([`AgentStatus::datastore_applied`],
+//! [`AgentStatus::datastore_refused`], [`AgentStatus::synced`], [`AgentStatus::count`]);
+//! [`crate::run::Agent::counters`] copies it into its answer.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ferry_api::{AgentErrors, DatastoreHealth, SyncLatency};
+
+use crate::datastore::Refused;
+
+/// Upper bounds of the sync latency histogram's buckets, in microseconds (1 ms to 5 s;
+/// above that, +Inf).
+pub const SYNC_BUCKETS_US: [u64; 12] = [
+    1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
+    5_000_000,
+];
+
+/// The kinds of errors the agent counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The datastore refused a state or reported a watch error.
+    Datastore,
+    /// A cluster state did not compile into tables.
+    Compile,
+    /// New tables were not put in force (the worker did not take them, a port did not
+    /// open).
+    Apply,
+    /// An API request was answered with an error.
+    Api,
+}
+
+/// The agent's health figures.
+#[derive(Clone, Debug, Default)]
+pub struct AgentStatus {
+    datastore: DatastoreHealth,
+    sync: SyncLatency,
+    /// Per bucket of [`SYNC_BUCKETS_US`], then +Inf.
+    buckets: [u64; SYNC_BUCKETS_US.len() + 1],
+    errors: AgentErrors,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl AgentStatus {
+    /// Nothing known yet.
+    pub fn new() -> AgentStatus {
+        AgentStatus::default()
+    }
+
+    /// Names the datastore: `file` or `kubernetes`, and its directory or server.
+    pub fn set_datastore(&mut self, kind: &str, source: &str) {
+        self.datastore.kind = kind.to_string();
+        self.datastore.source = source.to_string();
+    }
+
+    /// A state from the datastore is in force now.
+    pub fn datastore_applied(&mut self) {
+        self.datastore.synced = true;
+        self.datastore.last_sync_unix_ms = Some(unix_ms());
+    }
+
+    /// The datastore refused a state or reported an error. The file datastore refuses
+    /// whole states, and a watch error may hide any change: both leave the datastore
+    /// out of sync until its next good state. A single bad object from the Kubernetes
+    /// datastore leaves the rest in force, so it counts and is kept as the last error
+    /// without more.
+    pub fn datastore_refused(&mut self, r: &Refused) {
+        self.count(ErrorKind::Datastore);
+        self.datastore.errors_total += 1;
+        self.datastore.last_error = Some(r.to_string());
+        if self.datastore.kind != "kubernetes" || r.problems.iter().any(|p| p.object.is_none()) {
+            self.datastore.synced = false;
+        }
+    }
+
+    /// A state from the datastore could not be put in force (`error` says why; the
+    /// agent counted it by kind where it happened); the tables in force stay.
+    pub fn not_applied(&mut self, error: &str) {
+        self.datastore.synced = false;
+        self.datastore.last_error = Some(error.to_string());
+    }
+
+    /// A cluster change was in force in the worker `latency` after the agent saw it.
+    pub fn synced(&mut self, latency: Duration) {
+        let us = latency.as_micros().min(u128::from(u64::MAX)) as u64;
+        let s = &mut self.sync;
+        s.count += 1;
+        s.sum_us = s.sum_us.saturating_add(us);
+        s.last_us = us;
+        s.max_us = s.max_us.max(us);
+        let i = SYNC_BUCKETS_US
+            .iter()
+            .position(|&b| us <= b)
+            .unwrap_or(SYNC_BUCKETS_US.len());
+        self.buckets[i] += 1;
+    }
+
+    /// Counts one error of `kind`.
+    pub fn count(&mut self, kind: ErrorKind) {
+        let e = &mut self.errors;
+        match kind {
+            ErrorKind::Datastore => e.datastore += 1,
+            ErrorKind::Compile => e.compile += 1,
+            ErrorKind::Apply => e.apply += 1,
+            ErrorKind::Api => e.api += 1,
+        }
+    }
+
+    /// The datastore's health.
+    pub fn datastore(&self) -> DatastoreHealth {
+        self.datastore.clone()
+    }
+
+    /// The sync latency figures, with the histogram's buckets.
+    pub fn sync(&self) -> SyncLatency {
+        SyncLatency {
+            buckets: SYNC_BUCKETS_US
+                .iter()
+                .copied()
+                .chain([u64::MAX])
+                .zip(self.buckets)
+                .collect(),
+            ..self.sync.clone()
+        }
+    }
+
+    /// The errors by kind.
+    pub fn errors(&self) -> AgentErrors {
+        self.errors.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datastore::Problem;
+
+    fn problem(object: Option<&str>) -> Refused {
+        Refused {
+            problems: vec![Problem {
+                file: "kubernetes".into(),
+                line: None,
+                object: object.map(str::to_string),
+                field: None,
+                message: "bad".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn sync_latencies_fall_into_buckets() {
+        let mut s = AgentStatus::new();
+        s.synced(Duration::from_micros(800));
+        s.synced(Duration::from_millis(3));
+        s.synced(Duration::from_secs(60));
+        let l = s.sync();
+        assert_eq!((l.count, l.last_us, l.max_us), (3, 60_000_000, 60_000_000));
+        assert_eq!(l.sum_us, 800 + 3_000 + 60_000_000);
+        assert_eq!(l.buckets.len(), SYNC_BUCKETS_US.len() + 1);
+        assert_eq!(l.buckets[0], (1_000, 1));
+        assert_eq!(l.buckets[2], (5_000, 1), "3 ms: at most 5 ms");
+        assert_eq!(*l.buckets.last().unwrap(), (u64::MAX, 1));
+    }
+
+    #[test]
+    fn a_refusal_unsyncs_unless_it_is_one_kubernetes_object() {
+        let mut s = AgentStatus::new();
+        s.set_datastore("kubernetes", "https://10.0.0.1:6443");
+        s.datastore_applied();
+        s.datastore_refused(&problem(Some("Service default/broken")));
+        let d = s.datastore();
+        assert!(d.synced, "the rest of the state is in force");
+        assert_eq!(d.errors_total, 1);
+        assert!(d.last_error.unwrap().contains("Service default/broken"));
+        s.datastore_refused(&problem(None));
+        assert!(!s.datastore().synced, "a watch error");
+        s.datastore_applied();
+        assert!(s.datastore().synced);
+        assert_eq!(s.errors().datastore, 2);
+
+        let mut f = AgentStatus::new();
+        f.set_datastore("file", "/etc/ferry/cluster");
+        f.datastore_applied();
+        f.datastore_refused(&problem(Some("Service default/broken")));
+        assert!(
+            !f.datastore().synced,
+            "the file datastore refuses whole states"
+        );
+        f.datastore_applied();
+        f.count(ErrorKind::Compile);
+        f.not_applied("Service default/x: no port");
+        assert!(!f.datastore().synced);
+        assert_eq!(f.errors().compile, 1);
+    }
+}
