@@ -35,6 +35,12 @@ struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PortReasonLabel {
+    port: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
     kind: String,
 }
@@ -87,6 +93,22 @@ pub fn render(c: &Counters) -> String {
         rx_bytes.get_or_create(&l).inc_by(p.rx_bytes);
         tx_packets.get_or_create(&l).inc_by(p.tx_packets);
         tx_bytes.get_or_create(&l).inc_by(p.tx_bytes);
+    }
+    let port_drops = Family::<PortReasonLabel, Counter>::default();
+    reg.register(
+        "port_drops",
+        "Packets received on a port and dropped, by port and reason",
+        port_drops.clone(),
+    );
+    for p in &c.ports {
+        for (reason, n) in &p.drops {
+            port_drops
+                .get_or_create(&PortReasonLabel {
+                    port: p.name.clone(),
+                    reason: reason.clone(),
+                })
+                .inc_by(*n);
+        }
     }
     let drops = Family::<ReasonLabel, Counter>::default();
     reg.register("drops", "Packets dropped, by reason", drops.clone());
@@ -459,6 +481,7 @@ mod tests {
             ports: vec![ferry_api::PortCounters {
                 name: "uplink".into(),
                 rx_packets: 7,
+                drops: [("ct_invalid".to_string(), 3)].into(),
                 ..Default::default()
             }],
             drops: [("ct_invalid".to_string(), 3)].into(),
@@ -466,6 +489,10 @@ mod tests {
             ..Counters::default()
         };
         let t = render(&c);
+        assert!(
+            t.contains("ferry_port_drops_total{port=\"uplink\",reason=\"ct_invalid\"} 3"),
+            "{t}"
+        );
         assert!(
             t.contains("ferry_port_rx_packets_total{port=\"uplink\"} 7"),
             "{t}"

@@ -73,7 +73,7 @@ pub fn trace(control: &Control, input: TraceInput) -> Result<TraceReport, String
     for (i, f) in input.frames.iter().enumerate() {
         frames.push(hex::decode(f.trim()).map_err(|e| format!("frame {}: {e}", i + 1))?);
     }
-    if described.is_some() == !frames.is_empty() {
+    if described.is_some() != frames.is_empty() {
         return Err("give either a described packet or frames".into());
     }
     control
@@ -159,7 +159,7 @@ impl Sessions {
             .map_err(|e| e.to_string())
     }
 
-    /// Starts capturing at `port` the frames that match `filter`.
+    /// Starts capturing at `port` (see [`resolve_port`]) the frames that match `filter`.
     pub fn capture_start(
         &mut self,
         control: &Control,
@@ -170,14 +170,11 @@ impl Sessions {
         let port = port.to_string();
         control
             .run(JOB_TIMEOUT, move |v| {
-                if !v.ports.contains(&port.as_str()) {
-                    return Err(format!(
-                        "no port {port:?} on this node; ports: {}",
-                        v.ports.join(", ")
-                    ));
-                }
-                v.taps.start_capture(port, m, CAPTURE_BUFFER);
-                Ok(())
+                let tables = Arc::clone(v.pipeline.tables());
+                let id = resolve_port(&tables, &port)?;
+                let name = tables.ports[usize::from(id)].name.clone();
+                v.taps.start_capture(name, m, CAPTURE_BUFFER);
+                Ok::<(), String>(())
             })
             .map_err(|e| e.to_string())??;
         self.capture = Some(Instant::now());

@@ -32,6 +32,7 @@ use crate::compile::{
 use crate::fields::{NodeFields, describe};
 use crate::health::HealthServers;
 use crate::host_nat;
+use crate::observe;
 use crate::status::{AgentStatus, ErrorKind};
 
 /// How long [`Agent::apply`] waits for the worker to take an update.
@@ -105,6 +106,8 @@ pub struct Agent {
     host_nat: Option<(Vec<std::net::IpAddr>, BTreeSet<host_nat::Rule>)>,
     /// Datastore health, sync latency and errors ([`crate::status`]).
     status: AgentStatus,
+    /// Live traces and captures turned on for API clients.
+    sessions: observe::Sessions,
 }
 
 /// A pod interface the CNI plugin asked for.
@@ -176,6 +179,7 @@ impl Agent {
             cni: BTreeMap::new(),
             host_nat: None,
             status: AgentStatus::new(),
+            sessions: observe::Sessions::default(),
         };
         let compiled = agent.compile(&cluster)?;
         let tables = Arc::clone(&compiled.compiled);
@@ -439,15 +443,61 @@ impl Agent {
                     ..Answer::default()
                 })
             }
-            Request::Trace { .. }
-            | Request::TraceLive { .. }
-            | Request::CaptureStart { .. }
-            | Request::CaptureRead
-            | Request::CaptureStop => Response::error(
-                ferry_api::ERR_NOT_IMPLEMENTED,
-                "not implemented yet",
-                "tracing and capture come in a later version of the agent",
-            ),
+            Request::Trace {
+                in_port,
+                packet,
+                frames,
+                reply,
+            } => {
+                let input = observe::TraceInput {
+                    in_port,
+                    packet,
+                    frames: frames.unwrap_or_default(),
+                    reply,
+                };
+                match observe::trace(&self.control, input) {
+                    Ok(report) => Response::Ok(Answer {
+                        trace: serde_json::to_value(report).ok(),
+                        ..Answer::default()
+                    }),
+                    Err(e) => Response::error(ferry_api::ERR_BAD_REQUEST, "trace refused", e),
+                }
+            }
+            Request::TraceStart { filter, count } => {
+                match self.sessions.trace_start(&self.control, &filter, count) {
+                    Ok(()) => Response::Ok(Answer::default()),
+                    Err(e) => Response::error(ferry_api::ERR_BAD_REQUEST, "live trace refused", e),
+                }
+            }
+            Request::TraceRead => match self.sessions.trace_read(&self.control) {
+                Ok((traced, remaining)) => Response::Ok(Answer {
+                    traced: Some(traced_json(traced)),
+                    remaining: Some(remaining),
+                    ..Answer::default()
+                }),
+                Err(e) => Response::error(ferry_api::ERR_BAD_REQUEST, "live trace", e),
+            },
+            Request::TraceStop => match self.sessions.trace_stop(&self.control) {
+                Ok(traced) => Response::Ok(Answer {
+                    traced: Some(traced_json(traced)),
+                    ..Answer::default()
+                }),
+                Err(e) => Response::error(ferry_api::ERR_WORKER, "live trace", e),
+            },
+            Request::CaptureStart { port, filter } => {
+                match self.sessions.capture_start(&self.control, &port, &filter) {
+                    Ok(()) => Response::Ok(Answer::default()),
+                    Err(e) => Response::error(ferry_api::ERR_BAD_REQUEST, "capture refused", e),
+                }
+            }
+            Request::CaptureRead => match self.sessions.capture_read(&self.control) {
+                Ok((frames, lost)) => captured_answer(frames, lost),
+                Err(e) => Response::error(ferry_api::ERR_BAD_REQUEST, "capture", e),
+            },
+            Request::CaptureStop => match self.sessions.capture_stop(&self.control) {
+                Ok((frames, lost)) => captured_answer(frames, lost),
+                Err(e) => Response::error(ferry_api::ERR_WORKER, "capture", e),
+            },
             Request::Add {
                 container_id,
                 netns,
@@ -518,7 +568,11 @@ impl Agent {
             .control
             .run(HELD_TIMEOUT, |w| {
                 let r = w.pipeline.reassembler();
-                (r.held_datagrams() as u64, r.held_bytes() as u64)
+                (
+                    r.held_datagrams() as u64,
+                    r.held_bytes() as u64,
+                    w.pipeline.conntrack().nat_in_use() as u64,
+                )
             })
             .unwrap_or_default();
         let (v4, v6) = (&snap.reassembly.v4, &snap.reassembly.v6);
@@ -540,6 +594,11 @@ impl Agent {
                     rx_bytes: p.pipeline.rx_bytes,
                     tx_packets: p.pipeline.tx_packets,
                     tx_bytes: p.pipeline.tx_bytes,
+                    drops: p
+                        .drops
+                        .nonzero()
+                        .map(|(r, n)| (r.name().to_string(), n))
+                        .collect(),
                 })
                 .collect(),
             drops: snap
@@ -560,9 +619,7 @@ impl Agent {
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))
                 .collect(),
-            // TODO(nat-usage): Conntrack::nat_in_use() is not in this branch yet; read it
-            // in the job above once it is. Until then 0.
-            nat_ports_in_use: 0,
+            nat_ports_in_use: held.2,
             datastore: self.status.datastore(),
             sync: self.status.sync(),
             errors: self.status.errors(),
@@ -753,6 +810,17 @@ impl Agent {
         self.worker.as_ref().is_some_and(|w| !w.is_finished())
     }
 
+    /// Periodic upkeep, called from the agent's loop: stops the live trace or capture of
+    /// a client that stopped reading it.
+    pub fn housekeeping(&mut self) {
+        for what in self.sessions.expire(&self.control, Instant::now()) {
+            tracing::info!(
+                "{what} stopped: no client read it for {:?}",
+                observe::ABANDONED_AFTER
+            );
+        }
+    }
+
     /// Stops the worker and closes every port.
     pub fn stop(mut self) -> Result<WorkerStats, String> {
         self.stop.store(true, Ordering::Relaxed);
@@ -931,6 +999,34 @@ fn netns_name(path: &str) -> Result<(String, Option<u32>), String> {
     Err(format!(
         "{path:?}: expected /var/run/netns/NAME, /run/netns/NAME or /proc/PID/ns/net"
     ))
+}
+
+/// Live-traced packets as the API carries them.
+fn traced_json(traced: Vec<ferry_linux::worker::TracedPacket>) -> Vec<serde_json::Value> {
+    traced
+        .into_iter()
+        .filter_map(|t| serde_json::to_value(t).ok())
+        .collect()
+}
+
+/// Captured frames as the API carries them.
+fn captured_answer(frames: Vec<observe::Frame>, lost: u64) -> Response {
+    Response::Ok(Answer {
+        captured: Some(
+            frames
+                .into_iter()
+                .map(|f| ferry_api::CapturedFrame {
+                    time_unix_ns: f.time_unix_ns,
+                    dir: if f.inbound { "in" } else { "out" }.to_string(),
+                    port: f.port,
+                    note: f.note,
+                    data: hex::encode(&f.data),
+                })
+                .collect(),
+        ),
+        lost: Some(lost),
+        ..Answer::default()
+    })
 }
 
 #[cfg(test)]

@@ -94,42 +94,49 @@ pub enum Request {
     /// Every Service port the node's tables hold, with frontends, policies and endpoints
     /// (`ferry services`).
     Services,
-    /// Traces one packet (or a few frames) through the node's pipeline without sending
-    /// anything (`ferry trace`). Not implemented yet: the agent answers error
-    /// [`ERR_NOT_IMPLEMENTED`].
+    /// Traces one described packet, or a few frames, through the node's live tables and
+    /// a copy of its live connection state, without sending anything or changing any
+    /// state (`ferry trace`). Answers [`Answer::trace`].
     Trace {
         /// Where the packet comes in: a port name, or `pod NAMESPACE/NAME`.
         in_port: String,
         /// A described packet, such as `tcp 10.0.1.5:40000 -> 10.96.0.10:80 syn`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         packet: Option<String>,
-        /// Ethernet frames, hex-encoded (from a pcap, say).
+        /// Ethernet frames, hex-encoded (from a pcap, say), traced in order.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         frames: Option<Vec<String>>,
-        /// Trace the reply to the packet as well.
+        /// Trace the reply the other side would send as well.
         #[serde(default)]
         reply: bool,
     },
-    /// Traces the next live packets that `filter` selects (`ferry trace --live`). Not
-    /// implemented yet.
-    TraceLive {
-        /// Which packets, in ferry's packet filter syntax.
+    /// Starts recording what the node does with the next `count` real packets that
+    /// `filter` selects (`ferry trace --live`); replaces a live trace already running.
+    /// Read with [`Request::TraceRead`]; a live trace nobody reads for 30 s is stopped.
+    TraceStart {
+        /// Which packets, in ferry's packet filter syntax (docs/filter.md).
         filter: String,
-        /// How many packets to trace at most.
+        /// How many packets to record (at most 10000).
         count: usize,
-        /// How long to wait for them, in milliseconds.
-        timeout_ms: u64,
     },
-    /// Starts capturing what a port carries (`ferry capture`). Not implemented yet.
+    /// The packets the live trace recorded since the last read ([`Answer::traced`]) and
+    /// how many it still waits for ([`Answer::remaining`]).
+    TraceRead,
+    /// Stops the live trace; answers what it recorded and was not read yet.
+    TraceStop,
+    /// Starts capturing the frames of a port (`ferry capture`); replaces a capture
+    /// already running. Read with [`Request::CaptureRead`]; a capture nobody reads for
+    /// 30 s is stopped.
     CaptureStart {
-        /// The port's name.
+        /// The port's name, or `pod NAMESPACE/NAME`.
         port: String,
-        /// Which packets, in ferry's packet filter syntax.
+        /// Which frames, in ferry's packet filter syntax; empty for all.
         filter: String,
     },
-    /// Reads what the capture holds so far. Not implemented yet.
+    /// The frames captured since the last read ([`Answer::captured`]) and how many were
+    /// lost since ([`Answer::lost`]).
     CaptureRead,
-    /// Stops the capture. Not implemented yet.
+    /// Stops the capture; answers what it captured and was not read yet.
     CaptureStop,
 }
 
@@ -296,6 +303,10 @@ pub struct PortCounters {
     pub tx_packets: u64,
     /// Bytes sent.
     pub tx_bytes: u64,
+    /// Packets received on this port that were dropped, by reason (reasons with none
+    /// left out).
+    #[serde(default)]
+    pub drops: std::collections::BTreeMap<String, u64>,
 }
 
 /// One attachment of a container (CNI's `cni.dev/valid-attachments` entry).
@@ -311,6 +322,10 @@ pub struct Attachment {
 /// What the agent answers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one answer per API connection: its size does not matter"
+)]
 pub enum Response {
     /// It went wrong: a CNI error code and messages, which the plugin passes on.
     Error(ApiError),
@@ -363,6 +378,42 @@ pub struct Answer {
     /// Services: every Service of the tables in force, by namespace and name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub services: Option<Vec<ServiceInfo>>,
+    /// Trace: the report, one pass per packet then the reply, and the way back (the
+    /// `TraceReport` of ferry's datapath, docs/observability.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<serde_json::Value>,
+    /// TraceRead and TraceStop: the packets recorded since the last read, each with its
+    /// stages, verdict and what was sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traced: Option<Vec<serde_json::Value>>,
+    /// TraceRead: how many packets the live trace still waits for (0: done).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remaining: Option<usize>,
+    /// CaptureRead and CaptureStop: the frames captured since the last read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub captured: Option<Vec<CapturedFrame>>,
+    /// CaptureRead and CaptureStop: frames lost since the last read because the agent's
+    /// buffer was full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost: Option<u64>,
+}
+
+/// One captured frame.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapturedFrame {
+    /// When it was received (or, sent, when the frame it was made from was received),
+    /// in nanoseconds since the epoch.
+    pub time_unix_ns: u64,
+    /// `in` (received by ferry) or `out` (sent by ferry).
+    pub dir: String,
+    /// The port it was received on or sent to.
+    pub port: String,
+    /// Where it was seen: `received on PORT` (before any rewriting), `after ferry: to
+    /// PORT (received on PORT)`, or `sent on PORT`.
+    pub note: String,
+    /// The Ethernet frame, hex-encoded.
+    pub data: String,
 }
 
 /// What a [`Request::Conntrack`] found.
@@ -660,13 +711,14 @@ mod tests {
             r#"{"op":"trace","in_port":"uplink","frames":["ffffffffffff"],"reply":false}"#,
         );
         round_trip(
-            &Request::TraceLive {
+            &Request::TraceStart {
                 filter: "tcp port 80".into(),
                 count: 3,
-                timeout_ms: 5000,
             },
-            r#"{"op":"trace_live","filter":"tcp port 80","count":3,"timeout_ms":5000}"#,
+            r#"{"op":"trace_start","filter":"tcp port 80","count":3}"#,
         );
+        round_trip(&Request::TraceRead, r#"{"op":"trace_read"}"#);
+        round_trip(&Request::TraceStop, r#"{"op":"trace_stop"}"#);
         round_trip(
             &Request::CaptureStart {
                 port: "uplink".into(),

@@ -150,7 +150,7 @@ impl fmt::Display for DropReason {
 }
 
 /// Per-reason drop counters.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DropCounters {
     counts: [u64; DropReason::COUNT],
 }

@@ -494,10 +494,12 @@ fn publish(
         ports: ports
             .iter()
             .zip(pipeline.port_stats())
-            .map(|((name, p), s)| PortSnapshot {
+            .zip(pipeline.port_drops())
+            .map(|(((name, p), s), d)| PortSnapshot {
                 name: name.clone(),
                 pipeline: *s,
                 linux: p.counters(),
+                drops: d.clone(),
             })
             .collect(),
     });

@@ -209,6 +209,7 @@ pub fn run(args: &Args) -> Result<()> {
                 agent.worker_error().unwrap_or_default()
             );
         }
+        agent.housekeeping();
         while let Ok((req, answer)) = api.requests().try_recv() {
             tracing::debug!(?req, "api request");
             let _ = answer.send(agent.handle(Arc::clone(&in_force), req));

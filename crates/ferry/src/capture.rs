@@ -51,7 +51,12 @@ fn ask(args: &Args, req: &Request) -> Result<Answer> {
 }
 
 /// Writes frames until `limit` are written; returns how many were.
-fn write(w: &mut NgWriter, frames: Vec<CapturedFrame>, written: &mut usize, limit: usize) -> Result<()> {
+fn write(
+    w: &mut NgWriter,
+    frames: Vec<CapturedFrame>,
+    written: &mut usize,
+    limit: usize,
+) -> Result<()> {
     for f in frames {
         if *written >= limit {
             break;

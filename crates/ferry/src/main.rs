@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod agent;
+mod capture;
 mod conntrack;
 mod demo;
 mod lab;
@@ -16,6 +17,7 @@ mod serve;
 mod services;
 mod status;
 mod tables;
+mod trace;
 
 /// ferry: a Kubernetes node network dataplane.
 #[derive(Parser)]
@@ -67,6 +69,13 @@ enum Command {
     /// The Services of the running agent's tables: frontends, traffic policies,
     /// affinity, endpoints, and connections tracked.
     Services(services::Args),
+    /// What the running node does with a packet, stage by stage: a described packet or
+    /// the frames of a pcap traced on a copy of the node's live state (nothing is sent),
+    /// or, with --live, the next real packets that match a filter.
+    Trace(trace::Args),
+    /// Write the frames of one port, as received and as ferry sent them, to a pcapng
+    /// file.
+    Capture(capture::Args),
     /// Test servers for lab pods, like agnhost netexec: HTTP /hostname, /clientip,
     /// /echo?msg=, /bytes?n= and UDP echo.
     Serve(serve::Args),
@@ -96,6 +105,8 @@ fn main() -> ExitCode {
         Command::Agent(args) => agent::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Status(args) => status::run(&args),
+        Command::Trace(args) => trace::run(&args),
+        Command::Capture(args) => capture::run(&args),
         Command::Conntrack(args) => conntrack::run(&args),
         Command::Services(args) => services::run(&args),
         Command::Tables(args) => tables::run(&args),

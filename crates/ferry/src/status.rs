@@ -117,14 +117,19 @@ fn render(c: &Counters) -> String {
         .max(4);
     let _ = writeln!(
         s,
-        "\n{:<w$}  {:>12} {:>14} {:>12} {:>14}",
-        "port", "rx packets", "rx bytes", "tx packets", "tx bytes"
+        "\n{:<w$}  {:>12} {:>14} {:>12} {:>14} {:>10}",
+        "port", "rx packets", "rx bytes", "tx packets", "tx bytes", "dropped"
     );
     for p in &c.ports {
         let _ = writeln!(
             s,
-            "{:<w$}  {:>12} {:>14} {:>12} {:>14}",
-            p.name, p.rx_packets, p.rx_bytes, p.tx_packets, p.tx_bytes
+            "{:<w$}  {:>12} {:>14} {:>12} {:>14} {:>10}",
+            p.name,
+            p.rx_packets,
+            p.rx_bytes,
+            p.tx_packets,
+            p.tx_bytes,
+            p.drops.values().sum::<u64>()
         );
     }
     let _ = writeln!(s, "\ndrops");
@@ -133,6 +138,12 @@ fn render(c: &Counters) -> String {
     }
     for (reason, n) in &c.drops {
         let _ = writeln!(s, "  {reason:<28} {n}");
+    }
+    for p in c.ports.iter().filter(|p| !p.drops.is_empty()) {
+        let _ = writeln!(s, "\ndrops on {}", p.name);
+        for (reason, n) in &p.drops {
+            let _ = writeln!(s, "  {reason:<28} {n}");
+        }
     }
     s
 }
@@ -148,6 +159,7 @@ mod tests {
             ports: vec![ferry_api::PortCounters {
                 name: "uplink".into(),
                 rx_packets: 10,
+                drops: [("source_spoofed".to_string(), 4)].into(),
                 ..Default::default()
             }],
             drops: [("ct_invalid".to_string(), 2)].into(),
@@ -158,6 +170,10 @@ mod tests {
         assert!(t.contains("datastore ?") && t.contains("NOT synced"), "{t}");
         assert!(t.contains("uplink") && t.contains("10"), "{t}");
         assert!(t.contains("ct_invalid") && t.contains(" 2"), "{t}");
+        assert!(
+            t.contains("drops on uplink\n  source_spoofed               4"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -57,7 +57,11 @@ pub struct Args {
     /// The packet: PROTO SRC -> DST [flags] [len N] [ttl N] [df], e.g.
     /// `tcp 10.0.1.5:40000 -> 10.96.0.10:80 syn`, `udp [fd00::5]:53 -> [fd00::9]:53`,
     /// `icmp 10.0.1.5 -> 10.0.2.7`.
-    #[arg(value_name = "PACKET", trailing_var_arg = true, allow_hyphen_values = true)]
+    #[arg(
+        value_name = "PACKET",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
     pub packet: Vec<String>,
 }
 
@@ -100,7 +104,10 @@ pub fn run(args: &Args) -> Result<()> {
             if frames.is_empty() {
                 bail!("{}: no packets", path.display());
             }
-            (None, Some(frames.iter().map(|f| hex::encode(&f.data)).collect()))
+            (
+                None,
+                Some(frames.iter().map(|f| hex::encode(&f.data)).collect()),
+            )
         }
         None if words.is_empty() => bail!(
             "describe the packet, e.g. `tcp 10.0.1.5:40000 -> 10.96.0.10:80 syn`, or give --pcap"
@@ -133,7 +140,11 @@ fn render_stages<'a>(s: &mut String, stages: impl Iterator<Item = (&'a str, &'a 
     }
 }
 
-fn render_outcome<'a>(s: &mut String, verdict: &str, out: impl Iterator<Item = (&'a str, &'a str)>) {
+fn render_outcome<'a>(
+    s: &mut String,
+    verdict: &str,
+    out: impl Iterator<Item = (&'a str, &'a str)>,
+) {
     let mut any = false;
     for (port, summary) in out {
         any = true;
@@ -148,7 +159,9 @@ fn render_pass(s: &mut String, p: &TracePass) {
     let _ = writeln!(s, "{}: {} in {}", p.label, p.summary, p.in_port);
     render_stages(
         s,
-        p.stages.iter().map(|t| (t.stage.as_str(), t.detail.as_str())),
+        p.stages
+            .iter()
+            .map(|t| (t.stage.as_str(), t.detail.as_str())),
     );
     render_outcome(
         s,
@@ -239,10 +252,7 @@ fn live(args: &Args) -> Result<()> {
     let a = ask(args, &Request::TraceStop)?;
     print(a.traced.unwrap_or_default())?;
     if !outcome.is_empty() {
-        eprintln!(
-            "{outcome}: {seen} of {} packets recorded",
-            args.count
-        );
+        eprintln!("{outcome}: {seen} of {} packets recorded", args.count);
     }
     Ok(())
 }

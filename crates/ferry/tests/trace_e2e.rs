@@ -65,8 +65,13 @@ fn inserted(c: &TwoNodes, n: u8) -> u64 {
 fn trace_names_the_tunnel_peer_and_the_way_back_and_changes_nothing() {
     let c = start("tr");
     let s1 = socket(&c, 1);
-    // A real connection first, so that the node has state to copy.
+    // Real connections first, so that the node has state to copy (its neighbours:
+    // without the client's MAC the traced reply would stop at neighbour resolution).
     assert_eq!(c.curl("p1a", "http://10.96.0.10/hostname"), "web");
+    assert_eq!(
+        c.curl("ext", "http://192.168.77.1:30080/clientip"),
+        "192.168.77.100"
+    );
     std::thread::sleep(Duration::from_millis(300));
     let before = inserted(&c, 1);
 
@@ -87,7 +92,10 @@ fn trace_names_the_tunnel_peer_and_the_way_back_and_changes_nothing() {
     assert!(fwd.contains("=> forwarded: out uplink"), "{text}");
     // The reply arrives from node 2 through the tunnel, is matched as the reply and
     // translated back to the node port, and leaves to the client.
-    assert!(rest.contains("decap") && rest.contains("192.168.77.2"), "{text}");
+    assert!(
+        rest.contains("decap") && rest.contains("192.168.77.2"),
+        "{text}"
+    );
     assert!(rest.contains("reply"), "{text}");
     assert!(
         rest.contains("192.168.77.1:30080") && rest.contains("192.168.77.100:40000"),
@@ -115,31 +123,73 @@ fn trace_names_the_tunnel_peer_and_the_way_back_and_changes_nothing() {
 
     // A pod's packet, by pod name, and a drop with its reason.
     let text = ferry(&[
-        "trace", "--api-socket", &s1, "--in", "pod", "default/client", "tcp",
-        "10.244.1.5:40001", "->", "10.96.0.10:80", "syn",
+        "trace",
+        "--api-socket",
+        &s1,
+        "--in",
+        "pod",
+        "default/client",
+        "tcp",
+        "10.244.1.5:40001",
+        "->",
+        "10.96.0.10:80",
+        "syn",
     ]);
-    assert!(text.contains("pod.default.client") && text.contains("10.244.2.5:8080"), "{text}");
+    assert!(
+        text.contains("pod.default.client") && text.contains("10.244.2.5:8080"),
+        "{text}"
+    );
     let text = ferry(&[
-        "trace", "--api-socket", &s1, "--in", "pod", "default/client", "udp",
-        "10.244.1.99:5000", "->", "10.244.2.5:53",
+        "trace",
+        "--api-socket",
+        &s1,
+        "--in",
+        "pod",
+        "default/client",
+        "udp",
+        "10.244.1.99:5000",
+        "->",
+        "10.244.2.5:53",
     ]);
     assert!(text.contains("dropped: source_spoofed"), "{text}");
 
     // Bad input: a clear error, exit status non-zero.
     let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["trace", "--api-socket", &s1, "--in", "uplink", "tcp", "1.2.3.4", "->"])
+        .args([
+            "trace",
+            "--api-socket",
+            &s1,
+            "--in",
+            "uplink",
+            "tcp",
+            "1.2.3.4",
+            "->",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("packet"), "{err}");
     let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["trace", "--api-socket", &s1, "--in", "eth7", "udp", "1.2.3.4:1", "->", "5.6.7.8:2"])
+        .args([
+            "trace",
+            "--api-socket",
+            &s1,
+            "--in",
+            "eth7",
+            "udp",
+            "1.2.3.4:1",
+            "->",
+            "5.6.7.8:2",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no port \"eth7\"") && err.contains("uplink"), "{err}");
+    assert!(
+        err.contains("no port \"eth7\"") && err.contains("uplink"),
+        "{err}"
+    );
 }
 
 /// Starts `ferry ARGS` in the background.
@@ -171,18 +221,41 @@ fn wait(mut child: std::process::Child, secs: u64) -> (bool, String, String) {
 fn live_trace_and_capture_see_real_packets() {
     let c = start("lt");
     let s1 = socket(&c, 1);
+    // Neighbours resolved first: the first packet to an unresolved next hop is dropped
+    // while it is resolved, and the live trace records exactly one packet.
+    assert_eq!(
+        c.curl("ext", "http://192.168.77.1:30080/clientip"),
+        "192.168.77.100"
+    );
 
     // The next packet to the node port, traced as it goes through node 1.
     let live = spawn(&[
-        "trace", "--api-socket", &s1, "--live", "--match", "tcp dst port 30080", "--count",
-        "1", "--timeout", "20",
+        "trace",
+        "--api-socket",
+        &s1,
+        "--live",
+        "--match",
+        "tcp dst port 30080",
+        "--count",
+        "1",
+        "--timeout",
+        "20",
     ]);
     // A capture of the same traffic at node 1's uplink.
     let pcap = c.dir.path().join("uplink.pcapng");
     let p = pcap.display().to_string();
     let capture = spawn(&[
-        "capture", "--api-socket", &s1, "--port", "uplink", "--match", "port 30080", "-w", &p,
-        "--duration", "4",
+        "capture",
+        "--api-socket",
+        &s1,
+        "--port",
+        "uplink",
+        "--match",
+        "port 30080",
+        "-w",
+        &p,
+        "--duration",
+        "4",
     ]);
     std::thread::sleep(Duration::from_millis(700));
     assert_eq!(
@@ -191,8 +264,14 @@ fn live_trace_and_capture_see_real_packets() {
     );
     let (ok, out, err) = wait(live, 25);
     assert!(ok, "{out}{err}");
-    assert!(out.contains("192.168.77.100") && out.contains("in uplink"), "{out}");
-    assert!(out.contains("service") && out.contains("10.244.2.5:8080"), "{out}");
+    assert!(
+        out.contains("192.168.77.100") && out.contains("in uplink"),
+        "{out}"
+    );
+    assert!(
+        out.contains("service") && out.contains("10.244.2.5:8080"),
+        "{out}"
+    );
     assert!(out.contains("=> forwarded: out uplink"), "{out}");
 
     let (ok, out, err) = wait(capture, 15);
@@ -202,13 +281,27 @@ fn live_trace_and_capture_see_real_packets() {
     // the same packets as ferry sent them on, encapsulated to node 2.
     let t = Command::new("tshark")
         .args([
-            "-r", &p, "-T", "fields", "-e", "frame.interface_name", "-e", "frame.comment", "-e",
-            "ip.src", "-e", "vxlan.vni",
+            "-r",
+            &p,
+            "-T",
+            "fields",
+            "-e",
+            "frame.interface_name",
+            "-e",
+            "frame.comment",
+            "-e",
+            "ip.src",
+            "-e",
+            "vxlan.vni",
         ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&t.stdout);
-    assert!(t.status.success(), "{text}{}", String::from_utf8_lossy(&t.stderr));
+    assert!(
+        t.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&t.stderr)
+    );
     let lines: Vec<&str> = text.lines().collect();
     assert!(
         lines

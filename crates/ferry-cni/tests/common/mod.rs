@@ -17,6 +17,10 @@ use ferry_api::{Answer, Request, Response};
 use serde_json::{Value, json};
 
 /// What the fake agent does with a request.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a handful per test: the size does not matter"
+)]
 pub enum Reply {
     /// Answers this.
     Answer(Response),

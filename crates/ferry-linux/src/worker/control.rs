@@ -130,6 +130,8 @@ pub struct PortSnapshot {
     pub pipeline: PortStats,
     /// What the Linux port counted.
     pub linux: PortCounters,
+    /// Packets received on the port that the pipeline dropped, by reason.
+    pub drops: DropCounters,
 }
 
 /// What a running worker and its pipeline had counted at `time_ns`.
