@@ -140,8 +140,6 @@ pub enum Request {
     CaptureStop,
 }
 
-/// The error code of a request the agent does not implement yet.
-pub const ERR_NOT_IMPLEMENTED: u32 = 101;
 /// The error code of a request whose fields are bad (a filter that does not parse).
 pub const ERR_BAD_REQUEST: u32 = 102;
 /// The error code of a request the dataplane's worker did not answer (stopped, or not

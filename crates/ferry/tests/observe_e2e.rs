@@ -171,8 +171,12 @@ fn conntrack_services_status_and_metrics_of_a_running_agent() {
         Response::Error(e) => assert_eq!(e.code, ferry_api::ERR_BAD_REQUEST, "{e:?}"),
         r => panic!("{r:?}"),
     }
+    // Reading a capture that was never started is refused.
     match call(&sock, &Request::CaptureRead).unwrap() {
-        Response::Error(e) => assert_eq!(e.code, ferry_api::ERR_NOT_IMPLEMENTED, "{e:?}"),
+        Response::Error(e) => {
+            assert_eq!(e.code, ferry_api::ERR_BAD_REQUEST, "{e:?}");
+            assert!(e.details.contains("no capture is running"), "{e:?}");
+        }
         r => panic!("{r:?}"),
     }
 
