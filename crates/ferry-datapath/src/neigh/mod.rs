@@ -8,9 +8,14 @@
 //! least recently updated entry goes, INCOMPLETE ones first. Entries are created only by
 //! the node's own probes and by messages addressed to the node, so unsolicited chatter on
 //! the segment cannot fill it. Time is passed in.
+//!
+//! Packets for a neighbour that has no MAC yet wait in a [`Queue`] until it answers.
 
 pub mod arp;
 pub mod nd;
+pub mod queue;
+
+pub use queue::Queue;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -73,6 +78,17 @@ pub struct Config {
     pub reachable_ns: u64,
     /// At most one probe per target this often (Linux's `retrans_time`, 1 s).
     pub probe_interval_ns: u64,
+    /// Packets wait for their neighbour's MAC this long at most (Linux declares a
+    /// neighbour FAILED after `mcast_solicit` = 3 unanswered probes `retrans_time` apart,
+    /// 3 s, and drops what waited for it).
+    pub unresolved_ns: u64,
+    /// Packets waiting per neighbour (Linux's `unres_qlen`, 3).
+    pub queue_per_neighbour: usize,
+    /// Packets waiting for all neighbours together.
+    pub queue_max_packets: usize,
+    /// Bytes of the packets waiting for all neighbours together (IP length and link
+    /// headers; a GSO packet counts whole).
+    pub queue_max_bytes: usize,
 }
 
 impl Default for Config {
@@ -81,6 +97,10 @@ impl Default for Config {
             max_entries: 1024,
             reachable_ns: 30_000_000_000,
             probe_interval_ns: 1_000_000_000,
+            unresolved_ns: 3_000_000_000,
+            queue_per_neighbour: 3,
+            queue_max_packets: 256,
+            queue_max_bytes: 4 << 20,
         }
     }
 }
@@ -169,7 +189,8 @@ impl Neighbours {
     }
 
     /// Records that `ip` is at `mac` on `port`. An existing entry is confirmed; a new one
-    /// is created only when `create` (the message was addressed to this node).
+    /// is created only when `create` (the message was addressed to this node, or packets
+    /// wait for it).
     pub fn learn(&mut self, port: PortId, ip: IpAddr, mac: [u8; 6], now_ns: u64, create: bool) {
         let fresh = Neighbour {
             mac,
@@ -232,6 +253,11 @@ impl Neighbours {
     /// Counters.
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// Limits and timers.
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 }
 
