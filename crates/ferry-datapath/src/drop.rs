@@ -132,9 +132,17 @@ drop_reasons! {
     /// A link-local or multicast source or destination that a router does not forward
     /// (IPv4 169.254/16, 224/4, broadcast; IPv6 fe80::/10, ff00::/8, unspecified source).
     NotForwardable => "not_forwardable",
-    /// The next hop's MAC is not known yet; an ARP request / neighbour solicitation went
-    /// out (rate limited) and the packet is dropped.
+    /// The next hop's MAC did not become known in time: the packet waited for it (an ARP
+    /// request / neighbour solicitation went out) until the resolution timeout. Also an
+    /// ICMP error that would go back through the overlay to a node not resolved yet (not
+    /// queued).
     NeighUnresolved => "neigh_unresolved",
+    /// A packet waiting for its next hop's MAC was pushed out by newer ones: its
+    /// neighbour already had as many waiting as allowed, or the queue was full.
+    NeighQueueOverflow => "neigh_queue_overflow",
+    /// A packet waiting for its next hop's MAC was discarded at a table swap: its ingress
+    /// or egress port went or has another index now, or its overlay node went.
+    NeighQueuePortGone => "neigh_queue_port_gone",
     /// TTL or hop limit reached zero.
     TtlExceeded => "ttl_exceeded",
     /// Too big for the egress MTU with DF set (IPv4) or IPv6 not from reassembly.

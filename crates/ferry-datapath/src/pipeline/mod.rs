@@ -2,6 +2,10 @@
 //! check -> neighbour discovery -> TTL -> service load balancing and conntrack (with
 //! NAT) -> route -> next-hop resolution -> L2 rewrite -> egress MTU -> encap.
 //!
+//! A packet whose next hop has no MAC yet waits, as routed (after NAT, before the TTL
+//! and L2 rewrite), in the neighbour queue; when the neighbour answers it goes through
+//! the same stages from next-hop resolution on ([`Pipeline::deliver`]).
+//!
 //! The service stage runs inside conntrack's decision for a new connection only
 //! ([`Conntrack::process_with`]): packets of known connections follow their entry.
 //! Policy will slot in after conntrack. The pipeline owns its
@@ -36,17 +40,22 @@ pub enum Verdict {
     /// Taken by the node itself: ARP or neighbour discovery, answered, learned from, or
     /// ignored as not addressed to it; never forwarded.
     Consumed,
+    /// Routed, waiting for its next hop's MAC (an ARP request / neighbour solicitation
+    /// went out): it is sent when the neighbour answers, or dropped when the wait times
+    /// out or newer packets push it out of the queue. Its connection is committed.
+    Queued,
     /// Dropped for this reason.
     Dropped(DropReason),
 }
 
 impl Verdict {
-    /// `forwarded`, `held` or `dropped`.
+    /// `forwarded`, `held`, `consumed`, `queued` or `dropped`.
     pub fn name(&self) -> &'static str {
         match self {
             Verdict::Forwarded => "forwarded",
             Verdict::Held => "held",
             Verdict::Consumed => "consumed",
+            Verdict::Queued => "queued",
             Verdict::Dropped(_) => "dropped",
         }
     }
@@ -73,6 +82,9 @@ pub struct Trace {
     /// The packet's key as conntrack looked it up (after decapsulation and reassembly,
     /// before NAT); recorded only when tracing is on.
     pub key: Option<crate::flow::FlowKey>,
+    /// The neighbour (port and address) the packet was queued for, when it was; recorded
+    /// only when tracing is on.
+    pub waiting_for: Option<(PortId, IpAddr)>,
 }
 
 impl Trace {
@@ -83,6 +95,7 @@ impl Trace {
             events: Vec::new(),
             ct: None,
             key: None,
+            waiting_for: None,
         }
     }
 
@@ -107,6 +120,7 @@ impl Trace {
         self.events.clear();
         self.ct = None;
         self.key = None;
+        self.waiting_for = None;
     }
 
     /// The conntrack state as verdict logs name it: `new`, `established`, `reply`,
@@ -132,7 +146,8 @@ pub struct PortStats {
     pub tx_bytes: u64,
     /// Packets received here that the pipeline dropped (by reason in
     /// [`Pipeline::port_drops`]). Fragments dropped later with their datagram (expired,
-    /// overlapped) are counted in [`Pipeline::drops`] only.
+    /// overlapped) and queued packets dropped later (expired, pushed out, discarded at a
+    /// table swap) are counted in [`Pipeline::drops`] only.
     pub drops: u64,
 }
 
@@ -161,6 +176,18 @@ pub struct Stats {
     pub nd_answered: u64,
     /// ARP requests / neighbour solicitations sent to resolve a next hop.
     pub neigh_probes: u64,
+    /// Packets waiting for their next hop's MAC now.
+    pub neigh_waiting: u64,
+    /// Packets queued to wait for their next hop's MAC.
+    pub neigh_queued: u64,
+    /// Queued packets sent on when their neighbour answered.
+    pub neigh_released: u64,
+    /// Queued packets pushed out by newer ones (`neigh_queue_overflow`).
+    pub neigh_queue_overflow: u64,
+    /// Queued packets whose neighbour did not answer in time (`neigh_unresolved`).
+    pub neigh_queue_expired: u64,
+    /// Queued packets discarded at a table swap (`neigh_queue_port_gone`).
+    pub neigh_queue_port_gone: u64,
     /// Packets sent VXLAN-encapsulated.
     pub encapsulated: u64,
     /// VXLAN packets decapsulated.
@@ -252,8 +279,51 @@ struct Egress {
     tunnel: Option<overlay::Outer>,
 }
 
-/// Datagrams (and connections) expired per call of [`Pipeline::tick`] at most: bounded
-/// work per batch.
+/// A routed packet and what the stages after routing need to finish it (see
+/// [`Pipeline::deliver`]): what waits in the neighbour queue.
+struct Routed {
+    /// After NAT; TTL and MACs not rewritten yet.
+    pkt: Packet,
+    parsed: Parsed,
+    /// The egress port (the overlay's uplink when tunnelled) and the next hop on it.
+    port: PortId,
+    hop: NextHop,
+    /// The MTU that applies to it (inside the tunnel when tunnelled); the packet was
+    /// found not too big for it.
+    mtu: usize,
+}
+
+/// Why a routed packet has no link-layer addresses.
+#[derive(Debug, PartialEq, Eq)]
+enum NoEgress {
+    /// It cannot be sent.
+    Drop(DropReason),
+    /// The neighbour `ip` on `port` has no MAC yet; `probed` when a probe went out now.
+    Unresolved {
+        port: PortId,
+        ip: IpAddr,
+        probed: bool,
+    },
+}
+
+impl NoEgress {
+    /// The reason to count when the packet is not queued.
+    fn reason(&self) -> DropReason {
+        match self {
+            NoEgress::Drop(r) => *r,
+            NoEgress::Unresolved { .. } => DropReason::NeighUnresolved,
+        }
+    }
+}
+
+impl From<DropReason> for NoEgress {
+    fn from(r: DropReason) -> Self {
+        NoEgress::Drop(r)
+    }
+}
+
+/// Datagrams (and connections, and queued packets) expired per call of
+/// [`Pipeline::tick`] at most: bounded work per batch.
 pub const EXPIRE_BUDGET: usize = 64;
 
 /// One node's packet pipeline.
@@ -262,6 +332,8 @@ pub struct Pipeline {
     ipf: Reassembler,
     ct: Conntrack,
     neigh: Neighbours,
+    /// Packets waiting for their next hop's MAC.
+    parked: neigh::Queue<Routed>,
     icmp: RateLimiter,
     affinity: Affinity,
     affinity_swept_ns: u64,
@@ -285,6 +357,7 @@ impl Pipeline {
         let (per_second, burst) = swap::icmp_limits(&tables.icmp);
         let icmp = RateLimiter::new(per_second, burst);
         let ct = swap::ct_config(&tables.ct);
+        let neigh = neigh::Config::default();
         Pipeline {
             ports: vec![PortStats::default(); tables.ports.len()],
             port_drops: vec![DropCounters::default(); tables.ports.len()],
@@ -292,7 +365,8 @@ impl Pipeline {
             tables,
             ipf: Reassembler::new(cfg),
             ct: Conntrack::new(ct),
-            neigh: Neighbours::new(neigh::Config::default()),
+            parked: neigh::Queue::new(&neigh),
+            neigh: Neighbours::new(neigh),
             icmp,
             affinity: Affinity::default(),
             affinity_swept_ns: 0,
@@ -353,11 +427,17 @@ impl Pipeline {
         &self.affinity
     }
 
-    /// Advances the pipeline's clock: expires fragments and connections, with bounded
-    /// work.
+    /// Advances the pipeline's clock: expires fragments, connections and packets that
+    /// waited too long for their neighbour, with bounded work.
     pub fn tick(&mut self, now_ns: u64) {
         self.ipf.expire(now_ns, EXPIRE_BUDGET, &mut self.drops);
         self.ct.expire(now_ns, EXPIRE_BUDGET);
+        let expired = self.parked.expire(now_ns, EXPIRE_BUDGET);
+        if expired > 0 {
+            self.drops.add(DropReason::NeighUnresolved, expired as u64);
+            self.stats.neigh_queue_expired += expired as u64;
+            self.stats.neigh_waiting = self.parked.len() as u64;
+        }
         if now_ns.saturating_sub(self.affinity_swept_ns) >= AFFINITY_SWEEP_NS {
             self.affinity_swept_ns = now_ns;
             self.affinity.expire(now_ns, usize::MAX);
@@ -750,13 +830,63 @@ impl Pipeline {
             return self.drop(DropReason::TooBig, trace);
         }
 
-        let egress = match self.resolve(out_id, next_hop, &parsed, now, out, trace) {
+        let routed = Routed {
+            pkt,
+            parsed,
+            port: out_id,
+            hop: next_hop,
+            mtu,
+        };
+        self.deliver(&tables, routed, pending, now, out, trace)
+    }
+
+    /// The stages after routing, for a packet routed just now (with the connection it
+    /// starts, if any) and for one that waited for its neighbour: next-hop resolution
+    /// (the packet is queued when its neighbour has no MAC yet), commit, TTL, L2 rewrite,
+    /// encap, egress MTU (segmentation, checksum completion, fragmentation).
+    #[inline(always)]
+    fn deliver(
+        &mut self,
+        tables: &Tables,
+        routed: Routed,
+        mut pending: Option<Pending>,
+        now: u64,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) -> Verdict {
+        let Routed {
+            mut pkt,
+            parsed,
+            port: out_id,
+            hop,
+            mtu,
+        } = routed;
+        let egress = match self.resolve(out_id, hop, &parsed, now, out, trace) {
             Ok(e) => e,
-            Err(r) => return self.drop(r, trace),
+            Err(NoEgress::Drop(r)) => return self.drop(r, trace),
+            Err(NoEgress::Unresolved { port, ip, probed }) => {
+                // Committed now, as if sent: a reply that overtakes the queued packet
+                // (or the next packet of the connection) finds it.
+                if let Err(r) = self.commit(&mut pending, now, trace) {
+                    return self.drop(r, trace);
+                }
+                let routed = Routed {
+                    pkt,
+                    parsed,
+                    port: out_id,
+                    hop,
+                    mtu,
+                };
+                return self.park(port, ip, probed, routed, now, trace);
+            }
         };
         if let Err(r) = self.commit(&mut pending, now, trace) {
             return self.drop(r, trace);
         }
+        let out_port = &tables.ports[usize::from(out_id)];
+        let mru = usize::from(pkt.meta.mru);
+        let gso = pkt.meta.vnet.is_gso();
+        let uso = pkt.meta.vnet.gso_type & !VnetHdr::GSO_ECN == VnetHdr::GSO_UDP_L4;
 
         decrement_ttl(&mut pkt.data, &parsed);
         pkt.data[0..6].copy_from_slice(&egress.dst_mac);
@@ -966,7 +1096,7 @@ impl Pipeline {
 
     /// Where the frame goes at the link layer: the next hop's MAC (from the route, the
     /// neighbour table, or, for the overlay, the peer's VTEP with the outer headers to
-    /// add). An unknown neighbour is probed (rate limited) and the packet dropped.
+    /// add). An unknown neighbour is probed (rate limited) and named in the error.
     fn resolve(
         &mut self,
         port: PortId,
@@ -975,7 +1105,7 @@ impl Pipeline {
         now: u64,
         out: &mut Vec<(PortId, Packet)>,
         trace: &mut Trace,
-    ) -> Result<Egress, DropReason> {
+    ) -> Result<Egress, NoEgress> {
         let tables = Arc::clone(&self.tables);
         let p = &tables.ports[usize::from(port)];
         let plain = |dst_mac| Egress {
@@ -1061,7 +1191,7 @@ impl Pipeline {
         now: u64,
         out: &mut Vec<(PortId, Packet)>,
         trace: &mut Trace,
-    ) -> Result<[u8; 6], DropReason> {
+    ) -> Result<[u8; 6], NoEgress> {
         let r = self.neigh.resolve(port, ip, now);
         if r.probe {
             let tables = Arc::clone(&self.tables);
@@ -1087,12 +1217,102 @@ impl Pipeline {
                 }
             };
             self.stats.neigh_probes += 1;
-            trace.note("neigh", || {
-                format!("{ip} unknown on {}: probe sent", p.name)
-            });
+            if r.mac.is_some() {
+                // Unknown ones are noted with the packet queued for them.
+                trace.note("neigh", || format!("{ip} stale on {}: probe sent", p.name));
+            }
             self.send(port, Packet::new(frame, port, now), out);
         }
-        r.mac.ok_or(DropReason::NeighUnresolved)
+        match r.mac {
+            Some(m) => Ok(m),
+            None => Err(NoEgress::Unresolved {
+                port,
+                ip,
+                probed: r.probe,
+            }),
+        }
+    }
+
+    /// Queues a routed packet until the neighbour `ip` on `port` answers (see
+    /// [`neigh::Queue`]); older ones may be pushed out.
+    fn park(
+        &mut self,
+        port: PortId,
+        ip: IpAddr,
+        probed: bool,
+        routed: Routed,
+        now: u64,
+        trace: &mut Trace,
+    ) -> Verdict {
+        let bytes = routed.pkt.data.len();
+        let pushed_out = match self.parked.push(port, ip, routed, bytes, now) {
+            Ok(n) => n as u64,
+            Err(_) => return self.drop(DropReason::NeighQueueOverflow, trace),
+        };
+        self.drops.add(DropReason::NeighQueueOverflow, pushed_out);
+        self.stats.neigh_queue_overflow += pushed_out;
+        self.stats.neigh_queued += 1;
+        self.stats.neigh_waiting = self.parked.len() as u64;
+        if trace.enabled {
+            trace.waiting_for = Some((port, ip));
+        }
+        trace.note("neigh", || {
+            let asked = match (probed, ip) {
+                (true, IpAddr::V4(_)) => "ARP request sent",
+                (true, IpAddr::V6(_)) => "neighbour solicitation sent",
+                (false, _) => "asked already",
+            };
+            let pushed = if pushed_out > 0 {
+                format!(", {pushed_out} older pushed out")
+            } else {
+                String::new()
+            };
+            format!(
+                "queued: next hop {ip} unresolved on {} ({asked}); {} waiting for it{pushed}",
+                self.tables.ports[usize::from(port)].name,
+                self.parked.waiting_for(port, ip)
+            )
+        });
+        Verdict::Queued
+    }
+
+    /// Records a neighbour's MAC learned from ARP or ND (see [`Neighbours::learn`]; an
+    /// entry that packets wait for is asked for, so created if missing) and sends the
+    /// packets that waited for it, oldest first.
+    #[allow(clippy::too_many_arguments)]
+    fn learned(
+        &mut self,
+        port: PortId,
+        ip: IpAddr,
+        mac: [u8; 6],
+        now: u64,
+        create: bool,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) {
+        let waiting = self.parked.contains(port, ip);
+        self.neigh.learn(port, ip, mac, now, create || waiting);
+        if !waiting {
+            return;
+        }
+        let tables = Arc::clone(&self.tables);
+        let rx_port = self.rx_port;
+        let released = self.parked.take(port, ip);
+        self.stats.neigh_waiting = self.parked.len() as u64;
+        for routed in released {
+            self.stats.neigh_released += 1;
+            // Drops on the way are the packet's, counted against the port it came in on.
+            self.rx_port = usize::from(routed.pkt.meta.in_port);
+            trace.note("neigh", || {
+                format!(
+                    "{ip} is at {}: sending {} that waited for it",
+                    MacAddr(mac),
+                    routed.parsed.key
+                )
+            });
+            self.deliver(&tables, routed, None, now, out, trace);
+        }
+        self.rx_port = rx_port;
     }
 
     /// Sends a packet as the egress says: encapsulated when it goes through the overlay.
@@ -1148,7 +1368,7 @@ impl Pipeline {
             if !a.sender_ip.is_unspecified() {
                 // Create an entry only for a node that talks to us; refresh any.
                 let create = ours && a.op == arp::REQUEST;
-                self.neigh.learn(in_id, sender, a.sender_mac, now, create);
+                self.learned(in_id, sender, a.sender_mac, now, create, out, trace);
             }
             ours && a.op == arp::REQUEST
         };
@@ -1216,7 +1436,7 @@ impl Pipeline {
                     && !src.is_unspecified()
                     && let Some(m) = slla
                 {
-                    self.neigh.learn(in_id, IpAddr::V6(src), m, now, ours);
+                    self.learned(in_id, IpAddr::V6(src), m, now, ours, out, trace);
                 }
                 if !ours || src.is_unspecified() {
                     trace.note("nd", || format!("solicitation for {target}: not answered"));
@@ -1228,7 +1448,7 @@ impl Pipeline {
             nd::Message::Advert { target, tlla, .. } => {
                 if !pod {
                     let mac = tlla.unwrap_or(src_mac);
-                    self.neigh.learn(in_id, IpAddr::V6(target), mac, now, false);
+                    self.learned(in_id, IpAddr::V6(target), mac, now, false, out, trace);
                 }
                 trace.note("nd", || format!("advertisement of {target}"));
                 return Verdict::Consumed;
@@ -1343,7 +1563,8 @@ impl Pipeline {
                     err.data[6..12].copy_from_slice(&e.src_mac);
                     self.emit(&e, err, out);
                 }
-                Err(r) => self.drops.count(r),
+                // Errors are not queued: the sender retries, and the error comes again.
+                Err(e) => self.drops.count(e.reason()),
             }
             return;
         }
@@ -1590,6 +1811,10 @@ mod overlay_tests;
 
 #[cfg(test)]
 mod service_tests;
+
+/// Packets waiting for their next hop's MAC.
+#[cfg(test)]
+mod neigh_tests;
 
 #[cfg(test)]
 mod test_support;

@@ -364,8 +364,8 @@ fn test_uplink_answers_for_the_node_addresses_and_learns_the_asker() {
 fn test_unknown_next_hop_is_probed_and_traffic_flows_once_it_answers() {
     let (mut a, _) = nodes();
     let (v, out) = run(&mut a, udp_from_pod("8.8.8.8", 1, b"q"), POD, 0);
-    assert_eq!(v, Verdict::Dropped(DropReason::NeighUnresolved));
-    assert_eq!(out.len(), 1);
+    assert_eq!(v, Verdict::Queued);
+    assert_eq!(out.len(), 1, "only the probe leaves");
     let (port, f) = &out[0];
     assert_eq!(*port, UPLINK);
     assert_eq!(&f.data[0..6], &[0xff; 6]);
@@ -385,19 +385,21 @@ fn test_unknown_next_hop_is_probed_and_traffic_flows_once_it_answers() {
         )
     );
     // Probes are rate limited per target.
-    let (_, out) = run(&mut a, udp_from_pod("8.8.8.8", 1, b"q"), POD, SEC / 10);
+    let (v, out) = run(&mut a, udp_from_pod("8.8.8.8", 1, b"q"), POD, SEC / 10);
+    assert_eq!(v, Verdict::Queued);
     assert!(out.is_empty());
-    // The gateway answers; traffic flows.
-    assert_eq!(
-        run(
-            &mut a,
-            arp_reply(1, "192.168.50.1", GW_MAC),
-            UPLINK,
-            SEC / 5
-        )
-        .0,
-        Verdict::Consumed
+    // The gateway answers: the two packets that waited leave; then traffic flows.
+    let (v, out) = run(
+        &mut a,
+        arp_reply(1, "192.168.50.1", GW_MAC),
+        UPLINK,
+        SEC / 5,
     );
+    assert_eq!((v, out.len()), (Verdict::Consumed, 2));
+    for (port, f) in &out {
+        assert_eq!(*port, UPLINK);
+        assert_eq!(&f.data[0..6], &GW_MAC);
+    }
     let (v, out) = run(&mut a, udp_from_pod("8.8.8.8", 1, b"q"), POD, SEC / 4);
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(&out[0].1.data[0..6], &GW_MAC);
@@ -413,7 +415,7 @@ fn test_unknown_next_hop_is_probed_and_traffic_flows_once_it_answers() {
         &from_pod(1, 5),
     );
     let (v, out) = run(&mut a, f, POD, 0);
-    assert_eq!(v, Verdict::Dropped(DropReason::NeighUnresolved));
+    assert_eq!(v, Verdict::Queued);
     let p = parse(&out[0].1.data, 0).unwrap();
     assert_eq!(p.key.dst, ip("ff02::1:ff00:1"));
     assert_eq!(
@@ -424,6 +426,8 @@ fn test_unknown_next_hop_is_probed_and_traffic_flows_once_it_answers() {
         }))
     );
     assert_eq!(a.stats().neigh_probes, 2);
+    assert_eq!(a.stats().neigh_queued, 3);
+    assert_eq!(a.drops().total(), 0);
 }
 
 fn vxlan_from(src: &str, vni: u32) -> Vec<u8> {

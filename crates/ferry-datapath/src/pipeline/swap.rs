@@ -17,6 +17,12 @@
 //! - **Neighbours** are kept for ports whose name is at the same index in both tables
 //!   (entries are keyed by `PortId`); those of ports that moved or went are dropped and
 //!   learned again on demand.
+//! - **Packets waiting for a neighbour** stay when their ingress port and the port they
+//!   leave by both keep their index (the rule for neighbours: a `PortId` must not change
+//!   meaning under a parked packet), and, when they go through the overlay, their node
+//!   is still there on the same uplink (its index is looked up again by address). The
+//!   others are dropped (`neigh_queue_port_gone`), never sent to whatever port has the
+//!   old index now. A kept packet keeps the MTU it was routed with.
 //! - **Fragments** being reassembled are keyed by zone, not port: they stay.
 //! - **Drop and pipeline counters** go on counting.
 //!
@@ -34,11 +40,12 @@ use std::sync::Arc;
 
 use super::{Pipeline, PortStats};
 use crate::conntrack;
-use crate::drop::DropCounters;
+use crate::drop::{DropCounters, DropReason};
 use crate::icmp::RateLimiter;
 use crate::ipf;
 use crate::lb::MARK_SERVICE;
-use crate::tables::{CtSpec, IcmpSpec, IpfSpec, Tables};
+use crate::packet::PortId;
+use crate::tables::{CtSpec, IcmpSpec, IpfSpec, NextHop, Tables};
 
 #[cfg(test)]
 #[path = "swap_tests.rs"]
@@ -51,6 +58,9 @@ pub struct SwapReport {
     pub ct_removed: usize,
     /// Neighbour entries dropped because their port moved or went.
     pub neigh_removed: usize,
+    /// Packets waiting for a neighbour dropped because a port of theirs moved or went
+    /// (or their overlay node).
+    pub neigh_queue_removed: usize,
     /// Ports of the new tables that the old ones did not have, by name.
     pub ports_added: Vec<String>,
     /// Ports of the old tables that the new ones do not have, by name.
@@ -105,10 +115,41 @@ impl Pipeline {
             .map(|p| p.name.clone())
             .collect();
 
-        report.neigh_removed = self.neigh.retain_ports(|id| {
+        let same = |id: PortId| {
             let i = usize::from(id);
             matches!((old.ports.get(i), new.ports.get(i)), (Some(a), Some(b)) if a.name == b.name)
+        };
+        report.neigh_removed = self.neigh.retain_ports(same);
+        report.neigh_queue_removed = self.parked.retain(|port, _, r| {
+            if !(same(port) && same(r.port) && same(r.pkt.meta.in_port)) {
+                return false;
+            }
+            let NextHop::Tunnel(i) = r.hop else {
+                return true;
+            };
+            // Overlay nodes are numbered in table order: follow the node by address.
+            let addr = old
+                .overlay
+                .as_ref()
+                .and_then(|o| o.peers.get(usize::from(i)));
+            let now = new
+                .overlay
+                .as_ref()
+                .filter(|o| o.uplink == r.port)
+                .zip(addr)
+                .and_then(|(o, p)| o.peer_index(p.address));
+            match now {
+                Some(j) => {
+                    r.hop = NextHop::Tunnel(j);
+                    true
+                }
+                None => false,
+            }
         });
+        let gone = report.neigh_queue_removed as u64;
+        self.drops.add(DropReason::NeighQueuePortGone, gone);
+        self.stats.neigh_queue_port_gone += gone;
+        self.stats.neigh_waiting = self.parked.len() as u64;
 
         let services = &new.services;
         // Visit the connections only when an endpoint may have gone: an update that

@@ -10,6 +10,11 @@
 //!
 //! A connection whose NAT is chosen in the scratch copy sees only the connections copied
 //! into it, so a source NAT port it picks may be one the live table has in use.
+//!
+//! A packet whose next hop the copied neighbour table does not know is queued in the
+//! scratch pipeline, as it would be in the live one: its verdict names the next hop and
+//! says whether an ARP request / neighbour solicitation would be sent for it. Nothing
+//! answers in a dry run, so it goes no further and no reply pass follows it.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -22,7 +27,7 @@ use crate::describe::{self, Described, Transport};
 use crate::flow::{FlowKey, proto};
 use crate::ipf::Reassembler;
 use crate::lb;
-use crate::neigh::arp;
+use crate::neigh::{arp, nd};
 use crate::overlay;
 use crate::packet::{Packet, PortId};
 use crate::tables::{Overlay, Tables};
@@ -53,7 +58,8 @@ pub struct TracePass {
     pub summary: String,
     /// What each stage did, in order.
     pub stages: Vec<TraceStage>,
-    /// `forwarded`, `held`, `consumed` or `dropped: REASON`.
+    /// `forwarded`, `held`, `consumed`, `queued: ...` (the next hop it waits for) or
+    /// `dropped: REASON`.
     pub verdict: String,
     /// What conntrack made of it (see [`Trace::ct_name`]), when it got that far.
     pub ct: Option<String>,
@@ -197,6 +203,7 @@ fn run_pass(
             .collect(),
         verdict: match verdict {
             Verdict::Dropped(r) => format!("dropped: {}", r.name()),
+            Verdict::Queued => queued(tables, &trace, &out),
             v => v.name().to_string(),
         },
         ct: trace.ct_name().map(String::from),
@@ -216,6 +223,39 @@ fn run_pass(
             out,
         },
     )
+}
+
+/// The verdict of a packet queued for its next hop: which one, and whether this pass
+/// would ask for it.
+fn queued(tables: &Tables, trace: &Trace, out: &[(PortId, Packet)]) -> String {
+    let Some((port, ip)) = trace.waiting_for else {
+        return Verdict::Queued.name().to_string();
+    };
+    let asks = out
+        .iter()
+        .any(|(p, pkt)| *p == port && probe_target(&pkt.data) == Some(ip));
+    let ask = match (asks, ip) {
+        (true, IpAddr::V4(_)) => "an ARP request would be sent",
+        (true, IpAddr::V6(_)) => "a neighbour solicitation would be sent",
+        (false, _) => "already asked",
+    };
+    format!(
+        "queued: next hop {ip} on {} unresolved, {ask}",
+        port_name(tables, port)
+    )
+}
+
+/// The address an ARP request or neighbour solicitation asks for.
+fn probe_target(frame: &[u8]) -> Option<IpAddr> {
+    let p = parse(frame, 0).ok()?;
+    if p.l3 == L3::Arp {
+        let a = arp::Repr::parse(&frame[p.l3_off..]).ok()?;
+        return (a.op == arp::REQUEST).then_some(IpAddr::V4(a.target_ip));
+    }
+    match nd::parse(frame, &p) {
+        Ok(Some(nd::Message::Solicit { target, .. })) => Some(IpAddr::V6(target)),
+        _ => None,
+    }
 }
 
 fn port_name(tables: &Tables, port: PortId) -> String {
@@ -354,7 +394,9 @@ fn left_by(tables: &Tables, e: &Entry, dir: usize, out: &[(PortId, Packet)]) -> 
     let mut first = None;
     for (port, pkt) in out {
         let Ok(p) = parse(&pkt.data, 0) else { continue };
-        if !p.is_ip() {
+        // Neither ARP nor a neighbour solicitation for a queued packet says where it
+        // leaves.
+        if !p.is_ip() || probe_target(&pkt.data).is_some() {
             continue;
         }
         let tunnel = vxlan_on(tables, *port, &p).and_then(|ov| {

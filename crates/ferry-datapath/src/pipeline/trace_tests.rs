@@ -447,3 +447,36 @@ fn test_the_endpoint_node_sends_replies_back_to_the_ingress_node() {
         "{rev}"
     );
 }
+
+#[test]
+fn test_a_packet_to_an_unresolved_next_hop_is_reported_queued() {
+    let (a, _) = nodes();
+    let before = snapshot(&a);
+    let f = described(&a, "udp 10.244.1.5:1000 -> 8.8.8.8:53", POD);
+    let r = trace(&a, vec![(POD, f.clone()), (POD, f)], SEC, true);
+    assert_eq!(r.passes.len(), 2, "no reply pass: nothing left");
+    let first = &r.passes[0];
+    assert_eq!(
+        first.verdict,
+        "queued: next hop 192.168.50.1 on eth0 unresolved, an ARP request would be sent"
+    );
+    assert!(stage(first, "neigh").starts_with("queued: next hop 192.168.50.1"));
+    assert_eq!(first.out.len(), 1);
+    assert_eq!(
+        first.out[0].summary,
+        "arp who-has 192.168.50.1 tell 192.168.50.10"
+    );
+    assert_eq!(
+        r.passes[1].verdict,
+        "queued: next hop 192.168.50.1 on eth0 unresolved, already asked"
+    );
+    assert!(r.passes[1].out.is_empty());
+
+    let f = described(&a, "udp [fd00:10:244:1::5]:1000 -> [2001:db8::1]:53", POD);
+    let r = trace(&a, vec![(POD, f)], SEC, true);
+    assert_eq!(
+        r.passes[0].verdict,
+        "queued: next hop fd00:50::1 on eth0 unresolved, a neighbour solicitation would be sent"
+    );
+    assert_eq!(snapshot(&a), before, "the live pipeline queued nothing");
+}

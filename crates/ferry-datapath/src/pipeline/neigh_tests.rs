@@ -1,0 +1,361 @@
+//! Packets that wait for their next hop's MAC: queued when it is unknown, sent when the
+//! neighbour answers, dropped when it does not, pushed out by newer ones, or discarded at
+//! a table swap.
+
+use super::test_support::*;
+use super::*;
+
+const GW: &str = "192.168.50.1";
+const NODE2: &str = "192.168.50.20";
+
+fn udp_to(dst: &str, payload: &[u8]) -> Vec<u8> {
+    udp_from_pod(dst, 40000, payload)
+}
+
+/// The UDP payload of a frame (inside the VXLAN packet when `tunnelled`).
+fn payload(frame: &[u8], tunnelled: bool) -> Vec<u8> {
+    let p = parse(frame, 0).unwrap();
+    if !tunnelled {
+        return frame[p.l4_off + 8..p.ip_end].to_vec();
+    }
+    let inner = &frame[p.l4_off + 8 + vxlan::LEN..p.ip_end];
+    payload(inner, false)
+}
+
+fn payloads(out: &[(PortId, Packet)], tunnelled: bool) -> Vec<Vec<u8>> {
+    out.iter()
+        .map(|(_, f)| payload(&f.data, tunnelled))
+        .collect()
+}
+
+#[test]
+fn test_packets_to_an_unresolved_node_wait_and_leave_encapsulated_in_order() {
+    let (mut a, _) = nodes();
+    let first = udp_to("10.244.2.6", b"1");
+    let key = parse(&first, 0).unwrap().key;
+    let (v, out) = run(&mut a, first, POD, 0);
+    assert_eq!(v, Verdict::Queued);
+    assert_eq!(out.len(), 1, "the ARP request, nothing else");
+    let r = arp_of(&out[0].1.data);
+    assert_eq!(
+        (out[0].0, r.op, IpAddr::V4(r.target_ip)),
+        (UPLINK, arp::REQUEST, ip(NODE2))
+    );
+    assert!(
+        a.conntrack().lookup(&key).is_some(),
+        "committed while it waits, so that the reply finds it"
+    );
+    for (i, p) in [b"2", b"3"].into_iter().enumerate() {
+        let (v, out) = run(&mut a, udp_to("10.244.2.6", p), POD, (i as u64 + 1) * 1000);
+        assert_eq!((v, out.len()), (Verdict::Queued, 0), "asked already");
+    }
+    assert_eq!((a.stats().neigh_waiting, a.stats().neigh_queued), (3, 3));
+
+    let (v, out) = run(
+        &mut a,
+        arp_reply(1, NODE2, uplink_mac(2)),
+        UPLINK,
+        SEC / 100,
+    );
+    assert_eq!(v, Verdict::Consumed);
+    assert_eq!(payloads(&out, true), [b"1", b"2", b"3"], "in order");
+    for (port, f) in &out {
+        assert_eq!(*port, UPLINK);
+        assert_eq!(&f.data[0..6], &uplink_mac(2), "to the MAC just learned");
+        assert_eq!(&f.data[6..12], &uplink_mac(1));
+        let o = parse(&f.data, 0).unwrap();
+        assert_eq!((o.key.dst, o.key.dst_port), (ip(NODE2), 4789));
+        let inner = &f.data[o.l4_off + 8 + vxlan::LEN..];
+        assert_eq!(&inner[0..6], &overlay::vtep_mac(ip(NODE2)));
+        assert_eq!(parse(inner, 0).unwrap().ttl, 63, "TTL decremented once");
+    }
+    let s = a.stats();
+    assert_eq!(
+        (s.neigh_waiting, s.neigh_released, s.encapsulated),
+        (0, 3, 3)
+    );
+    assert_eq!(a.port_stats()[usize::from(UPLINK)].tx_packets, 4);
+    assert_eq!(a.drops().total(), 0);
+    // The neighbour is known now: the next packet goes at once.
+    let (v, out) = run(&mut a, udp_to("10.244.2.6", b"4"), POD, SEC / 50);
+    assert_eq!(
+        (v, payloads(&out, true)),
+        (Verdict::Forwarded, vec![b"4".to_vec()])
+    );
+}
+
+#[test]
+fn test_a_gso_packet_that_waited_is_segmented_when_it_leaves() {
+    let (mut a, _) = nodes();
+    let f = build::tcp(
+        ip("10.244.1.5"),
+        ip("10.244.2.6"),
+        33000,
+        80,
+        1,
+        1,
+        tcp_flags::ACK,
+        &build::pattern(20000, 1),
+        &from_pod(1, 5),
+    );
+    let mut pkt = Packet::new(f, POD, 0);
+    pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV4;
+    pkt.meta.vnet.gso_size = 1460;
+    let mut out = Vec::new();
+    let v = a.process(pkt, &mut out, &mut Trace::disabled());
+    assert_eq!((v, out.len()), (Verdict::Queued, 1));
+
+    let (v, out) = run(
+        &mut a,
+        arp_reply(1, NODE2, uplink_mac(2)),
+        UPLINK,
+        SEC / 100,
+    );
+    assert_eq!(v, Verdict::Consumed);
+    assert!(out.len() >= 14, "{}", out.len());
+    let mut seq = 1u32;
+    for (port, f) in &out {
+        assert_eq!(*port, UPLINK);
+        assert_eq!(&f.data[0..6], &uplink_mac(2));
+        let o = parse(&f.data, 0).unwrap();
+        assert!(o.ip_len() <= 1500 && o.frag.is_none());
+        let inner = &f.data[o.l4_off + 8 + vxlan::LEN..];
+        let i = parse(inner, 0).unwrap();
+        assert!(i.ip_len() <= 1450 && i.frag.is_none());
+        let got = u32::from_be_bytes(inner[i.l4_off + 4..i.l4_off + 8].try_into().unwrap());
+        assert_eq!(got, seq, "segments in order");
+        seq += (i.ip_end - i.l4_off - 20) as u32;
+    }
+    assert_eq!(seq, 20001);
+    assert_eq!(a.stats().segmented, 1);
+}
+
+#[test]
+fn test_a_fourth_packet_for_a_neighbour_pushes_out_the_oldest() {
+    let (mut a, _) = nodes();
+    for (i, p) in [b"1", b"2", b"3", b"4"].into_iter().enumerate() {
+        let (v, _) = run(&mut a, udp_to("8.8.8.8", p), POD, i as u64);
+        assert_eq!(v, Verdict::Queued);
+    }
+    assert_eq!(a.drops().get(DropReason::NeighQueueOverflow), 1);
+    let s = a.stats();
+    assert_eq!(
+        (s.neigh_queued, s.neigh_queue_overflow, s.neigh_waiting),
+        (4, 1, 3)
+    );
+    let (_, out) = run(&mut a, arp_reply(1, GW, GW_MAC), UPLINK, 10);
+    assert_eq!(payloads(&out, false), [b"2", b"3", b"4"]);
+    assert!(out.iter().all(|(_, f)| f.data[0..6] == GW_MAC));
+}
+
+#[test]
+fn test_packets_whose_neighbour_does_not_answer_expire() {
+    let (mut a, _) = nodes();
+    assert_eq!(
+        run(&mut a, udp_to("8.8.8.8", b"1"), POD, 0).0,
+        Verdict::Queued
+    );
+    assert_eq!(
+        run(&mut a, udp_to("8.8.8.8", b"2"), POD, SEC).0,
+        Verdict::Queued
+    );
+    let timeout = neigh::Config::default().unresolved_ns;
+    a.tick(timeout - 1);
+    assert_eq!(a.stats().neigh_waiting, 2);
+    a.tick(timeout);
+    assert_eq!(a.stats().neigh_waiting, 1, "the first waited long enough");
+    a.tick(timeout + SEC);
+    let s = a.stats();
+    assert_eq!((s.neigh_waiting, s.neigh_queue_expired), (0, 2));
+    assert_eq!(a.drops().get(DropReason::NeighUnresolved), 2);
+    // An answer after that sends nothing.
+    let (v, out) = run(&mut a, arp_reply(1, GW, GW_MAC), UPLINK, 5 * SEC);
+    assert_eq!((v, out.len()), (Verdict::Consumed, 0));
+}
+
+#[test]
+fn test_ipv6_packets_wait_for_a_neighbour_advertisement() {
+    let (mut a, _) = nodes();
+    let f = build::udp(
+        ip("fd00:10:244:1::5"),
+        ip("2001:db8::1"),
+        1,
+        2,
+        b"v6",
+        &from_pod(1, 5),
+    );
+    let (v, out) = run(&mut a, f, POD, 0);
+    assert_eq!(v, Verdict::Queued);
+    let p = parse(&out[0].1.data, 0).unwrap();
+    assert!(matches!(
+        nd::parse(&out[0].1.data, &p),
+        Ok(Some(nd::Message::Solicit { .. }))
+    ));
+    let IpAddr::V6(gw) = ip("fd00:50::1") else {
+        panic!()
+    };
+    let IpAddr::V6(me) = ip("fd00:50::10") else {
+        panic!()
+    };
+    let na = nd::advert(
+        uplink_mac(1),
+        GW_MAC,
+        None,
+        gw,
+        me,
+        gw,
+        nd::FLAG_SOLICITED | nd::FLAG_OVERRIDE,
+        GW_MAC,
+    );
+    let (v, out) = run(&mut a, na, UPLINK, SEC / 100);
+    assert_eq!((v, out.len()), (Verdict::Consumed, 1));
+    let (port, f) = &out[0];
+    assert_eq!(*port, UPLINK);
+    assert_eq!(
+        (&f.data[0..6], &f.data[6..12]),
+        (&GW_MAC[..], &uplink_mac(1)[..])
+    );
+    let q = parse(&f.data, 0).unwrap();
+    assert_eq!((q.key.dst, q.ttl), (ip("2001:db8::1"), 63));
+    assert_eq!(payload(&f.data, false), b"v6");
+}
+
+#[test]
+fn test_an_answer_to_a_neighbour_evicted_from_the_table_still_sends_what_waited() {
+    let (mut a, _) = nodes();
+    a.neigh = Neighbours::new(neigh::Config {
+        max_entries: 1,
+        ..neigh::Config::default()
+    });
+    assert_eq!(
+        run(&mut a, udp_to("8.8.8.8", b"1"), POD, 0).0,
+        Verdict::Queued
+    );
+    // Another neighbour takes the only entry.
+    assert_eq!(
+        run(&mut a, udp_to("10.244.2.6", b"2"), POD, 1).0,
+        Verdict::Queued
+    );
+    assert!(a.neighbours().get(UPLINK, ip(GW)).is_none());
+    let (_, out) = run(&mut a, arp_reply(1, GW, GW_MAC), UPLINK, 2);
+    assert_eq!(payloads(&out, false), [b"1"]);
+}
+
+#[test]
+fn test_a_table_swap_drops_what_waits_on_a_port_that_moved_and_keeps_the_rest() {
+    let spec = node_spec(1, ModeSpec::Always, vec![peer(2, NODE2)]);
+    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    assert_eq!(
+        run(&mut a, udp_to("8.8.8.8", b"1"), POD, 0).0,
+        Verdict::Queued
+    );
+
+    // The same tables again: nothing moved, the packet still waits.
+    let r = a.set_tables(Arc::new(spec.compile().unwrap()));
+    assert_eq!(r.neigh_queue_removed, 0);
+    assert_eq!(a.stats().neigh_waiting, 1);
+
+    // The uplink moves to index 1: what waited for its neighbours goes.
+    let mut moved = spec.clone();
+    moved.ports.swap(0, 1);
+    let r = a.set_tables(Arc::new(moved.compile().unwrap()));
+    assert_eq!(r.neigh_queue_removed, 1);
+    assert_eq!(a.drops().get(DropReason::NeighQueuePortGone), 1);
+    let s = a.stats();
+    assert_eq!((s.neigh_waiting, s.neigh_queue_port_gone), (0, 1));
+    // The answer, on the uplink's new index, finds nothing to send to a wrong port.
+    let (v, out) = run(&mut a, arp_reply(1, GW, GW_MAC), 1, SEC / 100);
+    assert_eq!((v, out.len()), (Verdict::Consumed, 0));
+}
+
+#[test]
+fn test_a_table_swap_drops_what_waits_from_a_pod_that_went() {
+    let spec = node_spec(1, ModeSpec::Always, vec![peer(2, NODE2)]);
+    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    assert_eq!(
+        run(&mut a, udp_to("8.8.8.8", b"1"), POD, 0).0,
+        Verdict::Queued
+    );
+    let mut gone = spec.clone();
+    gone.ports.truncate(1);
+    let r = a.set_tables(Arc::new(gone.compile().unwrap()));
+    assert_eq!((r.neigh_queue_removed, r.neigh_removed), (1, 0));
+    let (_, out) = run(&mut a, arp_reply(1, GW, GW_MAC), UPLINK, SEC / 100);
+    assert!(out.is_empty());
+}
+
+#[test]
+fn test_what_waits_for_the_overlay_follows_its_node_across_a_table_swap() {
+    let spec = node_spec(1, ModeSpec::Always, vec![peer(2, NODE2)]);
+    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    assert_eq!(
+        run(&mut a, udp_to("10.244.2.6", b"1"), POD, 0).0,
+        Verdict::Queued
+    );
+    // A node is added before node 2: node 2's index changes, not its address.
+    let mut more = spec.clone();
+    more.nodes.insert(0, peer(3, "192.168.50.30"));
+    let r = a.set_tables(Arc::new(more.compile().unwrap()));
+    assert_eq!(r.neigh_queue_removed, 0);
+    let (_, out) = run(
+        &mut a,
+        arp_reply(1, NODE2, uplink_mac(2)),
+        UPLINK,
+        SEC / 100,
+    );
+    assert_eq!(out.len(), 1);
+    let o = parse(&out[0].1.data, 0).unwrap();
+    assert_eq!(
+        o.key.dst,
+        ip(NODE2),
+        "to node 2, not to whichever node has its index"
+    );
+    let inner = &out[0].1.data[o.l4_off + 8 + vxlan::LEN..];
+    assert_eq!(&inner[0..6], &overlay::vtep_mac(ip(NODE2)));
+
+    // Node 2 goes: what waits for it goes too.
+    assert_eq!(
+        run(&mut a, udp_to("10.244.2.6", b"2"), POD, SEC).0,
+        Verdict::Forwarded
+    );
+    a.neigh = Neighbours::new(neigh::Config::default());
+    assert_eq!(
+        run(&mut a, udp_to("10.244.2.6", b"3"), POD, 2 * SEC).0,
+        Verdict::Queued
+    );
+    let mut fewer = more.clone();
+    fewer.nodes.truncate(1);
+    let r = a.set_tables(Arc::new(fewer.compile().unwrap()));
+    assert_eq!(r.neigh_queue_removed, 1);
+}
+
+#[test]
+fn test_the_trace_says_what_a_packet_waits_for_and_when_it_leaves() {
+    let (mut a, _) = nodes();
+    let mut t = Trace::enabled();
+    let mut out = Vec::new();
+    let pkt = Packet::new(udp_to("8.8.8.8", b"1"), POD, 0);
+    assert_eq!(a.process(pkt, &mut out, &mut t), Verdict::Queued);
+    assert_eq!(t.waiting_for, Some((UPLINK, ip(GW))));
+    let neigh = t.events.iter().find(|e| e.stage == "neigh").unwrap();
+    assert_eq!(
+        neigh.detail,
+        "queued: next hop 192.168.50.1 unresolved on eth0 (ARP request sent); 1 waiting for it"
+    );
+    assert!(t.events.iter().any(|e| e.stage == "commit"));
+    assert!(!t.events.iter().any(|e| e.stage == "egress"));
+
+    let mut t = Trace::enabled();
+    out.clear();
+    let reply = Packet::new(arp_reply(1, GW, GW_MAC), UPLINK, 1);
+    assert_eq!(a.process(reply, &mut out, &mut t), Verdict::Consumed);
+    let stages: Vec<&str> = t.events.iter().map(|e| e.stage).collect();
+    assert_eq!(stages, ["neigh", "l2", "egress", "arp"], "{:?}", t.events);
+    assert!(
+        t.events[0]
+            .detail
+            .starts_with("192.168.50.1 is at 02:00:00:00:00:fe: sending"),
+        "{}",
+        t.events[0].detail
+    );
+}
