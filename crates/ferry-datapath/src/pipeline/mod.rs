@@ -4,7 +4,7 @@
 //!
 //! A packet whose next hop has no MAC yet waits, as routed (after NAT, before the TTL
 //! and L2 rewrite), in the neighbour queue; when the neighbour answers it goes through
-//! the same stages from next-hop resolution on ([`Pipeline::deliver`]).
+//! the same stages from next-hop resolution on (`Pipeline::deliver`).
 //!
 //! The service stage runs inside conntrack's decision for a new connection only
 //! ([`Conntrack::process_with`]): packets of known connections follow their entry.
@@ -279,18 +279,23 @@ struct Egress {
     tunnel: Option<overlay::Outer>,
 }
 
-/// A routed packet and what the stages after routing need to finish it (see
-/// [`Pipeline::deliver`]): what waits in the neighbour queue.
-struct Routed {
-    /// After NAT; TTL and MACs not rewritten yet.
-    pkt: Packet,
-    parsed: Parsed,
+/// What routing decided for a packet, for the stages after it (`Pipeline::deliver`).
+#[derive(Clone, Copy, Debug)]
+struct Routing {
     /// The egress port (the overlay's uplink when tunnelled) and the next hop on it.
     port: PortId,
     hop: NextHop,
-    /// The MTU that applies to it (inside the tunnel when tunnelled); the packet was
+    /// The MTU that applies to the packet (inside the tunnel when tunnelled); it was
     /// found not too big for it.
     mtu: usize,
+}
+
+/// A routed packet waiting in the neighbour queue: after NAT, TTL and MACs not
+/// rewritten yet.
+struct Routed {
+    pkt: Packet,
+    parsed: Parsed,
+    routing: Routing,
 }
 
 /// Why a routed packet has no link-layer addresses.
@@ -466,7 +471,8 @@ impl Pipeline {
 
     /// Runs one packet through the pipeline. Packets to send are appended to `out` with
     /// their egress port (an ICMP error goes out of the ingress port; an ARP request or
-    /// neighbour solicitation out of the port whose next hop is being resolved).
+    /// neighbour solicitation out of the port whose next hop is being resolved; the
+    /// packets that waited for a neighbour when an ARP or ND packet teaches its MAC).
     pub fn process(
         &mut self,
         mut pkt: Packet,
@@ -830,14 +836,21 @@ impl Pipeline {
             return self.drop(DropReason::TooBig, trace);
         }
 
-        let routed = Routed {
-            pkt,
-            parsed,
+        let routing = Routing {
             port: out_id,
             hop: next_hop,
             mtu,
         };
-        self.deliver(&tables, routed, pending, now, out, trace)
+        self.deliver(
+            &tables,
+            pkt,
+            &parsed,
+            routing,
+            &mut pending,
+            now,
+            out,
+            trace,
+        )
     }
 
     /// The stages after routing, for a packet routed just now (with the connection it
@@ -845,50 +858,50 @@ impl Pipeline {
     /// (the packet is queued when its neighbour has no MAC yet), commit, TTL, L2 rewrite,
     /// encap, egress MTU (segmentation, checksum completion, fragmentation).
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn deliver(
         &mut self,
         tables: &Tables,
-        routed: Routed,
-        mut pending: Option<Pending>,
+        mut pkt: Packet,
+        parsed: &Parsed,
+        routing: Routing,
+        pending: &mut Option<Pending>,
         now: u64,
         out: &mut Vec<(PortId, Packet)>,
         trace: &mut Trace,
     ) -> Verdict {
-        let Routed {
-            mut pkt,
-            parsed,
+        let Routing {
             port: out_id,
             hop,
             mtu,
-        } = routed;
-        let egress = match self.resolve(out_id, hop, &parsed, now, out, trace) {
+        } = routing;
+        let egress = match self.resolve(out_id, hop, parsed, now, out, trace) {
             Ok(e) => e,
             Err(NoEgress::Drop(r)) => return self.drop(r, trace),
             Err(NoEgress::Unresolved { port, ip, probed }) => {
                 // Committed now, as if sent: a reply that overtakes the queued packet
                 // (or the next packet of the connection) finds it.
-                if let Err(r) = self.commit(&mut pending, now, trace) {
+                if let Err(r) = self.commit(pending, now, trace) {
                     return self.drop(r, trace);
                 }
                 let routed = Routed {
                     pkt,
-                    parsed,
-                    port: out_id,
-                    hop,
-                    mtu,
+                    parsed: *parsed,
+                    routing,
                 };
                 return self.park(port, ip, probed, routed, now, trace);
             }
         };
-        if let Err(r) = self.commit(&mut pending, now, trace) {
+        if let Err(r) = self.commit(pending, now, trace) {
             return self.drop(r, trace);
         }
-        let out_port = &tables.ports[usize::from(out_id)];
+        // For trace notes only: not looked up otherwise.
+        let out_name = || tables.ports[usize::from(out_id)].name.as_str();
         let mru = usize::from(pkt.meta.mru);
         let gso = pkt.meta.vnet.is_gso();
         let uso = pkt.meta.vnet.gso_type & !VnetHdr::GSO_ECN == VnetHdr::GSO_UDP_L4;
 
-        decrement_ttl(&mut pkt.data, &parsed);
+        decrement_ttl(&mut pkt.data, parsed);
         pkt.data[0..6].copy_from_slice(&egress.dst_mac);
         pkt.data[6..12].copy_from_slice(&egress.src_mac);
         if let Some(o) = &egress.tunnel {
@@ -909,7 +922,7 @@ impl Pipeline {
         }
 
         if gso {
-            let headers = gso_headers(&pkt.data, &parsed);
+            let headers = gso_headers(&pkt.data, parsed);
             let fits = headers + usize::from(pkt.meta.vnet.gso_size) <= mtu;
             if egress.gso && (fits || !uso) {
                 // The receiving kernel segments at gso_size: never above the MTU.
@@ -920,7 +933,8 @@ impl Pipeline {
                 trace.note("egress", || {
                     format!(
                         "GSO packet sent whole to {}, segment size {}",
-                        out_port.name, pkt.meta.vnet.gso_size
+                        out_name(),
+                        pkt.meta.vnet.gso_size
                     )
                 });
                 self.emit(&egress, pkt, out);
@@ -928,7 +942,7 @@ impl Pipeline {
             }
             let mut segs = std::mem::take(&mut self.scratch);
             segs.clear();
-            if let Err(r) = gso::segment(&pkt, &parsed, mtu, &mut segs) {
+            if let Err(r) = gso::segment(&pkt, parsed, mtu, &mut segs) {
                 self.scratch = segs;
                 return self.drop(r, trace);
             }
@@ -938,7 +952,7 @@ impl Pipeline {
                 format!(
                     "segmented into {} packets for mtu {mtu} on {}",
                     segs.len(),
-                    out_port.name
+                    out_name()
                 )
             });
             let mut frags = Vec::new();
@@ -979,14 +993,14 @@ impl Pipeline {
         }
 
         if !fragment {
-            trace.note("egress", || format!("sent to {}", out_port.name));
+            trace.note("egress", || format!("sent to {}", out_name()));
             self.emit(&egress, pkt, out);
             return Verdict::Forwarded;
         }
 
         let mut frags = std::mem::take(&mut self.scratch);
         frags.clear();
-        if let Err(r) = ipf::refragment(&pkt, &parsed, limit, &mut frags) {
+        if let Err(r) = ipf::refragment(&pkt, parsed, limit, &mut frags) {
             self.scratch = frags;
             return self.drop(r, trace);
         }
@@ -997,7 +1011,7 @@ impl Pipeline {
             } else {
                 format!("fragmented to mtu {mtu}")
             };
-            format!("{why}: {} fragments to {}", frags.len(), out_port.name)
+            format!("{why}: {} fragments to {}", frags.len(), out_name())
         });
         for f in frags.drain(..) {
             self.emit(&egress, f, out);
@@ -1310,7 +1324,12 @@ impl Pipeline {
                     routed.parsed.key
                 )
             });
-            self.deliver(&tables, routed, None, now, out, trace);
+            let Routed {
+                pkt,
+                parsed,
+                routing,
+            } = routed;
+            self.deliver(&tables, pkt, &parsed, routing, &mut None, now, out, trace);
         }
         self.rx_port = rx_port;
     }

@@ -121,10 +121,10 @@ impl Pipeline {
         };
         report.neigh_removed = self.neigh.retain_ports(same);
         report.neigh_queue_removed = self.parked.retain(|port, _, r| {
-            if !(same(port) && same(r.port) && same(r.pkt.meta.in_port)) {
+            if !(same(port) && same(r.routing.port) && same(r.pkt.meta.in_port)) {
                 return false;
             }
-            let NextHop::Tunnel(i) = r.hop else {
+            let NextHop::Tunnel(i) = r.routing.hop else {
                 return true;
             };
             // Overlay nodes are numbered in table order: follow the node by address.
@@ -135,12 +135,12 @@ impl Pipeline {
             let now = new
                 .overlay
                 .as_ref()
-                .filter(|o| o.uplink == r.port)
+                .filter(|o| o.uplink == r.routing.port)
                 .zip(addr)
                 .and_then(|(o, p)| o.peer_index(p.address));
             match now {
                 Some(j) => {
-                    r.hop = NextHop::Tunnel(j);
+                    r.routing.hop = NextHop::Tunnel(j);
                     true
                 }
                 None => false,
