@@ -66,7 +66,8 @@ fn trace_names_the_tunnel_peer_and_the_way_back_and_changes_nothing() {
     let c = start("tr");
     let s1 = socket(&c, 1);
     // Real connections first, so that the node has state to copy (its neighbours:
-    // without the client's MAC the traced reply would stop at neighbour resolution).
+    // without the client's MAC the traced reply would be queued at neighbour resolution,
+    // and go no further in a dry run).
     assert_eq!(c.curl("p1a", "http://10.96.0.10/hostname"), "web");
     assert_eq!(
         c.curl("ext", "http://192.168.77.1:30080/clientip"),
@@ -221,12 +222,22 @@ fn wait(mut child: std::process::Child, secs: u64) -> (bool, String, String) {
 fn live_trace_and_capture_see_real_packets() {
     let c = start("lt");
     let s1 = socket(&c, 1);
-    // Neighbours resolved first: the first packet to an unresolved next hop is dropped
-    // while it is resolved, and the live trace records exactly one packet.
+    // Neighbours resolved first: the first packet to an unresolved next hop waits in the
+    // neighbour queue while it is resolved (verdict `queued`), and the live trace records
+    // exactly one packet, which is to be forwarded at once.
     assert_eq!(
         c.curl("ext", "http://192.168.77.1:30080/clientip"),
         "192.168.77.100"
     );
+    // The packets that waited were sent, not dropped.
+    std::thread::sleep(Duration::from_millis(300));
+    for n in [1, 2] {
+        let s = ferry(&["status", "--json", "--api-socket", &socket(&c, n)]);
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+        for r in ["neigh_unresolved", "neigh_queue_overflow"] {
+            assert!(v["drops"].get(r).is_none(), "node {n}: {s}");
+        }
+    }
 
     // The next packet to the node port, traced as it goes through node 1.
     let live = spawn(&[
