@@ -168,6 +168,13 @@ impl Summary {
                 self.held_datagrams
             );
         }
+        if st.neigh_waiting > 0 {
+            let _ = writeln!(
+                s,
+                "  {} packets were still waiting for their next hop's MAC when the input ended",
+                st.neigh_waiting
+            );
+        }
         for (r, n) in &self.drops {
             let _ = writeln!(s, "  dropped {n:>6}  {r}");
         }
