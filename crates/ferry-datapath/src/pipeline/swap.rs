@@ -128,17 +128,17 @@ impl Pipeline {
                 return true;
             };
             // Overlay nodes are numbered in table order: follow the node by address.
-            let addr = old
+            let peer = old
                 .overlay
                 .as_ref()
                 .and_then(|o| o.peers.get(usize::from(i)));
-            let now = new
+            let index = new
                 .overlay
                 .as_ref()
                 .filter(|o| o.uplink == r.routing.port)
-                .zip(addr)
+                .zip(peer)
                 .and_then(|(o, p)| o.peer_index(p.address));
-            match now {
+            match index {
                 Some(j) => {
                     r.routing.hop = NextHop::Tunnel(j);
                     true
