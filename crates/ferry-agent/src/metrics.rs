@@ -167,6 +167,18 @@ pub fn render(c: &Counters) -> String {
     );
     gauge(
         &mut reg,
+        "neighbour_waiting_packets",
+        "Packets waiting for their next hop's MAC",
+        c.neigh_waiting as i64,
+    );
+    counter(
+        &mut reg,
+        "neighbour_queued_packets",
+        "Packets that waited for their next hop's MAC",
+        c.neigh_queued,
+    );
+    gauge(
+        &mut reg,
         "tables_generation",
         "Generation of the tables in force",
         c.generation as i64,

@@ -612,6 +612,8 @@ impl Agent {
             reassembled: snap.pipeline.reassembled,
             service_balanced: snap.pipeline.service_balanced,
             service_rejected: snap.pipeline.service_rejected,
+            neigh_waiting: snap.pipeline.neigh_waiting,
+            neigh_queued: snap.pipeline.neigh_queued,
             fragments_held: held.0,
             fragment_bytes_held: held.1,
             fragments_expired: v4.expired + v6.expired,

@@ -205,6 +205,12 @@ pub struct Counters {
     pub service_balanced: u64,
     /// New connections to a Service refused at once.
     pub service_rejected: u64,
+    /// Packets waiting now for their next hop's MAC (sent once it answers).
+    #[serde(default)]
+    pub neigh_waiting: u64,
+    /// Packets that waited for their next hop's MAC, since start.
+    #[serde(default)]
+    pub neigh_queued: u64,
     /// Datagrams whose fragments are held now, waiting for the rest (failed datagrams'
     /// markers included).
     #[serde(default)]

@@ -92,6 +92,11 @@ fn render(c: &Counters) -> String {
         "services: {} connections balanced, {} refused without endpoints; {} datagrams reassembled",
         c.service_balanced, c.service_rejected, c.reassembled
     );
+    let _ = writeln!(
+        s,
+        "neighbours: {} packets waiting for a next hop's MAC now, {} waited since start",
+        c.neigh_waiting, c.neigh_queued
+    );
     let refused: u64 = c.fragments_refused.values().sum();
     let _ = write!(
         s,
