@@ -30,6 +30,7 @@ mod dump;
 mod entry;
 mod expiry;
 mod icmp;
+mod index;
 mod nat;
 #[cfg(test)]
 mod nat_tests;
@@ -296,6 +297,22 @@ impl Conntrack {
             table: Table::new(config.max_entries),
             stats: Stats::default(),
         }
+    }
+
+    /// Allocates the whole table for [`Config::max_entries`] now, so that no packet ever
+    /// waits for it to grow: the worker does this for its live table. The allocator hands
+    /// the memory out untouched, so it is taken page by page as connections use it; until
+    /// then [`Conntrack::memory_bytes`] counts it anyway (it is allocated).
+    pub fn preallocate(&mut self) {
+        self.table.preallocate();
+    }
+
+    /// The table's big allocations (slab and index) as addresses and lengths in bytes, for
+    /// the caller to ask the kernel for huge pages over them after
+    /// [`Conntrack::preallocate`] (fewer TLB misses in a large table). Valid until the
+    /// table grows, which a preallocated table never does.
+    pub fn memory_regions(&self) -> impl Iterator<Item = (*const u8, usize)> + use<> {
+        self.table.regions().into_iter()
     }
 
     /// Tracks one packet: a whole datagram (never a fragment). See the module documentation.

@@ -18,12 +18,15 @@
 //! destination, a translated reply source or destination, a tunnel peer) take 48 bytes
 //! more for a second allocation. The expiry wheel is a fixed 16 KiB on top.
 
+use std::hash::{BuildHasher, Hasher};
+use std::net::IpAddr;
+
 use ahash::RandomState;
-use hashbrown::HashTable;
 
 use super::Timeouts;
 use super::entry::{Entry, Status};
 use super::expiry::Wheel;
+use super::index::Index;
 use crate::flow::FlowKey;
 
 /// The end of a list.
@@ -73,7 +76,7 @@ pub(crate) struct Table {
     free: u32,
     /// The slab never grows beyond this many slots.
     max: usize,
-    index: HashTable<u32>,
+    index: Index,
     hasher: RandomState,
     live: usize,
     /// Live entries that hold a source NAT port (see [`holds_nat_port`]).
@@ -99,7 +102,7 @@ fn entry_of(slots: &[Slot], v: u32) -> Option<&Entry> {
     }
 }
 
-#[inline]
+#[cfg(test)]
 fn tuple_of(slots: &[Slot], v: u32) -> Option<FlowKey> {
     entry_of(slots, v).map(|e| e.tuple((v & 1) as usize))
 }
@@ -111,7 +114,7 @@ impl Table {
             slots: Vec::new(),
             free: NIL,
             max: max.clamp(1, MAX_ENTRIES),
-            index: HashTable::new(),
+            index: Index::new(2 * max.clamp(1, MAX_ENTRIES)),
             hasher: RandomState::new(),
             live: 0,
             nat_ports: 0,
@@ -121,9 +124,31 @@ impl Table {
         }
     }
 
+    /// The keyed hash of a tuple, fed to the hasher in as few words as possible: an IPv4
+    /// tuple is one 128-bit word (one multiplication), an IPv6 tuple three words.
     #[inline]
     fn hash(&self, k: &FlowKey) -> u64 {
-        self.hasher.hash_one(k)
+        let mut h = self.hasher.build_hasher();
+        let rest = u64::from(k.zone) << 48
+            | u64::from(k.proto) << 32
+            | u64::from(k.src_port) << 16
+            | u64::from(k.dst_port);
+        match (k.src, k.dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                let addrs = u64::from(s.to_bits()) << 32 | u64::from(d.to_bits());
+                h.write_u128(u128::from(rest) << 64 | u128::from(addrs));
+            }
+            (s, d) => {
+                let bits = |a: IpAddr| match a {
+                    IpAddr::V4(a) => a.to_ipv6_mapped().to_bits(),
+                    IpAddr::V6(a) => a.to_bits(),
+                };
+                h.write_u128(bits(s));
+                h.write_u128(bits(d));
+                h.write_u64(rest);
+            }
+        }
+        h.finish()
     }
 
     /// The keyed hash of a tuple (also a per-connection seed for port allocation).
@@ -149,10 +174,10 @@ impl Table {
     pub(crate) fn lookup(&self, key: &FlowKey) -> Option<(u32, usize)> {
         let slots = &self.slots;
         self.index
-            .find(self.hash(key), |&v| {
+            .find(self.hash(key), |v| {
                 entry_of(slots, v).is_some_and(|e| e.tuple_is((v & 1) as usize, key))
             })
-            .map(|&v| (v >> 1, (v & 1) as usize))
+            .map(|v| (v >> 1, (v & 1) as usize))
     }
 
     /// True when `key` is a tuple of some entry.
@@ -206,6 +231,23 @@ impl Table {
         len as u32
     }
 
+    /// Allocates the slab and the index for the most entries at once, so that no insertion
+    /// grows them. The memory comes from the allocator untouched: pages are taken when
+    /// entries first use them.
+    pub(crate) fn preallocate(&mut self) {
+        self.slots.reserve_exact(self.max - self.slots.len());
+        self.index.reserve_all();
+    }
+
+    /// The big allocations, as addresses and lengths in bytes: the slab and the index.
+    pub(crate) fn regions(&self) -> [(*const u8, usize); 2] {
+        let slab = (
+            self.slots.as_ptr().cast(),
+            self.slots.capacity() * std::mem::size_of::<Slot>(),
+        );
+        [slab, self.index.region()]
+    }
+
     /// Inserts an entry: into the slab, both tuples into the index, the wheel, and the
     /// unreplied FIFO unless it already saw a reply.
     pub(crate) fn insert(&mut self, entry: Entry, t: &Timeouts, now_ns: u64) -> u32 {
@@ -214,10 +256,8 @@ impl Table {
         let replied = entry.status.has(Status::SEEN_REPLY);
         self.nat_ports += usize::from(holds_nat_port(&entry));
         let id = self.alloc(entry);
-        let (slots, hasher) = (&self.slots, &self.hasher);
-        let rehash = |v: &u32| tuple_of(slots, *v).map_or(0, |k| hasher.hash_one(k));
         for (dir, h) in hashes.into_iter().enumerate() {
-            self.index.insert_unique(h, id << 1 | dir as u32, rehash);
+            self.index.insert(h, id << 1 | dir as u32);
         }
         self.wheel.start(now_ns);
         self.wheel.file(&mut self.slots, id, deadline);
@@ -235,10 +275,7 @@ impl Table {
         let replied = e.status.has(Status::SEEN_REPLY);
         self.nat_ports -= usize::from(holds_nat_port(e));
         for (dir, k) in keys.iter().enumerate() {
-            let v = id << 1 | dir as u32;
-            if let Ok(slot) = self.index.find_entry(self.hasher.hash_one(k), |&x| x == v) {
-                slot.remove();
-            }
+            self.index.remove(self.hash(k), id << 1 | dir as u32);
         }
         self.wheel.unlink(&mut self.slots, id);
         if !replied {
@@ -379,7 +416,7 @@ impl Table {
         let nat = self.iter().filter(|(_, e)| holds_nat_port(e)).count();
         assert_eq!(nat, self.nat_ports, "entries holding a NAT port");
         assert_eq!(self.index.len(), 2 * self.live, "two index slots per entry");
-        for &v in self.index.iter() {
+        for v in self.index.iter() {
             assert!(
                 tuple_of(&self.slots, v).is_some(),
                 "index slot {v:#x} points to a removed entry"
