@@ -94,7 +94,7 @@ impl Index {
     }
 
     /// The first value with this hash for which `eq` holds.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn find(&self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
         let tag = tag_of(hash);
         let mut i = self.home(tag);

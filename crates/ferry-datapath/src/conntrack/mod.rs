@@ -357,12 +357,12 @@ impl Conntrack {
             }
         }
         if let Some((id, dir)) = self.table.lookup(&key) {
-            let live = self
+            let deadline_ns = self
                 .table
                 .get(id)
-                .is_some_and(|e| e.deadline_ns(&self.config.timeouts) > now_ns);
-            if live {
-                return self.update(id, dir, pkt, parsed, nat, now_ns);
+                .map_or(0, |e| e.deadline_ns(&self.config.timeouts));
+            if deadline_ns > now_ns {
+                return self.update(id, dir, deadline_ns, pkt, parsed, nat, now_ns);
             }
             // Expired but not yet reaped: gone for this packet.
             self.table.remove(id);
@@ -372,11 +372,13 @@ impl Conntrack {
         self.create(pkt, parsed, nat.as_ref(), now_ns)
     }
 
-    /// A packet of a tracked connection.
+    /// A packet of a tracked connection, whose deadline is `before_ns`.
+    #[allow(clippy::too_many_arguments)]
     fn update(
         &mut self,
         id: EntryId,
         dir: usize,
+        before_ns: u64,
         pkt: &mut Packet,
         parsed: &mut Parsed,
         nat: impl FnOnce(&FlowKey) -> Result<Option<Nat>, DropReason>,
@@ -393,7 +395,6 @@ impl Conntrack {
             self.stats.invalid += 1;
             return Ok(CtResult::plain(CtState::Invalid));
         };
-        let before_ns = e.deadline_ns(&self.config.timeouts);
         let mut refresh = true;
         if let ProtoState::Tcp(c) = &mut e.proto_state {
             let Some(seg) = Segment::read(&pkt.data, parsed) else {
@@ -571,7 +572,8 @@ impl Conntrack {
     /// saw a reply is evicted; when there is none, `Err(CtTableFull)`.
     pub fn commit(&mut self, pending: Pending, now_ns: u64) -> Result<EntryId, DropReason> {
         let e = pending.entry;
-        if self.table.contains(&e.original()) || self.table.contains(&e.reply()) {
+        let hashes = self.table.hashes(&e);
+        if self.table.taken(&e, hashes) {
             // Only when the table changed since process(), which the contract rules out.
             self.stats.clash += 1;
             return Err(DropReason::CtInvalid);
@@ -592,7 +594,7 @@ impl Conntrack {
                 self.stats.evicted += 1;
             }
         }
-        let id = self.table.insert(e, &self.config.timeouts, now_ns);
+        let id = self.table.insert(e, hashes, &self.config.timeouts, now_ns);
         self.stats.inserted += 1;
         Ok(id)
     }
@@ -603,13 +605,16 @@ impl Conntrack {
     /// meet. Refused when a tuple is taken (`CtInvalid`) or the table is full
     /// (`CtTableFull`): nothing is evicted, and no counter but the table's size moves.
     pub fn adopt(&mut self, entry: Entry, now_ns: u64) -> Result<EntryId, DropReason> {
-        if self.table.contains(&entry.original()) || self.table.contains(&entry.reply()) {
+        let hashes = self.table.hashes(&entry);
+        if self.table.taken(&entry, hashes) {
             return Err(DropReason::CtInvalid);
         }
         if self.table.len() >= self.config.max_entries {
             return Err(DropReason::CtTableFull);
         }
-        Ok(self.table.insert(entry, &self.config.timeouts, now_ns))
+        Ok(self
+            .table
+            .insert(entry, hashes, &self.config.timeouts, now_ns))
     }
 
     /// Removes entries whose timeout passed, examining at most `budget` entries (plus at

@@ -126,7 +126,7 @@ impl Table {
 
     /// The keyed hash of a tuple, fed to the hasher in as few words as possible: an IPv4
     /// tuple is one 128-bit word (one multiplication), an IPv6 tuple three words.
-    #[inline]
+    #[inline(always)]
     fn hash(&self, k: &FlowKey) -> u64 {
         let mut h = self.hasher.build_hasher();
         let rest = u64::from(k.zone) << 48
@@ -170,11 +170,17 @@ impl Table {
     }
 
     /// The entry and direction whose tuple is `key`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn lookup(&self, key: &FlowKey) -> Option<(u32, usize)> {
+        self.lookup_hashed(key, self.hash(key))
+    }
+
+    /// [`Table::lookup`] with the key's hash already at hand.
+    #[inline(always)]
+    fn lookup_hashed(&self, key: &FlowKey, hash: u64) -> Option<(u32, usize)> {
         let slots = &self.slots;
         self.index
-            .find(self.hash(key), |v| {
+            .find(hash, |v| {
                 entry_of(slots, v).is_some_and(|e| e.tuple_is((v & 1) as usize, key))
             })
             .map(|v| (v >> 1, (v & 1) as usize))
@@ -248,10 +254,31 @@ impl Table {
         [slab, self.index.region()]
     }
 
-    /// Inserts an entry: into the slab, both tuples into the index, the wheel, and the
-    /// unreplied FIFO unless it already saw a reply.
-    pub(crate) fn insert(&mut self, entry: Entry, t: &Timeouts, now_ns: u64) -> u32 {
-        let hashes = [self.hash(&entry.original()), self.hash(&entry.reply())];
+    /// The hashes of an entry's two tuples, computed once for [`Table::taken`] and
+    /// [`Table::insert`].
+    #[inline]
+    pub(crate) fn hashes(&self, e: &Entry) -> [u64; 2] {
+        [self.hash(&e.original()), self.hash(&e.reply())]
+    }
+
+    /// True when a tuple of `e` is already some entry's; `hashes` from [`Table::hashes`].
+    #[inline]
+    pub(crate) fn taken(&self, e: &Entry, hashes: [u64; 2]) -> bool {
+        self.lookup_hashed(&e.original(), hashes[0]).is_some()
+            || self.lookup_hashed(&e.reply(), hashes[1]).is_some()
+    }
+
+    /// Inserts an entry whose tuples are not taken: into the slab, both tuples into the
+    /// index, the wheel, and the unreplied FIFO unless it already saw a reply. `hashes`
+    /// from [`Table::hashes`].
+    pub(crate) fn insert(
+        &mut self,
+        entry: Entry,
+        hashes: [u64; 2],
+        t: &Timeouts,
+        now_ns: u64,
+    ) -> u32 {
+        debug_assert_eq!(hashes, self.hashes(&entry));
         let deadline = entry.deadline_ns(t);
         let replied = entry.status.has(Status::SEEN_REPLY);
         self.nat_ports += usize::from(holds_nat_port(&entry));
