@@ -1,7 +1,7 @@
 //! The connection table on 4 KiB pages and on transparent huge pages, as the worker sets
 //! it up ([`Conntrack::preallocate`], then [`ferry_linux::advise_huge_pages`] over its
-//! regions): a packet of an established connection with 1 M tracked, and a new
-//! connection with source NAT. The traffic is that of
+//! regions): a packet of an established connection with 1 M tracked, alone and in
+//! prefetched batches of 32, and a new connection with source NAT. The traffic is that of
 //! `crates/ferry-datapath/benches/conntrack.rs`; both page sizes run here, in one
 //! sitting, so that they compare. Figures: docs/benchmarks.md.
 
@@ -84,6 +84,24 @@ fn established(c: &mut Criterion) {
                 let r = ct.process(pkt, p, None, 1).unwrap();
                 debug_assert_eq!(r.state, CtState::Established);
                 black_box(r.entry)
+            })
+        });
+        // Batches of 32 prefetched first; one iteration is one packet.
+        g.bench_function(format!("lookup_update_1M_{label}_batch32"), |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                let mut left = iters as usize;
+                let mut k = 0usize;
+                while left > 0 {
+                    let batch = &mut pkts[k..k + left.min(32)];
+                    ct.prefetch(batch.iter().map(|(_, p)| &p.key));
+                    for (pkt, p) in batch.iter_mut() {
+                        black_box(ct.process(pkt, p, None, 1).unwrap().entry);
+                    }
+                    left -= batch.len();
+                    k = (k + 32) & 4095;
+                }
+                start.elapsed()
             })
         });
     }

@@ -110,6 +110,30 @@ impl Index {
         }
     }
 
+    /// The home slot of this hash, read without looking at it (see `Table::prefetch`).
+    #[inline]
+    pub(crate) fn home_slot(&self, hash: u64) -> u64 {
+        self.slots[self.home(tag_of(hash))]
+    }
+
+    /// The first value with the tag of this hash, without checking it further: what a
+    /// lookup would look at first.
+    #[inline]
+    pub(crate) fn first(&self, hash: u64) -> Option<u32> {
+        let tag = tag_of(hash);
+        let mut i = self.home(tag);
+        loop {
+            let s = self.slots[i];
+            if s == EMPTY {
+                return None;
+            }
+            if s as u32 == tag {
+                return Some((s >> 32) as u32);
+            }
+            i = self.next(i);
+        }
+    }
+
     /// Adds a value under `hash` (the caller knows it is not there yet).
     pub(crate) fn insert(&mut self, hash: u64, value: u32) {
         if (self.len + 1) * LOAD_DEN > self.slots.len() * LOAD_NUM {

@@ -33,6 +33,8 @@ use crate::flow::FlowKey;
 pub(crate) const NIL: u32 = u32::MAX;
 /// Most entries a table can index (ids are shifted left by one in the index).
 pub(crate) const MAX_ENTRIES: usize = 1 << 31;
+/// Keys [`Table::prefetch`] loads the index slots of before it loads their entries.
+pub(crate) const PREFETCH_BATCH: usize = 32;
 /// Bytes one extra address allocation of an entry takes, allocator header included.
 pub(crate) const MORE_BYTES: usize = 32 + 16;
 
@@ -184,6 +186,34 @@ impl Table {
                 entry_of(slots, v).is_some_and(|e| e.tuple_is((v & 1) as usize, key))
             })
             .map(|v| (v >> 1, (v & 1) as usize))
+    }
+
+    /// Loads what the lookups of `keys` will read and throws it away: first the index
+    /// slot of every key, then the entry each one names. Plain reads, which wait for
+    /// nothing: the misses of a batch are in flight together instead of one after the
+    /// other. Keys are taken [`PREFETCH_BATCH`] at a time.
+    pub(crate) fn prefetch<'a>(&self, keys: impl IntoIterator<Item = &'a FlowKey>) {
+        let mut hashes = [0u64; PREFETCH_BATCH];
+        let mut n = 0;
+        for k in keys {
+            let h = self.hash(k);
+            std::hint::black_box(self.index.home_slot(h));
+            hashes[n] = h;
+            n += 1;
+            if n == PREFETCH_BATCH {
+                self.prefetch_entries(&hashes);
+                n = 0;
+            }
+        }
+        self.prefetch_entries(&hashes[..n]);
+    }
+
+    fn prefetch_entries(&self, hashes: &[u64]) {
+        for &h in hashes {
+            if let Some(e) = self.index.first(h).and_then(|v| entry_of(&self.slots, v)) {
+                std::hint::black_box(e.touch());
+            }
+        }
     }
 
     /// True when `key` is a tuple of some entry.

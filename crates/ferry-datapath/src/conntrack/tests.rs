@@ -421,6 +421,27 @@ fn preallocated_table_never_moves_and_keeps_its_memory_per_connection() {
     ct.check();
 }
 
+#[test]
+fn prefetch_changes_nothing() {
+    let mut ct = ct();
+    let mut keys = Vec::new();
+    for i in 0..40u16 {
+        let mut p = udp("10.0.0.1", 1000 + i, "10.0.0.2", 53);
+        keys.push(p.parsed.key);
+        if i % 2 == 0 {
+            let r = ct.process(&mut p.pkt, &mut p.parsed, None, 0).unwrap();
+            ct.commit(r.pending.unwrap(), 0).unwrap();
+        }
+    }
+    ct.prefetch(&keys);
+    ct.prefetch(std::iter::empty());
+    assert_eq!(ct.len(), 20);
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(ct.lookup(k).is_some(), i % 2 == 0);
+    }
+    ct.check();
+}
+
 /// IPv6 tuples with every combination of translated addresses and tunnel peer come back
 /// as they went in, with the extra allocation only past three distinct addresses.
 #[test]
