@@ -9,9 +9,8 @@
 //! index in most cases, then the entry.
 //!
 //! The array holds at most [`LOAD_NUM`]/[`LOAD_DEN`] live values: at 4/5, 2.5 slots of 8
-//! bytes per connection, 20 bytes, as much as the previous `hashbrown` index took on
-//! average, with a successful lookup probing about 3 slots and a miss about 13 (two
-//! cache lines). It grows by doubling from [`MIN_SLOTS`], but never past the size for the
+//! bytes per connection, 20 bytes, with a successful lookup probing about 3 slots and a
+//! miss about 13 (two cache lines). It grows by doubling from [`MIN_SLOTS`], but never past the size for the
 //! table's most entries.
 
 /// An empty slot. No live slot equals it: tags start at 1. Zero, so that a new array comes

@@ -2,19 +2,19 @@
 //! entry, the expiry wheel, and the FIFO of entries that never saw a reply (the eviction
 //! order when the table is full).
 //!
-//! The index is a `HashTable<u32>` holding `slab id << 1 | direction`: 4 bytes and one
-//! control byte per tuple, keyed through the entry itself, so a tuple is stored once. The
-//! hasher is a randomly keyed `ahash`, so that packet fields cannot be chosen to collide.
+//! The index (see `index`) holds `slab id << 1 | direction` with a tag of the tuple's
+//! hash, keyed through the entry itself, so a tuple is stored once. The hasher is a
+//! randomly keyed `ahash`, so that packet fields cannot be chosen to collide.
 //!
 //! Memory per connection: a slab slot is one [`Entry`] of 176 bytes, which holds the
 //! entry's wheel links (8 bytes) and, in the place of its reply packet count while no
 //! reply was seen, its links in the unreplied FIFO; a free slot is a link in the free
 //! list, in the same 176 bytes. The slab grows by doubling but stops at `max_entries`.
-//! The index takes 2 tuples x 5 bytes (id and control byte) at most 7/8 full: with the
-//! default 262144 entries, 524288 tuples need 2^20 buckets, 20 bytes per connection. So
-//! a full default table takes 196 bytes per connection (the test
-//! `size_of_entry_and_memory_per_connection` fails above 200), against nf_conntrack's
-//! ~300. IPv6 entries with more than three distinct addresses (original source and
+//! The index takes 2 tuples x 8 bytes at most 4/5 full, sized for `max_entries` at
+//! most: 20 bytes per connection. So a full table takes 196 bytes per connection (the
+//! test `size_of_entry_and_memory_per_connection` fails above 200), against
+//! nf_conntrack's ~300. [`Table::preallocate`] allocates both for `max_entries` at
+//! once. IPv6 entries with more than three distinct addresses (original source and
 //! destination, a translated reply source or destination, a tunnel peer) take 48 bytes
 //! more for a second allocation. The expiry wheel is a fixed 16 KiB on top.
 
