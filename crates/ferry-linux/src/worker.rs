@@ -42,8 +42,9 @@
 //! pipeline's connection table whole ([`ferry_datapath::conntrack::Conntrack::preallocate`]),
 //! so that no packet waits for it to grow, and asks for transparent huge pages over it
 //! ([`crate::advise_huge_pages`]): a table of a million connections spans some 200 MB,
-//! and on 4 KiB pages nearly every packet of a busy node misses the TLB. Pages are still
-//! taken only as connections use them. Without huge page support the advice is dropped.
+//! and on 4 KiB pages its lookups miss the TLB (docs/benchmarks.md measures the
+//! difference). Pages are still taken only as connections use them. Without huge page
+//! support the advice is dropped.
 //!
 //! **Shutdown.** The worker returns once `stop` is set (within one poll timeout). It
 //! borrows the ports: the caller drops them afterwards (after updates, the ports of the
