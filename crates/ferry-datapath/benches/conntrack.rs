@@ -1,6 +1,7 @@
 //! Conntrack benchmarks: a packet of an established connection at 1 K, 1 M and 10 M
-//! tracked connections; a new connection with source NAT port allocation; memory per
-//! connection. Figures and the machine they ran on: docs/benchmarks.md.
+//! tracked connections, alone and in prefetched batches of 32; a new connection with
+//! source NAT port allocation; memory per connection. Figures and the machine they ran
+//! on: docs/benchmarks.md.
 
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
@@ -56,6 +57,26 @@ fn spread(i: u32, n: u32) -> u32 {
     (i.wrapping_mul(2_654_435_761)) % n
 }
 
+/// Processes `iters` packets from `pkts` (4096 of them) in batches of 32, prefetching
+/// each batch's keys first; returns the time taken.
+fn batched(ct: &mut Conntrack, pkts: &mut [(Packet, Parsed)], iters: u64) -> Duration {
+    let start = Instant::now();
+    let mut left = iters as usize;
+    let mut k = 0usize;
+    while left > 0 {
+        let batch = &mut pkts[k..k + left.min(32)];
+        ct.prefetch(batch.iter().map(|(_, p)| &p.key));
+        for (pkt, p) in batch.iter_mut() {
+            let r = ct.process(pkt, p, None, 1).unwrap();
+            debug_assert_eq!(r.state, CtState::Established);
+            black_box(r.entry);
+        }
+        left -= batch.len();
+        k = (k + 32) & 4095;
+    }
+    start.elapsed()
+}
+
 fn established(c: &mut Criterion) {
     let mut g = c.benchmark_group("conntrack_established");
     g.throughput(Throughput::Elements(1));
@@ -79,6 +100,11 @@ fn established(c: &mut Criterion) {
                 debug_assert_eq!(r.state, CtState::Established);
                 black_box(r.entry)
             })
+        });
+        // The same packets in batches of 32, each batch prefetched before it is processed
+        // (as a worker could do with a receive batch); one iteration is still one packet.
+        g.bench_function(format!("lookup_update_{label}_batch32"), |b| {
+            b.iter_custom(|iters| batched(&mut ct, &mut pkts, iters))
         });
         eprintln!(
             "conntrack memory at {n} connections: {} bytes per connection",

@@ -6,6 +6,7 @@
 
 pub mod af_packet;
 pub mod link;
+pub mod memory;
 pub mod netns;
 pub mod port;
 pub mod signal;
@@ -14,6 +15,7 @@ pub mod tc;
 pub mod worker;
 
 pub use af_packet::{AfPacketConfig, AfPacketPort};
+pub use memory::advise_huge_pages;
 pub use port::{Frame, Port, PortCounters};
 pub use tap::{Tap, TapPort};
 pub use worker::{

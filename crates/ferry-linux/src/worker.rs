@@ -38,6 +38,14 @@
 //! jobs) sends the packets of a batch through [`Taps`] on their way to the pipeline;
 //! with both off, the loop checks one flag per batch and is as it would be without them.
 //!
+//! **Connection table memory.** Before its first round the worker allocates the
+//! pipeline's connection table whole ([`ferry_datapath::conntrack::Conntrack::preallocate`]),
+//! so that no packet waits for it to grow, and asks for transparent huge pages over it
+//! ([`crate::advise_huge_pages`]): a table of a million connections spans some 200 MB,
+//! and on 4 KiB pages its lookups miss the TLB (docs/benchmarks.md measures the
+//! difference). Pages are still taken only as connections use them. Without huge page
+//! support the advice is dropped.
+//!
 //! **Shutdown.** The worker returns once `stop` is set (within one poll timeout). It
 //! borrows the ports: the caller drops them afterwards (after updates, the ports of the
 //! latest tables, in their order), which closes TAP descriptors (the devices disappear),
@@ -176,10 +184,22 @@ pub fn run_worker_with(
         ));
     }
     let _attached = control::Attached(control);
+    prepare_conntrack(pipeline);
     let mut stats = WorkerStats::default();
     let r = run_rounds(ports, pipeline, stop, &clock, control, &mut stats);
     publish(control, clock(), &stats, pipeline, ports);
     r.map(|()| stats)
+}
+
+/// Allocates the connection table whole and advises huge pages over it (see the module
+/// docs). Best effort: a kernel without transparent huge pages refuses the advice, and
+/// the table works the same on small pages.
+fn prepare_conntrack(pipeline: &mut Pipeline) {
+    let ct = pipeline.conntrack_mut();
+    ct.preallocate();
+    for (ptr, len) in ct.memory_regions() {
+        let _ = crate::advise_huge_pages(ptr, len);
+    }
 }
 
 /// Per-port state of the loop, rebuilt when the ports change.

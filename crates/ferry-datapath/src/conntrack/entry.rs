@@ -513,6 +513,18 @@ impl Entry {
         self.more.is_some()
     }
 
+    /// Reads a field in each stretch of 64 bytes of the entry and combines them, so that
+    /// every cache line a lookup and an update use is loaded (see
+    /// `Conntrack::prefetch`).
+    #[inline]
+    pub(super) fn touch(&self) -> u64 {
+        u64::from(self.addrs[0])
+            ^ self.packets[0]
+            ^ self.last_seen_ns
+            ^ u64::from(self.zone)
+            ^ u64::from(self.status.0)
+    }
+
     /// The zone of the connection.
     #[inline]
     pub fn zone(&self) -> u16 {

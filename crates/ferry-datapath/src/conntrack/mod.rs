@@ -30,6 +30,7 @@ mod dump;
 mod entry;
 mod expiry;
 mod icmp;
+mod index;
 mod nat;
 #[cfg(test)]
 mod nat_tests;
@@ -298,6 +299,30 @@ impl Conntrack {
         }
     }
 
+    /// Allocates the whole table for [`Config::max_entries`] now, so that no packet ever
+    /// waits for it to grow: the worker does this for its live table. The allocator hands
+    /// the memory out untouched, so it is taken page by page as connections use it; until
+    /// then [`Conntrack::memory_bytes`] counts it anyway (it is allocated).
+    pub fn preallocate(&mut self) {
+        self.table.preallocate();
+    }
+
+    /// The table's big allocations (slab and index) as addresses and lengths in bytes, for
+    /// the caller to ask the kernel for huge pages over them after
+    /// [`Conntrack::preallocate`] (fewer TLB misses in a large table). Valid until the
+    /// table grows, which a preallocated table never does.
+    pub fn memory_regions(&self) -> impl Iterator<Item = (*const u8, usize)> + use<> {
+        self.table.regions().into_iter()
+    }
+
+    /// Loads the index and entry memory that tracking packets with these keys will read,
+    /// and changes nothing. For a batch: prefetching every packet's key before processing
+    /// the first lets their cache and TLB misses overlap instead of coming one after the
+    /// other. Costs a hash and a few reads per key.
+    pub fn prefetch<'a>(&self, keys: impl IntoIterator<Item = &'a FlowKey>) {
+        self.table.prefetch(keys);
+    }
+
     /// Tracks one packet: a whole datagram (never a fragment). See the module documentation.
     pub fn process(
         &mut self,
@@ -340,12 +365,12 @@ impl Conntrack {
             }
         }
         if let Some((id, dir)) = self.table.lookup(&key) {
-            let live = self
+            let deadline_ns = self
                 .table
                 .get(id)
-                .is_some_and(|e| e.deadline_ns(&self.config.timeouts) > now_ns);
-            if live {
-                return self.update(id, dir, pkt, parsed, nat, now_ns);
+                .map_or(0, |e| e.deadline_ns(&self.config.timeouts));
+            if deadline_ns > now_ns {
+                return self.update(id, dir, deadline_ns, pkt, parsed, nat, now_ns);
             }
             // Expired but not yet reaped: gone for this packet.
             self.table.remove(id);
@@ -355,11 +380,13 @@ impl Conntrack {
         self.create(pkt, parsed, nat.as_ref(), now_ns)
     }
 
-    /// A packet of a tracked connection.
+    /// A packet of a tracked connection, whose deadline is `before_ns`.
+    #[allow(clippy::too_many_arguments)]
     fn update(
         &mut self,
         id: EntryId,
         dir: usize,
+        before_ns: u64,
         pkt: &mut Packet,
         parsed: &mut Parsed,
         nat: impl FnOnce(&FlowKey) -> Result<Option<Nat>, DropReason>,
@@ -376,7 +403,6 @@ impl Conntrack {
             self.stats.invalid += 1;
             return Ok(CtResult::plain(CtState::Invalid));
         };
-        let before_ns = e.deadline_ns(&self.config.timeouts);
         let mut refresh = true;
         if let ProtoState::Tcp(c) = &mut e.proto_state {
             let Some(seg) = Segment::read(&pkt.data, parsed) else {
@@ -554,7 +580,8 @@ impl Conntrack {
     /// saw a reply is evicted; when there is none, `Err(CtTableFull)`.
     pub fn commit(&mut self, pending: Pending, now_ns: u64) -> Result<EntryId, DropReason> {
         let e = pending.entry;
-        if self.table.contains(&e.original()) || self.table.contains(&e.reply()) {
+        let hashes = self.table.hashes(&e);
+        if self.table.taken(&e, hashes) {
             // Only when the table changed since process(), which the contract rules out.
             self.stats.clash += 1;
             return Err(DropReason::CtInvalid);
@@ -575,7 +602,7 @@ impl Conntrack {
                 self.stats.evicted += 1;
             }
         }
-        let id = self.table.insert(e, &self.config.timeouts, now_ns);
+        let id = self.table.insert(e, hashes, &self.config.timeouts, now_ns);
         self.stats.inserted += 1;
         Ok(id)
     }
@@ -586,13 +613,16 @@ impl Conntrack {
     /// meet. Refused when a tuple is taken (`CtInvalid`) or the table is full
     /// (`CtTableFull`): nothing is evicted, and no counter but the table's size moves.
     pub fn adopt(&mut self, entry: Entry, now_ns: u64) -> Result<EntryId, DropReason> {
-        if self.table.contains(&entry.original()) || self.table.contains(&entry.reply()) {
+        let hashes = self.table.hashes(&entry);
+        if self.table.taken(&entry, hashes) {
             return Err(DropReason::CtInvalid);
         }
         if self.table.len() >= self.config.max_entries {
             return Err(DropReason::CtTableFull);
         }
-        Ok(self.table.insert(entry, &self.config.timeouts, now_ns))
+        Ok(self
+            .table
+            .insert(entry, hashes, &self.config.timeouts, now_ns))
     }
 
     /// Removes entries whose timeout passed, examining at most `budget` entries (plus at

@@ -2,34 +2,39 @@
 //! entry, the expiry wheel, and the FIFO of entries that never saw a reply (the eviction
 //! order when the table is full).
 //!
-//! The index is a `HashTable<u32>` holding `slab id << 1 | direction`: 4 bytes and one
-//! control byte per tuple, keyed through the entry itself, so a tuple is stored once. The
-//! hasher is a randomly keyed `ahash`, so that packet fields cannot be chosen to collide.
+//! The index (see `index`) holds `slab id << 1 | direction` with a tag of the tuple's
+//! hash, keyed through the entry itself, so a tuple is stored once. The hasher is a
+//! randomly keyed `ahash`, so that packet fields cannot be chosen to collide.
 //!
 //! Memory per connection: a slab slot is one [`Entry`] of 176 bytes, which holds the
 //! entry's wheel links (8 bytes) and, in the place of its reply packet count while no
 //! reply was seen, its links in the unreplied FIFO; a free slot is a link in the free
 //! list, in the same 176 bytes. The slab grows by doubling but stops at `max_entries`.
-//! The index takes 2 tuples x 5 bytes (id and control byte) at most 7/8 full: with the
-//! default 262144 entries, 524288 tuples need 2^20 buckets, 20 bytes per connection. So
-//! a full default table takes 196 bytes per connection (the test
-//! `size_of_entry_and_memory_per_connection` fails above 200), against nf_conntrack's
-//! ~300. IPv6 entries with more than three distinct addresses (original source and
+//! The index takes 2 tuples x 8 bytes at most 4/5 full, sized for `max_entries` at
+//! most: 20 bytes per connection. So a full table takes 196 bytes per connection (the
+//! test `size_of_entry_and_memory_per_connection` fails above 200), against
+//! nf_conntrack's ~300. [`Table::preallocate`] allocates both for `max_entries` at
+//! once. IPv6 entries with more than three distinct addresses (original source and
 //! destination, a translated reply source or destination, a tunnel peer) take 48 bytes
 //! more for a second allocation. The expiry wheel is a fixed 16 KiB on top.
 
+use std::hash::{BuildHasher, Hasher};
+use std::net::IpAddr;
+
 use ahash::RandomState;
-use hashbrown::HashTable;
 
 use super::Timeouts;
 use super::entry::{Entry, Status};
 use super::expiry::Wheel;
+use super::index::Index;
 use crate::flow::FlowKey;
 
 /// The end of a list.
 pub(crate) const NIL: u32 = u32::MAX;
 /// Most entries a table can index (ids are shifted left by one in the index).
 pub(crate) const MAX_ENTRIES: usize = 1 << 31;
+/// Keys [`Table::prefetch`] loads the index slots of before it loads their entries.
+pub(crate) const PREFETCH_BATCH: usize = 32;
 /// Bytes one extra address allocation of an entry takes, allocator header included.
 pub(crate) const MORE_BYTES: usize = 32 + 16;
 
@@ -73,7 +78,7 @@ pub(crate) struct Table {
     free: u32,
     /// The slab never grows beyond this many slots.
     max: usize,
-    index: HashTable<u32>,
+    index: Index,
     hasher: RandomState,
     live: usize,
     /// Live entries that hold a source NAT port (see [`holds_nat_port`]).
@@ -99,7 +104,7 @@ fn entry_of(slots: &[Slot], v: u32) -> Option<&Entry> {
     }
 }
 
-#[inline]
+#[cfg(test)]
 fn tuple_of(slots: &[Slot], v: u32) -> Option<FlowKey> {
     entry_of(slots, v).map(|e| e.tuple((v & 1) as usize))
 }
@@ -111,7 +116,7 @@ impl Table {
             slots: Vec::new(),
             free: NIL,
             max: max.clamp(1, MAX_ENTRIES),
-            index: HashTable::new(),
+            index: Index::new(2 * max.clamp(1, MAX_ENTRIES)),
             hasher: RandomState::new(),
             live: 0,
             nat_ports: 0,
@@ -121,9 +126,31 @@ impl Table {
         }
     }
 
-    #[inline]
+    /// The keyed hash of a tuple, fed to the hasher in as few words as possible: an IPv4
+    /// tuple is one 128-bit word (one multiplication), an IPv6 tuple three words.
+    #[inline(always)]
     fn hash(&self, k: &FlowKey) -> u64 {
-        self.hasher.hash_one(k)
+        let mut h = self.hasher.build_hasher();
+        let rest = u64::from(k.zone) << 48
+            | u64::from(k.proto) << 32
+            | u64::from(k.src_port) << 16
+            | u64::from(k.dst_port);
+        match (k.src, k.dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                let addrs = u64::from(s.to_bits()) << 32 | u64::from(d.to_bits());
+                h.write_u128(u128::from(rest) << 64 | u128::from(addrs));
+            }
+            (s, d) => {
+                let bits = |a: IpAddr| match a {
+                    IpAddr::V4(a) => a.to_ipv6_mapped().to_bits(),
+                    IpAddr::V6(a) => a.to_bits(),
+                };
+                h.write_u128(bits(s));
+                h.write_u128(bits(d));
+                h.write_u64(rest);
+            }
+        }
+        h.finish()
     }
 
     /// The keyed hash of a tuple (also a per-connection seed for port allocation).
@@ -145,14 +172,48 @@ impl Table {
     }
 
     /// The entry and direction whose tuple is `key`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn lookup(&self, key: &FlowKey) -> Option<(u32, usize)> {
+        self.lookup_hashed(key, self.hash(key))
+    }
+
+    /// [`Table::lookup`] with the key's hash already at hand.
+    #[inline(always)]
+    fn lookup_hashed(&self, key: &FlowKey, hash: u64) -> Option<(u32, usize)> {
         let slots = &self.slots;
         self.index
-            .find(self.hash(key), |&v| {
+            .find(hash, |v| {
                 entry_of(slots, v).is_some_and(|e| e.tuple_is((v & 1) as usize, key))
             })
-            .map(|&v| (v >> 1, (v & 1) as usize))
+            .map(|v| (v >> 1, (v & 1) as usize))
+    }
+
+    /// Loads what the lookups of `keys` will read and throws it away: first the index
+    /// slot of every key, then the entry each one names. Plain reads, which wait for
+    /// nothing: the misses of a batch are in flight together instead of one after the
+    /// other. Keys are taken [`PREFETCH_BATCH`] at a time.
+    pub(crate) fn prefetch<'a>(&self, keys: impl IntoIterator<Item = &'a FlowKey>) {
+        let mut hashes = [0u64; PREFETCH_BATCH];
+        let mut n = 0;
+        for k in keys {
+            let h = self.hash(k);
+            std::hint::black_box(self.index.home_slot(h));
+            hashes[n] = h;
+            n += 1;
+            if n == PREFETCH_BATCH {
+                self.prefetch_entries(&hashes);
+                n = 0;
+            }
+        }
+        self.prefetch_entries(&hashes[..n]);
+    }
+
+    fn prefetch_entries(&self, hashes: &[u64]) {
+        for &h in hashes {
+            if let Some(e) = self.index.first(h).and_then(|v| entry_of(&self.slots, v)) {
+                std::hint::black_box(e.touch());
+            }
+        }
     }
 
     /// True when `key` is a tuple of some entry.
@@ -206,18 +267,54 @@ impl Table {
         len as u32
     }
 
-    /// Inserts an entry: into the slab, both tuples into the index, the wheel, and the
-    /// unreplied FIFO unless it already saw a reply.
-    pub(crate) fn insert(&mut self, entry: Entry, t: &Timeouts, now_ns: u64) -> u32 {
-        let hashes = [self.hash(&entry.original()), self.hash(&entry.reply())];
+    /// Allocates the slab and the index for the most entries at once, so that no insertion
+    /// grows them. The memory comes from the allocator untouched: pages are taken when
+    /// entries first use them.
+    pub(crate) fn preallocate(&mut self) {
+        self.slots.reserve_exact(self.max - self.slots.len());
+        self.index.reserve_all();
+    }
+
+    /// The big allocations, as addresses and lengths in bytes: the slab and the index.
+    pub(crate) fn regions(&self) -> [(*const u8, usize); 2] {
+        let slab = (
+            self.slots.as_ptr().cast(),
+            self.slots.capacity() * std::mem::size_of::<Slot>(),
+        );
+        [slab, self.index.region()]
+    }
+
+    /// The hashes of an entry's two tuples, computed once for [`Table::taken`] and
+    /// [`Table::insert`].
+    #[inline]
+    pub(crate) fn hashes(&self, e: &Entry) -> [u64; 2] {
+        [self.hash(&e.original()), self.hash(&e.reply())]
+    }
+
+    /// True when a tuple of `e` is already some entry's; `hashes` from [`Table::hashes`].
+    #[inline]
+    pub(crate) fn taken(&self, e: &Entry, hashes: [u64; 2]) -> bool {
+        self.lookup_hashed(&e.original(), hashes[0]).is_some()
+            || self.lookup_hashed(&e.reply(), hashes[1]).is_some()
+    }
+
+    /// Inserts an entry whose tuples are not taken: into the slab, both tuples into the
+    /// index, the wheel, and the unreplied FIFO unless it already saw a reply. `hashes`
+    /// from [`Table::hashes`].
+    pub(crate) fn insert(
+        &mut self,
+        entry: Entry,
+        hashes: [u64; 2],
+        t: &Timeouts,
+        now_ns: u64,
+    ) -> u32 {
+        debug_assert_eq!(hashes, self.hashes(&entry));
         let deadline = entry.deadline_ns(t);
         let replied = entry.status.has(Status::SEEN_REPLY);
         self.nat_ports += usize::from(holds_nat_port(&entry));
         let id = self.alloc(entry);
-        let (slots, hasher) = (&self.slots, &self.hasher);
-        let rehash = |v: &u32| tuple_of(slots, *v).map_or(0, |k| hasher.hash_one(k));
         for (dir, h) in hashes.into_iter().enumerate() {
-            self.index.insert_unique(h, id << 1 | dir as u32, rehash);
+            self.index.insert(h, id << 1 | dir as u32);
         }
         self.wheel.start(now_ns);
         self.wheel.file(&mut self.slots, id, deadline);
@@ -235,10 +332,7 @@ impl Table {
         let replied = e.status.has(Status::SEEN_REPLY);
         self.nat_ports -= usize::from(holds_nat_port(e));
         for (dir, k) in keys.iter().enumerate() {
-            let v = id << 1 | dir as u32;
-            if let Ok(slot) = self.index.find_entry(self.hasher.hash_one(k), |&x| x == v) {
-                slot.remove();
-            }
+            self.index.remove(self.hash(k), id << 1 | dir as u32);
         }
         self.wheel.unlink(&mut self.slots, id);
         if !replied {
@@ -379,7 +473,7 @@ impl Table {
         let nat = self.iter().filter(|(_, e)| holds_nat_port(e)).count();
         assert_eq!(nat, self.nat_ports, "entries holding a NAT port");
         assert_eq!(self.index.len(), 2 * self.live, "two index slots per entry");
-        for &v in self.index.iter() {
+        for v in self.index.iter() {
             assert!(
                 tuple_of(&self.slots, v).is_some(),
                 "index slot {v:#x} points to a removed entry"

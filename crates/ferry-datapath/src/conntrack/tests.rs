@@ -387,6 +387,61 @@ fn slab_stops_at_max_entries() {
     ct.check();
 }
 
+#[test]
+fn preallocated_table_never_moves_and_keeps_its_memory_per_connection() {
+    let mut ct = Conntrack::new(Config {
+        max_entries: 1000,
+        ..Config::default()
+    });
+    ct.preallocate();
+    let regions: Vec<(*const u8, usize)> = ct.memory_regions().collect();
+    assert_eq!(regions[0].1, 1000 * std::mem::size_of::<table::Slot>());
+    assert_eq!(
+        ct.memory_bytes(),
+        1000 * 196,
+        "slab and index allocated at once"
+    );
+    for i in 0..1500u16 {
+        let mut p = udp("10.0.0.1", 1000 + i, "10.0.0.2", 53);
+        let r = ct.process(&mut p.pkt, &mut p.parsed, None, 0).unwrap();
+        ct.commit(r.pending.unwrap(), 0).unwrap();
+        if i % 7 == 0 {
+            let port = Some(1000 + i / 2);
+            ct.delete(&Filter {
+                port,
+                ..Filter::default()
+            });
+        }
+    }
+    assert_eq!(ct.len(), 1000, "full: the oldest unreplied evicted");
+    assert!(
+        ct.memory_regions().eq(regions.iter().copied()),
+        "nothing grew"
+    );
+    ct.check();
+}
+
+#[test]
+fn prefetch_changes_nothing() {
+    let mut ct = ct();
+    let mut keys = Vec::new();
+    for i in 0..40u16 {
+        let mut p = udp("10.0.0.1", 1000 + i, "10.0.0.2", 53);
+        keys.push(p.parsed.key);
+        if i % 2 == 0 {
+            let r = ct.process(&mut p.pkt, &mut p.parsed, None, 0).unwrap();
+            ct.commit(r.pending.unwrap(), 0).unwrap();
+        }
+    }
+    ct.prefetch(&keys);
+    ct.prefetch(std::iter::empty());
+    assert_eq!(ct.len(), 20);
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(ct.lookup(k).is_some(), i % 2 == 0);
+    }
+    ct.check();
+}
+
 /// IPv6 tuples with every combination of translated addresses and tunnel peer come back
 /// as they went in, with the extra allocation only past three distinct addresses.
 #[test]

@@ -1,0 +1,153 @@
+//! The connection table on 4 KiB pages and on transparent huge pages, as the worker sets
+//! it up ([`Conntrack::preallocate`], then [`ferry_linux::advise_huge_pages`] over its
+//! regions): a packet of an established connection with 1 M tracked, alone and in
+//! prefetched batches of 32, and a new connection with source NAT. The traffic is that of
+//! `crates/ferry-datapath/benches/conntrack.rs`; both page sizes run here, in one
+//! sitting, so that they compare. Figures: docs/benchmarks.md.
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use ferry_datapath::conntrack::{Config, Conntrack, CtState, Nat};
+use ferry_datapath::packet::Packet;
+use ferry_datapath::wire::build::{self, IpOpts};
+use ferry_datapath::wire::{Parsed, parse};
+
+/// Connection `i`: UDP from 10.(i>>16).(i>>8).(i) port 1024 + i%50000 to one of 1000
+/// servers on port 53 (as in the datapath's benchmark).
+fn conn(i: u32) -> (Vec<u8>, Parsed) {
+    let b = i.to_be_bytes();
+    let src = IpAddr::V4(Ipv4Addr::new(10, b[1], b[2], b[3]));
+    let dst = IpAddr::V4(Ipv4Addr::new(
+        172,
+        16,
+        (i % 1000 / 250) as u8,
+        (i % 250) as u8 + 1,
+    ));
+    let f = build::udp(
+        src,
+        dst,
+        1024 + (i % 50000) as u16,
+        53,
+        &[0u8; 18],
+        &IpOpts::default(),
+    );
+    let p = parse(&f, 0).unwrap();
+    (f, p)
+}
+
+/// The two page sizes.
+const PAGES: [(&str, bool); 2] = [("4k", false), ("huge", true)];
+
+/// An empty table for `max` connections, allocated whole, on huge pages if asked.
+fn table(max: usize, huge: bool) -> Conntrack {
+    let mut ct = Conntrack::new(Config {
+        max_entries: max,
+        ..Config::default()
+    });
+    ct.preallocate();
+    if huge {
+        for (ptr, len) in ct.memory_regions() {
+            ferry_linux::advise_huge_pages(ptr, len).unwrap();
+        }
+    }
+    ct
+}
+
+fn established(c: &mut Criterion) {
+    const N: u32 = 1_000_000;
+    let mut g = c.benchmark_group("conntrack_pages");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(20);
+    for (label, huge) in PAGES {
+        let mut ct = table(N as usize + 1, huge);
+        for i in 0..N {
+            let (f, mut p) = conn(i);
+            let mut pkt = Packet::new(f, 0, 0);
+            let r = ct.process(&mut pkt, &mut p, None, 0).unwrap();
+            ct.commit(r.pending.unwrap(), 0).unwrap();
+        }
+        // 4096 packets of connections spread over the whole table.
+        let mut pkts: Vec<(Packet, Parsed)> = (0..4096u32)
+            .map(|i| {
+                let (f, p) = conn(i.wrapping_mul(2_654_435_761) % N);
+                (Packet::new(f, 0, 0), p)
+            })
+            .collect();
+        let mut k = 0usize;
+        g.bench_function(format!("lookup_update_1M_{label}"), |b| {
+            b.iter(|| {
+                let (pkt, p) = &mut pkts[k & 4095];
+                k += 1;
+                let r = ct.process(pkt, p, None, 1).unwrap();
+                debug_assert_eq!(r.state, CtState::Established);
+                black_box(r.entry)
+            })
+        });
+        // Batches of 32 prefetched first; one iteration is one packet.
+        g.bench_function(format!("lookup_update_1M_{label}_batch32"), |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                let mut left = iters as usize;
+                let mut k = 0usize;
+                while left > 0 {
+                    let batch = &mut pkts[k..k + left.min(32)];
+                    ct.prefetch(batch.iter().map(|(_, p)| &p.key));
+                    for (pkt, p) in batch.iter_mut() {
+                        black_box(ct.process(pkt, p, None, 1).unwrap().entry);
+                    }
+                    left -= batch.len();
+                    k = (k + 32) & 4095;
+                }
+                start.elapsed()
+            })
+        });
+    }
+    g.finish();
+}
+
+fn new_with_nat(c: &mut Criterion) {
+    const N: u32 = 1 << 20;
+    let pristine: Vec<(Vec<u8>, Parsed)> = (0..N).map(conn).collect();
+    let nat = Nat {
+        dnat: None,
+        snat: Some((
+            IpAddr::V4(Ipv4Addr::new(192, 168, 50, 10)),
+            Some((1024, 65535)),
+        )),
+    };
+    let mut g = c.benchmark_group("conntrack_pages");
+    g.throughput(Throughput::Elements(1));
+    for (label, huge) in PAGES {
+        g.bench_function(format!("snat_port_allocation_and_commit_{label}"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                let mut done = 0u64;
+                let mut pkt = Packet::new(Vec::with_capacity(128), 0, 0);
+                while done < iters {
+                    // A fresh table for each round (not timed); pages first touched in
+                    // the loop.
+                    let round = (iters - done).min(u64::from(N));
+                    let mut ct = table(N as usize, huge);
+                    let start = Instant::now();
+                    for (f, p) in &pristine[..round as usize] {
+                        pkt.data.clear();
+                        pkt.data.extend_from_slice(f);
+                        let mut p = *p;
+                        let r = ct.process(&mut pkt, &mut p, Some(&nat), 1).unwrap();
+                        black_box(ct.commit(r.pending.unwrap(), 1).unwrap());
+                    }
+                    total += start.elapsed();
+                    done += round;
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, established, new_with_nat);
+criterion_main!(benches);
