@@ -1,4 +1,5 @@
-//! The uplink as an AF_PACKET socket: a TPACKET_V3 receive ring and batched `sendmmsg`.
+//! The uplink as an AF_PACKET socket: a receive ring (or plain `recvmmsg`) and batched
+//! `sendmmsg`.
 //!
 //! Set-up, in the order the kernel requires (see packet(7) and the kernel's
 //! `Documentation/networking/packet_mmap.rst`):
@@ -7,9 +8,27 @@
 //!   10-byte virtio-net header ([`vnet::LEN`], host byte order), so GSO super-packets and
 //!   partial checksums arrive as such; every sent frame starts with one too, so ferry can
 //!   send super-packets and let the device (or the kernel) segment them.
-//! - `PACKET_VERSION` = TPACKET_V3 and `PACKET_RX_RING`: blocks of variable-length frames,
-//!   handed to ferry a whole block at a time, when it is full or when the retire timeout
-//!   expires (which bounds the latency a quiet link adds).
+//! - the receive path, one of three ([`RxMode`]; `docs/benchmarks.md` has the figures):
+//!   - [`RxMode::Copy`] (the default): no ring; `recvmmsg` copies each frame (with its
+//!     virtio-net header, and its VLAN tag through `PACKET_AUXDATA`) into ferry's buffers,
+//!     up to 64 frames per system call. The socket is readable as soon as one frame is
+//!     queued, so a lone packet waits for nothing, and frames of any size up to a 64 KiB
+//!     super-packet arrive whole. The queue is bounded in bytes (the socket's receive
+//!     buffer, sized like a ring with `SO_RCVBUFFORCE`), so a burst of small frames fits.
+//!   - [`RxMode::FrameRing`]: `PACKET_VERSION` = TPACKET_V2 and `PACKET_RX_RING`, a ring
+//!     of fixed-size slots, one frame each, each with its own status word: the kernel
+//!     hands a frame over as soon as it has written it, with no system call to read it.
+//!     But a slot must hold the largest frame, a 64 KiB GSO super-packet plus the slot's
+//!     header and the virtio-net header ([`DEFAULT_SLOT_SIZE`]), so 16 MiB of ring is 240
+//!     slots, which a burst of 1500-byte frames overflows (the kernel drops; TCP through
+//!     the two-node benchmark retransmitted tens of thousands of segments). A frame that
+//!     does not fit its slot arrives cut short (`tp_snaplen < tp_len`) and is counted
+//!     ([`PortCounters::rx_truncated`]), not forwarded.
+//!   - [`RxMode::BlockRing`]: TPACKET_V3, blocks of variable-length frames handed over a
+//!     whole block at a time, when it is full or when its retire timeout expires: dense
+//!     (many small frames per block) but a lone packet waits up to the timeout (at least
+//!     1 ms) at every node it enters. The block being filled is never read: nothing says
+//!     which of its frames are complete.
 //! - `PACKET_QDISC_BYPASS`: sent frames go to the driver directly, skipping the qdisc
 //!   (and any tc egress filter), as a NIC's own queue would.
 //! - `PACKET_IGNORE_OUTGOING`: frames leaving the device (ferry's own or the host's)
@@ -17,6 +36,9 @@
 //! - bound to the interface for all protocols, with `PACKET_MR_PROMISC` membership, and
 //!   optionally in a `PACKET_FANOUT` group (hash mode) so that several workers share one
 //!   uplink by flow.
+//!
+//! Every receive path copies a frame once more, out of the ring (or buffer) into the
+//! [`Frame`] handed to the worker, so a ring slot is given back at once.
 //!
 //! Transmit uses `sendmmsg`, not a TX ring: TPACKET_V3 has no TX ring of its own in many
 //! kernels (V3 TX was added in 4.11 and is V2's ring with V3 headers), and a copy per
@@ -36,18 +58,47 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crate::port::{Frame, Port, PortCounters, vnet};
 use crate::tc::IngressDrop;
 
+/// How an [`AfPacketPort`] receives (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RxMode {
+    /// TPACKET_V2: a ring of [`AfPacketConfig::slot_size`] slots, handed over frame by
+    /// frame; few slots for the memory, so bursts overflow it.
+    FrameRing,
+    /// TPACKET_V3: a ring of blocks handed over when full or after
+    /// [`AfPacketConfig::retire_timeout_ms`].
+    BlockRing,
+    /// `recvmmsg` into ferry's buffers, no ring: frame by frame, whole, and bounded in
+    /// bytes rather than frames.
+    #[default]
+    Copy,
+}
+
+/// Default [`AfPacketConfig::slot_size`]: 15 slots per 1 MiB block, each with room for the
+/// slot header, the virtio-net header and a 64 KiB super-packet with its Ethernet header.
+pub const DEFAULT_SLOT_SIZE: u32 = 69_904;
+
 /// Ring and socket settings of an [`AfPacketPort`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AfPacketConfig {
+    /// How frames are received. Default [`RxMode::Copy`].
+    pub rx_mode: RxMode,
     /// Bytes per ring block: a power-of-two multiple of the page size, larger than the
-    /// largest frame (a 64 KiB super-packet plus headers). Default 1 MiB.
+    /// largest frame (a 64 KiB super-packet plus headers). Default 1 MiB. With
+    /// [`RxMode::Copy`], `block_size * block_count` is the socket's receive buffer.
     pub block_size: u32,
     /// Blocks in the ring. Default 16 (16 MiB of ring).
     pub block_count: u32,
-    /// Nominal frame size: TPACKET_V3 stores frames back to back whatever their size,
-    /// but the kernel still checks this divides the block. Default 2048.
+    /// Nominal frame size of [`RxMode::BlockRing`]: TPACKET_V3 stores frames back to back
+    /// whatever their size, but the kernel still checks this divides the block.
+    /// Default 2048.
     pub frame_size: u32,
-    /// A block that is not full is handed over after this many milliseconds. Default 1.
+    /// Bytes per slot of [`RxMode::FrameRing`] (a multiple of 16, at most `block_size`;
+    /// `block_size / slot_size` slots per block): a frame longer than the slot minus its
+    /// headers is cut short by the kernel and dropped (counted). Default
+    /// [`DEFAULT_SLOT_SIZE`] (240 slots with the default blocks).
+    pub slot_size: u32,
+    /// [`RxMode::BlockRing`]: a block that is not full is handed over after this many
+    /// milliseconds. Default 1.
     pub retire_timeout_ms: u32,
     /// Receive frames for any destination MAC (`PACKET_MR_PROMISC`). Default true.
     pub promiscuous: bool,
@@ -62,9 +113,11 @@ pub struct AfPacketConfig {
 impl Default for AfPacketConfig {
     fn default() -> Self {
         AfPacketConfig {
+            rx_mode: RxMode::default(),
             block_size: 1 << 20,
             block_count: 16,
             frame_size: 2048,
+            slot_size: DEFAULT_SLOT_SIZE,
             retire_timeout_ms: 1,
             promiscuous: true,
             drop_kernel_ingress: false,
@@ -75,12 +128,19 @@ impl Default for AfPacketConfig {
 
 /// Frames per `sendmmsg` call.
 const TX_BATCH: usize = 64;
+/// Frames per `recvmmsg` call of [`RxMode::Copy`].
+const COPY_BATCH: usize = 64;
+/// Bytes per receive buffer of [`RxMode::Copy`]: the virtio-net header, a 64 KiB
+/// super-packet, its Ethernet header and a VLAN tag, with room to spare.
+const COPY_BUF_LEN: usize = vnet::LEN + 65_536 + 64;
+/// Control buffer per message of [`RxMode::Copy`], for one `tpacket_auxdata`
+/// (`CMSG_SPACE(20)` is 40 bytes on 64-bit hosts); u64 words keep it aligned.
+const COPY_CTRL_WORDS: usize = 8;
 
-/// The mapped receive ring. Owned exclusively by its port.
+/// A mapped receive ring. Owned exclusively by its port.
 struct Ring {
     base: NonNull<u8>,
-    block_size: usize,
-    block_count: usize,
+    len: usize,
 }
 
 // SAFETY: the mapping is owned by this value alone and only touched through `&mut` of
@@ -88,23 +148,49 @@ struct Ring {
 unsafe impl Send for Ring {}
 
 impl Ring {
-    fn len(&self) -> usize {
-        self.block_size * self.block_count
+    /// Maps the ring the kernel set up for `fd` (`len` bytes).
+    fn map(fd: &OwnedFd, len: usize) -> io::Result<Ring> {
+        // SAFETY: a fresh shared mapping of the socket's ring; the kernel checks `len`
+        // against the ring it set up; the result is checked before use.
+        let base = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("mmap of the rx ring: {e}"),
+            ));
+        }
+        Ok(Ring {
+            base: NonNull::new(base.cast()).expect("mmap never returns NULL on success"),
+            len,
+        })
     }
 
-    fn block(&self, i: usize) -> *mut u8 {
-        // SAFETY: `i < block_count`, so the offset stays inside the mapping.
-        unsafe { self.base.as_ptr().add(i * self.block_size) }
+    /// The byte at `off`; callers keep `off < len`.
+    fn at(&self, off: usize) -> *mut u8 {
+        debug_assert!(off < self.len);
+        // SAFETY: `off < len` (callers' invariant), so the pointer stays in the mapping.
+        unsafe { self.base.as_ptr().add(off) }
     }
 
-    /// The block's status word, shared with the kernel.
-    fn status(&self, i: usize) -> &AtomicU32 {
-        let off = offset_of!(libc::tpacket_block_desc, hdr)
-            + offset_of!(libc::tpacket_hdr_v1, block_status);
-        // SAFETY: the block starts page-aligned, so the u32 at this offset is aligned; the
-        // mapping lives as long as `self`, and the kernel only accesses the word
-        // atomically-in-effect (single aligned stores), as the ring protocol specifies.
-        unsafe { AtomicU32::from_ptr(self.block(i).add(off).cast()) }
+    /// The status word at `off`, shared with the kernel; callers pass a 4-byte aligned
+    /// offset with 4 bytes of ring behind it.
+    fn status(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off.is_multiple_of(4) && off + 4 <= self.len);
+        // SAFETY: blocks and slots start 16-byte aligned and status words sit at aligned
+        // offsets in them, inside the mapping (callers' invariant); the mapping lives as
+        // long as `self`, and the kernel only writes the word with single aligned stores
+        // (with barriers), as the ring protocol specifies.
+        unsafe { AtomicU32::from_ptr(self.at(off).cast()) }
     }
 }
 
@@ -112,11 +198,11 @@ impl Drop for Ring {
     fn drop(&mut self) {
         // SAFETY: `base` and `len` are exactly what mmap returned; nothing borrows the
         // mapping any more (frames were copied out).
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len()) };
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
     }
 }
 
-/// Where reading stopped inside the block being read.
+/// Where reading stopped inside the TPACKET_V3 block being read.
 #[derive(Clone, Copy, Debug, Default)]
 struct Cursor {
     block: usize,
@@ -125,13 +211,31 @@ struct Cursor {
     off: usize,
 }
 
+/// The receive side, per [`RxMode`].
+enum Rx {
+    Blocks {
+        ring: Ring,
+        block_size: usize,
+        block_count: usize,
+        cursor: Cursor,
+    },
+    Frames {
+        ring: Ring,
+        slots: Slots,
+        next: usize,
+    },
+    Copy {
+        bufs: Vec<u8>,
+        ctrl: Vec<[u64; COPY_CTRL_WORDS]>,
+    },
+}
+
 /// An interface opened through an AF_PACKET socket, as a [`Port`].
 pub struct AfPacketPort {
     ingress_drop: Option<IngressDrop>,
-    ring: Ring,
+    rx: Rx,
     fd: OwnedFd,
     name: String,
-    cursor: Cursor,
     hdrs: Vec<[u8; vnet::LEN]>,
     counters: PortCounters,
 }
@@ -141,6 +245,7 @@ impl std::fmt::Debug for AfPacketPort {
         f.debug_struct("AfPacketPort")
             .field("name", &self.name)
             .field("fd", &self.fd)
+            .field("rx_mode", &self.rx_mode())
             .field("ingress_drop", &self.ingress_drop)
             .finish()
     }
@@ -154,18 +259,81 @@ fn check(rc: libc::c_int, what: &str) -> io::Result<()> {
     Ok(())
 }
 
-fn setsockopt<T>(fd: &OwnedFd, opt: libc::c_int, val: &T, what: &str) -> io::Result<()> {
+fn setsockopt_at<T>(
+    fd: &OwnedFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    val: &T,
+    what: &str,
+) -> io::Result<()> {
     // SAFETY: `val` points at a live value of exactly the length passed.
     let rc = unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
-            libc::SOL_PACKET,
+            level,
             opt,
             (val as *const T).cast(),
             size_of::<T>() as libc::socklen_t,
         )
     };
     check(rc, what)
+}
+
+fn setsockopt<T>(fd: &OwnedFd, opt: libc::c_int, val: &T, what: &str) -> io::Result<()> {
+    setsockopt_at(fd, libc::SOL_PACKET, opt, val, what)
+}
+
+/// A VLAN tag the device took off into metadata: TPID and TCI.
+type Vlan = Option<(u16, u16)>;
+
+/// The tag described by a frame's status word and tag fields (ring header or auxdata).
+fn vlan_of(status: u32, tci: u16, tpid: u16) -> Vlan {
+    if status & libc::TP_STATUS_VLAN_VALID == 0 {
+        return None;
+    }
+    let tpid = if status & libc::TP_STATUS_VLAN_TPID_VALID != 0 {
+        tpid
+    } else {
+        0x8100
+    };
+    Some((tpid, tci))
+}
+
+/// Copies a received frame (`hdr` its virtio-net header, `bytes` from the destination MAC
+/// on) into `out`, with its VLAN tag put back; false (counted) when the header is bad.
+fn deliver(
+    counters: &mut PortCounters,
+    hdr: &[u8],
+    bytes: &[u8],
+    vlan: Vlan,
+    out: &mut Vec<Frame>,
+) -> bool {
+    let Some(mut v) = vnet::decode(hdr, vnet::Endian::Native) else {
+        counters.rx_errors += 1;
+        return false;
+    };
+    let mut data = Vec::with_capacity(bytes.len() + 4);
+    match vlan {
+        Some((tpid, tci)) if bytes.len() >= 12 => {
+            // The device took the 802.1Q tag off into metadata: put it back, so the
+            // frame is what was on the wire, and shift the offsets behind it.
+            data.extend_from_slice(&bytes[..12]);
+            data.extend_from_slice(&tpid.to_be_bytes());
+            data.extend_from_slice(&tci.to_be_bytes());
+            data.extend_from_slice(&bytes[12..]);
+            if v.needs_csum() {
+                v.csum_start += 4;
+            }
+            if v.hdr_len != 0 {
+                v.hdr_len += 4;
+            }
+        }
+        _ => data.extend_from_slice(bytes),
+    }
+    counters.rx_frames += 1;
+    counters.rx_bytes += data.len() as u64;
+    out.push(Frame { data, vnet: v });
+    true
 }
 
 impl AfPacketPort {
@@ -189,6 +357,15 @@ impl AfPacketPort {
                 cfg.block_count, cfg.frame_size
             )));
         }
+        if cfg.slot_size < 128
+            || cfg.slot_size > cfg.block_size
+            || !(cfg.slot_size as usize).is_multiple_of(libc::TPACKET_ALIGNMENT)
+        {
+            return Err(invalid(format!(
+                "slot_size {} must be a multiple of 16 between 128 and block_size",
+                cfg.slot_size
+            )));
+        }
         let cname = CString::new(dev).map_err(|_| invalid(format!("interface {dev:?}")))?;
         // SAFETY: `cname` is a NUL-terminated string that outlives the call.
         let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
@@ -210,43 +387,7 @@ impl AfPacketPort {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let one: libc::c_int = 1;
         setsockopt(&fd, libc::PACKET_VNET_HDR, &one, "PACKET_VNET_HDR")?;
-        let v3 = libc::tpacket_versions::TPACKET_V3 as libc::c_int;
-        setsockopt(&fd, libc::PACKET_VERSION, &v3, "PACKET_VERSION")?;
-        let req = libc::tpacket_req3 {
-            tp_block_size: cfg.block_size,
-            tp_block_nr: cfg.block_count,
-            tp_frame_size: cfg.frame_size,
-            tp_frame_nr: cfg.block_size / cfg.frame_size * cfg.block_count,
-            tp_retire_blk_tov: cfg.retire_timeout_ms,
-            tp_sizeof_priv: 0,
-            tp_feature_req_word: 0,
-        };
-        setsockopt(&fd, libc::PACKET_RX_RING, &req, "PACKET_RX_RING")?;
-        let len = cfg.block_size as usize * cfg.block_count as usize;
-        // SAFETY: a fresh shared mapping of the socket's ring; the kernel checks `len`
-        // against the ring it set up; the result is checked before use.
-        let base = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            let e = io::Error::last_os_error();
-            return Err(io::Error::new(
-                e.kind(),
-                format!("mmap of the rx ring: {e}"),
-            ));
-        }
-        let ring = Ring {
-            base: NonNull::new(base.cast()).expect("mmap never returns NULL on success"),
-            block_size: cfg.block_size as usize,
-            block_count: cfg.block_count as usize,
-        };
+        let rx = Self::set_up_rx(&fd, cfg)?;
         setsockopt(&fd, libc::PACKET_QDISC_BYPASS, &one, "PACKET_QDISC_BYPASS")?;
         setsockopt(
             &fd,
@@ -293,13 +434,77 @@ impl AfPacketPort {
         };
         Ok(AfPacketPort {
             ingress_drop,
-            ring,
+            rx,
             fd,
             name: dev.to_string(),
-            cursor: Cursor::default(),
             hdrs: vec![[0; vnet::LEN]; TX_BATCH],
             counters: PortCounters::default(),
         })
+    }
+
+    /// Sets up the receive side of `cfg.rx_mode` (after `PACKET_VNET_HDR`, before bind).
+    fn set_up_rx(fd: &OwnedFd, cfg: &AfPacketConfig) -> io::Result<Rx> {
+        let block_size = cfg.block_size as usize;
+        let block_count = cfg.block_count as usize;
+        match cfg.rx_mode {
+            RxMode::BlockRing => {
+                let v3 = libc::tpacket_versions::TPACKET_V3 as libc::c_int;
+                setsockopt(fd, libc::PACKET_VERSION, &v3, "PACKET_VERSION")?;
+                let req = libc::tpacket_req3 {
+                    tp_block_size: cfg.block_size,
+                    tp_block_nr: cfg.block_count,
+                    tp_frame_size: cfg.frame_size,
+                    tp_frame_nr: cfg.block_size / cfg.frame_size * cfg.block_count,
+                    tp_retire_blk_tov: cfg.retire_timeout_ms,
+                    tp_sizeof_priv: 0,
+                    tp_feature_req_word: 0,
+                };
+                setsockopt(fd, libc::PACKET_RX_RING, &req, "PACKET_RX_RING")?;
+                Ok(Rx::Blocks {
+                    ring: Ring::map(fd, block_size * block_count)?,
+                    block_size,
+                    block_count,
+                    cursor: Cursor::default(),
+                })
+            }
+            RxMode::FrameRing => {
+                let v2 = libc::tpacket_versions::TPACKET_V2 as libc::c_int;
+                setsockopt(fd, libc::PACKET_VERSION, &v2, "PACKET_VERSION")?;
+                let per_block = cfg.block_size / cfg.slot_size;
+                let req = libc::tpacket_req {
+                    tp_block_size: cfg.block_size,
+                    tp_block_nr: cfg.block_count,
+                    tp_frame_size: cfg.slot_size,
+                    tp_frame_nr: per_block * cfg.block_count,
+                };
+                setsockopt(fd, libc::PACKET_RX_RING, &req, "PACKET_RX_RING")?;
+                Ok(Rx::Frames {
+                    ring: Ring::map(fd, block_size * block_count)?,
+                    slots: Slots {
+                        block_size,
+                        per_block: per_block as usize,
+                        slot_size: cfg.slot_size as usize,
+                        slots: per_block as usize * block_count,
+                    },
+                    next: 0,
+                })
+            }
+            RxMode::Copy => {
+                let one: libc::c_int = 1;
+                setsockopt(fd, libc::PACKET_AUXDATA, &one, "PACKET_AUXDATA")?;
+                // As much queued as a ring would hold; without CAP_NET_ADMIN, what the
+                // sysctl net.core.rmem_max allows.
+                let bytes = (block_size * block_count).min(i32::MAX as usize / 2) as libc::c_int;
+                let what = "SO_RCVBUF";
+                setsockopt_at(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &bytes, what).or_else(
+                    |_| setsockopt_at(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &bytes, what),
+                )?;
+                Ok(Rx::Copy {
+                    bufs: vec![0; COPY_BATCH * COPY_BUF_LEN],
+                    ctrl: vec![[0; COPY_CTRL_WORDS]; COPY_BATCH],
+                })
+            }
+        }
     }
 
     /// True when an ingress drop filter keeps the host's stack off this interface.
@@ -307,62 +512,314 @@ impl AfPacketPort {
         self.ingress_drop.is_some()
     }
 
-    /// Copies the frame whose `tpacket3_hdr` is at `off` in block `blk` into `out`;
-    /// false (counted) when it is truncated or malformed.
-    fn take(&mut self, blk: *const u8, off: usize, out: &mut Vec<Frame>) -> bool {
-        let bs = self.ring.block_size;
-        if off + size_of::<libc::tpacket3_hdr>() > bs {
-            self.counters.rx_errors += 1;
-            return false;
+    /// How this port receives.
+    pub fn rx_mode(&self) -> RxMode {
+        match self.rx {
+            Rx::Blocks { .. } => RxMode::BlockRing,
+            Rx::Frames { .. } => RxMode::FrameRing,
+            Rx::Copy { .. } => RxMode::Copy,
         }
-        // SAFETY: the header lies inside the block (checked above), which the kernel
-        // handed to us (TP_STATUS_USER) and does not write until we return it.
-        let h: libc::tpacket3_hdr = unsafe { ptr::read_unaligned(blk.add(off).cast()) };
-        let mac = off + usize::from(h.tp_mac);
-        let snap = h.tp_snaplen as usize;
-        if h.tp_snaplen < h.tp_len || mac < off + vnet::LEN || mac + snap > bs {
-            // Truncated (larger than a block) or inconsistent: not a frame to forward.
-            self.counters.rx_errors += 1;
-            return false;
+    }
+}
+
+/// Copies the frame whose `tpacket3_hdr` is at `off` in the block at `blk` (of
+/// `block_size` bytes) into `out`; false (counted) when it is truncated or malformed.
+fn take_v3(
+    counters: &mut PortCounters,
+    blk: *const u8,
+    block_size: usize,
+    off: usize,
+    out: &mut Vec<Frame>,
+) -> bool {
+    if off + size_of::<libc::tpacket3_hdr>() > block_size {
+        counters.rx_errors += 1;
+        return false;
+    }
+    // SAFETY: the header lies inside the block (checked above), which the kernel
+    // handed to us (TP_STATUS_USER) and does not write until we return it.
+    let h: libc::tpacket3_hdr = unsafe { ptr::read_unaligned(blk.add(off).cast()) };
+    let mac = off + usize::from(h.tp_mac);
+    let snap = h.tp_snaplen as usize;
+    if h.tp_snaplen < h.tp_len {
+        // Larger than a block: not a frame to forward.
+        counters.rx_errors += 1;
+        counters.rx_truncated += 1;
+        return false;
+    }
+    if mac < off + vnet::LEN || mac + snap > block_size {
+        counters.rx_errors += 1;
+        return false;
+    }
+    // SAFETY: [mac - LEN, mac + snap) lies inside the block (checked above).
+    let (hdr, bytes) = unsafe {
+        (
+            std::slice::from_raw_parts(blk.add(mac - vnet::LEN), vnet::LEN),
+            std::slice::from_raw_parts(blk.add(mac), snap),
+        )
+    };
+    let vlan = vlan_of(h.tp_status, h.hv1.tp_vlan_tci as u16, h.hv1.tp_vlan_tpid);
+    deliver(counters, hdr, bytes, vlan, out)
+}
+
+/// Copies the frame in the TPACKET_V2 slot at `slot` (of `slot_size` bytes, ours) into
+/// `out`; false (counted) when it is truncated or malformed.
+fn take_v2(
+    counters: &mut PortCounters,
+    slot: *const u8,
+    slot_size: usize,
+    out: &mut Vec<Frame>,
+) -> bool {
+    // SAFETY: the slot is at least 128 bytes (checked at open), more than the header, and
+    // the kernel handed it to us (TP_STATUS_USER) and does not write it until we return it.
+    let h: libc::tpacket2_hdr = unsafe { ptr::read_unaligned(slot.cast()) };
+    let mac = usize::from(h.tp_mac);
+    let snap = h.tp_snaplen as usize;
+    if h.tp_snaplen < h.tp_len {
+        // Longer than a slot holds: cut short by the kernel, not a frame to forward.
+        counters.rx_errors += 1;
+        counters.rx_truncated += 1;
+        return false;
+    }
+    if mac < size_of::<libc::tpacket2_hdr>() + vnet::LEN || mac + snap > slot_size {
+        counters.rx_errors += 1;
+        return false;
+    }
+    // SAFETY: [mac - LEN, mac + snap) lies inside the slot (checked above).
+    let (hdr, bytes) = unsafe {
+        (
+            std::slice::from_raw_parts(slot.add(mac - vnet::LEN), vnet::LEN),
+            std::slice::from_raw_parts(slot.add(mac), snap),
+        )
+    };
+    let vlan = vlan_of(h.tp_status, h.tp_vlan_tci, h.tp_vlan_tpid);
+    deliver(counters, hdr, bytes, vlan, out)
+}
+
+/// Reads TPACKET_V3 blocks the kernel has handed over, from where `cursor` stopped.
+fn recv_blocks(
+    ring: &Ring,
+    block_size: usize,
+    block_count: usize,
+    cursor: &mut Cursor,
+    counters: &mut PortCounters,
+    out: &mut Vec<Frame>,
+    max: usize,
+) -> usize {
+    let mut got = 0;
+    while got < max {
+        let b = cursor.block;
+        let status_off = b * block_size
+            + offset_of!(libc::tpacket_block_desc, hdr)
+            + offset_of!(libc::tpacket_hdr_v1, block_status);
+        let blk = ring.at(b * block_size);
+        if !cursor.open {
+            if ring.status(status_off).load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
+                break;
+            }
+            // SAFETY: the block is ours (TP_STATUS_USER, read with Acquire, so the
+            // kernel's writes before it are visible); the descriptor is at its start.
+            let d: libc::tpacket_hdr_v1 = unsafe {
+                ptr::read_unaligned(blk.add(offset_of!(libc::tpacket_block_desc, hdr)).cast())
+            };
+            *cursor = Cursor {
+                block: b,
+                open: true,
+                left: d.num_pkts,
+                off: d.offset_to_first_pkt as usize,
+            };
         }
-        // SAFETY: [mac - LEN, mac + snap) lies inside the block (checked above).
-        let (hdr, bytes) = unsafe {
-            (
-                std::slice::from_raw_parts(blk.add(mac - vnet::LEN), vnet::LEN),
-                std::slice::from_raw_parts(blk.add(mac), snap),
+        while cursor.left > 0 && got < max {
+            let off = cursor.off;
+            if take_v3(counters, blk, block_size, off, out) {
+                got += 1;
+            }
+            cursor.left -= 1;
+            if off + size_of::<libc::tpacket3_hdr>() > block_size {
+                cursor.left = 0;
+                break;
+            }
+            // SAFETY: the header is inside the block (checked just above).
+            let next = unsafe {
+                ptr::read_unaligned(
+                    blk.add(off + offset_of!(libc::tpacket3_hdr, tp_next_offset))
+                        .cast::<u32>(),
+                )
+            };
+            cursor.off = off + next as usize;
+        }
+        if cursor.left == 0 {
+            // Give the block back; its frames were copied out.
+            ring.status(status_off)
+                .store(libc::TP_STATUS_KERNEL, Ordering::Release);
+            *cursor = Cursor {
+                block: (b + 1) % block_count,
+                ..Cursor::default()
+            };
+        }
+    }
+    got
+}
+
+/// The geometry of a TPACKET_V2 ring: where slot `i` starts.
+#[derive(Clone, Copy)]
+struct Slots {
+    block_size: usize,
+    per_block: usize,
+    slot_size: usize,
+    slots: usize,
+}
+
+impl Slots {
+    fn offset(&self, i: usize) -> usize {
+        (i / self.per_block) * self.block_size + (i % self.per_block) * self.slot_size
+    }
+}
+
+/// Reads the TPACKET_V2 slots the kernel has handed over, from slot `next` on, giving
+/// each back once copied.
+fn recv_frames(
+    ring: &Ring,
+    geometry: Slots,
+    next: &mut usize,
+    counters: &mut PortCounters,
+    out: &mut Vec<Frame>,
+    max: usize,
+) -> usize {
+    let mut got = 0;
+    // At most one lap: the kernel can refill slots while we read.
+    for _ in 0..geometry.slots {
+        if got == max {
+            break;
+        }
+        let off = geometry.offset(*next);
+        // tp_status is the slot header's first word.
+        let status = ring.status(off);
+        if status.load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
+            break;
+        }
+        if take_v2(counters, ring.at(off), geometry.slot_size, out) {
+            got += 1;
+        }
+        status.store(libc::TP_STATUS_KERNEL, Ordering::Release);
+        *next = (*next + 1) % geometry.slots;
+    }
+    got
+}
+
+/// The VLAN tag in a received message's `PACKET_AUXDATA`, if any.
+fn aux_vlan(m: &libc::msghdr) -> Vlan {
+    // SAFETY: `m` is a message the kernel filled in: `msg_control` points at our control
+    // buffer and `msg_controllen` says how much of it holds control messages; the CMSG
+    // macros stay within that length.
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(m) };
+    while !c.is_null() {
+        // SAFETY: CMSG_FIRSTHDR/CMSG_NXTHDR return a header inside the buffer, or null.
+        let cm = unsafe { ptr::read_unaligned(c) };
+        // SAFETY: CMSG_LEN takes no pointers.
+        let want = unsafe { libc::CMSG_LEN(size_of::<libc::tpacket_auxdata>() as u32) };
+        if cm.cmsg_level == libc::SOL_PACKET
+            && cm.cmsg_type == libc::PACKET_AUXDATA
+            && cm.cmsg_len >= want as usize
+        {
+            // SAFETY: the message's length covers a whole tpacket_auxdata (checked above).
+            let a: libc::tpacket_auxdata =
+                unsafe { ptr::read_unaligned(libc::CMSG_DATA(c).cast()) };
+            return vlan_of(a.tp_status, a.tp_vlan_tci, a.tp_vlan_tpid);
+        }
+        // SAFETY: as for CMSG_FIRSTHDR; `c` is a header of this message.
+        c = unsafe { libc::CMSG_NXTHDR(m, c) };
+    }
+    None
+}
+
+/// Receives with `recvmmsg` into `bufs` (of [`COPY_BATCH`] x [`COPY_BUF_LEN`] bytes).
+fn recv_copy(
+    fd: RawFd,
+    bufs: &mut [u8],
+    ctrl: &mut [[u64; COPY_CTRL_WORDS]],
+    counters: &mut PortCounters,
+    out: &mut Vec<Frame>,
+    max: usize,
+) -> io::Result<usize> {
+    let mut got = 0;
+    // Frames the kernel drops in recvmsg itself (an offload state a virtio-net header
+    // cannot describe: EINVAL) are skipped, a bounded number per call.
+    let mut skips = COPY_BATCH;
+    // SAFETY: all-zero iovec and mmsghdr values are valid (null pointers, lengths 0).
+    let mut iov: [libc::iovec; COPY_BATCH] = unsafe { zeroed() };
+    // SAFETY: as above.
+    let mut msgs: [libc::mmsghdr; COPY_BATCH] = unsafe { zeroed() };
+    while got < max {
+        let n = (max - got).min(COPY_BATCH);
+        for i in 0..n {
+            iov[i] = libc::iovec {
+                iov_base: bufs[i * COPY_BUF_LEN..].as_mut_ptr().cast(),
+                iov_len: COPY_BUF_LEN,
+            };
+            msgs[i] = libc::mmsghdr {
+                // SAFETY: an all-zero msghdr is valid (no name, no buffers).
+                msg_hdr: unsafe { zeroed() },
+                msg_len: 0,
+            };
+            msgs[i].msg_hdr.msg_iov = &mut iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+            msgs[i].msg_hdr.msg_control = ctrl[i].as_mut_ptr().cast();
+            msgs[i].msg_hdr.msg_controllen = size_of::<[u64; COPY_CTRL_WORDS]>();
+        }
+        // SAFETY: `msgs[..n]` each point at one iovec of `iov` covering its own
+        // COPY_BUF_LEN bytes of `bufs`, and at its own control buffer of `ctrl`, with
+        // their lengths; all outlive the call. No timeout (MSG_DONTWAIT).
+        let rc = unsafe {
+            libc::recvmmsg(
+                fd,
+                msgs.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                ptr::null_mut(),
             )
         };
-        let Some(mut v) = vnet::decode(hdr, vnet::Endian::Native) else {
-            self.counters.rx_errors += 1;
-            return false;
-        };
-        let mut data = Vec::with_capacity(snap + 4);
-        if h.tp_status & libc::TP_STATUS_VLAN_VALID != 0 && snap >= 12 {
-            // The device took the 802.1Q tag off into metadata: put it back, so the
-            // frame is what was on the wire, and shift the offsets behind it.
-            let tpid = if h.tp_status & libc::TP_STATUS_VLAN_TPID_VALID != 0 {
-                h.hv1.tp_vlan_tpid
-            } else {
-                0x8100
-            };
-            data.extend_from_slice(&bytes[..12]);
-            data.extend_from_slice(&tpid.to_be_bytes());
-            data.extend_from_slice(&(h.hv1.tp_vlan_tci as u16).to_be_bytes());
-            data.extend_from_slice(&bytes[12..]);
-            if v.needs_csum() {
-                v.csum_start += 4;
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::WouldBlock => break,
+                io::ErrorKind::Interrupted => continue,
+                _ if e.raw_os_error() == Some(libc::EINVAL) && skips > 0 => {
+                    counters.rx_errors += 1;
+                    skips -= 1;
+                    continue;
+                }
+                _ => {
+                    counters.rx_errors += 1;
+                    if got == 0 {
+                        return Err(e);
+                    }
+                    break;
+                }
             }
-            if v.hdr_len != 0 {
-                v.hdr_len += 4;
-            }
-        } else {
-            data.extend_from_slice(bytes);
         }
-        self.counters.rx_frames += 1;
-        self.counters.rx_bytes += data.len() as u64;
-        out.push(Frame { data, vnet: v });
-        true
+        let rc = rc as usize;
+        for (i, m) in msgs[..rc].iter().enumerate() {
+            let len = m.msg_len as usize;
+            if m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                counters.rx_errors += 1;
+                counters.rx_truncated += 1;
+                continue;
+            }
+            if !(vnet::LEN..=COPY_BUF_LEN).contains(&len) {
+                counters.rx_errors += 1;
+                continue;
+            }
+            let buf = &bufs[i * COPY_BUF_LEN..i * COPY_BUF_LEN + len];
+            let vlan = aux_vlan(&m.msg_hdr);
+            if deliver(counters, &buf[..vnet::LEN], &buf[vnet::LEN..], vlan, out) {
+                got += 1;
+            }
+        }
+        if rc < n {
+            break;
+        }
     }
+    Ok(got)
 }
 
 impl Port for AfPacketPort {
@@ -375,57 +832,29 @@ impl Port for AfPacketPort {
     }
 
     fn recv_batch(&mut self, out: &mut Vec<Frame>, max: usize) -> io::Result<usize> {
-        let mut got = 0;
-        while got < max {
-            let b = self.cursor.block;
-            let blk = self.ring.block(b);
-            if !self.cursor.open {
-                if self.ring.status(b).load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
-                    break;
-                }
-                // SAFETY: the block is ours (TP_STATUS_USER, read with Acquire, so the
-                // kernel's writes before it are visible); the descriptor is at its start.
-                let d: libc::tpacket_hdr_v1 = unsafe {
-                    ptr::read_unaligned(blk.add(offset_of!(libc::tpacket_block_desc, hdr)).cast())
-                };
-                self.cursor = Cursor {
-                    block: b,
-                    open: true,
-                    left: d.num_pkts,
-                    off: d.offset_to_first_pkt as usize,
-                };
+        let counters = &mut self.counters;
+        match &mut self.rx {
+            Rx::Blocks {
+                ring,
+                block_size,
+                block_count,
+                cursor,
+            } => Ok(recv_blocks(
+                ring,
+                *block_size,
+                *block_count,
+                cursor,
+                counters,
+                out,
+                max,
+            )),
+            Rx::Frames { ring, slots, next } => {
+                Ok(recv_frames(ring, *slots, next, counters, out, max))
             }
-            while self.cursor.left > 0 && got < max {
-                let off = self.cursor.off;
-                if self.take(blk, off, out) {
-                    got += 1;
-                }
-                self.cursor.left -= 1;
-                if off + size_of::<libc::tpacket3_hdr>() > self.ring.block_size {
-                    self.cursor.left = 0;
-                    break;
-                }
-                // SAFETY: the header is inside the block (checked just above).
-                let next = unsafe {
-                    ptr::read_unaligned(
-                        blk.add(off + offset_of!(libc::tpacket3_hdr, tp_next_offset))
-                            .cast::<u32>(),
-                    )
-                };
-                self.cursor.off = off + next as usize;
-            }
-            if self.cursor.left == 0 {
-                // Give the block back; its frames were copied out.
-                self.ring
-                    .status(b)
-                    .store(libc::TP_STATUS_KERNEL, Ordering::Release);
-                self.cursor = Cursor {
-                    block: (b + 1) % self.ring.block_count,
-                    ..Cursor::default()
-                };
+            Rx::Copy { bufs, ctrl } => {
+                recv_copy(self.fd.as_raw_fd(), bufs, ctrl, counters, out, max)
             }
         }
-        Ok(got)
     }
 
     fn send_batch(&mut self, frames: &mut Vec<Frame>) -> io::Result<usize> {

@@ -32,6 +32,9 @@ pub struct PortCounters {
     pub rx_bytes: u64,
     /// Frames not handed over: truncated by the kernel, malformed header, read errors.
     pub rx_errors: u64,
+    /// Of `rx_errors`, frames the kernel cut short because they did not fit where it
+    /// copies them (a ring slot or block, a receive buffer).
+    pub rx_truncated: u64,
     /// Frames the kernel took.
     pub tx_frames: u64,
     /// Bytes of those frames.

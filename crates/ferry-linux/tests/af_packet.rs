@@ -16,6 +16,7 @@ use ferry_datapath::flow::proto;
 use ferry_datapath::packet::VnetHdr;
 use ferry_datapath::wire::build::{self, IpOpts};
 use ferry_datapath::wire::parse;
+use ferry_linux::af_packet::RxMode;
 use ferry_linux::link;
 use ferry_linux::{AfPacketConfig, AfPacketPort, Frame, Port};
 
@@ -96,10 +97,48 @@ fn udp_to(f: &Frame, dst: Ipv4Addr, port: u16) -> Option<Vec<u8>> {
         .then(|| f.data[p.l4_off + 8..p.ip_end].to_vec())
 }
 
-#[test]
-fn af_packet_receives_frames_and_gso_super_packets_from_the_peer() {
-    let lab = lab("afr");
-    let mut port = open(&lab, AfPacketConfig::default());
+/// Sends a TCP stream of `len` bytes from the peer's kernel to the node's (a listener on
+/// the node's address); returns what the node's server read, once it is done.
+fn tcp_stream_to_node(
+    lab: &Lab,
+    port: u16,
+    len: usize,
+) -> mpsc::Receiver<(Result<(), String>, Vec<u8>)> {
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel();
+    let _server = ferry_linux::netns::spawn_in(&lab.node.name, move || {
+        let l = TcpListener::bind((NODE, port)).unwrap();
+        ready_tx.send(()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut v = Vec::new();
+        let r = s.read_to_end(&mut v);
+        done_tx
+            .send((r.map(drop).map_err(|e| e.to_string()), v))
+            .unwrap();
+    })
+    .unwrap();
+    ready_rx.recv_timeout(WAIT).expect("listener ready");
+    let sent = build::pattern(len, 9);
+    let _client = ferry_linux::netns::spawn_in(&lab.peer.name, move || {
+        let mut s = TcpStream::connect_timeout(&SocketAddr::new(NODE.into(), port), WAIT)?;
+        s.set_write_timeout(Some(WAIT))?;
+        s.write_all(&sent)
+    })
+    .unwrap();
+    done_rx
+}
+
+/// A datagram from the peer arrives with its virtio-net header (a partial checksum), and a
+/// TCP stream's GSO super-packets arrive whole, with their offload state.
+fn receives_frames_and_gso_super_packets(tag: &str, rx_mode: RxMode) {
+    let lab = lab(tag);
+    let cfg = AfPacketConfig {
+        rx_mode,
+        ..AfPacketConfig::default()
+    };
+    let mut port = open(&lab, cfg);
+    assert_eq!(port.rx_mode(), rx_mode);
     assert!(!port.drops_kernel_ingress());
 
     // A UDP datagram from the peer's kernel.
@@ -114,56 +153,103 @@ fn af_packet_receives_frames_and_gso_super_packets_from_the_peer() {
         |f| udp_to(f, NODE, 7000).is_some(),
         &mut seen,
     )
-    .unwrap_or_else(|| panic!("no UDP frame within {WAIT:?}; {} others", seen.len()));
+    .unwrap_or_else(|| {
+        panic!(
+            "{rx_mode:?}: no UDP frame within {WAIT:?}; {} others",
+            seen.len()
+        )
+    });
     assert_eq!(udp_to(&f, NODE, 7000).unwrap(), b"hello ferry");
     assert_eq!(&f.data[6..12], &lab.peer_mac, "sent by the peer");
+    // The veth leaves the UDP checksum to be finished: the header says where it is.
+    let partial = VnetHdr {
+        flags: VnetHdr::F_NEEDS_CSUM,
+        csum_start: 14 + 20,
+        csum_offset: 6,
+        ..VnetHdr::default()
+    };
+    assert_eq!(
+        f.vnet, partial,
+        "{rx_mode:?}: the datagram's virtio-net header"
+    );
 
     // A TCP stream to the node's kernel: the veth carries it as super-packets.
     const LEN: usize = 256 * 1024;
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let (done_tx, done_rx) = mpsc::channel();
-    let _server = ferry_linux::netns::spawn_in(&lab.node.name, move || {
-        let l = TcpListener::bind((NODE, 9100)).unwrap();
-        ready_tx.send(()).unwrap();
-        let (mut s, _) = l.accept().unwrap();
-        s.set_read_timeout(Some(WAIT)).unwrap();
-        let mut v = Vec::new();
-        let r = s.read_to_end(&mut v);
-        done_tx
-            .send((r.map(drop).map_err(|e| e.to_string()), v))
-            .unwrap();
-    })
-    .unwrap();
-    ready_rx.recv_timeout(WAIT).expect("listener ready");
-    let payload = build::pattern(LEN, 9);
-    let sent = payload.clone();
-    let _client = ferry_linux::netns::spawn_in(&lab.peer.name, move || {
-        let mut s = TcpStream::connect_timeout(&SocketAddr::new(NODE.into(), 9100), WAIT)?;
-        s.set_write_timeout(Some(WAIT))?;
-        s.write_all(&sent)
-    })
-    .unwrap();
+    let done = tcp_stream_to_node(&lab, 9100, LEN);
     let gso = recv_until(
         &mut port,
         WAIT,
         |f| f.vnet.is_gso() && f.data.len() > 1514,
         &mut seen,
     )
-    .expect("no GSO super-packet through the ring");
+    .unwrap_or_else(|| panic!("{rx_mode:?}: no GSO super-packet received"));
     assert_eq!(gso.vnet.gso_type & !VnetHdr::GSO_ECN, VnetHdr::GSO_TCPV4);
     assert!(
         gso.vnet.gso_size > 0 && gso.vnet.needs_csum(),
         "{:?}",
         gso.vnet
     );
-    let (r, got) = done_rx.recv_timeout(WAIT * 2).expect("server finished");
+    // Whole: the IP header's length covers exactly the bytes received.
+    let p = parse::parse(&gso.data, 0).expect("the super-packet parses");
+    assert_eq!(
+        p.ip_end,
+        gso.data.len(),
+        "{rx_mode:?}: super-packet cut short"
+    );
+    let (r, got) = done.recv_timeout(WAIT * 2).expect("server finished");
     assert_eq!(r, Ok(()));
     assert!(
-        got == payload,
+        got == build::pattern(LEN, 9),
         "the node's kernel got {} of {LEN} bytes",
         got.len()
     );
-    assert_eq!(port.counters().rx_errors, 0, "no truncated frames");
+    let c = port.counters();
+    assert_eq!((c.rx_errors, c.rx_truncated), (0, 0), "{rx_mode:?}: {c:?}");
+}
+
+#[test]
+fn af_packet_receives_frames_and_gso_super_packets_from_the_peer() {
+    assert_eq!(AfPacketConfig::default().rx_mode, RxMode::Copy);
+    receives_frames_and_gso_super_packets("afr", RxMode::Copy);
+}
+
+#[test]
+fn af_packet_frame_ring_receives_frames_and_gso_super_packets() {
+    receives_frames_and_gso_super_packets("afv", RxMode::FrameRing);
+}
+
+#[test]
+fn af_packet_block_ring_receives_frames_and_gso_super_packets() {
+    receives_frames_and_gso_super_packets("afb", RxMode::BlockRing);
+}
+
+/// Slots too small for a super-packet: the kernel cuts it short, the port counts it and
+/// hands over only frames that fit.
+#[test]
+fn af_packet_frame_ring_counts_super_packets_its_slots_cut_short() {
+    let lab = lab("aft");
+    let cfg = AfPacketConfig {
+        rx_mode: RxMode::FrameRing,
+        slot_size: 2048,
+        ..AfPacketConfig::default()
+    };
+    let mut port = open(&lab, cfg);
+    let done = tcp_stream_to_node(&lab, 9101, 256 * 1024);
+    let deadline = Instant::now() + WAIT;
+    let mut seen = Vec::new();
+    while Instant::now() < deadline && port.counters().rx_truncated == 0 {
+        recv_until(&mut port, Duration::from_millis(50), |_| false, &mut seen);
+    }
+    let c = port.counters();
+    assert!(c.rx_truncated > 0, "no frame counted as cut short: {c:?}");
+    assert!(c.rx_errors >= c.rx_truncated, "{c:?}");
+    assert!(
+        seen.iter().all(|f| f.data.len() <= 2048),
+        "a frame longer than its slot was handed over"
+    );
+    // The node's own kernel still gets the stream (the ring only watches).
+    let (r, _) = done.recv_timeout(WAIT * 2).expect("server finished");
+    assert_eq!(r, Ok(()));
 }
 
 #[test]
