@@ -163,10 +163,19 @@ impl Described {
         let src = toks
             .next()
             .ok_or_else(|| format!("{proto}: missing source"))?;
+        // `to` reads the same as `->` and needs no quoting in a shell.
         match toks.next() {
-            Some("->") => {}
-            Some(t) => return Err(format!("expected \"->\" after {src:?}, got {t:?}")),
-            None => return Err(format!("expected \"->\" and a destination after {src:?}")),
+            Some("->" | "to") => {}
+            Some(t) => {
+                return Err(format!(
+                    "expected \"->\" or \"to\" after {src:?}, got {t:?}"
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "expected \"->\" (or \"to\") and a destination after {src:?} (in a shell, quote the packet: an unquoted > redirects the output)"
+                ));
+            }
         }
         let dst = toks
             .next()

@@ -106,6 +106,18 @@ fn test_parse_udp_and_icmp_in_both_families() {
 }
 
 #[test]
+fn test_to_reads_as_the_arrow() {
+    assert_eq!(
+        parse_ok("tcp 10.0.1.5:40000 to 10.96.0.10:80 syn"),
+        parse_ok("tcp 10.0.1.5:40000 -> 10.96.0.10:80 syn")
+    );
+    assert_eq!(
+        parse_ok("icmpv6 fd00::1 to fd00::2"),
+        parse_ok("icmpv6 fd00::1->fd00::2")
+    );
+}
+
+#[test]
 fn test_parse_errors_name_the_bad_word() {
     for (s, word) in [
         ("", "empty"),
@@ -116,6 +128,7 @@ fn test_parse_errors_name_the_bad_word() {
         ("tcp fd00::1:80 -> [fd00::2]:80", "[ADDR]:PORT"),
         ("tcp 10.0.1.5:1 10.0.0.1:80", "\"10.0.0.1:80\""),
         ("tcp 10.0.1.5:1 ->", "missing destination"),
+        ("tcp 10.0.1.5:1", "quote the packet"),
         (
             "tcp 10.0.1.5:1 -> [fd00::1]:80",
             "different address families",

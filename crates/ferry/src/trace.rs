@@ -22,7 +22,7 @@ use crate::pcap;
 /// Arguments of `ferry trace`.
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "Examples:\n  ferry trace --in pod default/client tcp 10.0.1.5:40000 -> 10.96.0.10:80 syn\n  ferry trace --in uplink udp 192.0.2.10:5000 -> 192.168.1.10:30053\n  ferry trace --in uplink --pcap frames.pcap\n  ferry trace --live --match 'tcp port 80' --count 5"
+    after_help = "Examples (quote a packet written with ->: a shell takes > as a redirection; `to` needs no quotes):\n  ferry trace --in pod default/client 'tcp 10.0.1.5:40000 -> 10.96.0.10:80 syn'\n  ferry trace --in uplink udp 192.0.2.10:5000 to 192.168.1.10:30053\n  ferry trace --in uplink --pcap frames.pcap\n  ferry trace --live --match 'tcp port 80' --count 5"
 )]
 pub struct Args {
     /// Where the packet enters: a port name (`ferry status` lists them), or `pod` followed
@@ -54,9 +54,9 @@ pub struct Args {
     /// The agent's local API socket.
     #[arg(long, value_name = "PATH", default_value = ferry_api::DEFAULT_SOCKET)]
     pub api_socket: PathBuf,
-    /// The packet: PROTO SRC -> DST [flags] [len N] [ttl N] [df], e.g.
-    /// `tcp 10.0.1.5:40000 -> 10.96.0.10:80 syn`, `udp [fd00::5]:53 -> [fd00::9]:53`,
-    /// `icmp 10.0.1.5 -> 10.0.2.7`.
+    /// The packet: PROTO SRC -> DST (or SRC to DST) [flags] [len N] [ttl N] [df], e.g.
+    /// `tcp 10.0.1.5:40000 -> 10.96.0.10:80 syn`, `udp [fd00::5]:53 to [fd00::9]:53`,
+    /// `icmp 10.0.1.5 to 10.0.2.7`.
     #[arg(
         value_name = "PACKET",
         trailing_var_arg = true,
