@@ -88,11 +88,7 @@ pub const GATEWAY_V6: &str = "fe80::1";
 /// Moves `dev` into the pod's namespace and sets it up as [`Pod`] describes.
 pub fn attach_pod(dev: &str, pod: &Pod<'_>) -> io::Result<()> {
     let i = &pod.interface;
-    let m = pod.mac;
-    let mac = format!(
-        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-        m[0], m[1], m[2], m[3], m[4], m[5]
-    );
+    let mac = format_mac(pod.mac);
     ip(&["link", "set", "dev", dev, "address", &mac])?;
     move_to_netns(dev, i)?;
     let ns = i.netns;
@@ -167,6 +163,43 @@ pub fn pod_tap(
     };
     attach_pod(dev, &pod)?;
     Ok(tap)
+}
+
+/// Opens again the persistent pod TAP `ifname` that [`pod_tap`] made and moved into
+/// network namespace `netns` (after the process that held it stopped). The interface
+/// must be there with MAC `mac` (ours, not another's); it is opened from a thread that
+/// enters `netns` ([`crate::netns::spawn_in`]), with the flags and offloads it was made
+/// with, which the kernel refuses for anything but a free TAP of that kind.
+pub fn reopen_pod_tap(netns: &str, ifname: &str, mac: [u8; 6]) -> io::Result<crate::TapPort> {
+    let found = mac_address(Some(netns), ifname)?;
+    if found != mac {
+        return Err(io::Error::other(format!(
+            "{ifname} in {netns} has MAC {} where ours has {}: not our interface",
+            format_mac(found),
+            format_mac(mac)
+        )));
+    }
+    let name = ifname.to_string();
+    let opened = crate::netns::spawn_in(netns, move || crate::TapPort::create(&name))?
+        .join()
+        .map_err(|_| io::Error::other("the thread opening the TAP panicked"))?;
+    opened?.map_err(|e| io::Error::new(e.kind(), format!("opening TAP {ifname} in {netns}: {e}")))
+}
+
+/// Deletes interface `ifname` of network namespace `netns` (a persistent pod TAP that
+/// must go with its pod). An interface already gone is not an error.
+pub fn delete_in_netns(netns: &str, ifname: &str) -> io::Result<()> {
+    if mac_address(Some(netns), ifname).is_err() {
+        return Ok(());
+    }
+    ip(&["-n", netns, "link", "del", "dev", ifname]).map(|_| ())
+}
+
+fn format_mac(m: [u8; 6]) -> String {
+    format!(
+        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        m[0], m[1], m[2], m[3], m[4], m[5]
+    )
 }
 
 #[cfg(test)]

@@ -3,7 +3,9 @@
 //! Frames written to the [`Tap`] are received by the kernel on the interface; frames the
 //! kernel sends out of the interface are read from it. The device lives as long as the
 //! file descriptor: it is created by [`Tap::open`] (unless it already exists as a
-//! persistent device) and disappears when the [`Tap`] is dropped. The descriptor keeps
+//! persistent device) and disappears when the [`Tap`] is dropped, unless it was made
+//! persistent ([`Tap::set_persist`]): then it stays without any descriptor, and opening
+//! its name again (in its network namespace) attaches to it. The descriptor keeps
 //! working when the interface is moved into another network namespace.
 //!
 //! The ioctls are in this file only, each with the reason it is sound.
@@ -219,6 +221,25 @@ impl Tap {
         Ok(())
     }
 
+    /// Makes the device persistent (`TUNSETPERSIST`): it outlives this descriptor and
+    /// can be opened again by name from its network namespace. Off again, the device
+    /// goes when its last descriptor closes.
+    pub fn set_persist(&self, on: bool) -> io::Result<()> {
+        // SAFETY: TUNSETPERSIST takes its argument by value (0 or 1); no memory is
+        // passed.
+        let rc = unsafe {
+            libc::ioctl(
+                self.file.as_raw_fd(),
+                libc::TUNSETPERSIST,
+                libc::c_ulong::from(on),
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Sets the length of the virtio-net header in front of every frame (10, or 12 with
     /// the `num_buffers` field). Only meaningful with [`Tap::open_with_vnet_hdr`].
     pub fn set_vnet_hdr_size(&self, size: u32) -> io::Result<()> {
@@ -267,7 +288,9 @@ const MAX_FRAME: usize = 14 + 4 + 65535;
 ///
 /// The device is created in the caller's network namespace and usually moved into a
 /// pod's by [`crate::link::move_to_netns`]; the descriptor keeps working, and the device
-/// disappears when the port is dropped.
+/// disappears when the port is dropped unless it is persistent ([`Tap::set_persist`]).
+/// A persistent one is opened again with [`TapPort::create`] and the same name, from
+/// its namespace: the flags and offloads are the same, so the kernel takes it back.
 #[derive(Debug)]
 pub struct TapPort {
     tap: Tap,
@@ -322,6 +345,11 @@ impl TapPort {
     /// True when the kernel accepted UDP segmentation offload (USO).
     pub fn uso(&self) -> bool {
         self.offloads & offload::USO4 != 0
+    }
+
+    /// Makes the device persistent or not ([`Tap::set_persist`]).
+    pub fn set_persist(&self, on: bool) -> io::Result<()> {
+        self.tap.set_persist(on)
     }
 
     /// The underlying TAP.
@@ -472,6 +500,27 @@ mod tests {
         let e = tap.read(&mut buf).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         tap.set_nonblocking(false).unwrap();
+    }
+
+    #[test]
+    fn test_persistent_device_outlives_its_descriptor_and_reopens() {
+        let name = unique("p");
+        let sys = format!("/sys/class/net/{name}");
+        let port = TapPort::create(&name).unwrap();
+        port.set_persist(true).unwrap();
+        drop(port);
+        assert!(Path::new(&sys).exists(), "{sys} gone with a persistent TAP");
+        let again = TapPort::create(&name).expect("the same flags open it again");
+        assert_eq!(again.name(), name);
+        // Another descriptor on a single-queue TAP in use is refused.
+        assert!(Tap::open_with_vnet_hdr(&name).is_err());
+        again.set_persist(false).unwrap();
+        drop(again);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while Path::new(&sys).exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!Path::new(&sys).exists(), "{sys} stayed without persist");
     }
 
     #[test]
