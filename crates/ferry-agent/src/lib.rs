@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod observe;
 pub mod run;
 pub mod services;
+pub mod state;
 pub mod status;
 
 pub use cluster::{Cluster, Kind, Object, ObjectKey};
