@@ -10,8 +10,15 @@
 //!
 //! A cluster state that does not compile changes nothing: the tables in force stay, and
 //! the error names the object and field.
+//!
+//! The interfaces the CNI plugin asks for are persistent TAPs, recorded in the state
+//! directory ([`crate::state`]): they outlive the agent, and [`Agent::start`] adopts them
+//! again (opens each TAP anew in its pod's namespace), so that a restart leaves the pods'
+//! interfaces in place. Pods of [`Options::pods`] are not recorded; their interfaces go
+//! when the agent stops.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -33,6 +40,7 @@ use crate::fields::{NodeFields, describe};
 use crate::health::HealthServers;
 use crate::host_nat;
 use crate::observe;
+use crate::state;
 use crate::status::{AgentStatus, ErrorKind};
 
 /// How long [`Agent::apply`] waits for the worker to take an update.
@@ -60,6 +68,9 @@ pub struct Options {
     pub share_uplink: bool,
     /// Compilation settings.
     pub compile: CompileOptions,
+    /// Where the CNI plugin's attachments are recorded ([`crate::state`]) and adopted
+    /// from at start; None records nothing (and adopts nothing).
+    pub state_dir: Option<PathBuf>,
 }
 
 /// What one applied cluster state did.
@@ -108,6 +119,11 @@ pub struct Agent {
     status: AgentStatus,
     /// Live traces and captures turned on for API clients.
     sessions: observe::Sessions,
+    /// TAPs of recorded attachments opened again at start, until their ports open.
+    adopted: BTreeMap<ObjectKey, TapPort>,
+    /// Persistent pod TAPs made by the [`Agent::apply`] under way, deleted again when it
+    /// fails.
+    made: Vec<(String, String)>,
 }
 
 /// A pod interface the CNI plugin asked for.
@@ -180,7 +196,10 @@ impl Agent {
             host_nat: None,
             status: AgentStatus::new(),
             sessions: observe::Sessions::default(),
+            adopted: BTreeMap::new(),
+            made: Vec::new(),
         };
+        agent.adopt_recorded();
         let compiled = agent.compile(&cluster)?;
         let tables = Arc::clone(&compiled.compiled);
         let compile = t0.elapsed();
@@ -190,6 +209,10 @@ impl Agent {
             ports.push((p.name.clone(), port));
         }
         agent.open = ports.iter().map(|(n, _)| n.clone()).collect();
+        // Adopted TAPs whose pods got no port (their Pod object says the pod finished).
+        for (key, _) in std::mem::take(&mut agent.adopted) {
+            tracing::warn!(pod = %key, "adopted pod interface has no port in the tables");
+        }
         let opened = agent.open.iter().cloned().collect();
         let mut pipeline = Pipeline::new(Arc::clone(&tables));
         let (control, stop, failed) = (
@@ -211,8 +234,9 @@ impl Agent {
                 if let Err(e) = &r {
                     *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                 }
-                // Dropping the ports here closes them: TAPs disappear with their pods'
-                // eth0, AF_PACKET sockets and ingress filters go.
+                // Dropping the ports here closes them: AF_PACKET sockets and ingress
+                // filters go, and so do the TAPs of `--pod` pods; the CNI plugin's pod
+                // TAPs are persistent and stay for the next agent to adopt.
                 drop(ports);
                 r
             })
@@ -352,6 +376,21 @@ impl Agent {
     /// Switches the node to the tables of `cluster`, compiled whole. On an error nothing
     /// changed.
     pub fn apply(&mut self, cluster: Arc<Cluster>) -> Result<Applied, String> {
+        self.made.clear();
+        let r = self.apply_whole(cluster);
+        let made = std::mem::take(&mut self.made);
+        if r.is_err() {
+            // The ports were dropped, but persistent TAPs stay unless deleted.
+            for (netns, ifname) in made {
+                if let Err(e) = link::delete_in_netns(&netns, &ifname) {
+                    tracing::warn!(%netns, %ifname, error = %e, "pod interface not deleted");
+                }
+            }
+        }
+        r
+    }
+
+    fn apply_whole(&mut self, cluster: Arc<Cluster>) -> Result<Applied, String> {
         if let Some(e) = self.worker_error() {
             return Err(format!("the worker stopped: {e}"));
         }
@@ -743,6 +782,7 @@ impl Agent {
         match self.apply(cluster) {
             Ok(a) => {
                 tracing::info!(container = %container_id, opened = ?a.opened, "pod attached");
+                self.save_state();
                 self.add_answer(&addrs)
             }
             Err(e) => {
@@ -774,7 +814,8 @@ impl Agent {
         })
     }
 
-    /// Compiles again without the pods `gone` (their ports close, their interfaces go).
+    /// Compiles again without the pods `gone` (their ports close, their persistent
+    /// interfaces are deleted) and records the attachments left.
     fn cni_release(&mut self, cluster: Arc<Cluster>, gone: Vec<CniPod>) -> Response {
         let r = match self.apply(cluster) {
             Ok(a) => {
@@ -783,10 +824,105 @@ impl Agent {
             }
             Err(e) => Response::error(11, "the tables without the pod could not be applied", e),
         };
-        for c in gone.iter().filter(|c| c.named_here) {
-            let _ = link::ip(&["netns", "delete", &c.netns]);
+        for c in &gone {
+            if let Err(e) = link::delete_in_netns(&c.netns, &c.ifname) {
+                tracing::warn!(netns = %c.netns, ifname = %c.ifname, error = %e,
+                    "pod interface not deleted");
+            }
+            if c.named_here {
+                let _ = link::ip(&["netns", "delete", &c.netns]);
+            }
         }
+        self.save_state();
         r
+    }
+
+    /// Reads the attachments recorded in the state directory and opens their TAPs again.
+    /// One whose namespace or interface is gone (or is not ours) is dropped from the
+    /// record, with a warning, and counted ([`ErrorKind::Apply`]: a port that did not
+    /// open). A state file that does not parse is moved aside; the agent starts without
+    /// attachments then.
+    fn adopt_recorded(&mut self) {
+        let Some(dir) = self.opts.state_dir.clone() else {
+            return;
+        };
+        let recorded = match state::load(&dir) {
+            Ok(state::Loaded::Missing) => return,
+            Ok(state::Loaded::Attachments(a)) => a,
+            Ok(state::Loaded::Corrupt { error, moved_to }) => {
+                tracing::error!(
+                    file = %state::path(&dir).display(),
+                    moved_to = ?moved_to,
+                    "the state file is corrupt ({error}): starting with no pod attachments"
+                );
+                self.status.count(ErrorKind::Apply);
+                return;
+            }
+            Err(e) => {
+                tracing::error!(
+                    file = %state::path(&dir).display(),
+                    "the state file cannot be read ({e}): starting with no pod attachments"
+                );
+                self.status.count(ErrorKind::Apply);
+                return;
+            }
+        };
+        let n = recorded.len();
+        for a in recorded {
+            let pod = ObjectKey::new(&a.pod_namespace, &a.pod_name);
+            match adopt(&a) {
+                Ok(tap) => {
+                    tracing::info!(container = %a.container_id, %pod, netns = %a.netns,
+                        ifname = %a.ifname, "pod interface adopted");
+                    self.adopted.insert(pod.clone(), tap);
+                    self.cni.insert(
+                        (a.container_id, a.ifname.clone()),
+                        CniPod {
+                            pod,
+                            netns: a.netns,
+                            named_here: a.named_here,
+                            ifname: a.ifname,
+                            addresses: a.addresses,
+                        },
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(container = %a.container_id, %pod, netns = %a.netns,
+                        ifname = %a.ifname, "recorded pod attachment dropped: {e}");
+                    self.status.count(ErrorKind::Apply);
+                }
+            }
+        }
+        if self.cni.len() != n {
+            self.save_state();
+        }
+    }
+
+    /// Records the attachments in force in the state directory; a failure is logged
+    /// (the attachments work on, but a restart would not find them).
+    fn save_state(&self) {
+        let Some(dir) = &self.opts.state_dir else {
+            return;
+        };
+        let all: Vec<state::Attachment> = self
+            .cni
+            .iter()
+            .map(|((container_id, _), c)| state::Attachment {
+                container_id: container_id.clone(),
+                ifname: c.ifname.clone(),
+                pod_namespace: c.pod.namespace.clone(),
+                pod_name: c.pod.name.clone(),
+                netns: c.netns.clone(),
+                named_here: c.named_here,
+                addresses: c.addresses.clone(),
+            })
+            .collect();
+        if let Err(e) = state::save(dir, &all) {
+            tracing::error!(
+                "the pod attachments were not recorded in {}: {e}",
+                dir.display()
+            );
+        }
     }
 
     /// The worker's latest counters.
@@ -939,10 +1075,21 @@ impl Agent {
                         "eth0".to_string(),
                     ),
                 };
+                if let Some(tap) = self.adopted.remove(&key) {
+                    return Ok(Box::new(tap));
+                }
+                let cni = self.cni.values().any(|c| c.pod == key);
                 self.taps += 1;
                 let dev = format!("fy{}t{}", std::process::id() % 100_000, self.taps);
                 let tap = link::pod_tap(&dev, &netns, &ifname, p)
                     .map_err(|e| format!("port {name:?}: {ifname} of pod {key} in {netns}: {e}"))?;
+                if cni {
+                    // The CNI plugin's pods keep their interface across agent restarts.
+                    tap.set_persist(true).map_err(|e| {
+                        format!("port {name:?}: {ifname} of pod {key}: making it persistent: {e}")
+                    })?;
+                    self.made.push((netns, ifname));
+                }
                 Box::new(tap)
             }
             PortKind::Plain => {
@@ -978,6 +1125,18 @@ impl Drop for Agent {
             let _ = w.join();
         }
     }
+}
+
+/// Opens the TAP of recorded attachment `a` again, after checking its namespace is
+/// still there.
+fn adopt(a: &state::Attachment) -> Result<TapPort, String> {
+    let ns = ferry_linux::netns::path(&a.netns).map_err(|e| e.to_string())?;
+    if !ns.exists() {
+        return Err(format!("network namespace {} is gone", a.netns));
+    }
+    let first = a.addresses.first().ok_or("no address recorded")?;
+    let mac = crate::compile::pod_mac(first.addr());
+    link::reopen_pod_tap(&a.netns, &a.ifname, mac.0).map_err(|e| e.to_string())
 }
 
 /// The `ip netns` name of a CNI_NETNS path: `/var/run/netns/NAME` or `/run/netns/NAME`

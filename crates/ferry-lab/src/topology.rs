@@ -267,6 +267,8 @@ fn start_agent(dir: &Path, state: &mut State, n: u8) -> Result<()> {
             &tap,
             "--api-socket",
             &sock.display().to_string(),
+            "--state-dir",
+            &dir.join(format!("state/node{n}")).display().to_string(),
         ],
     )?;
     state.processes.push(Process {
@@ -402,8 +404,8 @@ pub fn down(dir: &Path, prefix: &str) -> Result<()> {
     let pids: Vec<u32> = namespaces.iter().flat_map(|ns| sys::pids_in(ns)).collect();
     sys::stop(&pids);
     for ns in &namespaces {
-        // Deleting a namespace deletes its links, nftables state and (with the agent's
-        // TAPs gone) everything the lab put in it.
+        // Deleting a namespace deletes its links (pods' persistent TAPs of a crashed
+        // agent included), nftables state and everything the lab put in it.
         sys::run(&["ip", "netns", "del", ns])?;
     }
     if dir.exists() && (state.is_some() || manifests(dir).exists()) {

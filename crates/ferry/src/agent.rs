@@ -25,6 +25,9 @@ const POLL: Duration = Duration::from_millis(100);
 /// Longest wait for a cluster change before API requests are looked at.
 const API_POLL: Duration = Duration::from_millis(10);
 
+/// The default `--state-dir`.
+pub const DEFAULT_STATE_DIR: &str = "/run/ferry/state";
+
 /// Arguments of `ferry agent`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -64,6 +67,10 @@ pub struct Args {
     /// interfaces.
     #[arg(long, value_name = "PATH", default_value = ferry_api::DEFAULT_SOCKET)]
     pub api_socket: PathBuf,
+    /// Where the pod interfaces the CNI plugin asked for are recorded, so that a
+    /// restarted agent adopts them (see docs/agent.md, "Restarts").
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 0.0.0.0:9250).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
@@ -138,6 +145,7 @@ pub fn run(args: &Args) -> Result<()> {
             external_snat: args.external_snat,
             ..CompileOptions::default()
         },
+        state_dir: Some(args.state_dir.clone()),
     };
     let stop = ferry_linux::signal::stop_on_signals().context("installing signal handlers")?;
     let watch = open_datastore(&args.datastore, &args.node)?;
@@ -255,6 +263,8 @@ pub fn run(args: &Args) -> Result<()> {
             }
         }
     }
+    // The CNI plugin's pod interfaces stay (persistent TAPs, recorded in --state-dir)
+    // for the next agent; `--pod` pods' interfaces go with the agent.
     let stats = agent.stop().map_err(|e| anyhow!("{e}"))?;
     tracing::info!(
         rx = stats.rx_frames,

@@ -55,6 +55,7 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
     let sock = dir.path().join("ferry.sock");
     let ds = format!("file:{}", manifests.display());
     let s = sock.display().to_string();
+    let state = dir.path().join("state").display().to_string();
     lab.daemon(
         "n1",
         "ferry agent",
@@ -69,6 +70,8 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
             "up1",
             "--api-socket",
             &s,
+            "--state-dir",
+            &state,
             "--metrics-addr",
             "127.0.0.1:9250",
         ],

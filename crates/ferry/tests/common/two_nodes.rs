@@ -267,6 +267,13 @@ impl TwoNodes {
             // Each node its own socket: the nodes share one filesystem here.
             "--api-socket".into(),
             self.socket(n).display().to_string(),
+            // And its own record of attachments.
+            "--state-dir".into(),
+            self.dir
+                .path()
+                .join(format!("state{n}"))
+                .display()
+                .to_string(),
         ];
         let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
         args.extend_from_slice(extra);

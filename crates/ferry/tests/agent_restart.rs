@@ -1,0 +1,239 @@
+//! An agent restart leaves the CNI plugin's pod interfaces in place: a pod attached
+//! through the API keeps its eth0 when the agent stops, a new agent with the same
+//! `--state-dir` adopts it and traffic flows again without a new ADD; DEL then removes
+//! the interface and the record. Recorded attachments that cannot be adopted are
+//! dropped, and a corrupt state file is moved aside. Needs root, iproute2 and ping.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use common::Lab;
+use ferry_agent::api::call;
+use ferry_agent::state;
+use ferry_api::{Answer, PodRef, Request, Response};
+
+const CLUSTER: &str = r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: node1
+  annotations: { ferry.io/ipv4-address: 192.168.77.1/24 }
+spec:
+  podCIDR: 10.244.1.0/24
+  podCIDRs: [10.244.1.0/24]
+status:
+  addresses: [{ type: InternalIP, address: 192.168.77.1 }]
+"#;
+
+fn ok(r: Response) -> Answer {
+    match r {
+        Response::Ok(a) => a,
+        Response::Error(e) => panic!("{e:?}"),
+    }
+}
+
+/// A node namespace with an uplink to an external host, and the agent's files.
+struct Node {
+    lab: Lab,
+    dir: tempfile::TempDir,
+    sock: PathBuf,
+    state: PathBuf,
+}
+
+impl Node {
+    fn new(tag: &str) -> Node {
+        common::require(&[("ip", "iproute2"), ("ping", "iputils-ping")]);
+        let dir = tempfile::tempdir().unwrap();
+        let manifests = dir.path().join("cluster");
+        fs::create_dir(&manifests).unwrap();
+        fs::write(manifests.join("node.yaml"), CLUSTER).unwrap();
+        let mut lab = Lab::new(tag);
+        for ns in ["n1", "p1", "ext"] {
+            lab.add_ns(ns);
+        }
+        lab.veth("n1", "up1", "ext", "eth0");
+        lab.ip("ext", &["addr", "add", "192.168.77.100/24", "dev", "eth0"]);
+        lab.ip(
+            "ext",
+            &["route", "add", "10.244.1.0/24", "via", "192.168.77.1"],
+        );
+        let sock = dir.path().join("ferry.sock");
+        let state = dir.path().join("state");
+        Node {
+            lab,
+            dir,
+            sock,
+            state,
+        }
+    }
+
+    /// Starts an agent labelled `label` and waits for its API.
+    fn start(&mut self, label: &str) {
+        let ds = format!("file:{}", self.dir.path().join("cluster").display());
+        let (s, st) = (
+            self.sock.display().to_string(),
+            self.state.display().to_string(),
+        );
+        self.lab.daemon(
+            "n1",
+            label,
+            &[
+                env!("CARGO_BIN_EXE_ferry"),
+                "agent",
+                "--node",
+                "node1",
+                "--datastore",
+                &ds,
+                "--uplink",
+                "up1",
+                "--api-socket",
+                &s,
+                "--state-dir",
+                &st,
+            ],
+        );
+        let sp = self.sock.clone();
+        self.lab
+            .wait_for(10, &format!("the API socket of {label}"), move |_| {
+                call(&sp, &Request::Status).is_ok_and(|r| matches!(r, Response::Ok(_)))
+            });
+    }
+
+    fn has_eth0(&self) -> bool {
+        self.lab
+            .exec("p1", 5, &["ip", "link", "show", "eth0"])
+            .status
+            .success()
+    }
+
+    fn recorded(&self) -> Vec<state::Attachment> {
+        match state::load(&self.state).unwrap() {
+            state::Loaded::Attachments(a) => a,
+            other => panic!("state in {}: {other:?}", self.state.display()),
+        }
+    }
+}
+
+#[test]
+fn a_restarted_agent_adopts_the_pods_interface() {
+    let mut node = Node::new("rst");
+    node.start("ferry agent 1");
+    let netns = format!("/var/run/netns/{}", node.lab.ns("p1"));
+    let add = Request::Add {
+        container_id: "c0ffee".into(),
+        netns: netns.clone(),
+        ifname: "eth0".into(),
+        pod: PodRef {
+            namespace: "default".into(),
+            name: "web".into(),
+        },
+        addresses: vec!["10.244.1.5/24".into()],
+    };
+    ok(call(&node.sock, &add).unwrap());
+    node.lab.ping("p1", "192.168.77.100", 56, 2);
+    let recorded = node.recorded();
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert_eq!(recorded[0].container_id, "c0ffee");
+    assert_eq!(recorded[0].netns, node.lab.ns("p1"));
+
+    let log = node.lab.stop("ferry agent 1");
+    assert!(
+        node.has_eth0(),
+        "the pod's eth0 is gone with the agent: {log}"
+    );
+    assert_eq!(node.recorded(), recorded, "the record stays");
+    // No agent: nothing forwards.
+    assert!(
+        !node
+            .lab
+            .exec("p1", 5, &["ping", "-c", "1", "-W", "1", "192.168.77.100"])
+            .status
+            .success(),
+        "a reply without an agent"
+    );
+
+    node.start("ferry agent 2");
+    node.lab.ping("p1", "192.168.77.100", 56, 2);
+    let check = Request::Check {
+        container_id: "c0ffee".into(),
+        ifname: "eth0".into(),
+        netns,
+    };
+    ok(call(&node.sock, &check).unwrap());
+    let a = ok(call(&node.sock, &add).unwrap());
+    assert_eq!(
+        a.mac.as_deref(),
+        Some("0a:58:0a:f4:01:05"),
+        "ADD again: the adopted attachment's answer"
+    );
+
+    let del = Request::Del {
+        container_id: "c0ffee".into(),
+        ifname: "eth0".into(),
+    };
+    ok(call(&node.sock, &del).unwrap());
+    assert!(!node.has_eth0(), "eth0 goes with the attachment");
+    assert_eq!(node.recorded(), [], "the record goes with the attachment");
+    let log = node.lab.stop("ferry agent 2");
+    assert!(log.contains("pod interface adopted"), "{log}");
+}
+
+#[test]
+fn recorded_attachments_that_cannot_be_adopted_are_dropped() {
+    let mut node = Node::new("rsg");
+    let gone = state::Attachment {
+        container_id: "dead".into(),
+        ifname: "eth0".into(),
+        pod_namespace: "default".into(),
+        pod_name: "gone".into(),
+        netns: node.lab.ns("gone"),
+        named_here: false,
+        addresses: vec!["10.244.1.9/24".parse().unwrap()],
+    };
+    // The namespace is there but has no eth0.
+    let no_if = state::Attachment {
+        container_id: "empty".into(),
+        pod_name: "empty".into(),
+        netns: node.lab.ns("p1"),
+        addresses: vec!["10.244.1.10/24".parse().unwrap()],
+        ..gone.clone()
+    };
+    state::save(&node.state, &[gone, no_if]).unwrap();
+    node.start("ferry agent");
+    assert_eq!(node.recorded(), [], "both dropped from the record");
+    assert!(!node.has_eth0(), "no interface made for a dropped record");
+    let log = node.lab.stop("ferry agent");
+    assert_eq!(
+        log.matches("recorded pod attachment dropped").count(),
+        2,
+        "{log}"
+    );
+}
+
+#[test]
+fn a_corrupt_state_file_is_moved_aside() {
+    let mut node = Node::new("rsc");
+    fs::create_dir_all(&node.state).unwrap();
+    let file = state::path(&node.state);
+    fs::write(&file, "{ not json").unwrap();
+    node.start("ferry agent");
+    let bad = Path::new(&format!("{}.bad", file.display())).to_path_buf();
+    assert_eq!(fs::read_to_string(&bad).unwrap(), "{ not json");
+    // The agent works on: an ADD is recorded in a new file.
+    let add = Request::Add {
+        container_id: "c1".into(),
+        netns: format!("/var/run/netns/{}", node.lab.ns("p1")),
+        ifname: "eth0".into(),
+        pod: PodRef {
+            namespace: "default".into(),
+            name: "web".into(),
+        },
+        addresses: vec!["10.244.1.5/24".into()],
+    };
+    ok(call(&node.sock, &add).unwrap());
+    assert_eq!(node.recorded().len(), 1);
+    let log = node.lab.stop("ferry agent");
+    assert!(log.contains("the state file is corrupt"), "{log}");
+}
