@@ -209,8 +209,9 @@ impl Agent {
             ports.push((p.name.clone(), port));
         }
         agent.open = ports.iter().map(|(n, _)| n.clone()).collect();
-        // Adopted TAPs whose pods got no port (their Pod object says the pod finished).
-        for (key, _) in std::mem::take(&mut agent.adopted) {
+        // An adopted TAP whose pod got no port (its Pod object says it finished) is kept
+        // for the port a later state may give it, as its attachment is.
+        for key in agent.adopted.keys() {
             tracing::warn!(pod = %key, "adopted pod interface has no port in the tables");
         }
         let opened = agent.open.iter().cloned().collect();

@@ -26,7 +26,8 @@ pub enum ErrorKind {
     /// A cluster state did not compile into tables.
     Compile,
     /// New tables were not put in force (the worker did not take them, a port did not
-    /// open).
+    /// open), or a recorded pod attachment was not adopted at start (or its record was
+    /// unreadable).
     Apply,
     /// An API request was answered with an error.
     Api,

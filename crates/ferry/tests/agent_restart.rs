@@ -203,6 +203,10 @@ fn recorded_attachments_that_cannot_be_adopted_are_dropped() {
     state::save(&node.state, &[gone, no_if]).unwrap();
     node.start("ferry agent");
     assert_eq!(node.recorded(), [], "both dropped from the record");
+    let counters = ok(call(&node.sock, &Request::Counters).unwrap())
+        .counters
+        .expect("counters");
+    assert_eq!(counters.errors.apply, 2, "{:?}", counters.errors);
     assert!(!node.has_eth0(), "no interface made for a dropped record");
     let log = node.lab.stop("ferry agent");
     assert_eq!(
@@ -220,6 +224,10 @@ fn a_corrupt_state_file_is_moved_aside() {
     fs::write(&file, "{ not json").unwrap();
     node.start("ferry agent");
     let bad = Path::new(&format!("{}.bad", file.display())).to_path_buf();
+    let counters = ok(call(&node.sock, &Request::Counters).unwrap())
+        .counters
+        .expect("counters");
+    assert_eq!(counters.errors.apply, 1, "{:?}", counters.errors);
     assert_eq!(fs::read_to_string(&bad).unwrap(), "{ not json");
     // The agent works on: an ADD is recorded in a new file.
     let add = Request::Add {
