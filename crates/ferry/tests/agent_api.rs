@@ -4,82 +4,20 @@
 
 mod common;
 
-use std::fs;
 use std::path::Path;
 
-use common::Lab;
+use common::one_node::{Node, ok};
 use ferry_agent::api::call;
-use ferry_api::{Answer, PodRef, Request, Response};
-
-const CLUSTER: &str = r#"
-apiVersion: v1
-kind: Node
-metadata:
-  name: node1
-  annotations: { ferry.io/ipv4-address: 192.168.77.1/24 }
-spec:
-  podCIDR: 10.244.1.0/24
-  podCIDRs: [10.244.1.0/24]
-status:
-  addresses: [{ type: InternalIP, address: 192.168.77.1 }]
-"#;
-
-fn ok(r: Response) -> Answer {
-    match r {
-        Response::Ok(a) => a,
-        Response::Error(e) => panic!("{e:?}"),
-    }
-}
+use ferry_api::{PodRef, Request, Response};
 
 #[test]
 fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
-    common::require(&[
-        ("ip", "iproute2"),
-        ("ping", "iputils-ping"),
-        ("curl", "curl"),
-    ]);
-    let dir = tempfile::tempdir().unwrap();
-    let manifests = dir.path().join("cluster");
-    fs::create_dir(&manifests).unwrap();
-    fs::write(manifests.join("node.yaml"), CLUSTER).unwrap();
-    let mut lab = Lab::new("api");
-    for ns in ["n1", "p1", "ext"] {
-        lab.add_ns(ns);
-    }
-    lab.veth("n1", "up1", "ext", "eth0");
-    lab.ip("ext", &["addr", "add", "192.168.77.100/24", "dev", "eth0"]);
-    lab.ip(
-        "ext",
-        &["route", "add", "10.244.1.0/24", "via", "192.168.77.1"],
-    );
-    let sock = dir.path().join("ferry.sock");
-    let ds = format!("file:{}", manifests.display());
+    common::require(&[("curl", "curl")]);
+    let mut one = Node::new("api");
+    one.start("ferry agent", &["--metrics-addr", "127.0.0.1:9250"]);
+    let Node { lab, sock, .. } = &mut one;
+    let sock = sock.clone();
     let s = sock.display().to_string();
-    let state = dir.path().join("state").display().to_string();
-    lab.daemon(
-        "n1",
-        "ferry agent",
-        &[
-            env!("CARGO_BIN_EXE_ferry"),
-            "agent",
-            "--node",
-            "node1",
-            "--datastore",
-            &ds,
-            "--uplink",
-            "up1",
-            "--api-socket",
-            &s,
-            "--state-dir",
-            &state,
-            "--metrics-addr",
-            "127.0.0.1:9250",
-        ],
-    );
-    let sp = sock.clone();
-    lab.wait_for(10, "the API socket", move |_| {
-        call(&sp, &Request::Status).is_ok_and(|r| matches!(r, Response::Ok(_)))
-    });
 
     let node = ok(call(&sock, &Request::Node).unwrap());
     assert_eq!(node.node.as_deref(), Some("node1"));
@@ -154,17 +92,8 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
         m.contains("ferry_port_rx_packets_total{port=\"pod.default.web\"}"),
         "{m}"
     );
-    for line in m.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
-        // NAME{LABELS} VALUE, the value a number.
-        let (name, value) = line.rsplit_once(' ').expect("a sample line");
-        assert!(value.parse::<f64>().is_ok(), "{line}");
-        let name = name.split('{').next().unwrap();
-        assert!(
-            name.starts_with("ferry_")
-                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
-            "{line}"
-        );
-    }
+    // Every line is Prometheus text, read strictly.
+    ferry_agent::metrics::parse(&m).unwrap_or_else(|e| panic!("{e}\n{m}"));
 
     let check = Request::Check {
         container_id: "c0ffee".into(),

@@ -9,14 +9,9 @@
 mod common;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::two_nodes::{self, BAD_SERVICE, TwoNodes, WEB_ON_NODE2, slice};
-
-/// The manifest directory the agents watch.
-fn manifests(c: &TwoNodes) -> PathBuf {
-    c.dir.path().join("cluster")
-}
+use common::two_nodes::{BAD_SERVICE, TwoNodes, WEB_ON_NODE2, slice};
 
 fn write_slices(dir: &Path, web: &str) {
     let slices = format!(
@@ -27,24 +22,9 @@ fn write_slices(dir: &Path, web: &str) {
     fs::write(dir.join("slices.yaml"), slices).unwrap();
 }
 
-fn start(tag: &str) -> TwoNodes {
-    let mut c = TwoNodes::new(tag);
-    let dir = manifests(&c);
-    fs::create_dir(&dir).unwrap();
-    for (file, yaml) in two_nodes::manifests() {
-        fs::write(dir.join(file), yaml).unwrap();
-    }
-    let datastore = format!("file:{}", dir.display());
-    for n in [1, 2] {
-        c.start_agent(n, &datastore);
-    }
-    c.start_web();
-    c
-}
-
 #[test]
 fn services_and_the_node_port_path_across_nodes() {
-    let mut c = start("ag");
+    let mut c = TwoNodes::with_file_datastore("ag", &[]);
 
     // Cluster IP from a pod on node 1 to the endpoint on node 2.
     assert_eq!(c.curl("p1a", "http://10.96.0.10/hostname"), "web");
@@ -116,7 +96,7 @@ fn services_and_the_node_port_path_across_nodes() {
     );
 
     // A bad manifest changes nothing: the error names the file, and traffic goes on.
-    let bad = manifests(&c).join("zz-bad.yaml");
+    let bad = c.manifest_dir().join("zz-bad.yaml");
     fs::write(&bad, BAD_SERVICE).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(600));
     assert_eq!(c.curl("p1a", "http://10.96.0.10/hostname"), "web");
@@ -125,10 +105,10 @@ fn services_and_the_node_port_path_across_nodes() {
     // The endpoint goes away: new connections are refused at once (TCP reset), not
     // left to time out.
     let url = "http://10.96.0.10/hostname";
-    write_slices(&manifests(&c), "[]");
+    write_slices(&c.manifest_dir(), "[]");
     c.wait_curl(10, "p1a", url, 7, "the endpoint removal applied");
     // And it comes back.
-    write_slices(&manifests(&c), WEB_ON_NODE2);
+    write_slices(&c.manifest_dir(), WEB_ON_NODE2);
     c.wait_curl(10, "p1a", url, 0, "the endpoint back");
     let log = c.lab.stop("ferry agent on node1");
     assert!(

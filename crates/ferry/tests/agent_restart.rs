@@ -7,119 +7,25 @@
 mod common;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::Lab;
+use common::one_node::{Node, ok};
 use ferry_agent::api::call;
 use ferry_agent::state;
-use ferry_api::{Answer, PodRef, Request, Response};
+use ferry_api::{PodRef, Request};
 
-const CLUSTER: &str = r#"
-apiVersion: v1
-kind: Node
-metadata:
-  name: node1
-  annotations: { ferry.io/ipv4-address: 192.168.77.1/24 }
-spec:
-  podCIDR: 10.244.1.0/24
-  podCIDRs: [10.244.1.0/24]
-status:
-  addresses: [{ type: InternalIP, address: 192.168.77.1 }]
-"#;
-
-fn ok(r: Response) -> Answer {
-    match r {
-        Response::Ok(a) => a,
-        Response::Error(e) => panic!("{e:?}"),
-    }
-}
-
-/// A node namespace with an uplink to an external host, and the agent's files.
-struct Node {
-    lab: Lab,
-    dir: tempfile::TempDir,
-    sock: PathBuf,
-    state: PathBuf,
-}
-
-impl Node {
-    fn new(tag: &str) -> Node {
-        common::require(&[("ip", "iproute2"), ("ping", "iputils-ping")]);
-        let dir = tempfile::tempdir().unwrap();
-        let manifests = dir.path().join("cluster");
-        fs::create_dir(&manifests).unwrap();
-        fs::write(manifests.join("node.yaml"), CLUSTER).unwrap();
-        let mut lab = Lab::new(tag);
-        for ns in ["n1", "p1", "ext"] {
-            lab.add_ns(ns);
-        }
-        lab.veth("n1", "up1", "ext", "eth0");
-        lab.ip("ext", &["addr", "add", "192.168.77.100/24", "dev", "eth0"]);
-        lab.ip(
-            "ext",
-            &["route", "add", "10.244.1.0/24", "via", "192.168.77.1"],
-        );
-        let sock = dir.path().join("ferry.sock");
-        let state = dir.path().join("state");
-        Node {
-            lab,
-            dir,
-            sock,
-            state,
-        }
-    }
-
-    /// Starts an agent labelled `label` and waits for its API.
-    fn start(&mut self, label: &str) {
-        let ds = format!("file:{}", self.dir.path().join("cluster").display());
-        let (s, st) = (
-            self.sock.display().to_string(),
-            self.state.display().to_string(),
-        );
-        self.lab.daemon(
-            "n1",
-            label,
-            &[
-                env!("CARGO_BIN_EXE_ferry"),
-                "agent",
-                "--node",
-                "node1",
-                "--datastore",
-                &ds,
-                "--uplink",
-                "up1",
-                "--api-socket",
-                &s,
-                "--state-dir",
-                &st,
-            ],
-        );
-        let sp = self.sock.clone();
-        self.lab
-            .wait_for(10, &format!("the API socket of {label}"), move |_| {
-                call(&sp, &Request::Status).is_ok_and(|r| matches!(r, Response::Ok(_)))
-            });
-    }
-
-    fn has_eth0(&self) -> bool {
-        self.lab
-            .exec("p1", 5, &["ip", "link", "show", "eth0"])
-            .status
-            .success()
-    }
-
-    fn recorded(&self) -> Vec<state::Attachment> {
-        match state::load(&self.state).unwrap() {
-            state::Loaded::Attachments(a) => a,
-            other => panic!("state in {}: {other:?}", self.state.display()),
-        }
+/// The attachments recorded in the node's state directory.
+fn records(node: &Node) -> Vec<state::Attachment> {
+    match state::load(&node.state).unwrap() {
+        state::Loaded::Attachments(a) => a,
+        other => panic!("state in {}: {other:?}", node.state.display()),
     }
 }
 
 #[test]
 fn a_restarted_agent_adopts_the_pods_interface() {
     let mut node = Node::new("rst");
-    node.start("ferry agent 1");
+    node.start("ferry agent 1", &[]);
     let netns = format!("/var/run/netns/{}", node.lab.ns("p1"));
     let add = Request::Add {
         container_id: "c0ffee".into(),
@@ -133,7 +39,7 @@ fn a_restarted_agent_adopts_the_pods_interface() {
     };
     ok(call(&node.sock, &add).unwrap());
     node.lab.ping("p1", "192.168.77.100", 56, 2);
-    let recorded = node.recorded();
+    let recorded = records(&node);
     assert_eq!(recorded.len(), 1, "{recorded:?}");
     assert_eq!(recorded[0].container_id, "c0ffee");
     assert_eq!(recorded[0].netns, node.lab.ns("p1"));
@@ -143,7 +49,7 @@ fn a_restarted_agent_adopts_the_pods_interface() {
         node.has_eth0(),
         "the pod's eth0 is gone with the agent: {log}"
     );
-    assert_eq!(node.recorded(), recorded, "the record stays");
+    assert_eq!(records(&node), recorded, "the record stays");
     // No agent: nothing forwards.
     assert!(
         !node
@@ -154,7 +60,7 @@ fn a_restarted_agent_adopts_the_pods_interface() {
         "a reply without an agent"
     );
 
-    node.start("ferry agent 2");
+    node.start("ferry agent 2", &[]);
     node.lab.ping("p1", "192.168.77.100", 56, 2);
     let check = Request::Check {
         container_id: "c0ffee".into(),
@@ -175,7 +81,7 @@ fn a_restarted_agent_adopts_the_pods_interface() {
     };
     ok(call(&node.sock, &del).unwrap());
     assert!(!node.has_eth0(), "eth0 goes with the attachment");
-    assert_eq!(node.recorded(), [], "the record goes with the attachment");
+    assert_eq!(records(&node), [], "the record goes with the attachment");
     let log = node.lab.stop("ferry agent 2");
     assert!(log.contains("pod interface adopted"), "{log}");
 }
@@ -201,8 +107,8 @@ fn recorded_attachments_that_cannot_be_adopted_are_dropped() {
         ..gone.clone()
     };
     state::save(&node.state, &[gone, no_if]).unwrap();
-    node.start("ferry agent");
-    assert_eq!(node.recorded(), [], "both dropped from the record");
+    node.start("ferry agent", &[]);
+    assert_eq!(records(&node), [], "both dropped from the record");
     let counters = ok(call(&node.sock, &Request::Counters).unwrap())
         .counters
         .expect("counters");
@@ -222,7 +128,7 @@ fn a_corrupt_state_file_is_moved_aside() {
     fs::create_dir_all(&node.state).unwrap();
     let file = state::path(&node.state);
     fs::write(&file, "{ not json").unwrap();
-    node.start("ferry agent");
+    node.start("ferry agent", &[]);
     let bad = Path::new(&format!("{}.bad", file.display())).to_path_buf();
     let counters = ok(call(&node.sock, &Request::Counters).unwrap())
         .counters
@@ -241,7 +147,7 @@ fn a_corrupt_state_file_is_moved_aside() {
         addresses: vec!["10.244.1.5/24".into()],
     };
     ok(call(&node.sock, &add).unwrap());
-    assert_eq!(node.recorded().len(), 1);
+    assert_eq!(records(&node).len(), 1);
     let log = node.lab.stop("ferry agent");
     assert!(log.contains("the state file is corrupt"), "{log}");
 }

@@ -5,11 +5,9 @@
 
 mod common;
 
-use std::fs;
 use std::path::Path;
-use std::process::{Command, Output};
 
-use common::two_nodes::{self, TwoNodes};
+use common::two_nodes::TwoNodes;
 use ferry_agent::api::call;
 use ferry_api::{Counters, CtAnswer, CtFilter, Request, Response, ServiceInfo};
 
@@ -18,26 +16,23 @@ const CLIENT_IP: &str = "10.244.1.5";
 const WEB_IP: &str = "10.244.2.5";
 const METRICS: &str = "127.0.0.1:9251";
 
-/// `ferry ARGS --api-socket SOCKET`.
-fn ferry(sock: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(args)
-        .arg("--api-socket")
-        .arg(sock)
-        .output()
-        .unwrap()
+/// `ARGS --api-socket SOCKET`.
+fn with_socket<'a>(sock: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    let mut v = args.to_vec();
+    v.extend(["--api-socket", sock]);
+    v
 }
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
+/// `ferry ARGS --api-socket SOCKET`: its exit status, stdout and stderr.
+fn ferry(sock: &Path, args: &[&str]) -> (bool, String, String) {
+    let s = sock.display().to_string();
+    common::ferry(&with_socket(&s, args))
 }
 
-/// `ferry ARGS` must succeed; its stdout and stderr.
+/// `ferry ARGS --api-socket SOCKET` must succeed; its stdout and stderr.
 fn ok(sock: &Path, args: &[&str]) -> (String, String) {
-    let out = ferry(sock, args);
-    let (o, e) = (text(&out.stdout), text(&out.stderr));
-    assert!(out.status.success(), "ferry {args:?} failed: {o}{e}");
-    (o, e)
+    let s = sock.display().to_string();
+    common::ferry_ok(&with_socket(&s, args))
 }
 
 /// The conntrack lines of the client's connections to the Service.
@@ -53,16 +48,8 @@ fn service_lines(sock: &Path) -> Vec<String> {
 
 #[test]
 fn conntrack_services_status_and_metrics_of_a_running_agent() {
-    let mut c = TwoNodes::new("ob");
-    let dir = c.dir.path().join("cluster");
-    fs::create_dir(&dir).unwrap();
-    for (file, yaml) in two_nodes::manifests() {
-        fs::write(dir.join(file), yaml).unwrap();
-    }
-    let datastore = format!("file:{}", dir.display());
-    c.start_agent_with(1, &datastore, &["--metrics-addr", METRICS]);
-    c.start_agent(2, &datastore);
-    c.start_web();
+    let c = TwoNodes::with_file_datastore("ob", &["--metrics-addr", METRICS]);
+    let dir = c.manifest_dir();
     let sock = c.socket(1);
 
     assert_eq!(
@@ -133,23 +120,18 @@ fn conntrack_services_status_and_metrics_of_a_running_agent() {
     );
 
     // Bad filters fail before anything is asked, and change nothing.
-    let bad = ferry(&sock, &["conntrack", "list", "--proto", "bogus"]);
-    assert!(!bad.status.success());
-    let err = text(&bad.stderr);
+    let (ok_, _, err) = ferry(&sock, &["conntrack", "list", "--proto", "bogus"]);
+    assert!(!ok_);
     assert!(
         err.contains("--proto \"bogus\"") && err.contains("tcp, udp"),
         "{err}"
     );
-    let bad = ferry(&sock, &["conntrack", "delete"]);
-    assert!(!bad.status.success());
-    assert!(text(&bad.stderr).contains("--all"), "{}", text(&bad.stderr));
-    let bad = ferry(&sock, &["conntrack", "delete", "--state", "OPEN"]);
-    assert!(!bad.status.success());
-    assert!(
-        text(&bad.stderr).contains("ESTABLISHED"),
-        "{}",
-        text(&bad.stderr)
-    );
+    let (ok_, _, err) = ferry(&sock, &["conntrack", "delete"]);
+    assert!(!ok_);
+    assert!(err.contains("--all"), "{err}");
+    let (ok_, _, err) = ferry(&sock, &["conntrack", "delete", "--state", "OPEN"]);
+    assert!(!ok_);
+    assert!(err.contains("ESTABLISHED"), "{err}");
     assert!(
         service_lines(&sock).contains(line),
         "a refused delete deleted something"

@@ -8,50 +8,23 @@
 
 mod common;
 
-use std::fs;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::two_nodes::{self, TwoNodes};
+use common::two_nodes::TwoNodes;
 
 fn start(tag: &str) -> TwoNodes {
     common::require(&[("tshark", "tshark")]);
-    let mut c = TwoNodes::new(tag);
-    let dir = c.dir.path().join("cluster");
-    fs::create_dir(&dir).unwrap();
-    for (file, yaml) in two_nodes::manifests() {
-        fs::write(dir.join(file), yaml).unwrap();
-    }
-    let datastore = format!("file:{}", dir.display());
-    for n in [1, 2] {
-        c.start_agent(n, &datastore);
-    }
-    c.start_web();
-    c
+    TwoNodes::with_file_datastore(tag, &[])
 }
 
 fn socket(c: &TwoNodes, n: u8) -> String {
-    c.dir
-        .path()
-        .join(format!("node{n}.sock"))
-        .display()
-        .to_string()
+    c.socket(n).display().to_string()
 }
 
-/// Runs `ferry ARGS` (on the test's side: the API socket is a file), failing the test
-/// with its output if it fails.
+/// `ferry ARGS` must succeed; its stdout.
 fn ferry(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(args)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "ferry {args:?} failed: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    common::ferry_ok(args).0
 }
 
 /// Connections node `n` inserted so far, from `ferry status --json`.
@@ -155,38 +128,30 @@ fn trace_names_the_tunnel_peer_and_the_way_back_and_changes_nothing() {
     assert!(text.contains("dropped: source_spoofed"), "{text}");
 
     // Bad input: a clear error, exit status non-zero.
-    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args([
-            "trace",
-            "--api-socket",
-            &s1,
-            "--in",
-            "uplink",
-            "tcp",
-            "1.2.3.4",
-            "->",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (ok, _, err) = common::ferry(&[
+        "trace",
+        "--api-socket",
+        &s1,
+        "--in",
+        "uplink",
+        "tcp",
+        "1.2.3.4",
+        "->",
+    ]);
+    assert!(!ok);
     assert!(err.contains("packet"), "{err}");
-    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args([
-            "trace",
-            "--api-socket",
-            &s1,
-            "--in",
-            "eth7",
-            "udp",
-            "1.2.3.4:1",
-            "->",
-            "5.6.7.8:2",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (ok, _, err) = common::ferry(&[
+        "trace",
+        "--api-socket",
+        &s1,
+        "--in",
+        "eth7",
+        "udp",
+        "1.2.3.4:1",
+        "->",
+        "5.6.7.8:2",
+    ]);
+    assert!(!ok);
     assert!(
         err.contains("no port \"eth7\"") && err.contains("uplink"),
         "{err}"

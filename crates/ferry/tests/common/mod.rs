@@ -8,7 +8,30 @@ use std::process::{Child, Command, Output, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+pub mod one_node;
 pub mod two_nodes;
+
+/// Runs `ferry ARGS` (the binary under test, on the test's side); its exit status,
+/// stdout and stderr.
+pub fn ferry(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs `ferry ARGS`, failing the test with its output unless it succeeds; its stdout
+/// and stderr.
+pub fn ferry_ok(args: &[&str]) -> (String, String) {
+    let (ok, out, err) = ferry(args);
+    assert!(ok, "ferry {args:?} failed: {out}{err}");
+    (out, err)
+}
 
 /// Fails the test, saying what is needed, unless root with the given commands available.
 pub fn require(commands: &[(&str, &str)]) {

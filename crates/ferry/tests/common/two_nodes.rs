@@ -225,6 +225,27 @@ impl TwoNodes {
         self.start_agent_with(n, datastore, &[]);
     }
 
+    /// The manifest directory of [`TwoNodes::with_file_datastore`].
+    pub fn manifest_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("cluster")
+    }
+
+    /// The lab with the cluster's manifests in [`TwoNodes::manifest_dir`], an agent on
+    /// each node watching it (node 1's with `extra` arguments), and the web server.
+    pub fn with_file_datastore(tag: &str, extra: &[&str]) -> TwoNodes {
+        let mut c = TwoNodes::new(tag);
+        let dir = c.manifest_dir();
+        fs::create_dir(&dir).unwrap();
+        for (file, yaml) in manifests() {
+            fs::write(dir.join(file), yaml).unwrap();
+        }
+        let datastore = format!("file:{}", dir.display());
+        c.start_agent_with(1, &datastore, extra);
+        c.start_agent(2, &datastore);
+        c.start_web();
+        c
+    }
+
     /// The local API socket of node `n`'s agent.
     pub fn socket(&self, n: u8) -> std::path::PathBuf {
         self.dir.path().join(format!("node{n}.sock"))
