@@ -50,15 +50,36 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
         "ADD again: the same answer"
     );
 
+    // A packet from an address that is not the pod's is dropped, and counted against
+    // the pod's port.
+    lab.ip("p1", &["addr", "add", "10.244.1.99/32", "dev", "eth0"]);
+    let spoofed = lab.exec(
+        "p1",
+        5,
+        &[
+            "ping",
+            "-c",
+            "1",
+            "-W",
+            "1",
+            "-I",
+            "10.244.1.99",
+            "192.168.77.100",
+        ],
+    );
+    assert!(!spoofed.status.success(), "a spoofed source goes nowhere");
+
     // The pod's traffic shows in the counters, through the API and `ferry status`.
     let sp = sock.clone();
-    lab.wait_for(5, "the pod's packets counted", move |_| {
+    lab.wait_for(5, "the pod's packets and its drop counted", move |_| {
         ok(call(&sp, &Request::Counters).unwrap())
             .counters
             .is_some_and(|c| {
-                c.ports
-                    .iter()
-                    .any(|p| p.name == "pod.default.web" && p.rx_packets >= 2)
+                c.ports.iter().any(|p| {
+                    p.name == "pod.default.web"
+                        && p.rx_packets >= 3
+                        && p.drops.get("source_spoofed").is_some_and(|&n| n >= 1)
+                })
             })
     });
     let st = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
@@ -90,6 +111,10 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
     );
     assert!(
         m.contains("ferry_port_rx_packets_total{port=\"pod.default.web\"}"),
+        "{m}"
+    );
+    assert!(
+        m.contains("ferry_port_drops_total{port=\"pod.default.web\",reason=\"source_spoofed\"}"),
         "{m}"
     );
     // Every line is Prometheus text, read strictly.
