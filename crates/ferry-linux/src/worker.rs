@@ -76,7 +76,7 @@ mod tests;
 pub use control::{
     Applied, Control, JobError, PortSnapshot, Snapshot, Update, UpdateError, WorkerView,
 };
-pub use taps::{Captured, Direction, MAX_TRACE_COUNT, Taps, TracedPacket, summary};
+pub use taps::{Captured, Direction, MAX_TRACE_COUNT, Taps, TracedPacket};
 
 use std::collections::{HashMap, HashSet};
 use std::io;

@@ -1816,7 +1816,7 @@ mod swap;
 pub use swap::SwapReport;
 
 mod trace;
-pub use trace::{TraceOut, TracePass, TraceReport, TraceStage, trace};
+pub use trace::{TraceOut, TracePass, TraceReport, TraceStage, summarize, trace};
 
 #[cfg(test)]
 mod trace_tests;

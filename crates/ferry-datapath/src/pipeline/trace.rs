@@ -312,9 +312,10 @@ fn lookup_keys(tables: &Tables, port: PortId, frame: &[u8]) -> Vec<FlowKey> {
     keys
 }
 
-/// One line about a frame: its key, length, TTL and flags; for VXLAN on the overlay
-/// uplink, the outer addresses and VNI, then the inner packet.
-pub(super) fn summarize(tables: &Tables, port: PortId, frame: &[u8]) -> String {
+/// One line about a frame seen at `port`: its key, length, TTL and flags (and fragment,
+/// DF); for ARP what it asks or tells; for VXLAN on the overlay uplink, the outer
+/// addresses and VNI, then the inner packet; for a frame that does not parse, why.
+pub fn summarize(tables: &Tables, port: PortId, frame: &[u8]) -> String {
     let zone = tables.ports.get(usize::from(port)).map_or(0, |p| p.zone);
     let parsed = match parse(frame, zone) {
         Ok(p) => p,

@@ -15,15 +15,12 @@
 //!   are counted as lost. Packets are copied as the pipeline made them, before the
 //!   worker merges TCP segments for a port with offloads.
 
-use std::net::IpAddr;
-
 use serde::{Deserialize, Serialize};
 
-use ferry_datapath::filter::{self, Match};
+use ferry_datapath::filter::Match;
 use ferry_datapath::packet::{Packet, PortId};
-use ferry_datapath::pipeline::{Pipeline, Trace, Verdict};
-use ferry_datapath::tables::{MacAddr, Tables};
-use ferry_datapath::wire::{L3, parse};
+use ferry_datapath::pipeline::{Pipeline, Trace, Verdict, summarize};
+use ferry_datapath::tables::Tables;
 
 /// Most packets one live trace records ([`Taps::start_trace`] asks for fewer).
 pub const MAX_TRACE_COUNT: usize = 10_000;
@@ -246,7 +243,7 @@ impl Taps {
             self.record(max, now, Direction::In, port, note, &pkt.data);
         }
         let captured_in = captured_in.is_some();
-        let in_summary = traced.then(|| self.summary(&pkt.data));
+        let in_summary = traced.then(|| summarize(pipeline.tables(), in_id, &pkt.data));
         let first = out.len();
         let trace = if traced {
             &mut self.recording
@@ -275,7 +272,12 @@ impl Taps {
                 ct: t.ct_name().map(str::to_string),
                 out: sent
                     .iter()
-                    .map(|(id, p)| (self.name(*id).to_string(), self.summary(&p.data)))
+                    .map(|(id, p)| {
+                        (
+                            self.name(*id).to_string(),
+                            summarize(pipeline.tables(), *id, &p.data),
+                        )
+                    })
                     .collect(),
             };
             self.traced.push(record);
@@ -331,116 +333,5 @@ impl Taps {
             note,
             data: data.to_vec(),
         });
-    }
-
-    fn summary(&self, frame: &[u8]) -> String {
-        summary(frame, self.vxlan_port)
-    }
-}
-
-/// One line about a frame: its flow key and length (`udp 10.0.0.1:5000 -> 10.0.1.2:53,
-/// 46 bytes`); for ARP what it asks or tells; for VXLAN to `vxlan_port` (0: none) the
-/// inner frame's key too; for a frame the datapath cannot parse, why.
-pub fn summary(frame: &[u8], vxlan_port: u16) -> String {
-    let len = frame.len();
-    let p = match parse(frame, 0) {
-        Ok(p) => p,
-        Err(r) => return format!("unparsed ({}), {len} bytes", r.name()),
-    };
-    if p.l3 == L3::Arp {
-        let at = |off: usize| {
-            frame
-                .get(p.l3_off + off..p.l3_off + off + 4)
-                .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                .map_or_else(|| "?".to_string(), |b| IpAddr::from(b).to_string())
-        };
-        let op = frame.get(p.l3_off + 6..p.l3_off + 8);
-        return match op {
-            Some([0, 1]) => format!("arp who-has {} tell {}, {len} bytes", at(24), at(14)),
-            Some([0, 2]) => {
-                let mac = frame
-                    .get(p.l3_off + 8..p.l3_off + 14)
-                    .and_then(|m| <[u8; 6]>::try_from(m).ok())
-                    .map_or_else(|| "?".to_string(), |m| MacAddr(m).to_string());
-                format!("arp reply {} is-at {mac}, {len} bytes", at(14))
-            }
-            _ => format!("arp, {len} bytes"),
-        };
-    }
-    // The flow key without its zone: the frame is seen outside the pipeline.
-    let key = p.key.to_string();
-    let key = key
-        .split_once(' ')
-        .and_then(|(_, rest)| rest.split_once(' '))
-        .map_or(key.as_str(), |(_, rest)| rest);
-    let mut s = format!("{key}, {len} bytes");
-    if let Some(f) = p.frag {
-        s += &format!(", fragment offset {} more {}", f.offset, f.more);
-    }
-    if let Some(inner) = filter::vxlan_inner(frame, &p, vxlan_port) {
-        s += &format!(", vxlan: {}", summary(inner, 0));
-    }
-    s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use ferry_datapath::overlay::{Outer, encapsulate};
-    use ferry_datapath::wire::build::{self, IpOpts};
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
-
-    #[test]
-    fn test_summary() {
-        let u = build::udp(
-            ip("10.0.0.1"),
-            ip("10.0.1.2"),
-            5000,
-            53,
-            b"q",
-            &IpOpts::default(),
-        );
-        assert_eq!(summary(&u, 0), "udp 10.0.0.1:5000 -> 10.0.1.2:53, 43 bytes");
-        let e = build::echo_request(ip("fd00::1"), ip("fd00::2"), 7, 1, b"", &IpOpts::default());
-        assert_eq!(
-            summary(&e, 0),
-            "icmpv6 fd00::1 -> fd00::2 type 128 code 0 id 7, 62 bytes"
-        );
-        let v = encapsulate(
-            &u,
-            &Outer {
-                src_mac: build::MAC_SRC,
-                dst_mac: build::MAC_DST,
-                src: ip("192.168.0.1"),
-                dst: ip("192.168.0.2"),
-                vni: 1,
-                port: 4789,
-                hash: 0x2345,
-            },
-        );
-        let s = summary(&v, 4789);
-        assert!(
-            s.ends_with(", vxlan: udp 10.0.0.1:5000 -> 10.0.1.2:53, 43 bytes"),
-            "{s}"
-        );
-        assert!(!summary(&v, 0).contains("vxlan"));
-        let mut arp = vec![0xff; 6];
-        arp.extend_from_slice(&build::MAC_SRC);
-        arp.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
-        arp.extend_from_slice(&build::MAC_SRC);
-        arp.extend_from_slice(&[10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 10, 0, 0, 2]);
-        assert_eq!(
-            summary(&arp, 0),
-            "arp who-has 10.0.0.2 tell 10.0.0.1, 42 bytes"
-        );
-        arp[21] = 2;
-        assert_eq!(
-            summary(&arp, 0),
-            "arp reply 10.0.0.1 is-at 02:00:00:00:00:01, 42 bytes"
-        );
-        assert_eq!(summary(&u[..10], 0), "unparsed (frame_too_short), 10 bytes");
     }
 }

@@ -81,8 +81,8 @@ fn test_live_trace_records_the_matching_packets_then_stops() {
     assert_eq!(
         sports,
         [
-            "udp 10.9.0.1:2 -> 10.0.2.5:7, 43 bytes",
-            "udp 10.9.0.1:4 -> 10.0.2.5:7, 43 bytes"
+            "zone 0 udp 10.9.0.1:2 -> 10.0.2.5:7, 29 bytes, ttl 64",
+            "zone 0 udp 10.9.0.1:4 -> 10.0.2.5:7, 29 bytes, ttl 64"
         ]
     );
     for p in &traced {
