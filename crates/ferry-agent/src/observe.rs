@@ -38,7 +38,7 @@ pub fn resolve_port(tables: &Tables, given: &str) -> Result<PortId, String> {
     }
     let pod = given.strip_prefix("pod ").unwrap_or(given).trim();
     if let Some((ns, name)) = pod.split_once('/') {
-        let port = format!("pod.{ns}.{name}");
+        let port = crate::compile::pods::pod_port(ns, name);
         return tables
             .port_id(&port)
             .ok_or_else(|| format!("no pod {ns}/{name} on this node (no port {port})"));

@@ -3,7 +3,7 @@
 //! for the mapping, field by field.
 
 mod base;
-mod pods;
+pub(crate) mod pods;
 mod services;
 #[cfg(test)]
 mod tests;

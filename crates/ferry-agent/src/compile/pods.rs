@@ -32,10 +32,9 @@ pub fn pod_mac(ip: IpAddr) -> MacAddr {
     MacAddr([0x0a, 0x58, tail[0], tail[1], tail[2], tail[3]])
 }
 
-/// `pod.NAMESPACE.NAME`, with anything a port name may not hold replaced by `_`.
-/// Namespaces have no dots, so two pods cannot collide; a base port could, and then a
-/// suffix `.2`, `.3`... keeps the name unique.
-fn port_name(key: &ObjectKey, taken: impl Fn(&str) -> bool) -> String {
+/// The name of a pod's port: `pod.NAMESPACE.NAME`, with anything a port name may not
+/// hold replaced by `_` (unless a base port took it: see `port_name`).
+pub fn pod_port(namespace: &str, name: &str) -> String {
     let clean = |s: &str| -> String {
         s.chars()
             .map(|c| {
@@ -47,7 +46,13 @@ fn port_name(key: &ObjectKey, taken: impl Fn(&str) -> bool) -> String {
             })
             .collect()
     };
-    let name = format!("pod.{}.{}", clean(&key.namespace), clean(&key.name));
+    format!("pod.{}.{}", clean(namespace), clean(name))
+}
+
+/// [`pod_port`]. Namespaces have no dots, so two pods cannot collide; a base port could,
+/// and then a suffix `.2`, `.3`... keeps the name unique.
+fn port_name(key: &ObjectKey, taken: impl Fn(&str) -> bool) -> String {
+    let name = pod_port(&key.namespace, &key.name);
     if !taken(&name) {
         return name;
     }

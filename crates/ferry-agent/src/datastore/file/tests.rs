@@ -322,12 +322,18 @@ fn next(w: &Watch) -> Update {
 }
 
 /// Rewrites a file so that its modification time surely differs from the last one seen
-/// (coarse file system clocks would hide a quick rewrite of the same size).
+/// (coarse file system clocks would hide a quick rewrite of the same size). Each write
+/// replaces the file whole (a hidden temporary file renamed over it), so that the
+/// watcher never catches a write half-way: writing in place would truncate the file
+/// again at each try, and a poll could read it empty.
 fn rewrite(path: &Path, text: &str) {
     let before = fs::metadata(path).and_then(|m| m.modified()).ok();
+    let name = path.file_name().unwrap().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
-        fs::write(path, text).unwrap();
+        fs::write(&tmp, text).unwrap();
+        fs::rename(&tmp, path).unwrap();
         let after = fs::metadata(path).and_then(|m| m.modified()).ok();
         if after != before || Instant::now() > deadline {
             return;
