@@ -6,6 +6,7 @@
 # Needs root. Traffic stays in namespaces this script makes; all are removed on exit.
 #
 #   bash scripts/bench-nodes.sh [SECONDS]      (default 10 s of iperf3 per topology)
+#   BENCH_ONLY=ferry bash scripts/bench-nodes.sh 5     (only the topologies named)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -126,7 +127,7 @@ ferry_nodes() {
     cat > "$work/node$n.yaml" <<YAML
 node: { name: node$n, addresses: [192.168.77.$n] }
 ports:
-  - { name: uplink, kind: uplink, mac: "02:fe:00:00:00:0$n", mtu: 1500, addresses: [192.168.77.$n/24] }
+  - { name: uplink, kind: uplink, mac: "02:fe:00:00:00:0$n", mtu: 1500, addresses: [192.168.77.$n/24], gso: true }
   - { name: pod, kind: pod, mac: "ee:ee:ee:ee:ee:ee", peer_mac: "0a:58:0a:f4:0$n:05", addresses: [10.244.$n.5], gso: true }
 overlay: { vni: 4096, mode: always, uplink: uplink }
 nodes:
@@ -246,9 +247,12 @@ FLOWS
 }
 
 echo "pod-to-pod across two nodes, iperf3 ${secs} s and 5000 TCP round trips of 1 byte"
-kernel
-ferry_nodes
-ovs
+# BENCH_ONLY="ferry kernel" runs only those topologies (default: all three).
+only=${BENCH_ONLY:-kernel ferry ovs}
+for t in kernel ferry ovs; do
+  case " $only " in *" $t "*) ;; *) continue ;; esac
+  case $t in ferry) ferry_nodes ;; *) "$t" ;; esac
+done
 python3 - "$work/results" <<'PY'
 import sys
 r = {l.split()[0]: (float(l.split()[1]), float(l.split()[2])) for l in open(sys.argv[1])}

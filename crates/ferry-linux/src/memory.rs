@@ -29,6 +29,30 @@ pub fn advise_huge_pages(ptr: *const u8, len: usize) -> io::Result<()> {
     }
 }
 
+/// Bytes of freed heap the allocator keeps for reuse instead of giving back to the kernel.
+pub const RETAINED_HEAP: usize = 64 << 20;
+
+/// Tells the C allocator (glibc's malloc, which Rust's allocator calls) to keep up to
+/// [`RETAINED_HEAP`] of freed memory per arena rather than return it to the kernel, and
+/// to serve allocations of up to 1 MiB from its heaps rather than with `mmap`. A worker
+/// allocates and frees packet buffers of up to 64 KiB (super-packets) many thousand
+/// times a second; with glibc's defaults, freeing them often shrinks the arena
+/// (`madvise(MADV_DONTNEED)` in a thread's arena), so the next allocation faults its
+/// pages in again, zeroed: in the two-node benchmark page faults took about a sixth of
+/// the worker's time. Process-wide, idempotent; a no-op on other C libraries.
+pub fn retain_freed_heap() {
+    #[cfg(target_env = "gnu")]
+    {
+        let retained = RETAINED_HEAP as libc::c_int;
+        // SAFETY: mallopt only changes malloc's tuning parameters; it touches no memory
+        // of ours and is safe to call at any time from any thread.
+        unsafe {
+            libc::mallopt(libc::M_TRIM_THRESHOLD, retained);
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+        }
+    }
+}
+
 /// The size of a page.
 fn page_size() -> usize {
     // SAFETY: sysconf reads a system constant and touches no memory of ours.

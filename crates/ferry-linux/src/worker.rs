@@ -46,6 +46,11 @@
 //! difference). Pages are still taken only as connections use them. Without huge page
 //! support the advice is dropped.
 //!
+//! **Packet buffer memory.** Packets are heap buffers of up to 64 KiB, allocated and
+//! freed at a high rate; the worker tells the C allocator to keep freed memory for reuse
+//! ([`crate::memory::retain_freed_heap`]) instead of handing it back to the kernel and
+//! faulting it in again.
+//!
 //! **Shutdown.** The worker returns once `stop` is set (within one poll timeout). It
 //! borrows the ports: the caller drops them afterwards (after updates, the ports of the
 //! latest tables, in their order), which closes TAP descriptors (the devices disappear),
@@ -195,6 +200,7 @@ pub fn run_worker_with(
 /// docs). Best effort: a kernel without transparent huge pages refuses the advice, and
 /// the table works the same on small pages.
 fn prepare_conntrack(pipeline: &mut Pipeline) {
+    crate::memory::retain_freed_heap();
     let ct = pipeline.conntrack_mut();
     ct.preallocate();
     for (ptr, len) in ct.memory_regions() {

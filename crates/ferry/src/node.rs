@@ -151,11 +151,15 @@ pub fn run(args: &Args) -> Result<()> {
         .nonzero()
         .map(|(r, n)| format!("{r} {n}"))
         .collect();
+    let ps = pipeline.stats();
     eprintln!(
-        "ferry node: stopped after {} frames in, {} out ({} segments coalesced); drops: {}",
+        "ferry node: stopped after {} frames in, {} out ({} segments coalesced; UDP GSO \
+         through the overlay: {} super-frames sent, {} received); drops: {}",
         stats.rx_frames,
         stats.tx_frames,
         stats.gro_merged,
+        ps.encap_gso_frames,
+        ps.decap_gso_frames,
         if drops.is_empty() {
             "none".to_string()
         } else {

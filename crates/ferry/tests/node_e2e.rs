@@ -9,15 +9,16 @@ use std::fs;
 
 use common::Lab;
 
-/// The tables of node `n` (1 or 2): an uplink on the wire, two pods, the other node as
-/// the overlay peer. Pod b has MTU 1500 on purpose: bigger than the overlay carries.
-fn tables(n: u8) -> String {
+/// The tables of node `n` (1 or 2): an uplink on the wire (taking GSO when
+/// `uplink_gso`), two pods, the other node as the overlay peer. Pod b has MTU 1500 on
+/// purpose: bigger than the overlay carries.
+fn tables_with(n: u8, uplink_gso: bool) -> String {
     let peer = 3 - n;
     format!(
         r#"
 node: {{ name: node{n}, addresses: [192.168.77.{n}] }}
 ports:
-  - {{ name: uplink, kind: uplink, mac: "02:fe:00:00:00:0{n}", mtu: 1500, addresses: [192.168.77.{n}/24] }}
+  - {{ name: uplink, kind: uplink, mac: "02:fe:00:00:00:0{n}", mtu: 1500, addresses: [192.168.77.{n}/24], gso: {uplink_gso} }}
   - name: pod-a
     kind: pod
     mac: "ee:ee:ee:ee:ee:ee"
@@ -40,6 +41,11 @@ nodes:
 
 /// Builds the two nodes and their pods and starts ferry on both.
 fn two_nodes(tag: &str) -> (Lab, tempfile::TempDir) {
+    two_nodes_with(tag, false)
+}
+
+/// [`two_nodes`], the uplinks taking GSO (`uplink_gso`) or not.
+fn two_nodes_with(tag: &str, uplink_gso: bool) -> (Lab, tempfile::TempDir) {
     common::require(&[
         ("ip", "iproute2"),
         ("ping", "iputils-ping"),
@@ -71,7 +77,7 @@ fn two_nodes(tag: &str) -> (Lab, tempfile::TempDir) {
             format!("pod-a=pod:{pa}"),
             format!("pod-b=pod:{pb}"),
         ];
-        lab.ferry_node(&node, dir.path(), &tables(n), &attach);
+        lab.ferry_node(&node, dir.path(), &tables_with(n, uplink_gso), &attach);
     }
     for pod in ["p1a", "p1b", "p2a", "p2b"] {
         lab.wait_pod(pod);
@@ -255,4 +261,70 @@ fn a_long_tcp_stream_leaves_no_ip_fragment_on_the_wire() {
     );
     let fragments = frames("ip.flags.mf == 1 || ip.frag_offset > 0");
     assert_eq!(fragments, 0, "IP fragments on the wire during a TCP stream");
+}
+
+#[test]
+fn with_uplink_gso_a_stream_crosses_in_udp_gso_super_frames_and_arrives_intact() {
+    let (mut lab, dir) = two_nodes_with("ng", true);
+    lab.ping("p1a", "10.244.2.5", 56, 1);
+    lab.ping("p1a", "10.244.2.5", 3000, 2);
+    lab.ping("p2a", "fd00:10:244:1::5", 3000, 2);
+    let pcap = dir.path().join("wire.pcap");
+    lab.capture("n2", "tshark on up2", "up2", &pcap);
+    // Both ways, IPv4 and IPv6, byte-identical.
+    let data = common::pattern(4_000_000, 7);
+    lab.tcp_transfer(dir.path(), ("p2a", "10.244.2.5"), "p1a", 5001, &data);
+    lab.tcp_transfer(dir.path(), ("p1b", "fd00:10:244:1::6"), "p2b", 5002, &data);
+    lab.stop_capture("tshark on up2", &pcap);
+    let fields = |filter: &str, field: &str| -> Vec<String> {
+        common::sh(&[
+            "tshark",
+            "-r",
+            pcap.to_str().unwrap(),
+            "-Y",
+            filter,
+            "-T",
+            "fields",
+            "-e",
+            field,
+        ])
+        .lines()
+        .map(str::to_string)
+        .collect()
+    };
+    // The veth wire carries what the sending node's AF_PACKET socket handed it whole:
+    // UDP GSO super-frames, larger than the uplink's MTU, each cut into VXLAN datagrams
+    // only by whoever segments it (here nobody before the peer's socket).
+    let supers = fields("udp.dstport == 4789 && frame.len > 1514", "frame.len");
+    assert!(
+        supers.len() > 10,
+        "super-frames on the wire: {} ({:?})",
+        supers.len(),
+        &supers[..supers.len().min(5)]
+    );
+    let fragments = fields("ip.flags.mf == 1 || ip.frag_offset > 0", "frame.number");
+    assert!(
+        fragments.is_empty(),
+        "IP fragments on the wire: {fragments:?}"
+    );
+    // Both nodes say so when they stop.
+    for node in ["n1", "n2"] {
+        let log = lab.stop(&format!("ferry on {node}"));
+        let line = log
+            .lines()
+            .find(|l| l.contains("stopped after"))
+            .unwrap_or_else(|| panic!("ferry on {node} said: {log}"));
+        let count = |what: &str| -> u64 {
+            let at = line
+                .find(what)
+                .unwrap_or_else(|| panic!("{what:?} in {line}"));
+            line[..at]
+                .split_whitespace()
+                .last()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("a count before {what:?} in {line}"))
+        };
+        assert!(count("super-frames sent") > 0, "{node}: {line}");
+        assert!(count("received);") > 0, "{node}: {line}");
+    }
 }

@@ -20,7 +20,7 @@ pub const UPLINK_PORT: &str = "uplink";
 ///   InternalIP of IPv4 (else of a hash of the node name), addresses the InternalIPs,
 ///   each with the prefix length of the `ferry.io/ipv4-address` /
 ///   `ferry.io/ipv6-address` annotation when that names the same address, else `/32` or
-///   `/128` (no subnet known to be on-link);
+///   `/128` (no subnet known to be on-link); `gso: true` (see docs/agent.md);
 /// - a default route via `ferry.io/ipv4-gateway` / `ferry.io/ipv6-gateway`, when given.
 ///
 /// Returns the tables and warnings (an annotation naming another address than the
@@ -87,6 +87,9 @@ pub fn default_base(cluster: &Cluster, node: &str) -> Result<(TablesSpec, Vec<St
             kind: PortKind::Uplink,
             mac: MacAddr([0x02, 0xfe, mac[0], mac[1], mac[2], mac[3]]),
             addresses,
+            // The agent's uplink is an AF_PACKET socket with virtio-net headers: the
+            // kernel (or the NIC) segments what ferry hands it whole.
+            gso: true,
             ..PortSpec::default()
         }],
         routes,

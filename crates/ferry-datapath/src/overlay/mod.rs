@@ -11,6 +11,7 @@
 use std::net::IpAddr;
 
 use crate::flow::{FlowKey, proto};
+use crate::packet::VnetHdr;
 use crate::wire::checksum;
 use crate::wire::parse::{ETH_LEN, IPV6_LEN, ethertype};
 use crate::wire::vxlan;
@@ -116,12 +117,130 @@ pub struct Outer {
 
 /// Wraps the Ethernet frame `inner` in the outer headers `o`.
 pub fn encapsulate(inner: &[u8], o: &Outer) -> Vec<u8> {
-    let v6 = o.dst.is_ipv6();
-    let ip_hdr = if v6 { IPV6_LEN } else { 20 };
     let udp_len = 8 + vxlan::LEN + inner.len();
-    let mut v = Vec::with_capacity(ETH_LEN + ip_hdr + udp_len);
-    let etype = if v6 { ethertype::IPV6 } else { ethertype::IPV4 };
-    crate::neigh::eth_header(&mut v, o.dst_mac, o.src_mac, None, etype);
+    let mut v = Vec::with_capacity(ETH_LEN + ip_header_len(o) + udp_len);
+    let udp = outer_headers(&mut v, o, udp_len);
+    push_vxlan(&mut v, o);
+    v.extend_from_slice(inner);
+    if o.dst.is_ipv6() {
+        // RFC 8200 requires the UDP checksum over IPv6; Linux's vxlan computes it too.
+        let sum = checksum::add(&v[udp..], pseudo(o, udp_len));
+        let mut c = checksum::finish(sum);
+        if c == 0 {
+            c = 0xffff;
+        }
+        v[udp + 6..udp + 8].copy_from_slice(&c.to_be_bytes());
+    }
+    v
+}
+
+/// Largest IP packet an outer super-frame of [`encapsulate_run`] may be: the IPv4 total
+/// length and the IPv6 payload length are 16-bit fields.
+const MAX_SUPER_IP: usize = 65_535;
+
+/// Encapsulates consecutive Ethernet frames of one inner flow, the segments of one GSO
+/// packet cut to fit the tunnel, for an uplink that takes UDP segmentation offload: as
+/// few outer frames as possible, each either one plain VXLAN datagram (as
+/// [`encapsulate`] makes it) or a UDP GSO super-frame. A super-frame carries the outer
+/// headers once and, back to back, VXLAN header + inner frame of several datagrams, all
+/// but the last of the same length; its [`VnetHdr`] asks whoever transmits it (the
+/// kernel, or the NIC) to cut the UDP payload at that length, which gives exactly the
+/// datagrams [`encapsulate`] would have made, one per segment, with their outer IP
+/// lengths, IPv4 identifications (counting up from the flow's) and UDP lengths and
+/// checksums filled in. So the uplink takes one frame per run instead of one per
+/// segment, and what reaches the wire is plain VXLAN. The outer UDP checksum of a
+/// super-frame is left partial (computed per datagram by the segmentation) over IPv4 as
+/// well as IPv6: a VXLAN receiver accepts a checksum over IPv4.
+///
+/// Appends `(frame, vnet)` pairs to `out`.
+pub fn encapsulate_run<'a>(
+    inner: impl IntoIterator<Item = &'a [u8]>,
+    o: &Outer,
+    out: &mut Vec<(Vec<u8>, VnetHdr)>,
+) {
+    let mut run: Vec<&[u8]> = Vec::new();
+    let headers = ip_header_len(o) + 8;
+    let mut bytes = headers;
+    for f in inner {
+        let chunk = vxlan::LEN + f.len();
+        let size = run.first().map(|r| vxlan::LEN + r.len());
+        // A run's datagrams all have its first one's size but the last, which may be
+        // shorter: a longer one, or any after a shorter one, starts a new run.
+        let fits = match (size, run.last()) {
+            (Some(size), Some(last)) => {
+                vxlan::LEN + last.len() == size && chunk <= size && bytes + chunk <= MAX_SUPER_IP
+            }
+            _ => true,
+        };
+        if !fits {
+            flush_run(&run, o, out);
+            run.clear();
+            bytes = headers;
+        }
+        run.push(f);
+        bytes += chunk;
+    }
+    flush_run(&run, o, out);
+}
+
+/// One frame for a run of [`encapsulate_run`].
+fn flush_run(run: &[&[u8]], o: &Outer, out: &mut Vec<(Vec<u8>, VnetHdr)>) {
+    match run {
+        [] => {}
+        [one] => out.push((encapsulate(one, o), VnetHdr::default())),
+        _ => {
+            let size = vxlan::LEN + run[0].len();
+            let udp_len = 8 + run.iter().map(|f| vxlan::LEN + f.len()).sum::<usize>();
+            let mut v = Vec::with_capacity(ETH_LEN + ip_header_len(o) + udp_len);
+            let udp = outer_headers(&mut v, o, udp_len);
+            for f in run {
+                push_vxlan(&mut v, o);
+                v.extend_from_slice(f);
+            }
+            // Partial: the pseudo-header sum alone, for the segmentation to complete.
+            let partial = checksum::fold(pseudo(o, udp_len));
+            v[udp + 6..udp + 8].copy_from_slice(&partial.to_be_bytes());
+            let vnet = VnetHdr {
+                flags: VnetHdr::F_NEEDS_CSUM,
+                gso_type: VnetHdr::GSO_UDP_L4,
+                hdr_len: (udp + 8) as u16,
+                gso_size: size as u16,
+                csum_start: udp as u16,
+                csum_offset: 6,
+            };
+            out.push((v, vnet));
+        }
+    }
+}
+
+fn ip_header_len(o: &Outer) -> usize {
+    if o.dst.is_ipv6() { IPV6_LEN } else { 20 }
+}
+
+/// The UDP pseudo-header sum of an outer datagram of `udp_len` bytes.
+fn pseudo(o: &Outer, udp_len: usize) -> u64 {
+    match (o.src, o.dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            checksum::pseudo_v4(s.octets(), d.octets(), proto::UDP, udp_len as u16)
+        }
+        (s, d) => checksum::pseudo_v6(
+            &crate::wire::parse::v6_octets(s),
+            &crate::wire::parse::v6_octets(d),
+            proto::UDP,
+            udp_len as u32,
+        ),
+    }
+}
+
+/// Writes the outer Ethernet, IP and UDP headers (checksum 0) of a datagram with
+/// `udp_len` bytes of UDP; returns where the UDP header starts.
+fn outer_headers(v: &mut Vec<u8>, o: &Outer, udp_len: usize) -> usize {
+    let etype = if o.dst.is_ipv6() {
+        ethertype::IPV6
+    } else {
+        ethertype::IPV4
+    };
+    crate::neigh::eth_header(v, o.dst_mac, o.src_mac, None, etype);
     match (o.src, o.dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             let total = (20 + udp_len) as u16;
@@ -148,28 +267,13 @@ pub fn encapsulate(inner: &[u8], o: &Outer) -> Vec<u8> {
     v.extend_from_slice(&o.port.to_be_bytes());
     v.extend_from_slice(&(udp_len as u16).to_be_bytes());
     v.extend_from_slice(&[0, 0]);
+    udp
+}
+
+fn push_vxlan(v: &mut Vec<u8>, o: &Outer) {
     let mut hdr = [0u8; vxlan::LEN];
     vxlan::Repr { vni: o.vni }.emit(&mut hdr);
     v.extend_from_slice(&hdr);
-    v.extend_from_slice(inner);
-    if v6 {
-        // RFC 8200 requires the UDP checksum over IPv6; Linux's vxlan computes it too.
-        let sum = checksum::add(
-            &v[udp..],
-            checksum::pseudo_v6(
-                &crate::wire::parse::v6_octets(o.src),
-                &crate::wire::parse::v6_octets(o.dst),
-                proto::UDP,
-                udp_len as u32,
-            ),
-        );
-        let mut c = checksum::finish(sum);
-        if c == 0 {
-            c = 0xffff;
-        }
-        v[udp + 6..udp + 8].copy_from_slice(&c.to_be_bytes());
-    }
-    v
 }
 
 #[cfg(test)]
@@ -233,5 +337,141 @@ mod tests {
         assert_eq!(checksum::fold(sum), 0xffff);
         assert_eq!(&f[p.l4_off + 16..], &inner[..]);
         assert_eq!(f.len() - inner.len(), 14 + 70 - 14);
+    }
+
+    fn outer(src: &str, dst: &str) -> Outer {
+        Outer {
+            src_mac: [2; 6],
+            dst_mac: [4; 6],
+            src: ip(src),
+            dst: ip(dst),
+            vni: 4096,
+            port: 4789,
+            hash: 0x1234,
+        }
+    }
+
+    /// Inner frames of `sizes` bytes of TCP payload each, as segmentation makes them.
+    fn segments(sizes: &[usize]) -> Vec<Vec<u8>> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                build::tcp(
+                    ip("10.244.1.5"),
+                    ip("10.244.2.7"),
+                    40000,
+                    80,
+                    1 + 1000 * i as u32,
+                    1,
+                    crate::wire::build::tcp_flags::ACK,
+                    &build::pattern(n, i as u8),
+                    &IpOpts::default(),
+                )
+            })
+            .collect()
+    }
+
+    /// Cuts a super-frame as the kernel would, with ferry's own USO segmentation (which
+    /// completes every UDP checksum and counts IPv4 identifications up).
+    fn cut(frame: &[u8], vnet: VnetHdr) -> Vec<Vec<u8>> {
+        let p = parse(frame, 0).unwrap();
+        let mut pkt = crate::packet::Packet::new(frame.to_vec(), 0, 0);
+        pkt.meta.vnet = vnet;
+        let mut out = Vec::new();
+        crate::gso::segment(&pkt, &p, 1500, &mut out).unwrap();
+        out.into_iter().map(|p| p.data).collect()
+    }
+
+    fn udp_checksum_ok(f: &[u8]) -> bool {
+        let p = parse(f, 0).unwrap();
+        let l4 = &f[p.l4_off..p.ip_end];
+        let pseudo = match (p.key.src, p.key.dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                checksum::pseudo_v4(s.octets(), d.octets(), 17, l4.len() as u16)
+            }
+            (s, d) => checksum::pseudo_v6(
+                &parse::v6_octets(s),
+                &parse::v6_octets(d),
+                17,
+                l4.len() as u32,
+            ),
+        };
+        checksum::fold(checksum::add(l4, pseudo)) == 0xffff
+    }
+
+    #[test]
+    fn test_encapsulate_run_is_one_super_frame_that_cuts_into_the_plain_datagrams() {
+        for (src, dst) in [
+            ("192.168.50.10", "192.168.50.20"),
+            ("fd00:50::10", "fd00:50::20"),
+        ] {
+            let o = outer(src, dst);
+            let segs = segments(&[1398, 1398, 1398, 700]);
+            let mut out = Vec::new();
+            encapsulate_run(segs.iter().map(|s| s.as_slice()), &o, &mut out);
+            assert_eq!(out.len(), 1, "{dst}: one super-frame");
+            let (frame, vnet) = &out[0];
+            assert_eq!(vnet.gso_type, VnetHdr::GSO_UDP_L4);
+            assert!(vnet.needs_csum());
+            assert_eq!(usize::from(vnet.gso_size), vxlan::LEN + segs[0].len());
+            let p = parse(frame, 0).unwrap();
+            assert_eq!(usize::from(vnet.csum_start), p.l4_off);
+            assert_eq!(p.ip_end, frame.len());
+            let datagrams = cut(frame, *vnet);
+            assert_eq!(datagrams.len(), segs.len());
+            for (d, s) in datagrams.iter().zip(&segs) {
+                let plain = encapsulate(s, &o);
+                assert_eq!(d.len(), plain.len());
+                assert!(udp_checksum_ok(d), "{dst}: the cut datagram's UDP checksum");
+                let dp = parse(d, 0).unwrap();
+                // All else as encapsulate() makes it: over IPv4 the identification
+                // counts up and the UDP checksum is filled in.
+                let mut d = d.clone();
+                if dp.l3 == parse::L3::Ipv4 {
+                    d[ETH_LEN + 4..ETH_LEN + 6].copy_from_slice(&plain[ETH_LEN + 4..ETH_LEN + 6]);
+                    checksum::set_ipv4_header(&mut d[ETH_LEN..ETH_LEN + 20]);
+                    d[dp.l4_off + 6..dp.l4_off + 8].copy_from_slice(&[0, 0]);
+                }
+                assert_eq!(d, plain, "{dst}");
+            }
+        }
+    }
+
+    #[test]
+    fn test_encapsulate_run_splits_runs_by_size_and_length_limit() {
+        let o = outer("192.168.50.10", "192.168.50.20");
+        let mut out = Vec::new();
+        // A lone segment is a plain datagram.
+        let one = segments(&[100]);
+        encapsulate_run(one.iter().map(|s| s.as_slice()), &o, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0], (encapsulate(&one[0], &o), VnetHdr::default()));
+        // A longer segment after shorter ones, and anything after a short one, start a
+        // new run.
+        out.clear();
+        let segs = segments(&[500, 500, 300, 300, 900]);
+        encapsulate_run(segs.iter().map(|s| s.as_slice()), &o, &mut out);
+        let shapes: Vec<(bool, usize)> = out
+            .iter()
+            .map(|(f, v)| (v.is_gso(), cut_or_one(f, *v)))
+            .collect();
+        assert_eq!(shapes, [(true, 3), (false, 1), (false, 1)]);
+        // 45 segments of a 64 KiB packet do not fit one IP packet: two super-frames.
+        out.clear();
+        let segs = segments(&[1398; 47]);
+        encapsulate_run(segs.iter().map(|s| s.as_slice()), &o, &mut out);
+        assert!(out.len() >= 2);
+        let mut total = 0;
+        for (f, v) in &out {
+            let p = parse(f, 0).unwrap();
+            assert!(p.ip_len() <= MAX_SUPER_IP);
+            total += cut_or_one(f, *v);
+        }
+        assert_eq!(total, 47);
+    }
+
+    fn cut_or_one(f: &[u8], v: VnetHdr) -> usize {
+        if v.is_gso() { cut(f, v).len() } else { 1 }
     }
 }

@@ -192,6 +192,12 @@ pub struct Stats {
     pub encapsulated: u64,
     /// VXLAN packets decapsulated.
     pub decapsulated: u64,
+    /// UDP GSO super-frames sent to the uplink, each several encapsulated datagrams for
+    /// the kernel (or the NIC) to cut apart.
+    pub encap_gso_frames: u64,
+    /// UDP GSO super-frames received from the uplink and split into their VXLAN
+    /// datagrams.
+    pub decap_gso_frames: u64,
     /// New connections to a Service given an endpoint.
     pub service_balanced: u64,
     /// New connections to a Service refused at once (no endpoint: TCP reset or ICMP port
@@ -276,6 +282,9 @@ struct Egress {
     dst_mac: [u8; 6],
     src_mac: [u8; 6],
     gso: bool,
+    /// Through the overlay, and the uplink takes UDP GSO (its tables say `gso: true`):
+    /// the encapsulated segments of a GSO packet may leave as UDP GSO super-frames.
+    uso: bool,
     tunnel: Option<overlay::Outer>,
 }
 
@@ -547,8 +556,11 @@ impl Pipeline {
             && parsed.key.dst_port == ov.port
             && tables.node.addresses.contains(&parsed.key.dst)
         {
+            if pkt.meta.vnet.is_gso() {
+                return self.decap_gso(&tables, pkt, &parsed, ov, out, trace);
+            }
             let peer = parsed.key.src;
-            let (inner, inner_parsed) = match self.decap(&pkt, &parsed, ov) {
+            let (inner, inner_parsed) = match self.decap(&pkt, &parsed, parsed.l4_off + 8, ov) {
                 Ok(i) => i,
                 Err(r) => return self.drop(r, trace),
             };
@@ -570,7 +582,104 @@ impl Pipeline {
         } else if inner_csum {
             return self.drop(DropReason::CsumOffloadInvalid, trace);
         }
+        self.forward(&tables, pkt, parsed, tunnel_peer, out, trace)
+    }
 
+    /// A UDP GSO super-frame of VXLAN datagrams from a peer node (one that segmented
+    /// its encapsulated packets as a super-frame, see [`overlay::encapsulate_run`]):
+    /// its UDP payload is cut at `gso_size` into the datagrams' payloads, and each is
+    /// decapsulated and forwarded as if it had come alone. The outer UDP checksum is not
+    /// verified, as for a single datagram. The verdict is `Forwarded` when any inner
+    /// packet was, else the last one's.
+    fn decap_gso(
+        &mut self,
+        tables: &Tables,
+        pkt: Packet,
+        parsed: &Parsed,
+        ov: &crate::tables::Overlay,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) -> Verdict {
+        let v = pkt.meta.vnet;
+        let size = usize::from(v.gso_size);
+        let payload = parsed.l4_off + 8;
+        let datagrams = (parsed.ip_end - payload).div_ceil(size.max(1));
+        if v.gso_type != VnetHdr::GSO_UDP_L4
+            || size <= vxlan::LEN
+            || datagrams > gso::MAX_SEGMENTS_UDP
+        {
+            return self.drop(DropReason::GsoMalformed, trace);
+        }
+        self.stats.decap_gso_frames += 1;
+        trace.note("decap", || {
+            format!(
+                "UDP GSO super-frame from node {}: {datagrams} datagrams of {size} bytes",
+                parsed.key.src
+            )
+        });
+        let mut verdict = Verdict::Dropped(DropReason::GsoMalformed);
+        for start in (payload..parsed.ip_end).step_by(size) {
+            let end = (start + size).min(parsed.ip_end);
+            let v = self.decap_one(tables, &pkt, parsed, start..end, ov, out, trace);
+            if v == Verdict::Forwarded || verdict != Verdict::Forwarded {
+                verdict = v;
+            }
+        }
+        verdict
+    }
+
+    /// One VXLAN datagram of a super-frame (`vxlan` is where its VXLAN header starts
+    /// and its payload ends in `pkt`): decapsulated and forwarded.
+    #[allow(clippy::too_many_arguments)]
+    fn decap_one(
+        &mut self,
+        tables: &Tables,
+        pkt: &Packet,
+        parsed: &Parsed,
+        vxlan: std::ops::Range<usize>,
+        ov: &crate::tables::Overlay,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) -> Verdict {
+        let one = Parsed {
+            ip_end: vxlan.end,
+            ..*parsed
+        };
+        let (inner, inner_parsed) = match self.decap(pkt, &one, vxlan.start, ov) {
+            Ok(i) => i,
+            Err(r) => return self.drop(r, trace),
+        };
+        self.stats.decapsulated += 1;
+        if let Err(r) = check_offload(&inner, &inner_parsed) {
+            return self.drop(r, trace);
+        }
+        let (inner, inner_parsed) = match self.defrag(inner, inner_parsed, trace) {
+            Ok(p) => p,
+            Err(v) => return v,
+        };
+        self.forward(
+            tables,
+            inner,
+            inner_parsed,
+            Some(parsed.key.src),
+            out,
+            trace,
+        )
+    }
+
+    /// The stages after decapsulation: source checks, neighbour discovery, TTL,
+    /// conntrack with NAT and Services, routing, MTU, then [`Pipeline::deliver`].
+    fn forward(
+        &mut self,
+        tables: &Tables,
+        mut pkt: Packet,
+        mut parsed: Parsed,
+        tunnel_peer: Option<IpAddr>,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) -> Verdict {
+        let in_id = pkt.meta.in_port;
+        let in_port = &tables.ports[usize::from(in_id)];
         if tunnel_peer.is_none() && in_port.kind == PortKind::Pod {
             if !source_is_pods(in_port, &pkt, &parsed) {
                 return self.drop(DropReason::SourceSpoofed, trace);
@@ -604,7 +713,7 @@ impl Pipeline {
 
         // Static NAT rules come first; a packet no rule matches may be addressed to a
         // Service. Either is decided only if the packet starts a connection.
-        let static_nat = self.nat_for(&tables, in_id, &parsed);
+        let static_nat = self.nat_for(tables, in_id, &parsed);
         let from_local_pod = tunnel_peer.is_none() && in_port.kind == PortKind::Pod;
         let before = parsed.key;
         let now = pkt.meta.time_ns;
@@ -621,7 +730,7 @@ impl Pipeline {
                 return Ok(None);
             };
             frontend = Some(f);
-            let b = balance(&tables, f, key, from_local_pod, affinity, now)?;
+            let b = balance(tables, f, key, from_local_pod, affinity, now)?;
             let nat = b.nat;
             balanced = Some(b);
             Ok(Some(nat))
@@ -842,7 +951,7 @@ impl Pipeline {
             mtu,
         };
         self.deliver(
-            &tables,
+            tables,
             pkt,
             &parsed,
             routing,
@@ -955,6 +1064,41 @@ impl Pipeline {
                     out_name()
                 )
             });
+            if let Some(o) = egress.tunnel.as_ref().filter(|_| egress.uso)
+                && segs.iter().all(|s| s.data.len() - parsed.l3_off <= mtu)
+            {
+                // The uplink segments UDP: the encapsulated segments leave as few
+                // super-frames that the kernel (or the NIC) cuts into the datagrams.
+                let meta = Meta {
+                    vnet: VnetHdr::default(),
+                    mru: 0,
+                    frag_id: 0,
+                    ..pkt.meta
+                };
+                let mut frames = Vec::new();
+                overlay::encapsulate_run(segs.iter().map(|s| s.data.as_slice()), o, &mut frames);
+                self.stats.encapsulated += segs.len() as u64;
+                let supers = frames.iter().filter(|(_, v)| v.is_gso()).count();
+                self.stats.encap_gso_frames += supers as u64;
+                trace.note("encap", || {
+                    format!(
+                        "{} datagrams in {} frames, {supers} of them UDP GSO super-frames for {} to cut",
+                        segs.len(),
+                        frames.len(),
+                        out_name()
+                    )
+                });
+                segs.clear();
+                self.scratch = segs;
+                for (data, vnet) in frames {
+                    let pkt = Packet {
+                        data,
+                        meta: Meta { vnet, ..meta },
+                    };
+                    self.send(egress.port, pkt, out);
+                }
+                return Verdict::Forwarded;
+            }
             let mut frags = Vec::new();
             for seg in segs.drain(..) {
                 if seg.data.len() - parsed.l3_off <= mtu {
@@ -1067,12 +1211,12 @@ impl Pipeline {
         &mut self,
         pkt: &Packet,
         parsed: &Parsed,
+        vx_off: usize,
         ov: &crate::tables::Overlay,
     ) -> Result<(Packet, Parsed), DropReason> {
         if ov.peer_index(parsed.key.src).is_none() {
             return Err(DropReason::VxlanUnknownPeer);
         }
-        let vx_off = parsed.l4_off + 8;
         let vx = vxlan::Repr::parse(pkt.data.get(vx_off..parsed.ip_end).unwrap_or(&[]))?;
         if vx.vni != ov.vni {
             return Err(DropReason::VxlanBadVni);
@@ -1127,6 +1271,7 @@ impl Pipeline {
             dst_mac,
             src_mac: p.mac,
             gso: p.gso,
+            uso: false,
             tunnel: None,
         };
         let l2 = |how: String, m: [u8; 6]| {
@@ -1183,6 +1328,7 @@ impl Pipeline {
                     dst_mac: peer.vtep_mac,
                     src_mac: ov.vtep_mac,
                     gso: false,
+                    uso: tables.ports[usize::from(up)].gso,
                     tunnel: Some(overlay::Outer {
                         src_mac: tables.ports[usize::from(up)].mac,
                         dst_mac: outer_mac,

@@ -705,3 +705,165 @@ fn test_overlay_tables_errors_name_the_entry() {
     s.nodes[0].address = ip("10.1.1.1");
     assert!(s.compile().unwrap_err().contains("no route to 10.1.1.1"));
 }
+
+/// The two nodes of the tests, their uplinks taking GSO.
+fn nodes_with_uplink_gso() -> (Pipeline, Pipeline) {
+    let spec = |n: u8, peer_n: u8, peer_addr: &str| {
+        let mut s = node_spec(n, ModeSpec::Always, vec![peer(peer_n, peer_addr)]);
+        s.ports[0].gso = true;
+        Pipeline::new(Arc::new(s.compile().unwrap()))
+    };
+    (spec(1, 2, "192.168.50.20"), spec(2, 1, "192.168.50.10"))
+}
+
+fn gso_from_pod(payload: usize) -> Packet {
+    let f = build::tcp(
+        ip("10.244.1.5"),
+        ip("10.244.2.6"),
+        33000,
+        80,
+        1,
+        1,
+        tcp_flags::ACK,
+        &build::pattern(payload, 1),
+        &from_pod(1, 5),
+    );
+    let mut pkt = Packet::new(f, POD, 0);
+    pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV4;
+    pkt.meta.vnet.gso_size = 1460;
+    pkt
+}
+
+/// The inner TCP segments (sequence number, payload) that node 2 delivers to its pod.
+fn delivered(out: &[(PortId, Packet)]) -> Vec<(u32, Vec<u8>)> {
+    out.iter()
+        .map(|(port, d)| {
+            assert_eq!(*port, POD2);
+            let p = parse(&d.data, 0).unwrap();
+            let t = &d.data[p.l4_off..p.ip_end];
+            let seq = u32::from_be_bytes(t[4..8].try_into().unwrap());
+            (seq, t[usize::from(t[12] >> 4) * 4..].to_vec())
+        })
+        .collect()
+}
+
+#[test]
+fn test_gso_packet_to_a_remote_pod_leaves_as_udp_gso_super_frames_when_the_uplink_takes_gso() {
+    let (mut plain_a, mut plain_b) = nodes();
+    let (mut a, mut b) = nodes_with_uplink_gso();
+    for p in [&mut plain_a, &mut a] {
+        learn(p, 1, "192.168.50.20", uplink_mac(2));
+    }
+    // Without GSO on the uplink: one VXLAN datagram per segment.
+    let mut plain = Vec::new();
+    plain_a.process(gso_from_pod(65000), &mut plain, &mut Trace::disabled());
+    assert!(plain.iter().all(|(_, f)| !f.meta.vnet.is_gso()));
+    let segments = plain.len();
+    assert!(segments >= 43, "{segments}");
+
+    let mut t = Trace::enabled();
+    let mut out = Vec::new();
+    assert_eq!(
+        a.process(gso_from_pod(65000), &mut out, &mut t),
+        Verdict::Forwarded
+    );
+    assert!(
+        t.events
+            .iter()
+            .any(|e| e.stage == "encap" && e.detail.contains("super-frames")),
+        "{:?}",
+        t.events
+    );
+    // 65 000 bytes in 1410-byte segments do not fit one 64 KiB super-frame.
+    assert_eq!(out.len(), 2);
+    assert_eq!(a.stats().encap_gso_frames, 2);
+    assert_eq!(a.stats().encapsulated, segments as u64);
+    let mut cut = Vec::new();
+    for (port, f) in &out {
+        assert_eq!(*port, UPLINK);
+        let v = f.meta.vnet;
+        assert_eq!((v.gso_type, v.needs_csum()), (VnetHdr::GSO_UDP_L4, true));
+        let o = parse(&f.data, 0).unwrap();
+        assert_eq!(usize::from(v.csum_start), o.l4_off);
+        assert!(o.ip_len() <= 65535);
+        // What the kernel makes of it: datagrams that fit the uplink.
+        let mut pieces = Vec::new();
+        gso::segment(f, &o, 1500, &mut pieces).unwrap();
+        for d in &pieces {
+            assert!(parse(&d.data, 0).unwrap().ip_len() <= 1500);
+        }
+        cut.extend(pieces);
+    }
+    assert_eq!(cut.len(), segments);
+
+    // The peer delivers the same segments from the super-frames, from the datagrams
+    // they are cut into, and from the plain datagrams.
+    let deliver = |b: &mut Pipeline, frames: Vec<Packet>| {
+        let mut got = Vec::new();
+        for mut f in frames {
+            f.meta.in_port = UPLINK;
+            assert_eq!(
+                b.process(f, &mut got, &mut Trace::disabled()),
+                Verdict::Forwarded
+            );
+        }
+        delivered(&got)
+    };
+    let expect = deliver(&mut plain_b, plain.into_iter().map(|(_, f)| f).collect());
+    assert_eq!(expect.len(), segments);
+    assert_eq!(expect.iter().map(|(_, d)| d.len()).sum::<usize>(), 65000);
+    let from_super = deliver(&mut b, out.into_iter().map(|(_, f)| f).collect());
+    assert_eq!(from_super, expect);
+    assert_eq!(b.stats().decap_gso_frames, 2);
+    assert_eq!(b.stats().decapsulated, segments as u64);
+    let (_, mut b2) = nodes_with_uplink_gso();
+    assert_eq!(deliver(&mut b2, cut), expect);
+}
+
+#[test]
+fn test_malformed_udp_gso_super_frame_is_dropped_whole_or_per_datagram() {
+    let (_, mut b) = nodes_with_uplink_gso();
+    let inner = build::udp(
+        ip("10.244.1.5"),
+        ip("10.244.2.6"),
+        1,
+        2,
+        &build::pattern(100, 3),
+        &IpOpts::default(),
+    );
+    let o = overlay::Outer {
+        src_mac: uplink_mac(1),
+        dst_mac: uplink_mac(2),
+        src: ip("192.168.50.10"),
+        dst: ip("192.168.50.20"),
+        vni: 4096,
+        port: 4789,
+        hash: 9,
+    };
+    let mut frames = Vec::new();
+    overlay::encapsulate_run([inner.as_slice(), inner.as_slice()], &o, &mut frames);
+    let (frame, vnet) = frames.pop().unwrap();
+    assert!(vnet.is_gso());
+    // A segment size that cannot hold a VXLAN header.
+    let mut pkt = Packet::new(frame.clone(), UPLINK, 0);
+    pkt.meta.vnet = VnetHdr {
+        gso_size: 4,
+        ..vnet
+    };
+    let mut out = Vec::new();
+    assert_eq!(
+        b.process(pkt, &mut out, &mut Trace::disabled()),
+        Verdict::Dropped(DropReason::GsoMalformed)
+    );
+    // A segment size that cuts the datagrams in the wrong places: each piece is refused
+    // on its own (here: no VXLAN header where one should be), nothing is delivered.
+    let mut pkt = Packet::new(frame, UPLINK, 0);
+    pkt.meta.vnet = VnetHdr {
+        gso_size: vnet.gso_size - 20,
+        ..vnet
+    };
+    let v = b.process(pkt, &mut out, &mut Trace::disabled());
+    assert!(matches!(v, Verdict::Dropped(_)), "{v:?}");
+    assert!(out.is_empty());
+    assert_eq!(b.stats().decapsulated, 0);
+}
