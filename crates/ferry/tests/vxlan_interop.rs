@@ -16,14 +16,14 @@ use common::{Lab, pattern, sh};
 const FERRY_VTEP: &str = "0e:fe:c0:a8:4d:01";
 const KERNEL_VTEP: &str = "6a:1f:22:33:44:02";
 
-/// Node 1's tables: an uplink on the wire, one pod, node 2 as an overlay peer whose VTEP
-/// is the kernel's vx0.
-fn tables() -> String {
+/// Node 1's tables: an uplink on the wire (taking GSO when `uplink_gso`), one pod,
+/// node 2 as an overlay peer whose VTEP is the kernel's vx0.
+fn tables(uplink_gso: bool) -> String {
     format!(
         r#"
 node: {{ name: node1, addresses: [192.168.77.1] }}
 ports:
-  - {{ name: uplink, kind: uplink, mac: "02:fe:00:00:00:01", mtu: 1500, addresses: [192.168.77.1/24] }}
+  - {{ name: uplink, kind: uplink, mac: "02:fe:00:00:00:01", mtu: 1500, addresses: [192.168.77.1/24], gso: {uplink_gso} }}
   - name: pod-a
     kind: pod
     mac: "ee:ee:ee:ee:ee:ee"
@@ -43,6 +43,11 @@ nodes:
 /// Builds node 1 (ferry, pod p1a) and node 2 (kernel vxlan vx0 holding 10.244.2.5 and
 /// fd00:10:244:2::5), joined by a veth wire up1 -- up2.
 fn ferry_and_kernel(tag: &str) -> (Lab, tempfile::TempDir) {
+    ferry_and_kernel_with(tag, false)
+}
+
+/// [`ferry_and_kernel`], ferry's uplink taking GSO (`uplink_gso`) or not.
+fn ferry_and_kernel_with(tag: &str, uplink_gso: bool) -> (Lab, tempfile::TempDir) {
     common::require(&[
         ("ip", "iproute2"),
         ("bridge", "iproute2"),
@@ -158,7 +163,7 @@ fn ferry_and_kernel(tag: &str) -> (Lab, tempfile::TempDir) {
         "uplink=af-packet:up1".to_string(),
         format!("pod-a=pod:{pod}"),
     ];
-    lab.ferry_node("n1", dir.path(), &tables(), &attach);
+    lab.ferry_node("n1", dir.path(), &tables(uplink_gso), &attach);
     lab.wait_pod("p1a");
     (lab, dir)
 }
@@ -269,4 +274,42 @@ fn ferry_and_kernel_vxlan_carry_ipv6_both_ways() {
     lab.tcp_transfer(dir.path(), ("n2", "fd00:10:244:2::5"), "p1a", 5003, &data);
     let data = pattern(2_000_000, 4);
     lab.tcp_transfer(dir.path(), ("p1a", "fd00:10:244:1::5"), "n2", 5004, &data);
+}
+
+/// ferry's uplink taking GSO: the segments of the pod's TCP super-packets reach the
+/// kernel's vxlan as UDP GSO super-frames (the veth passes them whole), which the kernel
+/// cuts and decapsulates itself; the transfers arrive byte-identical both ways. The
+/// super-frames' UDP checksums are partial on the wire (as the kernel's own frames'
+/// are), so tshark checks only ferry's other frames.
+#[test]
+fn kernel_vxlan_takes_ferrys_udp_gso_super_frames() {
+    let (mut lab, dir) = ferry_and_kernel_with("vxg", true);
+    let pcap = dir.path().join("wire.pcap");
+    lab.capture("n2", "tshark on up2", "up2", &pcap);
+    for size in [64, 3200] {
+        lab.ping("p1a", "10.244.2.5", size, 2);
+        lab.ping("n2", "fd00:10:244:1::5", size, 2);
+    }
+    let data = pattern(3_000_000, 3);
+    lab.tcp_transfer(dir.path(), ("n2", "10.244.2.5"), "p1a", 5001, &data);
+    lab.tcp_transfer(dir.path(), ("n2", "fd00:10:244:2::5"), "p1a", 5003, &data);
+    lab.tcp_transfer(dir.path(), ("p1a", "10.244.1.5"), "n2", 5002, &data);
+    lab.stop_capture("tshark on up2", &pcap);
+    let supers = count(
+        &pcap,
+        "ip.src == 192.168.77.1 && udp.dstport == 4789 && frame.len > 1514",
+    );
+    assert!(
+        supers > 10,
+        "UDP GSO super-frames from ferry on the wire: {supers}"
+    );
+    let bad = tshark_lines(
+        &pcap,
+        "ip.src == 192.168.77.1 && frame.len <= 1514 && (_ws.malformed || _ws.expert.severity == error)",
+        &["-e", "frame.number", "-e", "_ws.expert.message"],
+    );
+    assert!(
+        bad.is_empty(),
+        "tshark finds errors in ferry's frames: {bad:?}"
+    );
 }

@@ -950,16 +950,7 @@ impl Pipeline {
             hop: next_hop,
             mtu,
         };
-        self.deliver(
-            tables,
-            pkt,
-            &parsed,
-            routing,
-            &mut pending,
-            now,
-            out,
-            trace,
-        )
+        self.deliver(tables, pkt, &parsed, routing, &mut pending, now, out, trace)
     }
 
     /// The stages after routing, for a packet routed just now (with the connection it
