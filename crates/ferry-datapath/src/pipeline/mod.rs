@@ -18,6 +18,7 @@ use std::sync::Arc;
 use crate::conntrack::{Conntrack, CtState, Nat, Pending};
 use crate::drop::{DropCounters, DropReason};
 use crate::flow::proto;
+use crate::gro;
 use crate::gso;
 use crate::icmp::{self, ErrorKind, RateLimiter};
 use crate::ipf::{self, Reassembler};
@@ -198,6 +199,9 @@ pub struct Stats {
     /// UDP GSO super-frames received from the uplink and split into their VXLAN
     /// datagrams.
     pub decap_gso_frames: u64,
+    /// TCP segments decapsulated from such super-frames and coalesced into a segment
+    /// before them (the pipeline ran once for the merged packet).
+    pub decap_coalesced: u64,
     /// New connections to a Service given an endpoint.
     pub service_balanced: u64,
     /// New connections to a Service refused at once (no endpoint: TCP reset or ICMP port
@@ -588,9 +592,13 @@ impl Pipeline {
     /// A UDP GSO super-frame of VXLAN datagrams from a peer node (one that segmented
     /// its encapsulated packets as a super-frame, see [`overlay::encapsulate_run`]):
     /// its UDP payload is cut at `gso_size` into the datagrams' payloads, and each is
-    /// decapsulated and forwarded as if it had come alone. The outer UDP checksum is not
-    /// verified, as for a single datagram. The verdict is `Forwarded` when any inner
-    /// packet was, else the last one's.
+    /// decapsulated as if it had come alone (the outer UDP checksum is not verified, as
+    /// for a single datagram). The inner TCP segments of one flow among them are then
+    /// coalesced ([`gro::coalesce`], as Linux's GRO does behind a vxlan device) and go
+    /// through the rest of the pipeline as one GSO packet: one conntrack lookup and one
+    /// write to a pod's TAP per run instead of per segment. Anything else (fragments,
+    /// other protocols) goes on alone, in order. The verdict is `Forwarded` when any
+    /// inner packet was, else the last one's.
     fn decap_gso(
         &mut self,
         tables: &Tables,
@@ -611,60 +619,79 @@ impl Pipeline {
             return self.drop(DropReason::GsoMalformed, trace);
         }
         self.stats.decap_gso_frames += 1;
+        let peer = parsed.key.src;
         trace.note("decap", || {
-            format!(
-                "UDP GSO super-frame from node {}: {datagrams} datagrams of {size} bytes",
-                parsed.key.src
-            )
+            format!("UDP GSO super-frame from node {peer}: {datagrams} datagrams of {size} bytes")
         });
         let mut verdict = Verdict::Dropped(DropReason::GsoMalformed);
+        let mut run: Vec<Packet> = Vec::with_capacity(datagrams);
         for start in (payload..parsed.ip_end).step_by(size) {
-            let end = (start + size).min(parsed.ip_end);
-            let v = self.decap_one(tables, &pkt, parsed, start..end, ov, out, trace);
-            if v == Verdict::Forwarded || verdict != Verdict::Forwarded {
-                verdict = v;
+            let one = Parsed {
+                ip_end: (start + size).min(parsed.ip_end),
+                ..*parsed
+            };
+            let (inner, inner_parsed) = match self.decap(&pkt, &one, start, ov) {
+                Ok(i) => i,
+                Err(r) => {
+                    combine(&mut verdict, self.drop(r, trace));
+                    continue;
+                }
+            };
+            self.stats.decapsulated += 1;
+            if let Err(r) = check_offload(&inner, &inner_parsed) {
+                combine(&mut verdict, self.drop(r, trace));
+                continue;
             }
+            if inner_parsed.proto == proto::TCP && inner_parsed.frag.is_none() {
+                run.push(inner);
+                continue;
+            }
+            if !run.is_empty() {
+                let v = self.forward_run(tables, &mut run, peer, out, trace);
+                combine(&mut verdict, v);
+            }
+            let v = match self.defrag(inner, inner_parsed, trace) {
+                Ok((p, pp)) => self.forward(tables, p, pp, Some(peer), out, trace),
+                Err(v) => v,
+            };
+            combine(&mut verdict, v);
+        }
+        if !run.is_empty() {
+            let v = self.forward_run(tables, &mut run, peer, out, trace);
+            combine(&mut verdict, v);
         }
         verdict
     }
 
-    /// One VXLAN datagram of a super-frame (`vxlan` is where its VXLAN header starts
-    /// and its payload ends in `pkt`): decapsulated and forwarded.
-    #[allow(clippy::too_many_arguments)]
-    fn decap_one(
+    /// Coalesces the decapsulated TCP segments of `run` (not empty) and forwards what
+    /// that makes, emptying `run`; the verdict is `Forwarded` when any was.
+    fn forward_run(
         &mut self,
         tables: &Tables,
-        pkt: &Packet,
-        parsed: &Parsed,
-        vxlan: std::ops::Range<usize>,
-        ov: &crate::tables::Overlay,
+        run: &mut Vec<Packet>,
+        peer: IpAddr,
         out: &mut Vec<(PortId, Packet)>,
         trace: &mut Trace,
     ) -> Verdict {
-        let one = Parsed {
-            ip_end: vxlan.end,
-            ..*parsed
-        };
-        let (inner, inner_parsed) = match self.decap(pkt, &one, vxlan.start, ov) {
-            Ok(i) => i,
-            Err(r) => return self.drop(r, trace),
-        };
-        self.stats.decapsulated += 1;
-        if let Err(r) = check_offload(&inner, &inner_parsed) {
-            return self.drop(r, trace);
+        let segments = run.len();
+        gro::coalesce(run);
+        self.stats.decap_coalesced += (segments - run.len()) as u64;
+        trace.note("gro", || {
+            format!(
+                "{segments} TCP segments coalesced into {} packets",
+                run.len()
+            )
+        });
+        let mut verdict = Verdict::Dropped(DropReason::GsoMalformed);
+        let merged = std::mem::take(run);
+        for p in merged {
+            let v = match parse(&p.data, p.meta.zone) {
+                Ok(pp) => self.forward(tables, p, pp, Some(peer), out, trace),
+                Err(r) => self.drop(r, trace),
+            };
+            combine(&mut verdict, v);
         }
-        let (inner, inner_parsed) = match self.defrag(inner, inner_parsed, trace) {
-            Ok(p) => p,
-            Err(v) => return v,
-        };
-        self.forward(
-            tables,
-            inner,
-            inner_parsed,
-            Some(parsed.key.src),
-            out,
-            trace,
-        )
+        verdict
     }
 
     /// The stages after decapsulation: source checks, neighbour discovery, TTL,
@@ -1219,12 +1246,20 @@ impl Pipeline {
             return Err(DropReason::ArpNotHandled);
         }
         // A partial checksum of the inner packet moves with it (checked by the caller).
+        // A partial outer checksum says the frame never left this host's memory (a
+        // sender on the same host, through a veth): as Linux does for such a frame, its
+        // contents count as verified, so coalescing does not sum the inner segments again.
         let v = pkt.meta.vnet;
         let vnet = if v.needs_csum() && usize::from(v.csum_start) >= start {
             VnetHdr {
                 flags: VnetHdr::F_NEEDS_CSUM,
                 csum_start: v.csum_start - start as u16,
                 csum_offset: v.csum_offset,
+                ..VnetHdr::default()
+            }
+        } else if v.needs_csum() {
+            VnetHdr {
+                flags: VnetHdr::F_DATA_VALID,
                 ..VnetHdr::default()
             }
         } else {
@@ -1830,6 +1865,14 @@ fn check_offload(pkt: &Packet, parsed: &Parsed) -> Result<(), DropReason> {
         return Err(DropReason::GsoMalformed);
     }
     Ok(())
+}
+
+/// The verdict of several inner packets of one frame: `Forwarded` once any was, else
+/// the latest.
+fn combine(acc: &mut Verdict, v: Verdict) {
+    if v == Verdict::Forwarded || *acc != Verdict::Forwarded {
+        *acc = v;
+    }
 }
 
 /// True for a UDP frame whose partial checksum starts past its UDP and VXLAN headers:

@@ -815,6 +815,9 @@ fn test_gso_packet_to_a_remote_pod_leaves_as_udp_gso_super_frames_when_the_uplin
     let from_super = deliver(&mut b, out.into_iter().map(|(_, f)| f).collect());
     assert_eq!(from_super, expect);
     assert_eq!(b.stats().decap_gso_frames, 2);
+    // Each super-frame's segments were coalesced and went through the pipeline as one
+    // packet (cut again here for a pod port without gso).
+    assert_eq!(b.stats().decap_coalesced, segments as u64 - 2);
     assert_eq!(b.stats().decapsulated, segments as u64);
     let (_, mut b2) = nodes_with_uplink_gso();
     assert_eq!(deliver(&mut b2, cut), expect);
@@ -866,4 +869,49 @@ fn test_malformed_udp_gso_super_frame_is_dropped_whole_or_per_datagram() {
     assert!(matches!(v, Verdict::Dropped(_)), "{v:?}");
     assert!(out.is_empty());
     assert_eq!(b.stats().decapsulated, 0);
+}
+
+#[test]
+fn test_inner_packets_of_a_frame_with_a_partial_outer_checksum_count_as_verified() {
+    // A partial outer checksum: the frame comes from this host's memory (a veth from a
+    // local sender), so the inner packet is marked valid for what follows (coalescing,
+    // the pod's kernel); a frame with a complete checksum gives no such mark.
+    let (_, mut b) = nodes_with_uplink_gso();
+    let inner = build::udp(
+        ip("10.244.1.5"),
+        ip("10.244.2.6"),
+        1,
+        2,
+        &build::pattern(100, 3),
+        &IpOpts::default(),
+    );
+    let o = overlay::Outer {
+        src_mac: uplink_mac(1),
+        dst_mac: uplink_mac(2),
+        src: ip("192.168.50.10"),
+        dst: ip("192.168.50.20"),
+        vni: 4096,
+        port: 4789,
+        hash: 9,
+    };
+    let mut frames = Vec::new();
+    overlay::encapsulate_run([inner.as_slice(), inner.as_slice()], &o, &mut frames);
+    let (frame, vnet) = frames.pop().unwrap();
+    for (partial, valid) in [(true, true), (false, false)] {
+        let mut pkt = Packet::new(frame.clone(), UPLINK, 0);
+        pkt.meta.vnet = vnet;
+        if !partial {
+            pkt.meta.vnet.flags = 0;
+        }
+        let mut out = Vec::new();
+        assert_eq!(
+            b.process(pkt, &mut out, &mut Trace::disabled()),
+            Verdict::Forwarded
+        );
+        assert_eq!(out.len(), 2);
+        for (port, p) in &out {
+            assert_eq!(*port, POD2);
+            assert_eq!(p.meta.vnet.flags & VnetHdr::F_DATA_VALID != 0, valid);
+        }
+    }
 }
