@@ -109,53 +109,116 @@ pub fn segment(
     max_ip_len: usize,
     out: &mut Vec<Packet>,
 ) -> Result<(), DropReason> {
-    let vnet = pkt.meta.vnet;
-    let lay = check(&pkt.data, parsed, &vnet)?;
-    let ip_hdr_len = lay.hdr_end - lay.l3_off;
-    let room = max_ip_len
-        .checked_sub(ip_hdr_len)
-        .filter(|r| *r > 0)
-        .ok_or(DropReason::MtuTooSmall)?;
-    let mss = match lay.kind {
-        Kind::Tcp => room.min(usize::from(vnet.gso_size)),
-        Kind::Udp => usize::from(vnet.gso_size),
-    };
-    let payload = &pkt.data[lay.hdr_end..lay.ip_end];
-    let headers = &pkt.data[..lay.hdr_end];
+    let s = Segmenter::new(pkt, parsed, max_ip_len)?;
     let meta = Meta {
         vnet: VnetHdr::default(),
         ..pkt.meta
     };
-
-    let v4_id = match lay.l3 {
-        L3::Ipv4 => u16::from_be_bytes([headers[lay.l3_off + 4], headers[lay.l3_off + 5]]),
-        _ => 0,
-    };
-    let (seq0, flags0) = match lay.kind {
-        Kind::Tcp => {
-            let t = &headers[lay.l4_off..];
-            (u32::from_be_bytes([t[4], t[5], t[6], t[7]]), t[13])
-        }
-        Kind::Udp => (0, 0),
-    };
-
-    let count = payload.len().div_ceil(mss).max(1);
-    if count > lay.kind.max_segments() {
-        // A tiny gso_size is the sender's doing; a tiny MSS forced by the MTU is ours.
-        return Err(if mss < usize::from(vnet.gso_size) {
-            DropReason::MtuTooSmall
-        } else {
-            DropReason::GsoMalformed
-        });
+    out.reserve(s.count());
+    for i in 0..s.count() {
+        let mut seg = Vec::with_capacity(s.len(i));
+        s.write(i, &mut seg);
+        out.push(Packet { data: seg, meta });
     }
-    out.reserve(count);
-    for i in 0..count {
-        let start = i * mss;
-        let chunk = &payload[start..payload.len().min(start + mss)];
-        let last = i + 1 == count;
-        let mut seg = Vec::with_capacity(headers.len() + chunk.len());
-        seg.extend_from_slice(headers);
-        seg.extend_from_slice(chunk);
+    Ok(())
+}
+
+/// A checked GSO super-packet and how it is cut: the segments of [`segment`], which
+/// [`Segmenter::write`] appends one at a time to any buffer, so a caller can put them
+/// where they go (back to back in an encapsulated super-frame, say) without a buffer of
+/// their own each.
+pub struct Segmenter<'a> {
+    data: &'a [u8],
+    lay: Layout,
+    /// Payload bytes per segment.
+    mss: usize,
+    count: usize,
+    v4_id: u16,
+    seq0: u32,
+    flags0: u8,
+}
+
+impl<'a> Segmenter<'a> {
+    /// Checks the super-packet and works out its segments; the errors of [`segment`].
+    pub fn new(
+        pkt: &'a Packet,
+        parsed: &Parsed,
+        max_ip_len: usize,
+    ) -> Result<Segmenter<'a>, DropReason> {
+        let vnet = pkt.meta.vnet;
+        let lay = check(&pkt.data, parsed, &vnet)?;
+        let ip_hdr_len = lay.hdr_end - lay.l3_off;
+        let room = max_ip_len
+            .checked_sub(ip_hdr_len)
+            .filter(|r| *r > 0)
+            .ok_or(DropReason::MtuTooSmall)?;
+        let mss = match lay.kind {
+            Kind::Tcp => room.min(usize::from(vnet.gso_size)),
+            Kind::Udp => usize::from(vnet.gso_size),
+        };
+        let data = &pkt.data[..];
+        let v4_id = match lay.l3 {
+            L3::Ipv4 => u16::from_be_bytes([data[lay.l3_off + 4], data[lay.l3_off + 5]]),
+            _ => 0,
+        };
+        let (seq0, flags0) = match lay.kind {
+            Kind::Tcp => {
+                let t = &data[lay.l4_off..];
+                (u32::from_be_bytes([t[4], t[5], t[6], t[7]]), t[13])
+            }
+            Kind::Udp => (0, 0),
+        };
+        let count = (lay.ip_end - lay.hdr_end).div_ceil(mss).max(1);
+        if count > lay.kind.max_segments() {
+            // A tiny gso_size is the sender's doing; a tiny MSS forced by the MTU is ours.
+            return Err(if mss < usize::from(vnet.gso_size) {
+                DropReason::MtuTooSmall
+            } else {
+                DropReason::GsoMalformed
+            });
+        }
+        Ok(Segmenter {
+            data,
+            lay,
+            mss,
+            count,
+            v4_id,
+            seq0,
+            flags0,
+        })
+    }
+
+    /// How many segments.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Where segment `i`'s payload lies in the super-packet.
+    fn chunk(&self, i: usize) -> std::ops::Range<usize> {
+        let start = self.lay.hdr_end + i * self.mss;
+        start..self.lay.ip_end.min(start + self.mss)
+    }
+
+    /// Bytes of segment `i` (link-layer header included).
+    pub fn len(&self, i: usize) -> usize {
+        self.lay.hdr_end + self.chunk(i).len()
+    }
+
+    /// Offset of the IP header in every segment.
+    pub fn l3_off(&self) -> usize {
+        self.lay.l3_off
+    }
+
+    /// Appends segment `i` (`i < count()`) to `out`: a plain packet with a complete
+    /// checksum.
+    pub fn write(&self, i: usize, out: &mut Vec<u8>) {
+        let lay = &self.lay;
+        let chunk = self.chunk(i);
+        let last = i + 1 == self.count;
+        let base = out.len();
+        out.extend_from_slice(&self.data[..lay.hdr_end]);
+        out.extend_from_slice(&self.data[chunk.clone()]);
+        let seg = &mut out[base..];
 
         let ip_len = seg.len() - lay.l3_off;
         let l4_len = seg.len() - lay.l4_off;
@@ -163,7 +226,7 @@ pub fn segment(
             L3::Ipv4 => {
                 let ip = &mut seg[lay.l3_off..lay.l4_off];
                 ip[2..4].copy_from_slice(&(ip_len as u16).to_be_bytes());
-                ip[4..6].copy_from_slice(&v4_id.wrapping_add(i as u16).to_be_bytes());
+                ip[4..6].copy_from_slice(&self.v4_id.wrapping_add(i as u16).to_be_bytes());
                 checksum::set_ipv4_header(ip);
                 let src = [ip[12], ip[13], ip[14], ip[15]];
                 let dst = [ip[16], ip[17], ip[18], ip[19]];
@@ -185,9 +248,9 @@ pub fn segment(
         let l4 = &mut seg[lay.l4_off..];
         let csum_at = match lay.kind {
             Kind::Tcp => {
-                let seq = seq0.wrapping_add(start as u32);
+                let seq = self.seq0.wrapping_add((chunk.start - lay.hdr_end) as u32);
                 l4[4..8].copy_from_slice(&seq.to_be_bytes());
-                let mut flags = flags0;
+                let mut flags = self.flags0;
                 if !last {
                     flags &= !(tcp_flags::FIN | tcp_flags::PSH);
                 }
@@ -210,10 +273,7 @@ pub fn segment(
             c = 0xffff;
         }
         l4[csum_at..csum_at + 2].copy_from_slice(&c.to_be_bytes());
-
-        out.push(Packet { data: seg, meta });
     }
-    Ok(())
 }
 
 /// Checks that the GSO request matches the packet and finds its pieces.

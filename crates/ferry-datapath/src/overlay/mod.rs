@@ -11,6 +11,7 @@
 use std::net::IpAddr;
 
 use crate::flow::{FlowKey, proto};
+use crate::gso;
 use crate::packet::VnetHdr;
 use crate::wire::checksum;
 use crate::wire::parse::{ETH_LEN, IPV6_LEN, ethertype};
@@ -117,11 +118,16 @@ pub struct Outer {
 
 /// Wraps the Ethernet frame `inner` in the outer headers `o`.
 pub fn encapsulate(inner: &[u8], o: &Outer) -> Vec<u8> {
-    let udp_len = 8 + vxlan::LEN + inner.len();
+    encapsulate_one(&[inner][..], 0, o)
+}
+
+/// Frame `i` of `frames` as one plain VXLAN datagram.
+fn encapsulate_one(frames: &(impl InnerFrames + ?Sized), i: usize, o: &Outer) -> Vec<u8> {
+    let udp_len = 8 + vxlan::LEN + frames.frame_len(i);
     let mut v = Vec::with_capacity(ETH_LEN + ip_header_len(o) + udp_len);
     let udp = outer_headers(&mut v, o, udp_len);
     push_vxlan(&mut v, o);
-    v.extend_from_slice(inner);
+    frames.write_frame(i, &mut v);
     if o.dst.is_ipv6() {
         // RFC 8200 requires the UDP checksum over IPv6; Linux's vxlan computes it too.
         let sum = checksum::add(&v[udp..], pseudo(o, udp_len));
@@ -132,6 +138,42 @@ pub fn encapsulate(inner: &[u8], o: &Outer) -> Vec<u8> {
         v[udp + 6..udp + 8].copy_from_slice(&c.to_be_bytes());
     }
     v
+}
+
+/// Inner Ethernet frames to encapsulate, each written straight into its place in the
+/// outer frame: frames held in buffers, or the segments of a GSO packet as
+/// [`gso::Segmenter`] cuts them.
+pub trait InnerFrames {
+    /// How many frames.
+    fn frame_count(&self) -> usize;
+    /// Bytes of frame `i`.
+    fn frame_len(&self, i: usize) -> usize;
+    /// Appends frame `i` to `out`.
+    fn write_frame(&self, i: usize, out: &mut Vec<u8>);
+}
+
+impl<T: AsRef<[u8]>> InnerFrames for [T] {
+    fn frame_count(&self) -> usize {
+        self.len()
+    }
+    fn frame_len(&self, i: usize) -> usize {
+        self[i].as_ref().len()
+    }
+    fn write_frame(&self, i: usize, out: &mut Vec<u8>) {
+        out.extend_from_slice(self[i].as_ref());
+    }
+}
+
+impl InnerFrames for gso::Segmenter<'_> {
+    fn frame_count(&self) -> usize {
+        self.count()
+    }
+    fn frame_len(&self, i: usize) -> usize {
+        self.len(i)
+    }
+    fn write_frame(&self, i: usize, out: &mut Vec<u8>) {
+        self.write(i, out);
+    }
 }
 
 /// Largest IP packet an outer super-frame of [`encapsulate_run`] may be: the IPv4 total
@@ -153,49 +195,54 @@ const MAX_SUPER_IP: usize = 65_535;
 /// well as IPv6: a VXLAN receiver accepts a checksum over IPv4.
 ///
 /// Appends `(frame, vnet)` pairs to `out`.
-pub fn encapsulate_run<'a>(
-    inner: impl IntoIterator<Item = &'a [u8]>,
+pub fn encapsulate_run(
+    frames: &(impl InnerFrames + ?Sized),
     o: &Outer,
     out: &mut Vec<(Vec<u8>, VnetHdr)>,
 ) {
-    let mut run: Vec<&[u8]> = Vec::new();
     let headers = ip_header_len(o) + 8;
+    // The run being gathered: frames first..i, all of `size` bytes (VXLAN included)
+    // but the last, which may be shorter.
+    let mut first = 0;
     let mut bytes = headers;
-    for f in inner {
-        let chunk = vxlan::LEN + f.len();
-        let size = run.first().map(|r| vxlan::LEN + r.len());
-        // A run's datagrams all have its first one's size but the last, which may be
-        // shorter: a longer one, or any after a shorter one, starts a new run.
-        let fits = match (size, run.last()) {
-            (Some(size), Some(last)) => {
-                vxlan::LEN + last.len() == size && chunk <= size && bytes + chunk <= MAX_SUPER_IP
+    for i in 0..frames.frame_count() {
+        let chunk = vxlan::LEN + frames.frame_len(i);
+        if i > first {
+            let size = vxlan::LEN + frames.frame_len(first);
+            let last = vxlan::LEN + frames.frame_len(i - 1);
+            // A longer frame, or any after a shorter one, starts a new run.
+            if last != size || chunk > size || bytes + chunk > MAX_SUPER_IP {
+                flush_run(frames, first..i, o, out);
+                first = i;
+                bytes = headers;
             }
-            _ => true,
-        };
-        if !fits {
-            flush_run(&run, o, out);
-            run.clear();
-            bytes = headers;
         }
-        run.push(f);
         bytes += chunk;
     }
-    flush_run(&run, o, out);
+    flush_run(frames, first..frames.frame_count(), o, out);
 }
 
-/// One frame for a run of [`encapsulate_run`].
-fn flush_run(run: &[&[u8]], o: &Outer, out: &mut Vec<(Vec<u8>, VnetHdr)>) {
-    match run {
-        [] => {}
-        [one] => out.push((encapsulate(one, o), VnetHdr::default())),
+/// One frame for the run `frames[run]` of [`encapsulate_run`].
+fn flush_run(
+    frames: &(impl InnerFrames + ?Sized),
+    run: std::ops::Range<usize>,
+    o: &Outer,
+    out: &mut Vec<(Vec<u8>, VnetHdr)>,
+) {
+    match run.len() {
+        0 => {}
+        1 => out.push((encapsulate_one(frames, run.start, o), VnetHdr::default())),
         _ => {
-            let size = vxlan::LEN + run[0].len();
-            let udp_len = 8 + run.iter().map(|f| vxlan::LEN + f.len()).sum::<usize>();
+            let size = vxlan::LEN + frames.frame_len(run.start);
+            let udp_len = 8 + run
+                .clone()
+                .map(|i| vxlan::LEN + frames.frame_len(i))
+                .sum::<usize>();
             let mut v = Vec::with_capacity(ETH_LEN + ip_header_len(o) + udp_len);
             let udp = outer_headers(&mut v, o, udp_len);
-            for f in run {
+            for i in run {
                 push_vxlan(&mut v, o);
-                v.extend_from_slice(f);
+                frames.write_frame(i, &mut v);
             }
             // Partial: the pseudo-header sum alone, for the segmentation to complete.
             let partial = checksum::fold(pseudo(o, udp_len));
@@ -409,7 +456,7 @@ mod tests {
             let o = outer(src, dst);
             let segs = segments(&[1398, 1398, 1398, 700]);
             let mut out = Vec::new();
-            encapsulate_run(segs.iter().map(|s| s.as_slice()), &o, &mut out);
+            encapsulate_run(&segs[..], &o, &mut out);
             assert_eq!(out.len(), 1, "{dst}: one super-frame");
             let (frame, vnet) = &out[0];
             assert_eq!(vnet.gso_type, VnetHdr::GSO_UDP_L4);
@@ -444,14 +491,14 @@ mod tests {
         let mut out = Vec::new();
         // A lone segment is a plain datagram.
         let one = segments(&[100]);
-        encapsulate_run(one.iter().map(|s| s.as_slice()), &o, &mut out);
+        encapsulate_run(&one[..], &o, &mut out);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0], (encapsulate(&one[0], &o), VnetHdr::default()));
         // A longer segment after shorter ones, and anything after a short one, start a
         // new run.
         out.clear();
         let segs = segments(&[500, 500, 300, 300, 900]);
-        encapsulate_run(segs.iter().map(|s| s.as_slice()), &o, &mut out);
+        encapsulate_run(&segs[..], &o, &mut out);
         let shapes: Vec<(bool, usize)> = out
             .iter()
             .map(|(f, v)| (v.is_gso(), cut_or_one(f, *v)))
@@ -460,7 +507,7 @@ mod tests {
         // 45 segments of a 64 KiB packet do not fit one IP packet: two super-frames.
         out.clear();
         let segs = segments(&[1398; 47]);
-        encapsulate_run(segs.iter().map(|s| s.as_slice()), &o, &mut out);
+        encapsulate_run(&segs[..], &o, &mut out);
         assert!(out.len() >= 2);
         let mut total = 0;
         for (f, v) in &out {

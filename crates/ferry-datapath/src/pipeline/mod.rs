@@ -1067,6 +1067,25 @@ impl Pipeline {
                 self.emit(&egress, pkt, out);
                 return Verdict::Forwarded;
             }
+            if egress.tunnel.is_some() && egress.uso {
+                let cut = match gso::Segmenter::new(&pkt, parsed, mtu) {
+                    Ok(c) => c,
+                    Err(r) => return self.drop(r, trace),
+                };
+                // The first segment is the longest; a UDP datagram longer than the MTU
+                // is fragmented below instead.
+                if cut.len(0) - cut.l3_off() <= mtu {
+                    return self.emit_super_frames(
+                        &egress,
+                        &cut,
+                        pkt.meta,
+                        mtu,
+                        out_name(),
+                        out,
+                        trace,
+                    );
+                }
+            }
             let mut segs = std::mem::take(&mut self.scratch);
             segs.clear();
             if let Err(r) = gso::segment(&pkt, parsed, mtu, &mut segs) {
@@ -1082,41 +1101,6 @@ impl Pipeline {
                     out_name()
                 )
             });
-            if let Some(o) = egress.tunnel.as_ref().filter(|_| egress.uso)
-                && segs.iter().all(|s| s.data.len() - parsed.l3_off <= mtu)
-            {
-                // The uplink segments UDP: the encapsulated segments leave as few
-                // super-frames that the kernel (or the NIC) cuts into the datagrams.
-                let meta = Meta {
-                    vnet: VnetHdr::default(),
-                    mru: 0,
-                    frag_id: 0,
-                    ..pkt.meta
-                };
-                let mut frames = Vec::new();
-                overlay::encapsulate_run(segs.iter().map(|s| s.data.as_slice()), o, &mut frames);
-                self.stats.encapsulated += segs.len() as u64;
-                let supers = frames.iter().filter(|(_, v)| v.is_gso()).count();
-                self.stats.encap_gso_frames += supers as u64;
-                trace.note("encap", || {
-                    format!(
-                        "{} datagrams in {} frames, {supers} of them UDP GSO super-frames for {} to cut",
-                        segs.len(),
-                        frames.len(),
-                        out_name()
-                    )
-                });
-                segs.clear();
-                self.scratch = segs;
-                for (data, vnet) in frames {
-                    let pkt = Packet {
-                        data,
-                        meta: Meta { vnet, ..meta },
-                    };
-                    self.send(egress.port, pkt, out);
-                }
-                return Verdict::Forwarded;
-            }
             let mut frags = Vec::new();
             for seg in segs.drain(..) {
                 if seg.data.len() - parsed.l3_off <= mtu {
@@ -1507,6 +1491,57 @@ impl Pipeline {
     }
 
     /// Sends a packet as the egress says: encapsulated when it goes through the overlay.
+    /// The segments of a GSO packet through the overlay, for an uplink that takes UDP
+    /// GSO: written straight into as few UDP GSO super-frames as hold them
+    /// ([`overlay::encapsulate_run`]), which the kernel (or the NIC) cuts into the
+    /// VXLAN datagrams.
+    #[allow(clippy::too_many_arguments)]
+    fn emit_super_frames(
+        &mut self,
+        egress: &Egress,
+        cut: &gso::Segmenter<'_>,
+        meta: Meta,
+        mtu: usize,
+        out_name: &str,
+        out: &mut Vec<(PortId, Packet)>,
+        trace: &mut Trace,
+    ) -> Verdict {
+        let Some(o) = &egress.tunnel else {
+            return self.drop(DropReason::NoRoute, trace);
+        };
+        let n = cut.count();
+        self.stats.segmented += 1;
+        self.stats.segments_out += n as u64;
+        trace.note("egress", || {
+            format!("segmented into {n} packets for mtu {mtu} on {out_name}")
+        });
+        let mut frames = Vec::new();
+        overlay::encapsulate_run(cut, o, &mut frames);
+        self.stats.encapsulated += n as u64;
+        let supers = frames.iter().filter(|(_, v)| v.is_gso()).count();
+        self.stats.encap_gso_frames += supers as u64;
+        trace.note("encap", || {
+            format!(
+                "{n} datagrams in {} frames, {supers} of them UDP GSO super-frames for {out_name} to cut",
+                frames.len()
+            )
+        });
+        let meta = Meta {
+            vnet: VnetHdr::default(),
+            mru: 0,
+            frag_id: 0,
+            ..meta
+        };
+        for (data, vnet) in frames {
+            let pkt = Packet {
+                data,
+                meta: Meta { vnet, ..meta },
+            };
+            self.send(egress.port, pkt, out);
+        }
+        Verdict::Forwarded
+    }
+
     fn emit(&mut self, egress: &Egress, mut pkt: Packet, out: &mut Vec<(PortId, Packet)>) {
         if let Some(o) = &egress.tunnel {
             pkt.data = overlay::encapsulate(&pkt.data, o);

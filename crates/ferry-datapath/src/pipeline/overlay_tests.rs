@@ -844,7 +844,7 @@ fn test_malformed_udp_gso_super_frame_is_dropped_whole_or_per_datagram() {
         hash: 9,
     };
     let mut frames = Vec::new();
-    overlay::encapsulate_run([inner.as_slice(), inner.as_slice()], &o, &mut frames);
+    overlay::encapsulate_run(&[&inner, &inner][..], &o, &mut frames);
     let (frame, vnet) = frames.pop().unwrap();
     assert!(vnet.is_gso());
     // A segment size that cannot hold a VXLAN header.
@@ -895,7 +895,7 @@ fn test_inner_packets_of_a_frame_with_a_partial_outer_checksum_count_as_verified
         hash: 9,
     };
     let mut frames = Vec::new();
-    overlay::encapsulate_run([inner.as_slice(), inner.as_slice()], &o, &mut frames);
+    overlay::encapsulate_run(&[&inner, &inner][..], &o, &mut frames);
     let (frame, vnet) = frames.pop().unwrap();
     for (partial, valid) in [(true, true), (false, false)] {
         let mut pkt = Packet::new(frame.clone(), UPLINK, 0);
