@@ -20,6 +20,7 @@
 
 use std::hash::{BuildHasher, Hasher};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use ahash::RandomState;
 
@@ -33,8 +34,23 @@ use crate::flow::FlowKey;
 pub(crate) const NIL: u32 = u32::MAX;
 /// Most entries a table can index (ids are shifted left by one in the index).
 pub(crate) const MAX_ENTRIES: usize = 1 << 31;
-/// Keys [`Table::prefetch`] loads the index slots of before it loads their entries.
+/// Keys [`Table::prefetch`] loads the index slots of before it loads their entries: few
+/// enough that the loads of one group are all in flight together.
 pub(crate) const PREFETCH_BATCH: usize = 32;
+/// Most keys whose hashes [`Table::prefetch_batch`] keeps for the lookups that follow (a
+/// worker's receive batch).
+pub(crate) const HINTS: usize = 64;
+/// How far past the next expected key a lookup looks among the kept hashes, so that a
+/// packet dropped before conntrack does not cost the rest of the batch its hashes.
+const HINT_SKIP: usize = 3;
+/// Issues a prefetch of each address and returns at once (see
+/// [`super::Conntrack::set_prefetch`]).
+pub type Prefetch = fn(&[*const u8]);
+/// Offset in an entry of a byte in the last cache line that a packet of an IPv4 UDP
+/// connection reads (the first byte of its protocol state): with the entry's first byte,
+/// the two addresses to prefetch (see the layout in [`Entry`]).
+const ENTRY_HOT_END: usize = std::mem::offset_of!(Entry, proto_state);
+
 /// Bytes one extra address allocation of an entry takes, allocator header included.
 pub(crate) const MORE_BYTES: usize = 32 + 16;
 
@@ -86,7 +102,19 @@ pub(crate) struct Table {
     unreplied_head: u32,
     unreplied_tail: u32,
     wheel: Wheel,
+    /// Keys of the current batch with their hashes (see [`Table::prefetch_batch`]), and
+    /// the next one expected.
+    hints: Vec<(FlowKey, u64)>,
+    next_hint: usize,
+    /// The processor's prefetch, when given.
+    prefetch: Option<Prefetch>,
+    /// Tells this table from every other in the process, so that hashes computed by one
+    /// are not used in another (see `Pending`).
+    stamp: u64,
 }
+
+/// The stamp of the next table.
+static NEXT_STAMP: AtomicU64 = AtomicU64::new(1);
 
 /// True for an entry whose source NAT took a port (or ICMP echo identifier) of its
 /// translated address: SNAT of a protocol with ports. Status and protocol never change
@@ -123,6 +151,10 @@ impl Table {
             unreplied_head: NIL,
             unreplied_tail: NIL,
             wheel: Wheel::new(),
+            hints: Vec::new(),
+            next_hint: 0,
+            prefetch: None,
+            stamp: NEXT_STAMP.fetch_add(1, Ordering::Relaxed),
         }
     }
 
@@ -159,6 +191,12 @@ impl Table {
         self.hash(k)
     }
 
+    /// This table's stamp, unique in the process.
+    #[inline]
+    pub(crate) fn stamp(&self) -> u64 {
+        self.stamp
+    }
+
     /// Live entries.
     #[inline]
     pub(crate) fn len(&self) -> usize {
@@ -179,13 +217,31 @@ impl Table {
 
     /// [`Table::lookup`] with the key's hash already at hand.
     #[inline(always)]
-    fn lookup_hashed(&self, key: &FlowKey, hash: u64) -> Option<(u32, usize)> {
+    pub(crate) fn lookup_hashed(&self, key: &FlowKey, hash: u64) -> Option<(u32, usize)> {
         let slots = &self.slots;
         self.index
             .find(hash, |v| {
                 entry_of(slots, v).is_some_and(|e| e.tuple_is((v & 1) as usize, key))
             })
             .map(|v| (v >> 1, (v & 1) as usize))
+    }
+
+    /// The hash of `key`: the one [`Table::prefetch_batch`] computed when `key` is the
+    /// next key of the batch (or one of the few after it), else computed now.
+    #[inline]
+    pub(crate) fn hash_of_next(&mut self, key: &FlowKey) -> u64 {
+        let n = self.next_hint;
+        if n < self.hints.len() {
+            let end = self.hints.len().min(n + 1 + HINT_SKIP);
+            for i in n..end {
+                let (k, h) = &self.hints[i];
+                if k == key {
+                    self.next_hint = i + 1;
+                    return *h;
+                }
+            }
+        }
+        self.hash(key)
     }
 
     /// Loads what the lookups of `keys` will read and throws it away: first the index
@@ -196,30 +252,95 @@ impl Table {
         let mut hashes = [0u64; PREFETCH_BATCH];
         let mut n = 0;
         for k in keys {
-            let h = self.hash(k);
-            std::hint::black_box(self.index.home_slot(h));
-            hashes[n] = h;
+            hashes[n] = self.hash(k);
             n += 1;
             if n == PREFETCH_BATCH {
-                self.prefetch_entries(&hashes);
+                self.prefetch_hashed(&hashes);
                 n = 0;
             }
         }
-        self.prefetch_entries(&hashes[..n]);
+        self.prefetch_hashed(&hashes[..n]);
     }
 
-    fn prefetch_entries(&self, hashes: &[u64]) {
-        for &h in hashes {
-            if let Some(e) = self.index.first(h).and_then(|v| entry_of(&self.slots, v)) {
-                std::hint::black_box(e.touch());
+    /// As [`Table::prefetch`], and keeps the first [`HINTS`] keys with their hashes for
+    /// [`Table::hash_of_next`], replacing those of the previous batch.
+    pub(crate) fn prefetch_batch<'a>(&mut self, keys: impl IntoIterator<Item = &'a FlowKey>) {
+        let mut hints = std::mem::take(&mut self.hints);
+        hints.clear();
+        hints.reserve_exact(HINTS);
+        let mut hashes = [0u64; PREFETCH_BATCH];
+        let mut n = 0;
+        for k in keys {
+            let h = self.hash(k);
+            if hints.len() < HINTS {
+                hints.push((*k, h));
+            }
+            hashes[n] = h;
+            n += 1;
+            if n == PREFETCH_BATCH {
+                self.prefetch_hashed(&hashes);
+                n = 0;
             }
         }
+        self.prefetch_hashed(&hashes[..n]);
+        self.hints = hints;
+        self.next_hint = 0;
     }
 
-    /// True when `key` is a tuple of some entry.
-    #[inline]
-    pub(crate) fn contains(&self, key: &FlowKey) -> bool {
-        self.lookup(key).is_some()
+    /// Forgets the hashes kept by [`Table::prefetch_batch`].
+    pub(crate) fn clear_hints(&mut self) {
+        self.hints.clear();
+        self.next_hint = 0;
+    }
+
+    /// Sets the prefetch that [`Table::prefetch`] uses instead of plain reads.
+    pub(crate) fn set_prefetch(&mut self, prefetch: Option<Prefetch>) {
+        self.prefetch = prefetch;
+    }
+
+    /// The loads of [`Table::prefetch`] for hashes computed beforehand: the home index
+    /// slots, then the entries they name. With a prefetch instruction, issued for the
+    /// whole group at once and not waited for; else as plain reads, in loops that do
+    /// little besides loading, so that the loads of the group are issued before the first
+    /// one returns.
+    fn prefetch_hashed(&self, hashes: &[u64]) {
+        if let Some(prefetch) = self.prefetch {
+            let mut addrs = [std::ptr::null::<u8>(); 2 * PREFETCH_BATCH];
+            for (a, &h) in addrs.iter_mut().zip(hashes) {
+                *a = self.index.home_addr(h);
+            }
+            prefetch(&addrs[..hashes.len()]);
+            let mut n = 0;
+            for &h in hashes {
+                if let Some(v) = self.index.first(h) {
+                    let e = self.slots.as_ptr().wrapping_add((v >> 1) as usize);
+                    let e: *const u8 = e.cast();
+                    addrs[n] = e;
+                    addrs[n + 1] = e.wrapping_add(ENTRY_HOT_END);
+                    n += 2;
+                }
+            }
+            prefetch(&addrs[..n]);
+            return;
+        }
+        let mut acc = 0u64;
+        for &h in hashes {
+            acc ^= self.index.home_slot(h);
+        }
+        std::hint::black_box(acc);
+        let mut ids = [u32::MAX; PREFETCH_BATCH];
+        for (id, &h) in ids.iter_mut().zip(hashes) {
+            if let Some(v) = self.index.first(h) {
+                *id = v >> 1;
+            }
+        }
+        let mut acc = 0u64;
+        for &id in &ids[..hashes.len()] {
+            if let Some(Slot::Used(e)) = self.slots.get(id as usize) {
+                acc ^= e.touch();
+            }
+        }
+        std::hint::black_box(acc);
     }
 
     #[inline]
