@@ -48,6 +48,7 @@ fn table(max: usize, huge: bool) -> Conntrack {
         ..Config::default()
     });
     ct.preallocate();
+    ct.set_prefetch(Some(ferry_linux::prefetch));
     if huge {
         for (ptr, len) in ct.memory_regions() {
             ferry_linux::advise_huge_pages(ptr, len).unwrap();
@@ -94,7 +95,7 @@ fn established(c: &mut Criterion) {
                 let mut k = 0usize;
                 while left > 0 {
                     let batch = &mut pkts[k..k + left.min(32)];
-                    ct.prefetch(batch.iter().map(|(_, p)| &p.key));
+                    ct.prefetch_batch(batch.iter().map(|(_, p)| &p.key));
                     for (pkt, p) in batch.iter_mut() {
                         black_box(ct.process(pkt, p, None, 1).unwrap().entry);
                     }
