@@ -71,4 +71,14 @@ mod tests {
         advise_huge_pages(std::ptr::null(), 0).unwrap();
         assert!(v.iter().all(|&x| x == 0), "contents untouched");
     }
+
+    #[test]
+    fn test_prefetch_any_address() {
+        let v = vec![7u8; 4096];
+        prefetch(&[v.as_ptr(), v.as_ptr().wrapping_add(4095)]);
+        // Unmapped or null: ignored.
+        prefetch(&[std::ptr::null(), usize::MAX as *const u8, 0x10 as *const u8]);
+        prefetch(&[]);
+        assert!(v.iter().all(|&x| x == 7), "contents untouched");
+    }
 }

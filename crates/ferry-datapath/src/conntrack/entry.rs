@@ -411,6 +411,13 @@ impl Entry {
             && self.addr_is(d + 1, &k.dst)
     }
 
+    /// False when the two tuples surely differ (their ports do); true for the rare entry
+    /// whose tuples may be equal.
+    #[inline]
+    pub(super) fn maybe_symmetric(&self) -> bool {
+        self.ports[0] == self.ports[2] && self.ports[1] == self.ports[3]
+    }
+
     /// Key of the packets in the original direction, as they arrive.
     #[inline]
     pub fn original(&self) -> FlowKey {
@@ -553,6 +560,7 @@ impl Entry {
     }
 
     /// How long the entry lives after its last packet, given its state.
+    #[inline]
     pub fn timeout_ns(&self, t: &Timeouts) -> u64 {
         match &self.proto_state {
             ProtoState::Tcp(c) => {

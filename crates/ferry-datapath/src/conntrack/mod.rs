@@ -408,8 +408,8 @@ impl Conntrack {
                 Kind::Request | Kind::Reply => {}
             }
         }
-        let hash = self.table.hash_of_next(&key);
-        if let Some((id, dir)) = self.table.lookup_hashed(&key, hash) {
+        let (hash, first) = self.table.hash_of_next(&key);
+        if let Some((id, dir)) = self.table.lookup_first(&key, hash, first) {
             let deadline_ns = self
                 .table
                 .get(id)

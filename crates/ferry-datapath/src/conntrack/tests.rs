@@ -1195,3 +1195,34 @@ fn pending_from_another_table_is_hashed_again() {
         (CtState::Established, true, Some(id))
     );
 }
+
+/// A batch longer than a prefetch group and than the hashes kept, every connection twice
+/// in it (new, then established) and some of it in the reply direction, gives the
+/// packet-by-packet results.
+#[test]
+fn long_batch_gives_the_same_results_as_packet_by_packet() {
+    let pkts = || -> Vec<Pkt> {
+        (0..90u16)
+            .map(|i| match i % 3 {
+                0 | 1 => udp("10.0.0.1", 2000 + i / 3, "10.0.0.2", 53),
+                _ => udp("10.0.0.2", 53, "10.0.0.1", 2000 + i / 3),
+            })
+            .collect()
+    };
+    let mut one = ct();
+    let mut batched = ct();
+    batched.set_prefetch(Some(no_prefetch));
+    for now in [0, S, 100 * S] {
+        let mut seen = Vec::new();
+        for (i, ct) in [&mut one, &mut batched].into_iter().enumerate() {
+            let mut pkts = pkts();
+            if i > 0 {
+                ct.prefetch_batch(pkts.iter().map(|p| &p.parsed.key));
+            }
+            let out: Vec<CtResult> = pkts.iter_mut().map(|p| run(ct, p, None, now)).collect();
+            seen.push((out, *ct.stats()));
+        }
+        assert_eq!(seen[0], seen[1], "at {now}");
+    }
+    assert_eq!(one.stats().found, 60 + 90 + 90);
+}
