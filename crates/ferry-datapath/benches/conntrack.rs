@@ -1,5 +1,6 @@
 //! Conntrack benchmarks: a packet of an established connection at 1 K, 1 M and 10 M
-//! tracked connections, alone and in prefetched batches of 32; a new connection with
+//! tracked connections, alone and in prefetched batches of 32 (and at 1 K with packets
+//! that stay in cache, for the work alone); a new connection with
 //! source NAT port allocation; memory per connection. Figures and the machine they ran
 //! on: docs/benchmarks.md.
 
@@ -65,7 +66,7 @@ fn batched(ct: &mut Conntrack, pkts: &mut [(Packet, Parsed)], iters: u64) -> Dur
     let mut k = 0usize;
     while left > 0 {
         let batch = &mut pkts[k..k + left.min(32)];
-        ct.prefetch(batch.iter().map(|(_, p)| &p.key));
+        ct.prefetch_batch(batch.iter().map(|(_, p)| &p.key));
         for (pkt, p) in batch.iter_mut() {
             let r = ct.process(pkt, p, None, 1).unwrap();
             debug_assert_eq!(r.state, CtState::Established);
@@ -101,6 +102,19 @@ fn established(c: &mut Criterion) {
                 black_box(r.entry)
             })
         });
+        if n == 1_000 {
+            // 64 packets, whose headers stay in cache as right after parsing: the work
+            // itself, without the misses on 4096 packets' headers.
+            let mut k = 0usize;
+            g.bench_function("lookup_update_1K_hot", |b| {
+                b.iter(|| {
+                    let (pkt, p) = &mut pkts[k & 63];
+                    k += 1;
+                    let r = ct.process(pkt, p, None, 1).unwrap();
+                    black_box(r.entry)
+                })
+            });
+        }
         // The same packets in batches of 32, each batch prefetched before it is processed
         // (as a worker could do with a receive batch); one iteration is still one packet.
         g.bench_function(format!("lookup_update_{label}_batch32"), |b| {

@@ -15,7 +15,7 @@ pub mod tc;
 pub mod worker;
 
 pub use af_packet::{AfPacketConfig, AfPacketPort};
-pub use memory::advise_huge_pages;
+pub use memory::{advise_huge_pages, prefetch};
 pub use port::{Frame, Port, PortCounters};
 pub use tap::{Tap, TapPort};
 pub use worker::{

@@ -96,16 +96,24 @@ pub enum ProtoState {
 /// once, IPv4 addresses in 4 bytes, IPv6 addresses in 16 bytes with a reply address that
 /// equals an original one not stored again, so the tuples come out of accessors
 /// ([`Entry::original`], [`Entry::reply`]).
+///
+/// Field order is the layout (`repr(C)`): what a packet of an IPv4 UDP connection reads
+/// and writes (times, counters, ports, zone, protocol, status, addresses, the first byte
+/// of the protocol state) comes first, in 73 bytes, so that at any of the four places an
+/// entry can start relative to a 64-byte cache line (entries are 176 bytes apart) a
+/// lookup and an update touch two cache lines; a TCP packet reads the 28 bytes of its
+/// state as well. The rest (the other IPv6 addresses, mark, labels, first time, wheel
+/// links) follows.
 #[derive(Clone)]
+#[repr(C)]
 pub struct Entry {
-    /// Addresses: see [`Form`]. IPv4: original source, original destination, reply
-    /// source, reply destination (4 bytes each), then the tunnel peer (16 bytes). IPv6:
-    /// 16-byte places for the original source and destination, then the reply source,
-    /// the reply destination and the tunnel peer when stored, the places after the third
-    /// in `more`.
-    addrs: [u8; 48],
-    /// The fourth and fifth IPv6 places, allocated only when needed.
-    more: Option<Box<[u8; 32]>>,
+    /// Time of the last packet that refreshed the entry.
+    pub last_seen_ns: u64,
+    /// Packets per direction. While no reply was seen the reply count is zero, and its
+    /// place holds the entry's links in the table's list of unreplied entries.
+    packets: [u64; 2],
+    /// Bytes (whole IP packets) per direction.
+    bytes: [u64; 2],
     /// Original source and destination ports, reply source and destination ports.
     ports: [u16; 4],
     zone: u16,
@@ -113,21 +121,24 @@ pub struct Entry {
     form: Form,
     /// Status bits.
     pub status: Status,
+    /// Addresses, first part: see [`Form`]. IPv4: original source, original destination,
+    /// reply source, reply destination, 4 bytes each. IPv6: the first 16-byte place (the
+    /// original source).
+    addrs: [u8; 16],
     /// Protocol state.
     pub proto_state: ProtoState,
     /// A mark for other stages (e.g. the policy verdict).
     pub mark: u32,
+    /// Addresses, second part. IPv4: the tunnel peer (16 bytes). IPv6: the second and
+    /// third places (original destination, then the reply source, the reply destination
+    /// or the tunnel peer, the first of them stored).
+    places: [u8; 32],
+    /// The fourth and fifth IPv6 places, allocated only when needed.
+    more: Option<Box<[u8; 32]>>,
     /// Labels for other stages (e.g. the service, "forwarded from node X").
     pub labels: u128,
-    /// Packets per direction. While no reply was seen the reply count is zero, and its
-    /// place holds the entry's links in the table's list of unreplied entries.
-    packets: [u64; 2],
-    /// Bytes (whole IP packets) per direction.
-    bytes: [u64; 2],
     /// Time of the first packet.
     pub first_seen_ns: u64,
-    /// Time of the last packet that refreshed the entry.
-    pub last_seen_ns: u64,
     /// Expiry wheel links, owned by the table.
     pub(super) links: Links,
 }
@@ -244,8 +255,9 @@ impl Entry {
     /// are of one address family (NAT never changes it).
     pub(crate) fn new(original: FlowKey, reply: FlowKey, ps: ProtoState, now_ns: u64) -> Entry {
         let mut e = Entry {
-            addrs: [0; 48],
-            more: None,
+            last_seen_ns: now_ns,
+            packets: [0; 2],
+            bytes: [0; 2],
             ports: [
                 original.src_port,
                 original.dst_port,
@@ -256,13 +268,13 @@ impl Entry {
             proto: original.proto,
             form: Form::default(),
             status: Status::default(),
+            addrs: [0; 16],
             proto_state: ps,
             mark: 0,
+            places: [0; 32],
+            more: None,
             labels: 0,
-            packets: [0; 2],
-            bytes: [0; 2],
             first_seen_ns: now_ns,
-            last_seen_ns: now_ns,
             links: Links::default(),
         };
         debug_assert_eq!(original.zone, reply.zone);
@@ -317,8 +329,10 @@ impl Entry {
 
     #[inline]
     fn get_place(&self, p: usize) -> [u8; 16] {
-        let b = if p < 3 {
-            &self.addrs[16 * p..16 * p + 16]
+        let b = if p == 0 {
+            &self.addrs[..]
+        } else if p < 3 {
+            &self.places[16 * (p - 1)..16 * p]
         } else {
             match &self.more {
                 Some(m) => &m[16 * (p - 3)..16 * (p - 2)],
@@ -329,8 +343,10 @@ impl Entry {
     }
 
     fn set_place(&mut self, p: usize, v: [u8; 16]) {
-        if p < 3 {
-            self.addrs[16 * p..16 * p + 16].copy_from_slice(&v);
+        if p == 0 {
+            self.addrs = v;
+        } else if p < 3 {
+            self.places[16 * (p - 1)..16 * p].copy_from_slice(&v);
         } else {
             let m = self.more.get_or_insert_with(|| Box::new([0; 32]));
             m[16 * (p - 3)..16 * (p - 2)].copy_from_slice(&v);
@@ -395,6 +411,13 @@ impl Entry {
             && self.addr_is(d + 1, &k.dst)
     }
 
+    /// False when the two tuples surely differ (their ports do); true for the rare entry
+    /// whose tuples may be equal.
+    #[inline]
+    pub(super) fn maybe_symmetric(&self) -> bool {
+        self.ports[0] == self.ports[2] && self.ports[1] == self.ports[3]
+    }
+
     /// Key of the packets in the original direction, as they arrive.
     #[inline]
     pub fn original(&self) -> FlowKey {
@@ -416,7 +439,7 @@ impl Entry {
         let b = if self.form.has(Form::V6) {
             self.get_place(self.peer_place())
         } else {
-            self.addrs[16..32].try_into().unwrap_or([0; 16])
+            self.places[..16].try_into().unwrap_or([0; 16])
         };
         Some(if self.form.has(Form::PEER_V6) {
             IpAddr::from(b)
@@ -450,7 +473,7 @@ impl Entry {
         if self.form.has(Form::V6) {
             self.set_place(self.peer_place(), b);
         } else {
-            self.addrs[16..32].copy_from_slice(&b);
+            self.places[..16].copy_from_slice(&b);
         }
     }
 
@@ -513,16 +536,21 @@ impl Entry {
         self.more.is_some()
     }
 
-    /// Reads a field in each stretch of 64 bytes of the entry and combines them, so that
-    /// every cache line a lookup and an update use is loaded (see
-    /// `Conntrack::prefetch`).
+    /// Reads the first and last bytes of what a lookup and an update of this entry use,
+    /// and so every cache line of it (see the layout in [`Entry`] and
+    /// `Conntrack::prefetch`): the first 73 bytes, the TCP state, the IPv6 places.
     #[inline]
     pub(super) fn touch(&self) -> u64 {
-        u64::from(self.addrs[0])
-            ^ self.packets[0]
-            ^ self.last_seen_ns
-            ^ u64::from(self.zone)
-            ^ u64::from(self.status.0)
+        let tail = match &self.proto_state {
+            ProtoState::Tcp(c) => u64::from(c.maxwin[1]),
+            _ => 0,
+        };
+        let v6 = if self.form.has(Form::V6) {
+            u64::from(self.places[31])
+        } else {
+            0
+        };
+        self.last_seen_ns ^ tail ^ v6
     }
 
     /// The zone of the connection.
@@ -532,6 +560,7 @@ impl Entry {
     }
 
     /// How long the entry lives after its last packet, given its state.
+    #[inline]
     pub fn timeout_ns(&self, t: &Timeouts) -> u64 {
         match &self.proto_state {
             ProtoState::Tcp(c) => {

@@ -115,6 +115,12 @@ impl Index {
         self.slots[self.home(tag_of(hash))]
     }
 
+    /// The address of the home slot of this hash (see `Table::prefetch`).
+    #[inline]
+    pub(crate) fn home_addr(&self, hash: u64) -> *const u8 {
+        std::ptr::from_ref(&self.slots[self.home(tag_of(hash))]).cast()
+    }
+
     /// The first value with the tag of this hash, without checking it further: what a
     /// lookup would look at first.
     #[inline]

@@ -200,10 +200,24 @@ impl CtState {
 
 /// A connection decided by [`Conntrack::process`] (NAT chosen, packet already
 /// translated), inserted only by [`Conntrack::commit`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Pending {
     entry: Entry,
+    /// The hashes of the entry's two tuples, computed by `process`, so that commit does
+    /// not hash them again: valid in the table whose stamp is `stamp`.
+    hashes: [u64; 2],
+    stamp: u64,
 }
+
+/// Two pending connections are equal when they would insert equal entries (which table
+/// hashed their tuples does not matter).
+impl PartialEq for Pending {
+    fn eq(&self, o: &Pending) -> bool {
+        self.entry == o.entry
+    }
+}
+
+impl Eq for Pending {}
 
 impl Pending {
     /// The entry that commit will insert.
@@ -323,6 +337,36 @@ impl Conntrack {
         self.table.prefetch(keys);
     }
 
+    /// Prefetches a batch of packets, as [`Conntrack::prefetch`], and keeps each key's
+    /// hash (the first 64 keys), replacing those of the batch before: when the packets are
+    /// then processed in the same order ([`Conntrack::process`],
+    /// [`Conntrack::process_with`]), each finds its hash ready instead of hashing its key
+    /// again. Only a hint: a packet whose key is not the next one kept (or one of the three
+    /// after it, as when a packet of the batch was dropped before conntrack) hashes its
+    /// key as usual, and results are the same as without the call.
+    ///
+    /// For a worker's receive batch: the keys of the packets as conntrack will see them
+    /// (after decapsulation and reassembly; a key that differs only costs its prefetch).
+    pub fn prefetch_batch<'a>(&mut self, keys: impl IntoIterator<Item = &'a FlowKey>) {
+        self.table.prefetch_batch(keys);
+    }
+
+    /// Gives [`Conntrack::prefetch`] and [`Conntrack::prefetch_batch`] the processor's
+    /// prefetch instruction (`ferry_linux::prefetch`; this crate has no unsafe code to
+    /// issue it itself), to use instead of plain reads: a prefetch does not hold up the
+    /// instructions after it until its line arrives, so the cache misses of a whole batch
+    /// overlap with each other and with the work on the packets. `None` goes back to
+    /// plain reads.
+    pub fn set_prefetch(&mut self, prefetch: Option<fn(&[*const u8])>) {
+        self.table.set_prefetch(prefetch);
+    }
+
+    /// Forgets the hashes kept by [`Conntrack::prefetch_batch`] (not needed for
+    /// correctness: a stale hash is never used for another key).
+    pub fn end_batch(&mut self) {
+        self.table.clear_hints();
+    }
+
     /// Tracks one packet: a whole datagram (never a fragment). See the module documentation.
     pub fn process(
         &mut self,
@@ -364,29 +408,33 @@ impl Conntrack {
                 Kind::Request | Kind::Reply => {}
             }
         }
-        if let Some((id, dir)) = self.table.lookup(&key) {
+        let (hash, first) = self.table.hash_of_next(&key);
+        if let Some((id, dir)) = self.table.lookup_first(&key, hash, first) {
             let deadline_ns = self
                 .table
                 .get(id)
                 .map_or(0, |e| e.deadline_ns(&self.config.timeouts));
             if deadline_ns > now_ns {
-                return self.update(id, dir, deadline_ns, pkt, parsed, nat, now_ns);
+                return self.update(id, dir, deadline_ns, hash, pkt, parsed, nat, now_ns);
             }
             // Expired but not yet reaped: gone for this packet.
             self.table.remove(id);
             self.stats.expired += 1;
         }
         let nat = nat(&key)?;
-        self.create(pkt, parsed, nat.as_ref(), now_ns)
+        self.create(pkt, parsed, nat.as_ref(), hash, now_ns)
     }
 
-    /// A packet of a tracked connection, whose deadline is `before_ns`.
+    /// A packet of a tracked connection, whose deadline is `before_ns`; `hash` is the
+    /// hash of the packet's key.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     fn update(
         &mut self,
         id: EntryId,
         dir: usize,
         before_ns: u64,
+        hash: u64,
         pkt: &mut Packet,
         parsed: &mut Parsed,
         nat: impl FnOnce(&FlowKey) -> Result<Option<Nat>, DropReason>,
@@ -404,6 +452,7 @@ impl Conntrack {
             return Ok(CtResult::plain(CtState::Invalid));
         };
         let mut refresh = true;
+        let tcp = matches!(e.proto_state, ProtoState::Tcp(_));
         if let ProtoState::Tcp(c) = &mut e.proto_state {
             let Some(seg) = Segment::read(&pkt.data, parsed) else {
                 self.stats.invalid += 1;
@@ -420,11 +469,12 @@ impl Conntrack {
                     self.table.remove(id);
                     self.stats.deleted += 1;
                     let nat = nat(&parsed.key)?;
-                    return self.create(pkt, parsed, nat.as_ref(), now_ns);
+                    return self.create(pkt, parsed, nat.as_ref(), hash, now_ns);
                 }
             }
         }
-        let replied_before = e.status.has(Status::SEEN_REPLY);
+        let status_before = e.status;
+        let replied_before = status_before.has(Status::SEEN_REPLY);
         let e = if reply && !replied_before {
             // The first reply: out of the unreplied FIFO, whose links it held.
             self.table.set_replied(id);
@@ -446,10 +496,15 @@ impl Conntrack {
         if assured {
             e.status.set(Status::ASSURED);
         }
-        let after_ns = e.deadline_ns(&self.config.timeouts);
+        // The deadline can only come earlier when the timeout changed, that is with the
+        // status or the TCP state; otherwise the refresh moved it later, if at all.
+        let after_ns =
+            (tcp || e.status != status_before).then(|| e.deadline_ns(&self.config.timeouts));
         // Original direction: to the translated tuple; reply direction: back.
         let to = e.status.nat().then(|| reverse(&e.tuple(1 - dir)));
-        self.table.shorten(id, before_ns, after_ns);
+        if let Some(after_ns) = after_ns {
+            self.table.shorten(id, before_ns, after_ns);
+        }
         self.stats.found += 1;
         if let Some(to) = to {
             translate(pkt, parsed, &to)?;
@@ -462,12 +517,14 @@ impl Conntrack {
         })
     }
 
-    /// A packet of no tracked connection: decides the connection it would start.
+    /// A packet of no tracked connection: decides the connection it would start. `hash`
+    /// is the hash of the packet's key.
     fn create(
         &mut self,
         pkt: &mut Packet,
         parsed: &mut Parsed,
         nat: Option<&Nat>,
+        hash: u64,
         now_ns: u64,
     ) -> Result<CtResult, DropReason> {
         let key = parsed.key;
@@ -490,7 +547,7 @@ impl Conntrack {
             }
             _ => ProtoState::Other,
         };
-        let (post, nat_status) = match nat::decide(&self.table, &key, nat) {
+        let (post, nat_status, reply_hash) = match nat::decide(&self.table, &key, hash, nat) {
             Ok(d) => d,
             Err(nat::Refusal::Exhausted) => {
                 self.stats.nat_port_exhausted += 1;
@@ -514,7 +571,11 @@ impl Conntrack {
             state: CtState::New,
             reply: false,
             entry: None,
-            pending: Some(Pending { entry }),
+            pending: Some(Pending {
+                entry,
+                hashes: [hash, reply_hash],
+                stamp: self.table.stamp(),
+            }),
         })
     }
 
@@ -579,8 +640,16 @@ impl Conntrack {
     /// Inserts a pending connection. When the table is full the oldest entry that never
     /// saw a reply is evicted; when there is none, `Err(CtTableFull)`.
     pub fn commit(&mut self, pending: Pending, now_ns: u64) -> Result<EntryId, DropReason> {
-        let e = pending.entry;
-        let hashes = self.table.hashes(&e);
+        let Pending {
+            entry: e,
+            hashes,
+            stamp,
+        } = pending;
+        let hashes = if stamp == self.table.stamp() {
+            hashes
+        } else {
+            self.table.hashes(&e)
+        };
         if self.table.taken(&e, hashes) {
             // Only when the table changed since process(), which the contract rules out.
             self.stats.clash += 1;

@@ -57,13 +57,15 @@ pub const SNAT_PORTS: (u16, u16) = (1024, u16::MAX);
 /// The same for an original source port below 1024.
 pub const SNAT_PRIVILEGED_PORTS: (u16, u16) = (1, 1023);
 
-/// The translated original-direction key of a new connection with key `key`, and the
-/// status bits (DNAT, SNAT) it gets. The reply tuple is `reverse(result)`.
+/// The translated original-direction key of a new connection with key `key` (whose hash
+/// is `hash`), the status bits (DNAT, SNAT) it gets, and the hash of its reply tuple,
+/// `reverse(result)`.
 pub(crate) fn decide(
     table: &Table,
     key: &FlowKey,
+    hash: u64,
     nat: Option<&Nat>,
-) -> Result<(FlowKey, u8), Refusal> {
+) -> Result<(FlowKey, u8, u64), Refusal> {
     let mut post = *key;
     let mut status = 0;
     let Some(nat) = nat else {
@@ -92,29 +94,38 @@ pub(crate) fn decide(
     }
     let (lo, hi) = range.unwrap_or_else(|| default_range(key));
     let (lo, hi) = (lo.min(hi), lo.max(hi));
-    if (lo..=hi).contains(&key.src_port) && !table.contains(&reverse(&post)) {
-        return Ok((post, status));
+    if (lo..=hi).contains(&key.src_port)
+        && let Some(h) = free(table, &post)
+    {
+        return Ok((post, status, h));
     }
     let size = u32::from(hi - lo) + 1;
-    let start = (table.hash_key(key) % u64::from(size)) as u32;
+    let start = (hash % u64::from(size)) as u32;
     for i in 0..size.min(MAX_ATTEMPTS) {
         post.src_port = lo + ((start + i) % size) as u16;
-        if !table.contains(&reverse(&post)) {
+        if let Some(h) = free(table, &post) {
             if post.src_port != key.src_port {
                 status |= Status::SNAT;
             }
-            return Ok((post, status));
+            return Ok((post, status, h));
         }
     }
     Err(Refusal::Exhausted)
 }
 
+/// The hash of the reply tuple of `post`, if that tuple is free.
+#[inline]
+fn free(table: &Table, post: &FlowKey) -> Option<u64> {
+    let reply = reverse(post);
+    let h = table.hash_key(&reply);
+    table.lookup_hashed(&reply, h).is_none().then_some(h)
+}
+
 /// `post` if its reply tuple is free.
-fn unique(table: &Table, post: FlowKey, status: u8) -> Result<(FlowKey, u8), Refusal> {
-    if table.contains(&reverse(&post)) {
-        Err(Refusal::Clash)
-    } else {
-        Ok((post, status))
+fn unique(table: &Table, post: FlowKey, status: u8) -> Result<(FlowKey, u8, u64), Refusal> {
+    match free(table, &post) {
+        Some(h) => Ok((post, status, h)),
+        None => Err(Refusal::Clash),
     }
 }
 

@@ -20,6 +20,7 @@
 
 use std::hash::{BuildHasher, Hasher};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use ahash::RandomState;
 
@@ -33,8 +34,28 @@ use crate::flow::FlowKey;
 pub(crate) const NIL: u32 = u32::MAX;
 /// Most entries a table can index (ids are shifted left by one in the index).
 pub(crate) const MAX_ENTRIES: usize = 1 << 31;
-/// Keys [`Table::prefetch`] loads the index slots of before it loads their entries.
+/// Keys [`Table::prefetch`] loads the index slots of before it loads their entries: few
+/// enough that the loads of one group are all in flight together.
 pub(crate) const PREFETCH_BATCH: usize = 32;
+/// Most keys whose hashes [`Table::prefetch_batch`] keeps for the lookups that follow (a
+/// worker's receive batch).
+pub(crate) const HINTS: usize = 64;
+/// How far past the next expected key a lookup looks among the kept hashes, so that a
+/// packet dropped before conntrack does not cost the rest of the batch its hashes.
+const HINT_SKIP: usize = 3;
+/// With a prefetch instruction, how many packets ahead of the one being processed the
+/// entries of a batch are prefetched: enough for a miss to return while the packets
+/// before it are processed, few enough that the misses in flight stay within what a core
+/// can have outstanding.
+const AHEAD: usize = 8;
+/// Issues a prefetch of each address and returns at once (see
+/// [`super::Conntrack::set_prefetch`]).
+pub type Prefetch = fn(&[*const u8]);
+/// Offset in an entry of a byte in the last cache line that a packet of an IPv4 UDP
+/// connection reads (the first byte of its protocol state): with the entry's first byte,
+/// the two addresses to prefetch (see the layout in [`Entry`]).
+const ENTRY_HOT_END: usize = std::mem::offset_of!(Entry, proto_state);
+
 /// Bytes one extra address allocation of an entry takes, allocator header included.
 pub(crate) const MORE_BYTES: usize = 32 + 16;
 
@@ -86,7 +107,30 @@ pub(crate) struct Table {
     unreplied_head: u32,
     unreplied_tail: u32,
     wheel: Wheel,
+    /// Keys of the current batch with their hashes (see [`Table::prefetch_batch`]), and
+    /// the next one expected.
+    hints: Vec<Hint>,
+    next_hint: usize,
+    /// Kept keys before this one had their entries prefetched.
+    ahead: usize,
+    /// The processor's prefetch, when given.
+    prefetch: Option<Prefetch>,
+    /// Tells this table from every other in the process, so that hashes computed by one
+    /// are not used in another (see `Pending`).
+    stamp: u64,
 }
+
+/// A key of the batch (see [`Table::prefetch_batch`]): its hash, and the first index value
+/// with the hash's tag when it was prefetched, most likely its entry.
+#[derive(Clone, Copy)]
+struct Hint {
+    key: FlowKey,
+    hash: u64,
+    first: u32,
+}
+
+/// The stamp of the next table.
+static NEXT_STAMP: AtomicU64 = AtomicU64::new(1);
 
 /// True for an entry whose source NAT took a port (or ICMP echo identifier) of its
 /// translated address: SNAT of a protocol with ports. Status and protocol never change
@@ -123,6 +167,11 @@ impl Table {
             unreplied_head: NIL,
             unreplied_tail: NIL,
             wheel: Wheel::new(),
+            hints: Vec::new(),
+            next_hint: 0,
+            ahead: 0,
+            prefetch: None,
+            stamp: NEXT_STAMP.fetch_add(1, Ordering::Relaxed),
         }
     }
 
@@ -159,6 +208,12 @@ impl Table {
         self.hash(k)
     }
 
+    /// This table's stamp, unique in the process.
+    #[inline]
+    pub(crate) fn stamp(&self) -> u64 {
+        self.stamp
+    }
+
     /// Live entries.
     #[inline]
     pub(crate) fn len(&self) -> usize {
@@ -179,7 +234,7 @@ impl Table {
 
     /// [`Table::lookup`] with the key's hash already at hand.
     #[inline(always)]
-    fn lookup_hashed(&self, key: &FlowKey, hash: u64) -> Option<(u32, usize)> {
+    pub(crate) fn lookup_hashed(&self, key: &FlowKey, hash: u64) -> Option<(u32, usize)> {
         let slots = &self.slots;
         self.index
             .find(hash, |v| {
@@ -188,38 +243,221 @@ impl Table {
             .map(|v| (v >> 1, (v & 1) as usize))
     }
 
+    /// The hash of `key`, and an index value to try first ([`NIL`] for none): what
+    /// [`Table::prefetch_batch`] found when `key` is the next key of the batch (or one of
+    /// the few after it), else the hash computed now.
+    #[inline]
+    pub(crate) fn hash_of_next(&mut self, key: &FlowKey) -> (u64, u32) {
+        let n = self.next_hint;
+        if n < self.hints.len() {
+            let end = self.hints.len().min(n + 1 + HINT_SKIP);
+            for i in n..end {
+                let h = &self.hints[i];
+                if h.key == *key {
+                    let found = (h.hash, h.first);
+                    self.next_hint = i + 1;
+                    self.prefetch_ahead(i + 1 + AHEAD);
+                    return found;
+                }
+            }
+        }
+        (self.hash(key), NIL)
+    }
+
+    /// [`Table::lookup_hashed`], trying the index value `first` before the index: it is
+    /// the answer when its entry is live and has the tuple `key` in its direction (tuples
+    /// are unique), unless the entry's two tuples may be equal, when the index decides
+    /// which direction comes first.
+    #[inline(always)]
+    pub(crate) fn lookup_first(
+        &self,
+        key: &FlowKey,
+        hash: u64,
+        first: u32,
+    ) -> Option<(u32, usize)> {
+        if let Some(e) = entry_of(&self.slots, first) {
+            let dir = (first & 1) as usize;
+            if e.tuple_is(dir, key) && !e.maybe_symmetric() {
+                return Some((first >> 1, dir));
+            }
+        }
+        self.lookup_hashed(key, hash)
+    }
+
     /// Loads what the lookups of `keys` will read and throws it away: first the index
     /// slot of every key, then the entry each one names. Plain reads, which wait for
     /// nothing: the misses of a batch are in flight together instead of one after the
     /// other. Keys are taken [`PREFETCH_BATCH`] at a time.
     pub(crate) fn prefetch<'a>(&self, keys: impl IntoIterator<Item = &'a FlowKey>) {
         let mut hashes = [0u64; PREFETCH_BATCH];
+        let mut firsts = [NIL; PREFETCH_BATCH];
         let mut n = 0;
         for k in keys {
-            let h = self.hash(k);
-            std::hint::black_box(self.index.home_slot(h));
-            hashes[n] = h;
+            hashes[n] = self.hash(k);
             n += 1;
             if n == PREFETCH_BATCH {
-                self.prefetch_entries(&hashes);
+                self.prefetch_hashed(&hashes, &mut firsts);
                 n = 0;
             }
         }
-        self.prefetch_entries(&hashes[..n]);
+        self.prefetch_hashed(&hashes[..n], &mut firsts);
     }
 
-    fn prefetch_entries(&self, hashes: &[u64]) {
-        for &h in hashes {
-            if let Some(e) = self.index.first(h).and_then(|v| entry_of(&self.slots, v)) {
-                std::hint::black_box(e.touch());
+    /// As [`Table::prefetch`], and keeps the first [`HINTS`] keys with their hashes for
+    /// [`Table::hash_of_next`], replacing those of the previous batch.
+    ///
+    /// With a prefetch instruction, only the index slots are prefetched here, and the
+    /// entries of the first [`AHEAD`] keys: the entry of each later key is prefetched
+    /// while the packet [`AHEAD`] places before it is processed (see
+    /// [`Table::hash_of_next`]), so that the misses overlap with the work on packets.
+    pub(crate) fn prefetch_batch<'a>(&mut self, keys: impl IntoIterator<Item = &'a FlowKey>) {
+        let mut hints = std::mem::take(&mut self.hints);
+        hints.clear();
+        hints.reserve_exact(HINTS);
+        if let Some(prefetch) = self.prefetch {
+            let mut addrs = [std::ptr::null::<u8>(); PREFETCH_BATCH];
+            let mut n = 0;
+            for k in keys {
+                let h = self.hash(k);
+                if hints.len() < HINTS {
+                    hints.push(Hint {
+                        key: *k,
+                        hash: h,
+                        first: NIL,
+                    });
+                }
+                addrs[n] = self.index.home_addr(h);
+                n += 1;
+                if n == PREFETCH_BATCH {
+                    prefetch(&addrs);
+                    n = 0;
+                }
+            }
+            prefetch(&addrs[..n]);
+            self.hints = hints;
+            self.next_hint = 0;
+            self.ahead = 0;
+            self.prefetch_ahead(AHEAD);
+            return;
+        }
+        let mut hashes = [0u64; PREFETCH_BATCH];
+        let mut firsts = [NIL; PREFETCH_BATCH];
+        // Keys seen before the current group, and in it.
+        let (mut base, mut n) = (0, 0);
+        let keep = |hints: &mut Vec<Hint>, base: usize, firsts: &[u32]| {
+            for (h, &f) in hints.iter_mut().skip(base).zip(firsts) {
+                h.first = f;
+            }
+        };
+        for k in keys {
+            let h = self.hash(k);
+            if hints.len() < HINTS {
+                hints.push(Hint {
+                    key: *k,
+                    hash: h,
+                    first: NIL,
+                });
+            }
+            hashes[n] = h;
+            n += 1;
+            if n == PREFETCH_BATCH {
+                self.prefetch_hashed(&hashes, &mut firsts);
+                keep(&mut hints, base, &firsts);
+                base += n;
+                n = 0;
             }
         }
+        self.prefetch_hashed(&hashes[..n], &mut firsts);
+        keep(&mut hints, base, &firsts[..n]);
+        self.hints = hints;
+        self.next_hint = 0;
     }
 
-    /// True when `key` is a tuple of some entry.
-    #[inline]
-    pub(crate) fn contains(&self, key: &FlowKey) -> bool {
-        self.lookup(key).is_some()
+    /// With a prefetch instruction, prefetches the entries of the kept keys before `end`
+    /// not prefetched yet, and notes the index value found for each.
+    fn prefetch_ahead(&mut self, end: usize) {
+        let Some(prefetch) = self.prefetch else {
+            return;
+        };
+        let end = end.min(self.hints.len());
+        if self.ahead >= end {
+            return;
+        }
+        let mut addrs = [std::ptr::null::<u8>(); 2 * AHEAD];
+        let mut n = 0;
+        let (index, slots) = (&self.index, &self.slots);
+        for h in &mut self.hints[self.ahead..end] {
+            if let Some(v) = index.first(h.hash) {
+                h.first = v;
+                let e: *const u8 = slots.as_ptr().wrapping_add((v >> 1) as usize).cast();
+                addrs[n] = e;
+                addrs[n + 1] = e.wrapping_add(ENTRY_HOT_END);
+                n += 2;
+                if n == addrs.len() {
+                    prefetch(&addrs);
+                    n = 0;
+                }
+            }
+        }
+        prefetch(&addrs[..n]);
+        self.ahead = end;
+    }
+
+    /// Forgets the hashes kept by [`Table::prefetch_batch`].
+    pub(crate) fn clear_hints(&mut self) {
+        self.hints.clear();
+        self.next_hint = 0;
+        self.ahead = 0;
+    }
+
+    /// Sets the prefetch that [`Table::prefetch`] uses instead of plain reads.
+    pub(crate) fn set_prefetch(&mut self, prefetch: Option<Prefetch>) {
+        self.prefetch = prefetch;
+    }
+
+    /// The loads of [`Table::prefetch`] for hashes computed beforehand: the home index
+    /// slots, then the entries they name. With a prefetch instruction, issued for the
+    /// whole group at once and not waited for; else as plain reads, in loops that do
+    /// little besides loading, so that the loads of the group are issued before the first
+    /// one returns.
+    /// Writes the first index value of each hash to `firsts` ([`NIL`] for none).
+    fn prefetch_hashed(&self, hashes: &[u64], firsts: &mut [u32; PREFETCH_BATCH]) {
+        if let Some(prefetch) = self.prefetch {
+            let mut addrs = [std::ptr::null::<u8>(); 2 * PREFETCH_BATCH];
+            for (a, &h) in addrs.iter_mut().zip(hashes) {
+                *a = self.index.home_addr(h);
+            }
+            prefetch(&addrs[..hashes.len()]);
+            let mut n = 0;
+            for (f, &h) in firsts.iter_mut().zip(hashes) {
+                *f = NIL;
+                if let Some(v) = self.index.first(h) {
+                    *f = v;
+                    let e = self.slots.as_ptr().wrapping_add((v >> 1) as usize);
+                    let e: *const u8 = e.cast();
+                    addrs[n] = e;
+                    addrs[n + 1] = e.wrapping_add(ENTRY_HOT_END);
+                    n += 2;
+                }
+            }
+            prefetch(&addrs[..n]);
+            return;
+        }
+        let mut acc = 0u64;
+        for &h in hashes {
+            acc ^= self.index.home_slot(h);
+        }
+        std::hint::black_box(acc);
+        for (f, &h) in firsts.iter_mut().zip(hashes) {
+            *f = self.index.first(h).unwrap_or(NIL);
+        }
+        let mut acc = 0u64;
+        for &v in &firsts[..hashes.len()] {
+            if let Some(e) = entry_of(&self.slots, v) {
+                acc ^= e.touch();
+            }
+        }
+        std::hint::black_box(acc);
     }
 
     #[inline]

@@ -15,7 +15,8 @@
 //! An out-of-window segment is INVALID and leaves the connection unchanged. SACK blocks
 //! are not read: acknowledgement numbers alone bound the windows, which is stricter.
 
-use serde::Serialize;
+use serde::ser::SerializeStruct;
+use serde::{Serialize, Serializer};
 
 use crate::wire::Parsed;
 use crate::wire::build::tcp_flags::{ACK, CWR, ECE, FIN, PSH, RST, SYN, URG};
@@ -88,22 +89,38 @@ const MAX_WSCALE: u8 = 14;
 const MIN_ACK_WINDOW: u32 = 66000;
 
 /// TCP state of a connection. Arrays are indexed by direction (original, reply).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+///
+/// Laid out with the state first, so that an entry's protocol state starts with the byte
+/// every packet reads (which also tells UDP from TCP) next to the fields a packet updates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
 pub struct TcpConn {
     /// Connection state.
     pub state: TcpState,
+    /// Window scale shift.
+    pub scale: [u8; 2],
+    /// Per-direction flags, two bits each (`F_*` shifted by `2 * direction`), one byte so
+    /// that the whole state packs into 28 bytes.
+    flags: u8,
     /// Highest sequence number sent plus one (`td_end`).
     pub end: [u32; 2],
     /// Highest sequence number the other side allowed (`td_maxend`).
     pub maxend: [u32; 2],
     /// Largest (scaled) window advertised (`td_maxwin`); zero until the side is seen.
     pub maxwin: [u32; 2],
-    /// Window scale shift.
-    pub scale: [u8; 2],
-    /// Per-direction flags, two bits each (`F_*` shifted by `2 * direction`), one byte so
-    /// that the whole state packs into 28 bytes.
-    #[serde(skip)]
-    flags: u8,
+}
+
+/// The fields in the order they always had (the flags are internal).
+impl Serialize for TcpConn {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("TcpConn", 5)?;
+        st.serialize_field("state", &self.state)?;
+        st.serialize_field("end", &self.end)?;
+        st.serialize_field("maxend", &self.maxend)?;
+        st.serialize_field("maxwin", &self.maxwin)?;
+        st.serialize_field("scale", &self.scale)?;
+        st.end()
+    }
 }
 
 /// The fields of a TCP segment that tracking needs.

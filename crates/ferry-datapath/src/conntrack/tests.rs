@@ -1041,3 +1041,188 @@ fn entry_is_serializable_for_json_dumps() {
         serializable(e);
     }
 }
+
+/// The hot fields of an entry sit in its first 73 bytes, the TCP state right after them
+/// (see the layout in `Entry`), and the slab's enum adds nothing.
+#[test]
+fn entry_layout_keeps_what_a_packet_touches_together() {
+    use std::mem::offset_of;
+    assert_eq!(offset_of!(Entry, last_seen_ns), 0);
+    assert_eq!(offset_of!(Entry, proto_state), 72);
+    assert_eq!(std::mem::size_of::<ProtoState>(), 28);
+    assert_eq!(offset_of!(TcpConn, state), 0);
+}
+
+/// A prefetch that prefetches nothing, to run the code that hands addresses to one.
+fn no_prefetch(addrs: &[*const u8]) {
+    std::hint::black_box(addrs.len());
+}
+
+/// One batch of packets for [`batch_gives_the_same_results_as_packet_by_packet`]: new,
+/// established both ways, a duplicate within the batch, SNAT with a port clash, a TCP
+/// handshake, an unsolicited echo reply (INVALID), a refused connection (not committed),
+/// and a packet dropped before conntrack (`process` false: prefetched, not processed).
+struct BatchPkt {
+    p: Pkt,
+    nat: Option<Nat>,
+    process: bool,
+    commit: bool,
+}
+
+fn batch() -> Vec<BatchPkt> {
+    let snat = Some(Nat {
+        dnat: None,
+        snat: Some((ip("192.168.0.9"), Some((1000, 1001)))),
+    });
+    let b = |p, nat, process, commit| BatchPkt {
+        p,
+        nat,
+        process,
+        commit,
+    };
+    vec![
+        b(udp("10.0.0.1", 1000, "10.0.9.9", 53), snat, true, true),
+        b(udp("10.0.0.2", 1000, "10.0.9.9", 53), snat, true, true),
+        b(udp("10.0.9.9", 53, "192.168.0.9", 1000), None, true, true),
+        b(udp("10.0.0.3", 7, "10.0.9.9", 53), None, false, true),
+        b(udp("10.0.0.1", 1000, "10.0.9.9", 53), snat, true, true),
+        b(
+            tcp("10.0.1.1", 2000, "10.0.2.2", 80, 100, 0, SYN, 0),
+            None,
+            true,
+            true,
+        ),
+        b(
+            tcp("10.0.2.2", 80, "10.0.1.1", 2000, 500, 101, SYN | ACK, 0),
+            None,
+            true,
+            true,
+        ),
+        b(
+            tcp("10.0.1.1", 2000, "10.0.2.2", 80, 101, 501, ACK, 10),
+            None,
+            true,
+            true,
+        ),
+        b(pong("10.0.3.3", "10.0.4.4", 9), None, true, true),
+        b(ping("10.0.3.3", "10.0.4.4", 9), None, true, true),
+        b(udp("10.0.9.9", 53, "192.168.0.9", 1001), None, true, true),
+        b(udp("10.0.5.5", 5000, "10.0.9.9", 53), None, true, false),
+        b(udp("10.0.5.5", 5000, "10.0.9.9", 53), None, true, true),
+    ]
+}
+
+/// Processing a batch after [`Conntrack::prefetch_batch`] (with plain reads or a prefetch
+/// instruction) gives the packet-by-packet results: states, entries, rewritten packets,
+/// the table and its counters, across rounds where entries expire.
+#[test]
+fn batch_gives_the_same_results_as_packet_by_packet() {
+    let mut one = ct();
+    let mut batched = ct();
+    let mut prefetched = ct();
+    prefetched.set_prefetch(Some(no_prefetch));
+    for now in [0, S, 2 * S, 200 * S, 201 * S, 400 * S] {
+        let mut seen = Vec::new();
+        for (i, ct) in [&mut one, &mut batched, &mut prefetched]
+            .into_iter()
+            .enumerate()
+        {
+            let mut pkts = batch();
+            if i > 0 {
+                ct.prefetch_batch(pkts.iter().map(|b| &b.p.parsed.key));
+            }
+            let mut out = Vec::new();
+            for b in pkts.iter_mut().filter(|b| b.process) {
+                let mut r = ct
+                    .process(&mut b.p.pkt, &mut b.p.parsed, b.nat.as_ref(), now)
+                    .unwrap();
+                if let Some(pending) = r.pending.take().filter(|_| b.commit) {
+                    r.entry = Some(ct.commit(pending, now).unwrap());
+                }
+                out.push((r, b.p.pkt.data.clone(), b.p.parsed.key));
+            }
+            ct.end_batch();
+            ct.check();
+            let entries: Vec<(EntryId, Entry)> = ct
+                .dump(&Filter::default())
+                .map(|(id, e)| (id, e.clone()))
+                .collect();
+            seen.push((out, entries, *ct.stats()));
+        }
+        assert_eq!(
+            seen[0], seen[1],
+            "at {now}: prefetch_batch with plain reads"
+        );
+        assert_eq!(seen[0], seen[2], "at {now}: prefetch_batch with a prefetch");
+        let states: Vec<CtState> = seen[0].0.iter().map(|(r, _, _)| r.state).collect();
+        if now == 0 {
+            use CtState::*;
+            assert_eq!(
+                states,
+                [
+                    New,
+                    New,
+                    Established,
+                    Established,
+                    New,
+                    Established,
+                    Established,
+                    Invalid,
+                    New,
+                    Established,
+                    New,
+                    New
+                ]
+            );
+        }
+    }
+}
+
+/// A pending connection keeps the hashes of the table that decided it; committed into
+/// another table (a scratch table, say), it is hashed there again.
+#[test]
+fn pending_from_another_table_is_hashed_again() {
+    let mut a = ct();
+    let mut b = ct();
+    let mut p = udp("10.0.0.1", 1000, "10.0.0.2", 53);
+    let r = a.process(&mut p.pkt, &mut p.parsed, None, 0).unwrap();
+    let id = b.commit(r.pending.unwrap(), 0).unwrap();
+    b.check();
+    let mut q = udp("10.0.0.2", 53, "10.0.0.1", 1000);
+    let r = b.process(&mut q.pkt, &mut q.parsed, None, 0).unwrap();
+    assert_eq!(
+        (r.state, r.reply, r.entry),
+        (CtState::Established, true, Some(id))
+    );
+}
+
+/// A batch longer than a prefetch group and than the hashes kept, every connection twice
+/// in it (new, then established) and some of it in the reply direction, gives the
+/// packet-by-packet results.
+#[test]
+fn long_batch_gives_the_same_results_as_packet_by_packet() {
+    let pkts = || -> Vec<Pkt> {
+        (0..90u16)
+            .map(|i| match i % 3 {
+                0 | 1 => udp("10.0.0.1", 2000 + i / 3, "10.0.0.2", 53),
+                _ => udp("10.0.0.2", 53, "10.0.0.1", 2000 + i / 3),
+            })
+            .collect()
+    };
+    let mut one = ct();
+    let mut batched = ct();
+    batched.set_prefetch(Some(no_prefetch));
+    for now in [0, S, 100 * S] {
+        let mut seen = Vec::new();
+        for (i, ct) in [&mut one, &mut batched].into_iter().enumerate() {
+            let mut pkts = pkts();
+            if i > 0 {
+                ct.prefetch_batch(pkts.iter().map(|p| &p.parsed.key));
+            }
+            let out: Vec<CtResult> = pkts.iter_mut().map(|p| run(ct, p, None, now)).collect();
+            seen.push((out, *ct.stats()));
+        }
+        assert_eq!(seen[0], seen[1], "at {now}");
+    }
+    assert_eq!(one.stats().found, 60 + 90 + 90);
+}
