@@ -1490,7 +1490,6 @@ impl Pipeline {
         self.rx_port = rx_port;
     }
 
-    /// Sends a packet as the egress says: encapsulated when it goes through the overlay.
     /// The segments of a GSO packet through the overlay, for an uplink that takes UDP
     /// GSO: written straight into as few UDP GSO super-frames as hold them
     /// ([`overlay::encapsulate_run`]), which the kernel (or the NIC) cuts into the
@@ -1542,6 +1541,7 @@ impl Pipeline {
         Verdict::Forwarded
     }
 
+    /// Sends a packet as the egress says: encapsulated when it goes through the overlay.
     fn emit(&mut self, egress: &Egress, mut pkt: Packet, out: &mut Vec<(PortId, Packet)>) {
         if let Some(o) = &egress.tunnel {
             pkt.data = overlay::encapsulate(&pkt.data, o);
