@@ -6,15 +6,12 @@
 //! entries (or deletes them) and everything else, formatting included, happens on the
 //! agent's side so that forwarding stops only for the scan.
 
-use std::time::Duration;
-
 use ferry_api::{CtAnswer, CtEntry, CtFilter, CtTuple, ERR_BAD_REQUEST, ERR_WORKER, Response};
 use ferry_datapath::conntrack::{Entry, Filter, ORIGINAL, REPLY, Status, TcpState, Timeouts};
 use ferry_datapath::flow::{FlowKey, proto, proto_name};
 use ferry_linux::worker::{Control, JobError};
 
-/// How long a conntrack job may wait for the worker.
-pub const JOB_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::observe::JOB_TIMEOUT;
 
 /// The datapath's filter for `f`; the error names the field and what it takes.
 pub fn filter(f: &CtFilter) -> Result<Filter, String> {
