@@ -276,6 +276,14 @@ impl<'a> Segmenter<'a> {
     }
 }
 
+/// Checks that a packet's GSO request (`vnet`, which must ask for segmentation) matches
+/// the packet, as [`segment`] would before cutting it: the errors of [`segment`] but
+/// those of the MTU. For a packet that may be sent on whole, so that a port is never
+/// handed a request its kernel would refuse.
+pub fn check_request(data: &[u8], parsed: &Parsed, vnet: &VnetHdr) -> Result<(), DropReason> {
+    check(data, parsed, vnet).map(|_| ())
+}
+
 /// Checks that the GSO request matches the packet and finds its pieces.
 fn check(data: &[u8], p: &Parsed, vnet: &VnetHdr) -> Result<Layout, DropReason> {
     let kind = match vnet.gso_type & !VnetHdr::GSO_ECN {

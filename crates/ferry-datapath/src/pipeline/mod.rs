@@ -1876,8 +1876,9 @@ impl Pipeline {
 
 /// Checks the offload state a port reported against the packet: a partial checksum must
 /// start at the transport header and name its checksum field, so that completing it can
-/// never write elsewhere (after routing and other checks); a fragment carries neither
-/// partial checksums nor GSO requests.
+/// never write elsewhere (after routing and other checks); a GSO request must match the
+/// packet ([`gso::check_request`]: family, protocol, headers, a segment size; never a
+/// fragment), whether it is cut here later or handed on whole to a port that takes GSO.
 fn check_offload(pkt: &Packet, parsed: &Parsed) -> Result<(), DropReason> {
     let v = pkt.meta.vnet;
     if v.needs_csum() {
@@ -1896,8 +1897,9 @@ fn check_offload(pkt: &Packet, parsed: &Parsed) -> Result<(), DropReason> {
             return Err(DropReason::CsumOffloadInvalid);
         }
     }
-    if v.is_gso() && parsed.frag.is_some() {
-        return Err(DropReason::GsoMalformed);
+    if v.is_gso() {
+        // Checked here, whether the packet is cut later or handed on whole.
+        gso::check_request(&pkt.data, parsed, &v)?;
     }
     Ok(())
 }

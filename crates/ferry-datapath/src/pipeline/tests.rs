@@ -844,3 +844,57 @@ fn test_uso_datagrams_over_the_mtu_are_fragmented_or_refused() {
     assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
     assert_eq!(out.len(), 1, "packet too big goes back");
 }
+
+#[test]
+fn test_gso_request_that_does_not_match_its_packet_is_dropped_even_towards_a_gso_port() {
+    // Towards "big" (gso: true) a GSO packet would be handed on whole; a request that
+    // does not fit the packet is refused here, not left to the receiving kernel.
+    let mut p = pipeline();
+    let udp = build::udp(
+        ip("192.168.0.1"),
+        ip("10.244.9.7"),
+        1,
+        2,
+        &[1; 3000],
+        &IpOpts::default(),
+    );
+    let tcp = build::tcp(
+        ip("192.168.0.1"),
+        ip("10.244.9.7"),
+        1,
+        2,
+        1,
+        1,
+        tcp_flags::ACK,
+        &[1; 3000],
+        &IpOpts::default(),
+    );
+    let cases = [
+        (udp.clone(), VnetHdr::GSO_TCPV4, 1000),
+        (tcp.clone(), VnetHdr::GSO_TCPV6, 1000),
+        (tcp.clone(), VnetHdr::GSO_TCPV4, 0),
+        (tcp.clone(), VnetHdr::GSO_UDP, 1000),
+    ];
+    for (frame, gso_type, gso_size) in cases {
+        let mut pkt = Packet::new(frame, UPLINK, 0);
+        pkt.meta.vnet.gso_type = gso_type;
+        pkt.meta.vnet.gso_size = gso_size;
+        let mut out = Vec::new();
+        let v = p.process(pkt, &mut out, &mut Trace::disabled());
+        assert!(
+            matches!(
+                v,
+                Verdict::Dropped(DropReason::GsoMalformed | DropReason::GsoUnsupported)
+            ),
+            "{gso_type} {gso_size}: {v:?}"
+        );
+        assert!(out.is_empty());
+    }
+    // The same TCP packet with a request that fits it goes through whole.
+    let mut pkt = Packet::new(tcp, UPLINK, 0);
+    pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV4;
+    pkt.meta.vnet.gso_size = 1000;
+    let (mut out, v) = (Vec::new(), Verdict::Forwarded);
+    assert_eq!(p.process(pkt, &mut out, &mut Trace::disabled()), v);
+    assert!(out[0].1.meta.vnet.is_gso());
+}
