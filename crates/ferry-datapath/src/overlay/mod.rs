@@ -6,7 +6,9 @@
 //! it is fine: the receiver reassembles before decapsulating) or IPv6 (hop limit 64, flow
 //! label from the inner flow), UDP (source port from the inner flow hash in 49152-65535,
 //! destination 4789; checksum 0 over IPv4, computed over IPv6), the VXLAN header with the
-//! VNI, then the inner Ethernet frame (VTEP MACs, see [`vtep_mac`]).
+//! VNI, then the inner Ethernet frame (VTEP MACs, see [`vtep_mac`]). The segments of one
+//! GSO packet may leave together as a UDP GSO super-frame ([`encapsulate_run`]) for the
+//! kernel or the NIC to cut into such datagrams (their UDP checksum then computed).
 
 use std::net::IpAddr;
 
