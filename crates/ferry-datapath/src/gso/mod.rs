@@ -92,7 +92,7 @@ mod ext {
 /// [`VnetHdr`]: they are plain packets with complete checksums. A packet whose payload
 /// fits in one segment still comes out as one such plain packet. Over IPv6 with a
 /// routing header that has segments left, the checksum covers the final destination
-/// (RFC 8200 section 8.1): the address of a type 2 header or Segment List[0] of a
+/// (RFC 8200 section 8.1): the address of a type 2 header or Segment List\[0\] of a
 /// Segment Routing Header; other routing types with segments left are refused.
 ///
 /// Segmentation itself never makes IP fragments: old UFO (`GSO_UDP`) is refused with
