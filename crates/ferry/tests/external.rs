@@ -10,7 +10,7 @@ mod common;
 use std::fs;
 use std::path::Path;
 
-use common::{Lab, sh};
+use common::Lab;
 
 /// Node 1's tables: an uplink on the wire subnets, routes to them (on-link: ferry
 /// resolves the client's MAC), one pod, and an overlay peer (never reached here) that
@@ -196,20 +196,10 @@ fn datagrams_arrive_whole(lab: &mut Lab, dir: &Path, pod: &str, client: &str, si
 
 /// tshark's `field` values of the frames of `pcap` matching `filter`.
 fn fields(pcap: &Path, filter: &str, field: &str) -> Vec<u64> {
-    sh(&[
-        "tshark",
-        "-r",
-        pcap.to_str().unwrap(),
-        "-Y",
-        filter,
-        "-T",
-        "fields",
-        "-e",
-        field,
-    ])
-    .lines()
-    .filter_map(|l| l.split(',').next()?.trim().parse().ok())
-    .collect()
+    common::tshark_fields(pcap, filter, field)
+        .iter()
+        .filter_map(|l| l.split(',').next()?.trim().parse().ok())
+        .collect()
 }
 
 /// UDP datagrams of 4000 to 16000 bytes from outside the cluster, fragmented by the

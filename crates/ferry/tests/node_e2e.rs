@@ -276,22 +276,7 @@ fn with_uplink_gso_a_stream_crosses_in_udp_gso_super_frames_and_arrives_intact()
     lab.tcp_transfer(dir.path(), ("p2a", "10.244.2.5"), "p1a", 5001, &data);
     lab.tcp_transfer(dir.path(), ("p1b", "fd00:10:244:1::6"), "p2b", 5002, &data);
     lab.stop_capture("tshark on up2", &pcap);
-    let fields = |filter: &str, field: &str| -> Vec<String> {
-        common::sh(&[
-            "tshark",
-            "-r",
-            pcap.to_str().unwrap(),
-            "-Y",
-            filter,
-            "-T",
-            "fields",
-            "-e",
-            field,
-        ])
-        .lines()
-        .map(str::to_string)
-        .collect()
-    };
+    let fields = |filter: &str, field: &str| common::tshark_fields(&pcap, filter, field);
     // The veth wire carries what the sending node's AF_PACKET socket handed it whole:
     // UDP GSO super-frames, larger than the uplink's MTU, each cut into VXLAN datagrams
     // only by whoever segments it (here nobody before the peer's socket).

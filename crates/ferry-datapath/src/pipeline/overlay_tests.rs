@@ -823,9 +823,9 @@ fn test_gso_packet_to_a_remote_pod_leaves_as_udp_gso_super_frames_when_the_uplin
     assert_eq!(deliver(&mut b2, cut), expect);
 }
 
-#[test]
-fn test_malformed_udp_gso_super_frame_is_dropped_whole_or_per_datagram() {
-    let (_, mut b) = nodes_with_uplink_gso();
+/// A UDP GSO super-frame from node 1 to node 2 holding two VXLAN datagrams, each a
+/// 100-byte UDP datagram to pod 10.244.2.6, with its virtio-net header.
+fn udp_super_frame() -> (Vec<u8>, VnetHdr) {
     let inner = build::udp(
         ip("10.244.1.5"),
         ip("10.244.2.6"),
@@ -845,7 +845,14 @@ fn test_malformed_udp_gso_super_frame_is_dropped_whole_or_per_datagram() {
     };
     let mut frames = Vec::new();
     overlay::encapsulate_run(&[&inner, &inner][..], &o, &mut frames);
-    let (frame, vnet) = frames.pop().unwrap();
+    assert_eq!(frames.len(), 1);
+    frames.pop().unwrap()
+}
+
+#[test]
+fn test_malformed_udp_gso_super_frame_is_dropped_whole_or_per_datagram() {
+    let (_, mut b) = nodes_with_uplink_gso();
+    let (frame, vnet) = udp_super_frame();
     assert!(vnet.is_gso());
     // A segment size that cannot hold a VXLAN header.
     let mut pkt = Packet::new(frame.clone(), UPLINK, 0);
@@ -877,26 +884,7 @@ fn test_inner_packets_of_a_frame_with_a_partial_outer_checksum_count_as_verified
     // local sender), so the inner packet is marked valid for what follows (coalescing,
     // the pod's kernel); a frame with a complete checksum gives no such mark.
     let (_, mut b) = nodes_with_uplink_gso();
-    let inner = build::udp(
-        ip("10.244.1.5"),
-        ip("10.244.2.6"),
-        1,
-        2,
-        &build::pattern(100, 3),
-        &IpOpts::default(),
-    );
-    let o = overlay::Outer {
-        src_mac: uplink_mac(1),
-        dst_mac: uplink_mac(2),
-        src: ip("192.168.50.10"),
-        dst: ip("192.168.50.20"),
-        vni: 4096,
-        port: 4789,
-        hash: 9,
-    };
-    let mut frames = Vec::new();
-    overlay::encapsulate_run(&[&inner, &inner][..], &o, &mut frames);
-    let (frame, vnet) = frames.pop().unwrap();
+    let (frame, vnet) = udp_super_frame();
     for (partial, valid) in [(true, true), (false, false)] {
         let mut pkt = Packet::new(frame.clone(), UPLINK, 0);
         pkt.meta.vnet = vnet;

@@ -348,6 +348,26 @@ impl Lab {
     }
 }
 
+/// tshark's `field` values (one line per frame) of the frames of `pcap` that match the
+/// display filter `filter`.
+#[allow(dead_code)] // not every test binary reads captures
+pub fn tshark_fields(pcap: &std::path::Path, filter: &str, field: &str) -> Vec<String> {
+    sh(&[
+        "tshark",
+        "-r",
+        pcap.to_str().expect("a UTF-8 path"),
+        "-Y",
+        filter,
+        "-T",
+        "fields",
+        "-e",
+        field,
+    ])
+    .lines()
+    .map(str::to_string)
+    .collect()
+}
+
 /// `len` bytes of a pattern that does not repeat at short periods (the lab's).
 #[allow(unused_imports)] // not every test binary sends patterns
 pub use ferry_lab::probe::pattern;
