@@ -108,6 +108,12 @@ pub struct AfPacketConfig {
     /// Join `PACKET_FANOUT` group with this id in hash mode: every socket of the group
     /// gets whole flows. Default None.
     pub fanout: Option<u16>,
+    /// Sockets to open, all in one fanout group (the `fanout` id, or one made from the
+    /// process id when it is None): one per worker. The first is the port; the others
+    /// are its further queues ([`crate::Port::take_queues`]), opened with it so that
+    /// they are in the same network namespace. Only the first gets the ingress drop
+    /// filter. Default 1 (one socket, no group unless `fanout` says so).
+    pub queues: u16,
 }
 
 impl Default for AfPacketConfig {
@@ -122,6 +128,7 @@ impl Default for AfPacketConfig {
             promiscuous: true,
             drop_kernel_ingress: false,
             fanout: None,
+            queues: 1,
         }
     }
 }
@@ -233,6 +240,8 @@ enum Rx {
 /// An interface opened through an AF_PACKET socket, as a [`Port`].
 pub struct AfPacketPort {
     ingress_drop: Option<IngressDrop>,
+    /// The other sockets of the fanout group, until the worker takes them.
+    queues: Vec<AfPacketPort>,
     rx: Rx,
     fd: OwnedFd,
     name: String,
@@ -340,6 +349,31 @@ impl AfPacketPort {
     /// Opens interface `dev` in the calling thread's network namespace (enter it with
     /// [`crate::netns::spawn_in`] first; the port then works from any thread).
     pub fn open(dev: &str, cfg: &AfPacketConfig) -> io::Result<AfPacketPort> {
+        if cfg.queues == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "queues must be at least 1",
+            ));
+        }
+        if cfg.queues == 1 {
+            return AfPacketPort::open_one(dev, cfg);
+        }
+        let cfg = AfPacketConfig {
+            fanout: Some(cfg.fanout.unwrap_or(std::process::id() as u16)),
+            ..cfg.clone()
+        };
+        let mut port = AfPacketPort::open_one(dev, &cfg)?;
+        let sibling = AfPacketConfig {
+            drop_kernel_ingress: false,
+            ..cfg.clone()
+        };
+        for _ in 1..cfg.queues {
+            port.queues.push(AfPacketPort::open_one(dev, &sibling)?);
+        }
+        Ok(port)
+    }
+
+    fn open_one(dev: &str, cfg: &AfPacketConfig) -> io::Result<AfPacketPort> {
         let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
         // A power of two of at least 128 KiB is also a whole number of pages.
         if cfg.block_size < 2 * 65536 || !cfg.block_size.is_power_of_two() {
@@ -434,6 +468,7 @@ impl AfPacketPort {
         };
         Ok(AfPacketPort {
             ingress_drop,
+            queues: Vec::new(),
             rx,
             fd,
             name: dev.to_string(),
@@ -920,6 +955,13 @@ impl Port for AfPacketPort {
 
     fn counters(&self) -> PortCounters {
         self.counters
+    }
+
+    fn take_queues(&mut self) -> Vec<Box<dyn Port>> {
+        self.queues
+            .drain(..)
+            .map(|q| Box::new(q) as Box<dyn Port>)
+            .collect()
     }
 }
 

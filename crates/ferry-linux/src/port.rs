@@ -43,7 +43,21 @@ pub struct PortCounters {
     pub tx_errors: u64,
 }
 
-/// A source and sink of frames, polled by one worker.
+impl PortCounters {
+    /// Adds `o`'s counts to these (the queues of one port).
+    pub fn add(&mut self, o: &PortCounters) {
+        self.rx_frames += o.rx_frames;
+        self.rx_bytes += o.rx_bytes;
+        self.rx_errors += o.rx_errors;
+        self.rx_truncated += o.rx_truncated;
+        self.tx_frames += o.tx_frames;
+        self.tx_bytes += o.tx_bytes;
+        self.tx_errors += o.tx_errors;
+    }
+}
+
+/// A source and sink of frames. One worker polls it for receiving; any worker may send
+/// through it (the worker loop serializes them, see [`crate::worker`]).
 pub trait Port: Send {
     /// The port's name (the interface it was opened on).
     fn name(&self) -> &str;
@@ -59,6 +73,13 @@ pub trait Port: Send {
     fn offloads(&self) -> bool;
     /// What the port has counted.
     fn counters(&self) -> PortCounters;
+    /// Hands over the port's further queues, for other workers to receive and send on:
+    /// the other sockets of an AF_PACKET fanout group ([`crate::AfPacketConfig::queues`]).
+    /// The worker loop takes them once, when it takes the port; later calls return none.
+    /// A port of one queue (the default) returns none.
+    fn take_queues(&mut self) -> Vec<Box<dyn Port>> {
+        Vec::new()
+    }
 }
 
 /// The virtio-net header (`struct virtio_net_hdr`, and `virtio_net_hdr_v1` with

@@ -1,6 +1,7 @@
 //! The worker loop: ports in, pipeline, ports out.
 //!
-//! One worker owns a set of ports and one [`Pipeline`]. Each round it polls the ports'
+//! A worker owns a set of ports and one [`Pipeline`] (with several workers, see "Several
+//! workers" below). Each round it polls the ports'
 //! descriptors (at most [`POLL_TIMEOUT_MS`], so that the pipeline's clock advances and a
 //! stop request is noticed on an idle node), receives up to [`RX_BATCH`] frames per
 //! readable port, runs them through the pipeline, and sends what came out grouped per
@@ -56,22 +57,40 @@
 //! latest tables, in their order), which closes TAP descriptors (the devices disappear),
 //! closes and unmaps AF_PACKET sockets, and removes any ingress drop filter.
 //!
-//! **One worker per core (not done yet).** The pieces exist: [`crate::AfPacketConfig::fanout`]
-//! puts one uplink socket per worker in a `PACKET_FANOUT` group (hash mode, the kernel's
-//! symmetric flow hash), and [`crate::TapPort::create_queue`] opens one queue of a
-//! multi-queue TAP per worker (`IFF_MULTI_QUEUE`; the tun driver picks the queue from
-//! the flow hash). What is missing before several workers can run side by side:
-//! - Conntrack and fragment state are per pipeline. Both directions of a connection must
-//!   reach the same worker, but NAT changes the tuple, so the uplink's hash of a reply
-//!   differs from the pod queue's hash of the request; and non-first IP fragments hash on
-//!   addresses only. Either the pipelines share (sharded, locked) conntrack and
-//!   reassembly state, or a worker hands packets to the owner of the connection.
-//! - Per-worker pipelines over the same `Arc<Tables>` snapshot, with the snapshot swap
-//!   reaching every worker (one [`Control`] per worker, or one that fans out), and
-//!   counters summed across workers.
-//! - Pinning: each worker thread on its core, and the NIC's queues/IRQs on the same.
+//! **Several workers** ([`run_workers`]; one per core is the intent). Each worker is a
+//! thread running the loop above over its share of the receive queues; all of them
+//! run one pipeline:
+//! - *Receive queues.* A port that brings further queues ([`Port::take_queues`]: an
+//!   AF_PACKET uplink opened with [`crate::AfPacketConfig::queues`], one socket per
+//!   worker in a `PACKET_FANOUT` hash group) has queue `q` received by worker `q`: the
+//!   kernel spreads the flows over the sockets. A port of one queue (a pod's TAP) is
+//!   received by one worker, the ports dealt out in table order (port `i` to worker
+//!   `i % workers`), as Open vSwitch deals single-queue ports out to its threads. A pod's
+//!   packets are therefore taken in by one worker; multi-queue pod TAPs are not used yet.
+//! - *Sending.* Any worker sends to any port, through its own queue of that port when it
+//!   has one and otherwise through the port's queue under that queue's lock.
+//! - *One pipeline.* Connection tracking, fragment reassembly, neighbours, affinity and
+//!   counters are the pipeline's, behind one lock that a worker holds while it runs a
+//!   received batch through it (and the taps, which trace and capture whatever any
+//!   worker receives). Both directions of a NAT'd connection, and every fragment of a
+//!   datagram, meet the same state whichever worker took them in, so nothing depends on
+//!   how the kernel spreads packets; what runs in parallel is the system calls, which
+//!   is where a worker spends most of its time (docs/benchmarks.md), and the segment
+//!   merging before sending.
+//! - *Updates* are applied by worker 0 (the one that serves the [`Control`]) once every
+//!   worker has finished its round: the ports sit behind a read-write lock that each
+//!   worker reads for a round and worker 0 writes for an update. The other workers then
+//!   poll the new ports' descriptors.
+//! - *Counts.* [`Snapshot::worker`] is the sum over the workers, [`Snapshot::workers`]
+//!   each one's; a port's Linux counters are the sum over its queues.
+//! - *Leaving.* When one worker stops (a port broken, a panic), the others stop too, and
+//!   [`run_workers`] returns the first error.
+//!
+//! Workers are not pinned to cores: the kernel's scheduler places them.
 
 mod control;
+#[cfg(test)]
+mod multi_tests;
 mod taps;
 #[cfg(test)]
 mod taps_tests;
@@ -87,6 +106,8 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::thread;
 use std::time::Instant;
 
 use ferry_datapath::gro;
@@ -133,6 +154,21 @@ pub struct WorkerStats {
     pub updates_refused: u64,
 }
 
+impl WorkerStats {
+    /// Adds `o`'s counts to these.
+    pub fn add(&mut self, o: &WorkerStats) {
+        self.rounds += o.rounds;
+        self.rx_frames += o.rx_frames;
+        self.rx_errors += o.rx_errors;
+        self.tx_frames += o.tx_frames;
+        self.tx_errors += o.tx_errors;
+        self.tx_dropped += o.tx_dropped;
+        self.gro_merged += o.gro_merged;
+        self.updates += o.updates;
+        self.updates_refused += o.updates_refused;
+    }
+}
+
 /// Runs ports through `pipeline` until `stop` is set; `clock` gives the pipeline's time
 /// in nanoseconds. `ports[i]` is the pipeline's port `i` (see the module docs); the
 /// counts must be equal. Without live updates: see [`run_worker_with`].
@@ -140,9 +176,9 @@ pub fn run_worker(
     ports: &mut [Box<dyn Port>],
     pipeline: &mut Pipeline,
     stop: &AtomicBool,
-    clock: impl Fn() -> u64,
+    clock: impl Fn() -> u64 + Sync,
 ) -> io::Result<WorkerStats> {
-    let tables = std::sync::Arc::clone(pipeline.tables());
+    let tables = Arc::clone(pipeline.tables());
     if ports.len() != tables.ports.len() || ports.len() > usize::from(PortId::MAX) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -168,18 +204,39 @@ pub fn run_worker(
 }
 
 /// Runs ports through `pipeline` until `stop` is set, taking updates through `control`
-/// (see the module docs); `clock` gives the pipeline's time in nanoseconds. Each port
-/// comes with the name of its port in the pipeline's tables, in any order: every port of
-/// the tables needs exactly one. On return `ports` holds the ports of the tables in
-/// force, in their order, for the caller to drop.
+/// (see the module docs); `clock` gives the pipeline's time in nanoseconds. One worker:
+/// [`run_workers`] with 1.
 pub fn run_worker_with(
     ports: &mut Vec<NamedPort>,
     pipeline: &mut Pipeline,
     stop: &AtomicBool,
-    clock: impl Fn() -> u64,
+    clock: impl Fn() -> u64 + Sync,
+    control: &Control,
+) -> io::Result<WorkerStats> {
+    run_workers(1, ports, pipeline, stop, clock, control)
+}
+
+/// Runs ports through `pipeline` with `workers` worker threads (this one and
+/// `workers - 1` more) until `stop` is set or one of them fails, taking updates through
+/// `control` (see the module docs); `clock` gives the pipeline's time in nanoseconds.
+/// Each port comes with the name of its port in the pipeline's tables, in any order:
+/// every port of the tables needs exactly one. On return `ports` holds the ports of the
+/// tables in force, in their order, for the caller to drop (their further queues are
+/// closed already). The counts returned are the sum over the workers.
+pub fn run_workers(
+    workers: usize,
+    ports: &mut Vec<NamedPort>,
+    pipeline: &mut Pipeline,
+    stop: &AtomicBool,
+    clock: impl Fn() -> u64 + Sync,
     control: &Control,
 ) -> io::Result<WorkerStats> {
     let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+    if !(1..=MAX_WORKERS).contains(&workers) {
+        return Err(invalid(format!(
+            "{workers} workers: between 1 and {MAX_WORKERS} are supported"
+        )));
+    }
     plan(&[], ports, pipeline.tables()).map_err(invalid)?;
     let given = std::mem::take(ports);
     (*ports, _) = arrange(Vec::new(), given, pipeline.tables());
@@ -190,11 +247,58 @@ pub fn run_worker_with(
     }
     let _attached = control::Attached(control);
     prepare_conntrack(pipeline);
-    let mut stats = WorkerStats::default();
-    let r = run_rounds(ports, pipeline, stop, &clock, control, &mut stats);
-    publish(control, clock(), &stats, pipeline, ports);
-    r.map(|()| stats)
+    let tables = Arc::clone(pipeline.tables());
+    let mut taps = Taps::default();
+    taps.set_ports(ports.iter().map(|(n, _)| n.as_str()), &tables);
+    let shared = Shared {
+        workers,
+        layout: RwLock::new(Layout::new(
+            std::mem::take(ports),
+            &mut HashMap::new(),
+            &tables,
+        )),
+        core: Mutex::new(Core {
+            pipeline,
+            taps,
+            stats: vec![WorkerStats::default(); workers],
+        }),
+        leave: AtomicBool::new(false),
+        error: Mutex::new(None),
+    };
+    thread::scope(|s| {
+        for w in 1..workers {
+            let (shared, clock) = (&shared, &clock);
+            let spawned = thread::Builder::new()
+                .name(format!("ferry-worker-{w}"))
+                .spawn_scoped(s, move || work(shared, w, stop, clock, None));
+            if let Err(e) = spawned {
+                shared.fail(io::Error::new(
+                    e.kind(),
+                    format!("starting worker {w}: {e}"),
+                ));
+            }
+        }
+        work(&shared, 0, stop, &clock, Some(control));
+    });
+    let Shared {
+        layout,
+        core,
+        error,
+        ..
+    } = shared;
+    let layout = layout.into_inner().unwrap_or_else(|e| e.into_inner());
+    let core = core.into_inner().unwrap_or_else(|e| e.into_inner());
+    publish(control, clock(), &layout, &core);
+    let stats = core.total();
+    *ports = layout.into_ports();
+    match error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(stats),
+    }
 }
+
+/// Most worker threads [`run_workers`] runs.
+pub const MAX_WORKERS: usize = 64;
 
 /// Allocates the connection table whole and advises huge pages over it (see the module
 /// docs). Best effort: a kernel without transparent huge pages refuses the advice, and
@@ -208,171 +312,406 @@ fn prepare_conntrack(pipeline: &mut Pipeline) {
     }
 }
 
-/// Per-port state of the loop, rebuilt when the ports change.
-struct Rings {
-    pfds: Vec<libc::pollfd>,
-    /// Packets to send, per egress port.
-    tx: Vec<Vec<Packet>>,
-    /// Whether to merge TCP segments before sending, per port.
-    coalesce: Vec<bool>,
-    /// Receive errors in a row, per port.
-    failing: Vec<u32>,
+/// Locks `m`, going on after a panic elsewhere (the workers are leaving then anyway).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl Rings {
-    /// The pollfds are the ports' in order, then the control's wake descriptor.
-    fn new(ports: &[NamedPort], tables: &Tables, control: &Control) -> Rings {
-        Rings {
-            pfds: ports
-                .iter()
-                .map(|(_, p)| p.raw_fd())
-                .chain(control.wake_fd())
+fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What the workers share (see the module docs, "Several workers"). Locks are taken in
+/// the order `layout`, `core`, a port queue.
+struct Shared<'p> {
+    workers: usize,
+    /// The ports; read-locked by a worker for each round, write-locked to change them.
+    layout: RwLock<Layout>,
+    core: Mutex<Core<'p>>,
+    /// Set when any worker leaves: the others follow.
+    leave: AtomicBool,
+    /// The first error a worker met.
+    error: Mutex<Option<io::Error>>,
+}
+
+impl Shared<'_> {
+    fn fail(&self, e: io::Error) {
+        lock(&self.error).get_or_insert(e);
+        self.leave.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The pipeline and what goes with it: one worker at a time.
+struct Core<'p> {
+    pipeline: &'p mut Pipeline,
+    taps: Taps,
+    /// Each worker's counts, as of its last round.
+    stats: Vec<WorkerStats>,
+}
+
+impl Core<'_> {
+    fn total(&self) -> WorkerStats {
+        let mut t = WorkerStats::default();
+        for s in &self.stats {
+            t.add(s);
+        }
+        t
+    }
+}
+
+/// Further queues of ports, by port name.
+type Queues = HashMap<String, Vec<Box<dyn Port>>>;
+
+/// The ports in table order, each with its queues.
+struct Layout {
+    /// Changes with every update that is applied.
+    version: u64,
+    slots: Vec<Slot>,
+}
+
+/// One port of the tables: queue 0 is the port given, the others its
+/// [`Port::take_queues`].
+struct Slot {
+    name: String,
+    queues: Vec<Mutex<Box<dyn Port>>>,
+    offloads: bool,
+    /// Whether to merge TCP segments before sending.
+    coalesce: bool,
+}
+
+impl Slot {
+    /// The worker that receives from queue `q` of port `i`: with one queue per worker,
+    /// worker `q`; ports of one queue are dealt out to the workers in turn.
+    fn owner(&self, i: usize, q: usize, workers: usize) -> usize {
+        (if self.queues.len() > 1 { q } else { i }) % workers
+    }
+
+    /// The queue worker `w` sends through: its own when it has one.
+    fn tx_queue(&self, w: usize) -> usize {
+        w % self.queues.len()
+    }
+}
+
+impl Layout {
+    /// Ports in table order (as [`arrange`] gives them), with the further queues they
+    /// bring or, for ports that had them before, those in `queues`.
+    fn new(
+        ports: Vec<NamedPort>,
+        queues: &mut Queues,
+        tables: &Tables,
+    ) -> Layout {
+        let slots = ports
+            .into_iter()
+            .zip(&tables.ports)
+            .map(|((name, mut port), t)| {
+                let mut more = port.take_queues();
+                more.extend(queues.remove(&name).unwrap_or_default());
+                let offloads = port.offloads();
+                Slot {
+                    queues: std::iter::once(port).chain(more).map(Mutex::new).collect(),
+                    offloads,
+                    coalesce: offloads && t.gso,
+                    name,
+                }
+            })
+            .collect();
+        Layout { version: 0, slots }
+    }
+
+    /// The ports (queue 0 of each), and their further queues by name.
+    fn split(self) -> (Vec<NamedPort>, Queues) {
+        let mut ports = Vec::with_capacity(self.slots.len());
+        let mut queues = HashMap::new();
+        for s in self.slots {
+            let mut q = s
+                .queues
+                .into_iter()
+                .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()));
+            if let Some(first) = q.next() {
+                ports.push((s.name.clone(), first));
+            }
+            let rest: Vec<_> = q.collect();
+            if !rest.is_empty() {
+                queues.insert(s.name, rest);
+            }
+        }
+        (ports, queues)
+    }
+
+    /// The ports, without their further queues (which are closed).
+    fn into_ports(self) -> Vec<NamedPort> {
+        self.split().0
+    }
+
+    fn names(&self) -> Vec<&str> {
+        self.slots.iter().map(|s| s.name.as_str()).collect()
+    }
+}
+
+/// A worker's own state, rebuilt when the ports change.
+struct Local {
+    /// The [`Layout::version`] it was built for.
+    version: u64,
+    /// The descriptors this worker receives from, then (worker 0) the control's wake
+    /// descriptor.
+    pfds: Vec<libc::pollfd>,
+    /// Port and queue of each descriptor in `pfds` (but the wake one).
+    polled: Vec<(usize, usize)>,
+    /// Receive errors in a row, per polled queue.
+    failing: Vec<u32>,
+    /// Packets to send, per egress port.
+    tx: Vec<Vec<Packet>>,
+}
+
+impl Local {
+    fn new(layout: &Layout, w: usize, workers: usize, control: Option<&Control>) -> Local {
+        let mut polled = Vec::new();
+        for (i, s) in layout.slots.iter().enumerate() {
+            for q in 0..s.queues.len() {
+                if s.owner(i, q, workers) == w {
+                    polled.push((i, q));
+                }
+            }
+        }
+        let fds: Vec<RawFd> = polled
+            .iter()
+            .map(|&(i, q)| lock(&layout.slots[i].queues[q]).raw_fd())
+            .chain(control.and_then(Control::wake_fd))
+            .collect();
+        Local {
+            version: layout.version,
+            pfds: fds
+                .into_iter()
                 .map(|fd| libc::pollfd {
                     fd,
                     events: libc::POLLIN,
                     revents: 0,
                 })
                 .collect(),
-            tx: ports.iter().map(|_| Vec::new()).collect(),
-            coalesce: ports
-                .iter()
-                .zip(&tables.ports)
-                .map(|((_, p), t)| p.offloads() && t.gso)
-                .collect(),
-            failing: vec![0; ports.len()],
+            failing: vec![0; polled.len()],
+            polled,
+            tx: layout.slots.iter().map(|_| Vec::new()).collect(),
         }
     }
 }
 
-fn run_rounds(
-    ports: &mut Vec<NamedPort>,
-    pipeline: &mut Pipeline,
+/// Marks the workers as leaving when one leaves, also on a panic.
+struct Leave<'a>(&'a AtomicBool);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Buffers a worker reuses from round to round.
+#[derive(Default)]
+struct Buffers {
+    rx: Vec<Frame>,
+    received: Vec<(usize, Frame)>,
+    out: Vec<(PortId, Packet)>,
+    frames: Vec<Frame>,
+}
+
+/// Worker `w`'s loop; worker 0 also serves `control` between its rounds.
+fn work(
+    sh: &Shared<'_>,
+    w: usize,
     stop: &AtomicBool,
-    clock: &impl Fn() -> u64,
-    control: &Control,
-    stats: &mut WorkerStats,
-) -> io::Result<()> {
-    let mut rings = Rings::new(ports, pipeline.tables(), control);
-    let mut rx = Vec::with_capacity(RX_BATCH);
-    let mut out: Vec<(PortId, Packet)> = Vec::new();
-    let mut frames: Vec<Frame> = Vec::new();
+    clock: &(impl Fn() -> u64 + Sync),
+    control: Option<&Control>,
+) {
+    let _leave = Leave(&sh.leave);
+    let mut local = Local::new(&read(&sh.layout), w, sh.workers, control);
+    let mut bufs = Buffers::default();
     let mut trace = Trace::disabled();
-    let mut taps = Taps::default();
-    taps.set_ports(ports.iter().map(|(n, _)| n.as_str()), pipeline.tables());
+    let mut stats = WorkerStats::default();
     let mut published = clock();
-    publish(control, published, stats, pipeline, ports);
-    while !stop.load(Ordering::Relaxed) {
+    if let Some(c) = control {
+        publish(c, published, &read(&sh.layout), &lock(&sh.core));
+    }
+    while !stop.load(Ordering::Relaxed) && !sh.leave.load(Ordering::Relaxed) {
         stats.rounds += 1;
-        for p in &mut rings.pfds {
+        for p in &mut local.pfds {
             p.revents = 0;
         }
-        // SAFETY: `rings.pfds` is a live, exclusively borrowed array of `pfds.len()`
-        // pollfds; the descriptors belong to `ports`, which outlive the call.
+        // SAFETY: `local.pfds` is a live, exclusively borrowed array of `pfds.len()`
+        // pollfds. A descriptor closed meanwhile (its port let go by an update) is
+        // reported as POLLNVAL, and the round then sees the new layout version.
         let rc = unsafe {
             libc::poll(
-                rings.pfds.as_mut_ptr(),
-                rings.pfds.len() as libc::nfds_t,
+                local.pfds.as_mut_ptr(),
+                local.pfds.len() as libc::nfds_t,
                 POLL_TIMEOUT_MS,
             )
         };
         if rc < 0 {
             let e = io::Error::last_os_error();
             if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
+                sh.fail(e);
+                break;
             }
         }
-        let now = clock();
-        if let Some(w) = rings.pfds.get(ports.len())
-            && w.revents != 0
+        if let Some(c) = control
+            && local
+                .pfds
+                .get(local.polled.len())
+                .is_some_and(|p| p.revents != 0)
         {
-            control.clear_wake();
+            c.clear_wake();
         }
-        for (i, (_, port)) in ports.iter_mut().enumerate() {
-            let revents = rings.pfds[i].revents;
-            if revents == 0 {
+        {
+            let layout = read(&sh.layout);
+            if layout.version != local.version {
+                // The ports changed while this worker polled the old ones.
+                local = Local::new(&layout, w, sh.workers, control);
                 continue;
             }
-            // A device that went away (its namespace deleted, the TAP closed) makes poll
-            // return at once forever: stop instead of spinning.
-            if revents & (libc::POLLHUP | libc::POLLNVAL) != 0 {
-                return Err(io::Error::other(format!(
-                    "port {}: the device is gone",
-                    port.name()
-                )));
+            if let Err(e) = round(
+                sh, &layout, &mut local, w, clock, &mut bufs, &mut trace, &mut stats,
+            ) {
+                sh.fail(e);
+                break;
             }
-            rx.clear();
-            match port.recv_batch(&mut rx, RX_BATCH) {
-                Ok(n) => {
-                    stats.rx_frames += n as u64;
-                    rings.failing[i] = 0;
-                }
-                Err(e) => {
-                    stats.rx_errors += 1;
-                    rings.failing[i] += 1;
-                    if rings.failing[i] >= MAX_FAILING_ROUNDS {
-                        return Err(io::Error::new(
-                            e.kind(),
-                            format!(
-                                "port {}: {MAX_FAILING_ROUNDS} receive errors in a row, last: {e}",
-                                port.name()
-                            ),
-                        ));
-                    }
+        }
+        if let Some(c) = control {
+            serve(sh, c, clock, &mut stats, &mut published);
+            let layout = read(&sh.layout);
+            if layout.version != local.version {
+                local = Local::new(&layout, w, sh.workers, control);
+            }
+        }
+    }
+    lock(&sh.core).stats[w] = stats;
+}
+
+/// One round of worker `w` after poll: receives from its ready queues, runs the frames
+/// through the pipeline, sends what came out.
+#[allow(clippy::too_many_arguments)]
+fn round(
+    sh: &Shared<'_>,
+    layout: &Layout,
+    local: &mut Local,
+    w: usize,
+    clock: &(impl Fn() -> u64 + Sync),
+    bufs: &mut Buffers,
+    trace: &mut Trace,
+    stats: &mut WorkerStats,
+) -> io::Result<()> {
+    for (j, &(i, q)) in local.polled.iter().enumerate() {
+        let revents = local.pfds[j].revents;
+        if revents == 0 {
+            continue;
+        }
+        let slot = &layout.slots[i];
+        let mut port = lock(&slot.queues[q]);
+        // A device that went away (its namespace deleted, the TAP closed) makes poll
+        // return at once forever: stop instead of spinning.
+        if revents & (libc::POLLHUP | libc::POLLNVAL) != 0 {
+            return Err(io::Error::other(format!(
+                "port {}: the device is gone",
+                port.name()
+            )));
+        }
+        match port.recv_batch(&mut bufs.rx, RX_BATCH) {
+            Ok(n) => {
+                stats.rx_frames += n as u64;
+                local.failing[j] = 0;
+            }
+            Err(e) => {
+                stats.rx_errors += 1;
+                local.failing[j] += 1;
+                if local.failing[j] >= MAX_FAILING_ROUNDS {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!(
+                            "port {}: {MAX_FAILING_ROUNDS} receive errors in a row, last: {e}",
+                            port.name()
+                        ),
+                    ));
                 }
             }
-            let offloads = port.offloads();
-            if taps.active() {
-                for f in rx.drain(..) {
-                    let mut pkt = Packet::new(f.data, i as PortId, now);
-                    pkt.meta.vnet = if offloads { f.vnet } else { VnetHdr::default() };
-                    taps.process(pipeline, pkt, &mut out, now);
-                }
+        }
+        drop(port);
+        bufs.received.extend(bufs.rx.drain(..).map(|f| (i, f)));
+    }
+    {
+        let mut core = lock(&sh.core);
+        let now = clock();
+        let Core { pipeline, taps, .. } = &mut *core;
+        for (i, f) in bufs.received.drain(..) {
+            let mut pkt = Packet::new(f.data, i as PortId, now);
+            pkt.meta.vnet = if layout.slots[i].offloads {
+                f.vnet
             } else {
-                for f in rx.drain(..) {
-                    let mut pkt = Packet::new(f.data, i as PortId, now);
-                    pkt.meta.vnet = if offloads { f.vnet } else { VnetHdr::default() };
-                    trace.clear();
-                    pipeline.process(pkt, &mut out, &mut trace);
-                }
+                VnetHdr::default()
+            };
+            if taps.active() {
+                taps.process(pipeline, pkt, &mut bufs.out, now);
+            } else {
+                trace.clear();
+                pipeline.process(pkt, &mut bufs.out, trace);
             }
-            for (egress, pkt) in out.drain(..) {
-                // The pipeline only names ports of its tables, which are `ports`.
-                rings.tx[usize::from(egress)].push(pkt);
-            }
-        }
-        for (((_, port), q), &merge) in ports.iter_mut().zip(&mut rings.tx).zip(&rings.coalesce) {
-            if q.is_empty() {
-                continue;
-            }
-            if merge {
-                let before = q.len();
-                gro::coalesce(q);
-                stats.gro_merged += (before - q.len()) as u64;
-            }
-            frames.clear();
-            frames.extend(q.drain(..).map(|pkt| Frame {
-                data: pkt.data,
-                vnet: pkt.meta.vnet,
-            }));
-            match port.send_batch(&mut frames) {
-                Ok(n) => stats.tx_frames += n as u64,
-                Err(_) => stats.tx_errors += 1,
-            }
-            stats.tx_dropped += frames.len() as u64;
         }
         pipeline.tick(now);
-        // Every send queue is empty here: no packet holds a PortId of the old tables.
-        if control.pending()
-            && let Some((update, sent)) = control.take()
-        {
+        core.stats[w] = *stats;
+    }
+    for (egress, pkt) in bufs.out.drain(..) {
+        // The pipeline only names ports of its tables, which are the layout's.
+        local.tx[usize::from(egress)].push(pkt);
+    }
+    for (slot, q) in layout.slots.iter().zip(&mut local.tx) {
+        if q.is_empty() {
+            continue;
+        }
+        if slot.coalesce {
+            let before = q.len();
+            gro::coalesce(q);
+            stats.gro_merged += (before - q.len()) as u64;
+        }
+        bufs.frames.clear();
+        bufs.frames.extend(q.drain(..).map(|pkt| Frame {
+            data: pkt.data,
+            vnet: pkt.meta.vnet,
+        }));
+        let mut port = lock(&slot.queues[slot.tx_queue(w)]);
+        match port.send_batch(&mut bufs.frames) {
+            Ok(n) => stats.tx_frames += n as u64,
+            Err(_) => stats.tx_errors += 1,
+        }
+        stats.tx_dropped += bufs.frames.len() as u64;
+    }
+    Ok(())
+}
+
+/// Worker 0's work for `control` between two rounds: updates, jobs, counters.
+fn serve(
+    sh: &Shared<'_>,
+    control: &Control,
+    clock: &(impl Fn() -> u64 + Sync),
+    stats: &mut WorkerStats,
+    published: &mut u64,
+) {
+    if control.pending() {
+        // Waits for the other workers' rounds to end: then no packet holds a PortId of
+        // the old tables.
+        let mut layout = write(&sh.layout);
+        if let Some((update, sent)) = control.take() {
             let begun = Instant::now();
-            let r = apply(ports, pipeline, update);
+            let mut core = lock(&sh.core);
+            let r = apply(&mut layout, &mut core, update);
+            let now = clock();
             if r.is_ok() {
-                rings = Rings::new(ports, pipeline.tables(), control);
-                taps.set_ports(ports.iter().map(|(n, _)| n.as_str()), pipeline.tables());
+                let Core { pipeline, taps, .. } = &mut *core;
+                taps.set_ports(layout.names().into_iter(), pipeline.tables());
                 stats.updates += 1;
-                publish(control, now, stats, pipeline, ports);
-                published = now;
+                core.stats[0] = *stats;
+                publish(control, now, &layout, &core);
+                *published = now;
             } else {
                 stats.updates_refused += 1;
             }
@@ -384,44 +723,74 @@ fn run_rounds(
                 closed,
             }));
         }
-        if control.jobs_waiting() {
-            let mut view = WorkerView {
-                pipeline: &mut *pipeline,
-                taps: &mut taps,
-                ports: ports.iter().map(|(n, _)| n.as_str()).collect(),
-                now_ns: now,
-            };
-            control.run_jobs(&mut view);
-        }
-        if now.wrapping_sub(published) >= STATS_INTERVAL_NS {
-            publish(control, now, stats, pipeline, ports);
-            published = now;
-        }
     }
-    Ok(())
+    if control.jobs_waiting() {
+        let layout = read(&sh.layout);
+        let mut core = lock(&sh.core);
+        let Core { pipeline, taps, .. } = &mut *core;
+        let mut view = WorkerView {
+            pipeline,
+            taps,
+            ports: layout.names(),
+            now_ns: clock(),
+        };
+        control.run_jobs(&mut view);
+    }
+    let now = clock();
+    if now.wrapping_sub(*published) >= STATS_INTERVAL_NS {
+        let layout = read(&sh.layout);
+        let mut core = lock(&sh.core);
+        core.stats[0] = *stats;
+        publish(control, now, &layout, &core);
+        *published = now;
+    }
 }
 
 /// Applies an update, or refuses it having changed nothing. Returns the pipeline's report
-/// and the ports let go.
+/// and the ports let go (their further queues are closed).
 fn apply(
-    ports: &mut Vec<NamedPort>,
-    pipeline: &mut Pipeline,
-    update: Update,
+    layout: &mut Layout,
+    core: &mut Core<'_>,
+    mut update: Update,
 ) -> Result<(SwapReport, Vec<NamedPort>), UpdateError> {
-    if let Err(reason) = plan(ports, &update.new_ports, &update.tables) {
+    let existing: Vec<(&str, &dyn Port)> = layout
+        .slots
+        .iter_mut()
+        .filter_map(|s| {
+            let p = s.queues.first_mut()?;
+            Some((
+                s.name.as_str(),
+                &**p.get_mut().unwrap_or_else(|e| e.into_inner()),
+            ))
+        })
+        .collect();
+    if let Err(reason) = plan(&existing, &update.new_ports, &update.tables) {
         return Err(UpdateError::Refused { reason, update });
     }
-    let existing = std::mem::take(ports);
-    let closed;
-    (*ports, closed) = arrange(existing, update.new_ports, &update.tables);
-    let report = pipeline.set_tables(update.tables);
+    let version = layout.version;
+    let (ports, mut queues) = std::mem::replace(
+        layout,
+        Layout {
+            version,
+            slots: Vec::new(),
+        },
+    )
+    .split();
+    // A port given anew brings its own queues; the old one's go with it.
+    for (name, _) in &update.new_ports {
+        queues.remove(name);
+    }
+    let (ports, closed) = arrange(ports, std::mem::take(&mut update.new_ports), &update.tables);
+    *layout = Layout::new(ports, &mut queues, &update.tables);
+    layout.version = version.wrapping_add(1);
+    let report = core.pipeline.set_tables(update.tables);
     Ok((report, closed))
 }
 
 /// Checks that `existing` ports (already named after the tables') with `new` ones (which
 /// replace existing ones of the same name) give every port of `tables` exactly one Linux
 /// port that can take what the tables say; the error names what is wrong.
-fn plan(existing: &[NamedPort], new: &[NamedPort], tables: &Tables) -> Result<(), String> {
+fn plan(existing: &[(&str, &dyn Port)], new: &[NamedPort], tables: &Tables) -> Result<(), String> {
     if tables.ports.len() > usize::from(PortId::MAX) {
         return Err(format!(
             "the tables have {} ports, at most {} are supported",
@@ -429,10 +798,7 @@ fn plan(existing: &[NamedPort], new: &[NamedPort], tables: &Tables) -> Result<()
             PortId::MAX
         ));
     }
-    let mut by_name: HashMap<&str, &dyn Port> = existing
-        .iter()
-        .map(|(n, p)| (n.as_str(), p.as_ref()))
-        .collect();
+    let mut by_name: HashMap<&str, &dyn Port> = existing.iter().copied().collect();
     let mut given = HashSet::new();
     for (name, p) in new {
         if !given.insert(name.as_str()) {
@@ -501,31 +867,35 @@ fn arrange(
     (ports, rest)
 }
 
-/// Publishes the counters of the worker, its pipeline and its ports.
-fn publish(
-    control: &Control,
-    now: u64,
-    stats: &WorkerStats,
-    pipeline: &Pipeline,
-    ports: &[NamedPort],
-) {
+/// Publishes the counters of the workers, the pipeline and the ports (each summed over
+/// its queues).
+fn publish(control: &Control, now: u64, layout: &Layout, core: &Core<'_>) {
+    let pipeline = &*core.pipeline;
     control.publish(Snapshot {
         time_ns: now,
-        worker: *stats,
+        worker: core.total(),
+        workers: core.stats.clone(),
         pipeline: *pipeline.stats(),
         drops: pipeline.drops().clone(),
         conntrack: *pipeline.conntrack().stats(),
         ct_entries: pipeline.conntrack().len(),
         reassembly: *pipeline.reassembler().stats(),
-        ports: ports
+        ports: layout
+            .slots
             .iter()
             .zip(pipeline.port_stats())
             .zip(pipeline.port_drops())
-            .map(|(((name, p), s), d)| PortSnapshot {
-                name: name.clone(),
-                pipeline: *s,
-                linux: p.counters(),
-                drops: d.clone(),
+            .map(|((slot, s), d)| {
+                let mut linux = PortCounters::default();
+                for q in &slot.queues {
+                    linux.add(&lock(q).counters());
+                }
+                PortSnapshot {
+                    name: slot.name.clone(),
+                    pipeline: *s,
+                    linux,
+                    drops: d.clone(),
+                }
             })
             .collect(),
     });

@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use ferry_datapath::pipeline::Pipeline;
 use ferry_datapath::tables::{PortKind, Tables};
 use ferry_linux::link;
+use ferry_linux::worker::{Control, NamedPort};
 use ferry_linux::{AfPacketConfig, AfPacketPort, Port, TapPort};
 
 use crate::replay::load_tables;
@@ -33,6 +34,11 @@ pub struct Args {
     /// Leave the host kernel processing what arrives on af-packet ports as well.
     #[arg(long)]
     pub share_uplink: bool,
+    /// Worker threads (see docs/node.md): each af-packet port gets one socket per
+    /// worker in a fanout group, and the other ports are dealt out to the workers.
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=ferry_linux::worker::MAX_WORKERS as i64))]
+    pub workers: u16,
 }
 
 /// How one port meets Linux.
@@ -71,13 +77,14 @@ fn open_ports(
     tables: &Tables,
     attach: &[(String, Attach)],
     share_uplink: bool,
-) -> Result<Vec<Box<dyn Port>>> {
+    workers: u16,
+) -> Result<Vec<NamedPort>> {
     for (name, _) in attach {
         if tables.port_id(name).is_none() {
             bail!("--attach: no port {name:?} in the tables");
         }
     }
-    let mut ports: Vec<Box<dyn Port>> = Vec::with_capacity(tables.ports.len());
+    let mut ports: Vec<NamedPort> = Vec::with_capacity(tables.ports.len());
     for (i, p) in tables.ports.iter().enumerate() {
         let mut found = attach.iter().filter(|(n, _)| *n == p.name);
         let (_, how) = found
@@ -90,6 +97,7 @@ fn open_ports(
             Attach::AfPacket(dev) => {
                 let cfg = AfPacketConfig {
                     drop_kernel_ingress: !share_uplink,
+                    queues: workers,
                     ..AfPacketConfig::default()
                 };
                 Box::new(
@@ -120,7 +128,7 @@ fn open_ports(
                 p.name
             );
         }
-        ports.push(port);
+        ports.push((p.name.clone(), port));
     }
     Ok(ports)
 }
@@ -134,17 +142,32 @@ pub fn run(args: &Args) -> Result<()> {
         .map(|a| parse_attach(a))
         .collect::<Result<_>>()?;
     let stop = ferry_linux::signal::stop_on_signals().context("installing signal handlers")?;
-    let mut ports = open_ports(&tables, &attach, args.share_uplink)?;
+    let mut ports = open_ports(&tables, &attach, args.share_uplink, args.workers)?;
     let mut pipeline = Pipeline::new(Arc::clone(&tables));
     let start = Instant::now();
     eprintln!(
-        "ferry node: {} ports up; stop with SIGINT or SIGTERM",
-        ports.len()
+        "ferry node: {} ports up, {} worker{}; stop with SIGINT or SIGTERM",
+        ports.len(),
+        args.workers,
+        if args.workers == 1 { "" } else { "s" }
     );
-    let stats = ferry_linux::run_worker(&mut ports, &mut pipeline, stop, || {
-        start.elapsed().as_nanos() as u64
-    })
+    let control = Control::new();
+    let stats = ferry_linux::worker::run_workers(
+        usize::from(args.workers),
+        &mut ports,
+        &mut pipeline,
+        stop,
+        || start.elapsed().as_nanos() as u64,
+        &control,
+    )
     .context("worker")?;
+    let per_worker: Vec<String> = control
+        .snapshot()
+        .workers
+        .iter()
+        .enumerate()
+        .map(|(w, s)| format!("{} by worker {w}", s.rx_frames))
+        .collect();
     drop(ports);
     let drops: Vec<String> = pipeline
         .drops()
@@ -153,9 +176,10 @@ pub fn run(args: &Args) -> Result<()> {
         .collect();
     let ps = pipeline.stats();
     eprintln!(
-        "ferry node: stopped after {} frames in, {} out ({} segments coalesced; UDP GSO \
+        "ferry node: stopped after {} frames in ({}), {} out ({} segments coalesced; UDP GSO \
          through the overlay: {} super-frames sent, {} received); drops: {}",
         stats.rx_frames,
+        per_worker.join(", "),
         stats.tx_frames,
         stats.gro_merged,
         ps.encap_gso_frames,

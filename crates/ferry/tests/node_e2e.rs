@@ -41,11 +41,12 @@ nodes:
 
 /// Builds the two nodes and their pods and starts ferry on both.
 fn two_nodes(tag: &str) -> (Lab, tempfile::TempDir) {
-    two_nodes_with(tag, false)
+    two_nodes_with(tag, false, 1)
 }
 
-/// [`two_nodes`], the uplinks taking GSO (`uplink_gso`) or not.
-fn two_nodes_with(tag: &str, uplink_gso: bool) -> (Lab, tempfile::TempDir) {
+/// [`two_nodes`], the uplinks taking GSO (`uplink_gso`) or not, with `workers` worker
+/// threads per node.
+fn two_nodes_with(tag: &str, uplink_gso: bool, workers: u16) -> (Lab, tempfile::TempDir) {
     common::require(&[
         ("ip", "iproute2"),
         ("ping", "iputils-ping"),
@@ -77,7 +78,14 @@ fn two_nodes_with(tag: &str, uplink_gso: bool) -> (Lab, tempfile::TempDir) {
             format!("pod-a=pod:{pa}"),
             format!("pod-b=pod:{pb}"),
         ];
-        lab.ferry_node(&node, dir.path(), &tables_with(n, uplink_gso), &attach);
+        let w = workers.to_string();
+        lab.ferry_node_with(
+            &node,
+            dir.path(),
+            &tables_with(n, uplink_gso),
+            &attach,
+            &["--workers", &w],
+        );
     }
     for pod in ["p1a", "p1b", "p2a", "p2b"] {
         lab.wait_pod(pod);
@@ -265,7 +273,7 @@ fn a_long_tcp_stream_leaves_no_ip_fragment_on_the_wire() {
 
 #[test]
 fn with_uplink_gso_a_stream_crosses_in_udp_gso_super_frames_and_arrives_intact() {
-    let (mut lab, dir) = two_nodes_with("ng", true);
+    let (mut lab, dir) = two_nodes_with("ng", true, 1);
     lab.ping("p1a", "10.244.2.5", 56, 1);
     lab.ping("p1a", "10.244.2.5", 3000, 2);
     lab.ping("p2a", "fd00:10:244:1::5", 3000, 2);
@@ -294,22 +302,56 @@ fn with_uplink_gso_a_stream_crosses_in_udp_gso_super_frames_and_arrives_intact()
     );
     // Both nodes say so when they stop.
     for node in ["n1", "n2"] {
-        let log = lab.stop(&format!("ferry on {node}"));
-        let line = log
-            .lines()
-            .find(|l| l.contains("stopped after"))
-            .unwrap_or_else(|| panic!("ferry on {node} said: {log}"));
-        let count = |what: &str| -> u64 {
-            let at = line
-                .find(what)
-                .unwrap_or_else(|| panic!("{what:?} in {line}"));
-            line[..at]
-                .split_whitespace()
-                .last()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("a count before {what:?} in {line}"))
-        };
-        assert!(count("super-frames sent") > 0, "{node}: {line}");
-        assert!(count("received);") > 0, "{node}: {line}");
+        let line = stop_line(&mut lab, node);
+        assert!(
+            count_before(&line, "super-frames sent") > 0,
+            "{node}: {line}"
+        );
+        assert!(count_before(&line, "received);") > 0, "{node}: {line}");
+    }
+}
+
+/// Stops ferry on `node` and returns the line it printed on the way out.
+fn stop_line(lab: &mut Lab, node: &str) -> String {
+    let log = lab.stop(&format!("ferry on {node}"));
+    log.lines()
+        .find(|l| l.contains("stopped after"))
+        .unwrap_or_else(|| panic!("ferry on {node} said: {log}"))
+        .to_string()
+}
+
+/// The number in `line` right before `what`.
+fn count_before(line: &str, what: &str) -> u64 {
+    let at = line
+        .find(what)
+        .unwrap_or_else(|| panic!("{what:?} in {line}"));
+    line[..at]
+        .split_whitespace()
+        .last()
+        .and_then(|n| n.trim_matches(|c: char| !c.is_ascii_digit()).parse().ok())
+        .unwrap_or_else(|| panic!("a count before {what:?} in {line}"))
+}
+
+#[test]
+fn with_two_workers_per_node_pods_talk_and_both_workers_carry_traffic() {
+    let (mut lab, dir) = two_nodes_with("nw", true, 2);
+    lab.ping("p1a", "10.244.1.6", 56, 2);
+    lab.ping("p1a", "10.244.2.5", 3000, 2);
+    lab.ping("p2b", "fd00:10:244:1::5", 3000, 2);
+    // Pod a's TAP is worker 1's, pod b's worker 0's; each uplink socket of the fanout
+    // group is one worker's. Streams both ways from both pods of each node.
+    let data = common::pattern(3_000_000, 11);
+    lab.tcp_transfer(dir.path(), ("p2a", "10.244.2.5"), "p1a", 5001, &data);
+    lab.tcp_transfer(dir.path(), ("p1b", "10.244.1.6"), "p2b", 5002, &data);
+    lab.tcp_transfer(dir.path(), ("p2b", "fd00:10:244:2::6"), "p1b", 5003, &data);
+    lab.tcp_transfer(dir.path(), ("p1a", "fd00:10:244:1::5"), "p2a", 5004, &data);
+    for node in ["n1", "n2"] {
+        let line = stop_line(&mut lab, node);
+        let w0 = count_before(&line, "by worker 0");
+        let w1 = count_before(&line, "by worker 1");
+        assert!(
+            w0 > 100 && w1 > 100,
+            "{node}: both workers received: {line}"
+        );
     }
 }

@@ -139,8 +139,10 @@ pub struct PortSnapshot {
 pub struct Snapshot {
     /// The pipeline's clock when it was taken.
     pub time_ns: u64,
-    /// The worker's counts.
+    /// The workers' counts, summed.
     pub worker: WorkerStats,
+    /// Each worker's counts, by worker number (one entry per worker thread).
+    pub workers: Vec<WorkerStats>,
     /// Pipeline counters.
     pub pipeline: pipeline::Stats,
     /// Drops per reason.

@@ -24,6 +24,10 @@ struct FakePort {
     out: mpsc::Sender<Vec<u8>>,
     closed: Arc<AtomicBool>,
     counters: PortCounters,
+    /// Further queues, handed over by `take_queues`.
+    queues: Vec<Box<dyn Port>>,
+    /// While set, every receive fails.
+    broken: Arc<AtomicBool>,
 }
 
 impl Drop for FakePort {
@@ -42,6 +46,9 @@ impl Port for FakePort {
     }
 
     fn recv_batch(&mut self, out: &mut Vec<Frame>, max: usize) -> io::Result<usize> {
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(io::Error::other("broken on purpose"));
+        }
         let mut buf = [0u8; 2048];
         let mut got = 0;
         while got < max {
@@ -79,6 +86,10 @@ impl Port for FakePort {
     fn counters(&self) -> PortCounters {
         self.counters
     }
+
+    fn take_queues(&mut self) -> Vec<Box<dyn Port>> {
+        std::mem::take(&mut self.queues)
+    }
 }
 
 /// The test's end of a [`FakePort`].
@@ -87,6 +98,7 @@ pub(super) struct Wire {
     sock: UnixDatagram,
     pub(super) out: mpsc::Receiver<Vec<u8>>,
     closed: Arc<AtomicBool>,
+    broken: Arc<AtomicBool>,
 }
 
 impl Wire {
@@ -127,15 +139,38 @@ impl Wire {
         assert_eq!(self.recv(SHORT), None, "port {} sent something", self.name);
     }
 
-    fn is_closed(&self) -> bool {
+    pub(super) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Makes every receive of the port fail from now on.
+    pub(super) fn break_port(&self) {
+        self.broken.store(true, Ordering::SeqCst);
     }
 }
 
 pub(super) fn fake(name: &'static str) -> (NamedPort, Wire) {
+    let (port, wire) = fake_queue(name);
+    ((name.to_string(), Box::new(port)), wire)
+}
+
+/// A port of `n` queues, each with its own wire (queue 0's first).
+pub(super) fn fake_queues(name: &'static str, n: usize) -> (NamedPort, Vec<Wire>) {
+    let (mut port, wire) = fake_queue(name);
+    let mut wires = vec![wire];
+    for _ in 1..n {
+        let (q, w) = fake_queue(name);
+        port.queues.push(Box::new(q));
+        wires.push(w);
+    }
+    ((name.to_string(), Box::new(port)), wires)
+}
+
+fn fake_queue(name: &'static str) -> (FakePort, Wire) {
     let (a, b) = UnixDatagram::pair().unwrap();
     a.set_nonblocking(true).unwrap();
     let closed = Arc::new(AtomicBool::new(false));
+    let broken = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel();
     let port = FakePort {
         name: format!("fake-{name}"),
@@ -143,22 +178,30 @@ pub(super) fn fake(name: &'static str) -> (NamedPort, Wire) {
         out: tx,
         closed: Arc::clone(&closed),
         counters: PortCounters::default(),
+        queues: Vec::new(),
+        broken: Arc::clone(&broken),
     };
     (
-        (name.to_string(), Box::new(port)),
+        port,
         Wire {
             name,
             sock: b,
             out: rx,
             closed,
+            broken,
         },
     )
 }
 
 /// Plain ports in this order; port NAME gets 10.0.N.0/24, N its position in "abcdxyz".
 pub(super) fn tables(names: &[&str]) -> Arc<Tables> {
+    Arc::new(spec(names).compile().unwrap())
+}
+
+/// The spec of [`tables`].
+pub(super) fn spec(names: &[&str]) -> TablesSpec {
     let net = |n: &str| "abcdxyz".find(n).unwrap() + 1;
-    let spec = TablesSpec {
+    TablesSpec {
         ports: names
             .iter()
             .map(|n| PortSpec {
@@ -177,8 +220,7 @@ pub(super) fn tables(names: &[&str]) -> Arc<Tables> {
             })
             .collect(),
         ..TablesSpec::default()
-    };
-    Arc::new(spec.compile().unwrap())
+    }
 }
 
 type Finished = (Vec<NamedPort>, Pipeline, io::Result<WorkerStats>);
@@ -191,14 +233,24 @@ pub(super) struct Running {
 }
 
 impl Running {
-    pub(super) fn start(tables: Arc<Tables>, mut ports: Vec<NamedPort>) -> Running {
+    pub(super) fn start(tables: Arc<Tables>, ports: Vec<NamedPort>) -> Running {
+        Running::start_workers(1, tables, ports)
+    }
+
+    /// With `workers` worker threads.
+    pub(super) fn start_workers(
+        workers: usize,
+        tables: Arc<Tables>,
+        mut ports: Vec<NamedPort>,
+    ) -> Running {
         let control = Arc::new(Control::new());
         let stop = Arc::new(AtomicBool::new(false));
         let (c, s) = (Arc::clone(&control), Arc::clone(&stop));
         let handle = thread::spawn(move || {
             let mut pipeline = Pipeline::new(tables);
             let t0 = Instant::now();
-            let r = run_worker_with(
+            let r = run_workers(
+                workers,
                 &mut ports,
                 &mut pipeline,
                 &s,
@@ -239,7 +291,7 @@ impl Drop for Running {
     }
 }
 
-fn names(ports: &[NamedPort]) -> Vec<&str> {
+pub(super) fn names(ports: &[NamedPort]) -> Vec<&str> {
     ports.iter().map(|(n, _)| n.as_str()).collect()
 }
 
@@ -403,9 +455,15 @@ fn test_new_port_with_an_existing_name_replaces_it() {
 
 #[test]
 fn test_frames_keep_flowing_across_swaps() {
+    frames_keep_flowing_across_swaps(1);
+}
+
+/// A flow of frames from a to b arrives whole and in order while updates move the
+/// ports around (with several workers, from one worker to another).
+pub(super) fn frames_keep_flowing_across_swaps(workers: usize) {
     let (pa, wa) = fake("a");
     let (pb, wb) = fake("b");
-    let w = Running::start(tables(&["a", "b"]), vec![pa, pb]);
+    let w = Running::start_workers(workers, tables(&["a", "b"]), vec![pa, pb]);
     const N: u16 = 3000;
     let sender = thread::spawn(move || {
         for i in 0..N {

@@ -401,6 +401,18 @@ impl Lab {
         tables: &str,
         attach: &[String],
     ) {
+        self.ferry_node_with(node, dir, tables, attach, &[]);
+    }
+
+    /// [`Lab::ferry_node`] with further arguments of `ferry node`.
+    pub fn ferry_node_with(
+        &mut self,
+        node: &str,
+        dir: &std::path::Path,
+        tables: &str,
+        attach: &[String],
+        more: &[&str],
+    ) {
         let t = dir.join(format!("{node}.yaml"));
         std::fs::write(&t, tables).unwrap();
         let mut cmd = vec![
@@ -413,6 +425,7 @@ impl Lab {
             cmd.push("--attach".into());
             cmd.push(a.clone());
         }
+        cmd.extend(more.iter().map(|m| m.to_string()));
         let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
         self.daemon(node, &format!("ferry on {node}"), &args);
     }

@@ -1,0 +1,233 @@
+//! Several workers over one pipeline, with the in-memory ports of the worker tests.
+
+use std::net::IpAddr;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::tests::{
+    Running, WAIT, fake, fake_queues, frames_keep_flowing_across_swaps, names, spec, tables,
+};
+use super::*;
+use ferry_datapath::tables::{MatchSpec, NatRuleSpec};
+use ferry_datapath::wire::build::{self, IpOpts};
+use ferry_datapath::wire::parse;
+
+/// Waits until the published counters show `rx` frames received.
+fn snapshot_with(control: &Control, rx: u64) -> Arc<Snapshot> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let s = control.snapshot();
+        if s.worker.rx_frames >= rx || Instant::now() > deadline {
+            return s;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn test_workers_must_be_between_one_and_the_maximum() {
+    for n in [0, MAX_WORKERS + 1] {
+        let (pa, _wa) = fake("a");
+        let mut pipeline = Pipeline::new(tables(&["a"]));
+        let mut ports = vec![pa];
+        let e = run_workers(
+            n,
+            &mut ports,
+            &mut pipeline,
+            &AtomicBool::new(true),
+            || 0,
+            &Control::new(),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{n}: {e}");
+        assert_eq!(names(&ports), ["a"], "{n}: the port is handed back");
+    }
+}
+
+#[test]
+fn test_three_workers_forward_between_ports_each_of_them_receives() {
+    let (pa, wa) = fake("a");
+    let (pb, wb) = fake("b");
+    let (pc, wc) = fake("c");
+    // One queue each: a is worker 0's, b worker 1's, c worker 2's.
+    let w = Running::start_workers(3, tables(&["a", "b", "c"]), vec![pa, pb, pc]);
+    const N: u16 = 300;
+    // Each port sends to the next, all at once.
+    let senders: Vec<_> = [(wa, "10.0.2.5"), (wb, "10.0.3.5"), (wc, "10.0.1.5")]
+        .into_iter()
+        .map(|(wire, to)| {
+            thread::spawn(move || {
+                for i in 0..N {
+                    wire.send(to, i);
+                }
+                wire
+            })
+        })
+        .collect();
+    let wires: Vec<_> = senders.into_iter().map(|t| t.join().unwrap()).collect();
+    for wire in &wires {
+        for i in 0..N {
+            wire.expect(i);
+        }
+        wire.expect_nothing();
+    }
+    let snap = snapshot_with(&w.control, 3 * u64::from(N));
+    assert_eq!(
+        snap.worker.rx_frames,
+        3 * u64::from(N),
+        "summed over the workers"
+    );
+    for p in &snap.ports {
+        assert_eq!(
+            (p.pipeline.rx_packets, p.linux.tx_frames),
+            (u64::from(N), u64::from(N)),
+            "{}",
+            p.name
+        );
+    }
+    let (ports, _, r) = w.finish();
+    let stats = r.unwrap();
+    assert_eq!((stats.rx_frames, stats.tx_frames), (900, 900));
+    assert_eq!(names(&ports), ["a", "b", "c"]);
+}
+
+#[test]
+fn test_queues_of_one_port_are_dealt_out_and_counted_as_one_port() {
+    let (pa, wa) = fake_queues("a", 2);
+    let (pb, wb) = fake("b");
+    // a's queue 0 is worker 0's, its queue 1 worker 1's; b (port 1) is worker 1's.
+    let w = Running::start_workers(2, tables(&["a", "b"]), vec![pa, pb]);
+    for i in 0..10 {
+        wa[0].send("10.0.2.5", i);
+        wb.expect(i);
+        wa[1].send("10.0.2.5", 100 + i);
+        wb.expect(100 + i);
+    }
+    // b's frames are received by worker 1, which sends through a's queue 1.
+    for i in 0..10 {
+        wb.send("10.0.1.5", i);
+        wa[1].expect(i);
+    }
+    wa[0].expect_nothing();
+    let snap = snapshot_with(&w.control, 30);
+    let each: Vec<u64> = snap.workers.iter().map(|s| s.rx_frames).collect();
+    assert_eq!(each, [10, 20], "worker 1 received a's queue 1 and b");
+    let a = &snap.ports[0];
+    assert_eq!((a.linux.rx_frames, a.linux.tx_frames), (20, 10));
+    assert_eq!(a.pipeline.rx_packets, 20);
+    let (ports, _, r) = w.finish();
+    r.unwrap();
+    assert_eq!(names(&ports), ["a", "b"]);
+    assert!(wa[1].is_closed(), "the further queue is closed on return");
+    assert!(!wa[0].is_closed(), "the port is the caller's to close");
+}
+
+/// UDP from 10.0.1.5 (port a) to 10.0.2.5 (port b), source NAT to 10.0.2.1.
+fn udp(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) -> Vec<u8> {
+    build::udp(
+        IpAddr::from(src),
+        IpAddr::from(dst),
+        sport,
+        dport,
+        b"x",
+        &IpOpts::default(),
+    )
+}
+
+#[test]
+fn test_a_reply_received_by_another_worker_finds_its_connection() {
+    let mut s = spec(&["a", "b"]);
+    s.nat.push(NatRuleSpec {
+        matches: MatchSpec {
+            in_port: Some("a".into()),
+            ..MatchSpec::default()
+        },
+        dnat: None,
+        snat: Some("10.0.2.1:40000-40099".into()),
+        masquerade: false,
+    });
+    let (pa, wa) = fake("a");
+    let (pb, wb) = fake("b");
+    // a is received by worker 0, b by worker 1.
+    let w = Running::start_workers(2, Arc::new(s.compile().unwrap()), vec![pa, pb]);
+    for sport in 1000..1050 {
+        wa.send_frame(&udp([10, 0, 1, 5], [10, 0, 2, 5], sport, 53));
+        let f = wb.out.recv_timeout(WAIT).expect("the request leaves on b");
+        let k = parse(&f, 0).unwrap().key;
+        assert_eq!(k.src, IpAddr::from([10, 0, 2, 1]), "source NAT");
+        assert!((40000..40100).contains(&k.src_port), "{}", k.src_port);
+        // The reply, to the translated address, comes in on b: worker 1.
+        wb.send_frame(&udp([10, 0, 2, 5], [10, 0, 2, 1], 53, k.src_port));
+        let r = wa.out.recv_timeout(WAIT).expect("the reply leaves on a");
+        let r = parse(&r, 0).unwrap().key;
+        assert_eq!(
+            (r.src, r.dst, r.src_port, r.dst_port),
+            (
+                IpAddr::from([10, 0, 2, 5]),
+                IpAddr::from([10, 0, 1, 5]),
+                53,
+                sport
+            ),
+            "translated back by the connection worker 0 made"
+        );
+    }
+    let (_, pipeline, r) = w.finish();
+    r.unwrap();
+    assert_eq!(pipeline.conntrack().len(), 50);
+    assert_eq!(pipeline.drops().total(), 0);
+}
+
+#[test]
+fn test_frames_keep_flowing_across_swaps_with_two_workers() {
+    frames_keep_flowing_across_swaps(2);
+}
+
+#[test]
+fn test_update_gives_a_new_port_its_queues_and_closes_those_of_a_port_let_go() {
+    let (pa, wa) = fake("a");
+    let (pb, wb) = fake_queues("b", 2);
+    let w = Running::start_workers(2, tables(&["a", "b"]), vec![pa, pb]);
+    let (pc, wc) = fake_queues("c", 2);
+    let applied = w.update(tables(&["a", "c"]), vec![pc]);
+    assert_eq!(names(&applied.closed), ["b"]);
+    assert!(
+        wb[1].is_closed(),
+        "b's further queue is closed by the worker"
+    );
+    drop(applied);
+    assert!(wb[0].is_closed());
+    // Worker 1 receives c's queue 1.
+    wc[1].send("10.0.1.5", 7);
+    wa.expect(7);
+    wc[0].send("10.0.1.5", 8);
+    wa.expect(8);
+    let (ports, _, r) = w.finish();
+    r.unwrap();
+    assert_eq!(names(&ports), ["a", "c"]);
+    assert!(wc[1].is_closed());
+}
+
+#[test]
+fn test_a_failing_worker_stops_them_all() {
+    let (pa, wa) = fake("a");
+    let (pb, wb) = fake("b");
+    let w = Running::start_workers(2, tables(&["a", "b"]), vec![pa, pb]);
+    wa.send("10.0.2.5", 1);
+    wb.expect(1);
+    // b is worker 1's: its receive errors end worker 1, and worker 0 follows.
+    wb.break_port();
+    wb.send("10.0.1.5", 2);
+    let deadline = Instant::now() + WAIT;
+    while w.control.is_running() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!w.control.is_running(), "all workers left within {WAIT:?}");
+    let (ports, _, r) = w.finish();
+    let e = r.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("port fake-b: 1000 receive errors in a row"),
+        "{e}"
+    );
+    assert_eq!(names(&ports), ["a", "b"], "the ports are handed back");
+}
