@@ -7,6 +7,7 @@
 #
 #   bash scripts/bench-nodes.sh [SECONDS]      (default 10 s of iperf3 per topology)
 #   BENCH_ONLY=ferry bash scripts/bench-nodes.sh 5     (only the topologies named)
+#   BENCH_ONLY="kernel ferry ferry-2w" ...   (ferry-2w: ferry with 2 workers per node)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -120,7 +121,9 @@ NFT
   teardown
 }
 
+# ferry_nodes WORKERS NAME: the ferry topology with WORKERS worker threads per node.
 ferry_nodes() {
+  local workers=$1 name=$2
   base
   for n in 1 2; do
     local peer=$((3 - n))
@@ -133,13 +136,13 @@ overlay: { vni: 4096, mode: always, uplink: uplink }
 nodes:
   - { name: node$peer, address: 192.168.77.$peer, pod_cidrs: [10.244.$peer.0/24] }
 YAML
-    nsx "n$n" "$ferry" node --tables "$work/node$n.yaml" --attach "uplink=af-packet:up$n" --attach "pod=pod:$p-p$n" 2>"$work/ferry$n.log" &
+    nsx "n$n" "$ferry" node --workers "$workers" --tables "$work/node$n.yaml" --attach "uplink=af-packet:up$n" --attach "pod=pod:$p-p$n" 2>"$work/ferry$n.log" &
     pids+=($!)
   done
   for n in 1 2; do
     for _ in $(seq 100); do nsx "p$n" ip link show eth0 >/dev/null 2>&1 && break; sleep 0.1; done
   done
-  measure ferry
+  measure "$name"
   teardown
 }
 
@@ -247,19 +250,22 @@ FLOWS
 }
 
 echo "pod-to-pod across two nodes, iperf3 ${secs} s and 5000 TCP round trips of 1 byte"
-# BENCH_ONLY="ferry kernel" runs only those topologies (default: all three).
+# BENCH_ONLY="ferry kernel" runs only those topologies (default: kernel ferry ovs).
 only=${BENCH_ONLY:-kernel ferry ovs}
-for t in kernel ferry ovs; do
+for t in kernel ferry ferry-2w ovs; do
   case " $only " in *" $t "*) ;; *) continue ;; esac
-  case $t in ferry) ferry_nodes ;; *) "$t" ;; esac
+  case $t in ferry) ferry_nodes 1 ferry ;; ferry-2w) ferry_nodes 2 ferry-2w ;; *) "$t" ;; esac
 done
 python3 - "$work/results" <<'PY'
 import sys
 r = {l.split()[0]: (float(l.split()[1]), float(l.split()[2])) for l in open(sys.argv[1])}
-if "kernel" in r and "ferry" in r:
-    k, f = r["kernel"], r["ferry"]
-    print(f"ferry/kernel: throughput {f[0] / k[0]:.2f}x, latency {f[1] / k[1]:.2f}x")
-if "ovs" in r and "ferry" in r:
-    v, f = r["ovs"], r["ferry"]
-    print(f"ferry/ovs:    throughput {f[0] / v[0]:.2f}x, latency {f[1] / v[1]:.2f}x")
+for name in ("ferry", "ferry-2w"):
+    if name not in r:
+        continue
+    f = r[name]
+    for base in ("kernel", "ovs"):
+        if base in r:
+            b = r[base]
+            label = f"{name}/{base}:"
+            print(f"{label:<17} throughput {f[0] / b[0]:.2f}x, latency {f[1] / b[1]:.2f}x")
 PY

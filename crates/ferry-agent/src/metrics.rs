@@ -41,6 +41,11 @@ struct PortReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WorkerLabel {
+    worker: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
     kind: String,
 }
@@ -190,6 +195,25 @@ pub fn render(c: &Counters) -> String {
         "Source NAT ports and ICMP identifiers in use",
         c.nat_ports_in_use as i64,
     );
+    let worker_rx = Family::<WorkerLabel, Counter>::default();
+    reg.register(
+        "worker_rx_frames",
+        "Frames received per worker thread",
+        worker_rx.clone(),
+    );
+    let worker_tx = Family::<WorkerLabel, Counter>::default();
+    reg.register(
+        "worker_tx_frames",
+        "Frames handed to ports for sending per worker thread",
+        worker_tx.clone(),
+    );
+    for (i, w) in c.workers.iter().enumerate() {
+        let l = WorkerLabel {
+            worker: i.to_string(),
+        };
+        worker_rx.get_or_create(&l).inc_by(w.rx_frames);
+        worker_tx.get_or_create(&l).inc_by(w.tx_frames);
+    }
     render_agent(&mut reg, c);
     let mut out = String::new();
     if encode(&mut out, &reg).is_err() {

@@ -66,6 +66,10 @@ pub struct Options {
     pub pods: BTreeMap<ObjectKey, String>,
     /// Leave the host kernel processing what arrives on the uplink as well.
     pub share_uplink: bool,
+    /// Worker threads (0 counts as 1): the uplink gets one AF_PACKET socket per worker
+    /// in a fanout group, and the pods' TAPs are dealt out to the workers
+    /// ([`ferry_linux::worker::run_workers`]).
+    pub workers: u16,
     /// Compilation settings.
     pub compile: CompileOptions,
     /// Where the CNI plugin's attachments are recorded ([`crate::state`]) and adopted
@@ -222,10 +226,12 @@ impl Agent {
             Arc::clone(&agent.failed),
         );
         let started = agent.started;
+        let workers = agent.opts.workers.max(1);
         let worker = thread::Builder::new()
             .name("ferry-worker".into())
             .spawn(move || {
-                let r = ferry_linux::worker::run_worker_with(
+                let r = ferry_linux::worker::run_workers(
+                    usize::from(workers),
                     &mut ports,
                     &mut pipeline,
                     &stop,
@@ -662,6 +668,14 @@ impl Agent {
                 .map(|(k, v)| (k.to_string(), v))
                 .collect(),
             nat_ports_in_use: held.2,
+            workers: snap
+                .workers
+                .iter()
+                .map(|w| ferry_api::WorkerCounters {
+                    rx_frames: w.rx_frames,
+                    tx_frames: w.tx_frames,
+                })
+                .collect(),
             datastore: self.status.datastore(),
             sync: self.status.sync(),
             errors: self.status.errors(),
@@ -1043,6 +1057,7 @@ impl Agent {
                 })?;
                 let cfg = AfPacketConfig {
                     drop_kernel_ingress: !self.opts.share_uplink,
+                    queues: self.opts.workers.max(1),
                     ..AfPacketConfig::default()
                 };
                 Box::new(

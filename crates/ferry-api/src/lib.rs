@@ -228,6 +228,9 @@ pub struct Counters {
     /// Source NAT ports (and ICMP identifiers) in use now.
     #[serde(default)]
     pub nat_ports_in_use: u64,
+    /// Per worker thread, by worker number.
+    #[serde(default)]
+    pub workers: Vec<WorkerCounters>,
     /// Where the cluster state comes from, and whether it is in force.
     #[serde(default)]
     pub datastore: DatastoreHealth,
@@ -291,6 +294,16 @@ pub struct AgentErrors {
     pub apply: u64,
     /// API requests answered with an error.
     pub api: u64,
+}
+
+/// One worker thread's frame counts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerCounters {
+    /// Frames the worker received from its ports' queues.
+    pub rx_frames: u64,
+    /// Frames the worker handed to ports for sending.
+    pub tx_frames: u64,
 }
 
 /// One port's packet counts.

@@ -399,11 +399,7 @@ impl Slot {
 impl Layout {
     /// Ports in table order (as [`arrange`] gives them), with the further queues they
     /// bring or, for ports that had them before, those in `queues`.
-    fn new(
-        ports: Vec<NamedPort>,
-        queues: &mut Queues,
-        tables: &Tables,
-    ) -> Layout {
+    fn new(ports: Vec<NamedPort>, queues: &mut Queues, tables: &Tables) -> Layout {
         let slots = ports
             .into_iter()
             .zip(&tables.ports)

@@ -63,6 +63,11 @@ pub struct Args {
     /// Leave the host kernel processing what arrives on the uplink as well.
     #[arg(long)]
     pub share_uplink: bool,
+    /// Worker threads (see docs/agent.md): the uplink gets one AF_PACKET socket per
+    /// worker in a fanout group, and the pods' TAPs are dealt out to the workers.
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=ferry_linux::worker::MAX_WORKERS as i64))]
+    pub workers: u16,
     /// The local API socket (root only), where the CNI plugin asks for pods'
     /// interfaces.
     #[arg(long, value_name = "PATH", default_value = ferry_api::DEFAULT_SOCKET)]
@@ -141,6 +146,7 @@ pub fn run(args: &Args) -> Result<()> {
         host_tap: args.host_tap.clone(),
         pods,
         share_uplink: args.share_uplink,
+        workers: args.workers,
         compile: CompileOptions {
             external_snat: args.external_snat,
             ..CompileOptions::default()

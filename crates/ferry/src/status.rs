@@ -113,6 +113,15 @@ fn render(c: &Counters) -> String {
         let _ = write!(s, " ({})", reasons.join(", "));
     }
     let _ = writeln!(s, "; NAT ports in use {}", c.nat_ports_in_use);
+    let workers: Vec<String> = c
+        .workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| format!("{i}: {} in, {} out", w.rx_frames, w.tx_frames))
+        .collect();
+    if !workers.is_empty() {
+        let _ = writeln!(s, "workers (frames): {}", workers.join("; "));
+    }
     let w = c
         .ports
         .iter()

@@ -14,7 +14,11 @@ use ferry_api::{PodRef, Request, Response};
 fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
     common::require(&[("curl", "curl")]);
     let mut one = Node::new("api");
-    one.start("ferry agent", &["--metrics-addr", "127.0.0.1:9250"]);
+    // Two worker threads: the pod's TAP, added while they run, is one worker's.
+    one.start(
+        "ferry agent",
+        &["--metrics-addr", "127.0.0.1:9250", "--workers", "2"],
+    );
     let Node { lab, sock, .. } = &mut one;
     let sock = sock.clone();
     let s = sock.display().to_string();
@@ -79,7 +83,8 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
                     p.name == "pod.default.web"
                         && p.rx_packets >= 3
                         && p.drops.get("source_spoofed").is_some_and(|&n| n >= 1)
-                })
+                }) && c.workers.len() == 2
+                    && c.workers.iter().map(|w| w.rx_frames).sum::<u64>() >= 3
             })
     });
     let st = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
@@ -96,6 +101,7 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
         text.contains("pod.default.web") && text.contains("uplink") && text.contains("drops"),
         "{text}"
     );
+    assert!(text.contains("workers (frames): 0: "), "{text}");
 
     // The same counters as Prometheus metrics, on the node's loopback.
     let m = lab.run(
@@ -115,6 +121,10 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
     );
     assert!(
         m.contains("ferry_port_drops_total{port=\"pod.default.web\",reason=\"source_spoofed\"}"),
+        "{m}"
+    );
+    assert!(
+        m.contains("ferry_worker_rx_frames_total{worker=\"1\"}"),
         "{m}"
     );
     // Every line is Prometheus text, read strictly.

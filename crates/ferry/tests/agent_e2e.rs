@@ -12,6 +12,8 @@ use std::fs;
 use std::path::Path;
 
 use common::two_nodes::{BAD_SERVICE, TwoNodes, WEB_ON_NODE2, slice};
+use ferry_agent::api::call;
+use ferry_api::{Request, Response};
 
 fn write_slices(dir: &Path, web: &str) {
     let slices = format!(
@@ -25,7 +27,57 @@ fn write_slices(dir: &Path, web: &str) {
 #[test]
 fn services_and_the_node_port_path_across_nodes() {
     let mut c = TwoNodes::with_file_datastore("ag", &[]);
+    services_and_node_ports(&c);
 
+    // A bad manifest changes nothing: the error names the file, and traffic goes on.
+    let bad = c.manifest_dir().join("zz-bad.yaml");
+    fs::write(&bad, BAD_SERVICE).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    assert_eq!(c.curl("p1a", "http://10.96.0.10/hostname"), "web");
+    fs::remove_file(&bad).unwrap();
+
+    // The endpoint goes away: new connections are refused at once (TCP reset), not
+    // left to time out.
+    let url = "http://10.96.0.10/hostname";
+    write_slices(&c.manifest_dir(), "[]");
+    c.wait_curl(10, "p1a", url, 7, "the endpoint removal applied");
+    // And it comes back.
+    write_slices(&c.manifest_dir(), WEB_ON_NODE2);
+    c.wait_curl(10, "p1a", url, 0, "the endpoint back");
+    let log = c.lab.stop("ferry agent on node1");
+    assert!(
+        log.contains("zz-bad.yaml") && log.contains("spec.ports[0].port"),
+        "the refusal names the file and field: {log}"
+    );
+}
+
+#[test]
+fn services_and_the_node_port_path_with_two_workers_per_node() {
+    let workers = ["--workers", "2"];
+    let c = TwoNodes::with_file_datastore_args("aw", &workers, &workers);
+    // A connection's request and its reply may come in on different sockets of a
+    // node's uplink fanout group, read by different workers, which share the pipeline
+    // and so the connection.
+    services_and_node_ports(&c);
+    for _ in 0..20 {
+        assert_eq!(
+            c.curl("ext", "http://192.168.77.1:30080/clientip"),
+            "192.168.77.100"
+        );
+    }
+    // Node 1's two workers both took frames in: the kernel spread the connections
+    // over the uplink's two sockets.
+    let Ok(Response::Ok(a)) = call(&c.socket(1), &Request::Counters) else {
+        panic!("node 1's counters");
+    };
+    let workers = a.counters.expect("counters").workers;
+    assert_eq!(workers.len(), 2);
+    assert!(workers.iter().all(|w| w.rx_frames > 0), "{workers:?}");
+}
+
+/// Cluster IPs and node ports, with and without a local endpoint, from pods, from
+/// outside and from the nodes themselves.
+fn services_and_node_ports(c: &TwoNodes) {
     // Cluster IP from a pod on node 1 to the endpoint on node 2.
     assert_eq!(c.curl("p1a", "http://10.96.0.10/hostname"), "web");
     assert_eq!(c.curl("p1a", "http://10.96.0.10/clientip"), "10.244.1.5");
@@ -84,35 +136,14 @@ fn services_and_the_node_port_path_across_nodes() {
             ],
         )
     };
-    let h2 = hc(&c, 2);
+    let h2 = hc(c, 2);
     assert!(
         h2.ends_with(" 200") && h2.contains("\"localEndpoints\": 1"),
         "{h2}"
     );
-    let h1 = hc(&c, 1);
+    let h1 = hc(c, 1);
     assert!(
         h1.ends_with(" 503") && h1.contains("\"localEndpoints\": 0"),
         "{h1}"
-    );
-
-    // A bad manifest changes nothing: the error names the file, and traffic goes on.
-    let bad = c.manifest_dir().join("zz-bad.yaml");
-    fs::write(&bad, BAD_SERVICE).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(600));
-    assert_eq!(c.curl("p1a", "http://10.96.0.10/hostname"), "web");
-    fs::remove_file(&bad).unwrap();
-
-    // The endpoint goes away: new connections are refused at once (TCP reset), not
-    // left to time out.
-    let url = "http://10.96.0.10/hostname";
-    write_slices(&c.manifest_dir(), "[]");
-    c.wait_curl(10, "p1a", url, 7, "the endpoint removal applied");
-    // And it comes back.
-    write_slices(&c.manifest_dir(), WEB_ON_NODE2);
-    c.wait_curl(10, "p1a", url, 0, "the endpoint back");
-    let log = c.lab.stop("ferry agent on node1");
-    assert!(
-        log.contains("zz-bad.yaml") && log.contains("spec.ports[0].port"),
-        "the refusal names the file and field: {log}"
     );
 }

@@ -233,6 +233,12 @@ impl TwoNodes {
     /// The lab with the cluster's manifests in [`TwoNodes::manifest_dir`], an agent on
     /// each node watching it (node 1's with `extra` arguments), and the web server.
     pub fn with_file_datastore(tag: &str, extra: &[&str]) -> TwoNodes {
+        TwoNodes::with_file_datastore_args(tag, extra, &[])
+    }
+
+    /// [`TwoNodes::with_file_datastore`] with `extra1` and `extra2` arguments for the
+    /// agents of node 1 and node 2.
+    pub fn with_file_datastore_args(tag: &str, extra1: &[&str], extra2: &[&str]) -> TwoNodes {
         let mut c = TwoNodes::new(tag);
         let dir = c.manifest_dir();
         fs::create_dir(&dir).unwrap();
@@ -240,8 +246,8 @@ impl TwoNodes {
             fs::write(dir.join(file), yaml).unwrap();
         }
         let datastore = format!("file:{}", dir.display());
-        c.start_agent_with(1, &datastore, extra);
-        c.start_agent(2, &datastore);
+        c.start_agent_with(1, &datastore, extra1);
+        c.start_agent_with(2, &datastore, extra2);
         c.start_web();
         c
     }
