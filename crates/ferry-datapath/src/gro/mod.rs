@@ -212,8 +212,12 @@ impl Run {
             return Err(pkt);
         }
         if self.segments == 1 {
-            // Drop any link padding after the first IP packet before appending to it.
+            // Drop any link padding after the first IP packet before appending to it,
+            // and make room for the largest run at once: growing step by step would
+            // copy the run each time.
             self.pkt.data.truncate(self.first.ip_end);
+            let room = self.first.l3_off + MAX_IP_LEN;
+            self.pkt.data.reserve(room.saturating_sub(self.first.ip_end));
             if self.first.l3 == L3::Ipv4 {
                 self.id_step = Some(seg.id.wrapping_sub(last.id));
             }
