@@ -885,7 +885,7 @@ impl Agent {
         let n = recorded.len();
         for a in recorded {
             let pod = ObjectKey::new(&a.pod_namespace, &a.pod_name);
-            match adopt(&a) {
+            match adopt(&a, self.opts.workers.max(1)) {
                 Ok(tap) => {
                     tracing::info!(container = %a.container_id, %pod, netns = %a.netns,
                         ifname = %a.ifname, "pod interface adopted");
@@ -1097,7 +1097,7 @@ impl Agent {
                 let cni = self.cni.values().any(|c| c.pod == key);
                 self.taps += 1;
                 let dev = format!("fy{}t{}", std::process::id() % 100_000, self.taps);
-                let tap = link::pod_tap(&dev, &netns, &ifname, p)
+                let tap = link::pod_tap(&dev, &netns, &ifname, p, self.opts.workers.max(1))
                     .map_err(|e| format!("port {name:?}: {ifname} of pod {key} in {netns}: {e}"))?;
                 if cni {
                     // The CNI plugin's pods keep their interface across agent restarts.
@@ -1145,14 +1145,14 @@ impl Drop for Agent {
 
 /// Opens the TAP of recorded attachment `a` again, after checking its namespace is
 /// still there.
-fn adopt(a: &state::Attachment) -> Result<TapPort, String> {
+fn adopt(a: &state::Attachment, queues: u16) -> Result<TapPort, String> {
     let ns = ferry_linux::netns::path(&a.netns).map_err(|e| e.to_string())?;
     if !ns.exists() {
         return Err(format!("network namespace {} is gone", a.netns));
     }
     let first = a.addresses.first().ok_or("no address recorded")?;
     let mac = crate::compile::pod_mac(first.addr());
-    link::reopen_pod_tap(&a.netns, &a.ifname, mac.0).map_err(|e| e.to_string())
+    link::reopen_pod_tap(&a.netns, &a.ifname, mac.0, queues).map_err(|e| e.to_string())
 }
 
 /// The `ip netns` name of a CNI_NETNS path: `/var/run/netns/NAME` or `/run/netns/NAME`

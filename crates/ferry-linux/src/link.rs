@@ -143,6 +143,7 @@ pub fn pod_tap(
     netns: &str,
     ifname: &str,
     port: &ferry_datapath::tables::Port,
+    queues: u16,
 ) -> io::Result<crate::TapPort> {
     let mac = port.peer_mac.ok_or_else(|| {
         io::Error::new(
@@ -151,7 +152,7 @@ pub fn pod_tap(
         )
     })?;
     let addresses: Vec<IpNet> = port.addresses.iter().map(|a| IpNet::from(*a)).collect();
-    let tap = crate::TapPort::create(dev)?;
+    let tap = crate::TapPort::create_queues(dev, queues)?;
     let pod = Pod {
         interface: PodInterface {
             netns,
@@ -166,11 +167,19 @@ pub fn pod_tap(
 }
 
 /// Opens again the persistent pod TAP `ifname` that [`pod_tap`] made and moved into
-/// network namespace `netns` (after the process that held it stopped). The interface
-/// must be there with MAC `mac` (ours, not another's); it is opened from a thread that
-/// enters `netns` ([`crate::netns::spawn_in`]), with the flags and offloads it was made
-/// with, which the kernel refuses for anything but a free TAP of that kind.
-pub fn reopen_pod_tap(netns: &str, ifname: &str, mac: [u8; 6]) -> io::Result<crate::TapPort> {
+/// network namespace `netns` (after the process that held it stopped), with `queues`
+/// queues. The interface must be there with MAC `mac` (ours, not another's); it is
+/// opened from a thread that enters `netns` ([`crate::netns::spawn_in`]), with the flags
+/// and offloads it was made with, which the kernel refuses for anything but a TAP of
+/// that kind (a single-queue TAP also only when it is free). A TAP made with one queue
+/// is opened with one, and a multi-queue TAP with at least one, whatever `queues` says:
+/// whether a device is multi-queue is fixed when it is made.
+pub fn reopen_pod_tap(
+    netns: &str,
+    ifname: &str,
+    mac: [u8; 6],
+    queues: u16,
+) -> io::Result<crate::TapPort> {
     let found = mac_address(Some(netns), ifname)?;
     if found != mac {
         return Err(io::Error::other(format!(
@@ -180,9 +189,20 @@ pub fn reopen_pod_tap(netns: &str, ifname: &str, mac: [u8; 6]) -> io::Result<cra
         )));
     }
     let name = ifname.to_string();
-    let opened = crate::netns::spawn_in(netns, move || crate::TapPort::create(&name))?
-        .join()
-        .map_err(|_| io::Error::other("the thread opening the TAP panicked"))?;
+    let opened = crate::netns::spawn_in(netns, move || {
+        // The kind `queues` asks for first; the kernel answers EINVAL when the device
+        // is of the other kind.
+        let r = crate::TapPort::create_queues(&name, queues);
+        match r {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && queues > 1 => {
+                crate::TapPort::create(&name)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => crate::TapPort::create_queue(&name),
+            r => r,
+        }
+    })?
+    .join()
+    .map_err(|_| io::Error::other("the thread opening the TAP panicked"))?;
     opened?.map_err(|e| io::Error::new(e.kind(), format!("opening TAP {ifname} in {netns}: {e}")))
 }
 

@@ -298,6 +298,8 @@ pub struct TapPort {
     offloads: u32,
     buf: Vec<u8>,
     counters: PortCounters,
+    /// The device's further queues, until the worker takes them.
+    queues: Vec<TapPort>,
 }
 
 impl TapPort {
@@ -312,6 +314,24 @@ impl TapPort {
     /// [`Tap::open_queue_with_vnet_hdr`]): one port per worker, same device.
     pub fn create_queue(name: &str) -> io::Result<TapPort> {
         TapPort::from_tap(Tap::open_queue_with_vnet_hdr(name)?)
+    }
+
+    /// Creates (or opens again) the TAP `name` with `queues` queues, one per worker: with
+    /// one, a plain TAP ([`TapPort::create`]); with more, a multi-queue TAP whose first
+    /// queue is this port and whose others it hands over to the worker loop
+    /// ([`Port::take_queues`]). The kernel spreads the frames the device sends (a pod's
+    /// packets) over the queues by flow hash. All queues are opened here, in the
+    /// caller's network namespace, where the device must be.
+    pub fn create_queues(name: &str, queues: u16) -> io::Result<TapPort> {
+        if queues <= 1 {
+            return TapPort::create(name);
+        }
+        let mut port = TapPort::create_queue(name)?;
+        let name = port.name.clone();
+        for _ in 1..queues {
+            port.queues.push(TapPort::create_queue(&name)?);
+        }
+        Ok(port)
     }
 
     fn from_tap(tap: Tap) -> io::Result<TapPort> {
@@ -334,6 +354,7 @@ impl TapPort {
             offloads,
             buf: vec![0; vnet::LEN_V1 + MAX_FRAME],
             counters: PortCounters::default(),
+            queues: Vec::new(),
         })
     }
 
@@ -428,6 +449,13 @@ impl Port for TapPort {
 
     fn counters(&self) -> PortCounters {
         self.counters
+    }
+
+    fn take_queues(&mut self) -> Vec<Box<dyn Port>> {
+        self.queues
+            .drain(..)
+            .map(|q| Box::new(q) as Box<dyn Port>)
+            .collect()
     }
 }
 

@@ -62,11 +62,11 @@
 //! run one pipeline:
 //! - *Receive queues.* A port that brings further queues ([`Port::take_queues`]: an
 //!   AF_PACKET uplink opened with [`crate::AfPacketConfig::queues`], one socket per
-//!   worker in a `PACKET_FANOUT` hash group) has queue `q` received by worker `q`: the
-//!   kernel spreads the flows over the sockets. A port of one queue (a pod's TAP) is
-//!   received by one worker, the ports dealt out in table order (port `i` to worker
-//!   `i % workers`), as Open vSwitch deals single-queue ports out to its threads. A pod's
-//!   packets are therefore taken in by one worker; multi-queue pod TAPs are not used yet.
+//!   worker in a `PACKET_FANOUT` hash group; a multi-queue pod TAP from
+//!   [`crate::TapPort::create_queues`]) has queue `q` received by worker `q % workers`:
+//!   the kernel spreads the flows over the queues by hash. A port of one queue (a host
+//!   TAP) is received by one worker, the ports dealt out in table order (port `i` to
+//!   worker `i % workers`), as Open vSwitch deals single-queue ports out to its threads.
 //! - *Sending.* Any worker sends to any port, through its own queue of that port when it
 //!   has one and otherwise through the port's queue under that queue's lock.
 //! - *One pipeline.* Connection tracking, fragment reassembly, neighbours, affinity and

@@ -33,9 +33,14 @@ struct Pod {
 }
 
 fn pod(tag: &str) -> Pod {
+    pod_with(tag, 1)
+}
+
+/// [`pod`] with a TAP of `queues` queues.
+fn pod_with(tag: &str, queues: u16) -> Pod {
     require_root_and_ip();
     let ns = Netns::new(tag);
-    let port = TapPort::create(&dev_name(tag)).expect("create TAP port");
+    let port = TapPort::create_queues(&dev_name(tag), queues).expect("create TAP port");
     link::move_to_netns(
         port.name(),
         &PodInterface {
@@ -389,4 +394,89 @@ fn tap_port_device_goes_with_the_port() {
         !std::path::Path::new(&sys).exists(),
         "{name} still exists 5 s after its port was dropped"
     );
+}
+
+#[test]
+fn multi_queue_tap_spreads_a_pods_flows_over_its_queues_and_takes_frames_on_any() {
+    let mut pod = pod_with("tmq", 2);
+    let mut queues = pod.port.take_queues();
+    assert_eq!(queues.len(), 1, "one further queue");
+    assert!(pod.port.take_queues().is_empty(), "handed over once");
+    let mut q1 = queues.pop().unwrap();
+    assert!(q1.offloads());
+
+    // 32 flows from the pod's kernel: the device hands each to a queue by its hash.
+    const FLOWS: u16 = 32;
+    let sent = ferry_linux::netns::spawn_in(&pod.ns.name, || {
+        for i in 0..FLOWS {
+            let s = std::net::UdpSocket::bind((POD, 20000 + i))?;
+            s.send_to(b"spread", (PEER, 7))?;
+        }
+        std::io::Result::Ok(())
+    })
+    .expect("sender thread")
+    .join()
+    .unwrap();
+    sent.expect("entered the pod namespace")
+        .expect("datagrams sent");
+    let is_ours = |f: &Frame| {
+        parse::parse(&f.data, 0).is_ok_and(|p| p.key.proto == proto::UDP && p.key.dst_port == 7)
+    };
+    let mut counts = [0u16; 2];
+    let deadline = Instant::now() + WAIT;
+    let mut batch = Vec::new();
+    while counts[0] + counts[1] < FLOWS && Instant::now() < deadline {
+        for (i, q) in [&mut pod.port as &mut dyn Port, q1.as_mut()]
+            .into_iter()
+            .enumerate()
+        {
+            batch.clear();
+            q.recv_batch(&mut batch, 64).expect("recv_batch");
+            counts[i] += batch.iter().filter(|f| is_ours(f)).count() as u16;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        counts[0] + counts[1],
+        FLOWS,
+        "every datagram came out: {counts:?}"
+    );
+    assert!(
+        counts[0] > 0 && counts[1] > 0,
+        "both queues got flows: {counts:?}"
+    );
+
+    // Frames written into the second queue reach the pod's kernel like the first's.
+    let (tx, rx) = mpsc::channel();
+    let _server = ferry_linux::netns::spawn_in(&pod.ns.name, move || {
+        let r = (|| {
+            let s = std::net::UdpSocket::bind((POD, 9999))?;
+            s.set_read_timeout(Some(WAIT))?;
+            let mut buf = [0u8; 64];
+            let (n, _) = s.recv_from(&mut buf)?;
+            Ok::<_, std::io::Error>(buf[..n].to_vec())
+        })();
+        let _ = tx.send(r.map_err(|e| e.to_string()));
+    })
+    .expect("server thread");
+    std::thread::sleep(Duration::from_millis(200));
+    let frame = build::udp(
+        IpAddr::V4(PEER),
+        IpAddr::V4(POD),
+        4000,
+        9999,
+        b"via queue 1",
+        &IpOpts {
+            src_mac: PEER_MAC,
+            dst_mac: pod.mac,
+            ..IpOpts::default()
+        },
+    );
+    let mut v = vec![Frame {
+        data: frame,
+        vnet: VnetHdr::default(),
+    }];
+    assert_eq!(q1.send_batch(&mut v).expect("send"), 1);
+    let got = rx.recv_timeout(WAIT).expect("the pod answered in time");
+    assert_eq!(got.expect("the pod received").as_slice(), b"via queue 1");
 }

@@ -117,7 +117,7 @@ fn open_ports(
                     );
                 }
                 let dev = pod_tap_name(i);
-                let tap = link::pod_tap(&dev, netns, "eth0", p)
+                let tap = link::pod_tap(&dev, netns, "eth0", p, workers)
                     .with_context(|| format!("port {:?}: eth0 in {netns} (tap {dev})", p.name))?;
                 Box::new(tap)
             }

@@ -24,8 +24,26 @@ fn records(node: &Node) -> Vec<state::Attachment> {
 
 #[test]
 fn a_restarted_agent_adopts_the_pods_interface() {
-    let mut node = Node::new("rst");
-    node.start("ferry agent 1", &[]);
+    adopts_across_a_restart("rst", &[], &[]);
+}
+
+#[test]
+fn a_multi_queue_pod_interface_is_adopted_by_an_agent_of_one_worker() {
+    // Two workers make the pod's TAP with two queues; one worker opens one of them.
+    adopts_across_a_restart("rmq", &["--workers", "2"], &["--workers", "1"]);
+}
+
+#[test]
+fn a_single_queue_pod_interface_is_adopted_by_an_agent_of_two_workers() {
+    // Whether a TAP has queues is fixed when it is made: two workers take it as it is.
+    adopts_across_a_restart("rsq", &["--workers", "1"], &["--workers", "2"]);
+}
+
+/// A pod attached through the API to an agent started with `first` keeps its interface
+/// when the agent stops, and the next agent, started with `second`, adopts it.
+fn adopts_across_a_restart(tag: &str, first: &[&str], second: &[&str]) {
+    let mut node = Node::new(tag);
+    node.start("ferry agent 1", first);
     let netns = format!("/var/run/netns/{}", node.lab.ns("p1"));
     let add = Request::Add {
         container_id: "c0ffee".into(),
@@ -60,7 +78,7 @@ fn a_restarted_agent_adopts_the_pods_interface() {
         "a reply without an agent"
     );
 
-    node.start("ferry agent 2", &[]);
+    node.start("ferry agent 2", second);
     node.lab.ping("p1", "192.168.77.100", 56, 2);
     let check = Request::Check {
         container_id: "c0ffee".into(),

@@ -217,7 +217,9 @@ impl Run {
             // copy the run each time.
             self.pkt.data.truncate(self.first.ip_end);
             let room = self.first.l3_off + MAX_IP_LEN;
-            self.pkt.data.reserve(room.saturating_sub(self.first.ip_end));
+            self.pkt
+                .data
+                .reserve(room.saturating_sub(self.first.ip_end));
             if self.first.l3 == L3::Ipv4 {
                 self.id_step = Some(seg.id.wrapping_sub(last.id));
             }
