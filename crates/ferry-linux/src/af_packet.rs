@@ -37,8 +37,12 @@
 //!   optionally in a `PACKET_FANOUT` group (hash mode) so that several workers share one
 //!   uplink by flow.
 //!
-//! Every receive path copies a frame once more, out of the ring (or buffer) into the
-//! [`Frame`] handed to the worker, so a ring slot is given back at once.
+//! The ring paths copy a frame once more, out of the ring into the [`Frame`] handed to
+//! the worker, so a ring slot is given back at once. [`RxMode::Copy`] receives each
+//! frame into a buffer of its own (the virtio-net header into another, through a second
+//! iovec): a large frame (a super-packet) is handed to the worker in that buffer, and a
+//! fresh one takes its place; a small one is copied out, so that it does not hold 64
+//! KiB (see `port::HANDOVER_MIN`).
 //!
 //! Transmit uses `sendmmsg`, not a TX ring: TPACKET_V3 has no TX ring of its own in many
 //! kernels (V3 TX was added in 4.11 and is V2's ring with V3 headers), and a copy per
@@ -55,7 +59,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::port::{Frame, Port, PortCounters, vnet};
+use crate::port::{Frame, Port, PortCounters, take_received, vnet};
 use crate::tc::IngressDrop;
 
 /// How an [`AfPacketPort`] receives (see the module docs).
@@ -137,9 +141,10 @@ impl Default for AfPacketConfig {
 const TX_BATCH: usize = 64;
 /// Frames per `recvmmsg` call of [`RxMode::Copy`].
 const COPY_BATCH: usize = 64;
-/// Bytes per receive buffer of [`RxMode::Copy`]: the virtio-net header, a 64 KiB
-/// super-packet, its Ethernet header and a VLAN tag, with room to spare.
-const COPY_BUF_LEN: usize = vnet::LEN + 65_536 + 64;
+/// Bytes per receive buffer of [`RxMode::Copy`] (the virtio-net header goes to a buffer
+/// of its own): a 64 KiB super-packet, its Ethernet header and a VLAN tag, with room
+/// to spare.
+const COPY_BUF_LEN: usize = 65_536 + 64;
 /// Control buffer per message of [`RxMode::Copy`], for one `tpacket_auxdata`
 /// (`CMSG_SPACE(20)` is 40 bytes on 64-bit hosts); u64 words keep it aligned.
 const COPY_CTRL_WORDS: usize = 8;
@@ -232,7 +237,10 @@ enum Rx {
         next: usize,
     },
     Copy {
-        bufs: Vec<u8>,
+        /// Per message: the virtio-net header, and the frame's buffer (handed over
+        /// with a large frame, see [`take_received`]).
+        hdrs: Vec<[u8; vnet::LEN]>,
+        bufs: Vec<Vec<u8>>,
         ctrl: Vec<[u64; COPY_CTRL_WORDS]>,
     },
 }
@@ -535,7 +543,10 @@ impl AfPacketPort {
                     |_| setsockopt_at(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &bytes, what),
                 )?;
                 Ok(Rx::Copy {
-                    bufs: vec![0; COPY_BATCH * COPY_BUF_LEN],
+                    hdrs: vec![[0; vnet::LEN]; COPY_BATCH],
+                    bufs: (0..COPY_BATCH)
+                        .map(|_| Vec::with_capacity(COPY_BUF_LEN))
+                        .collect(),
                     ctrl: vec![[0; COPY_CTRL_WORDS]; COPY_BATCH],
                 })
             }
@@ -767,10 +778,13 @@ fn aux_vlan(m: &libc::msghdr) -> Vlan {
     None
 }
 
-/// Receives with `recvmmsg` into `bufs` (of [`COPY_BATCH`] x [`COPY_BUF_LEN`] bytes).
+/// Receives with `recvmmsg`, each message's virtio-net header into `hdrs` and its frame
+/// into `bufs` (each with room for [`COPY_BUF_LEN`] bytes); a large frame is handed over
+/// in its buffer ([`take_received`]).
 fn recv_copy(
     fd: RawFd,
-    bufs: &mut [u8],
+    hdrs: &mut [[u8; vnet::LEN]],
+    bufs: &mut [Vec<u8>],
     ctrl: &mut [[u64; COPY_CTRL_WORDS]],
     counters: &mut PortCounters,
     out: &mut Vec<Frame>,
@@ -781,29 +795,39 @@ fn recv_copy(
     // cannot describe: EINVAL) are skipped, a bounded number per call.
     let mut skips = COPY_BATCH;
     // SAFETY: all-zero iovec and mmsghdr values are valid (null pointers, lengths 0).
-    let mut iov: [libc::iovec; COPY_BATCH] = unsafe { zeroed() };
+    let mut iov: [[libc::iovec; 2]; COPY_BATCH] = unsafe { zeroed() };
     // SAFETY: as above.
     let mut msgs: [libc::mmsghdr; COPY_BATCH] = unsafe { zeroed() };
     while got < max {
         let n = (max - got).min(COPY_BATCH);
         for i in 0..n {
-            iov[i] = libc::iovec {
-                iov_base: bufs[i * COPY_BUF_LEN..].as_mut_ptr().cast(),
-                iov_len: COPY_BUF_LEN,
-            };
+            bufs[i].clear();
+            let spare = bufs[i].spare_capacity_mut();
+            iov[i] = [
+                libc::iovec {
+                    iov_base: hdrs[i].as_mut_ptr().cast(),
+                    iov_len: vnet::LEN,
+                },
+                libc::iovec {
+                    iov_base: spare.as_mut_ptr().cast(),
+                    iov_len: spare.len().min(COPY_BUF_LEN),
+                },
+            ];
             msgs[i] = libc::mmsghdr {
                 // SAFETY: an all-zero msghdr is valid (no name, no buffers).
                 msg_hdr: unsafe { zeroed() },
                 msg_len: 0,
             };
-            msgs[i].msg_hdr.msg_iov = &mut iov[i];
-            msgs[i].msg_hdr.msg_iovlen = 1;
+            msgs[i].msg_hdr.msg_iov = iov[i].as_mut_ptr();
+            msgs[i].msg_hdr.msg_iovlen = 2;
             msgs[i].msg_hdr.msg_control = ctrl[i].as_mut_ptr().cast();
             msgs[i].msg_hdr.msg_controllen = size_of::<[u64; COPY_CTRL_WORDS]>();
         }
-        // SAFETY: `msgs[..n]` each point at one iovec of `iov` covering its own
-        // COPY_BUF_LEN bytes of `bufs`, and at its own control buffer of `ctrl`, with
-        // their lengths; all outlive the call. No timeout (MSG_DONTWAIT).
+        // SAFETY: `msgs[..n]` each point at their two iovecs of `iov`: their header of
+        // `hdrs` and at most COPY_BUF_LEN bytes of spare capacity of their buffer of
+        // `bufs` (none of which moves or is touched before the call returns), and at
+        // their own control buffer of `ctrl`, with their lengths; all outlive the call.
+        // No timeout (MSG_DONTWAIT).
         let rc = unsafe {
             libc::recvmmsg(
                 fd,
@@ -840,13 +864,23 @@ fn recv_copy(
                 counters.rx_truncated += 1;
                 continue;
             }
-            if !(vnet::LEN..=COPY_BUF_LEN).contains(&len) {
+            if !(vnet::LEN..=vnet::LEN + COPY_BUF_LEN).contains(&len) {
                 counters.rx_errors += 1;
                 continue;
             }
-            let buf = &bufs[i * COPY_BUF_LEN..i * COPY_BUF_LEN + len];
+            // SAFETY: the kernel wrote `len` bytes across the two iovecs: the header's
+            // vnet::LEN, then `len - vnet::LEN` (at most the iovec's length, checked
+            // above against COPY_BUF_LEN and the spare capacity it was given) into the
+            // buffer's spare capacity.
+            unsafe { bufs[i].set_len(len - vnet::LEN) };
             let vlan = aux_vlan(&m.msg_hdr);
-            if deliver(counters, &buf[..vnet::LEN], &buf[vnet::LEN..], vlan, out) {
+            let delivered = if vlan.is_some() {
+                // The tag goes back in: a copy (see deliver).
+                deliver(counters, &hdrs[i], &bufs[i], vlan, out)
+            } else {
+                deliver_owned(counters, &hdrs[i], &mut bufs[i], out)
+            };
+            if delivered {
                 got += 1;
             }
         }
@@ -855,6 +889,25 @@ fn recv_copy(
         }
     }
     Ok(got)
+}
+
+/// Like [`deliver`] for a frame without a VLAN tag to put back, taking it out of its
+/// receive buffer `buf` ([`take_received`]).
+fn deliver_owned(
+    counters: &mut PortCounters,
+    hdr: &[u8],
+    buf: &mut Vec<u8>,
+    out: &mut Vec<Frame>,
+) -> bool {
+    let Some(v) = vnet::decode(hdr, vnet::Endian::Native) else {
+        counters.rx_errors += 1;
+        return false;
+    };
+    let data = take_received(buf, COPY_BUF_LEN);
+    counters.rx_frames += 1;
+    counters.rx_bytes += data.len() as u64;
+    out.push(Frame { data, vnet: v });
+    true
 }
 
 impl Port for AfPacketPort {
@@ -886,8 +939,8 @@ impl Port for AfPacketPort {
             Rx::Frames { ring, slots, next } => {
                 Ok(recv_frames(ring, *slots, next, counters, out, max))
             }
-            Rx::Copy { bufs, ctrl } => {
-                recv_copy(self.fd.as_raw_fd(), bufs, ctrl, counters, out, max)
+            Rx::Copy { hdrs, bufs, ctrl } => {
+                recv_copy(self.fd.as_raw_fd(), hdrs, bufs, ctrl, counters, out, max)
             }
         }
     }

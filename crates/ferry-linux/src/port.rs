@@ -14,6 +14,23 @@ use std::os::fd::RawFd;
 
 use ferry_datapath::packet::VnetHdr;
 
+/// Received frames at least this long are handed over in the buffer the kernel wrote
+/// them into, and a fresh buffer takes its place; shorter ones are copied out, so that
+/// a small packet does not hold a buffer sized for 64 KiB.
+pub(crate) const HANDOVER_MIN: usize = 8192;
+
+/// The frame in receive buffer `buf` as a buffer of its own (see [`HANDOVER_MIN`]);
+/// `buf` is left empty, with room for `capacity` bytes.
+pub(crate) fn take_received(buf: &mut Vec<u8>, capacity: usize) -> Vec<u8> {
+    if buf.len() >= HANDOVER_MIN {
+        std::mem::replace(buf, Vec::with_capacity(capacity))
+    } else {
+        let frame = buf.as_slice().to_vec();
+        buf.clear();
+        frame
+    }
+}
+
 /// One frame in or out of a port, with its offload state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Frame {

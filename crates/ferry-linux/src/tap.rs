@@ -16,7 +16,7 @@ use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::time::Duration;
 
-use crate::port::{Frame, Port, PortCounters, vnet};
+use crate::port::{Frame, Port, PortCounters, take_received, vnet};
 
 /// Longest interface name, without the terminating NUL (`IFNAMSIZ - 1`).
 pub const MAX_NAME_LEN: usize = libc::IFNAMSIZ - 1;
@@ -181,6 +181,36 @@ impl Tap {
         (&self.file).read(buf)
     }
 
+    /// Reads one frame split in two: the first `hdr.len()` bytes (the virtio-net header)
+    /// into `hdr`, the rest into `buf`, which is cleared first and then holds them (up to
+    /// its capacity: a longer frame is cut short). Returns the bytes read in all.
+    pub fn read_split(&self, hdr: &mut [u8], buf: &mut Vec<u8>) -> io::Result<usize> {
+        buf.clear();
+        let spare = buf.spare_capacity_mut();
+        let room = spare.len();
+        let iov = [
+            libc::iovec {
+                iov_base: hdr.as_mut_ptr().cast(),
+                iov_len: hdr.len(),
+            },
+            libc::iovec {
+                iov_base: spare.as_mut_ptr().cast(),
+                iov_len: room,
+            },
+        ];
+        // SAFETY: the two iovecs cover `hdr` and the spare capacity of `buf`, both live
+        // and exclusively borrowed for the call; readv writes at most their lengths.
+        let n = unsafe { libc::readv(self.file.as_raw_fd(), iov.as_ptr(), 2) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        // SAFETY: the kernel wrote the first `n - hdr.len()` bytes of the spare capacity
+        // (bytes past the header), which is at most its length.
+        unsafe { buf.set_len(n.saturating_sub(hdr.len()).min(room)) };
+        Ok(n)
+    }
+
     /// Writes one whole frame; the kernel receives it on the interface.
     pub fn write(&self, frame: &[u8]) -> io::Result<usize> {
         (&self.file).write(frame)
@@ -284,7 +314,9 @@ const MAX_FRAME: usize = 14 + 4 + 65535;
 /// Every frame carries a 12-byte virtio-net header (`virtio_net_hdr_v1`, [`vnet::LEN_V1`])
 /// in little-endian byte order (`TUNSETVNETLE`), in both directions. The kernel may hand
 /// over TCP (and, when [`TapPort::uso`], UDP) super-packets of up to 64 KiB with partial
-/// checksums, and accepts the same from ferry. The descriptor is non-blocking.
+/// checksums, and accepts the same from ferry. The descriptor is non-blocking. A frame
+/// is read straight into a buffer of its own (the header into another), which a large
+/// frame is handed over in (see `port::HANDOVER_MIN`).
 ///
 /// The device is created in the caller's network namespace and usually moved into a
 /// pod's by [`crate::link::move_to_netns`]; the descriptor keeps working, and the device
@@ -352,7 +384,7 @@ impl TapPort {
             name: tap.name().to_string(),
             tap,
             offloads,
-            buf: vec![0; vnet::LEN_V1 + MAX_FRAME],
+            buf: Vec::with_capacity(MAX_FRAME),
             counters: PortCounters::default(),
             queues: Vec::new(),
         })
@@ -390,8 +422,9 @@ impl Port for TapPort {
 
     fn recv_batch(&mut self, out: &mut Vec<Frame>, max: usize) -> io::Result<usize> {
         let mut got = 0;
+        let mut hdr = [0u8; vnet::LEN_V1];
         while got < max {
-            let n = match self.tap.read(&mut self.buf) {
+            let n = match self.tap.read_split(&mut hdr, &mut self.buf) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -403,11 +436,16 @@ impl Port for TapPort {
                     break;
                 }
             };
-            let Some(v) = vnet::decode(&self.buf[..n], vnet::Endian::Little) else {
+            let v = if n >= vnet::LEN_V1 {
+                vnet::decode(&hdr, vnet::Endian::Little)
+            } else {
+                None
+            };
+            let Some(v) = v else {
                 self.counters.rx_errors += 1;
                 continue;
             };
-            let data = self.buf[vnet::LEN_V1.min(n)..n].to_vec();
+            let data = take_received(&mut self.buf, MAX_FRAME);
             self.counters.rx_frames += 1;
             self.counters.rx_bytes += data.len() as u64;
             out.push(Frame { data, vnet: v });

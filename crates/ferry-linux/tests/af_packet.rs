@@ -424,3 +424,59 @@ fn af_packet_fanout_group_delivers_a_flow_to_one_member() {
         "the flow went to exactly one member of the group"
     );
 }
+
+#[test]
+fn af_packet_queues_open_one_fanout_group_and_spread_flows_over_it() {
+    let lab = lab("afq");
+    let zero = AfPacketConfig {
+        queues: 0,
+        ..AfPacketConfig::default()
+    };
+    let e = lab
+        .node
+        .run(move || AfPacketPort::open("up0", &zero))
+        .unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+    let mut first = open(
+        &lab,
+        AfPacketConfig {
+            queues: 2,
+            ..AfPacketConfig::default()
+        },
+    );
+    let mut more = first.take_queues();
+    assert_eq!(more.len(), 1, "one further socket");
+    assert!(first.take_queues().is_empty(), "handed over once");
+    let second = more.pop().unwrap();
+    const FLOWS: u16 = 32;
+    lab.peer.run(|| {
+        for i in 0..FLOWS {
+            let s = UdpSocket::bind((PEER, 6100 + i)).unwrap();
+            s.send_to(b"many flows", (NODE, 7003)).unwrap();
+        }
+    });
+    let mut ports: [Box<dyn Port>; 2] = [Box::new(first), second];
+    let mut counts = [0u16; 2];
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut batch = Vec::new();
+    while Instant::now() < deadline && counts.iter().sum::<u16>() < FLOWS {
+        for (i, p) in ports.iter_mut().enumerate() {
+            wait_readable(p.raw_fd(), 5);
+            batch.clear();
+            p.recv_batch(&mut batch, 64).unwrap();
+            counts[i] += batch
+                .iter()
+                .filter(|f| udp_to(f, NODE, 7003).is_some())
+                .count() as u16;
+        }
+    }
+    assert_eq!(
+        counts.iter().sum::<u16>(),
+        FLOWS,
+        "each datagram once: {counts:?}"
+    );
+    assert!(
+        counts[0] > 0 && counts[1] > 0,
+        "the flows spread over both sockets: {counts:?}"
+    );
+}
