@@ -250,9 +250,7 @@ pub fn vxlan_inner<'a>(frame: &'a [u8], parsed: &Parsed, port: u16) -> Option<&'
     {
         return None;
     }
-    let payload = frame.get(parsed.l4_off + 8..parsed.ip_end)?;
-    vxlan::Repr::parse(payload).ok()?;
-    payload.get(vxlan::LEN..)
+    vxlan::inner(frame, parsed).map(|(inner, _)| inner)
 }
 
 /// What the primitives look at in one frame.

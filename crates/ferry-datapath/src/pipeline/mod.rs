@@ -363,6 +363,9 @@ pub struct Pipeline {
     /// The port of the packet being processed, for [`Pipeline::drop`].
     rx_port: usize,
     scratch: Vec<Packet>,
+    /// A scratch pipeline of a dry run ([`trace`]): what it emits is never sent, and
+    /// its notes say so.
+    dry_run: bool,
 }
 
 /// How often session affinity records are swept for expiry.
@@ -391,6 +394,7 @@ impl Pipeline {
             drops: DropCounters::default(),
             stats: Stats::default(),
             scratch: Vec::new(),
+            dry_run: false,
         }
     }
 
@@ -1428,6 +1432,8 @@ impl Pipeline {
         }
         trace.note("neigh", || {
             let asked = match (probed, ip) {
+                (true, IpAddr::V4(_)) if self.dry_run => "an ARP request would be sent",
+                (true, IpAddr::V6(_)) if self.dry_run => "a neighbour solicitation would be sent",
                 (true, IpAddr::V4(_)) => "ARP request sent",
                 (true, IpAddr::V6(_)) => "neighbour solicitation sent",
                 (false, _) => "asked already",

@@ -96,6 +96,7 @@ impl Pipeline {
     /// quote) would meet. Fragments, counters and the ICMP budget start afresh.
     pub fn scratch_for(&self, frames: &[(PortId, &[u8])]) -> Pipeline {
         let mut p = Pipeline::new(Arc::clone(&self.tables));
+        p.dry_run = true;
         p.ipf = Reassembler::new(self.ipf.config().clone());
         p.ct = Conntrack::new(*self.ct.config());
         p.neigh = self.neigh.clone();
@@ -276,13 +277,6 @@ fn vxlan_on<'a>(tables: &'a Tables, port: PortId, parsed: &Parsed) -> Option<&'a
     })
 }
 
-/// The inner frame of a VXLAN packet, and its VNI.
-fn inner_frame<'a>(frame: &'a [u8], parsed: &Parsed) -> Option<(&'a [u8], u32)> {
-    let vx_off = parsed.l4_off + 8;
-    let vx = vxlan::Repr::parse(frame.get(vx_off..parsed.ip_end)?).ok()?;
-    Some((frame.get(vx_off + vxlan::LEN..parsed.ip_end)?, vx.vni))
-}
-
 /// The keys under which the pipeline would look up a frame's connection.
 fn lookup_keys(tables: &Tables, port: PortId, frame: &[u8]) -> Vec<FlowKey> {
     let Some(zone) = tables.ports.get(usize::from(port)).map(|p| p.zone) else {
@@ -304,7 +298,7 @@ fn lookup_keys(tables: &Tables, port: PortId, frame: &[u8]) -> Vec<FlowKey> {
     add(frame, &parsed);
     if vxlan_on(tables, port, &parsed).is_some()
         && tables.node.addresses.contains(&parsed.key.dst)
-        && let Some((inner, _)) = inner_frame(frame, &parsed)
+        && let Some((inner, _)) = vxlan::inner(frame, &parsed)
         && let Ok(ip) = parse(inner, zone)
     {
         add(inner, &ip);
@@ -335,7 +329,7 @@ pub fn summarize(tables: &Tables, port: PortId, frame: &[u8]) -> String {
         };
     }
     if vxlan_on(tables, port, &parsed).is_some()
-        && let Some((inner, vni)) = inner_frame(frame, &parsed)
+        && let Some((inner, vni)) = vxlan::inner(frame, &parsed)
     {
         let inner = match parse(inner, zone) {
             Ok(ip) if ip.is_ip() => ip_line(inner, &ip),
@@ -402,7 +396,7 @@ fn left_by(tables: &Tables, e: &Entry, dir: usize, out: &[(PortId, Packet)]) -> 
         }
         let tunnel = vxlan_on(tables, *port, &p).and_then(|ov| {
             let i = ov.peer_index(p.key.dst)?;
-            let (inner, _) = inner_frame(&pkt.data, &p)?;
+            let (inner, _) = vxlan::inner(&pkt.data, &p)?;
             let ip = parse(inner, 0).ok()?;
             let mac = pkt.data[0..6].try_into().ok()?;
             Some(((i, mac, p.key.src), ip.key))

@@ -34,6 +34,14 @@ impl Repr {
     }
 }
 
+/// The frame a VXLAN datagram carries and its VNI, when `parsed` (of `frame`) is the
+/// outer UDP datagram; None when its payload is no VXLAN header and frame.
+pub fn inner<'a>(frame: &'a [u8], parsed: &crate::wire::Parsed) -> Option<(&'a [u8], u32)> {
+    let payload = frame.get(parsed.l4_off + 8..parsed.ip_end)?;
+    let vx = Repr::parse(payload).ok()?;
+    Some((payload.get(LEN..)?, vx.vni))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
