@@ -384,8 +384,9 @@ struct Slot {
 }
 
 impl Slot {
-    /// The worker that receives from queue `q` of port `i`: with one queue per worker,
-    /// worker `q`; ports of one queue are dealt out to the workers in turn.
+    /// The worker that receives from queue `q` of port `i`: worker `q` (modulo the
+    /// workers) for a port of several queues; ports of one queue are dealt out to the
+    /// workers in turn.
     fn owner(&self, i: usize, q: usize, workers: usize) -> usize {
         (if self.queues.len() > 1 { q } else { i }) % workers
     }
