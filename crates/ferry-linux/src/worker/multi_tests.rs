@@ -231,3 +231,26 @@ fn test_a_failing_worker_stops_them_all() {
     );
     assert_eq!(names(&ports), ["a", "b"], "the ports are handed back");
 }
+
+#[test]
+fn test_a_live_trace_sees_what_every_worker_receives() {
+    let (pa, wa) = fake("a");
+    let (pb, wb) = fake("b");
+    // a is worker 0's, b worker 1's.
+    let w = Running::start_workers(2, tables(&["a", "b"]), vec![pa, pb]);
+    let udp = ferry_datapath::filter::Match::parse("udp").unwrap();
+    w.control
+        .run(WAIT, move |v| v.taps.start_trace(udp, 4))
+        .unwrap();
+    for i in 0..2 {
+        wa.send("10.0.2.5", i);
+        wb.expect(i);
+        wb.send("10.0.1.5", 10 + i);
+        wa.expect(10 + i);
+    }
+    let traced = w.control.run(WAIT, |v| v.taps.take_traced()).unwrap();
+    let mut ports: Vec<&str> = traced.iter().map(|t| t.in_port.as_str()).collect();
+    ports.sort();
+    assert_eq!(ports, ["a", "a", "b", "b"], "{traced:?}");
+    assert!(traced.iter().all(|t| t.verdict == "forwarded"));
+}
