@@ -63,10 +63,10 @@ pub struct Args {
     /// Leave the host kernel processing what arrives on the uplink as well.
     #[arg(long)]
     pub share_uplink: bool,
-    /// Worker threads (see docs/agent.md): the uplink gets one AF_PACKET socket per
-    /// worker in a fanout group, and the pods' TAPs are dealt out to the workers.
-    #[arg(long, default_value_t = 1, value_name = "N",
-          value_parser = clap::value_parser!(u16).range(1..=ferry_linux::worker::MAX_WORKERS as i64))]
+    /// Worker threads, 1 to 64, or `auto` for one per core this process may run on (see
+    /// docs/agent.md): the uplink gets one AF_PACKET socket per worker in a fanout group,
+    /// and each pod's TAP one queue per worker.
+    #[arg(long, default_value = "1", value_name = "N|auto", value_parser = crate::node::parse_workers)]
     pub workers: u16,
     /// The local API socket (root only), where the CNI plugin asks for pods'
     /// interfaces.

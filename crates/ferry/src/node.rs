@@ -34,11 +34,30 @@ pub struct Args {
     /// Leave the host kernel processing what arrives on af-packet ports as well.
     #[arg(long)]
     pub share_uplink: bool,
-    /// Worker threads (see docs/node.md): each af-packet port gets one socket per
-    /// worker in a fanout group, and the other ports are dealt out to the workers.
-    #[arg(long, default_value_t = 1, value_name = "N",
-          value_parser = clap::value_parser!(u16).range(1..=ferry_linux::worker::MAX_WORKERS as i64))]
+    /// Worker threads, 1 to 64, or `auto` for one per core this process may run on
+    /// (see docs/node.md): each af-packet port gets one socket per worker in a fanout
+    /// group, and each pod's TAP one queue per worker.
+    #[arg(long, default_value = "1", value_name = "N|auto", value_parser = parse_workers)]
     pub workers: u16,
+}
+
+/// `--workers`: a count from 1 to [`ferry_linux::worker::MAX_WORKERS`], or `auto` for
+/// one per core this process may run on (at most the maximum).
+pub fn parse_workers(s: &str) -> Result<u16, String> {
+    let max = ferry_linux::worker::MAX_WORKERS;
+    let n = match s {
+        "auto" => std::thread::available_parallelism()
+            .map_err(|e| format!("the number of cores is unknown ({e}): give a number"))?
+            .get()
+            .min(max),
+        _ => s
+            .parse::<usize>()
+            .map_err(|_| format!("{s:?}: expected a number from 1 to {max}, or auto"))?,
+    };
+    if !(1..=max).contains(&n) {
+        return Err(format!("{n}: expected a number from 1 to {max}, or auto"));
+    }
+    Ok(n as u16)
 }
 
 /// How one port meets Linux.
@@ -221,5 +240,20 @@ mod tests {
             assert!(e.contains(want), "{bad}: {e}");
         }
         assert!(pod_tap_name(12).len() <= 15);
+    }
+
+    #[test]
+    fn workers_are_a_count_or_auto() {
+        assert_eq!(parse_workers("1"), Ok(1));
+        assert_eq!(parse_workers("64"), Ok(64));
+        let cores = std::thread::available_parallelism().unwrap().get().min(64);
+        assert_eq!(parse_workers("auto"), Ok(cores as u16));
+        for bad in ["0", "65", "-1", "two", ""] {
+            let e = parse_workers(bad).unwrap_err();
+            assert!(
+                e.contains("expected a number from 1 to 64, or auto"),
+                "{bad}: {e}"
+            );
+        }
     }
 }
