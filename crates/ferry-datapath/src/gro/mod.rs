@@ -28,10 +28,10 @@
 //! without coalescing.
 
 use crate::flow::proto;
-use crate::packet::{Packet, VnetHdr};
+use crate::packet::{Meta, Packet, VnetHdr};
 use crate::wire::build::tcp_flags;
 use crate::wire::checksum;
-use crate::wire::parse::{self, IPV6_LEN, L3};
+use crate::wire::parse::{self, IPV6_LEN, L3, Parsed};
 
 /// Largest IP packet a run may become (the IPv4 total length field's limit; IPv6 is held
 /// to the same so that both families behave alike).
@@ -66,12 +66,16 @@ struct Segment {
 impl Segment {
     /// The segment's layout if `pkt` may be coalesced at all (see the module docs).
     fn of(pkt: &Packet) -> Option<Segment> {
-        let v = pkt.meta.vnet;
+        let p = parse::parse(&pkt.data, pkt.meta.zone).ok()?;
+        Segment::of_parsed(&pkt.data, &pkt.meta, &p)
+    }
+
+    /// [`Segment::of`] for frame `data` with metadata `meta`, parsed already as `p`.
+    fn of_parsed(data: &[u8], meta: &Meta, p: &Parsed) -> Option<Segment> {
+        let v = meta.vnet;
         if v.is_gso() || v.needs_csum() {
             return None;
         }
-        let data = &pkt.data;
-        let p = parse::parse(data, pkt.meta.zone).ok()?;
         if !p.is_ip()
             || p.proto != proto::TCP
             || p.frag.is_some()
@@ -169,6 +173,7 @@ fn pseudo_header(data: &[u8], l3: L3, l3_off: usize, l4_len: usize) -> u64 {
 }
 
 /// A run being built: the first packet, whose buffer grows with the others' payloads.
+#[derive(Debug)]
 struct Run {
     pkt: Packet,
     first: Segment,
@@ -192,8 +197,8 @@ impl Run {
         }
     }
 
-    /// Appends `pkt` to the run if it may join; gives it back otherwise.
-    fn push(&mut self, pkt: Packet, seg: Segment) -> Result<(), Packet> {
+    /// Appends the segment in frame `data` to the run if it may join; false otherwise.
+    fn push(&mut self, data: &[u8], seg: Segment) -> bool {
         let mss = self.first.payload_len();
         let last = &self.last;
         let joins = last.flags & tcp_flags::PSH == 0
@@ -207,9 +212,9 @@ impl Run {
                 .id_step
                 .is_none_or(|s| seg.id == last.id.wrapping_add(s))
             && (self.first.l3 != L3::Ipv4 || matches!(seg.id.wrapping_sub(last.id), 0 | 1))
-            && same_headers(&self.pkt.data, &self.first, &pkt.data, &seg);
+            && same_headers(&self.pkt.data, &self.first, data, &seg);
         if !joins {
-            return Err(pkt);
+            return false;
         }
         if self.segments == 1 {
             // Drop any link padding after the first IP packet before appending to it,
@@ -226,11 +231,11 @@ impl Run {
         }
         self.pkt
             .data
-            .extend_from_slice(&pkt.data[seg.hdr_end..seg.ip_end]);
+            .extend_from_slice(&data[seg.hdr_end..seg.ip_end]);
         self.payload += seg.payload_len();
         self.segments += 1;
         self.last = seg;
-        Ok(())
+        true
     }
 
     /// The run as one packet: unchanged if it is a single segment, a GSO packet otherwise.
@@ -282,29 +287,88 @@ pub fn coalesce(pkts: &mut Vec<Packet>) {
         return;
     }
     let input = std::mem::take(pkts);
-    pkts.reserve(input.len());
-    let mut run: Option<Run> = None;
+    let mut c = Coalescer::new(std::mem::replace(pkts, Vec::with_capacity(input.len())));
     for pkt in input {
+        c.push(pkt);
+    }
+    *pkts = c.finish();
+}
+
+/// [`coalesce`] one packet at a time: the packets made go to a vector, in order. A
+/// segment offered as a slice of a larger buffer ([`Coalescer::push_frame`]) is copied
+/// once, into the run it joins or into a packet of its own.
+#[derive(Debug, Default)]
+pub struct Coalescer {
+    run: Option<Run>,
+    out: Vec<Packet>,
+}
+
+impl Coalescer {
+    /// A coalescer that appends what it makes to `out`.
+    pub fn new(out: Vec<Packet>) -> Coalescer {
+        Coalescer { run: None, out }
+    }
+
+    /// Offers `pkt`.
+    pub fn push(&mut self, pkt: Packet) {
         let Some(seg) = Segment::of(&pkt) else {
-            if let Some(r) = run.take() {
-                pkts.push(r.finish());
-            }
-            pkts.push(pkt);
-            continue;
+            self.end_run();
+            self.out.push(pkt);
+            return;
         };
-        let pkt = match run.as_mut() {
-            Some(r) => match r.push(pkt, seg) {
-                Ok(()) => continue,
-                Err(pkt) => pkt,
-            },
-            None => pkt,
+        if let Some(r) = &mut self.run
+            && r.push(&pkt.data, seg)
+        {
+            return;
+        }
+        self.start(pkt, seg);
+    }
+
+    /// Offers the frame `data`, parsed as `parsed`, with metadata `meta`: copied into the
+    /// run it joins, or else into a packet of its own.
+    pub fn push_frame(&mut self, data: &[u8], parsed: &Parsed, meta: &Meta) {
+        let Some(seg) = Segment::of_parsed(data, meta, parsed) else {
+            self.end_run();
+            self.out.push(Packet {
+                data: data.to_vec(),
+                meta: *meta,
+            });
+            return;
         };
-        if let Some(r) = run.replace(Run::start(pkt, seg)) {
-            pkts.push(r.finish());
+        if let Some(r) = &mut self.run
+            && r.push(data, seg)
+        {
+            return;
+        }
+        let pkt = Packet {
+            data: data.to_vec(),
+            meta: *meta,
+        };
+        self.start(pkt, seg);
+    }
+
+    /// Ends the run being built, if any, so that what comes next follows it.
+    pub fn end_run(&mut self) {
+        if let Some(r) = self.run.take() {
+            self.out.push(r.finish());
         }
     }
-    if let Some(r) = run {
-        pkts.push(r.finish());
+
+    /// True when nothing was offered since the last [`Coalescer::finish`].
+    pub fn is_empty(&self) -> bool {
+        self.run.is_none() && self.out.is_empty()
+    }
+
+    /// What was made, in order.
+    pub fn finish(mut self) -> Vec<Packet> {
+        self.end_run();
+        self.out
+    }
+
+    fn start(&mut self, pkt: Packet, seg: Segment) {
+        if let Some(r) = self.run.replace(Run::start(pkt, seg)) {
+            self.out.push(r.finish());
+        }
     }
 }
 

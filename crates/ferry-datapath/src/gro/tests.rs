@@ -385,6 +385,42 @@ fn test_offloaded_packets_are_left_alone() {
     assert_checksum_completes(&out[0]);
 }
 
+#[test]
+fn test_frames_offered_as_slices_coalesce_as_packets_do() {
+    let payload = build::pattern(1000 * 4, 12);
+    let a = stream(false, 0, SEQ0, &payload, ACK, 1000);
+    let b = stream(true, 1, 5, &payload, ACK | PSH, 1000);
+    let (src, dst) = addrs(false, 0);
+    let ack = Packet::new(
+        build::tcp(src, dst, 40000, 80, 9, 77, ACK, b"", &IpOpts::default()),
+        2,
+        1234,
+    );
+    let mixed = vec![
+        a[0].clone(),
+        a[1].clone(),
+        ack,
+        b[0].clone(),
+        b[1].clone(),
+        b[2].clone(),
+        b[3].clone(),
+        a[2].clone(),
+        a[3].clone(),
+    ];
+    let mut c = Coalescer::default();
+    // Each frame in the middle of a larger buffer, as in a super-frame.
+    for pkt in &mixed {
+        let mut buf = vec![0xaa; 7];
+        buf.extend_from_slice(&pkt.data);
+        buf.extend_from_slice(&[0xbb; 5]);
+        let frame = &buf[7..7 + pkt.data.len()];
+        c.push_frame(frame, &parsed(pkt), &pkt.meta);
+    }
+    let by_slices = c.finish();
+    assert_eq!(by_slices, coalesced(mixed));
+    assert_eq!(shape(&by_slices), [2, 1, 4, 2]);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 

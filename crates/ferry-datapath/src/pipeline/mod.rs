@@ -528,7 +528,7 @@ impl Pipeline {
         // still partial: that state is checked on the inner packet after decapsulation,
         // and such a frame that is not decapsulated is refused.
         let inner_csum = inner_partial_checksum(&pkt, &parsed);
-        if !inner_csum && let Err(r) = check_offload(&pkt, &parsed) {
+        if !inner_csum && let Err(r) = check_offload(&pkt.data, &pkt.meta.vnet, &parsed) {
             return self.drop(r, trace);
         }
 
@@ -579,7 +579,7 @@ impl Pipeline {
                     ov.vni, inner_parsed.key
                 )
             });
-            if let Err(r) = check_offload(&inner, &inner_parsed) {
+            if let Err(r) = check_offload(&inner.data, &inner.meta.vnet, &inner_parsed) {
                 return self.drop(r, trace);
             }
             (pkt, parsed) = match self.defrag(inner, inner_parsed, trace) {
@@ -598,7 +598,8 @@ impl Pipeline {
     /// its UDP payload is cut at `gso_size` into the datagrams' payloads, and each is
     /// decapsulated as if it had come alone (the outer UDP checksum is not verified, as
     /// for a single datagram). The inner TCP segments of one flow among them are then
-    /// coalesced ([`gro::coalesce`], as Linux's GRO does behind a vxlan device) and go
+    /// coalesced straight out of the super-frame ([`gro::Coalescer`], as Linux's GRO does
+    /// behind a vxlan device: one copy of each) and go
     /// through the rest of the pipeline as one GSO packet: one conntrack lookup and one
     /// write to a pod's TAP per run instead of per segment. Anything else (fragments,
     /// other protocols) goes on alone, in order. The verdict is `Forwarded` when any
@@ -628,13 +629,16 @@ impl Pipeline {
             format!("UDP GSO super-frame from node {peer}: {datagrams} datagrams of {size} bytes")
         });
         let mut verdict = Verdict::Dropped(DropReason::GsoMalformed);
-        let mut run: Vec<Packet> = Vec::with_capacity(datagrams);
+        // TCP segments go to the coalescer straight from the super-frame; `segments`
+        // counts those offered since it was last emptied.
+        let mut run = gro::Coalescer::default();
+        let mut segments = 0;
         for start in (payload..parsed.ip_end).step_by(size) {
             let one = Parsed {
                 ip_end: (start + size).min(parsed.ip_end),
                 ..*parsed
             };
-            let (inner, inner_parsed) = match self.decap(&pkt, &one, start, ov) {
+            let (at, inner_parsed, meta) = match self.decap_view(&pkt, &one, start, ov) {
                 Ok(i) => i,
                 Err(r) => {
                     combine(&mut verdict, self.drop(r, trace));
@@ -642,52 +646,59 @@ impl Pipeline {
                 }
             };
             self.stats.decapsulated += 1;
-            if let Err(r) = check_offload(&inner, &inner_parsed) {
+            let frame = &pkt.data[at..at + inner_parsed.ip_end];
+            if let Err(r) = check_offload(frame, &meta.vnet, &inner_parsed) {
                 combine(&mut verdict, self.drop(r, trace));
                 continue;
             }
             if inner_parsed.proto == proto::TCP && inner_parsed.frag.is_none() {
-                run.push(inner);
+                run.push_frame(frame, &inner_parsed, &meta);
+                segments += 1;
                 continue;
             }
-            if !run.is_empty() {
-                let v = self.forward_run(tables, &mut run, peer, out, trace);
+            if segments > 0 {
+                let v =
+                    self.forward_run(tables, std::mem::take(&mut run), segments, peer, out, trace);
                 combine(&mut verdict, v);
+                segments = 0;
             }
+            let inner = Packet {
+                data: frame.to_vec(),
+                meta,
+            };
             let v = match self.defrag(inner, inner_parsed, trace) {
                 Ok((p, pp)) => self.forward(tables, p, pp, Some(peer), out, trace),
                 Err(v) => v,
             };
             combine(&mut verdict, v);
         }
-        if !run.is_empty() {
-            let v = self.forward_run(tables, &mut run, peer, out, trace);
+        if segments > 0 {
+            let v = self.forward_run(tables, run, segments, peer, out, trace);
             combine(&mut verdict, v);
         }
         verdict
     }
 
-    /// Coalesces the decapsulated TCP segments of `run` (not empty) and forwards what
-    /// that makes, emptying `run`; the verdict is `Forwarded` when any was.
+    /// Forwards what the coalescer `run` made of `segments` decapsulated TCP segments;
+    /// the verdict is `Forwarded` when any was.
     fn forward_run(
         &mut self,
         tables: &Tables,
-        run: &mut Vec<Packet>,
+        run: gro::Coalescer,
+        segments: usize,
         peer: IpAddr,
         out: &mut Vec<(PortId, Packet)>,
         trace: &mut Trace,
     ) -> Verdict {
-        let segments = run.len();
-        gro::coalesce(run);
-        self.stats.decap_coalesced += (segments - run.len()) as u64;
+        let merged = run.finish();
+        self.stats.decap_coalesced += (segments - merged.len()) as u64;
         trace.note("gro", || {
             format!(
                 "{segments} TCP segments coalesced into {} packets",
-                run.len()
+                merged.len()
             )
         });
         let mut verdict = Verdict::Dropped(DropReason::GsoMalformed);
-        let merged = std::mem::take(run);
         for p in merged {
             let v = match parse(&p.data, p.meta.zone) {
                 Ok(pp) => self.forward(tables, p, pp, Some(peer), out, trace),
@@ -1220,6 +1231,20 @@ impl Pipeline {
         vx_off: usize,
         ov: &crate::tables::Overlay,
     ) -> Result<(Packet, Parsed), DropReason> {
+        let (at, inner, meta) = self.decap_view(pkt, parsed, vx_off, ov)?;
+        let data = pkt.data[at..at + inner.ip_end].to_vec();
+        Ok((Packet { data, meta }, inner))
+    }
+
+    /// [`Pipeline::decap`] without the copy: where in `pkt.data` the inner frame starts,
+    /// its parse (offsets from that start) and its metadata.
+    fn decap_view(
+        &self,
+        pkt: &Packet,
+        parsed: &Parsed,
+        vx_off: usize,
+        ov: &crate::tables::Overlay,
+    ) -> Result<(usize, Parsed, Meta), DropReason> {
         if ov.peer_index(parsed.key.src).is_none() {
             return Err(DropReason::VxlanUnknownPeer);
         }
@@ -1228,8 +1253,7 @@ impl Pipeline {
             return Err(DropReason::VxlanBadVni);
         }
         let start = vx_off + vxlan::LEN;
-        let data = pkt.data[start..parsed.ip_end].to_vec();
-        let inner = parse(&data, pkt.meta.zone)?;
+        let inner = parse(&pkt.data[start..parsed.ip_end], pkt.meta.zone)?;
         if inner.l3 == L3::Arp {
             return Err(DropReason::ArpNotHandled);
         }
@@ -1253,17 +1277,13 @@ impl Pipeline {
         } else {
             VnetHdr::default()
         };
-        let mut p = Packet {
-            data,
-            meta: Meta {
-                vnet,
-                mru: 0,
-                frag_id: 0,
-                ..pkt.meta
-            },
+        let meta = Meta {
+            vnet,
+            mru: 0,
+            frag_id: 0,
+            ..pkt.meta
         };
-        p.data.truncate(inner.ip_end);
-        Ok((p, inner))
+        Ok((start, inner, meta))
     }
 
     /// Where the frame goes at the link layer: the next hop's MAC (from the route, the
@@ -1885,8 +1905,7 @@ impl Pipeline {
 /// never write elsewhere (after routing and other checks); a GSO request must match the
 /// packet ([`gso::check_request`]: family, protocol, headers, a segment size; never a
 /// fragment), whether it is cut here later or handed on whole to a port that takes GSO.
-fn check_offload(pkt: &Packet, parsed: &Parsed) -> Result<(), DropReason> {
-    let v = pkt.meta.vnet;
+fn check_offload(data: &[u8], v: &VnetHdr, parsed: &Parsed) -> Result<(), DropReason> {
     if v.needs_csum() {
         let field = match parsed.proto {
             proto::TCP => 16,
@@ -1905,7 +1924,7 @@ fn check_offload(pkt: &Packet, parsed: &Parsed) -> Result<(), DropReason> {
     }
     if v.is_gso() {
         // Checked here, whether the packet is cut later or handed on whole.
-        gso::check_request(&pkt.data, parsed, &v)?;
+        gso::check_request(data, parsed, v)?;
     }
     Ok(())
 }
