@@ -210,6 +210,24 @@ mod tests {
     }
 
     #[test]
+    fn test_large_frames_are_handed_over_small_ones_copied() {
+        let mut buf = Vec::with_capacity(70_000);
+        buf.extend_from_slice(&[7u8; 100]);
+        let small = take_received(&mut buf, 70_000);
+        assert_eq!(small, [7u8; 100]);
+        assert!(small.capacity() < 1000, "a copy of its own size");
+        assert!(buf.is_empty() && buf.capacity() >= 70_000, "the buffer stays");
+
+        buf.extend_from_slice(&[9u8; HANDOVER_MIN]);
+        let at = buf.as_ptr();
+        let large = take_received(&mut buf, 70_000);
+        assert_eq!(large.len(), HANDOVER_MIN);
+        assert_eq!(large.as_ptr(), at, "the receive buffer itself");
+        assert!(buf.is_empty() && buf.capacity() >= 70_000, "a fresh buffer");
+        assert_ne!(buf.as_ptr(), at);
+    }
+
+    #[test]
     fn test_parse_short_header() {
         assert_eq!(vnet::decode(&[0u8; 9], Endian::Little), None);
     }
