@@ -249,12 +249,16 @@ fn start_agent(dir: &Path, state: &mut State, n: u8) -> Result<()> {
     fs::write(&base, cluster::base(&plan, n))?;
     let tap = format!("{}h{n}", plan.prefix);
     let sock = dir.join(format!("node{n}.sock"));
+    // Node 2 runs two worker threads, the others one: the checks go through both.
+    let workers = if n == 2 { "2" } else { "1" };
     let pid = sys::start_in(
         &node,
         &dir.join(format!("logs/agent-node{n}.log")),
         &[
             &state.ferry.display().to_string(),
             "agent",
+            "--workers",
+            workers,
             "--node",
             &format!("node{n}"),
             "--datastore",

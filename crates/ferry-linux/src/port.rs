@@ -216,7 +216,10 @@ mod tests {
         let small = take_received(&mut buf, 70_000);
         assert_eq!(small, [7u8; 100]);
         assert!(small.capacity() < 1000, "a copy of its own size");
-        assert!(buf.is_empty() && buf.capacity() >= 70_000, "the buffer stays");
+        assert!(
+            buf.is_empty() && buf.capacity() >= 70_000,
+            "the buffer stays"
+        );
 
         buf.extend_from_slice(&[9u8; HANDOVER_MIN]);
         let at = buf.as_ptr();
