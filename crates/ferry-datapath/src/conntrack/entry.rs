@@ -253,6 +253,7 @@ fn v6_bytes(a: IpAddr) -> [u8; 16] {
 impl Entry {
     /// A fresh entry for a connection whose first packet has key `original`. Both tuples
     /// are of one address family (NAT never changes it).
+    #[inline]
     pub(crate) fn new(original: FlowKey, reply: FlowKey, ps: ProtoState, now_ns: u64) -> Entry {
         let mut e = Entry {
             last_seen_ns: now_ns,

@@ -207,6 +207,9 @@ pub struct Pending {
     /// not hash them again: valid in the table whose stamp is `stamp`.
     hashes: [u64; 2],
     stamp: u64,
+    /// The table's count of insertions and removals when `process` found both tuples
+    /// free: while it is unchanged they still are, and commit need not look them up again.
+    changes: u64,
 }
 
 /// Two pending connections are equal when they would insert equal entries (which table
@@ -575,6 +578,7 @@ impl Conntrack {
                 entry,
                 hashes: [hash, reply_hash],
                 stamp: self.table.stamp(),
+                changes: self.table.changes(),
             }),
         })
     }
@@ -644,13 +648,16 @@ impl Conntrack {
             entry: e,
             hashes,
             stamp,
+            changes,
         } = pending;
-        let hashes = if stamp == self.table.stamp() {
+        let same_table = stamp == self.table.stamp();
+        let hashes = if same_table {
             hashes
         } else {
             self.table.hashes(&e)
         };
-        if self.table.taken(&e, hashes) {
+        let unchanged = same_table && changes == self.table.changes();
+        if !unchanged && self.table.taken(&e, hashes) {
             // Only when the table changed since process(), which the contract rules out.
             self.stats.clash += 1;
             return Err(DropReason::CtInvalid);

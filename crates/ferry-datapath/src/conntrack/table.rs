@@ -118,6 +118,9 @@ pub(crate) struct Table {
     /// Tells this table from every other in the process, so that hashes computed by one
     /// are not used in another (see `Pending`).
     stamp: u64,
+    /// Insertions and removals so far: while it stays the same, a tuple found free stays
+    /// free (see `Pending`).
+    changes: u64,
 }
 
 /// A key of the batch (see [`Table::prefetch_batch`]): its hash, and the first index value
@@ -172,6 +175,7 @@ impl Table {
             ahead: 0,
             prefetch: None,
             stamp: NEXT_STAMP.fetch_add(1, Ordering::Relaxed),
+            changes: 0,
         }
     }
 
@@ -212,6 +216,12 @@ impl Table {
     #[inline]
     pub(crate) fn stamp(&self) -> u64 {
         self.stamp
+    }
+
+    /// Insertions and removals so far (wrapping): equal counts mean the same entries.
+    #[inline]
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// Live entries.
@@ -560,6 +570,7 @@ impl Table {
             self.unreplied_push(id);
         }
         self.live += 1;
+        self.changes = self.changes.wrapping_add(1);
         id
     }
 
@@ -577,6 +588,7 @@ impl Table {
             self.unreplied_unlink(id);
         }
         self.live -= 1;
+        self.changes = self.changes.wrapping_add(1);
         let slot = std::mem::replace(&mut self.slots[id as usize], Slot::Free(self.free));
         self.free = id;
         match slot {

@@ -1226,3 +1226,25 @@ fn long_batch_gives_the_same_results_as_packet_by_packet() {
     }
     assert_eq!(one.stats().found, 60 + 90 + 90);
 }
+
+/// Commit skips looking up the tuples again only while the table is as process left it:
+/// two pending connections with one tuple, the second committed after the first, clash;
+/// one whose tuple was freed in between is inserted.
+#[test]
+fn pending_after_the_table_changed_is_checked_again() {
+    let mut ct = ct();
+    let mut p = udp("10.0.0.1", 1000, "10.0.0.2", 53);
+    let first = ct.process(&mut p.pkt, &mut p.parsed, None, 0).unwrap();
+    let mut p = udp("10.0.0.1", 1000, "10.0.0.2", 53);
+    let second = ct.process(&mut p.pkt, &mut p.parsed, None, 0).unwrap();
+    let id = ct.commit(first.pending.unwrap(), 0).unwrap();
+    let again = second.pending.unwrap();
+    assert_eq!(ct.commit(again.clone(), 0), Err(DropReason::CtInvalid));
+    assert_eq!(ct.stats().clash, 1);
+    ct.check();
+    assert_eq!(ct.delete(&Filter::default()), 1);
+    assert!(ct.get(id).is_none());
+    ct.commit(again, 0).unwrap();
+    assert_eq!(ct.len(), 1);
+    ct.check();
+}

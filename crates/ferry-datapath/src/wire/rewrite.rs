@@ -68,18 +68,6 @@ impl Family {
 /// Offset of the IPv4 header checksum.
 const IPV4_CSUM: usize = 10;
 
-/// An address as bytes in a fixed buffer (no allocation): the first 4 or 16 bytes.
-fn octets(a: IpAddr) -> ([u8; 16], usize) {
-    match a {
-        IpAddr::V4(v) => {
-            let mut b = [0; 16];
-            b[..4].copy_from_slice(&v.octets());
-            (b, 4)
-        }
-        IpAddr::V6(v) => (v.octets(), 16),
-    }
-}
-
 /// A checksum field being updated. `partial` marks a field that holds the folded
 /// pseudo-header sum of a virtio-net NEEDS_CSUM packet (not complemented).
 #[derive(Clone, Copy, Debug)]
@@ -108,20 +96,66 @@ impl Csum {
     }
 }
 
-/// Writes `new` at `off` when the bytes there differ, returning the old bytes (the first
-/// `new.len()` of the buffer) if they did. Out of range is an error, never a panic.
-fn replace(frame: &mut [u8], off: usize, new: &[u8]) -> Result<Option<[u8; 16]>, DropReason> {
-    let field = off
-        .checked_add(new.len())
+/// Writes `new` at `off` when the bytes there differ, returning the old bytes if they did.
+/// Out of range is an error, never a panic. Of a fixed size, so that comparing and copying
+/// them calls no memcmp or memcpy.
+fn replace<const N: usize>(
+    frame: &mut [u8],
+    off: usize,
+    new: [u8; N],
+) -> Result<Option<[u8; N]>, DropReason> {
+    let field: &mut [u8; N] = off
+        .checked_add(N)
         .and_then(|end| frame.get_mut(off..end))
+        .and_then(|f| f.try_into().ok())
         .ok_or(DropReason::IpLengthInvalid)?;
-    if field == new {
+    if *field == new {
         return Ok(None);
     }
-    let mut old = [0; 16];
-    old[..new.len()].copy_from_slice(field);
-    field.copy_from_slice(new);
-    Ok(Some(old))
+    Ok(Some(std::mem::replace(field, new)))
+}
+
+/// An address that [`replace_addr`] changed: the bytes before and after, in the first
+/// `len` (4 or 16) of each.
+struct Replaced {
+    before: [u8; 16],
+    after: [u8; 16],
+    len: usize,
+}
+
+impl Replaced {
+    fn before(&self) -> &[u8] {
+        &self.before[..self.len]
+    }
+
+    fn after(&self) -> &[u8] {
+        &self.after[..self.len]
+    }
+}
+
+/// [`replace`] for an address.
+fn replace_addr(
+    frame: &mut [u8],
+    off: usize,
+    addr: IpAddr,
+) -> Result<Option<Replaced>, DropReason> {
+    let wide = |b: [u8; 4]| {
+        let mut w = [0; 16];
+        w[..4].copy_from_slice(&b);
+        w
+    };
+    Ok(match addr {
+        IpAddr::V4(a) => replace(frame, off, a.octets())?.map(|old| Replaced {
+            before: wide(old),
+            after: wide(a.octets()),
+            len: 4,
+        }),
+        IpAddr::V6(a) => replace(frame, off, a.octets())?.map(|old| Replaced {
+            before: old,
+            after: a.octets(),
+            len: 16,
+        }),
+    })
 }
 
 fn read16(frame: &[u8], off: usize) -> Result<u16, DropReason> {
@@ -288,10 +322,8 @@ pub fn rewrite(
     let pseudo = l4.is_some_and(|t| t.pseudo);
 
     for (off, addr) in fam.addr_offs().into_iter().zip([to.src, to.dst]) {
-        let (buf, n) = octets(addr);
-        let new = &buf[..n];
-        if let Some(old) = replace(frame, l3 + off, new)? {
-            let old = &old[..n];
+        if let Some(r) = replace_addr(frame, l3 + off, addr)? {
+            let (old, new) = (r.before(), r.after());
             if let Some(c) = ip_csum.as_mut() {
                 c.update(old, new);
             }
@@ -309,10 +341,10 @@ pub fn rewrite(
         };
         for &(off, v) in ids {
             let new = v.to_be_bytes();
-            if let Some(old) = replace(frame, t.off + off, &new)? {
+            if let Some(old) = replace(frame, t.off + off, new)? {
                 // A partial sum covers only the pseudo-header: identifiers are not in it.
                 if let Some(c) = l4_csum.as_mut().filter(|c| !c.partial) {
-                    c.update(&old[..2], &new);
+                    c.update(&old, &new);
                 }
             }
         }
@@ -382,10 +414,8 @@ pub fn rewrite_icmp_error(
     };
     let mut icmp_csum = Csum::full(read16(frame, icmp + 2)?);
     for (off, addr) in fam.addr_offs().into_iter().zip([outer_src, outer_dst]) {
-        let (buf, n) = octets(addr);
-        let new = &buf[..n];
-        if let Some(old) = replace(frame, l3 + off, new)? {
-            let old = &old[..n];
+        if let Some(r) = replace_addr(frame, l3 + off, addr)? {
+            let (old, new) = (r.before(), r.after());
             if let Some(c) = ip_csum.as_mut() {
                 c.update(old, new);
             }
@@ -408,10 +438,8 @@ pub fn rewrite_icmp_error(
     };
     let pseudo = t.is_some_and(|t| t.pseudo);
     for (off, addr) in fam.addr_offs().into_iter().zip([inner.src, inner.dst]) {
-        let (buf, n) = octets(addr);
-        let new = &buf[..n];
-        if let Some(old) = replace(frame, q + off, new)? {
-            let old = &old[..n];
+        if let Some(r) = replace_addr(frame, q + off, addr)? {
+            let (old, new) = (r.before(), r.after());
             icmp_csum.update(old, new);
             if let Some(c) = q_ip_csum.as_mut() {
                 c.update(old, new);
@@ -429,10 +457,10 @@ pub fn rewrite_icmp_error(
         };
         for &(off, v) in ids {
             let new = v.to_be_bytes();
-            if let Some(old) = replace(frame, t.off + off, &new)? {
-                icmp_csum.update(&old[..2], &new);
+            if let Some(old) = replace(frame, t.off + off, new)? {
+                icmp_csum.update(&old, &new);
                 if let Some(c) = q_l4_csum.as_mut() {
-                    c.update(&old[..2], &new);
+                    c.update(&old, &new);
                 }
             }
         }
