@@ -67,7 +67,7 @@ pub struct Options {
     /// Leave the host kernel processing what arrives on the uplink as well.
     pub share_uplink: bool,
     /// Worker threads (0 counts as 1): the uplink gets one AF_PACKET socket per worker
-    /// in a fanout group, and the pods' TAPs are dealt out to the workers
+    /// in a fanout group, and each pod's TAP one queue per worker
     /// ([`ferry_linux::worker::run_workers`]).
     pub workers: u16,
     /// Compilation settings.
