@@ -69,6 +69,11 @@ for size in map(int, sys.argv[3:]):
 /// Builds the fabric (bridge br0), node 1 running ferry with pod p1a, and the external
 /// client `ext` (192.168.77.100, fd00:77::100) routing the pod CIDRs through node 1.
 fn client_and_node(tag: &str) -> (Lab, tempfile::TempDir) {
+    client_and_node_with(tag, 1)
+}
+
+/// [`client_and_node`] with `workers` worker threads on node 1.
+fn client_and_node_with(tag: &str, workers: u16) -> (Lab, tempfile::TempDir) {
     common::require(&[
         ("ip", "iproute2"),
         ("ss", "iproute2"),
@@ -125,7 +130,8 @@ fn client_and_node(tag: &str) -> (Lab, tempfile::TempDir) {
         "uplink=af-packet:up1".to_string(),
         format!("pod-a=pod:{pod}"),
     ];
-    lab.ferry_node("n1", dir.path(), TABLES, &attach);
+    let w = workers.to_string();
+    lab.ferry_node_with("n1", dir.path(), TABLES, &attach, &["--workers", &w]);
     lab.wait_pod("p1a");
     (lab, dir)
 }
@@ -209,7 +215,18 @@ fn fields(pcap: &Path, filter: &str, field: &str) -> Vec<u64> {
 /// ferry delivered, none larger than the pod's MTU.
 #[test]
 fn big_udp_datagrams_from_outside_arrive_whole_ipv4() {
-    let (mut lab, dir) = client_and_node("xa");
+    ipv4_datagrams_arrive_whole("xa", 1);
+}
+
+/// The same with two workers: the fragments and the echoes may be read by either, and
+/// reassembly and connections are the pipeline's, which both share.
+#[test]
+fn big_udp_datagrams_from_outside_arrive_whole_with_two_workers() {
+    ipv4_datagrams_arrive_whole("xw", 2);
+}
+
+fn ipv4_datagrams_arrive_whole(tag: &str, workers: u16) {
+    let (mut lab, dir) = client_and_node_with(tag, workers);
     let pcap = dir.path().join("pod.pcap");
     lab.capture("p1a", "tshark on the pod", "eth0", &pcap);
     let wire = dir.path().join("wire.pcap");
