@@ -28,7 +28,7 @@ use ferry_api::{Answer, PodRef, Request, Response};
 use ferry_datapath::pipeline::Pipeline;
 use ferry_datapath::tables::{MacAddr, PortKind, Tables, TablesSpec};
 use ferry_linux::link;
-use ferry_linux::worker::{Control, NamedPort, Snapshot, Update, WorkerStats};
+use ferry_linux::worker::{Control, NamedPort, Snapshot, Update, WorkerStats, Workers};
 use ferry_linux::{AfPacketConfig, AfPacketPort, Port, TapPort};
 use ipnet::IpNet;
 
@@ -66,10 +66,10 @@ pub struct Options {
     pub pods: BTreeMap<ObjectKey, String>,
     /// Leave the host kernel processing what arrives on the uplink as well.
     pub share_uplink: bool,
-    /// Worker threads (0 counts as 1): the uplink gets one AF_PACKET socket per worker
-    /// in a fanout group, and each pod's TAP one queue per worker
-    /// ([`ferry_linux::worker::run_workers`]).
-    pub workers: u16,
+    /// Worker threads (a count of 0 is taken as 1) and the CPUs they are pinned to: the
+    /// uplink gets one AF_PACKET socket per worker in a fanout group, and each pod's TAP
+    /// one queue per worker ([`ferry_linux::worker::run_workers`]).
+    pub workers: Workers,
     /// Compilation settings.
     pub compile: CompileOptions,
     /// Where the CNI plugin's attachments are recorded ([`crate::state`]) and adopted
@@ -226,12 +226,15 @@ impl Agent {
             Arc::clone(&agent.failed),
         );
         let started = agent.started;
-        let workers = agent.opts.workers.max(1);
+        let workers = Workers {
+            count: agent.opts.workers.count.max(1),
+            cpus: agent.opts.workers.cpus.clone(),
+        };
         let worker = thread::Builder::new()
             .name("ferry-worker".into())
             .spawn(move || {
                 let r = ferry_linux::worker::run_workers(
-                    usize::from(workers),
+                    workers,
                     &mut ports,
                     &mut pipeline,
                     &stop,
@@ -885,7 +888,7 @@ impl Agent {
         let n = recorded.len();
         for a in recorded {
             let pod = ObjectKey::new(&a.pod_namespace, &a.pod_name);
-            match adopt(&a, self.opts.workers.max(1)) {
+            match adopt(&a, self.queues()) {
                 Ok(tap) => {
                     tracing::info!(container = %a.container_id, %pod, netns = %a.netns,
                         ifname = %a.ifname, "pod interface adopted");
@@ -1039,6 +1042,11 @@ impl Agent {
         }
     }
 
+    /// Queues per port: one per worker.
+    fn queues(&self) -> u16 {
+        self.opts.workers.count.clamp(1, usize::from(u16::MAX)) as u16
+    }
+
     /// Opens the Linux port of tables port `name`.
     fn open_port(
         &mut self,
@@ -1057,7 +1065,7 @@ impl Agent {
                 })?;
                 let cfg = AfPacketConfig {
                     drop_kernel_ingress: !self.opts.share_uplink,
-                    queues: self.opts.workers.max(1),
+                    queues: self.queues(),
                     ..AfPacketConfig::default()
                 };
                 Box::new(
@@ -1097,7 +1105,7 @@ impl Agent {
                 let cni = self.cni.values().any(|c| c.pod == key);
                 self.taps += 1;
                 let dev = format!("fy{}t{}", std::process::id() % 100_000, self.taps);
-                let tap = link::pod_tap(&dev, &netns, &ifname, p, self.opts.workers.max(1))
+                let tap = link::pod_tap(&dev, &netns, &ifname, p, self.queues())
                     .map_err(|e| format!("port {name:?}: {ifname} of pod {key} in {netns}: {e}"))?;
                 if cni {
                     // The CNI plugin's pods keep their interface across agent restarts.

@@ -86,7 +86,8 @@
 //! - *Leaving.* When one worker stops (a port broken, a panic), the others stop too, and
 //!   [`run_workers`] returns the first error.
 //!
-//! Workers are not pinned to cores: the kernel's scheduler places them.
+//! - *Pinning.* With [`Workers::cpus`], each worker pins itself to its CPU before its
+//!   first round; otherwise the kernel's scheduler places them.
 
 mod control;
 #[cfg(test)]
@@ -224,7 +225,7 @@ pub fn run_worker_with(
 /// tables in force, in their order, for the caller to drop (their further queues are
 /// closed already). The counts returned are the sum over the workers.
 pub fn run_workers(
-    workers: usize,
+    workers: impl Into<Workers>,
     ports: &mut Vec<NamedPort>,
     pipeline: &mut Pipeline,
     stop: &AtomicBool,
@@ -232,6 +233,10 @@ pub fn run_workers(
     control: &Control,
 ) -> io::Result<WorkerStats> {
     let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+    let Workers {
+        count: workers,
+        cpus,
+    } = workers.into();
     if !(1..=MAX_WORKERS).contains(&workers) {
         return Err(invalid(format!(
             "{workers} workers: between 1 and {MAX_WORKERS} are supported"
@@ -252,6 +257,7 @@ pub fn run_workers(
     taps.set_ports(ports.iter().map(|(n, _)| n.as_str()), &tables);
     let shared = Shared {
         workers,
+        cpus,
         layout: RwLock::new(Layout::new(
             std::mem::take(ports),
             &mut HashMap::new(),
@@ -300,6 +306,26 @@ pub fn run_workers(
 /// Most worker threads [`run_workers`] runs.
 pub const MAX_WORKERS: usize = 64;
 
+/// How many workers [`run_workers`] runs, and where.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Workers {
+    /// Worker threads, 1 to [`MAX_WORKERS`].
+    pub count: usize,
+    /// CPUs to pin the workers to: worker `w` runs on `cpus[w % cpus.len()]` only
+    /// ([`crate::cpu::pin_current_thread`]; worker 0 is the calling thread). Empty: the
+    /// workers are not pinned.
+    pub cpus: Vec<usize>,
+}
+
+impl From<usize> for Workers {
+    fn from(count: usize) -> Workers {
+        Workers {
+            count,
+            cpus: Vec::new(),
+        }
+    }
+}
+
 /// Allocates the connection table whole and advises huge pages over it (see the module
 /// docs). Best effort: a kernel without transparent huge pages refuses the advice, and
 /// the table works the same on small pages.
@@ -329,6 +355,8 @@ fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 /// the order `layout`, `core`, a port queue.
 struct Shared<'p> {
     workers: usize,
+    /// CPUs to pin the workers to (see [`Workers::cpus`]).
+    cpus: Vec<usize>,
     /// The ports; read-locked by a worker for each round, write-locked to change them.
     layout: RwLock<Layout>,
     core: Mutex<Core<'p>>,
@@ -523,6 +551,15 @@ fn work(
     control: Option<&Control>,
 ) {
     let _leave = Leave(&sh.leave);
+    if let Some(&cpu) = sh.cpus.get(w % sh.cpus.len().max(1))
+        && let Err(e) = crate::cpu::pin_current_thread(cpu)
+    {
+        sh.fail(io::Error::new(
+            e.kind(),
+            format!("pinning worker {w} to CPU {cpu}: {e}"),
+        ));
+        return;
+    }
     let mut local = Local::new(&read(&sh.layout), w, sh.workers, control);
     let mut bufs = Buffers::default();
     let mut trace = Trace::disabled();

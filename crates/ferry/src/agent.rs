@@ -68,6 +68,9 @@ pub struct Args {
     /// and each pod's TAP one queue per worker.
     #[arg(long, default_value = "1", value_name = "N|auto", value_parser = crate::node::parse_workers)]
     pub workers: u16,
+    /// Pin worker i to the i-th CPU this process may run on (wrapping around).
+    #[arg(long)]
+    pub pin_workers: bool,
     /// The local API socket (root only), where the CNI plugin asks for pods'
     /// interfaces.
     #[arg(long, value_name = "PATH", default_value = ferry_api::DEFAULT_SOCKET)]
@@ -146,7 +149,7 @@ pub fn run(args: &Args) -> Result<()> {
         host_tap: args.host_tap.clone(),
         pods,
         share_uplink: args.share_uplink,
-        workers: args.workers,
+        workers: crate::node::workers(args.workers, args.pin_workers)?,
         compile: CompileOptions {
             external_snat: args.external_snat,
             ..CompileOptions::default()

@@ -39,6 +39,23 @@ pub struct Args {
     /// group, and each pod's TAP one queue per worker.
     #[arg(long, default_value = "1", value_name = "N|auto", value_parser = parse_workers)]
     pub workers: u16,
+    /// Pin worker i to the i-th CPU this process may run on (wrapping around).
+    #[arg(long)]
+    pub pin_workers: bool,
+}
+
+/// The workers of `--workers N` and `--pin-workers`: pinned to the CPUs this process
+/// may run on, in order, when `pin`.
+pub fn workers(count: u16, pin: bool) -> Result<ferry_linux::worker::Workers> {
+    let cpus = if pin {
+        ferry_linux::cpu::allowed().context("--pin-workers: reading this process's CPUs")?
+    } else {
+        Vec::new()
+    };
+    Ok(ferry_linux::worker::Workers {
+        count: usize::from(count),
+        cpus,
+    })
 }
 
 /// `--workers`: a count from 1 to [`ferry_linux::worker::MAX_WORKERS`], or `auto` for
@@ -172,7 +189,7 @@ pub fn run(args: &Args) -> Result<()> {
     );
     let control = Control::new();
     let stats = ferry_linux::worker::run_workers(
-        usize::from(args.workers),
+        workers(args.workers, args.pin_workers)?,
         &mut ports,
         &mut pipeline,
         stop,

@@ -45,7 +45,7 @@ fn two_nodes(tag: &str) -> (Lab, tempfile::TempDir) {
 }
 
 /// [`two_nodes`], the uplinks taking GSO (`uplink_gso`) or not, with `workers` worker
-/// threads per node.
+/// threads per node (pinned to CPUs when there are several).
 fn two_nodes_with(tag: &str, uplink_gso: bool, workers: u16) -> (Lab, tempfile::TempDir) {
     common::require(&[
         ("ip", "iproute2"),
@@ -79,12 +79,16 @@ fn two_nodes_with(tag: &str, uplink_gso: bool, workers: u16) -> (Lab, tempfile::
             format!("pod-b=pod:{pb}"),
         ];
         let w = workers.to_string();
+        let mut more = vec!["--workers", w.as_str()];
+        if workers > 1 {
+            more.push("--pin-workers");
+        }
         lab.ferry_node_with(
             &node,
             dir.path(),
             &tables_with(n, uplink_gso),
             &attach,
-            &["--workers", &w],
+            &more,
         );
     }
     for pod in ["p1a", "p1b", "p2a", "p2b"] {
@@ -311,6 +315,46 @@ fn with_uplink_gso_a_stream_crosses_in_udp_gso_super_frames_and_arrives_intact()
     }
 }
 
+/// The CPUs of a `Cpus_allowed_list:` line of a /proc status file (`0-3,6`).
+fn cpus_allowed(status: &str) -> Vec<usize> {
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("a Cpus_allowed_list line")
+        .trim();
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        cpus.extend(a.parse::<usize>().unwrap()..=b.parse::<usize>().unwrap());
+    }
+    cpus
+}
+
+/// The threads (name, allowed CPUs) of the process whose command line names `tables`.
+fn threads_of(tables: &std::path::Path) -> Vec<(String, Vec<usize>)> {
+    let want = tables.to_str().unwrap();
+    let pid = fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| {
+            fs::read(e.path().join("cmdline")).is_ok_and(|c| {
+                c.split(|b| *b == 0).any(|arg| arg == want.as_bytes())
+                    && c.starts_with(env!("CARGO_BIN_EXE_ferry").as_bytes())
+            })
+        })
+        .unwrap_or_else(|| panic!("no ferry process with {want}"))
+        .path();
+    fs::read_dir(pid.join("task"))
+        .unwrap()
+        .filter_map(|t| {
+            let t = t.ok()?.path();
+            let comm = fs::read_to_string(t.join("comm")).ok()?;
+            let status = fs::read_to_string(t.join("status")).ok()?;
+            Some((comm.trim().to_string(), cpus_allowed(&status)))
+        })
+        .collect()
+}
+
 /// Stops ferry on `node` and returns the line it printed on the way out.
 fn stop_line(lab: &mut Lab, node: &str) -> String {
     let log = lab.stop(&format!("ferry on {node}"));
@@ -345,6 +389,25 @@ fn with_two_workers_per_node_pods_talk_and_both_workers_carry_traffic() {
     lab.tcp_transfer(dir.path(), ("p1b", "10.244.1.6"), "p2b", 5002, &data);
     lab.tcp_transfer(dir.path(), ("p2b", "fd00:10:244:2::6"), "p1b", 5003, &data);
     lab.tcp_transfer(dir.path(), ("p1a", "fd00:10:244:1::5"), "p2a", 5004, &data);
+    // Pinned: each worker thread of a node may run on one CPU only, worker i on the
+    // i-th CPU ferry may run on.
+    let ours = cpus_allowed(&fs::read_to_string("/proc/self/status").unwrap());
+    for node in ["n1", "n2"] {
+        let threads = threads_of(&dir.path().join(format!("{node}.yaml")));
+        let cpus = |name: &str| {
+            threads
+                .iter()
+                .find(|(comm, _)| comm == name)
+                .map(|(_, cpus)| cpus.clone())
+                .unwrap_or_else(|| panic!("no thread {name} in ferry on {node}: {threads:?}"))
+        };
+        assert_eq!(cpus("ferry"), [ours[0]], "worker 0 on {node}");
+        assert_eq!(
+            cpus("ferry-worker-1"),
+            [ours[1 % ours.len()]],
+            "worker 1 on {node}"
+        );
+    }
     for node in ["n1", "n2"] {
         let line = stop_line(&mut lab, node);
         let w0 = count_before(&line, "by worker 0");

@@ -254,3 +254,56 @@ fn test_a_live_trace_sees_what_every_worker_receives() {
     assert_eq!(ports, ["a", "a", "b", "b"], "{traced:?}");
     assert!(traced.iter().all(|t| t.verdict == "forwarded"));
 }
+
+#[test]
+fn test_pinned_workers_run_on_their_cpus_only() {
+    let last = *crate::cpu::allowed().unwrap().last().unwrap();
+    let (pa, wa) = fake("a");
+    let (pb, wb) = fake("b");
+    let pinned = Workers {
+        count: 2,
+        cpus: vec![last],
+    };
+    let w = Running::start_workers(pinned, tables(&["a", "b"]), vec![pa, pb]);
+    // Jobs run on worker 0's thread.
+    let on = w
+        .control
+        .run(WAIT, |_| crate::cpu::allowed().unwrap())
+        .unwrap();
+    assert_eq!(on, [last]);
+    wa.send("10.0.2.5", 1);
+    wb.expect(1);
+    wb.send("10.0.1.5", 2);
+    wa.expect(2);
+    w.finish().2.unwrap();
+}
+
+#[test]
+fn test_a_cpu_a_worker_cannot_be_pinned_to_is_an_error() {
+    let (pa, _wa) = fake("a");
+    let mut ports = vec![pa];
+    let mut pipeline = Pipeline::new(tables(&["a"]));
+    let bad = Workers {
+        count: 1,
+        cpus: vec![1 << 20],
+    };
+    let e = thread::spawn(move || {
+        let r = run_workers(
+            bad,
+            &mut ports,
+            &mut pipeline,
+            &AtomicBool::new(false),
+            || 0,
+            &Control::new(),
+        );
+        (r.unwrap_err(), ports.len())
+    })
+    .join()
+    .unwrap();
+    assert!(
+        e.0.to_string().contains("pinning worker 0 to CPU 1048576"),
+        "{}",
+        e.0
+    );
+    assert_eq!(e.1, 1, "the port is handed back");
+}

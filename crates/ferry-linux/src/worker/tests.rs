@@ -239,10 +239,11 @@ impl Running {
 
     /// With `workers` worker threads.
     pub(super) fn start_workers(
-        workers: usize,
+        workers: impl Into<Workers>,
         tables: Arc<Tables>,
         mut ports: Vec<NamedPort>,
     ) -> Running {
+        let workers = workers.into();
         let control = Arc::new(Control::new());
         let stop = Arc::new(AtomicBool::new(false));
         let (c, s) = (Arc::clone(&control), Arc::clone(&stop));
