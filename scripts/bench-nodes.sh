@@ -7,7 +7,8 @@
 #
 #   bash scripts/bench-nodes.sh [SECONDS]      (default 10 s of iperf3 per topology)
 #   BENCH_ONLY=ferry bash scripts/bench-nodes.sh 5     (only the topologies named)
-#   BENCH_ONLY="kernel ferry ferry-2w" ...   (ferry-2w: ferry with 2 workers per node)
+#   BENCH_ONLY="kernel ferry ferry-pin ferry-2w" ...   (ferry-pin: its worker pinned to
+#   the first CPU, --pin-workers; ferry-2w: 2 workers per node)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -121,9 +122,11 @@ NFT
   teardown
 }
 
-# ferry_nodes WORKERS NAME: the ferry topology with WORKERS worker threads per node.
+# ferry_nodes NAME WORKERS [ARG...]: the ferry topology with WORKERS worker threads per
+# node and further arguments of ferry node.
 ferry_nodes() {
-  local workers=$1 name=$2
+  local name=$1 workers=$2
+  shift 2
   base
   for n in 1 2; do
     local peer=$((3 - n))
@@ -136,7 +139,7 @@ overlay: { vni: 4096, mode: always, uplink: uplink }
 nodes:
   - { name: node$peer, address: 192.168.77.$peer, pod_cidrs: [10.244.$peer.0/24] }
 YAML
-    nsx "n$n" "$ferry" node --workers "$workers" --tables "$work/node$n.yaml" --attach "uplink=af-packet:up$n" --attach "pod=pod:$p-p$n" 2>"$work/ferry$n.log" &
+    nsx "n$n" "$ferry" node --workers "$workers" "$@" --tables "$work/node$n.yaml" --attach "uplink=af-packet:up$n" --attach "pod=pod:$p-p$n" 2>"$work/ferry$n.log" &
     pids+=($!)
   done
   for n in 1 2; do
@@ -252,14 +255,19 @@ FLOWS
 echo "pod-to-pod across two nodes, iperf3 ${secs} s and 5000 TCP round trips of 1 byte"
 # BENCH_ONLY="ferry kernel" runs only those topologies (default: kernel ferry ovs).
 only=${BENCH_ONLY:-kernel ferry ovs}
-for t in kernel ferry ferry-2w ovs; do
+for t in kernel ferry ferry-pin ferry-2w ovs; do
   case " $only " in *" $t "*) ;; *) continue ;; esac
-  case $t in ferry) ferry_nodes 1 ferry ;; ferry-2w) ferry_nodes 2 ferry-2w ;; *) "$t" ;; esac
+  case $t in
+    ferry) ferry_nodes ferry 1 ;;
+    ferry-pin) ferry_nodes ferry-pin 1 --pin-workers ;;
+    ferry-2w) ferry_nodes ferry-2w 2 ;;
+    *) "$t" ;;
+  esac
 done
 python3 - "$work/results" <<'PY'
 import sys
 r = {l.split()[0]: (float(l.split()[1]), float(l.split()[2])) for l in open(sys.argv[1])}
-for name in ("ferry", "ferry-2w"):
+for name in ("ferry", "ferry-pin", "ferry-2w"):
     if name not in r:
         continue
     f = r[name]
