@@ -389,6 +389,31 @@ fn af_packet_ingress_drop_keeps_the_node_kernel_out() {
     );
 }
 
+/// How many UDP datagrams to the node's port `dport` each of `ports` receives, until
+/// `want` came in all or `wait` is over.
+fn udp_per_port(
+    ports: &mut [&mut dyn Port],
+    dport: u16,
+    want: usize,
+    wait: Duration,
+) -> Vec<usize> {
+    let mut counts = vec![0; ports.len()];
+    let deadline = Instant::now() + wait;
+    let mut batch = Vec::new();
+    while Instant::now() < deadline && counts.iter().sum::<usize>() < want {
+        for (i, p) in ports.iter_mut().enumerate() {
+            wait_readable(p.raw_fd(), 5);
+            batch.clear();
+            p.recv_batch(&mut batch, 64).unwrap();
+            counts[i] += batch
+                .iter()
+                .filter(|f| udp_to(f, NODE, dport).is_some())
+                .count();
+        }
+    }
+    counts
+}
+
 #[test]
 fn af_packet_fanout_group_delivers_a_flow_to_one_member() {
     let lab = lab("aff");
@@ -403,20 +428,8 @@ fn af_packet_fanout_group_delivers_a_flow_to_one_member() {
             s.send_to(b"one flow", (NODE, 7002)).unwrap();
         }
     });
-    let mut counts = [0usize; 2];
-    let deadline = Instant::now() + Duration::from_millis(500);
-    let mut batch = Vec::new();
-    while Instant::now() < deadline && counts.iter().sum::<usize>() < 8 {
-        for (i, p) in ports.iter_mut().enumerate() {
-            wait_readable(p.raw_fd(), 5);
-            batch.clear();
-            p.recv_batch(&mut batch, 64).unwrap();
-            counts[i] += batch
-                .iter()
-                .filter(|f| udp_to(f, NODE, 7002).is_some())
-                .count();
-        }
-    }
+    let [a, b] = &mut ports;
+    let mut counts = udp_per_port(&mut [a, b], 7002, 8, Duration::from_millis(500));
     counts.sort();
     assert_eq!(
         counts,
@@ -455,24 +468,16 @@ fn af_packet_queues_open_one_fanout_group_and_spread_flows_over_it() {
             s.send_to(b"many flows", (NODE, 7003)).unwrap();
         }
     });
-    let mut ports: [Box<dyn Port>; 2] = [Box::new(first), second];
-    let mut counts = [0u16; 2];
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut batch = Vec::new();
-    while Instant::now() < deadline && counts.iter().sum::<u16>() < FLOWS {
-        for (i, p) in ports.iter_mut().enumerate() {
-            wait_readable(p.raw_fd(), 5);
-            batch.clear();
-            p.recv_batch(&mut batch, 64).unwrap();
-            counts[i] += batch
-                .iter()
-                .filter(|f| udp_to(f, NODE, 7003).is_some())
-                .count() as u16;
-        }
-    }
+    let mut second = second;
+    let counts = udp_per_port(
+        &mut [&mut first, second.as_mut()],
+        7003,
+        FLOWS.into(),
+        Duration::from_secs(2),
+    );
     assert_eq!(
-        counts.iter().sum::<u16>(),
-        FLOWS,
+        counts.iter().sum::<usize>(),
+        usize::from(FLOWS),
         "each datagram once: {counts:?}"
     );
     assert!(

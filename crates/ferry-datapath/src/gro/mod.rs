@@ -348,15 +348,10 @@ impl Coalescer {
     }
 
     /// Ends the run being built, if any, so that what comes next follows it.
-    pub fn end_run(&mut self) {
+    fn end_run(&mut self) {
         if let Some(r) = self.run.take() {
             self.out.push(r.finish());
         }
-    }
-
-    /// True when nothing was offered since the last [`Coalescer::finish`].
-    pub fn is_empty(&self) -> bool {
-        self.run.is_none() && self.out.is_empty()
     }
 
     /// What was made, in order.

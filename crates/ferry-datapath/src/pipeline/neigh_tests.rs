@@ -87,20 +87,7 @@ fn test_packets_to_an_unresolved_node_wait_and_leave_encapsulated_in_order() {
 #[test]
 fn test_a_gso_packet_that_waited_is_segmented_when_it_leaves() {
     let (mut a, _) = nodes();
-    let f = build::tcp(
-        ip("10.244.1.5"),
-        ip("10.244.2.6"),
-        33000,
-        80,
-        1,
-        1,
-        tcp_flags::ACK,
-        &build::pattern(20000, 1),
-        &from_pod(1, 5),
-    );
-    let mut pkt = Packet::new(f, POD, 0);
-    pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV4;
-    pkt.meta.vnet.gso_size = 1460;
+    let pkt = gso_from_pod(20000);
     let mut out = Vec::new();
     let v = a.process(pkt, &mut out, &mut Trace::disabled());
     assert_eq!((v, out.len()), (Verdict::Queued, 1));

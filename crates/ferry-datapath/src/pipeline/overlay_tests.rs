@@ -557,20 +557,7 @@ fn test_df_too_big_across_the_overlay_gets_icmp_with_the_inner_mtu() {
 fn test_gso_packet_to_a_remote_pod_is_segmented_to_fit_before_encapsulation() {
     let (mut a, _) = nodes();
     learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
-    let f = build::tcp(
-        ip("10.244.1.5"),
-        ip("10.244.2.6"),
-        33000,
-        80,
-        1,
-        1,
-        tcp_flags::ACK,
-        &build::pattern(20000, 1),
-        &from_pod(1, 5),
-    );
-    let mut pkt = Packet::new(f, POD, 0);
-    pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV4;
-    pkt.meta.vnet.gso_size = 1460;
+    let pkt = gso_from_pod(20000);
     let mut out = Vec::new();
     assert_eq!(
         a.process(pkt, &mut out, &mut Trace::disabled()),
@@ -714,24 +701,6 @@ fn nodes_with_uplink_gso() -> (Pipeline, Pipeline) {
         Pipeline::new(Arc::new(s.compile().unwrap()))
     };
     (spec(1, 2, "192.168.50.20"), spec(2, 1, "192.168.50.10"))
-}
-
-fn gso_from_pod(payload: usize) -> Packet {
-    let f = build::tcp(
-        ip("10.244.1.5"),
-        ip("10.244.2.6"),
-        33000,
-        80,
-        1,
-        1,
-        tcp_flags::ACK,
-        &build::pattern(payload, 1),
-        &from_pod(1, 5),
-    );
-    let mut pkt = Packet::new(f, POD, 0);
-    pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV4;
-    pkt.meta.vnet.gso_size = 1460;
-    pkt
 }
 
 /// The inner TCP segments (sequence number, payload) that node 2 delivers to its pod.

@@ -124,6 +124,26 @@ pub(super) fn from_pod(n: u8, last: u8) -> IpOpts {
     }
 }
 
+/// A TCP GSO super-packet of `payload` bytes (segment size 1460) from pod 10.244.1.5 of
+/// node 1 to 10.244.2.6 on node 2.
+pub(super) fn gso_from_pod(payload: usize) -> Packet {
+    let f = build::tcp(
+        ip("10.244.1.5"),
+        ip("10.244.2.6"),
+        33000,
+        80,
+        1,
+        1,
+        tcp_flags::ACK,
+        &build::pattern(payload, 1),
+        &from_pod(1, 5),
+    );
+    let mut pkt = Packet::new(f, POD, 0);
+    pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV4;
+    pkt.meta.vnet.gso_size = 1460;
+    pkt
+}
+
 pub(super) fn udp_from_pod(dst: &str, sport: u16, payload: &[u8]) -> Vec<u8> {
     build::udp(
         ip("10.244.1.5"),
