@@ -382,13 +382,34 @@ fn with_two_workers_per_node_pods_talk_and_both_workers_carry_traffic() {
     lab.ping("p1a", "10.244.1.6", 56, 2);
     lab.ping("p1a", "10.244.2.5", 3000, 2);
     lab.ping("p2b", "fd00:10:244:1::5", 3000, 2);
-    // Pod a's TAP is worker 1's, pod b's worker 0's; each uplink socket of the fanout
-    // group is one worker's. Streams both ways from both pods of each node.
+    // Streams both ways from both pods of each node arrive byte-identical.
     let data = common::pattern(3_000_000, 11);
     lab.tcp_transfer(dir.path(), ("p2a", "10.244.2.5"), "p1a", 5001, &data);
     lab.tcp_transfer(dir.path(), ("p1b", "10.244.1.6"), "p2b", 5002, &data);
     lab.tcp_transfer(dir.path(), ("p2b", "fd00:10:244:2::6"), "p1b", 5003, &data);
     lab.tcp_transfer(dir.path(), ("p1a", "fd00:10:244:1::5"), "p2a", 5004, &data);
+    // Which worker reads a flow is the kernel's hash of it, on the uplink's fanout group
+    // and on a pod's multi-queue TAP alike: a coin flip per flow. 16 parallel streams
+    // each way leave both workers of a node without traffic with odds of 2^-31.
+    lab.spawn("p2a", "iperf3 server", &["iperf3", "-s", "-1"]);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    for reverse in [false, true] {
+        if reverse {
+            lab.spawn("p2a", "iperf3 server -R", &["iperf3", "-s", "-1"]);
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        let mut cmd = vec!["iperf3", "-c", "10.244.2.5", "-t", "1", "-P", "16", "-J"];
+        if reverse {
+            cmd.push("-R");
+        }
+        let json = lab.run("p1a", 20, &cmd);
+        let v: serde_json::Value = serde_json::from_str(&json).expect("iperf3 JSON");
+        let bytes = v["end"]["sum_received"]["bytes"].as_f64().unwrap_or(0.0);
+        assert!(
+            bytes > 1e6,
+            "16 iperf3 streams (reverse {reverse}): {bytes} bytes"
+        );
+    }
     // Pinned: each worker thread of a node may run on one CPU only, worker i on the
     // i-th CPU ferry may run on.
     let ours = cpus_allowed(&fs::read_to_string("/proc/self/status").unwrap());
@@ -410,6 +431,7 @@ fn with_two_workers_per_node_pods_talk_and_both_workers_carry_traffic() {
     }
     for node in ["n1", "n2"] {
         let line = stop_line(&mut lab, node);
+        eprintln!("{node}: {line}");
         let w0 = count_before(&line, "by worker 0");
         let w1 = count_before(&line, "by worker 1");
         assert!(
