@@ -2,7 +2,8 @@
 # Pod-to-pod TCP throughput and request/response latency across two nodes, built three
 # ways in one run: through ferry (VXLAN overlay, conntrack), through the Linux kernel
 # (veth, routes, kernel VXLAN, nf_conntrack with a stateful rule), and through Open
-# vSwitch's userspace datapath when it is installed. Prints each and the ratios.
+# vSwitch's userspace datapath when it is installed. Prints each and the ratios, and for
+# ferry and Open vSwitch the processor time their processes took per GB carried.
 # Needs root. Traffic stays in namespaces this script makes; all are removed on exit.
 #
 #   bash scripts/bench-nodes.sh [SECONDS]      (default 10 s of iperf3 per topology)
@@ -70,20 +71,39 @@ teardown() {
   sleep 0.5
 }
 
-# measure NAME: iperf3 and the ping-pong from pod 1 to pod 2 (10.244.2.5).
+# cpu_ticks PID...: the processor time (user and system, in clock ticks) the processes
+# have used so far, summed.
+cpu_ticks() {
+  local t=0 pid
+  for pid in "$@"; do
+    t=$((t + $(awk '{print $14 + $15}' "/proc/$pid/stat")))
+  done
+  echo "$t"
+}
+
+# measure NAME [PID...]: iperf3 and the ping-pong from pod 1 to pod 2 (10.244.2.5). The
+# processes named are the datapath's (ferry's nodes, Open vSwitch's ovs-vswitchd): their
+# processor time during iperf3, per GB received, is printed as well.
 measure() {
   local name=$1
+  shift
   for _ in $(seq 50); do nsx p1 ping -c 1 -W 1 10.244.2.5 >/dev/null 2>&1 && break; sleep 0.2; done
   nsx p2 iperf3 -s -1 >/dev/null 2>&1 & pids+=($!)
   sleep 0.5
-  local gbps
-  gbps=$(nsx p1 iperf3 -c 10.244.2.5 -t "$secs" -J | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9, 3))')
+  local gbps bytes json t0 t1 cpu=-
+  t0=$(cpu_ticks "$@")
+  json=$(nsx p1 iperf3 -c 10.244.2.5 -t "$secs" -J)
+  t1=$(cpu_ticks "$@")
+  read -r gbps bytes < <(python3 -c 'import json,sys; e=json.load(sys.stdin)["end"]["sum_received"]; print(round(e["bits_per_second"]/1e9, 3), e["bytes"])' <<<"$json")
+  if [ $# -gt 0 ]; then
+    cpu=$(python3 -c "print(round(($t1 - $t0) / $(getconf CLK_TCK) / ($bytes / 1e9), 3))")
+  fi
   nsx p2 python3 "$work/rr.py" server 10.244.2.5 5300 0 & pids+=($!)
   sleep 0.5
   local us
   us=$(nsx p1 python3 "$work/rr.py" client 10.244.2.5 5300 5000)
-  printf '%-10s %10s Gbit/s %10s us\n' "$name" "$gbps" "$us"
-  echo "$name $gbps $us" >> "$work/results"
+  printf '%-10s %10s Gbit/s %10s us %10s CPU-s/GB\n' "$name" "$gbps" "$us" "$cpu"
+  echo "$name $gbps $us $cpu" >> "$work/results"
 }
 
 kernel() {
@@ -145,7 +165,8 @@ YAML
   for n in 1 2; do
     for _ in $(seq 100); do nsx "p$n" ip link show eth0 >/dev/null 2>&1 && break; sleep 0.1; done
   done
-  measure "$name"
+  # The ferry processes themselves (the pids above are of the shells that started them).
+  measure "$name" $(pgrep -f -- "--tables $work/node")
   teardown
 }
 
@@ -247,7 +268,7 @@ table=2,priority=100,ip,nw_dst=10.244.$peer.0/24,actions=dec_ttl,output:2
 table=2,priority=0,actions=drop
 FLOWS
   done
-  measure ovs
+  measure ovs $(cat "$work"/ovs/n*/ovs-vswitchd.pid)
   ovs_stop
   teardown
 }
@@ -266,7 +287,7 @@ for t in kernel ferry ferry-pin ferry-2w ovs; do
 done
 python3 - "$work/results" <<'PY'
 import sys
-r = {l.split()[0]: (float(l.split()[1]), float(l.split()[2])) for l in open(sys.argv[1])}
+r = {l.split()[0]: l.split()[1:] for l in open(sys.argv[1])}
 for name in ("ferry", "ferry-pin", "ferry-2w"):
     if name not in r:
         continue
@@ -275,5 +296,8 @@ for name in ("ferry", "ferry-pin", "ferry-2w"):
         if base in r:
             b = r[base]
             label = f"{name}/{base}:"
-            print(f"{label:<17} throughput {f[0] / b[0]:.2f}x, latency {f[1] / b[1]:.2f}x")
+            line = f"{label:<17} throughput {float(f[0]) / float(b[0]):.2f}x, latency {float(f[1]) / float(b[1]):.2f}x"
+            if f[2] != "-" and b[2] != "-":
+                line += f", CPU per GB {float(f[2]) / float(b[2]):.2f}x"
+            print(line)
 PY
