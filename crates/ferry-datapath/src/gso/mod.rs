@@ -7,8 +7,10 @@
 //! (`NEEDS_CSUM`) or stale, so it is never trusted.
 //!
 //! Each segment is allocated once with its exact size, the headers and its payload are
-//! copied into it, the length/sequence/identification fields are fixed, and the transport
-//! checksum is computed in one pass over the segment's transport bytes.
+//! copied into it, and the length/sequence/identification fields are fixed. The headers'
+//! part of the checksums is summed once per super-packet with those fields left out;
+//! each segment adds its own fields as numbers and the sum of its payload, read where it
+//! lies in the super-packet. No checksum reads back a segment just written.
 
 use crate::drop::DropReason;
 use crate::flow::proto;
@@ -136,6 +138,13 @@ pub struct Segmenter<'a> {
     v4_id: u16,
     seq0: u32,
     flags0: u8,
+    /// IPv4: the sum of the IP header without its total length, identification and
+    /// checksum, which differ per segment.
+    ip_sum: u64,
+    /// The sum of the pseudo-header without its length and of the transport header
+    /// without the fields that differ per segment (TCP: sequence number, the word of the
+    /// data offset and flags, checksum; UDP: length, checksum).
+    l4_sum: u64,
 }
 
 impl<'a> Segmenter<'a> {
@@ -177,6 +186,7 @@ impl<'a> Segmenter<'a> {
                 DropReason::GsoMalformed
             });
         }
+        let (ip_sum, l4_sum) = header_sums(data, &lay);
         Ok(Segmenter {
             data,
             lay,
@@ -185,6 +195,8 @@ impl<'a> Segmenter<'a> {
             v4_id,
             seq0,
             flags0,
+            ip_sum,
+            l4_sum,
         })
     }
 
@@ -222,28 +234,23 @@ impl<'a> Segmenter<'a> {
 
         let ip_len = seg.len() - lay.l3_off;
         let l4_len = seg.len() - lay.l4_off;
-        let pseudo = match lay.l3 {
+        let mut l4_sum = self.l4_sum + checksum::add(&self.data[chunk.clone()], 0);
+        match lay.l3 {
             L3::Ipv4 => {
+                let id = self.v4_id.wrapping_add(i as u16);
                 let ip = &mut seg[lay.l3_off..lay.l4_off];
                 ip[2..4].copy_from_slice(&(ip_len as u16).to_be_bytes());
-                ip[4..6].copy_from_slice(&self.v4_id.wrapping_add(i as u16).to_be_bytes());
-                checksum::set_ipv4_header(ip);
-                let src = [ip[12], ip[13], ip[14], ip[15]];
-                let dst = [ip[16], ip[17], ip[18], ip[19]];
-                checksum::pseudo_v4(src, dst, ip[9], l4_len as u16)
+                ip[4..6].copy_from_slice(&id.to_be_bytes());
+                let c = checksum::finish(self.ip_sum + ip_len as u64 + u64::from(id));
+                ip[10..12].copy_from_slice(&c.to_be_bytes());
+                l4_sum += l4_len as u64;
             }
             _ => {
                 let ip = &mut seg[lay.l3_off..];
                 ip[4..6].copy_from_slice(&((ip_len - IPV6_LEN) as u16).to_be_bytes());
-                let mut src = [0u8; 16];
-                src.copy_from_slice(&ip[8..24]);
-                let nh = match lay.kind {
-                    Kind::Tcp => proto::TCP,
-                    Kind::Udp => proto::UDP,
-                };
-                checksum::pseudo_v6(&src, &lay.v6_dst, nh, l4_len as u32)
+                l4_sum += (l4_len >> 16) as u64 + (l4_len & 0xffff) as u64;
             }
-        };
+        }
 
         let l4 = &mut seg[lay.l4_off..];
         let csum_at = match lay.kind {
@@ -258,22 +265,60 @@ impl<'a> Segmenter<'a> {
                     flags &= !tcp_flags::CWR;
                 }
                 l4[13] = flags;
+                l4_sum += u64::from(seq >> 16)
+                    + u64::from(seq & 0xffff)
+                    + u64::from(u16::from_be_bytes([l4[12], flags]));
                 16
             }
             Kind::Udp => {
                 l4[4..6].copy_from_slice(&(l4_len as u16).to_be_bytes());
+                l4_sum += l4_len as u64;
                 6
             }
         };
-        l4[csum_at] = 0;
-        l4[csum_at + 1] = 0;
-        let mut c = checksum::finish(checksum::add(l4, pseudo));
+        let mut c = checksum::finish(l4_sum);
         // In UDP a zero checksum means "none"; its ones' complement twin says the same sum.
         if lay.kind == Kind::Udp && c == 0 {
             c = 0xffff;
         }
         l4[csum_at..csum_at + 2].copy_from_slice(&c.to_be_bytes());
     }
+}
+
+/// The parts of the checksums that every segment of a super-packet shares
+/// ([`Segmenter`]'s `ip_sum` and `l4_sum`), summed from the super-packet's headers in
+/// pieces that leave out the fields a segment sets. Every piece starts at an even offset.
+fn header_sums(data: &[u8], lay: &Layout) -> (u64, u64) {
+    let sum = |pieces: &[&[u8]]| pieces.iter().map(|p| checksum::add(p, 0)).sum::<u64>();
+    let ip = &data[lay.l3_off..lay.l4_off];
+    let l4 = &data[lay.l4_off..lay.hdr_end];
+    let (ip_sum, pseudo) = match lay.l3 {
+        L3::Ipv4 => {
+            // Without total length (2..4), identification (4..6) and checksum (10..12).
+            let src = [ip[12], ip[13], ip[14], ip[15]];
+            let dst = [ip[16], ip[17], ip[18], ip[19]];
+            (
+                sum(&[&ip[..2], &ip[6..10], &ip[12..]]),
+                checksum::pseudo_v4(src, dst, ip[9], 0),
+            )
+        }
+        _ => {
+            let mut src = [0u8; 16];
+            src.copy_from_slice(&ip[8..24]);
+            let nh = match lay.kind {
+                Kind::Tcp => proto::TCP,
+                Kind::Udp => proto::UDP,
+            };
+            (0, checksum::pseudo_v6(&src, &lay.v6_dst, nh, 0))
+        }
+    };
+    let l4_fixed = match lay.kind {
+        // Without sequence number (4..8), data offset and flags (12..14), checksum (16..18).
+        Kind::Tcp => sum(&[&l4[..4], &l4[8..12], &l4[14..16], &l4[18..]]),
+        // Without length (4..6) and checksum (6..8).
+        Kind::Udp => sum(&[&l4[..4]]),
+    };
+    (ip_sum, pseudo + l4_fixed)
 }
 
 /// Checks that a packet's GSO request (`vnet`, which must ask for segmentation) matches

@@ -554,11 +554,17 @@ proptest! {
         v6 in any::<bool>(),
         seed in any::<u8>(),
         seq0 in any::<u32>(),
+        flags in any::<u8>(),
+        id in any::<u16>(),
     ) {
         let payload = build::pattern(len, seed);
-        let mut pkt = tcp_super(v6, &payload, tcp_flags::ACK | tcp_flags::PSH, gso_size);
+        let mut pkt = tcp_super(v6, &payload, flags, gso_size);
         let p = parse::parse(&pkt.data, 0).unwrap();
         pkt.data[p.l4_off + 4..p.l4_off + 8].copy_from_slice(&seq0.to_be_bytes());
+        if !v6 {
+            pkt.data[p.l3_off + 4..p.l3_off + 6].copy_from_slice(&id.to_be_bytes());
+            fix_ip_lengths(&mut pkt.data, p.l3_off, false);
+        }
         let segs = run(&pkt, max_ip_len).unwrap();
         let mut joined = vec![0u8; len];
         let mut covered = 0;
