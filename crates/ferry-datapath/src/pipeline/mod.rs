@@ -629,16 +629,21 @@ impl Pipeline {
             format!("UDP GSO super-frame from node {peer}: {datagrams} datagrams of {size} bytes")
         });
         let mut verdict = Verdict::Dropped(DropReason::GsoMalformed);
+        // The datagrams share the outer headers: the peer is checked once, each datagram
+        // counted as a drop when it is unknown.
+        if ov.peer_index(peer).is_none() {
+            for _ in 0..datagrams {
+                combine(&mut verdict, self.drop(DropReason::VxlanUnknownPeer, trace));
+            }
+            return verdict;
+        }
         // TCP segments go to the coalescer straight from the super-frame; `segments`
         // counts those offered since it was last emptied.
         let mut run = gro::Coalescer::default();
         let mut segments = 0;
         for start in (payload..parsed.ip_end).step_by(size) {
-            let one = Parsed {
-                ip_end: (start + size).min(parsed.ip_end),
-                ..*parsed
-            };
-            let (at, inner_parsed, meta) = match self.decap_view(&pkt, &one, start, ov) {
+            let end = (start + size).min(parsed.ip_end);
+            let (at, inner_parsed, meta) = match self.decap_inner(&pkt, start, end, ov) {
                 Ok(i) => i,
                 Err(r) => {
                     combine(&mut verdict, self.drop(r, trace));
@@ -1248,12 +1253,24 @@ impl Pipeline {
         if ov.peer_index(parsed.key.src).is_none() {
             return Err(DropReason::VxlanUnknownPeer);
         }
-        let vx = vxlan::Repr::parse(pkt.data.get(vx_off..parsed.ip_end).unwrap_or(&[]))?;
+        self.decap_inner(pkt, vx_off, parsed.ip_end, ov)
+    }
+
+    /// [`Pipeline::decap_view`] once the outer source is known to be a peer: the VXLAN
+    /// datagram whose header starts at `vx_off` and which ends at `ip_end`.
+    fn decap_inner(
+        &self,
+        pkt: &Packet,
+        vx_off: usize,
+        ip_end: usize,
+        ov: &crate::tables::Overlay,
+    ) -> Result<(usize, Parsed, Meta), DropReason> {
+        let vx = vxlan::Repr::parse(pkt.data.get(vx_off..ip_end).unwrap_or(&[]))?;
         if vx.vni != ov.vni {
             return Err(DropReason::VxlanBadVni);
         }
         let start = vx_off + vxlan::LEN;
-        let inner = parse(&pkt.data[start..parsed.ip_end], pkt.meta.zone)?;
+        let inner = parse(&pkt.data[start..ip_end], pkt.meta.zone)?;
         if inner.l3 == L3::Arp {
             return Err(DropReason::ArpNotHandled);
         }

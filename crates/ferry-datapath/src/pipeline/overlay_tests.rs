@@ -795,6 +795,11 @@ fn test_gso_packet_to_a_remote_pod_leaves_as_udp_gso_super_frames_when_the_uplin
 /// A UDP GSO super-frame from node 1 to node 2 holding two VXLAN datagrams, each a
 /// 100-byte UDP datagram to pod 10.244.2.6, with its virtio-net header.
 fn udp_super_frame() -> (Vec<u8>, VnetHdr) {
+    udp_super_frame_from("192.168.50.10")
+}
+
+/// [`udp_super_frame`] with the outer source address `src`.
+fn udp_super_frame_from(src: &str) -> (Vec<u8>, VnetHdr) {
     let inner = build::udp(
         ip("10.244.1.5"),
         ip("10.244.2.6"),
@@ -806,7 +811,7 @@ fn udp_super_frame() -> (Vec<u8>, VnetHdr) {
     let o = overlay::Outer {
         src_mac: uplink_mac(1),
         dst_mac: uplink_mac(2),
-        src: ip("192.168.50.10"),
+        src: ip(src),
         dst: ip("192.168.50.20"),
         vni: 4096,
         port: 4789,
@@ -844,6 +849,26 @@ fn test_malformed_udp_gso_super_frame_is_dropped_whole_or_per_datagram() {
     let v = b.process(pkt, &mut out, &mut Trace::disabled());
     assert!(matches!(v, Verdict::Dropped(_)), "{v:?}");
     assert!(out.is_empty());
+    assert_eq!(b.stats().decapsulated, 0);
+}
+
+#[test]
+fn test_udp_gso_super_frame_from_an_unknown_node_is_dropped_datagram_by_datagram() {
+    let (_, mut b) = nodes_with_uplink_gso();
+    let (frame, vnet) = udp_super_frame_from("192.168.50.99");
+    let mut pkt = Packet::new(frame, UPLINK, 0);
+    pkt.meta.vnet = vnet;
+    let mut out = Vec::new();
+    assert_eq!(
+        b.process(pkt, &mut out, &mut Trace::disabled()),
+        Verdict::Dropped(DropReason::VxlanUnknownPeer)
+    );
+    assert!(out.is_empty());
+    assert_eq!(
+        b.drops().get(DropReason::VxlanUnknownPeer),
+        2,
+        "both datagrams"
+    );
     assert_eq!(b.stats().decapsulated, 0);
 }
 
