@@ -228,7 +228,7 @@ impl Agent {
         let started = agent.started;
         let workers = Workers {
             count: agent.opts.workers.count.max(1),
-            cpus: agent.opts.workers.cpus.clone(),
+            ..agent.opts.workers.clone()
         };
         let worker = thread::Builder::new()
             .name("ferry-worker".into())

@@ -71,6 +71,11 @@ pub struct Args {
     /// Pin worker i to the i-th CPU this process may run on (wrapping around).
     #[arg(long)]
     pub pin_workers: bool,
+    /// After receiving, a worker polls without sleeping for this many microseconds
+    /// (0 to 1000000) before it sleeps again: lower latency for a busy core (see
+    /// docs/agent.md). 0: off.
+    #[arg(long, default_value = "0", value_name = "MICROSECONDS", value_parser = crate::node::parse_busy_poll)]
+    pub busy_poll: u32,
     /// The local API socket (root only), where the CNI plugin asks for pods'
     /// interfaces.
     #[arg(long, value_name = "PATH", default_value = ferry_api::DEFAULT_SOCKET)]
@@ -149,7 +154,7 @@ pub fn run(args: &Args) -> Result<()> {
         host_tap: args.host_tap.clone(),
         pods,
         share_uplink: args.share_uplink,
-        workers: crate::node::workers(args.workers, args.pin_workers)?,
+        workers: crate::node::workers(args.workers, args.pin_workers, args.busy_poll)?,
         compile: CompileOptions {
             external_snat: args.external_snat,
             ..CompileOptions::default()

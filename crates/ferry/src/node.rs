@@ -42,11 +42,16 @@ pub struct Args {
     /// Pin worker i to the i-th CPU this process may run on (wrapping around).
     #[arg(long)]
     pub pin_workers: bool,
+    /// After receiving, a worker polls without sleeping for this many microseconds
+    /// (0 to 1000000) before it sleeps again: lower latency for a busy core (see
+    /// docs/node.md, "Busy polling"). 0: off.
+    #[arg(long, default_value = "0", value_name = "MICROSECONDS", value_parser = parse_busy_poll)]
+    pub busy_poll: u32,
 }
 
-/// The workers of `--workers N` and `--pin-workers`: pinned to the CPUs this process
-/// may run on, in order, when `pin`.
-pub fn workers(count: u16, pin: bool) -> Result<ferry_linux::worker::Workers> {
+/// The workers of `--workers N`, `--pin-workers` and `--busy-poll`: pinned to the CPUs
+/// this process may run on, in order, when `pin`.
+pub fn workers(count: u16, pin: bool, busy_poll_us: u32) -> Result<ferry_linux::worker::Workers> {
     let cpus = if pin {
         ferry_linux::cpu::allowed().context("--pin-workers: reading this process's CPUs")?
     } else {
@@ -55,7 +60,17 @@ pub fn workers(count: u16, pin: bool) -> Result<ferry_linux::worker::Workers> {
     Ok(ferry_linux::worker::Workers {
         count: usize::from(count),
         cpus,
+        busy_poll: std::time::Duration::from_micros(u64::from(busy_poll_us)),
     })
+}
+
+/// `--busy-poll`: microseconds from 0 to [`ferry_linux::worker::MAX_BUSY_POLL`].
+pub fn parse_busy_poll(s: &str) -> Result<u32, String> {
+    let max = ferry_linux::worker::MAX_BUSY_POLL.as_micros();
+    match s.parse::<u32>() {
+        Ok(n) if u128::from(n) <= max => Ok(n),
+        _ => Err(format!("{s:?}: expected microseconds from 0 to {max}")),
+    }
 }
 
 /// `--workers`: a count from 1 to [`ferry_linux::worker::MAX_WORKERS`], or `auto` for
@@ -189,7 +204,7 @@ pub fn run(args: &Args) -> Result<()> {
     );
     let control = Control::new();
     let stats = ferry_linux::worker::run_workers(
-        workers(args.workers, args.pin_workers)?,
+        workers(args.workers, args.pin_workers, args.busy_poll)?,
         &mut ports,
         &mut pipeline,
         stop,
@@ -211,9 +226,17 @@ pub fn run(args: &Args) -> Result<()> {
         .map(|(r, n)| format!("{r} {n}"))
         .collect();
     let ps = pipeline.stats();
+    let busy = if args.busy_poll > 0 {
+        format!(
+            "; {} rounds busy polling, of {}",
+            stats.busy_rounds, stats.rounds
+        )
+    } else {
+        String::new()
+    };
     eprintln!(
-        "ferry node: stopped after {} frames in ({}), {} out ({} segments coalesced; UDP GSO \
-         through the overlay: {} super-frames sent, {} received); drops: {}",
+        "ferry node: stopped after {} frames in ({}), {} out ({} segments coalesced{busy}; UDP \
+         GSO through the overlay: {} super-frames sent, {} received); drops: {}",
         stats.rx_frames,
         per_worker.join(", "),
         stats.tx_frames,
@@ -257,6 +280,19 @@ mod tests {
             assert!(e.contains(want), "{bad}: {e}");
         }
         assert!(pod_tap_name(12).len() <= 15);
+    }
+
+    #[test]
+    fn busy_poll_is_microseconds_up_to_a_second() {
+        assert_eq!(parse_busy_poll("0"), Ok(0));
+        assert_eq!(parse_busy_poll("50"), Ok(50));
+        assert_eq!(parse_busy_poll("1000000"), Ok(1_000_000));
+        for bad in ["1000001", "-1", "50us", ""] {
+            let e = parse_busy_poll(bad).unwrap_err();
+            assert!(e.contains("microseconds from 0 to 1000000"), "{bad}: {e}");
+        }
+        let w = workers(2, false, 50).unwrap();
+        assert_eq!(w.busy_poll, std::time::Duration::from_micros(50));
     }
 
     #[test]

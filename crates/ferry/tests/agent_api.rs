@@ -14,10 +14,18 @@ use ferry_api::{PodRef, Request, Response};
 fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
     common::require(&[("curl", "curl")]);
     let mut one = Node::new("api");
-    // Two worker threads: the pod's TAP, added while they run, is one worker's.
+    // Two worker threads, busy polling for 20 us after receiving: the pod's TAP, added
+    // while they run, gets a queue for each.
     one.start(
         "ferry agent",
-        &["--metrics-addr", "127.0.0.1:9250", "--workers", "2"],
+        &[
+            "--metrics-addr",
+            "127.0.0.1:9250",
+            "--workers",
+            "2",
+            "--busy-poll",
+            "20",
+        ],
     );
     let Node { lab, sock, .. } = &mut one;
     let sock = sock.clone();

@@ -45,6 +45,27 @@ fn a_bad_pod_attachment_is_refused() {
 }
 
 #[test]
+fn bad_worker_options_are_refused() {
+    for (flag, value, says) in [
+        ("--workers", "0", "expected a number from 1 to 64, or auto"),
+        (
+            "--busy-poll",
+            "1000001",
+            "expected microseconds from 0 to 1000000",
+        ),
+        (
+            "--busy-poll",
+            "5ms",
+            "expected microseconds from 0 to 1000000",
+        ),
+    ] {
+        let (ok, err) = agent(&["--node", "n1", "--datastore", "file:.", flag, value]);
+        assert!(!ok, "{flag} {value}");
+        assert!(err.contains(says), "{flag} {value}: {err}");
+    }
+}
+
+#[test]
 fn a_bad_cluster_at_start_names_the_file_and_field() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(

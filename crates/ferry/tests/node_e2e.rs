@@ -45,7 +45,7 @@ fn two_nodes(tag: &str) -> (Lab, tempfile::TempDir) {
 }
 
 /// [`two_nodes`], the uplinks taking GSO (`uplink_gso`) or not, with `workers` worker
-/// threads per node (pinned to CPUs when there are several).
+/// threads per node (pinned to CPUs and busy polling when there are several).
 fn two_nodes_with(tag: &str, uplink_gso: bool, workers: u16) -> (Lab, tempfile::TempDir) {
     common::require(&[
         ("ip", "iproute2"),
@@ -81,7 +81,8 @@ fn two_nodes_with(tag: &str, uplink_gso: bool, workers: u16) -> (Lab, tempfile::
         let w = workers.to_string();
         let mut more = vec!["--workers", w.as_str()];
         if workers > 1 {
-            more.push("--pin-workers");
+            // Pinned, and busy polling for 50 us after each batch received.
+            more.extend(["--pin-workers", "--busy-poll", "50"]);
         }
         lab.ferry_node_with(
             &node,
@@ -437,6 +438,11 @@ fn with_two_workers_per_node_pods_talk_and_both_workers_carry_traffic() {
         assert!(
             w0 > 100 && w1 > 100,
             "{node}: both workers received: {line}"
+        );
+        // The workers polled on after receiving, without sleeping.
+        assert!(
+            count_before(&line, "rounds busy polling") > 0,
+            "{node}: {line}"
         );
     }
 }

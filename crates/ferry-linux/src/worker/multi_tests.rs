@@ -263,6 +263,7 @@ fn test_pinned_workers_run_on_their_cpus_only() {
     let pinned = Workers {
         count: 2,
         cpus: vec![last],
+        ..Workers::default()
     };
     let w = Running::start_workers(pinned, tables(&["a", "b"]), vec![pa, pb]);
     // Jobs run on worker 0's thread.
@@ -286,6 +287,7 @@ fn test_a_cpu_a_worker_cannot_be_pinned_to_is_an_error() {
     let bad = Workers {
         count: 1,
         cpus: vec![1 << 20],
+        ..Workers::default()
     };
     let e = thread::spawn(move || {
         let r = run_workers(
@@ -306,4 +308,59 @@ fn test_a_cpu_a_worker_cannot_be_pinned_to_is_an_error() {
         e.0
     );
     assert_eq!(e.1, 1, "the port is handed back");
+}
+
+#[test]
+fn test_busy_polling_goes_on_for_its_window_after_frames_then_sleeps_again() {
+    for busy_poll in [Duration::ZERO, Duration::from_millis(100)] {
+        let (pa, wa) = fake("a");
+        let (pb, wb) = fake("b");
+        let workers = Workers {
+            count: 1,
+            busy_poll,
+            ..Workers::default()
+        };
+        let w = Running::start_workers(workers, tables(&["a", "b"]), vec![pa, pb]);
+        wa.send("10.0.2.5", 1);
+        wb.expect(1);
+        // The window, and 300 ms after it.
+        thread::sleep(Duration::from_millis(400));
+        let stats = w.finish().2.unwrap();
+        let asleep = stats.rounds - stats.busy_rounds;
+        eprintln!(
+            "{busy_poll:?}: {} rounds, {} busy",
+            stats.rounds, stats.busy_rounds
+        );
+        if busy_poll.is_zero() {
+            assert_eq!(stats.busy_rounds, 0, "{stats:?}");
+        } else {
+            // Polled over and over without sleeping, for 100 ms.
+            assert!(stats.busy_rounds > 100, "{stats:?}");
+        }
+        // Otherwise asleep in poll: a round per frame and per poll timeout (10 ms).
+        assert!(asleep < 80, "{busy_poll:?}: {stats:?}");
+    }
+}
+
+#[test]
+fn test_busy_polling_longer_than_the_maximum_is_refused() {
+    let (pa, _wa) = fake("a");
+    let mut pipeline = Pipeline::new(tables(&["a"]));
+    let mut ports = vec![pa];
+    let workers = Workers {
+        count: 1,
+        busy_poll: MAX_BUSY_POLL + Duration::from_micros(1),
+        ..Workers::default()
+    };
+    let e = run_workers(
+        workers,
+        &mut ports,
+        &mut pipeline,
+        &AtomicBool::new(false),
+        || 0,
+        &Control::new(),
+    )
+    .unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+    assert_eq!(names(&ports), ["a"], "the port is handed back");
 }
