@@ -91,10 +91,11 @@
 //!
 //! **Busy polling.** With [`Workers::busy_poll`], a worker that received frames in a
 //! round polls its ports without sleeping (a zero poll timeout) until that long has
-//! passed without any, as Linux's `SO_BUSY_POLL` does for a socket. A frame that comes
-//! within the window is taken at once instead of waking a sleeping thread, which is
-//! most of what a packet's trip through ferry costs on an idle machine: latency drops,
-//! and the worker keeps its core busy while traffic flows. Idle, it sleeps as before.
+//! passed without any, as Linux's `SO_BUSY_POLL` does for a socket, yielding its core
+//! between two empty polls. A frame that comes within the window is taken at once
+//! instead of waking a sleeping thread, which is most of what a packet's trip through
+//! ferry costs on an idle machine: latency drops, and the worker keeps its core busy
+//! while traffic flows. Idle, it sleeps as before.
 
 mod control;
 #[cfg(test)]
@@ -624,6 +625,12 @@ fn work(
                 sh.fail(e);
                 break;
             }
+        }
+        if rc == 0 && timeout == 0 {
+            // Busy polling, and nothing came: let whatever else waits for this core run
+            // (a pod's thread this worker's next frame may depend on), then poll again.
+            thread::yield_now();
+            continue;
         }
         if let Some(c) = control
             && local
