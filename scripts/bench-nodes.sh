@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pod-to-pod TCP throughput and request/response latency across two nodes, built three
+# Pod-to-pod TCP throughput and request/response latency across two nodes, built several
 # ways in one run: through ferry (VXLAN overlay, conntrack), through the Linux kernel
 # (veth, routes, kernel VXLAN, nf_conntrack with a stateful rule), and through Open
 # vSwitch's userspace datapath when it is installed. Prints each and the ratios, and for
