@@ -334,8 +334,9 @@ fn test_busy_polling_goes_on_for_its_window_after_frames_then_sleeps_again() {
         if busy_poll.is_zero() {
             assert_eq!(stats.busy_rounds, 0, "{stats:?}");
         } else {
-            // Polled over and over without sleeping, for 100 ms.
-            assert!(stats.busy_rounds > 100, "{stats:?}");
+            // Polled over and over without sleeping, for 100 ms (thousands of rounds on
+            // an idle machine; yielding to every other thread of a loaded one, fewer).
+            assert!(stats.busy_rounds > 10, "{stats:?}");
         }
         // Otherwise asleep in poll: a round per frame and per poll timeout (10 ms).
         assert!(asleep < 80, "{busy_poll:?}: {stats:?}");
