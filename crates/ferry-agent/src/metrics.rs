@@ -207,12 +207,26 @@ pub fn render(c: &Counters) -> String {
         "Frames handed to ports for sending per worker thread",
         worker_tx.clone(),
     );
+    let worker_rounds = Family::<WorkerLabel, Counter>::default();
+    reg.register(
+        "worker_rounds",
+        "Rounds of each worker thread's loop",
+        worker_rounds.clone(),
+    );
+    let worker_busy = Family::<WorkerLabel, Counter>::default();
+    reg.register(
+        "worker_busy_rounds",
+        "Rounds of each worker thread that polled without sleeping (busy polling)",
+        worker_busy.clone(),
+    );
     for (i, w) in c.workers.iter().enumerate() {
         let l = WorkerLabel {
             worker: i.to_string(),
         };
         worker_rx.get_or_create(&l).inc_by(w.rx_frames);
         worker_tx.get_or_create(&l).inc_by(w.tx_frames);
+        worker_rounds.get_or_create(&l).inc_by(w.rounds);
+        worker_busy.get_or_create(&l).inc_by(w.busy_rounds);
     }
     render_agent(&mut reg, c);
     let mut out = String::new();

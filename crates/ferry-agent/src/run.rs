@@ -677,6 +677,8 @@ impl Agent {
                 .map(|w| ferry_api::WorkerCounters {
                     rx_frames: w.rx_frames,
                     tx_frames: w.tx_frames,
+                    rounds: w.rounds,
+                    busy_rounds: w.busy_rounds,
                 })
                 .collect(),
             datastore: self.status.datastore(),

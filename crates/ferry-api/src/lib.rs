@@ -296,7 +296,7 @@ pub struct AgentErrors {
     pub api: u64,
 }
 
-/// One worker thread's frame counts.
+/// One worker thread's counts.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerCounters {
@@ -304,6 +304,12 @@ pub struct WorkerCounters {
     pub rx_frames: u64,
     /// Frames the worker handed to ports for sending.
     pub tx_frames: u64,
+    /// Rounds of the worker's loop.
+    #[serde(default)]
+    pub rounds: u64,
+    /// Rounds that polled without sleeping (busy polling, `--busy-poll`).
+    #[serde(default)]
+    pub busy_rounds: u64,
 }
 
 /// One port's packet counts.

@@ -117,7 +117,14 @@ fn render(c: &Counters) -> String {
         .workers
         .iter()
         .enumerate()
-        .map(|(i, w)| format!("{i}: {} in, {} out", w.rx_frames, w.tx_frames))
+        .map(|(i, w)| {
+            let busy = if w.busy_rounds > 0 {
+                format!(", {} rounds busy polling", w.busy_rounds)
+            } else {
+                String::new()
+            };
+            format!("{i}: {} in, {} out{busy}", w.rx_frames, w.tx_frames)
+        })
         .collect();
     if !workers.is_empty() {
         let _ = writeln!(s, "workers (frames): {}", workers.join("; "));

@@ -14,7 +14,7 @@ use ferry_api::{PodRef, Request, Response};
 fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
     common::require(&[("curl", "curl")]);
     let mut one = Node::new("api");
-    // Two worker threads, busy polling for 20 us after receiving: the pod's TAP, added
+    // Two worker threads, busy polling for 1 ms after receiving: the pod's TAP, added
     // while they run, gets a queue for each.
     one.start(
         "ferry agent",
@@ -24,7 +24,7 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
             "--workers",
             "2",
             "--busy-poll",
-            "20",
+            "1000",
         ],
     );
     let Node { lab, sock, .. } = &mut one;
@@ -110,6 +110,8 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
         "{text}"
     );
     assert!(text.contains("workers (frames): 0: "), "{text}");
+    // The workers busy polled after receiving.
+    assert!(text.contains("rounds busy polling"), "{text}");
 
     // The same counters as Prometheus metrics, on the node's loopback.
     let m = lab.run(
@@ -133,6 +135,10 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
     );
     assert!(
         m.contains("ferry_worker_rx_frames_total{worker=\"1\"}"),
+        "{m}"
+    );
+    assert!(
+        m.contains("ferry_worker_busy_rounds_total{worker=\"0\"}"),
         "{m}"
     );
     // Every line is Prometheus text, read strictly.
