@@ -43,8 +43,8 @@ pub struct Args {
     #[arg(long)]
     pub pin_workers: bool,
     /// After receiving, a worker polls without sleeping for this many microseconds
-    /// (0 to 1000000) before it sleeps again: lower latency for a busy core (see
-    /// docs/node.md, "Busy polling"). 0: off.
+    /// (0 to 1000000) before it sleeps again: lower latency, for a core kept busy while
+    /// traffic flows (see docs/node.md, "Busy polling"). 0: off.
     #[arg(long, default_value = "0", value_name = "MICROSECONDS", value_parser = parse_busy_poll)]
     pub busy_poll: u32,
 }
