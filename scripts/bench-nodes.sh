@@ -10,7 +10,8 @@
 #   BENCH_ONLY=ferry bash scripts/bench-nodes.sh 5     (only the topologies named)
 #   BENCH_ONLY="kernel ferry ferry-pin ferry-2w" ...   (ferry-pin: its worker pinned to
 #   the first CPU, --pin-workers; ferry-2w: 2 workers per node)
-#   ferry-busy (run by default): ferry with --busy-poll $BUSY_POLL_US (default 100)
+#   ferry-busy (run by default): ferry with --busy-poll $BUSY_POLL_US (default 100);
+#   ferry-pin-busy: both, pinned and busy polling
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -277,20 +278,21 @@ FLOWS
 echo "pod-to-pod across two nodes, iperf3 ${secs} s and 5000 TCP round trips of 1 byte"
 # BENCH_ONLY="ferry kernel" runs only those topologies (default: kernel ferry ferry-busy ovs).
 only=${BENCH_ONLY:-kernel ferry ferry-busy ovs}
-for t in kernel ferry ferry-busy ferry-pin ferry-2w ovs; do
+for t in kernel ferry ferry-busy ferry-pin ferry-pin-busy ferry-2w ovs; do
   case " $only " in *" $t "*) ;; *) continue ;; esac
   case $t in
     ferry) ferry_nodes ferry 1 ;;
     ferry-pin) ferry_nodes ferry-pin 1 --pin-workers ;;
     ferry-2w) ferry_nodes ferry-2w 2 ;;
     ferry-busy) ferry_nodes ferry-busy 1 --busy-poll "${BUSY_POLL_US:-100}" ;;
+    ferry-pin-busy) ferry_nodes ferry-pin-busy 1 --pin-workers --busy-poll "${BUSY_POLL_US:-100}" ;;
     *) "$t" ;;
   esac
 done
 python3 - "$work/results" <<'PY'
 import sys
 r = {l.split()[0]: l.split()[1:] for l in open(sys.argv[1])}
-for name in ("ferry", "ferry-busy", "ferry-pin", "ferry-2w"):
+for name in ("ferry", "ferry-busy", "ferry-pin", "ferry-pin-busy", "ferry-2w"):
     if name not in r:
         continue
     f = r[name]
