@@ -12,11 +12,14 @@
 #   the first CPU, --pin-workers; ferry-2w: 2 workers per node)
 #   ferry-busy (run by default): ferry with --busy-poll $BUSY_POLL_US (default 100);
 #   ferry-pin-busy: both, pinned and busy polling
+#   RR_COUNT=N: N round trips instead of 5000; IPERF_ARGS="-C cubic": more iperf3 client
+#   arguments
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_packages cc:build-essential ip:iproute2 iperf3:iperf3 nft:nftables python3:python3
 secs=${1:-10}
+rr_count=${RR_COUNT:-5000}
 cargo build --release --locked -q -p ferry
 ferry=$PWD/target/release/ferry
 p="fb$$"
@@ -94,7 +97,8 @@ measure() {
   sleep 0.5
   local gbps bytes json t0 t1 cpu=-
   t0=$(cpu_ticks "$@")
-  json=$(nsx p1 iperf3 -c 10.244.2.5 -t "$secs" -J)
+  # shellcheck disable=SC2086 # IPERF_ARGS is a list of words
+  json=$(nsx p1 iperf3 -c 10.244.2.5 -t "$secs" ${IPERF_ARGS:-} -J)
   t1=$(cpu_ticks "$@")
   read -r gbps bytes < <(python3 -c 'import json,sys; e=json.load(sys.stdin)["end"]["sum_received"]; print(round(e["bits_per_second"]/1e9, 3), e["bytes"])' <<<"$json")
   if [ $# -gt 0 ]; then
@@ -103,7 +107,7 @@ measure() {
   nsx p2 python3 "$work/rr.py" server 10.244.2.5 5300 0 & pids+=($!)
   sleep 0.5
   local us
-  us=$(nsx p1 python3 "$work/rr.py" client 10.244.2.5 5300 5000)
+  us=$(nsx p1 python3 "$work/rr.py" client 10.244.2.5 5300 "$rr_count")
   printf '%-10s %10s Gbit/s %10s us %10s CPU-s/GB\n' "$name" "$gbps" "$us" "$cpu"
   echo "$name $gbps $us $cpu" >> "$work/results"
 }
@@ -275,7 +279,7 @@ FLOWS
   teardown
 }
 
-echo "pod-to-pod across two nodes, iperf3 ${secs} s and 5000 TCP round trips of 1 byte"
+echo "pod-to-pod across two nodes, iperf3 ${secs} s and $rr_count TCP round trips of 1 byte"
 # BENCH_ONLY="ferry kernel" runs only those topologies (default: kernel ferry ferry-busy ovs).
 only=${BENCH_ONLY:-kernel ferry ferry-busy ovs}
 for t in kernel ferry ferry-busy ferry-pin ferry-pin-busy ferry-2w ovs; do

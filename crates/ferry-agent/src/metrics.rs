@@ -195,45 +195,50 @@ pub fn render(c: &Counters) -> String {
         "Source NAT ports and ICMP identifiers in use",
         c.nat_ports_in_use as i64,
     );
-    let worker_rx = Family::<WorkerLabel, Counter>::default();
-    reg.register(
-        "worker_rx_frames",
-        "Frames received per worker thread",
-        worker_rx.clone(),
-    );
-    let worker_tx = Family::<WorkerLabel, Counter>::default();
-    reg.register(
-        "worker_tx_frames",
-        "Frames handed to ports for sending per worker thread",
-        worker_tx.clone(),
-    );
-    let worker_rounds = Family::<WorkerLabel, Counter>::default();
-    reg.register(
-        "worker_rounds",
-        "Rounds of each worker thread's loop",
-        worker_rounds.clone(),
-    );
-    let worker_busy = Family::<WorkerLabel, Counter>::default();
-    reg.register(
-        "worker_busy_rounds",
-        "Rounds of each worker thread that polled without sleeping (busy polling)",
-        worker_busy.clone(),
-    );
-    for (i, w) in c.workers.iter().enumerate() {
-        let l = WorkerLabel {
-            worker: i.to_string(),
-        };
-        worker_rx.get_or_create(&l).inc_by(w.rx_frames);
-        worker_tx.get_or_create(&l).inc_by(w.tx_frames);
-        worker_rounds.get_or_create(&l).inc_by(w.rounds);
-        worker_busy.get_or_create(&l).inc_by(w.busy_rounds);
-    }
+    render_workers(&mut reg, c);
     render_agent(&mut reg, c);
     let mut out = String::new();
     if encode(&mut out, &reg).is_err() {
         let _ = writeln!(out, "# encoding failed");
     }
     out
+}
+
+/// Each worker thread's counts, one family per count, labelled by worker.
+fn render_workers(reg: &mut Registry, c: &Counters) {
+    type Count = fn(&ferry_api::WorkerCounters) -> u64;
+    let counts: [(&str, &str, Count); 4] = [
+        (
+            "worker_rx_frames",
+            "Frames received per worker thread",
+            |w| w.rx_frames,
+        ),
+        (
+            "worker_tx_frames",
+            "Frames handed to ports for sending per worker thread",
+            |w| w.tx_frames,
+        ),
+        (
+            "worker_rounds",
+            "Rounds of each worker thread's loop",
+            |w| w.rounds,
+        ),
+        (
+            "worker_busy_rounds",
+            "Rounds of each worker thread that polled without sleeping (busy polling)",
+            |w| w.busy_rounds,
+        ),
+    ];
+    for (name, help, count) in counts {
+        let family = Family::<WorkerLabel, Counter>::default();
+        reg.register(name, help, family.clone());
+        for (i, w) in c.workers.iter().enumerate() {
+            let l = WorkerLabel {
+                worker: i.to_string(),
+            };
+            family.get_or_create(&l).inc_by(count(w));
+        }
+    }
 }
 
 fn render_fragments(reg: &mut Registry, c: &Counters) {

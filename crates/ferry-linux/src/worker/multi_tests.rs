@@ -25,13 +25,23 @@ fn snapshot_with(control: &Control, rx: u64) -> Arc<Snapshot> {
 }
 
 #[test]
-fn test_workers_must_be_between_one_and_the_maximum() {
-    for n in [0, MAX_WORKERS + 1] {
+fn test_worker_counts_and_busy_polling_out_of_bounds_are_refused() {
+    let busy = |busy_poll| Workers {
+        count: 1,
+        busy_poll,
+        ..Workers::default()
+    };
+    for workers in [
+        Workers::from(0),
+        Workers::from(MAX_WORKERS + 1),
+        busy(MAX_BUSY_POLL + Duration::from_micros(1)),
+    ] {
         let (pa, _wa) = fake("a");
         let mut pipeline = Pipeline::new(tables(&["a"]));
         let mut ports = vec![pa];
+        let what = format!("{workers:?}");
         let e = run_workers(
-            n,
+            workers,
             &mut ports,
             &mut pipeline,
             &AtomicBool::new(true),
@@ -39,8 +49,8 @@ fn test_workers_must_be_between_one_and_the_maximum() {
             &Control::new(),
         )
         .unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{n}: {e}");
-        assert_eq!(names(&ports), ["a"], "{n}: the port is handed back");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{what}: {e}");
+        assert_eq!(names(&ports), ["a"], "{what}: the port is handed back");
     }
 }
 
@@ -341,27 +351,4 @@ fn test_busy_polling_goes_on_for_its_window_after_frames_then_sleeps_again() {
         // Otherwise asleep in poll: a round per frame and per poll timeout (10 ms).
         assert!(asleep < 80, "{busy_poll:?}: {stats:?}");
     }
-}
-
-#[test]
-fn test_busy_polling_longer_than_the_maximum_is_refused() {
-    let (pa, _wa) = fake("a");
-    let mut pipeline = Pipeline::new(tables(&["a"]));
-    let mut ports = vec![pa];
-    let workers = Workers {
-        count: 1,
-        busy_poll: MAX_BUSY_POLL + Duration::from_micros(1),
-        ..Workers::default()
-    };
-    let e = run_workers(
-        workers,
-        &mut ports,
-        &mut pipeline,
-        &AtomicBool::new(false),
-        || 0,
-        &Control::new(),
-    )
-    .unwrap_err();
-    assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
-    assert_eq!(names(&ports), ["a"], "the port is handed back");
 }
