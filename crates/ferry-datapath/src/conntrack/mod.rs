@@ -201,8 +201,8 @@ impl CtState {
 /// A connection decided by [`Conntrack::process`] (NAT chosen, packet already
 /// translated), inserted only by [`Conntrack::commit`].
 #[derive(Clone, Debug)]
+#[repr(C)]
 pub struct Pending {
-    entry: Entry,
     /// The hashes of the entry's two tuples, computed by `process`, so that commit does
     /// not hash them again: valid in the table whose stamp is `stamp`.
     hashes: [u64; 2],
@@ -210,6 +210,7 @@ pub struct Pending {
     /// The table's count of insertions and removals when `process` found both tuples
     /// free: while it is unchanged they still are, and commit need not look them up again.
     changes: u64,
+    entry: Entry,
 }
 
 /// Two pending connections are equal when they would insert equal entries (which table

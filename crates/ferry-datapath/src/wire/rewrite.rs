@@ -86,12 +86,18 @@ impl Csum {
 
     /// Takes `old` out of the checksummed data and puts `new` in.
     fn update(&mut self, old: &[u8], new: &[u8]) {
+        self.apply(checksum::delta(old, new));
+    }
+
+    /// Takes in the changes summed in `delta` (see [`checksum::delta`]).
+    #[inline]
+    fn apply(&mut self, delta: u64) {
         // A partial field is a plain sum: complementing around the RFC 1624 update turns
         // eqn. 3 into "sum + ~old + new".
         self.value = if self.partial {
-            !checksum::update(!self.value, old, new)
+            checksum::fold(u64::from(self.value) + delta)
         } else {
-            checksum::update(self.value, old, new)
+            checksum::apply(self.value, delta)
         };
     }
 }
@@ -115,46 +121,19 @@ fn replace<const N: usize>(
     Ok(Some(std::mem::replace(field, new)))
 }
 
-/// An address that [`replace_addr`] changed: the bytes before and after, in the first
-/// `len` (4 or 16) of each.
-struct Replaced {
-    before: [u8; 16],
-    after: [u8; 16],
-    len: usize,
-}
-
-impl Replaced {
-    fn before(&self) -> &[u8] {
-        &self.before[..self.len]
-    }
-
-    fn after(&self) -> &[u8] {
-        &self.after[..self.len]
-    }
-}
-
-/// [`replace`] for an address.
-fn replace_addr(
-    frame: &mut [u8],
-    off: usize,
-    addr: IpAddr,
-) -> Result<Option<Replaced>, DropReason> {
-    let wide = |b: [u8; 4]| {
-        let mut w = [0; 16];
-        w[..4].copy_from_slice(&b);
-        w
-    };
+/// [`replace`] for an address: the change as [`checksum::delta`] sums it, if there was
+/// one. Computed from the fixed-size old and new bytes, never from a copy of them
+/// assembled piece by piece.
+fn replace_addr(frame: &mut [u8], off: usize, addr: IpAddr) -> Result<Option<u64>, DropReason> {
     Ok(match addr {
-        IpAddr::V4(a) => replace(frame, off, a.octets())?.map(|old| Replaced {
-            before: wide(old),
-            after: wide(a.octets()),
-            len: 4,
-        }),
-        IpAddr::V6(a) => replace(frame, off, a.octets())?.map(|old| Replaced {
-            before: old,
-            after: a.octets(),
-            len: 16,
-        }),
+        IpAddr::V4(a) => {
+            let new = a.octets();
+            replace(frame, off, new)?.map(|old| checksum::delta(&old, &new))
+        }
+        IpAddr::V6(a) => {
+            let new = a.octets();
+            replace(frame, off, new)?.map(|old| checksum::delta(&old, &new))
+        }
     })
 }
 
@@ -311,48 +290,46 @@ pub fn rewrite(
             parsed.l4_complete,
         )
     };
-    let mut ip_csum = match fam {
+    let ip_csum = match fam {
         Family::V4 => Some(Csum::full(read16(frame, l3 + IPV4_CSUM)?)),
         Family::V6 => None,
     };
-    let mut l4_csum = match l4 {
+    let l4_csum = match l4 {
         Some(t) => t.csum(frame, fam, parsed.proto, csum_partial)?,
         None => None,
     };
     let pseudo = l4.is_some_and(|t| t.pseudo);
 
+    // The changes are summed first, and each checksum takes in their sum once.
+    let mut addrs = 0;
     for (off, addr) in fam.addr_offs().into_iter().zip([to.src, to.dst]) {
-        if let Some(r) = replace_addr(frame, l3 + off, addr)? {
-            let (old, new) = (r.before(), r.after());
-            if let Some(c) = ip_csum.as_mut() {
-                c.update(old, new);
-            }
-            if let Some(c) = l4_csum.as_mut().filter(|_| pseudo) {
-                c.update(old, new);
-            }
+        if let Some(d) = replace_addr(frame, l3 + off, addr)? {
+            addrs += d;
         }
     }
-
     if let Some(t) = l4 {
         let ids: &[(usize, u16)] = match t.ids {
             Ids::Ports => &[(0, to.src_port), (2, to.dst_port)],
             Ids::EchoId => &[(4, to.src_port)],
             Ids::None => &[],
         };
+        let mut idents = 0;
         for &(off, v) in ids {
             let new = v.to_be_bytes();
             if let Some(old) = replace(frame, t.off + off, new)? {
-                // A partial sum covers only the pseudo-header: identifiers are not in it.
-                if let Some(c) = l4_csum.as_mut().filter(|c| !c.partial) {
-                    c.update(&old, &new);
-                }
+                idents += checksum::delta(&old, &new);
             }
         }
-        if let (Some(c), Some(at)) = (l4_csum, t.csum_off) {
+        if let (Some(mut c), Some(at)) = (l4_csum, t.csum_off) {
+            // A partial sum covers only the pseudo-header: identifiers are not in it.
+            let pseudo_part = if pseudo { addrs } else { 0 };
+            let ident_part = if c.partial { 0 } else { idents };
+            c.apply(pseudo_part + ident_part);
             store_l4(frame, at, parsed.proto, c)?;
         }
     }
-    if let Some(c) = ip_csum {
+    if let Some(mut c) = ip_csum {
+        c.apply(addrs);
         write16(frame, l3 + IPV4_CSUM, c.value)?;
     }
     Ok(())
@@ -414,13 +391,12 @@ pub fn rewrite_icmp_error(
     };
     let mut icmp_csum = Csum::full(read16(frame, icmp + 2)?);
     for (off, addr) in fam.addr_offs().into_iter().zip([outer_src, outer_dst]) {
-        if let Some(r) = replace_addr(frame, l3 + off, addr)? {
-            let (old, new) = (r.before(), r.after());
+        if let Some(d) = replace_addr(frame, l3 + off, addr)? {
             if let Some(c) = ip_csum.as_mut() {
-                c.update(old, new);
+                c.apply(d);
             }
             if fam == Family::V6 {
-                icmp_csum.update(old, new);
+                icmp_csum.apply(d);
             }
         }
     }
@@ -438,14 +414,13 @@ pub fn rewrite_icmp_error(
     };
     let pseudo = t.is_some_and(|t| t.pseudo);
     for (off, addr) in fam.addr_offs().into_iter().zip([inner.src, inner.dst]) {
-        if let Some(r) = replace_addr(frame, q + off, addr)? {
-            let (old, new) = (r.before(), r.after());
-            icmp_csum.update(old, new);
+        if let Some(d) = replace_addr(frame, q + off, addr)? {
+            icmp_csum.apply(d);
             if let Some(c) = q_ip_csum.as_mut() {
-                c.update(old, new);
+                c.apply(d);
             }
             if let Some(c) = q_l4_csum.as_mut().filter(|_| pseudo) {
-                c.update(old, new);
+                c.apply(d);
             }
         }
     }
