@@ -1,7 +1,8 @@
 //! Conntrack benchmarks: a packet of an established connection at 1 K, 1 M and 10 M
 //! tracked connections, alone and in prefetched batches of 32 (and at 1 K with packets
 //! that stay in cache, for the work alone); a new connection with
-//! source NAT port allocation; memory per connection. Figures and the machine they ran
+//! source NAT port allocation (in a table growing to 1 M, and in a small one that stays
+//! in cache); memory per connection. Figures and the machine they ran
 //! on: docs/benchmarks.md.
 
 use std::hint::black_box;
@@ -129,8 +130,25 @@ fn established(c: &mut Criterion) {
 }
 
 fn new_with_nat(c: &mut Criterion) {
-    const N: u32 = 1 << 20;
-    let pristine: Vec<(Vec<u8>, Parsed)> = (0..N).map(conn).collect();
+    let mut g = c.benchmark_group("conntrack_new");
+    g.throughput(Throughput::Elements(1));
+    // Up to 1 M connections in a table that grows from empty.
+    new_connections(&mut g, "snat_port_allocation_and_commit", 1 << 20, false);
+    // Rounds of 4 096 connections in a table allocated for 4 096, which stays in the
+    // second-level cache: the work itself.
+    new_connections(&mut g, "snat_port_allocation_and_commit_4K_hot", 4096, true);
+    g.finish();
+}
+
+/// New UDP connections with source NAT, each committed, in rounds of at most `n`, each
+/// round in a fresh table for `n` (preallocated when `prealloc`, else growing).
+fn new_connections(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    n: u32,
+    prealloc: bool,
+) {
+    let pristine: Vec<(Vec<u8>, Parsed)> = (0..n).map(conn).collect();
     let nat = Nat {
         dnat: None,
         snat: Some((
@@ -138,20 +156,21 @@ fn new_with_nat(c: &mut Criterion) {
             Some((1024, 65535)),
         )),
     };
-    let mut g = c.benchmark_group("conntrack_new");
-    g.throughput(Throughput::Elements(1));
-    g.bench_function("snat_port_allocation_and_commit", |b| {
+    g.bench_function(name, |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             let mut done = 0u64;
             let mut pkt = Packet::new(Vec::with_capacity(128), 0, 0);
             while done < iters {
-                // A fresh table for each round of at most N connections (not timed).
-                let round = (iters - done).min(u64::from(N));
+                // A fresh table for each round of at most n connections (not timed).
+                let round = (iters - done).min(u64::from(n));
                 let mut ct = Conntrack::new(Config {
-                    max_entries: N as usize,
+                    max_entries: n as usize,
                     ..Config::default()
                 });
+                if prealloc {
+                    ct.preallocate();
+                }
                 let start = Instant::now();
                 for (f, p) in &pristine[..round as usize] {
                     pkt.data.clear();
@@ -166,7 +185,6 @@ fn new_with_nat(c: &mut Criterion) {
             total
         })
     });
-    g.finish();
 }
 
 criterion_group!(benches, established, new_with_nat);
