@@ -2,8 +2,9 @@
 # Pod-to-pod TCP throughput and request/response latency across two nodes, built several
 # ways in one run: through ferry (VXLAN overlay, conntrack), through the Linux kernel
 # (veth, routes, kernel VXLAN, nf_conntrack with a stateful rule), and through Open
-# vSwitch's userspace datapath when it is installed. Prints each and the ratios, and for
-# ferry and Open vSwitch the processor time their processes took per GB carried.
+# vSwitch's userspace datapath when it is installed. Prints each and the ratios, the
+# processor time ferry's and Open vSwitch's processes took per GB carried, and that of
+# the whole machine (every process and the kernel's work for them).
 # Needs root. Traffic stays in namespaces this script makes; all are removed on exit.
 #
 #   bash scripts/bench-nodes.sh [SECONDS]      (default 10 s of iperf3 per topology)
@@ -86,30 +87,42 @@ cpu_ticks() {
   echo "$t"
 }
 
+# busy_ticks: the processor time (in clock ticks) all processors of the machine have spent
+# so far on anything but idling: user, nice, system, irq and softirq of /proc/stat. Time
+# stolen by the hypervisor is left out.
+busy_ticks() {
+  awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat
+}
+
 # measure NAME [PID...]: iperf3 and the ping-pong from pod 1 to pod 2 (10.244.2.5). The
 # processes named are the datapath's (ferry's nodes, Open vSwitch's ovs-vswitchd): their
-# processor time during iperf3, per GB received, is printed as well.
+# processor time during iperf3, per GB received, is printed as well. So is the whole
+# machine's (both pods' TCP stacks, iperf3, the datapath, everything else): the whole
+# path's cost per GB, and with the machine's processors all busy, what bounds throughput.
 measure() {
   local name=$1
   shift
   for _ in $(seq 50); do nsx p1 ping -c 1 -W 1 10.244.2.5 >/dev/null 2>&1 && break; sleep 0.2; done
   nsx p2 iperf3 -s -1 >/dev/null 2>&1 & pids+=($!)
   sleep 0.5
-  local gbps bytes json t0 t1 cpu=-
+  local gbps bytes json t0 t1 m0 m1 cpu=- all
   t0=$(cpu_ticks "$@")
+  m0=$(busy_ticks)
   # shellcheck disable=SC2086 # IPERF_ARGS is a list of words
   json=$(nsx p1 iperf3 -c 10.244.2.5 -t "$secs" ${IPERF_ARGS:-} -J)
   t1=$(cpu_ticks "$@")
+  m1=$(busy_ticks)
   read -r gbps bytes < <(python3 -c 'import json,sys; e=json.load(sys.stdin)["end"]["sum_received"]; print(round(e["bits_per_second"]/1e9, 3), e["bytes"])' <<<"$json")
   if [ $# -gt 0 ]; then
     cpu=$(python3 -c "print(round(($t1 - $t0) / $(getconf CLK_TCK) / ($bytes / 1e9), 3))")
   fi
+  all=$(python3 -c "print(round(($m1 - $m0) / $(getconf CLK_TCK) / ($bytes / 1e9), 3))")
   nsx p2 python3 "$work/rr.py" server 10.244.2.5 5300 0 & pids+=($!)
   sleep 0.5
   local us
   us=$(nsx p1 python3 "$work/rr.py" client 10.244.2.5 5300 "$rr_count")
-  printf '%-10s %10s Gbit/s %10s us %10s CPU-s/GB\n' "$name" "$gbps" "$us" "$cpu"
-  echo "$name $gbps $us $cpu" >> "$work/results"
+  printf '%-14s %8s Gbit/s %8s us %8s CPU-s/GB, machine %s CPU-s/GB\n' "$name" "$gbps" "$us" "$cpu" "$all"
+  echo "$name $gbps $us $cpu $all" >> "$work/results"
 }
 
 kernel() {
@@ -307,5 +320,6 @@ for name in ("ferry", "ferry-busy", "ferry-pin", "ferry-pin-busy", "ferry-2w"):
             line = f"{label:<17} throughput {float(f[0]) / float(b[0]):.2f}x, latency {float(f[1]) / float(b[1]):.2f}x"
             if f[2] != "-" and b[2] != "-":
                 line += f", CPU per GB {float(f[2]) / float(b[2]):.2f}x"
+            line += f", machine CPU per GB {float(f[3]) / float(b[3]):.2f}x"
             print(line)
 PY
