@@ -1189,6 +1189,7 @@ mod tests {
             let k = pr.key;
             let to = FlowKey {
                 src: if change & 1 != 0 { addr(false, c) } else { k.src },
+                // The new destination is the original source: a hairpin.
                 dst: if change & 2 != 0 { addr(false, a) } else { k.dst },
                 src_port: if change & 4 != 0 { ports[2] } else { k.src_port },
                 dst_port: if change & 8 != 0 { ports[3] } else { k.dst_port },
