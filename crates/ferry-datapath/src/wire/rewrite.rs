@@ -338,16 +338,14 @@ fn rewrite_v4_ports(
         };
         // A partial sum covers only the pseudo-header: ports are not in it.
         c.apply(addr_delta + if csum_partial { 0 } else { port_delta });
-        let v = if parsed.proto == proto::UDP && !c.partial && c.value == 0 {
-            0xffff
-        } else {
-            c.value
-        };
-        frame[at..at + 2].copy_from_slice(&v.to_be_bytes());
+        // In bounds: checked above.
+        let stored = store_l4(frame, at, parsed.proto, c);
+        debug_assert!(stored.is_ok());
     }
     let at = l3 + IPV4_CSUM;
-    let ip = checksum::apply(u16::from_be_bytes(get2(frame, at)), addr_delta);
-    frame[at..at + 2].copy_from_slice(&ip.to_be_bytes());
+    let mut ip = Csum::full(u16::from_be_bytes(get2(frame, at)));
+    ip.apply(addr_delta);
+    frame[at..at + 2].copy_from_slice(&ip.value.to_be_bytes());
     true
 }
 
@@ -1123,6 +1121,26 @@ mod tests {
         }
     }
 
+    /// `k` with the fields that the bits of `change` name replaced: 1 the source, 2 the
+    /// destination, 4 the source port, 8 the destination port.
+    fn changed(k: FlowKey, change: u8, src: IpAddr, dst: IpAddr, ports: [u16; 2]) -> FlowKey {
+        FlowKey {
+            src: if change & 1 != 0 { src } else { k.src },
+            dst: if change & 2 != 0 { dst } else { k.dst },
+            src_port: if change & 4 != 0 {
+                ports[0]
+            } else {
+                k.src_port
+            },
+            dst_port: if change & 8 != 0 {
+                ports[1]
+            } else {
+                k.dst_port
+            },
+            ..k
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -1143,14 +1161,7 @@ mod tests {
             let p = [proto::TCP, proto::UDP, icmp_of(src)][kind];
             let orig = frame(p, src, dst, ports[0], ports[1], &payload);
             let pr = parse(&orig, 0).unwrap();
-            let k = pr.key;
-            let to = FlowKey {
-                src: if change & 1 != 0 { addr(v6, c) } else { k.src },
-                dst: if change & 2 != 0 { addr(v6, d) } else { k.dst },
-                src_port: if change & 4 != 0 { ports[2] } else { k.src_port },
-                dst_port: if change & 8 != 0 { ports[3] } else { k.dst_port },
-                ..k
-            };
+            let to = changed(pr.key, change, addr(v6, c), addr(v6, d), [ports[2], ports[3]]);
             if partial {
                 let at = pr.l4_off + csum_at(p);
                 let len = pr.ip_end - pr.l4_off;
@@ -1186,15 +1197,8 @@ mod tests {
             if udp && no_udp_csum {
                 orig[pr.l4_off + 6..pr.l4_off + 8].copy_from_slice(&[0, 0]);
             }
-            let k = pr.key;
-            let to = FlowKey {
-                src: if change & 1 != 0 { addr(false, c) } else { k.src },
-                // The new destination is the original source: a hairpin.
-                dst: if change & 2 != 0 { addr(false, a) } else { k.dst },
-                src_port: if change & 4 != 0 { ports[2] } else { k.src_port },
-                dst_port: if change & 8 != 0 { ports[3] } else { k.dst_port },
-                ..k
-            };
+            // A new destination is the original source: a hairpin.
+            let to = changed(pr.key, change, addr(false, c), src, [ports[2], ports[3]]);
             let (mut short, mut general) = (orig.clone(), orig.clone());
             let r = rewrite(&mut short, &pr, partial, &to);
             let g = rewrite_any(&mut general, &pr, partial, &to);
