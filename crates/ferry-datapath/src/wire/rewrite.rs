@@ -626,7 +626,14 @@ mod tests {
             let udp4_none = p.l3 == L3::Ipv4 && p.proto == proto::UDP && got == 0;
             if !udp4_none {
                 let want = full_l4(seg, p.key.src, p.key.dst, p.proto);
-                assert_eq!(got, want, "transport checksum of {}", p.key);
+                // A checksum computed as zero may be stored as its ones' complement twin
+                // 0xffff, which every protocol accepts: `complete_partial` does so.
+                let twin = want == 0 && got == 0xffff;
+                assert!(
+                    got == want || twin,
+                    "transport checksum of {}: {got:#06x}, want {want:#06x}",
+                    p.key
+                );
             }
         }
         p
