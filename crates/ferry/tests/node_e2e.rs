@@ -392,14 +392,27 @@ fn with_two_workers_per_node_pods_talk_and_both_workers_carry_traffic() {
     // Which worker reads a flow is the kernel's hash of it, on the uplink's fanout group
     // and on a pod's multi-queue TAP alike: a coin flip per flow. 16 parallel streams
     // each way leave both workers of a node without traffic with odds of 2^-31.
-    lab.spawn("p2a", "iperf3 server", &["iperf3", "-s", "-1"]);
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    for reverse in [false, true] {
-        if reverse {
-            lab.spawn("p2a", "iperf3 server -R", &["iperf3", "-s", "-1"]);
-            std::thread::sleep(std::time::Duration::from_millis(300));
-        }
-        let mut cmd = vec!["iperf3", "-c", "10.244.2.5", "-t", "1", "-P", "16", "-J"];
+    // Each direction has a one-test server of its own on its own port: a second server
+    // on the first one's port could start before the first has let go of it.
+    for (reverse, port) in [(false, "5201"), (true, "5202")] {
+        lab.spawn(
+            "p2a",
+            &format!("iperf3 server on {port}"),
+            &["iperf3", "-s", "-1", "-p", port],
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let mut cmd = vec![
+            "iperf3",
+            "-c",
+            "10.244.2.5",
+            "-p",
+            port,
+            "-t",
+            "1",
+            "-P",
+            "16",
+            "-J",
+        ];
         if reverse {
             cmd.push("-R");
         }
@@ -408,7 +421,9 @@ fn with_two_workers_per_node_pods_talk_and_both_workers_carry_traffic() {
         let bytes = v["end"]["sum_received"]["bytes"].as_f64().unwrap_or(0.0);
         assert!(
             bytes > 1e6,
-            "16 iperf3 streams (reverse {reverse}): {bytes} bytes"
+            "16 iperf3 streams (reverse {reverse}): {bytes} bytes; iperf3 said: {} {}",
+            v["error"],
+            v["end"]
         );
     }
     // Pinned: each worker thread of a node may run on one CPU only, worker i on the
