@@ -159,23 +159,32 @@ impl Index {
         self.slots[i] = slot;
     }
 
+    /// Replaces the array with one of `n` slots holding the same values. They are put in
+    /// the order of their runs, each run from its start (after an empty slot), so that
+    /// values with one tag keep their order, also those of a run that wraps around the
+    /// end of the array: an entry whose two tuples are equal needs its original
+    /// direction found first.
+    fn resize(&mut self, n: usize) {
+        let old = std::mem::replace(&mut self.slots, vec![EMPTY; n].into_boxed_slice());
+        // At most 4/5 full, so some slot is empty.
+        let start = old.iter().position(|&s| s == EMPTY).unwrap_or(0);
+        let (head, tail) = old.split_at(start);
+        for &s in tail.iter().chain(head).filter(|&&s| s != EMPTY) {
+            self.put(s);
+        }
+    }
+
     /// Doubles the array, up to the most slots needed (beyond only if more values came).
     fn grow(&mut self) {
         let n = self.slots.len();
         let want = (n * 2).min(self.max_slots).max(slots_for(self.len + 1));
-        let old = std::mem::replace(&mut self.slots, vec![EMPTY; want].into_boxed_slice());
-        for s in old.iter().copied().filter(|&s| s != EMPTY) {
-            self.put(s);
-        }
+        self.resize(want);
     }
 
     /// Grows the array at once to its most slots, so that no insertion has to.
     pub(crate) fn reserve_all(&mut self) {
         if self.slots.len() < self.max_slots {
-            let old = std::mem::replace(&mut self.slots, vec![EMPTY; self.max_slots].into());
-            for s in old.iter().copied().filter(|&s| s != EMPTY) {
-                self.put(s);
-            }
+            self.resize(self.max_slots);
         }
     }
 
@@ -256,6 +265,30 @@ mod tests {
         let mut all: Vec<u32> = ix.iter().collect();
         all.sort_unstable();
         assert_eq!(all, live.into_iter().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn test_values_of_one_tag_keep_their_order_across_growth_and_wrap_around() {
+        // Tags at the top of the range: their homes are the last slots, and their run
+        // wraps around to the start of the array, at every size the index grows through.
+        let top = |i: u32| u64::from(u32::MAX - (i % 3)) << 32;
+        let mut ix = Index::new(1000);
+        // Values 0, 1, 2, ...: those with one tag come in increasing order.
+        for v in 0..400u32 {
+            ix.insert(top(v), v);
+        }
+        assert!(ix.slots[0] != EMPTY, "the run wraps around");
+        for t in 0..3u32 {
+            // The first value with a tag is the oldest; once it is removed, the next one.
+            let expect: Vec<u32> = (0..400).filter(|v| v % 3 == t).collect();
+            for &first in &expect {
+                assert_eq!(ix.first(top(t)), Some(first), "tag {t}");
+                assert_eq!(ix.find(top(t), |_| true), Some(first), "tag {t}");
+                assert!(ix.remove(top(t), first));
+            }
+            assert_eq!(ix.first(top(t)), None);
+        }
+        assert_eq!(ix.len(), 0);
     }
 
     #[test]
