@@ -167,6 +167,25 @@ fn pipeline(c: &mut Criterion) {
             BatchSize::SmallInput,
         )
     });
+    // As a worker hands over a receive batch: per packet, in batches of 32.
+    g.bench_function("forward_udp4_64B_batch32", |b| {
+        b.iter_custom(|iters| {
+            let start = std::time::Instant::now();
+            let mut left = iters;
+            while left > 0 {
+                let n = left.min(32);
+                out.clear();
+                p.process_batch(
+                    (0..n).map(|_| Packet::new(f.clone(), 0, 0)),
+                    &mut out,
+                    &mut trace,
+                );
+                black_box(out.len());
+                left -= n;
+            }
+            start.elapsed()
+        })
+    });
     g.finish();
 }
 

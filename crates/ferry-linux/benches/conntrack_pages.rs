@@ -3,15 +3,21 @@
 //! regions): a packet of an established connection with 1 M tracked, alone and in
 //! prefetched batches of 32, and a new connection with source NAT. The traffic is that of
 //! `crates/ferry-datapath/benches/conntrack.rs`; both page sizes run here, in one
-//! sitting, so that they compare. Figures: docs/benchmarks.md.
+//! sitting, so that they compare. And the whole pipeline forwarding packets of 1 M
+//! established connections, on huge pages with the prefetch instruction as a worker runs
+//! it, one packet at a time and in receive batches of 32 (`Pipeline::process_batch`).
+//! Figures: docs/benchmarks.md.
 
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ferry_datapath::conntrack::{Config, Conntrack, CtState, Nat};
 use ferry_datapath::packet::Packet;
+use ferry_datapath::pipeline::{Pipeline, Trace};
+use ferry_datapath::tables::{CtSpec, MacAddr, PortSpec, RouteSpec, TablesSpec};
 use ferry_datapath::wire::build::{self, IpOpts};
 use ferry_datapath::wire::{Parsed, parse};
 
@@ -177,5 +183,88 @@ fn new_with_nat(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, established, new_with_nat);
+/// Two ports, the servers' /16 routed out of the second, a table for 1 M connections set
+/// up as the worker sets it up (whole, huge pages, the prefetch instruction).
+fn forwarding_pipeline(max: usize) -> Pipeline {
+    let port = |name: &str, last: u8| PortSpec {
+        name: name.into(),
+        mac: MacAddr([2, 0, 0, 0, 0, last]),
+        mtu: Some(1500),
+        ..PortSpec::default()
+    };
+    let spec = TablesSpec {
+        ports: vec![port("a", 1), port("b", 2)],
+        routes: vec![RouteSpec {
+            prefix: "172.16.0.0/16".parse().unwrap(),
+            port: "b".into(),
+            next_hop_mac: Some(MacAddr([2, 0, 0, 0, 0, 3])),
+            via: None,
+        }],
+        ct: CtSpec {
+            max_entries: Some(max),
+            ..CtSpec::default()
+        },
+        ..TablesSpec::default()
+    };
+    let mut p = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    let ct = p.conntrack_mut();
+    ct.preallocate();
+    ct.set_prefetch(Some(ferry_linux::prefetch));
+    for (ptr, len) in ct.memory_regions() {
+        ferry_linux::advise_huge_pages(ptr, len).unwrap();
+    }
+    p
+}
+
+fn pipeline(c: &mut Criterion) {
+    const N: u32 = 1_000_000;
+    let mut p = forwarding_pipeline(N as usize + 1);
+    let mut out = Vec::with_capacity(64);
+    let mut trace = Trace::disabled();
+    for i in 0..N {
+        out.clear();
+        p.process(Packet::new(conn(i).0, 0, 0), &mut out, &mut trace);
+    }
+    assert_eq!(p.conntrack().len(), N as usize);
+    // 4096 frames of connections spread over the whole table.
+    let frames: Vec<Vec<u8>> = (0..4096u32)
+        .map(|i| conn(i.wrapping_mul(2_654_435_761) % N).0)
+        .collect();
+    let mut g = c.benchmark_group("pipeline_pages");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(20);
+    g.bench_function("forward_udp4_64B_1M_huge", |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            for k in 0..iters as usize {
+                out.clear();
+                let pkt = Packet::new(frames[k & 4095].clone(), 0, 1);
+                black_box(p.process(pkt, &mut out, &mut trace));
+            }
+            start.elapsed()
+        })
+    });
+    g.bench_function("forward_udp4_64B_1M_huge_batch32", |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            let mut left = iters as usize;
+            let mut k = 0usize;
+            while left > 0 {
+                let n = left.min(32);
+                out.clear();
+                let pkts = frames[k..k + n]
+                    .iter()
+                    .map(|f| Packet::new(f.clone(), 0, 1));
+                p.process_batch(pkts, &mut out, &mut trace);
+                black_box(out.len());
+                left -= n;
+                k = (k + 32) & 4095;
+            }
+            start.elapsed()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, established, new_with_nat, pipeline);
 criterion_main!(benches);

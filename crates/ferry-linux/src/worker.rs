@@ -45,7 +45,10 @@
 //! ([`crate::advise_huge_pages`]): a table of a million connections spans some 200 MB,
 //! and on 4 KiB pages its lookups miss the TLB (docs/benchmarks.md measures the
 //! difference). Pages are still taken only as connections use them. Without huge page
-//! support the advice is dropped.
+//! support the advice is dropped. The table is given the processor's prefetch
+//! instruction ([`crate::prefetch`]), and each receive batch goes to the pipeline whole
+//! ([`Pipeline::process_batch`]): with a large table, the connections of the batch are
+//! prefetched before its first packet is processed, so that their cache misses overlap.
 //!
 //! **Packet buffer memory.** Packets are heap buffers of up to 64 KiB, allocated and
 //! freed at a high rate; the worker tells the C allocator to keep freed memory for reuse
@@ -358,6 +361,7 @@ fn prepare_conntrack(pipeline: &mut Pipeline) {
     crate::memory::retain_freed_heap();
     let ct = pipeline.conntrack_mut();
     ct.preallocate();
+    ct.set_prefetch(Some(crate::prefetch));
     for (ptr, len) in ct.memory_regions() {
         let _ = crate::advise_huge_pages(ptr, len);
     }
@@ -723,19 +727,21 @@ fn round(
         let mut core = lock(&sh.core);
         let now = clock();
         let Core { pipeline, taps, .. } = &mut *core;
-        for (i, f) in bufs.received.drain(..) {
+        let pkts = bufs.received.drain(..).map(|(i, f)| {
             let mut pkt = Packet::new(f.data, i as PortId, now);
             pkt.meta.vnet = if layout.slots[i].offloads {
                 f.vnet
             } else {
                 VnetHdr::default()
             };
-            if taps.active() {
+            pkt
+        });
+        if taps.active() {
+            for pkt in pkts {
                 taps.process(pipeline, pkt, &mut bufs.out, now);
-            } else {
-                trace.clear();
-                pipeline.process(pkt, &mut bufs.out, trace);
             }
+        } else {
+            pipeline.process_batch(pkts, &mut bufs.out, trace);
         }
         pipeline.tick(now);
         core.stats[w] = *stats;
