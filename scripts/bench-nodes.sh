@@ -14,7 +14,8 @@
 #   ferry-busy (run by default): ferry with --busy-poll $BUSY_POLL_US (default 100);
 #   ferry-pin-busy: both, pinned and busy polling
 #   RR_COUNT=N: N round trips instead of 5000; IPERF_ARGS="-C cubic": more iperf3 client
-#   arguments
+#   arguments; FERRY_BIN=PATH: run that ferry binary instead of the one built here (to
+#   compare two builds in alternating runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -22,7 +23,7 @@ ensure_packages cc:build-essential ip:iproute2 iperf3:iperf3 nft:nftables python
 secs=${1:-10}
 rr_count=${RR_COUNT:-5000}
 cargo build --release --locked -q -p ferry
-ferry=$PWD/target/release/ferry
+ferry=${FERRY_BIN:-$PWD/target/release/ferry}
 p="fb$$"
 work=$(mktemp -d)
 pids=()
