@@ -44,6 +44,21 @@ fn conn(i: u32) -> (Vec<u8>, Parsed) {
     (f, p)
 }
 
+/// Times `iters` packets in batches of 32 taken in turn from 4096 prepared ones:
+/// `batch(k, n)` handles packets `k..k + n`.
+fn in_batches(iters: u64, mut batch: impl FnMut(usize, usize)) -> Duration {
+    let start = Instant::now();
+    let mut left = iters as usize;
+    let mut k = 0usize;
+    while left > 0 {
+        let n = left.min(32);
+        batch(k, n);
+        left -= n;
+        k = (k + 32) & 4095;
+    }
+    start.elapsed()
+}
+
 /// The two page sizes.
 const PAGES: [(&str, bool); 2] = [("4k", false), ("huge", true)];
 
@@ -101,11 +116,7 @@ fn established(c: &mut Criterion) {
         let mut rx: Vec<(Packet, Parsed)> = pkts[..32].to_vec();
         g.bench_function(format!("lookup_update_1M_{label}_batch32_rx"), |b| {
             b.iter_custom(|iters| {
-                let start = Instant::now();
-                let mut left = iters as usize;
-                let mut k = 0usize;
-                while left > 0 {
-                    let n = left.min(32);
+                in_batches(iters, |k, n| {
                     for ((_, p), q) in rx.iter_mut().zip(&parsed[k..k + n]) {
                         *p = *q;
                     }
@@ -114,28 +125,19 @@ fn established(c: &mut Criterion) {
                     for (pkt, p) in batch.iter_mut() {
                         black_box(ct.process(pkt, p, None, 1).unwrap().entry);
                     }
-                    left -= n;
-                    k = (k + 32) & 4095;
-                }
-                start.elapsed()
+                })
             })
         });
         // Batches of 32 prefetched first; one iteration is one packet.
         g.bench_function(format!("lookup_update_1M_{label}_batch32"), |b| {
             b.iter_custom(|iters| {
-                let start = Instant::now();
-                let mut left = iters as usize;
-                let mut k = 0usize;
-                while left > 0 {
-                    let batch = &mut pkts[k..k + left.min(32)];
+                in_batches(iters, |k, n| {
+                    let batch = &mut pkts[k..k + n];
                     ct.prefetch_batch(batch.iter().map(|(_, p)| &p.key));
                     for (pkt, p) in batch.iter_mut() {
                         black_box(ct.process(pkt, p, None, 1).unwrap().entry);
                     }
-                    left -= batch.len();
-                    k = (k + 32) & 4095;
-                }
-                start.elapsed()
+                })
             })
         });
     }
@@ -246,21 +248,14 @@ fn pipeline(c: &mut Criterion) {
     });
     g.bench_function("forward_udp4_64B_1M_huge_batch32", |b| {
         b.iter_custom(|iters| {
-            let start = Instant::now();
-            let mut left = iters as usize;
-            let mut k = 0usize;
-            while left > 0 {
-                let n = left.min(32);
+            in_batches(iters, |k, n| {
                 out.clear();
                 let pkts = frames[k..k + n]
                     .iter()
                     .map(|f| Packet::new(f.clone(), 0, 1));
                 p.process_batch(pkts, &mut out, &mut trace);
                 black_box(out.len());
-                left -= n;
-                k = (k + 32) & 4095;
-            }
-            start.elapsed()
+            })
         })
     });
     g.finish();
