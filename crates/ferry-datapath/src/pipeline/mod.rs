@@ -515,46 +515,52 @@ impl Pipeline {
 
     /// Runs a receive batch through the pipeline: each packet in order, with what
     /// [`Pipeline::process`] would do and emit for it, the trace cleared before each.
-    /// Every packet is parsed first, and when the connection table holds at least
-    /// [`PREFETCH_MIN_CONNECTIONS`], the connections of the batch are prefetched
+    /// When the connection table holds at least [`PREFETCH_MIN_CONNECTIONS`], every
+    /// packet is parsed first and the connections of the batch are prefetched
     /// ([`Conntrack::prefetch_batch`], with the prefetch instruction given by
     /// [`Conntrack::set_prefetch`]), so that their cache misses overlap instead of
-    /// coming one packet after the other. The prefetched key of a packet is its own
-    /// tuple as parsed; for a VXLAN datagram to this node, whose inner connection is known
-    /// only after decapsulation, and for fragments, nothing is prefetched.
+    /// coming one packet after the other; below that, each packet goes through alone.
+    /// The prefetched key of a packet is its own tuple as parsed; for a VXLAN datagram
+    /// to this node, whose inner connection is known only after decapsulation, and for
+    /// fragments, nothing is prefetched.
     pub fn process_batch(
         &mut self,
         pkts: impl IntoIterator<Item = Packet>,
         out: &mut Vec<(PortId, Packet)>,
         trace: &mut Trace,
     ) {
+        // One reference for the batch: taking one per packet is an atomic
+        // read-modify-write, which waits for the stores before it, those to lines that
+        // missed the cache too.
+        let tables = Arc::clone(&self.tables);
+        if self.ct.len() < PREFETCH_MIN_CONNECTIONS {
+            // A small table stays in cache: nothing to prefetch, so no packet is held
+            // back and moved once more.
+            for pkt in pkts {
+                trace.clear();
+                let parsed = self.parse_ingress(&pkt);
+                self.process_parsed(&tables, pkt, parsed, out, trace);
+            }
+            return;
+        }
         let mut batch = std::mem::take(&mut self.batch);
         batch.extend(pkts.into_iter().map(|pkt| {
             let parsed = self.parse_ingress(&pkt);
             (pkt, parsed)
         }));
-        let prefetch = batch.len() > 1 && self.ct.len() >= PREFETCH_MIN_CONNECTIONS;
-        if prefetch {
-            let mut keys = std::mem::take(&mut self.batch_keys);
-            keys.clear();
-            keys.extend(batch.iter().filter_map(|(pkt, parsed)| {
-                let p = parsed.as_ref().ok()?;
-                self.tracked_key(pkt, p)
-            }));
-            self.ct.prefetch_batch(&keys);
-            self.batch_keys = keys;
-        }
-        // One reference for the batch: taking one per packet is an atomic
-        // read-modify-write, which waits for the stores before it, those to lines that
-        // missed the cache too.
-        let tables = Arc::clone(&self.tables);
+        let mut keys = std::mem::take(&mut self.batch_keys);
+        keys.clear();
+        keys.extend(batch.iter().filter_map(|(pkt, parsed)| {
+            let p = parsed.as_ref().ok()?;
+            self.tracked_key(pkt, p)
+        }));
+        self.ct.prefetch_batch(&keys);
+        self.batch_keys = keys;
         for (pkt, parsed) in batch.drain(..) {
             trace.clear();
             self.process_parsed(&tables, pkt, parsed, out, trace);
         }
-        if prefetch {
-            self.ct.end_batch();
-        }
+        self.ct.end_batch();
         self.batch = batch;
     }
 
