@@ -7,15 +7,16 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{Netns, dev_name, mac_str, ping, require_root_and_ip};
-use ferry_datapath::pipeline::Pipeline;
+use ferry_datapath::pipeline::{PREFETCH_MIN_CONNECTIONS, Pipeline};
 use ferry_datapath::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
 use ferry_datapath::wire::build;
 use ferry_linux::link::{self, PodInterface};
@@ -111,11 +112,10 @@ impl<T> Drop for Running<T> {
     }
 }
 
-#[test]
-fn worker_forwards_ping_and_tcp_between_two_pods() {
-    require_root_and_ip();
-    let (pod_a, port_a) = pod("wka", A, FERRY_MAC_A);
-    let (pod_b, port_b) = pod("wkb", B, FERRY_MAC_B);
+/// Pods A and B, each with its TAP port, and a worker forwarding between them.
+fn two_pods(tag_a: &str, tag_b: &str) -> (Pod, Pod, Running) {
+    let (pod_a, port_a) = pod(tag_a, A, FERRY_MAC_A);
+    let (pod_b, port_b) = pod(tag_b, B, FERRY_MAC_B);
     let spec = TablesSpec {
         ports: vec![
             port_spec("pod-a", FERRY_MAC_A, "10.77.1.1"),
@@ -144,6 +144,13 @@ fn worker_forwards_ping_and_tcp_between_two_pods() {
         stop,
         handle: Some(handle),
     };
+    (pod_a, pod_b, running)
+}
+
+#[test]
+fn worker_forwards_ping_and_tcp_between_two_pods() {
+    require_root_and_ip();
+    let (pod_a, pod_b, running) = two_pods("wka", "wkb");
 
     // Pings both ways, payload compared.
     let payload = build::pattern(1000, 4);
@@ -343,5 +350,160 @@ fn worker_takes_a_pod_port_in_and_lets_it_go_while_running() {
     assert!(
         pipeline.port_stats()[0].tx_packets > 0,
         "A's counters followed it to index 1 and back"
+    );
+}
+
+/// More UDP connections than the pipeline's prefetch threshold, so that from the second
+/// round on every receive batch goes the prefetching way (`Pipeline::process_batch`).
+const MANY: usize = PREFETCH_MIN_CONNECTIONS + 1000;
+/// The first destination port of the `MANY` connections, one port each.
+const FIRST_PORT: u16 = 20000;
+/// A's source port for them.
+const FROM_PORT: u16 = 40000;
+
+/// Counts, in the calling thread's namespace, the UDP datagrams from A's `FROM_PORT`
+/// whose payload is `[b'f', round, port]` for the destination port they came to, until
+/// both rounds are whole or `stop` is set; `got[round]` is how many distinct ports of
+/// that round arrived. A raw socket sees every UDP datagram the namespace receives,
+/// whatever its port. Returns the datagrams that were not what was sent.
+fn count_rounds(
+    ready: mpsc::Sender<()>,
+    got: &[AtomicUsize; 2],
+    stop: &AtomicBool,
+) -> std::io::Result<usize> {
+    // SAFETY: socket() takes no pointers; the result is checked before use.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_UDP) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let size: libc::c_int = 8 << 20;
+    // SAFETY: the option value is a live c_int and its length is given.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&size as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+    let _ = ready.send(());
+    let mut seen = vec![[false; 2]; MANY];
+    let mut wrong = 0;
+    let mut buf = [0u8; 2048];
+    while !stop.load(Ordering::Relaxed) {
+        let mut pfd = libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, count 1.
+        if unsafe { libc::poll(&mut pfd, 1, 50) } <= 0 {
+            continue;
+        }
+        // SAFETY: `buf` is writable for its whole length.
+        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let pkt = &buf[..n as usize];
+        let ihl = usize::from(pkt[0] & 0x0f) * 4;
+        let (ip, udp) = pkt.split_at(ihl);
+        if ip[12..16] != A.octets() || udp.len() < 8 || udp[0..2] != FROM_PORT.to_be_bytes() {
+            continue;
+        }
+        let port = u16::from_be_bytes([udp[2], udp[3]]);
+        let i = usize::from(port.wrapping_sub(FIRST_PORT));
+        match &udp[8..] {
+            [b'f', r @ (0 | 1), p @ ..] if i < MANY && p == port.to_be_bytes() => {
+                let r = usize::from(*r);
+                if !seen[i][r] {
+                    seen[i][r] = true;
+                    got[r].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            _ => wrong += 1,
+        }
+    }
+    Ok(wrong)
+}
+
+#[test]
+fn worker_prefetches_batches_of_a_large_table_and_delivers_every_packet() {
+    require_root_and_ip();
+    let (pod_a, pod_b, running) = two_pods("wpa", "wpb");
+
+    let got = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    let done = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (g, d) = (Arc::clone(&got), Arc::clone(&done));
+    let counter =
+        ferry_linux::netns::spawn_in(&pod_b.ns.name, move || count_rounds(ready_tx, &g, &d))
+            .unwrap();
+    ready_rx.recv_timeout(WAIT).expect("counter in B ready");
+
+    // Round 0 makes MANY connections, one destination port each; round 1 sends one more
+    // datagram on each, now through prefetched batches. At most WINDOW datagrams are in
+    // flight, so that no queue on the way overflows.
+    const WINDOW: usize = 256;
+    let g = Arc::clone(&got);
+    let sender = ferry_linux::netns::spawn_in(&pod_a.ns.name, move || {
+        let sock = UdpSocket::bind((A, FROM_PORT))?;
+        for round in 0..2u8 {
+            let arrived = &g[usize::from(round)];
+            for i in 0..MANY {
+                let port = FIRST_PORT + i as u16;
+                let deadline = Instant::now() + WAIT;
+                while i - arrived.load(Ordering::Relaxed) >= WINDOW {
+                    if Instant::now() > deadline {
+                        return Ok(round);
+                    }
+                    thread::sleep(Duration::from_micros(200));
+                }
+                let [hi, lo] = port.to_be_bytes();
+                sock.send_to(&[b'f', round, hi, lo], (B, port))?;
+            }
+            let deadline = Instant::now() + WAIT;
+            while arrived.load(Ordering::Relaxed) < MANY && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(5));
+            }
+        }
+        Ok::<_, std::io::Error>(2)
+    })
+    .unwrap();
+    let rounds = sender.join().unwrap().unwrap().expect("sender in A");
+    // A ping goes through the prefetching path too.
+    let payload = build::pattern(700, 9);
+    let p = payload.clone();
+    let echoed = pod_a.ns.run(move || ping(B, 0x7b, &p, WAIT));
+    done.store(true, Ordering::Relaxed);
+    let wrong = counter.join().unwrap().unwrap().expect("counter in B");
+    let got = [0, 1].map(|r| got[r].load(Ordering::Relaxed));
+    assert_eq!(rounds, 2, "a round stalled: {got:?} of {MANY} arrived");
+    assert_eq!(got, [MANY, MANY], "datagrams of each round that arrived");
+    assert_eq!(
+        wrong, 0,
+        "datagrams that arrived different from what was sent"
+    );
+    assert_eq!(echoed.expect("ping A -> B with a large table"), payload);
+
+    let (_ports, pipeline, stats) = running.finish();
+    let ct = pipeline.conntrack();
+    assert!(
+        ct.len() >= PREFETCH_MIN_CONNECTIONS,
+        "{} connections tracked: round 1 did not take the prefetching path",
+        ct.len()
+    );
+    assert!(
+        ct.stats().found >= MANY as u64,
+        "round 1 found its connections: {:?}",
+        ct.stats()
+    );
+    assert_eq!(
+        (stats.rx_errors, stats.tx_errors, stats.tx_dropped),
+        (0, 0, 0),
+        "{stats:?}"
     );
 }
