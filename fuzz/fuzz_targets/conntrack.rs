@@ -82,7 +82,7 @@ fn nat(i: &mut Input, v6: bool) -> Option<Nat> {
     let mut n = Nat::default();
     if b & 4 != 0 {
         let p = (b & 8 != 0).then(|| port(i.u8()));
-        n.dnat = Some((host(i.u8(), v6 ^ (b & 64 != 0 && b & 128 != 0)), p));
+        n.dnat = Some((host(i.u8(), v6 ^ (b & 64 != 0 && b & 128 != 0)).into(), p));
     }
     if b & 16 != 0 {
         let range = match i.u8() % 4 {
@@ -91,7 +91,7 @@ fn nat(i: &mut Input, v6: bool) -> Option<Nat> {
             2 => Some((port(i.u8()), port(i.u8()))),
             _ => Some((i.u16(), i.u16())),
         };
-        n.snat = Some((host(i.u8(), v6), range));
+        n.snat = Some((host(i.u8(), v6).into(), range));
     }
     Some(n)
 }
@@ -150,7 +150,7 @@ fn frame(i: &mut Input, recent: &[Vec<u8>]) -> Option<Vec<u8>> {
                 _ => ErrorKind::TooBig { mtu: 1280 },
             };
             // From a router, or from the packet's destination.
-            let from = if i.u8() & 1 != 0 { p.key.dst } else { src };
+            let from = if i.u8() & 1 != 0 { p.key.dst.ip() } else { src };
             build_error(about, &p, kind, from, [2, 0, 0, 0, 0, 9])?
         }
         _ => {

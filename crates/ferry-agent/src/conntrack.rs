@@ -59,8 +59,8 @@ fn tuple(k: &FlowKey) -> CtTuple {
     let icmp = matches!(k.proto, proto::ICMP | proto::ICMPV6);
     let ports = matches!(k.proto, proto::TCP | proto::UDP);
     CtTuple {
-        src: k.src,
-        dst: k.dst,
+        src: k.src.ip(),
+        dst: k.dst.ip(),
         sport: ports.then_some(k.src_port),
         dport: ports.then_some(k.dst_port),
         icmp_type: icmp.then_some((k.dst_port >> 8) as u8),

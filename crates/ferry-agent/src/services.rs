@@ -44,7 +44,7 @@ pub fn count(control: &Control) -> Option<Connections> {
                 }
                 let (o, r) = (e.original(), e.reply());
                 *c.by_endpoint
-                    .entry((o.proto, r.src, r.src_port))
+                    .entry((o.proto, r.src.ip(), r.src_port))
                     .or_default() += 1;
                 if let Some(f) = services.frontend(&o)
                     && let Some(s) = services.services.get(f.service as usize)

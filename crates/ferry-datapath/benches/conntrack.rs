@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ferry_datapath::conntrack::{Config, Conntrack, CtState, Nat};
+use ferry_datapath::flow::Addr;
 use ferry_datapath::packet::Packet;
 use ferry_datapath::wire::build::{self, IpOpts};
 use ferry_datapath::wire::{Parsed, parse};
@@ -152,7 +153,7 @@ fn new_connections(
     let nat = Nat {
         dnat: None,
         snat: Some((
-            IpAddr::V4(Ipv4Addr::new(192, 168, 50, 10)),
+            Addr::from(IpAddr::V4(Ipv4Addr::new(192, 168, 50, 10))),
             Some((1024, 65535)),
         )),
     };

@@ -133,7 +133,7 @@ fn packets(c: &mut Criterion) {
     p.process(Packet::new(syn, 0, 1), &mut out, &mut trace);
     let backend = ferry_datapath::wire::parse(&out[0].1.data, 0).unwrap().key;
     let synack = build::tcp(
-        backend.dst,
+        backend.dst.ip(),
         client,
         backend.dst_port,
         40000,

@@ -198,7 +198,7 @@ fn tables() -> Tables {
 fn l4_checksum_ok(frame: &[u8]) -> bool {
     let p = parse::parse(frame, 0).unwrap();
     let l4 = &frame[p.l4_off..p.ip_end];
-    let pseudo = match (p.key.src, p.key.dst) {
+    let pseudo = match (p.key.src.ip(), p.key.dst.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) if p.proto != proto::ICMP => {
             checksum::pseudo_v4(s.octets(), d.octets(), p.proto, l4.len() as u16)
         }

@@ -288,8 +288,8 @@ impl Facts {
             l3 => Facts {
                 l3: Some(l3),
                 proto: Some(p.proto),
-                src: Some(p.key.src),
-                dst: Some(p.key.dst),
+                src: Some(p.key.src.ip()),
+                dst: Some(p.key.dst.ip()),
                 ports: (matches!(p.proto, proto::TCP | proto::UDP) && p.l4_complete)
                     .then_some((p.key.src_port, p.key.dst_port)),
             },

@@ -83,7 +83,7 @@ pub fn eligible(orig: &[u8], parsed: &Parsed, kind: ErrorKind, src_ip: IpAddr) -
         return false;
     }
     let l2_group = orig[0] & 1 != 0;
-    match (parsed.key.src, parsed.key.dst, src_ip) {
+    match (parsed.key.src.ip(), parsed.key.dst.ip(), src_ip) {
         (IpAddr::V4(to), IpAddr::V4(orig_dst), IpAddr::V4(from)) => {
             !l2_group
                 && single_host_v4(to)
@@ -123,7 +123,7 @@ pub fn build_error(
         return None;
     }
     let quoted = &orig[parsed.l3_off..parsed.ip_end];
-    match (parsed.key.src, src_ip) {
+    match (parsed.key.src.ip(), src_ip) {
         (IpAddr::V4(to), IpAddr::V4(from)) => {
             let (ty, code, rest) = match kind {
                 ErrorKind::TooBig { mtu } => {
@@ -372,7 +372,7 @@ mod tests {
             _ => {
                 assert_eq!(p.proto, proto::ICMPV6);
                 assert!(p.ip_len() <= V6_ERROR_MAX);
-                let (IpAddr::V6(s), IpAddr::V6(d)) = (p.key.src, p.key.dst) else {
+                let (IpAddr::V6(s), IpAddr::V6(d)) = (p.key.src.ip(), p.key.dst.ip()) else {
                     unreachable!()
                 };
                 checksum::pseudo_v6(&s.octets(), &d.octets(), 58, icmp.len() as u32)

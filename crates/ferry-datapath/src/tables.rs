@@ -467,8 +467,8 @@ impl NatRule {
     pub fn matches(&self, in_port: PortId, key: &FlowKey) -> bool {
         self.in_port.is_none_or(|p| p == in_port)
             && self.proto.is_none_or(|p| p == key.proto)
-            && self.src.is_none_or(|n| n.contains(&key.src))
-            && self.dst.is_none_or(|n| n.contains(&key.dst))
+            && self.src.is_none_or(|n| n.contains(&key.src.ip()))
+            && self.dst.is_none_or(|n| n.contains(&key.dst.ip()))
             && self.src_port.is_none_or(|p| p == key.src_port)
             && self.dst_port.is_none_or(|p| p == key.dst_port)
     }

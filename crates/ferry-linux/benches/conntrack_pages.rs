@@ -150,7 +150,7 @@ fn new_with_nat(c: &mut Criterion) {
     let nat = Nat {
         dnat: None,
         snat: Some((
-            IpAddr::V4(Ipv4Addr::new(192, 168, 50, 10)),
+            IpAddr::V4(Ipv4Addr::new(192, 168, 50, 10)).into(),
             Some((1024, 65535)),
         )),
     };

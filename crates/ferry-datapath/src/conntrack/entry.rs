@@ -2,7 +2,7 @@
 //! fields other stages set (mark, labels, tunnel peer).
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use serde::ser::{SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
@@ -10,7 +10,7 @@ use serde::{Serialize, Serializer};
 use super::Timeouts;
 use super::table::Links;
 use super::tcp::{TcpConn, TcpState};
-use crate::flow::{FlowKey, proto, proto_name};
+use crate::flow::{Addr, FlowKey, proto, proto_name};
 
 /// Index of a direction in per-direction arrays: the original direction.
 pub const ORIGINAL: usize = 0;
@@ -242,14 +242,6 @@ impl Serialize for Tuple {
     }
 }
 
-#[inline]
-fn v6_bytes(a: IpAddr) -> [u8; 16] {
-    match a {
-        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
-        IpAddr::V6(a) => a.octets(),
-    }
-}
-
 impl Entry {
     /// A fresh entry for a connection whose first packet has key `original`. Both tuples
     /// are of one address family (NAT never changes it).
@@ -292,14 +284,12 @@ impl Entry {
             }
             for (i, a) in addrs.into_iter().enumerate() {
                 if let Some(p) = e.place(i) {
-                    e.set_place(p, v6_bytes(a));
+                    e.set_place(p, *a.octets());
                 }
             }
         } else {
             for (i, a) in addrs.into_iter().enumerate() {
-                if let IpAddr::V4(a) = a {
-                    e.addrs[4 * i..4 * i + 4].copy_from_slice(&a.octets());
-                }
+                e.addrs[4 * i..4 * i + 4].copy_from_slice(&a.octets()[12..]);
             }
         }
         e
@@ -356,32 +346,30 @@ impl Entry {
 
     /// Address `i` (`O_SRC`...).
     #[inline]
-    fn addr(&self, i: usize) -> IpAddr {
+    fn addr(&self, i: usize) -> Addr {
         if self.form.has(Form::V6) {
             let p = self.place(i).unwrap_or(match i {
                 R_SRC => 1,
                 _ => 0,
             });
-            IpAddr::from(self.get_place(p))
+            Addr::v6(self.get_place(p).into())
         } else {
             let b = &self.addrs[4 * i..4 * i + 4];
-            IpAddr::from([b[0], b[1], b[2], b[3]])
+            Addr::v4(Ipv4Addr::new(b[0], b[1], b[2], b[3]))
         }
     }
 
-    /// True when address `i` is `a`, without building an `IpAddr`.
+    /// True when address `i` is `a`, without building an address.
     #[inline]
-    fn addr_is(&self, i: usize, a: &IpAddr) -> bool {
-        match (self.form.has(Form::V6), a) {
-            (false, IpAddr::V4(a)) => self.addrs[4 * i..4 * i + 4] == a.octets(),
-            (true, IpAddr::V6(a)) => {
-                let p = self.place(i).unwrap_or(match i {
-                    R_SRC => 1,
-                    _ => 0,
-                });
-                self.get_place(p) == a.octets()
-            }
-            _ => false,
+    fn addr_is(&self, i: usize, a: &Addr) -> bool {
+        if self.form.has(Form::V6) {
+            let p = self.place(i).unwrap_or(match i {
+                R_SRC => 1,
+                _ => 0,
+            });
+            self.get_place(p) == *a.octets()
+        } else {
+            a.is_ipv4() && self.addrs[4 * i..4 * i + 4] == a.octets()[12..]
         }
     }
 

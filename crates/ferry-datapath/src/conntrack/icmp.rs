@@ -84,6 +84,7 @@ pub fn reverse(k: &FlowKey) -> FlowKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flow::Addr;
     use std::net::IpAddr;
 
     fn ip(s: &str) -> IpAddr {
@@ -94,8 +95,8 @@ mod tests {
     fn echo_reply_tuple_keeps_identifier_and_swaps_type() {
         let req = FlowKey {
             zone: 3,
-            src: ip("10.0.0.1"),
-            dst: ip("10.0.0.2"),
+            src: Addr::from(ip("10.0.0.1")),
+            dst: Addr::from(ip("10.0.0.2")),
             proto: proto::ICMP,
             src_port: 0x4242,
             dst_port: 8 << 8,
@@ -105,8 +106,8 @@ mod tests {
             rep,
             FlowKey {
                 zone: 3,
-                src: ip("10.0.0.2"),
-                dst: ip("10.0.0.1"),
+                src: Addr::from(ip("10.0.0.2")),
+                dst: Addr::from(ip("10.0.0.1")),
                 proto: proto::ICMP,
                 src_port: 0x4242,
                 dst_port: 0,
@@ -114,8 +115,8 @@ mod tests {
         );
         assert_eq!(reverse(&rep), req);
         let req6 = FlowKey {
-            src: ip("fd00::1"),
-            dst: ip("fd00::2"),
+            src: Addr::from(ip("fd00::1")),
+            dst: Addr::from(ip("fd00::2")),
             proto: proto::ICMPV6,
             dst_port: 128 << 8,
             ..req
@@ -128,8 +129,8 @@ mod tests {
     fn reverse_swaps_ports_for_tcp_and_udp() {
         let k = FlowKey {
             zone: 0,
-            src: ip("10.0.0.1"),
-            dst: ip("10.0.0.2"),
+            src: Addr::from(ip("10.0.0.1")),
+            dst: Addr::from(ip("10.0.0.2")),
             proto: proto::UDP,
             src_port: 4000,
             dst_port: 53,

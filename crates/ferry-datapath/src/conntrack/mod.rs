@@ -47,13 +47,11 @@ pub use icmp::reverse;
 pub use nat::{SNAT_PORTS, SNAT_PRIVILEGED_PORTS};
 pub use tcp::{TcpConn, TcpState};
 
-use std::net::IpAddr;
-
 use self::icmp::Kind;
 use self::table::Table;
 use self::tcp::{Segment, Verdict};
 use crate::drop::DropReason;
-use crate::flow::{FlowKey, proto};
+use crate::flow::{Addr, FlowKey, proto};
 use crate::packet::Packet;
 use crate::wire::Parsed;
 use crate::wire::icmp_error;
@@ -260,14 +258,17 @@ impl CtResult {
 }
 
 /// NAT to apply when a connection is created (a Service's backend, masquerade...).
+///
+/// Its addresses are [`Addr`]s, for the reason given there: a NAT is copied on the way
+/// to the connection it creates.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Nat {
     /// Destination address, and port (TCP/UDP) when it changes.
-    pub dnat: Option<(IpAddr, Option<u16>)>,
+    pub dnat: Option<(Addr, Option<u16>)>,
     /// Source address, and the range of ports (TCP/UDP) or ICMP echo identifiers to
     /// choose from, inclusive. Without a range the source port is kept when free, else
     /// one from 1024-65535 is chosen.
-    pub snat: Option<(IpAddr, Option<(u16, u16)>)>,
+    pub snat: Option<(Addr, Option<(u16, u16)>)>,
 }
 
 /// Conntrack counters.
@@ -401,7 +402,7 @@ impl Conntrack {
             self.stats.invalid += 1;
             return Ok(CtResult::plain(CtState::Invalid));
         }
-        let key = parsed.key;
+        let key = &parsed.key;
         if matches!(key.proto, proto::ICMP | proto::ICMPV6) {
             match icmp::kind(key.proto, (key.dst_port >> 8) as u8) {
                 Kind::Untracked => {
@@ -412,8 +413,8 @@ impl Conntrack {
                 Kind::Request | Kind::Reply => {}
             }
         }
-        let (hash, first) = self.table.hash_of_next(&key);
-        if let Some((id, dir)) = self.table.lookup_first(&key, hash, first) {
+        let (hash, first) = self.table.hash_of_next(key);
+        if let Some((id, dir)) = self.table.lookup_first(key, hash, first) {
             let deadline_ns = self
                 .table
                 .get(id)
@@ -425,7 +426,7 @@ impl Conntrack {
             self.table.remove(id);
             self.stats.expired += 1;
         }
-        let nat = nat(&key)?;
+        let nat = nat(&parsed.key)?;
         self.create(pkt, parsed, nat.as_ref(), hash, now_ns)
     }
 

@@ -9,13 +9,11 @@
 //! connection (keyed hash), for at most [`MAX_ATTEMPTS`] ports. Only SNAT allocates: a
 //! connection without SNAT whose reply tuple is taken is refused as a clash.
 
-use std::net::IpAddr;
-
 use super::Nat;
 use super::entry::Status;
 use super::icmp::{Kind, kind, reverse};
 use super::table::Table;
-use crate::flow::{FlowKey, proto};
+use crate::flow::{Addr, FlowKey, proto};
 
 /// Most ports tried for one new connection, so that allocation is bounded work even in a
 /// large, nearly full range.
@@ -129,7 +127,7 @@ fn unique(table: &Table, post: FlowKey, status: u8) -> Result<(FlowKey, u8, u64)
     }
 }
 
-fn same_family(a: IpAddr, b: IpAddr) -> Result<(), Refusal> {
+fn same_family(a: Addr, b: Addr) -> Result<(), Refusal> {
     if a.is_ipv4() == b.is_ipv4() {
         Ok(())
     } else {

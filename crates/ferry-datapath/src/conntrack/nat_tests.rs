@@ -9,13 +9,14 @@ use crate::wire::checksum::{add, checksum, finish, pseudo_v4, pseudo_v6};
 use crate::wire::icmp_error::embedded;
 use crate::wire::parse::v6_octets;
 use crate::wire::{L3, parse};
+use std::net::IpAddr;
 
 /// Parses the frame again (IPv4 header checksum included) and checks the L4 checksum.
 fn reparsed(p: &tests::Pkt) -> Parsed {
     let f = &p.pkt.data;
     let q = parse(f, p.parsed.key.zone).expect("frame still parses");
     let l4 = &f[q.l4_off..q.ip_end];
-    let sum = match (q.l3, q.key.src, q.key.dst) {
+    let sum = match (q.l3, q.key.src.ip(), q.key.dst.ip()) {
         (L3::Ipv4, IpAddr::V4(s), IpAddr::V4(d)) if q.proto != proto::ICMP => finish(add(
             l4,
             pseudo_v4(s.octets(), d.octets(), q.proto, l4.len() as u16),
@@ -38,7 +39,7 @@ fn reparsed(p: &tests::Pkt) -> Parsed {
 
 fn dnat(addr: &str, port: Option<u16>) -> Nat {
     Nat {
-        dnat: Some((ip(addr), port)),
+        dnat: Some((ip(addr).into(), port)),
         snat: None,
     }
 }
@@ -46,13 +47,13 @@ fn dnat(addr: &str, port: Option<u16>) -> Nat {
 fn snat(addr: &str, range: Option<(u16, u16)>) -> Nat {
     Nat {
         dnat: None,
-        snat: Some((ip(addr), range)),
+        snat: Some((ip(addr).into(), range)),
     }
 }
 
 fn key(p: &tests::Pkt) -> (IpAddr, u16, IpAddr, u16) {
     let k = p.parsed.key;
-    (k.src, k.src_port, k.dst, k.dst_port)
+    (k.src.ip(), k.src_port, k.dst.ip(), k.dst_port)
 }
 
 #[test]
@@ -77,7 +78,7 @@ fn dnat_translates_original_direction_and_reverses_replies() {
             e.reply().dst,
             e.reply().dst_port
         ),
-        (ip("10.244.1.5"), 8080, ip("10.0.0.1"), 40000)
+        (ip("10.244.1.5").into(), 8080, ip("10.0.0.1").into(), 40000)
     );
     let mut synack = tcp(
         "10.244.1.5",
@@ -184,8 +185,8 @@ fn concurrent_first_udp_packets_to_a_service_get_distinct_reply_tuples() {
     // the second one's reply tuple would collide, so it gets another port.
     let mut ct = Conntrack::new(Config::default());
     let nat = Nat {
-        dnat: Some((ip("10.244.1.5"), Some(5353))),
-        snat: Some((ip("10.0.0.100"), None)),
+        dnat: Some((Addr::from(ip("10.244.1.5")), Some(5353))),
+        snat: Some((Addr::from(ip("10.0.0.100")), None)),
     };
     let mut a = udp("10.1.0.1", 40000, "10.96.0.10", 53);
     let mut b = udp("10.1.0.2", 40000, "10.96.0.10", 53);
@@ -279,8 +280,8 @@ fn hairpin_to_self_works_with_snat_both_directions() {
     // makes the connection's two tuples distinct and the reply come back through us.
     let mut ct = Conntrack::new(Config::default());
     let nat = Nat {
-        dnat: Some((ip("10.244.1.5"), Some(8080))),
-        snat: Some((ip("10.244.1.1"), None)),
+        dnat: Some((Addr::from(ip("10.244.1.5")), Some(8080))),
+        snat: Some((Addr::from(ip("10.244.1.1")), None)),
     };
     let mut syn = tcp("10.244.1.5", 40000, "10.96.0.10", 80, 1000, 0, SYN, 0);
     let r = run(&mut ct, &mut syn, Some(&nat), 0);
@@ -343,13 +344,13 @@ fn icmp_error_from_backend_is_related_and_translated_outside_and_inside() {
     // The client sees the error come from the service, about its own packet.
     assert_eq!(
         (err.parsed.key.src, err.parsed.key.dst),
-        (ip("10.96.0.10"), ip("10.0.0.1"))
+        (ip("10.96.0.10").into(), ip("10.0.0.1").into())
     );
     reparsed(&err);
     let q = quoted_key(&err);
     assert_eq!(
         (q.src, q.src_port, q.dst, q.dst_port),
-        (ip("10.0.0.1"), 40000, ip("10.96.0.10"), 80)
+        (ip("10.0.0.1").into(), 40000, ip("10.96.0.10").into(), 80)
     );
     assert_eq!(ct.stats().related, 1);
     // Related errors do not touch the connection.
@@ -370,13 +371,13 @@ fn icmp_error_from_a_router_is_related_and_keeps_the_router_address() {
     );
     assert_eq!(
         (err.parsed.key.src, err.parsed.key.dst),
-        (ip("172.16.0.1"), ip("10.0.0.1"))
+        (ip("172.16.0.1").into(), ip("10.0.0.1").into())
     );
     reparsed(&err);
     let q = quoted_key(&err);
     assert_eq!(
         (q.src, q.src_port, q.dst),
-        (ip("10.0.0.1"), 40000, ip("8.8.8.8"))
+        (ip("10.0.0.1").into(), 40000, ip("8.8.8.8").into())
     );
     // Untranslated connections: related, bytes untouched; IPv6 packet too big.
     let mut p6 = tcp("fd00::1", 40000, "fd00::9", 443, 1000, 0, SYN, 0);

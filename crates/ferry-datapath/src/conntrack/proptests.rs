@@ -233,16 +233,30 @@ fn run_ops(ops: Vec<Op>, max_entries: usize) {
                         let k = sent[of % sent.len()].1.key;
                         match k.proto {
                             proto::TCP => build::tcp(
-                                k.dst, k.src, k.dst_port, k.src_port, seq, ack, flags, b"", &o,
+                                k.dst.ip(),
+                                k.src.ip(),
+                                k.dst_port,
+                                k.src_port,
+                                seq,
+                                ack,
+                                flags,
+                                b"",
+                                &o,
                             ),
                             proto::UDP => {
-                                build::udp(k.dst, k.src, k.dst_port, k.src_port, b"y", &o)
+                                build::udp(k.dst.ip(), k.src.ip(), k.dst_port, k.src_port, b"y", &o)
                             }
                             proto::ICMP | proto::ICMPV6
                                 if k.dst_port >> 8 == 8 || k.dst_port >> 8 == 128 =>
                             {
-                                let mut f =
-                                    build::echo_request(k.dst, k.src, k.src_port, 1, b"p", &o);
+                                let mut f = build::echo_request(
+                                    k.dst.ip(),
+                                    k.src.ip(),
+                                    k.src_port,
+                                    1,
+                                    b"p",
+                                    &o,
+                                );
                                 let p = parse(&f, zone).unwrap();
                                 f[p.l4_off] = if k.proto == proto::ICMP { 0 } else { 129 };
                                 f
@@ -264,8 +278,8 @@ fn run_ops(ops: Vec<Op>, max_entries: usize) {
                 let mut pkt = Packet::new(frame, 0, now);
                 pkt.meta.zone = zone;
                 let nat = nat.map(|(dn, sn)| Nat {
-                    dnat: dn.map(|(a, p)| (addr(v6, a), p.map(|i| PORTS[i]))),
-                    snat: sn.map(|(a, r)| (addr(v6, a), r)),
+                    dnat: dn.map(|(a, p)| (addr(v6, a).into(), p.map(|i| PORTS[i]))),
+                    snat: sn.map(|(a, r)| (addr(v6, a).into(), r)),
                 });
                 let r = ct.process(&mut pkt, &mut parsed, nat.as_ref(), now);
                 if let Ok(mut r) = r {

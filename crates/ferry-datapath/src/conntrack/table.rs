@@ -19,7 +19,6 @@
 //! more for a second allocation. The expiry wheel is a fixed 16 KiB on top.
 
 use std::hash::{BuildHasher, Hasher};
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ahash::RandomState;
@@ -188,20 +187,13 @@ impl Table {
             | u64::from(k.proto) << 32
             | u64::from(k.src_port) << 16
             | u64::from(k.dst_port);
-        match (k.src, k.dst) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => {
-                let addrs = u64::from(s.to_bits()) << 32 | u64::from(d.to_bits());
-                h.write_u128(u128::from(rest) << 64 | u128::from(addrs));
-            }
-            (s, d) => {
-                let bits = |a: IpAddr| match a {
-                    IpAddr::V4(a) => a.to_ipv6_mapped().to_bits(),
-                    IpAddr::V6(a) => a.to_bits(),
-                };
-                h.write_u128(bits(s));
-                h.write_u128(bits(d));
-                h.write_u64(rest);
-            }
+        if k.src.is_ipv4() && k.dst.is_ipv4() {
+            let addrs = u64::from(k.src.v4_bits()) << 32 | u64::from(k.dst.v4_bits());
+            h.write_u128(u128::from(rest) << 64 | u128::from(addrs));
+        } else {
+            h.write_u128(u128::from_be_bytes(*k.src.octets()));
+            h.write_u128(u128::from_be_bytes(*k.dst.octets()));
+            h.write_u64(rest);
         }
         h.finish()
     }

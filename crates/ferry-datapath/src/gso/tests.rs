@@ -338,9 +338,9 @@ fn checksum_verifies_with(seg: &Packet, dst: [u8; 16]) -> bool {
 
 #[test]
 fn test_ipv6_routing_header_checksum_uses_the_final_destination() {
-    let via = v6_octets("fd00::99".parse().unwrap());
-    let last = v6_octets("fd00::2".parse().unwrap());
-    let final_dst = v6_octets("fd00::77".parse().unwrap());
+    let via = v6_octets("fd00::99".parse::<IpAddr>().unwrap());
+    let last = v6_octets("fd00::2".parse::<IpAddr>().unwrap());
+    let final_dst = v6_octets("fd00::77".parse::<IpAddr>().unwrap());
     for udp in [false, true] {
         let make = || {
             let payload = build::pattern(3000, 11);

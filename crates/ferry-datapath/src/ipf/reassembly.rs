@@ -16,14 +16,13 @@
 //! and a datagram that completes leaves it in O(1), so the FIFO never holds stale entries.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 
 use ahash::RandomState;
 
 use super::ranges::{Fit, Range, Ranges};
 use super::{Config, FamilyStats, Outcome, Stats};
 use crate::drop::{DropCounters, DropReason};
-use crate::flow::proto;
+use crate::flow::{Addr, proto};
 use crate::packet::{Packet, VnetHdr};
 use crate::wire::checksum::set_ipv4_header;
 use crate::wire::{L3, Parsed, parse};
@@ -47,8 +46,8 @@ mod ext {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Key {
     zone: u16,
-    src: IpAddr,
-    dst: IpAddr,
+    src: Addr,
+    dst: Addr,
     proto: u8,
     id: u32,
 }

@@ -487,10 +487,10 @@ impl Services {
         if self.live == 0 || !matches!(key.proto, proto::TCP | proto::UDP) {
             return None;
         }
-        if let Some(f) = self.frontends.get(&(key.proto, key.dst, key.dst_port)) {
+        if let Some(f) = self.frontends.get(&(key.proto, key.dst.ip(), key.dst_port)) {
             return Some(*f);
         }
-        if self.node_ports.is_empty() || !self.local_addrs.contains(&key.dst) {
+        if self.node_ports.is_empty() || !self.local_addrs.contains(&key.dst.ip()) {
             return None;
         }
         self.node_ports
@@ -524,7 +524,7 @@ impl Services {
         now_ns: u64,
     ) -> Result<usize, Miss> {
         let svc = &self.services[f.service as usize];
-        let fam = family(&key.dst);
+        let fam = family(&key.dst.ip());
         let policy = match f.scope {
             Scope::Internal => svc.spec.internal_policy,
             Scope::External if from_local_pod => Policy::Cluster,
@@ -543,7 +543,7 @@ impl Services {
             return Ok(usize::from(set[affinity.pick(key, set.len())]));
         };
         let kept = affinity
-            .get(svc.id, key.src, now_ns)
+            .get(svc.id, key.src.ip(), now_ns)
             .and_then(|(addr, port)| {
                 set.iter().copied().find(|&i| {
                     let b = &svc.backends[usize::from(i)];
@@ -552,7 +552,7 @@ impl Services {
             });
         let i = usize::from(kept.unwrap_or_else(|| set[affinity.pick(key, set.len())]));
         let b = &svc.backends[i];
-        affinity.put(svc.id, key.src, (b.addr, b.port), now_ns, timeout);
+        affinity.put(svc.id, key.src.ip(), (b.addr, b.port), now_ns, timeout);
         Ok(i)
     }
 }

@@ -60,7 +60,7 @@ pub fn tcp_reset(orig: &[u8], parsed: &Parsed, src_mac: [u8; 6]) -> Option<Vec<u
     if parsed.vlan.is_some() {
         f.extend_from_slice(&orig[12..16]);
     }
-    let pseudo = match (k.dst, k.src) {
+    let pseudo = match (k.dst.ip(), k.src.ip()) {
         (IpAddr::V4(from), IpAddr::V4(to)) => {
             f.extend_from_slice(&ethertype::IPV4.to_be_bytes());
             let ip = f.len();
@@ -124,7 +124,7 @@ mod tests {
         assert_eq!(t[13], tcp_flags::RST);
         assert_eq!(&t[4..8], &777u32.to_be_bytes());
         assert_eq!(&r[0..6], &IpOpts::default().src_mac);
-        let (IpAddr::V6(s), IpAddr::V6(d)) = (p.key.src, p.key.dst) else {
+        let (IpAddr::V6(s), IpAddr::V6(d)) = (p.key.src.ip(), p.key.dst.ip()) else {
             panic!()
         };
         let sum = checksum::add(

@@ -1,4 +1,5 @@
 use super::*;
+use crate::flow::Addr;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -26,8 +27,8 @@ fn svc(name: &str, proto: &str) -> ServiceSpec {
 fn key(dst: &str, dport: u16) -> FlowKey {
     FlowKey {
         zone: 0,
-        src: ip("192.168.60.7"),
-        dst: ip(dst),
+        src: Addr::from(ip("192.168.60.7")),
+        dst: ip(dst).into(),
         proto: proto::TCP,
         src_port: 40000,
         dst_port: dport,

@@ -435,7 +435,7 @@ mod tests {
     fn udp_checksum_ok(f: &[u8]) -> bool {
         let p = parse(f, 0).unwrap();
         let l4 = &f[p.l4_off..p.ip_end];
-        let pseudo = match (p.key.src, p.key.dst) {
+        let pseudo = match (p.key.src.ip(), p.key.dst.ip()) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
                 checksum::pseudo_v4(s.octets(), d.octets(), 17, l4.len() as u16)
             }

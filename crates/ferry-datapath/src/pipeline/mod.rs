@@ -248,7 +248,10 @@ fn balance(
         Some((key.dst, None))
     } else if f.scope == Scope::External && !b.local && !from_local_pod {
         if svc.spec.external_snat {
-            tables.node.addr(key.dst.is_ipv6()).map(|a| (a, None))
+            tables
+                .node
+                .addr(key.dst.is_ipv6())
+                .map(|a| (a.into(), None))
         } else {
             mark |= lb::MARK_TUNNEL;
             None
@@ -258,7 +261,7 @@ fn balance(
     };
     Ok(Balanced {
         nat: Nat {
-            dnat: Some((b.addr, Some(b.port))),
+            dnat: Some((b.addr.into(), Some(b.port))),
             snat,
         },
         mark,
@@ -667,7 +670,7 @@ impl Pipeline {
             && parsed.proto == proto::UDP
             && parsed.l4_complete
             && parsed.key.dst_port == ov.port
-            && tables.node.addresses.contains(&parsed.key.dst)
+            && tables.node.addresses.contains(&parsed.key.dst.ip())
         {
             if pkt.meta.vnet.is_gso() {
                 return self.decap_gso(tables, pkt, &parsed, ov, out, trace);
@@ -699,7 +702,7 @@ impl Pipeline {
         } else if inner_csum {
             return self.drop(DropReason::CsumOffloadInvalid, trace);
         }
-        self.forward(tables, pkt, parsed, tunnel_peer, out, trace)
+        self.forward(tables, pkt, parsed, tunnel_peer.map(|p| p.ip()), out, trace)
     }
 
     /// A UDP GSO super-frame of VXLAN datagrams from a peer node (one that segmented
@@ -740,7 +743,7 @@ impl Pipeline {
         let mut verdict = Verdict::Dropped(DropReason::GsoMalformed);
         // The datagrams share the outer headers: the peer is checked once, each datagram
         // counted as a drop when it is unknown.
-        if ov.peer_index(peer).is_none() {
+        if ov.peer_index(peer.ip()).is_none() {
             for _ in 0..datagrams {
                 combine(&mut verdict, self.drop(DropReason::VxlanUnknownPeer, trace));
             }
@@ -771,8 +774,14 @@ impl Pipeline {
                 continue;
             }
             if segments > 0 {
-                let v =
-                    self.forward_run(tables, std::mem::take(&mut run), segments, peer, out, trace);
+                let v = self.forward_run(
+                    tables,
+                    std::mem::take(&mut run),
+                    segments,
+                    peer.ip(),
+                    out,
+                    trace,
+                );
                 combine(&mut verdict, v);
                 segments = 0;
             }
@@ -781,17 +790,17 @@ impl Pipeline {
                 meta,
             };
             let v = if inner_parsed.frag.is_none() {
-                self.forward(tables, inner, inner_parsed, Some(peer), out, trace)
+                self.forward(tables, inner, inner_parsed, Some(peer.ip()), out, trace)
             } else {
                 match self.defrag(inner, inner_parsed, trace) {
-                    Ok((p, pp)) => self.forward(tables, p, pp, Some(peer), out, trace),
+                    Ok((p, pp)) => self.forward(tables, p, pp, Some(peer.ip()), out, trace),
                     Err(v) => v,
                 }
             };
             combine(&mut verdict, v);
         }
         if segments > 0 {
-            let v = self.forward_run(tables, run, segments, peer, out, trace);
+            let v = self.forward_run(tables, run, segments, peer.ip(), out, trace);
             combine(&mut verdict, v);
         }
         verdict
@@ -951,7 +960,7 @@ impl Pipeline {
                 let mut v = Vec::new();
                 if let Some((a, p)) = n.dnat {
                     v.push(match p {
-                        Some(p) => format!("destination to {}", SockAddr(a, p)),
+                        Some(p) => format!("destination to {}", SockAddr(a.ip(), p)),
                         None => format!("destination to {a}"),
                     });
                 }
@@ -1013,14 +1022,14 @@ impl Pipeline {
             None
         };
 
-        let Some(route) = tables.fib.lookup(parsed.key.dst).copied() else {
+        let Some(route) = tables.fib.lookup(parsed.key.dst.ip()).copied() else {
             return self.drop(DropReason::NoRoute, trace);
         };
         let (mut out_id, mut next_hop) = (route.port, route.next_hop);
         if force_tunnel
             && !matches!(next_hop, NextHop::Tunnel(_))
             && let Some(ov) = &tables.overlay
-            && let Some(i) = ov.peer_for_pod(parsed.key.dst)
+            && let Some(i) = ov.peer_for_pod(parsed.key.dst.ip())
         {
             (out_id, next_hop) = (ov.uplink, NextHop::Tunnel(i));
         }
@@ -1365,7 +1374,7 @@ impl Pipeline {
         vx_off: usize,
         ov: &crate::tables::Overlay,
     ) -> Result<(usize, Parsed, Meta), DropReason> {
-        if ov.peer_index(parsed.key.src).is_none() {
+        if ov.peer_index(parsed.key.src.ip()).is_none() {
             return Err(DropReason::VxlanUnknownPeer);
         }
         self.decap_inner(pkt, vx_off, parsed.ip_end, ov)
@@ -1462,7 +1471,7 @@ impl Pipeline {
                 Ok(plain(m))
             }
             NextHop::Direct => {
-                let m = self.neighbour(port, parsed.key.dst, now, out, trace)?;
+                let m = self.neighbour(port, parsed.key.dst.ip(), now, out, trace)?;
                 trace.note("l2", l2(format!("{} on-link", parsed.key.dst), m));
                 Ok(plain(m))
             }
@@ -1802,7 +1811,7 @@ impl Pipeline {
         let in_id = pkt.meta.in_port;
         let port = &tables.ports[usize::from(in_id)];
         let now = pkt.meta.time_ns;
-        let Some(src) = nd::v6(parsed.key.src) else {
+        let Some(src) = nd::v6(parsed.key.src.ip()) else {
             return Verdict::Consumed;
         };
         let src_mac = mac_at(&pkt.data, 6);
@@ -2014,20 +2023,20 @@ impl Pipeline {
             .find(|r| r.matches(in_port, &parsed.key))?;
         let snat = match rule.snat {
             Snat::None => None,
-            Snat::To(addr, range) => Some((addr, range)),
+            Snat::To(addr, range) => Some((addr.into(), range)),
             Snat::Masquerade => {
-                let dst = rule.dnat.map_or(parsed.key.dst, |d| d.0);
-                let port = &tables.ports[usize::from(tables.fib.lookup(dst)?.port)];
+                let dst = rule.dnat.map_or(parsed.key.dst, |d| d.0.into());
+                let port = &tables.ports[usize::from(tables.fib.lookup(dst.ip())?.port)];
                 let addr = if dst.is_ipv4() {
                     port.addr_v4
                 } else {
                     port.addr_v6
                 };
-                addr.map(|a| (a, None))
+                addr.map(|a| (a.into(), None))
             }
         };
         Some(Nat {
-            dnat: rule.dnat,
+            dnat: rule.dnat.map(|(a, p)| (a.into(), p)),
             snat,
         })
     }
@@ -2096,8 +2105,8 @@ fn source_is_pods(port: &Port, pkt: &Packet, parsed: &Parsed) -> bool {
         return false;
     }
     let src = parsed.key.src;
-    port.addresses.contains(&src)
-        || match src {
+    port.addresses.contains(&src.ip())
+        || match src.ip() {
             IpAddr::V6(a) => {
                 nd::is_link_local(&a) || (a.is_unspecified() && parsed.proto == proto::ICMPV6)
             }
@@ -2108,7 +2117,7 @@ fn source_is_pods(port: &Port, pkt: &Packet, parsed: &Parsed) -> bool {
 /// False for what a router never forwards: link-local and multicast destinations,
 /// link-local and unspecified sources, IPv4 broadcast.
 fn forwardable(parsed: &Parsed) -> bool {
-    match (parsed.key.src, parsed.key.dst) {
+    match (parsed.key.src.ip(), parsed.key.dst.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             !(s.is_link_local()
                 || s.is_unspecified()
@@ -2145,7 +2154,7 @@ fn mark_coalesced(pkt: &mut Packet, parsed: &Parsed, port: &Port) {
     let headers = gso_headers(&pkt.data, parsed);
     let mss = usize::from(port.mtu).saturating_sub(headers).max(8);
     let l4_len = parsed.ip_end - parsed.l4_off;
-    let pseudo = match (parsed.key.src, parsed.key.dst) {
+    let pseudo = match (parsed.key.src.ip(), parsed.key.dst.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             checksum::pseudo_v4(s.octets(), d.octets(), proto::TCP, l4_len as u16)
         }

@@ -64,7 +64,7 @@ fn test_packets_to_an_unresolved_node_wait_and_leave_encapsulated_in_order() {
         assert_eq!(&f.data[0..6], &uplink_mac(2), "to the MAC just learned");
         assert_eq!(&f.data[6..12], &uplink_mac(1));
         let o = parse(&f.data, 0).unwrap();
-        assert_eq!((o.key.dst, o.key.dst_port), (ip(NODE2), 4789));
+        assert_eq!((o.key.dst, o.key.dst_port), (ip(NODE2).into(), 4789));
         let inner = &f.data[o.l4_off + 8 + vxlan::LEN..];
         assert_eq!(&inner[0..6], &overlay::vtep_mac(ip(NODE2)));
         assert_eq!(parse(inner, 0).unwrap().ttl, 63, "TTL decremented once");
@@ -203,7 +203,7 @@ fn test_ipv6_packets_wait_for_a_neighbour_advertisement() {
         (&GW_MAC[..], &uplink_mac(1)[..])
     );
     let q = parse(&f.data, 0).unwrap();
-    assert_eq!((q.key.dst, q.ttl), (ip("2001:db8::1"), 63));
+    assert_eq!((q.key.dst, q.ttl), (ip("2001:db8::1").into(), 63));
     assert_eq!(payload(&f.data, false), b"v6");
 }
 

@@ -28,7 +28,12 @@ fn test_pod_to_remote_pod_is_vxlan_encapsulated_and_delivered_by_the_peer() {
     assert_eq!(o.ttl, 64);
     assert_eq!(
         (o.key.src, o.key.dst, o.key.proto, o.key.dst_port),
-        (ip("192.168.50.10"), ip("192.168.50.20"), proto::UDP, 4789)
+        (
+            ip("192.168.50.10").into(),
+            ip("192.168.50.20").into(),
+            proto::UDP,
+            4789
+        )
     );
     let sport = o.key.src_port;
     assert!(sport >= 49152);
@@ -43,7 +48,7 @@ fn test_pod_to_remote_pod_is_vxlan_encapsulated_and_delivered_by_the_peer() {
     let i = parse(inner, 0).unwrap();
     assert_eq!(
         (i.key.src, i.key.dst, i.ttl),
-        (ip("10.244.1.5"), ip("10.244.2.6"), 63)
+        (ip("10.244.1.5").into(), ip("10.244.2.6").into(), 63)
     );
     assert_eq!(&inner[0..6], &overlay::vtep_mac(ip("192.168.50.20")));
     assert_eq!(&inner[6..12], &overlay::vtep_mac(ip("192.168.50.10")));
@@ -76,7 +81,7 @@ fn test_pod_to_remote_pod_is_vxlan_encapsulated_and_delivered_by_the_peer() {
     let dp = parse(&d.data, 0).unwrap();
     assert_eq!(
         (dp.key.src, dp.key.dst, dp.ttl),
-        (ip("10.244.1.5"), ip("10.244.2.6"), 62)
+        (ip("10.244.1.5").into(), ip("10.244.2.6").into(), 62)
     );
     assert_eq!(&d.data[dp.l4_off + 8..dp.ip_end], &payload[..]);
     let stages: Vec<&str> = t.events.iter().map(|e| e.stage).collect();
@@ -138,7 +143,10 @@ fn test_reply_returns_through_the_node_the_connection_came_from() {
     let (v, out) = run(&mut b, reply, POD, 1);
     assert_eq!(v, Verdict::Forwarded);
     let o = parse(&out[0].1.data, 0).unwrap();
-    assert_eq!((o.key.dst, o.key.dst_port), (ip("192.168.50.10"), 4789));
+    assert_eq!(
+        (o.key.dst, o.key.dst_port),
+        (ip("192.168.50.10").into(), 4789)
+    );
 }
 
 #[test]
@@ -277,7 +285,7 @@ fn test_pod_neighbour_solicitation_is_answered_as_a_router() {
     let p = parse(&f.data, 0).unwrap();
     assert_eq!(
         (p.key.src, p.key.dst, p.ttl),
-        (ip("fe80::1"), IpAddr::V6(ll), 255)
+        (ip("fe80::1").into(), IpAddr::V6(ll).into(), 255)
     );
     // nd::parse verifies the ICMPv6 checksum with the pseudo-header.
     assert_eq!(
@@ -651,7 +659,7 @@ fn test_cross_subnet_encapsulates_only_peers_outside_the_uplink_subnet() {
     let (v, out) = run(&mut a, udp_from_pod("10.244.3.6", 1, b"x"), POD, 0);
     assert_eq!(v, Verdict::Forwarded);
     let p = parse(&out[0].1.data, 0).unwrap();
-    assert_eq!((p.key.dst, p.key.dst_port), (ip("10.9.0.30"), 4789));
+    assert_eq!((p.key.dst, p.key.dst_port), (ip("10.9.0.30").into(), 4789));
     assert_eq!(&out[0].1.data[0..6], &GW_MAC);
 }
 

@@ -3,6 +3,7 @@
 
 use super::test_support::*;
 use super::*;
+use crate::flow::Addr;
 use crate::lb::{BackendSpec, Policy, ServiceSpec};
 
 const CLIENT: &str = "192.168.60.7";
@@ -133,9 +134,9 @@ fn synack(n: u8, last: u8, to: &str, sport: u16, dport: u16, ack: u32) -> Vec<u8
 fn delivered_to(out: &[(PortId, Packet)]) -> IpAddr {
     let f = &out[0].1.data;
     if out[0].0 == UPLINK {
-        key_of(inner(f)).dst
+        key_of(inner(f)).dst.ip()
     } else {
-        key_of(f).dst
+        key_of(f).dst.ip()
     }
 }
 
@@ -158,7 +159,12 @@ fn test_cluster_ip_is_translated_to_an_endpoint_and_replies_back() {
     let k = key_of(&out[0].1.data);
     assert_eq!(
         (k.src, k.src_port, k.dst, k.dst_port),
-        (ip("10.244.1.5"), 40000, ip("10.244.1.6"), 8080)
+        (
+            ip("10.244.1.5").into(),
+            40000,
+            ip("10.244.1.6").into(),
+            8080
+        )
     );
     let note = tr
         .events
@@ -171,7 +177,7 @@ fn test_cluster_ip_is_translated_to_an_endpoint_and_replies_back() {
         note.detail
     );
     let original = FlowKey {
-        dst: ip("10.96.0.10"),
+        dst: Addr::from(ip("10.96.0.10")),
         dst_port: 80,
         ..k
     };
@@ -186,7 +192,7 @@ fn test_cluster_ip_is_translated_to_an_endpoint_and_replies_back() {
     let k = key_of(&out[0].1.data);
     assert_eq!(
         (k.src, k.src_port, k.dst, k.dst_port),
-        (ip("10.96.0.10"), 80, ip("10.244.1.5"), 40000)
+        (ip("10.96.0.10").into(), 80, ip("10.244.1.5").into(), 40000)
     );
     assert_eq!(
         a.stats().service_balanced,
@@ -262,7 +268,7 @@ fn test_service_without_endpoints_refuses_tcp_with_a_reset_at_once() {
     let p = parse(f, 0).unwrap();
     assert_eq!(
         (p.key.src, p.key.src_port, p.key.dst, p.key.dst_port),
-        (ip("10.96.0.10"), 80, ip("10.244.1.5"), 40000)
+        (ip("10.96.0.10").into(), 80, ip("10.244.1.5").into(), 40000)
     );
     let t = &f[p.l4_off..p.ip_end];
     assert_eq!(t[13], tcp_flags::RST | tcp_flags::ACK);
@@ -272,8 +278,12 @@ fn test_service_without_endpoints_refuses_tcp_with_a_reset_at_once() {
         "acknowledges the SYN"
     );
     // A correct checksum sums to zero with the pseudo-header.
-    let IpAddr::V4(s) = p.key.src else { panic!() };
-    let IpAddr::V4(d) = p.key.dst else { panic!() };
+    let IpAddr::V4(s) = p.key.src.ip() else {
+        panic!()
+    };
+    let IpAddr::V4(d) = p.key.dst.ip() else {
+        panic!()
+    };
     let sum = checksum::add(
         t,
         checksum::pseudo_v4(s.octets(), d.octets(), proto::TCP, t.len() as u16),
@@ -419,14 +429,17 @@ fn test_node_port_to_a_local_endpoint_keeps_the_client_address() {
     let k = key_of(&out[0].1.data);
     assert_eq!(
         (k.src, k.dst, k.dst_port),
-        (ip(CLIENT), ip("10.244.1.6"), 8080)
+        (ip(CLIENT).into(), ip("10.244.1.6").into(), 8080)
     );
     let reply = synack(1, 6, CLIENT, 8080, 50000, 2);
     let (_, out) = run(&mut a, reply, POD2, SEC);
     assert_eq!(out[0].0, UPLINK);
     assert_eq!(&out[0].1.data[0..6], &GW_MAC);
     let k = key_of(&out[0].1.data);
-    assert_eq!((k.src, k.src_port, k.dst), (ip(NODE1), 30080, ip(CLIENT)));
+    assert_eq!(
+        (k.src, k.src_port, k.dst),
+        (ip(NODE1).into(), 30080, ip(CLIENT).into())
+    );
 }
 
 #[test]
@@ -505,13 +518,13 @@ fn test_node_port_to_another_nodes_endpoint_returns_through_the_ingress_node() {
     let outer = key_of(&out[0].1.data);
     assert_eq!(
         (outer.src, outer.dst),
-        (ip(NODE1), ip("192.168.50.20")),
+        (ip(NODE1).into(), ip("192.168.50.20").into()),
         "through the tunnel"
     );
     let k = key_of(inner(&out[0].1.data));
     assert_eq!(
         (k.src, k.dst, k.dst_port),
-        (ip(CLIENT), ip("10.244.2.5"), 8080),
+        (ip(CLIENT).into(), ip("10.244.2.5").into(), 8080),
         "client address kept"
     );
     let note = tr.events.iter().find(|e| e.stage == "service").unwrap();
@@ -543,7 +556,7 @@ fn test_node_port_to_another_nodes_endpoint_returns_through_the_ingress_node() {
     let k = key_of(&to_client[0].1.data);
     assert_eq!(
         (k.src, k.src_port, k.dst, k.dst_port),
-        (ip(NODE1), 30080, ip(CLIENT), 50000)
+        (ip(NODE1).into(), 30080, ip(CLIENT).into(), 50000)
     );
 
     // The client's next segment follows the connection through the tunnel again.
@@ -579,7 +592,7 @@ fn test_external_snat_mode_sends_from_this_node_instead() {
     let k = key_of(&out[0].1.data);
     assert_eq!(
         (k.src, k.dst, k.dst_port),
-        (ip(NODE1), ip("10.244.2.5"), 8080)
+        (ip(NODE1).into(), ip("10.244.2.5").into(), 8080)
     );
     // The reply comes back to the node address and is translated for the client.
     let o = IpOpts {
@@ -602,7 +615,7 @@ fn test_external_snat_mode_sends_from_this_node_instead() {
     let k = key_of(&back[0].1.data);
     assert_eq!(
         (k.src, k.src_port, k.dst, k.dst_port),
-        (ip(NODE1), 30080, ip(CLIENT), 50000)
+        (ip(NODE1).into(), 30080, ip(CLIENT).into(), 50000)
     );
 }
 
@@ -660,7 +673,7 @@ fn test_hairpin_is_source_translated_to_the_service_address() {
     let k = key_of(&out[0].1.data);
     assert_eq!(
         (k.src, k.dst, k.dst_port),
-        (ip("10.96.0.10"), ip("10.244.1.5"), 8080)
+        (ip("10.96.0.10").into(), ip("10.244.1.5").into(), 8080)
     );
     let reply = synack(1, 5, "10.96.0.10", 8080, k.src_port, 1001);
     let (v, out) = run(&mut a, reply, POD, SEC);
@@ -668,7 +681,7 @@ fn test_hairpin_is_source_translated_to_the_service_address() {
     let k = key_of(&out[0].1.data);
     assert_eq!(
         (k.src, k.src_port, k.dst, k.dst_port),
-        (ip("10.96.0.10"), 80, ip("10.244.1.5"), 40000)
+        (ip("10.96.0.10").into(), 80, ip("10.244.1.5").into(), 40000)
     );
 }
 

@@ -166,7 +166,7 @@ impl Pipeline {
                 }
                 // After DNAT the reply comes from the endpoint.
                 let r = e.reply();
-                services.has_backend(r.proto, r.src, r.src_port)
+                services.has_backend(r.proto, r.src.ip(), r.src_port)
             })
         };
 

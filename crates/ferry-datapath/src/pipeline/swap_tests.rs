@@ -302,7 +302,7 @@ fn test_connections_keep_their_nat_across_a_swap() {
     let (_, ct, out) = run(&mut p, udp(CLIENT, 1001, VIP, 53), 0, 0);
     assert_eq!(ct, Some("new"));
     let k = parse(&out[0].1.data, 0).unwrap().key;
-    assert_eq!((k.dst, k.dst_port), (ip("10.244.1.5"), 5353));
+    assert_eq!((k.dst, k.dst_port), (ip("10.244.1.5").into(), 5353));
 
     // The new tables have no NAT rule at all.
     let mut spec = service_spec(&[]);
@@ -315,7 +315,7 @@ fn test_connections_keep_their_nat_across_a_swap() {
     let k = parse(&out[0].1.data, 0).unwrap().key;
     assert_eq!(
         (k.src, k.src_port),
-        (ip(VIP), 53),
+        (ip(VIP).into(), 53),
         "the reply is translated back"
     );
     let (_, ct, out) = run(&mut p, udp(CLIENT, 1001, VIP, 53), 0, 2);

@@ -456,7 +456,12 @@ fn test_dnat_rule_translates_both_directions() {
     let k = parse(&fwd.data, 0).unwrap().key;
     assert_eq!(
         (k.dst, k.dst_port, k.src, k.src_port),
-        (ip("10.244.1.5"), 5353, ip("192.168.50.1"), 40000)
+        (
+            ip("10.244.1.5").into(),
+            5353,
+            ip("192.168.50.1").into(),
+            40000
+        )
     );
     // The answer leaves with the VIP as its source.
     let a = build::udp(
@@ -475,7 +480,7 @@ fn test_dnat_rule_translates_both_directions() {
     );
     assert_eq!(t.ct_name(), Some("reply"));
     let k = parse(&out[0].1.data, 0).unwrap().key;
-    assert_eq!((k.src, k.src_port), (ip("10.96.0.10"), 53));
+    assert_eq!((k.src, k.src_port), (ip("10.96.0.10").into(), 53));
     assert_eq!(p.conntrack().len(), 1);
 }
 
@@ -532,7 +537,10 @@ fn test_fragments_to_a_dnat_vip_are_reassembled_translated_and_refragmented() {
         }
     }
     let (w, pw) = whole.expect("the pod receives the whole datagram");
-    assert_eq!((pw.key.dst, pw.key.dst_port), (ip("10.244.1.5"), 5353));
+    assert_eq!(
+        (pw.key.dst, pw.key.dst_port),
+        (ip("10.244.1.5").into(), 5353)
+    );
     assert_eq!(&w.data[pw.l4_off + 8..], &build::pattern(4000, 3)[..]);
     let l4 = &w.data[pw.l4_off..pw.ip_end];
     let sum = checksum::add(
@@ -602,7 +610,7 @@ fn test_too_big_error_for_a_translated_packet_is_translated_back() {
         .unwrap();
     assert_eq!(
         (emb.key.dst, emb.key.dst_port),
-        (ip("10.96.0.10"), 53),
+        (ip("10.96.0.10").into(), 53),
         "the client sees its own packet quoted"
     );
     let icmp = &e.data[pe.l4_off..pe.ip_end];
@@ -633,7 +641,7 @@ fn test_masquerade_uses_the_egress_port_address() {
     assert_eq!(k.src, ip("192.168.50.10"));
     let back = build::tcp(
         ip("192.168.60.7"),
-        k.src,
+        k.src.ip(),
         443,
         k.src_port,
         9,
@@ -645,7 +653,7 @@ fn test_masquerade_uses_the_egress_port_address() {
     let (v, out) = run(&mut p, back, UPLINK, 1);
     assert_eq!(v, Verdict::Forwarded);
     let k = parse(&out[0].1.data, 0).unwrap().key;
-    assert_eq!((k.dst, k.dst_port), (ip("10.244.1.5"), 33000));
+    assert_eq!((k.dst, k.dst_port), (ip("10.244.1.5").into(), 33000));
 }
 
 #[test]

@@ -297,7 +297,7 @@ fn lookup_keys(tables: &Tables, port: PortId, frame: &[u8]) -> Vec<FlowKey> {
     };
     add(frame, &parsed);
     if vxlan_on(tables, port, &parsed).is_some()
-        && tables.node.addresses.contains(&parsed.key.dst)
+        && tables.node.addresses.contains(&parsed.key.dst.ip())
         && let Some((inner, _)) = vxlan::inner(frame, &parsed)
         && let Ok(ip) = parse(inner, zone)
     {
@@ -395,11 +395,11 @@ fn left_by(tables: &Tables, e: &Entry, dir: usize, out: &[(PortId, Packet)]) -> 
             continue;
         }
         let tunnel = vxlan_on(tables, *port, &p).and_then(|ov| {
-            let i = ov.peer_index(p.key.dst)?;
+            let i = ov.peer_index(p.key.dst.ip())?;
             let (inner, _) = vxlan::inner(&pkt.data, &p)?;
             let ip = parse(inner, 0).ok()?;
             let mac = pkt.data[0..6].try_into().ok()?;
-            Some(((i, mac, p.key.src), ip.key))
+            Some(((i, mac, p.key.src.ip()), ip.key))
         });
         let key = tunnel.map_or(p.key, |(_, k)| k);
         let left = Left {
@@ -456,8 +456,8 @@ fn reply_frame(tables: &Tables, e: &Entry, dir: usize, left: &Left) -> Option<(P
         ProtoState::Other => return None,
     };
     let d = Described {
-        src: k.src,
-        dst: k.dst,
+        src: k.src.ip(),
+        dst: k.dst.ip(),
         src_port: k.src_port,
         dst_port: k.dst_port,
         transport,
@@ -493,7 +493,7 @@ fn endpoint(k: &FlowKey, src: bool) -> String {
         (k.dst, k.dst_port)
     };
     match k.proto {
-        proto::TCP | proto::UDP => SockAddr(a, p).to_string(),
+        proto::TCP | proto::UDP => SockAddr(a.ip(), p).to_string(),
         _ => a.to_string(),
     }
 }
@@ -532,7 +532,7 @@ fn reverse_path(tables: &Tables, e: &Entry, dir: usize, left: Option<&Left>) -> 
         (Some(ov), _) => tunnel_from
             .or_else(|| {
                 (marked && rd == REPLY)
-                    .then(|| ov.peer_for_pod(back.src))
+                    .then(|| ov.peer_for_pod(back.src.ip()))
                     .flatten()
             })
             .map(|i| format!(" return through the tunnel from {}", node(ov, i))),

@@ -161,8 +161,8 @@ pub fn embedded(frame: &[u8], parsed: &Parsed) -> Result<Option<Embedded>, DropR
     Ok(Some(Embedded {
         key: FlowKey {
             zone: parsed.key.zone,
-            src,
-            dst,
+            src: src.into(),
+            dst: dst.into(),
             proto: qproto,
             src_port,
             dst_port,
@@ -247,7 +247,7 @@ pub(crate) mod tests {
 
     fn error_about(orig: &[u8], kind: ErrorKind) -> Vec<u8> {
         let p = parse(orig, 3).unwrap();
-        build_error(orig, &p, kind, router(p.key.src), build::MAC_DST).unwrap()
+        build_error(orig, &p, kind, router(p.key.src.ip()), build::MAC_DST).unwrap()
     }
 
     #[test]

@@ -6,8 +6,6 @@
 //! fragment that is not the first, the bytes after the IPv6 fragment header are data, not
 //! headers, whatever the fragment header's next-header field says.
 
-use std::net::{IpAddr, Ipv4Addr};
-
 use etherparse::{
     ArpPacketSlice, Ethernet2HeaderSlice, IpAuthHeaderSlice, Ipv4HeaderSlice,
     Ipv6FragmentHeaderSlice, Ipv6HeaderSlice, Ipv6RawExtHeaderSlice, SingleVlanHeaderSlice,
@@ -15,7 +13,7 @@ use etherparse::{
 };
 
 use crate::drop::DropReason;
-use crate::flow::{FlowKey, proto};
+use crate::flow::{Addr, FlowKey, proto};
 use crate::wire::icmp_error;
 
 /// EtherTypes ferry understands.
@@ -162,8 +160,8 @@ pub fn parse(frame: &[u8], zone: u16) -> Result<Parsed, DropReason> {
                 ttl: 0,
                 key: FlowKey {
                     zone,
-                    src: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-                    dst: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                    src: Addr::V4_UNSPECIFIED,
+                    dst: Addr::V4_UNSPECIFIED,
                     proto: 0,
                     src_port: 0,
                     dst_port: 0,
@@ -215,8 +213,8 @@ fn parse_ipv4(b: &[u8], l3_off: usize, vlan: Option<u16>, zone: u16) -> Result<P
         ttl: h.ttl(),
         key: FlowKey {
             zone,
-            src: IpAddr::V4(h.source_addr()),
-            dst: IpAddr::V4(h.destination_addr()),
+            src: Addr::v4(h.source_addr()),
+            dst: Addr::v4(h.destination_addr()),
             proto: protocol,
             src_port: l4.src_port,
             dst_port: l4.dst_port,
@@ -232,6 +230,12 @@ fn parse_ipv6(b: &[u8], l3_off: usize, vlan: Option<u16>, zone: u16) -> Result<P
         return Err(DropReason::IpLengthInvalid);
     }
     let d = &b[..IPV6_LEN + payload_len];
+    let (src, dst) = (Addr::v6(h.source_addr()), Addr::v6(h.destination_addr()));
+    // A flow key holds an IPv4 address in its IPv4-mapped form: such an address in an
+    // IPv6 header, which RFC 4291 keeps off the wire, would read as IPv4.
+    if src.is_ipv4() || dst.is_ipv4() {
+        return Err(DropReason::Ipv6V4MappedAddress);
+    }
     // As for IPv4, the walk works on locals and `Parsed` is built once at the end.
     let mut nh = h.next_header().0;
     let mut off = IPV6_LEN;
@@ -317,8 +321,8 @@ fn parse_ipv6(b: &[u8], l3_off: usize, vlan: Option<u16>, zone: u16) -> Result<P
         ttl: h.hop_limit(),
         key: FlowKey {
             zone,
-            src: IpAddr::V6(h.source_addr()),
-            dst: IpAddr::V6(h.destination_addr()),
+            src,
+            dst,
             proto: nh,
             src_port: l4.src_port,
             dst_port: l4.dst_port,
@@ -396,25 +400,20 @@ fn parse_l4(proto: u8, fragment: bool, l4: &[u8]) -> Result<L4, DropReason> {
 }
 
 /// The addresses of an IPv6 key as arrays (for pseudo-headers).
-pub fn v6_octets(a: IpAddr) -> [u8; 16] {
-    match a {
-        IpAddr::V6(v) => v.octets(),
-        IpAddr::V4(v) => v.to_ipv6_mapped().octets(),
-    }
+pub fn v6_octets(a: impl Into<Addr>) -> [u8; 16] {
+    *a.into().octets()
 }
 
 /// The IPv4 address as an array, or the unspecified address for IPv6.
-pub fn v4_octets(a: IpAddr) -> [u8; 4] {
-    match a {
-        IpAddr::V4(v) => v.octets(),
-        IpAddr::V6(_) => [0; 4],
-    }
+pub fn v4_octets(a: impl Into<Addr>) -> [u8; 4] {
+    a.into().to_v4().map_or([0; 4], |v| v.octets())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::wire::build::{self, IpOpts, tcp_flags};
+    use std::net::IpAddr;
 
     fn v4(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -438,8 +437,8 @@ mod tests {
             p.key,
             FlowKey {
                 zone: 7,
-                src: v4("10.0.0.1"),
-                dst: v4("10.0.0.2"),
+                src: Addr::from(v4("10.0.0.1")),
+                dst: Addr::from(v4("10.0.0.2")),
                 proto: proto::UDP,
                 src_port: 4000,
                 dst_port: 53
@@ -468,6 +467,31 @@ mod tests {
             (p.key.src_port, p.key.dst_port, p.key.proto),
             (40000, 80, proto::TCP)
         );
+    }
+
+    /// A key holds IPv4 addresses in their IPv4-mapped IPv6 form, so an IPv6 packet with
+    /// such an address (never on the wire) is dropped rather than read as IPv4.
+    #[test]
+    fn test_parse_v6_with_v4_mapped_address_is_dropped() {
+        for (src, dst) in [
+            ("::ffff:10.0.0.1", "fd00::2"),
+            ("fd00::1", "::ffff:10.0.0.2"),
+        ] {
+            let f = build::udp(v4(src), v4(dst), 1, 2, b"x", &IpOpts::default());
+            assert_eq!(parse(&f, 0).err(), Some(DropReason::Ipv6V4MappedAddress));
+        }
+        // The deprecated IPv4-compatible form (`::a.b.c.d`) is plain IPv6.
+        let f = build::udp(
+            v4("::10.0.0.1"),
+            v4("fd00::2"),
+            1,
+            2,
+            b"x",
+            &IpOpts::default(),
+        );
+        let p = parse(&f, 0).unwrap();
+        assert!(p.key.src.is_ipv6());
+        assert_eq!(p.key.src.ip(), v4("::10.0.0.1"));
     }
 
     #[test]

@@ -6,10 +6,8 @@
 //! cover it. The old values are read from the frame, not from the parsed key, so that a
 //! frame rewritten twice with the same (stale) [`Parsed`] still gets right checksums.
 
-use std::net::IpAddr;
-
 use crate::drop::DropReason;
-use crate::flow::{FlowKey, proto};
+use crate::flow::{Addr, FlowKey, proto};
 use crate::wire::checksum;
 use crate::wire::icmp_error::{Embedded, ICMP_HDR, QUOTED_L4_MIN, is_echo};
 use crate::wire::parse::{L3, Parsed};
@@ -32,7 +30,7 @@ impl Family {
     }
 
     /// Checks that both addresses belong to this family.
-    fn check(self, a: IpAddr, b: IpAddr) -> Result<(), DropReason> {
+    fn check(self, a: Addr, b: Addr) -> Result<(), DropReason> {
         let ok = match self {
             Family::V4 => a.is_ipv4() && b.is_ipv4(),
             Family::V6 => a.is_ipv6() && b.is_ipv6(),
@@ -124,14 +122,14 @@ fn replace<const N: usize>(
 /// [`replace`] for an address: the change as [`checksum::delta`] sums it, if there was
 /// one. Computed from the fixed-size old and new bytes, never from a copy of them
 /// assembled piece by piece.
-fn replace_addr(frame: &mut [u8], off: usize, addr: IpAddr) -> Result<Option<u64>, DropReason> {
-    Ok(match addr {
-        IpAddr::V4(a) => {
+fn replace_addr(frame: &mut [u8], off: usize, addr: Addr) -> Result<Option<u64>, DropReason> {
+    Ok(match addr.to_v4() {
+        Some(a) => {
             let new = a.octets();
             replace(frame, off, new)?.map(|old| checksum::delta(&old, &new))
         }
-        IpAddr::V6(a) => {
-            let new = a.octets();
+        None => {
+            let new = *addr.octets();
             replace(frame, off, new)?.map(|old| checksum::delta(&old, &new))
         }
     })
@@ -268,7 +266,7 @@ pub fn rewrite(
     csum_partial: bool,
     to: &FlowKey,
 ) -> Result<(), DropReason> {
-    if let (IpAddr::V4(src), IpAddr::V4(dst)) = (to.src, to.dst)
+    if let (Some(src), Some(dst)) = (to.src.to_v4(), to.dst.to_v4())
         && rewrite_v4_ports(
             frame,
             parsed,
@@ -443,8 +441,8 @@ pub fn rewrite_icmp_error(
     frame: &mut [u8],
     parsed: &Parsed,
     emb: &Embedded,
-    outer_src: IpAddr,
-    outer_dst: IpAddr,
+    outer_src: Addr,
+    outer_dst: Addr,
     inner: &FlowKey,
 ) -> Result<(), DropReason> {
     let fam = Family::of(parsed)?;
@@ -561,6 +559,7 @@ mod tests {
     use crate::wire::icmp_error::tests::truncate;
     use crate::wire::parse::{parse, v4_octets, v6_octets};
     use proptest::prelude::*;
+    use std::net::IpAddr;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -619,13 +618,13 @@ mod tests {
             set_ipv4_header(&mut h);
             assert_eq!(stored(&h, 10), stored(frame, p.l3_off + 10), "IPv4 header");
         }
-        let l4 = matches!(p.proto, proto::TCP | proto::UDP) || p.proto == icmp_of(p.key.src);
+        let l4 = matches!(p.proto, proto::TCP | proto::UDP) || p.proto == icmp_of(p.key.src.ip());
         if p.frag.is_none() && l4 {
             let seg = &frame[p.l4_off..p.ip_end];
             let got = stored(seg, csum_at(p.proto));
             let udp4_none = p.l3 == L3::Ipv4 && p.proto == proto::UDP && got == 0;
             if !udp4_none {
-                let want = full_l4(seg, p.key.src, p.key.dst, p.proto);
+                let want = full_l4(seg, p.key.src.ip(), p.key.dst.ip(), p.proto);
                 // A checksum computed as zero may be stored as its ones' complement twin
                 // 0xffff, which every protocol accepts: `complete_partial` does so.
                 let twin = want == 0 && got == 0xffff;
@@ -656,7 +655,7 @@ mod tests {
         rewrite(&mut f, &p, false, &to).unwrap();
         let q = assert_checksums(&f);
         let mut want = to;
-        if p.proto == icmp_of(p.key.src) {
+        if p.proto == icmp_of(p.key.src.ip()) {
             want.dst_port = p.key.dst_port; // type and code are never written
         }
         assert_eq!(q.key, want, "{what}");
@@ -678,13 +677,25 @@ mod tests {
                     let orig = frame(p, ip(a), ip(b), 4000, 80, &build::pattern(len, 3));
                     let k = parse(&orig, 0).unwrap().key;
                     let cases = [
-                        ("src", FlowKey { src: ip(c), ..k }),
-                        ("dst", FlowKey { dst: ip(d), ..k }),
+                        (
+                            "src",
+                            FlowKey {
+                                src: ip(c).into(),
+                                ..k
+                            },
+                        ),
+                        (
+                            "dst",
+                            FlowKey {
+                                dst: ip(d).into(),
+                                ..k
+                            },
+                        ),
                         (
                             "both",
                             FlowKey {
-                                src: ip(c),
-                                dst: ip(d),
+                                src: ip(c).into(),
+                                dst: ip(d).into(),
                                 src_port: 5555,
                                 dst_port: 8080,
                                 ..k
@@ -701,8 +712,8 @@ mod tests {
                         (
                             "addresses only",
                             FlowKey {
-                                src: ip(c),
-                                dst: ip(d),
+                                src: ip(c).into(),
+                                dst: ip(d).into(),
                                 ..k
                             },
                         ),
@@ -733,8 +744,8 @@ mod tests {
         orig[40..42].fill(0);
         let k = parse(&orig, 0).unwrap().key;
         let to = FlowKey {
-            src: ip("192.168.0.1"),
-            dst: ip("192.168.0.2"),
+            src: Addr::from(ip("192.168.0.1")),
+            dst: Addr::from(ip("192.168.0.2")),
             src_port: 9,
             dst_port: 10,
             ..k
@@ -753,7 +764,7 @@ mod tests {
             seg[6..8].fill(0);
             let rest = fold(add(
                 &seg,
-                pseudo(p.key.src, p.key.dst, proto::UDP, seg.len()),
+                pseudo(p.key.src.ip(), p.key.dst.ip(), proto::UDP, seg.len()),
             ));
             let sport = 0xffff - rest;
             let to = FlowKey {
@@ -783,7 +794,7 @@ mod tests {
                         ..k
                     },
                     FlowKey {
-                        src: ip(c),
+                        src: ip(c).into(),
                         src_port: 0x9002,
                         ..k
                     },
@@ -807,8 +818,8 @@ mod tests {
                 let partial = fold(pseudo(ip(a), ip(b), p, len));
                 f[at..at + 2].copy_from_slice(&partial.to_be_bytes());
                 let to = FlowKey {
-                    src: ip(c),
-                    dst: ip(d),
+                    src: ip(c).into(),
+                    dst: ip(d).into(),
                     src_port: 5555,
                     dst_port: 8080,
                     ..pr.key
@@ -841,8 +852,8 @@ mod tests {
                 let whole = frame(p, ip(a), ip(b), 4000, 80, &build::pattern(3000, 9));
                 let wp = parse(&whole, 0).unwrap();
                 let to = FlowKey {
-                    src: ip(c),
-                    dst: ip(d),
+                    src: ip(c).into(),
+                    dst: ip(d).into(),
                     src_port: 5555,
                     dst_port: 8080,
                     ..wp.key
@@ -881,8 +892,8 @@ mod tests {
             let p = parse(&later, 0).unwrap();
             assert!(p.is_later_fragment());
             let to = FlowKey {
-                src: ip(c),
-                dst: ip(d),
+                src: ip(c).into(),
+                dst: ip(d).into(),
                 src_port: 5555,
                 dst_port: 8080,
                 ..p.key
@@ -916,11 +927,11 @@ mod tests {
         let mut f = orig.clone();
         let bad = [
             FlowKey {
-                src: ip("fd00::1"),
+                src: Addr::from(ip("fd00::1")),
                 ..p.key
             },
             FlowKey {
-                dst: ip("fd00::1"),
+                dst: Addr::from(ip("fd00::1")),
                 ..p.key
             },
             FlowKey {
@@ -977,14 +988,20 @@ mod tests {
         let emb = embedded(&e, &ep).unwrap().unwrap();
         assert_eq!(emb.key, op.key);
         let inner = FlowKey {
-            src: pod,
+            src: pod.into(),
             src_port: pod_port,
             ..emb.key
         };
         let mut f = e.clone();
-        rewrite_icmp_error(&mut f, &ep, &emb, ep.key.src, pod, &inner).unwrap();
+        rewrite_icmp_error(&mut f, &ep, &emb, ep.key.src, pod.into(), &inner).unwrap();
         let fp = assert_checksums(&f);
-        assert_eq!(fp.key, FlowKey { dst: pod, ..ep.key });
+        assert_eq!(
+            fp.key,
+            FlowKey {
+                dst: pod.into(),
+                ..ep.key
+            }
+        );
         let got = embedded(&f, &fp).unwrap().unwrap();
         assert_eq!(got.key, inner);
         assert_eq!(
@@ -1098,23 +1115,44 @@ mod tests {
             proto: proto::TCP,
             ..emb.key
         };
-        let fam = FlowKey { src: v6, ..emb.key };
+        let fam = FlowKey {
+            src: v6.into(),
+            ..emb.key
+        };
         let e_ = Err(DropReason::IpLengthInvalid);
-        assert_eq!(rewrite_icmp_error(&mut f, &ep, &emb, r, v6, &emb.key), e_);
-        assert_eq!(rewrite_icmp_error(&mut f, &ep, &emb, r, p, &fam), e_);
-        assert_eq!(rewrite_icmp_error(&mut f, &ep, &emb, r, p, &tcp), e_);
+        assert_eq!(
+            rewrite_icmp_error(&mut f, &ep, &emb, r.into(), v6.into(), &emb.key),
+            e_
+        );
+        assert_eq!(
+            rewrite_icmp_error(&mut f, &ep, &emb, r.into(), p.into(), &fam),
+            e_
+        );
+        assert_eq!(
+            rewrite_icmp_error(&mut f, &ep, &emb, r.into(), p.into(), &tcp),
+            e_
+        );
         let m = Err(DropReason::IcmpMalformed);
         let shifted = Embedded {
             l3_off: emb.l3_off + 1,
             ..emb
         };
-        assert_eq!(rewrite_icmp_error(&mut f, &ep, &shifted, r, p, &emb.key), m);
+        assert_eq!(
+            rewrite_icmp_error(&mut f, &ep, &shifted, r.into(), p.into(), &emb.key),
+            m
+        );
         let long = Embedded {
             len: emb.len + 1,
             ..emb
         };
-        assert_eq!(rewrite_icmp_error(&mut f, &ep, &long, r, p, &emb.key), m);
-        assert_eq!(rewrite_icmp_error(&mut f, &op, &emb, r, p, &emb.key), m);
+        assert_eq!(
+            rewrite_icmp_error(&mut f, &ep, &long, r.into(), p.into(), &emb.key),
+            m
+        );
+        assert_eq!(
+            rewrite_icmp_error(&mut f, &op, &emb, r.into(), p.into(), &emb.key),
+            m
+        );
         assert_eq!(f, e);
     }
 
@@ -1132,8 +1170,8 @@ mod tests {
     /// destination, 4 the source port, 8 the destination port.
     fn changed(k: FlowKey, change: u8, src: IpAddr, dst: IpAddr, ports: [u16; 2]) -> FlowKey {
         FlowKey {
-            src: if change & 1 != 0 { src } else { k.src },
-            dst: if change & 2 != 0 { dst } else { k.dst },
+            src: if change & 1 != 0 { src.into() } else { k.src },
+            dst: if change & 2 != 0 { dst.into() } else { k.dst },
             src_port: if change & 4 != 0 {
                 ports[0]
             } else {
@@ -1175,7 +1213,7 @@ mod tests {
                 let mut f = orig.clone();
                 f[at..at + 2].copy_from_slice(&fold(pseudo(src, dst, p, len)).to_be_bytes());
                 rewrite(&mut f, &pr, true, &to).unwrap();
-                prop_assert_eq!(stored(&f, at), fold(pseudo(to.src, to.dst, p, len)));
+                prop_assert_eq!(stored(&f, at), fold(pseudo(to.src.ip(), to.dst.ip(), p, len)));
                 complete_partial(&mut f, pr.l4_off, csum_at(p)).unwrap();
                 assert_checksums(&f);
             } else {
@@ -1255,13 +1293,13 @@ mod tests {
             let ep = parse(&e, 0).unwrap();
             if let Ok(Some(emb)) = embedded(&e, &ep) {
                 let inner = FlowKey {
-                    src: addr(v6, inner_a),
+                    src: Addr::from(addr(v6, inner_a)),
                     src_port: inner_ports[0],
                     dst_port: inner_ports[1],
                     ..emb.key
                 };
                 let mut f = e.clone();
-                rewrite_icmp_error(&mut f, &ep, &emb, router, addr(v6, inner_a), &inner).unwrap();
+                rewrite_icmp_error(&mut f, &ep, &emb, router.into(), Addr::from(addr(v6, inner_a)), &inner).unwrap();
                 let fp = assert_checksums(&f);
                 prop_assert_eq!(embedded(&f, &fp).unwrap().unwrap().key.src, inner.src);
             }
@@ -1291,10 +1329,10 @@ mod tests {
                 parsed = Some(p);
             }
             let p = parsed.unwrap();
-            let to = FlowKey { src: addr(v6, a), src_port: ports[0], dst_port: ports[1], ..p.key };
+            let to = FlowKey { src: Addr::from(addr(v6, a)), src_port: ports[0], dst_port: ports[1], ..p.key };
             let _ = rewrite(&mut f, &p, partial, &to);
             if let Ok(Some(emb)) = embedded(&f, &p) {
-                let inner = FlowKey { src: addr(v6, a), ..emb.key };
+                let inner = FlowKey { src: Addr::from(addr(v6, a)), ..emb.key };
                 let _ = rewrite_icmp_error(&mut f, &p, &emb, to.src, to.dst, &inner);
             }
             let emb = Embedded {

@@ -8,6 +8,7 @@ use super::tests::{
     Running, WAIT, fake, fake_queues, frames_keep_flowing_across_swaps, names, spec, tables,
 };
 use super::*;
+use ferry_datapath::flow::Addr;
 use ferry_datapath::tables::{MatchSpec, NatRuleSpec};
 use ferry_datapath::wire::build::{self, IpOpts};
 use ferry_datapath::wire::parse;
@@ -173,8 +174,8 @@ fn test_a_reply_received_by_another_worker_finds_its_connection() {
         assert_eq!(
             (r.src, r.dst, r.src_port, r.dst_port),
             (
-                IpAddr::from([10, 0, 2, 5]),
-                IpAddr::from([10, 0, 1, 5]),
+                Addr::from(IpAddr::from([10, 0, 2, 5])),
+                Addr::from(IpAddr::from([10, 0, 1, 5])),
                 53,
                 sport
             ),
