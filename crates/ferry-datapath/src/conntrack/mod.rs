@@ -380,19 +380,28 @@ impl Conntrack {
         nat: Option<&Nat>,
         now_ns: u64,
     ) -> Result<CtResult, DropReason> {
-        self.process_with(pkt, parsed, now_ns, |_| Ok(nat.copied()))
+        self.process_with(pkt, parsed, now_ns, |_, to| {
+            *to = nat.copied();
+            Ok(())
+        })
     }
 
     /// As [`Conntrack::process`], with the NAT decided only when the packet starts a
     /// connection: `nat` is called at most once, with the packet's key, and only then
-    /// (a Service's backend choice is not made for packets of known connections). An
-    /// error from it refuses the packet with that reason and creates nothing.
+    /// (a Service's backend choice is not made for packets of known connections). It
+    /// writes the NAT to apply, if any, into the place it is given (`None` there at the
+    /// call). An error from it refuses the packet with that reason and creates nothing.
+    ///
+    /// The NAT is written into a place rather than returned in a `Result`: the compiler
+    /// copies a `Result<Option<Nat>, _>` around the byte its error shares with the
+    /// first address, in moves at odd offsets, and reading back such a copy waits for
+    /// the stores to reach the cache.
     pub fn process_with(
         &mut self,
         pkt: &mut Packet,
         parsed: &mut Parsed,
         now_ns: u64,
-        nat: impl FnOnce(&FlowKey) -> Result<Option<Nat>, DropReason>,
+        nat: impl FnOnce(&FlowKey, &mut Option<Nat>) -> Result<(), DropReason>,
     ) -> Result<CtResult, DropReason> {
         if !parsed.is_ip() {
             self.stats.untracked += 1;
@@ -426,8 +435,9 @@ impl Conntrack {
             self.table.remove(id);
             self.stats.expired += 1;
         }
-        let nat = nat(&parsed.key)?;
-        self.create(pkt, parsed, nat.as_ref(), hash, now_ns)
+        let mut to = None;
+        nat(&parsed.key, &mut to)?;
+        self.create(pkt, parsed, to.as_ref(), hash, now_ns)
     }
 
     /// A packet of a tracked connection, whose deadline is `before_ns`; `hash` is the
@@ -442,7 +452,7 @@ impl Conntrack {
         hash: u64,
         pkt: &mut Packet,
         parsed: &mut Parsed,
-        nat: impl FnOnce(&FlowKey) -> Result<Option<Nat>, DropReason>,
+        nat: impl FnOnce(&FlowKey, &mut Option<Nat>) -> Result<(), DropReason>,
         now_ns: u64,
     ) -> Result<CtResult, DropReason> {
         let reply = dir == REPLY;
@@ -473,8 +483,9 @@ impl Conntrack {
                 Verdict::Reopen => {
                     self.table.remove(id);
                     self.stats.deleted += 1;
-                    let nat = nat(&parsed.key)?;
-                    return self.create(pkt, parsed, nat.as_ref(), hash, now_ns);
+                    let mut to = None;
+                    nat(&parsed.key, &mut to)?;
+                    return self.create(pkt, parsed, to.as_ref(), hash, now_ns);
                 }
             }
         }

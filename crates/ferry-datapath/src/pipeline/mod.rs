@@ -891,18 +891,19 @@ impl Pipeline {
         let mut frontend: Option<Frontend> = None;
         let mut balanced: Option<Balanced> = None;
         let affinity = &mut self.affinity;
-        let result = self.ct.process_with(&mut pkt, &mut parsed, now, |key| {
+        let result = self.ct.process_with(&mut pkt, &mut parsed, now, |key, to| {
             if static_nat.is_some() {
-                return Ok(static_nat);
+                *to = static_nat;
+                return Ok(());
             }
             let Some(f) = tables.services.frontend(key) else {
-                return Ok(None);
+                return Ok(());
             };
             frontend = Some(f);
             let b = balance(tables, f, key, from_local_pod, affinity, now)?;
-            let nat = b.nat;
+            *to = Some(b.nat);
             balanced = Some(b);
-            Ok(Some(nat))
+            Ok(())
         });
         let ct = match result {
             Ok(r) => r,
