@@ -488,14 +488,17 @@ impl Table {
 
     /// A slot for `entry`: the last freed one, else a new one. The slab grows by doubling
     /// from 16 slots but never past `max`, so a full table holds no unused slot.
+    #[inline]
     fn alloc(&mut self, entry: Entry) -> u32 {
         if self.free != NIL {
             let id = self.free;
-            let slot = std::mem::replace(&mut self.slots[id as usize], Slot::Used(entry));
+            let slot = &mut self.slots[id as usize];
             self.free = match slot {
-                Slot::Free(next) => next,
+                Slot::Free(next) => *next,
                 Slot::Used(_) => NIL,
             };
+            // Written in place: a `mem::replace` built the slot aside and copied it in.
+            *slot = Slot::Used(entry);
             return id;
         }
         let len = self.slots.len();
@@ -541,6 +544,7 @@ impl Table {
     /// Inserts an entry whose tuples are not taken: into the slab, both tuples into the
     /// index, the wheel, and the unreplied FIFO unless it already saw a reply. `hashes`
     /// from [`Table::hashes`].
+    #[inline]
     pub(crate) fn insert(
         &mut self,
         entry: Entry,
