@@ -22,12 +22,12 @@ pub mod proto {
 /// whose 16 bytes sit one byte into it behind the family: copies of structures holding
 /// an `IpAddr` are moves at odd offsets, and reading back an address just copied then
 /// needs bytes from two earlier stores, which the processor cannot forward from its
-/// store buffer (it waits for them to reach the cache). An `Addr` is always read and
-/// written whole, at the place it was copied to.
+/// store buffer (it waits for them to reach the cache). An `Addr` sits at a 16-byte
+/// boundary of whatever holds it, so that a copy of the whole moves it in one piece.
 ///
 /// The IPv4-mapped form is unambiguous because no IPv6 packet carries such an address on
 /// the wire: the parser drops those (`ipv6_v4_mapped_address`).
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[repr(C, align(16))]
 pub struct Addr([u8; 16]);
 
@@ -46,16 +46,6 @@ impl Addr {
     #[inline]
     pub const fn v6(a: Ipv6Addr) -> Addr {
         Addr(a.octets())
-    }
-
-    /// From the address bytes of a packet: 4 for IPv4, 16 for IPv6.
-    #[inline]
-    pub fn from_wire(b: &[u8]) -> Option<Addr> {
-        match b.len() {
-            4 => Some(Addr::v4(Ipv4Addr::new(b[0], b[1], b[2], b[3]))),
-            16 => Some(Addr(b.try_into().ok()?)),
-            _ => None,
-        }
     }
 
     /// True for an IPv4 address.
@@ -89,16 +79,6 @@ impl Addr {
     #[inline]
     pub fn octets(&self) -> &[u8; 16] {
         &self.0
-    }
-
-    /// The bytes a packet carries: 4 for IPv4, 16 for IPv6.
-    #[inline]
-    pub fn wire(&self) -> &[u8] {
-        if self.is_ipv4() {
-            &self.0[12..]
-        } else {
-            &self.0
-        }
     }
 
     /// The standard library's form.
@@ -295,12 +275,6 @@ mod tests {
             assert_eq!(s.parse::<Addr>(), Ok(a));
             assert_eq!(a, ip(s));
             assert_eq!(ip(s), a);
-            let wire: Vec<u8> = match ip(s) {
-                IpAddr::V4(v) => v.octets().to_vec(),
-                IpAddr::V6(v) => v.octets().to_vec(),
-            };
-            assert_eq!(a.wire(), &wire[..]);
-            assert_eq!(Addr::from_wire(&wire), Some(a));
         }
         assert_eq!(
             Addr::from(ip("10.1.2.3")).to_v4(),
@@ -308,7 +282,6 @@ mod tests {
         );
         assert_eq!(Addr::from(ip("10.1.2.3")).v4_bits(), 0x0a01_0203);
         assert_eq!(Addr::from(ip("::10.1.2.3")).to_v4(), None);
-        assert_eq!(Addr::from_wire(&[1, 2, 3]), None);
         assert_eq!(Addr::V4_UNSPECIFIED, ip("0.0.0.0"));
     }
 
