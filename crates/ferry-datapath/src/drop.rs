@@ -62,8 +62,9 @@ drop_reasons! {
     Ipv6HeaderMalformed => "ipv6_header_malformed",
     /// An IPv6 extension header is truncated or misplaced.
     Ipv6ExtHeaderMalformed => "ipv6_ext_header_malformed",
-    /// An IPv6 source or destination in the IPv4-mapped range `::ffff:0:0/96`, which
-    /// never appears on the wire (RFC 4291 section 2.5.5.2).
+    /// An IPv6 source or destination in the IPv4-mapped range `::ffff:0:0/96`: a form for
+    /// IPv4 addresses inside a host (RFC 4291 section 2.5.5.2), not carried by IPv6
+    /// packets; Linux drops such a source too.
     Ipv6V4MappedAddress => "ipv6_v4_mapped_address",
     // --- transport
     /// TCP header truncated or data offset invalid.

@@ -25,8 +25,9 @@ pub mod proto {
 /// store buffer (it waits for them to reach the cache). An `Addr` sits at a 16-byte
 /// boundary of whatever holds it, so that a copy of the whole moves it in one piece.
 ///
-/// The IPv4-mapped form is unambiguous because no IPv6 packet carries such an address on
-/// the wire: the parser drops those (`ipv6_v4_mapped_address`).
+/// The IPv4-mapped form is unambiguous because IPv6 packets do not carry such addresses
+/// (a form for IPv4 addresses inside a host): the parser drops those that do
+/// (`ipv6_v4_mapped_address`).
 #[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[repr(C, align(16))]
 pub struct Addr([u8; 16]);

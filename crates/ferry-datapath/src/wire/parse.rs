@@ -232,7 +232,8 @@ fn parse_ipv6(b: &[u8], l3_off: usize, vlan: Option<u16>, zone: u16) -> Result<P
     let d = &b[..IPV6_LEN + payload_len];
     let (src, dst) = (Addr::v6(h.source_addr()), Addr::v6(h.destination_addr()));
     // A flow key holds an IPv4 address in its IPv4-mapped form: such an address in an
-    // IPv6 header, which RFC 4291 keeps off the wire, would read as IPv4.
+    // IPv6 header (a form for IPv4 addresses inside a host, RFC 4291 section 2.5.5.2;
+    // Linux drops such a source too) would read as IPv4.
     if src.is_ipv4() || dst.is_ipv4() {
         return Err(DropReason::Ipv6V4MappedAddress);
     }
