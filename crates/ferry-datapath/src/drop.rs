@@ -64,7 +64,7 @@ drop_reasons! {
     Ipv6ExtHeaderMalformed => "ipv6_ext_header_malformed",
     /// An IPv6 source or destination in the IPv4-mapped range `::ffff:0:0/96`: a form for
     /// IPv4 addresses inside a host (RFC 4291 section 2.5.5.2), not carried by IPv6
-    /// packets; Linux drops such a source too.
+    /// packets; Linux drops such a source too. Also in the header an ICMPv6 error quotes.
     Ipv6V4MappedAddress => "ipv6_v4_mapped_address",
     // --- transport
     /// TCP header truncated or data offset invalid.

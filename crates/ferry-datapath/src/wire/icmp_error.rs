@@ -10,7 +10,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::drop::DropReason;
-use crate::flow::{FlowKey, proto};
+use crate::flow::{Addr, FlowKey, proto};
 use crate::wire::parse::{IPV6_LEN, L3, Parsed};
 
 /// Length of the ICMP/ICMPv6 header before the quote: type, code, checksum, 4 bytes.
@@ -200,6 +200,10 @@ fn quoted_v6(q: &[u8]) -> Result<(IpAddr, IpAddr, u8, usize), DropReason> {
     let src = Ipv6Addr::from(a);
     a.copy_from_slice(&h[24..40]);
     let dst = Ipv6Addr::from(a);
+    // As in a packet's own header (see `parse`): an IPv4-mapped address would read as IPv4.
+    if Addr::v6(src).is_ipv4() || Addr::v6(dst).is_ipv4() {
+        return Err(DropReason::Ipv6V4MappedAddress);
+    }
     let mut nh = h[6];
     let mut off = IPV6_LEN;
     let mut first = true;
@@ -281,6 +285,27 @@ pub(crate) mod tests {
                 assert_eq!(&e[emb.l3_off..emb.l3_off + emb.len], &orig[14..]);
             }
         }
+    }
+
+    /// An ICMPv6 error quoting an IPv6 header with an IPv4-mapped address is dropped like
+    /// such a packet itself: its quoted key would read as IPv4.
+    #[test]
+    fn test_embedded_v4_mapped_quote_is_dropped() {
+        let u = build::udp(
+            ip("fd00::1"),
+            ip("fd00::2"),
+            4000,
+            53,
+            b"q",
+            &IpOpts::default(),
+        );
+        let mut e = error_about(&u, ErrorKind::Unreachable { code: 4 });
+        let p = parse(&e, 0).unwrap();
+        let quoted_src = p.l4_off + ICMP_HDR + 8;
+        let mapped: Ipv6Addr = "::ffff:10.0.0.1".parse().unwrap();
+        e[quoted_src..quoted_src + 16].copy_from_slice(&mapped.octets());
+        let p = parse(&e, 0).unwrap();
+        assert_eq!(embedded(&e, &p), Err(DropReason::Ipv6V4MappedAddress));
     }
 
     #[test]

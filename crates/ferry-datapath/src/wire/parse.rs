@@ -471,7 +471,8 @@ mod tests {
     }
 
     /// A key holds IPv4 addresses in their IPv4-mapped IPv6 form, so an IPv6 packet with
-    /// such an address (never on the wire) is dropped rather than read as IPv4.
+    /// such an address (a form for IPv4 addresses inside a host) is dropped rather than
+    /// read as IPv4.
     #[test]
     fn test_parse_v6_with_v4_mapped_address_is_dropped() {
         for (src, dst) in [
