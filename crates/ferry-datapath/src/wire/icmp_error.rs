@@ -254,6 +254,19 @@ pub(crate) mod tests {
         build_error(orig, &p, kind, router(p.key.src.ip()), build::MAC_DST).unwrap()
     }
 
+    /// An ICMPv6 port unreachable about a UDP datagram from fd00::1 to fd00::2.
+    fn port_unreachable_v6() -> Vec<u8> {
+        let u = build::udp(
+            ip("fd00::1"),
+            ip("fd00::2"),
+            4000,
+            53,
+            b"q",
+            &IpOpts::default(),
+        );
+        error_about(&u, ErrorKind::Unreachable { code: 4 })
+    }
+
     #[test]
     fn test_embedded_udp_and_tcp_keys() {
         for (s, d) in [("10.0.0.1", "10.0.0.2"), ("fd00::1", "fd00::2")] {
@@ -291,15 +304,7 @@ pub(crate) mod tests {
     /// such a packet itself: its quoted key would read as IPv4.
     #[test]
     fn test_embedded_v4_mapped_quote_is_dropped() {
-        let u = build::udp(
-            ip("fd00::1"),
-            ip("fd00::2"),
-            4000,
-            53,
-            b"q",
-            &IpOpts::default(),
-        );
-        let mut e = error_about(&u, ErrorKind::Unreachable { code: 4 });
+        let mut e = port_unreachable_v6();
         let p = parse(&e, 0).unwrap();
         let quoted_src = p.l4_off + ICMP_HDR + 8;
         let mapped: Ipv6Addr = "::ffff:10.0.0.1".parse().unwrap();
@@ -337,15 +342,7 @@ pub(crate) mod tests {
 
     #[test]
     fn test_embedded_none_for_v6_error_types_without_a_known_quote() {
-        let u = build::udp(
-            ip("fd00::1"),
-            ip("fd00::2"),
-            4000,
-            53,
-            b"q",
-            &IpOpts::default(),
-        );
-        let e = error_about(&u, ErrorKind::Unreachable { code: 4 });
+        let e = port_unreachable_v6();
         let p = parse(&e, 0).unwrap();
         assert!(embedded(&e, &p).unwrap().is_some());
         for t in [0u8, 5, 100, 127] {
