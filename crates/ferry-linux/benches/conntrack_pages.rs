@@ -261,5 +261,65 @@ fn pipeline(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, established, new_with_nat, pipeline);
+/// What this machine's memory allows, for the 1 M rows above: 64-byte lines read at
+/// random from 256 MiB on huge pages (more than the table at 1 M connections).
+/// `random_line_in_groups_of_32`: 32 random lines prefetched, then read, per line: the
+/// rate at which the core brings in lines when it keeps as many misses in flight as it
+/// can. `dependent_line`: each line read names the next (a random cycle through all of
+/// them): the latency of one miss.
+fn memory_floor(c: &mut Criterion) {
+    const LINES: usize = 4 << 20;
+    let mut mem: Vec<[u64; 8]> = Vec::with_capacity(LINES);
+    ferry_linux::advise_huge_pages(mem.as_ptr().cast(), LINES * 64).unwrap();
+    mem.resize(LINES, [0; 8]);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    // A random cycle through every line (Sattolo's shuffle).
+    let mut order: Vec<u32> = (0..LINES as u32).collect();
+    for i in (1..LINES).rev() {
+        let j = (rnd() % i as u64) as usize;
+        order.swap(i, j);
+    }
+    for (i, &line) in order.iter().enumerate() {
+        mem[line as usize][0] = u64::from(order[(i + 1) % LINES]);
+    }
+    let mut g = c.benchmark_group("memory_floor");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(20);
+    g.bench_function("random_line_in_groups_of_32_huge", |b| {
+        b.iter_custom(|iters| {
+            let mut addrs = [std::ptr::null::<u8>(); 32];
+            let mut lines = [0usize; 32];
+            let mut sum = 0u64;
+            let start = Instant::now();
+            for _ in 0..iters.div_ceil(32) {
+                for (l, a) in lines.iter_mut().zip(&mut addrs) {
+                    *l = rnd() as usize & (LINES - 1);
+                    *a = mem[*l].as_ptr().cast();
+                }
+                ferry_linux::prefetch(&addrs);
+                for &l in &lines {
+                    sum = sum.wrapping_add(mem[l][1]);
+                }
+            }
+            black_box(sum);
+            start.elapsed()
+        })
+    });
+    let mut at = 0usize;
+    g.bench_function("dependent_line_huge", |b| {
+        b.iter(|| {
+            at = mem[at][0] as usize;
+            at
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, established, new_with_nat, pipeline, memory_floor);
 criterion_main!(benches);

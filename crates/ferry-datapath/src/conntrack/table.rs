@@ -42,11 +42,6 @@ pub(crate) const HINTS: usize = 64;
 /// How far past the next expected key a lookup looks among the kept hashes, so that a
 /// packet dropped before conntrack does not cost the rest of the batch its hashes.
 const HINT_SKIP: usize = 3;
-/// With a prefetch instruction, how many packets ahead of the one being processed the
-/// entries of a batch are prefetched: enough for a miss to return while the packets
-/// before it are processed, few enough that the misses in flight stay within what a core
-/// can have outstanding.
-const AHEAD: usize = 8;
 /// Issues a prefetch of each address and returns at once (see
 /// [`super::Conntrack::set_prefetch`]).
 pub type Prefetch = fn(&[*const u8]);
@@ -110,8 +105,6 @@ pub(crate) struct Table {
     /// the next one expected.
     hints: Vec<Hint>,
     next_hint: usize,
-    /// Kept keys before this one had their entries prefetched.
-    ahead: usize,
     /// The processor's prefetch, when given.
     prefetch: Option<Prefetch>,
     /// Tells this table from every other in the process, so that hashes computed by one
@@ -171,7 +164,6 @@ impl Table {
             wheel: Wheel::new(),
             hints: Vec::new(),
             next_hint: 0,
-            ahead: 0,
             prefetch: None,
             stamp: NEXT_STAMP.fetch_add(1, Ordering::Relaxed),
             changes: 0,
@@ -258,7 +250,6 @@ impl Table {
                 if h.key == *key {
                     let found = (h.hash, h.first);
                     self.next_hint = i + 1;
-                    self.prefetch_ahead(i + 1 + AHEAD);
                     return found;
                 }
             }
@@ -308,40 +299,14 @@ impl Table {
     /// As [`Table::prefetch`], and keeps the first [`HINTS`] keys with their hashes for
     /// [`Table::hash_of_next`], replacing those of the previous batch.
     ///
-    /// With a prefetch instruction, only the index slots are prefetched here, and the
-    /// entries of the first [`AHEAD`] keys: the entry of each later key is prefetched
-    /// while the packet [`AHEAD`] places before it is processed (see
-    /// [`Table::hash_of_next`]), so that the misses overlap with the work on packets.
+    /// Everything is loaded (or prefetched) here, group by group: nothing is left to do
+    /// per packet but compare its key with the next kept one. (Prefetching each entry a
+    /// few packets ahead of the one being processed instead cost more per packet than it
+    /// overlapped: see `docs/benchmarks.md`.)
     pub(crate) fn prefetch_batch<'a>(&mut self, keys: impl IntoIterator<Item = &'a FlowKey>) {
         let mut hints = std::mem::take(&mut self.hints);
         hints.clear();
         hints.reserve_exact(HINTS);
-        if let Some(prefetch) = self.prefetch {
-            let mut addrs = [std::ptr::null::<u8>(); PREFETCH_BATCH];
-            let mut n = 0;
-            for k in keys {
-                let h = self.hash(k);
-                if hints.len() < HINTS {
-                    hints.push(Hint {
-                        key: *k,
-                        hash: h,
-                        first: NIL,
-                    });
-                }
-                addrs[n] = self.index.home_addr(h);
-                n += 1;
-                if n == PREFETCH_BATCH {
-                    prefetch(&addrs);
-                    n = 0;
-                }
-            }
-            prefetch(&addrs[..n]);
-            self.hints = hints;
-            self.next_hint = 0;
-            self.ahead = 0;
-            self.prefetch_ahead(AHEAD);
-            return;
-        }
         let mut hashes = [0u64; PREFETCH_BATCH];
         let mut firsts = [NIL; PREFETCH_BATCH];
         // Keys seen before the current group, and in it.
@@ -375,41 +340,10 @@ impl Table {
         self.next_hint = 0;
     }
 
-    /// With a prefetch instruction, prefetches the entries of the kept keys before `end`
-    /// not prefetched yet, and notes the index value found for each.
-    fn prefetch_ahead(&mut self, end: usize) {
-        let Some(prefetch) = self.prefetch else {
-            return;
-        };
-        let end = end.min(self.hints.len());
-        if self.ahead >= end {
-            return;
-        }
-        let mut addrs = [std::ptr::null::<u8>(); 2 * AHEAD];
-        let mut n = 0;
-        let (index, slots) = (&self.index, &self.slots);
-        for h in &mut self.hints[self.ahead..end] {
-            if let Some(v) = index.first(h.hash) {
-                h.first = v;
-                let e: *const u8 = slots.as_ptr().wrapping_add((v >> 1) as usize).cast();
-                addrs[n] = e;
-                addrs[n + 1] = e.wrapping_add(ENTRY_HOT_END);
-                n += 2;
-                if n == addrs.len() {
-                    prefetch(&addrs);
-                    n = 0;
-                }
-            }
-        }
-        prefetch(&addrs[..n]);
-        self.ahead = end;
-    }
-
     /// Forgets the hashes kept by [`Table::prefetch_batch`].
     pub(crate) fn clear_hints(&mut self) {
         self.hints.clear();
         self.next_hint = 0;
-        self.ahead = 0;
     }
 
     /// Sets the prefetch that [`Table::prefetch`] uses instead of plain reads.

@@ -1179,6 +1179,54 @@ fn batch_gives_the_same_results_as_packet_by_packet() {
     }
 }
 
+thread_local! {
+    /// Addresses given to [`record_prefetch`] on this thread.
+    static PREFETCHED: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A prefetch instruction that notes the addresses it is given.
+fn record_prefetch(addrs: &[*const u8]) {
+    PREFETCHED.with(|p| p.borrow_mut().extend(addrs.iter().map(|&a| a as usize)));
+}
+
+/// With a prefetch instruction, `prefetch_batch` prefetches the entry of every kept key
+/// of the batch (both directions, two groups), and processing the packets prefetches
+/// nothing more.
+#[test]
+fn batch_prefetches_every_entry_up_front_and_nothing_per_packet() {
+    let mut ct = ct();
+    ct.set_prefetch(Some(record_prefetch));
+    let pkts = || -> Vec<Pkt> {
+        (0..40u16)
+            .map(|i| {
+                if i % 2 == 0 {
+                    udp("10.0.0.1", 3000 + i, "10.0.0.2", 53)
+                } else {
+                    udp("10.0.0.2", 53, "10.0.0.1", 3000 + i - 1)
+                }
+            })
+            .collect()
+    };
+    for p in &mut pkts() {
+        run(&mut ct, p, None, 0);
+    }
+    let mut batch = pkts();
+    PREFETCHED.with(|p| p.borrow_mut().clear());
+    ct.prefetch_batch(batch.iter().map(|p| &p.parsed.key));
+    let prefetched = PREFETCHED.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    for p in &batch {
+        let (id, _) = ct.lookup(&p.parsed.key).unwrap();
+        let e = std::ptr::from_ref(ct.get(id).unwrap()) as usize;
+        assert!(prefetched.contains(&e), "entry of {:?}", p.parsed.key);
+    }
+    for p in &mut batch {
+        let r = ct.process(&mut p.pkt, &mut p.parsed, None, S).unwrap();
+        assert_eq!(r.state, CtState::Established);
+    }
+    ct.end_batch();
+    PREFETCHED.with(|p| assert!(p.borrow().is_empty(), "prefetched per packet"));
+}
+
 /// A pending connection keeps the hashes of the table that decided it; committed into
 /// another table (a scratch table, say), it is hashed there again.
 #[test]
