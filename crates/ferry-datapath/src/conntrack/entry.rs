@@ -171,6 +171,39 @@ const O_DST: usize = 1;
 const R_SRC: usize = 2;
 const R_DST: usize = 3;
 
+/// IPv6: the 16-byte place of address `i` (`O_SRC`...) in an entry of this form, `None`
+/// when it is not stored (a reply address equal to an original one).
+#[inline]
+fn place_of(f: Form, i: usize) -> Option<usize> {
+    match i {
+        O_SRC => Some(0),
+        O_DST => Some(1),
+        R_SRC => f.has(Form::REPLY_SRC).then_some(2),
+        R_DST => f
+            .has(Form::REPLY_DST)
+            .then_some(2 + usize::from(f.has(Form::REPLY_SRC))),
+        _ => None,
+    }
+}
+
+/// Writes place `p` of an entry's addresses (see [`Entry`]).
+fn put_place(
+    addrs: &mut [u8; 16],
+    places: &mut [u8; 32],
+    more: &mut Option<Box<[u8; 32]>>,
+    p: usize,
+    v: [u8; 16],
+) {
+    if p == 0 {
+        *addrs = v;
+    } else if p < 3 {
+        places[16 * (p - 1)..16 * p].copy_from_slice(&v);
+    } else {
+        let m = more.get_or_insert_with(|| Box::new([0; 32]));
+        m[16 * (p - 3)..16 * (p - 2)].copy_from_slice(&v);
+    }
+}
+
 impl PartialEq for Entry {
     fn eq(&self, o: &Entry) -> bool {
         self.original() == o.original()
@@ -243,14 +276,58 @@ impl Serialize for Tuple {
 }
 
 impl Entry {
-    /// A fresh entry for a connection whose first packet has key `original`. Both tuples
-    /// are of one address family (NAT never changes it).
-    #[inline]
+    /// A fresh entry for a connection whose first packet has key `original`, nothing
+    /// counted yet. Both tuples are of one address family (NAT never changes it).
+    #[cfg(test)]
     pub(crate) fn new(original: FlowKey, reply: FlowKey, ps: ProtoState, now_ns: u64) -> Entry {
-        let mut e = Entry {
+        let mut e = Entry::first(original, reply, ps, Status::default(), 0, now_ns);
+        e.packets = [0; 2];
+        e
+    }
+
+    /// The entry of a new connection whose first packet, of `len` bytes and key
+    /// `original`, is counted in the original direction, with its status bits set. Both
+    /// tuples are of one address family (NAT never changes it). Built in one expression,
+    /// so that the compiler can write it where it goes rather than copy it there.
+    #[inline]
+    pub(crate) fn first(
+        original: FlowKey,
+        reply: FlowKey,
+        ps: ProtoState,
+        status: Status,
+        len: u64,
+        now_ns: u64,
+    ) -> Entry {
+        debug_assert_eq!(original.zone, reply.zone);
+        debug_assert_eq!(original.proto, reply.proto);
+        let all = [original.src, original.dst, reply.src, reply.dst];
+        debug_assert!(all.iter().all(|a| a.is_ipv6() == original.src.is_ipv6()));
+        let mut form = Form::default();
+        let mut addrs = [0u8; 16];
+        let mut places = [0u8; 32];
+        let mut more = None;
+        if original.src.is_ipv6() {
+            form.0 |= Form::V6;
+            if reply.src != original.dst {
+                form.0 |= Form::REPLY_SRC;
+            }
+            if reply.dst != original.src {
+                form.0 |= Form::REPLY_DST;
+            }
+            for (i, a) in all.into_iter().enumerate() {
+                if let Some(p) = place_of(form, i) {
+                    put_place(&mut addrs, &mut places, &mut more, p, *a.octets());
+                }
+            }
+        } else {
+            for (i, a) in all.into_iter().enumerate() {
+                addrs[4 * i..4 * i + 4].copy_from_slice(&a.octets()[12..]);
+            }
+        }
+        Entry {
             last_seen_ns: now_ns,
-            packets: [0; 2],
-            bytes: [0; 2],
+            packets: [1, 0],
+            bytes: [len, 0],
             ports: [
                 original.src_port,
                 original.dst_port,
@@ -259,56 +336,24 @@ impl Entry {
             ],
             zone: original.zone,
             proto: original.proto,
-            form: Form::default(),
-            status: Status::default(),
-            addrs: [0; 16],
+            form,
+            status,
+            addrs,
             proto_state: ps,
             mark: 0,
-            places: [0; 32],
-            more: None,
+            places,
+            more,
             labels: 0,
             first_seen_ns: now_ns,
             links: Links::default(),
-        };
-        debug_assert_eq!(original.zone, reply.zone);
-        debug_assert_eq!(original.proto, reply.proto);
-        let addrs = [original.src, original.dst, reply.src, reply.dst];
-        debug_assert!(addrs.iter().all(|a| a.is_ipv6() == original.src.is_ipv6()));
-        if original.src.is_ipv6() {
-            e.form.0 |= Form::V6;
-            if reply.src != original.dst {
-                e.form.0 |= Form::REPLY_SRC;
-            }
-            if reply.dst != original.src {
-                e.form.0 |= Form::REPLY_DST;
-            }
-            for (i, a) in addrs.into_iter().enumerate() {
-                if let Some(p) = e.place(i) {
-                    e.set_place(p, *a.octets());
-                }
-            }
-        } else {
-            for (i, a) in addrs.into_iter().enumerate() {
-                e.addrs[4 * i..4 * i + 4].copy_from_slice(&a.octets()[12..]);
-            }
         }
-        e
     }
 
     /// IPv6: the 16-byte place of address `i` (`O_SRC`...), `None` when it is not
     /// stored (a reply address equal to an original one).
     #[inline]
     fn place(&self, i: usize) -> Option<usize> {
-        let f = self.form;
-        match i {
-            O_SRC => Some(0),
-            O_DST => Some(1),
-            R_SRC => f.has(Form::REPLY_SRC).then_some(2),
-            R_DST => f
-                .has(Form::REPLY_DST)
-                .then_some(2 + usize::from(f.has(Form::REPLY_SRC))),
-            _ => None,
-        }
+        place_of(self.form, i)
     }
 
     /// IPv6: the place of the tunnel peer.
@@ -334,14 +379,7 @@ impl Entry {
     }
 
     fn set_place(&mut self, p: usize, v: [u8; 16]) {
-        if p == 0 {
-            self.addrs = v;
-        } else if p < 3 {
-            self.places[16 * (p - 1)..16 * p].copy_from_slice(&v);
-        } else {
-            let m = self.more.get_or_insert_with(|| Box::new([0; 32]));
-            m[16 * (p - 3)..16 * (p - 2)].copy_from_slice(&v);
-        }
+        put_place(&mut self.addrs, &mut self.places, &mut self.more, p, v);
     }
 
     /// Address `i` (`O_SRC`...).

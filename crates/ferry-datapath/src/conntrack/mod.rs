@@ -579,19 +579,23 @@ impl Conntrack {
         if post != key {
             translate(pkt, parsed, &post)?;
         }
-        let mut entry = Entry::new(key, reply, ps, now_ns);
-        entry.status.set(nat_status);
-        entry.count(ORIGINAL, parsed.ip_len() as u64);
         self.stats.new += 1;
         Ok(CtResult {
             state: CtState::New,
             reply: false,
             entry: None,
             pending: Some(Pending {
-                entry,
                 hashes: [hash, reply_hash],
                 stamp: self.table.stamp(),
                 changes: self.table.changes(),
+                entry: Entry::first(
+                    key,
+                    reply,
+                    ps,
+                    Status(nat_status),
+                    parsed.ip_len() as u64,
+                    now_ns,
+                ),
             }),
         })
     }
