@@ -6,6 +6,7 @@
 //! sitting, so that they compare. And the whole pipeline forwarding packets of 1 M
 //! established connections, on huge pages with the prefetch instruction as a worker runs
 //! it, one packet at a time and in receive batches of 32 (`Pipeline::process_batch`).
+//! Last, what the machine's memory allows for those rows (`memory_floor`).
 //! Figures: docs/benchmarks.md.
 
 use std::hint::black_box;
@@ -279,10 +280,10 @@ fn memory_floor(c: &mut Criterion) {
         seed ^= seed << 17;
         seed
     };
-    // A random cycle through every line (Sattolo's shuffle).
+    // Every line in a random order (Fisher-Yates), followed as one cycle.
     let mut order: Vec<u32> = (0..LINES as u32).collect();
     for i in (1..LINES).rev() {
-        let j = (rnd() % i as u64) as usize;
+        let j = (rnd() % (i as u64 + 1)) as usize;
         order.swap(i, j);
     }
     for (i, &line) in order.iter().enumerate() {
