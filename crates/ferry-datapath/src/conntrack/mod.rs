@@ -661,20 +661,16 @@ impl Conntrack {
     /// Inserts a pending connection. When the table is full the oldest entry that never
     /// saw a reply is evicted; when there is none, `Err(CtTableFull)`.
     pub fn commit(&mut self, pending: Pending, now_ns: u64) -> Result<EntryId, DropReason> {
-        let Pending {
-            entry: e,
-            hashes,
-            stamp,
-            changes,
-        } = pending;
-        let same_table = stamp == self.table.stamp();
+        // The entry is read where it lies and moved once, into the table: taken apart
+        // into locals it would be copied first.
+        let same_table = pending.stamp == self.table.stamp();
         let hashes = if same_table {
-            hashes
+            pending.hashes
         } else {
-            self.table.hashes(&e)
+            self.table.hashes(&pending.entry)
         };
-        let unchanged = same_table && changes == self.table.changes();
-        if !unchanged && self.table.taken(&e, hashes) {
+        let unchanged = same_table && pending.changes == self.table.changes();
+        if !unchanged && self.table.taken(&pending.entry, hashes) {
             // Only when the table changed since process(), which the contract rules out.
             self.stats.clash += 1;
             return Err(DropReason::CtInvalid);
@@ -695,7 +691,9 @@ impl Conntrack {
                 self.stats.evicted += 1;
             }
         }
-        let id = self.table.insert(e, hashes, &self.config.timeouts, now_ns);
+        let id = self
+            .table
+            .insert(pending.entry, hashes, &self.config.timeouts, now_ns);
         self.stats.inserted += 1;
         Ok(id)
     }
