@@ -186,6 +186,52 @@ fn new_with_nat(c: &mut Criterion) {
     g.finish();
 }
 
+/// A new connection with source NAT in a full table (allocated whole for 2^19
+/// connections, huge pages, the prefetch instruction): each one evicts the oldest
+/// connection that never saw a reply, as a worker's table does once it is full of
+/// unanswered connections. The connections cycle through 2^20 keys, so a key comes back
+/// only long after its connection was evicted.
+fn full_table(c: &mut Criterion) {
+    const KEYS: u32 = 1 << 20;
+    const MAX: u32 = 1 << 19;
+    let pristine: Vec<(Vec<u8>, Parsed)> = (0..KEYS).map(conn).collect();
+    let nat = Nat {
+        dnat: None,
+        snat: Some((
+            IpAddr::V4(Ipv4Addr::new(192, 168, 50, 10)).into(),
+            Some((1024, 65535)),
+        )),
+    };
+    let mut ct = table(MAX as usize, true);
+    let mut pkt = Packet::new(Vec::with_capacity(128), 0, 0);
+    let mut new = |ct: &mut Conntrack, i: u32| {
+        let (f, p) = &pristine[i as usize];
+        pkt.data.clear();
+        pkt.data.extend_from_slice(f);
+        let mut p = *p;
+        let r = ct.process(&mut pkt, &mut p, Some(&nat), 1).unwrap();
+        ct.commit(r.pending.unwrap(), 1).unwrap()
+    };
+    for i in 0..MAX {
+        new(&mut ct, i);
+    }
+    assert_eq!(ct.len(), MAX as usize);
+    let mut g = c.benchmark_group("conntrack_pages");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(20);
+    let mut k = MAX;
+    g.bench_function("snat_new_connection_evicting_in_full_table_huge", |b| {
+        b.iter(|| {
+            let id = new(&mut ct, k % KEYS);
+            k = k.wrapping_add(1);
+            id
+        })
+    });
+    g.finish();
+    assert_eq!(ct.len(), MAX as usize);
+    assert!(ct.stats().evicted >= u64::from(k - MAX));
+}
+
 /// Two ports, the servers' /16 routed out of the second, a table for 1 M connections set
 /// up as the worker sets it up (whole, huge pages, the prefetch instruction).
 fn forwarding_pipeline(max: usize) -> Pipeline {
@@ -322,5 +368,12 @@ fn memory_floor(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, established, new_with_nat, pipeline, memory_floor);
+criterion_group!(
+    benches,
+    established,
+    new_with_nat,
+    full_table,
+    pipeline,
+    memory_floor
+);
 criterion_main!(benches);

@@ -563,6 +563,11 @@ impl Conntrack {
             }
             _ => ProtoState::Other,
         };
+        if self.table.len() >= self.config.max_entries {
+            // Commit will evict the oldest unreplied entry: its cache misses start now,
+            // to overlap with those of the NAT decision.
+            self.table.prefetch_eviction();
+        }
         let (post, nat_status, reply_hash) = match nat::decide(&self.table, &key, hash, nat) {
             Ok(d) => d,
             Err(nat::Refusal::Exhausted) => {

@@ -49,6 +49,8 @@ pub type Prefetch = fn(&[*const u8]);
 /// connection reads (the first byte of its protocol state): with the entry's first byte,
 /// the two addresses to prefetch (see the layout in [`Entry`]).
 const ENTRY_HOT_END: usize = std::mem::offset_of!(Entry, proto_state);
+/// Offset in an entry of its expiry wheel links (its last cache line).
+const ENTRY_LINKS: usize = std::mem::offset_of!(Entry, links);
 
 /// Bytes one extra address allocation of an entry takes, allocator header included.
 pub(crate) const MORE_BYTES: usize = 32 + 16;
@@ -582,6 +584,42 @@ impl Table {
             }
         }
         removed
+    }
+
+    /// With a prefetch instruction, prefetches what evicting the oldest entry that never
+    /// saw a reply will touch (see `Conntrack::commit`): the index slots of its two
+    /// tuples, the wheel links of its neighbours, and the entry that will be the oldest
+    /// after it, so that the next eviction finds that one in cache too. Reads the oldest
+    /// entry itself, prefetched by the call before. Changes nothing.
+    pub(crate) fn prefetch_eviction(&self) {
+        let Some(prefetch) = self.prefetch else {
+            return;
+        };
+        let Some(e) = self.get(self.unreplied_head) else {
+            return;
+        };
+        let slot = |id: u32| -> *const u8 { self.slots.as_ptr().wrapping_add(id as usize).cast() };
+        let mut addrs = [std::ptr::null::<u8>(); 7];
+        addrs[0] = self.index.home_addr(self.hash(&e.original()));
+        addrs[1] = self.index.home_addr(self.hash(&e.reply()));
+        let mut n = 2;
+        for id in [e.links.prev, e.links.next] {
+            // Neither the end of a list nor, for `prev`, the mark of a list's first entry
+            // (both above every slot id).
+            if (id as usize) < self.slots.len() {
+                addrs[n] = slot(id).wrapping_add(ENTRY_LINKS);
+                n += 1;
+            }
+        }
+        let (_, next) = e.unreplied_links();
+        if (next as usize) < self.slots.len() {
+            let s = slot(next);
+            addrs[n] = s;
+            addrs[n + 1] = s.wrapping_add(ENTRY_HOT_END);
+            addrs[n + 2] = s.wrapping_add(ENTRY_LINKS);
+            n += 3;
+        }
+        prefetch(&addrs[..n]);
     }
 
     /// The oldest entry that never saw a reply.

@@ -1227,6 +1227,46 @@ fn batch_prefetches_every_entry_up_front_and_nothing_per_packet() {
     PREFETCHED.with(|p| assert!(p.borrow().is_empty(), "prefetched per packet"));
 }
 
+/// In a full table, a new connection prefetches what evicting the oldest unreplied entry
+/// will touch, the next oldest entry among it, and everything else goes as without the
+/// prefetch: the same entry evicted, the same table and counters.
+#[test]
+fn full_table_prefetches_the_eviction_and_changes_nothing_else() {
+    let cfg = Config {
+        max_entries: 8,
+        ..Config::default()
+    };
+    let mut plain = Conntrack::new(cfg);
+    let mut fetching = Conntrack::new(cfg);
+    fetching.set_prefetch(Some(record_prefetch));
+    for ct in [&mut plain, &mut fetching] {
+        for i in 0..8u16 {
+            run(ct, &mut udp("10.0.0.1", 1000 + i, "10.0.0.2", 53), None, 0);
+        }
+    }
+    let key = |port| udp("10.0.0.1", port, "10.0.0.2", 53).parsed.key;
+    let (second, _) = fetching.lookup(&key(1001)).unwrap();
+    let second = std::ptr::from_ref(fetching.get(second).unwrap()) as usize;
+    PREFETCHED.with(|p| p.borrow_mut().clear());
+    for ct in [&mut plain, &mut fetching] {
+        run(ct, &mut udp("10.0.0.1", 2000, "10.0.0.2", 53), None, 0);
+        assert_eq!(ct.lookup(&key(1000)), None, "the oldest is evicted");
+        assert!(ct.lookup(&key(1001)).is_some());
+    }
+    let prefetched = PREFETCHED.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    assert!(prefetched.contains(&second), "the next oldest entry");
+    // Its two index slots, a wheel neighbour, three lines of the next oldest.
+    assert!(prefetched.len() >= 6, "{prefetched:?}");
+    let dump = |ct: &Conntrack| -> Vec<(EntryId, Entry)> {
+        ct.dump(&Filter::default())
+            .map(|(id, e)| (id, e.clone()))
+            .collect()
+    };
+    assert_eq!(dump(&plain), dump(&fetching));
+    assert_eq!(plain.stats(), fetching.stats());
+    assert_eq!(fetching.stats().evicted, 1);
+}
+
 /// A pending connection keeps the hashes of the table that decided it; committed into
 /// another table (a scratch table, say), it is hashed there again.
 #[test]
