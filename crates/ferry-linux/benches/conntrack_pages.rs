@@ -1,7 +1,8 @@
 //! The connection table on 4 KiB pages and on transparent huge pages, as the worker sets
 //! it up ([`Conntrack::preallocate`], then [`ferry_linux::advise_huge_pages`] over its
 //! regions): a packet of an established connection with 1 M tracked, alone and in
-//! prefetched batches of 32, and a new connection with source NAT. The traffic is that of
+//! prefetched batches of 32, and a new connection with source NAT (in a table that
+//! grows, and in a full one where it evicts the oldest unreplied). The traffic is that of
 //! `crates/ferry-datapath/benches/conntrack.rs`; both page sizes run here, in one
 //! sitting, so that they compare. And the whole pipeline forwarding packets of 1 M
 //! established connections, on huge pages with the prefetch instruction as a worker runs
