@@ -146,6 +146,18 @@ fn established(c: &mut Criterion) {
     g.finish();
 }
 
+/// A new connection: packet `f` (parsed as `p`) copied into `pkt`, tracked with source
+/// NAT `nat`, committed.
+fn connect(ct: &mut Conntrack, pkt: &mut Packet, (f, p): &(Vec<u8>, Parsed), nat: &Nat) -> u32 {
+    pkt.data.clear();
+    pkt.data.extend_from_slice(f);
+    let mut p = *p;
+    let r = ct.process(pkt, &mut p, Some(nat), 1).unwrap();
+    ct.commit(r.pending.unwrap(), 1).unwrap()
+}
+
+/// New connections with source NAT: in a table that grows from empty, on both page
+/// sizes; then in a full one, where each evicts (below).
 fn new_with_nat(c: &mut Criterion) {
     const N: u32 = 1 << 20;
     let pristine: Vec<(Vec<u8>, Parsed)> = (0..N).map(conn).collect();
@@ -170,12 +182,8 @@ fn new_with_nat(c: &mut Criterion) {
                     let round = (iters - done).min(u64::from(N));
                     let mut ct = table(N as usize, huge);
                     let start = Instant::now();
-                    for (f, p) in &pristine[..round as usize] {
-                        pkt.data.clear();
-                        pkt.data.extend_from_slice(f);
-                        let mut p = *p;
-                        let r = ct.process(&mut pkt, &mut p, Some(&nat), 1).unwrap();
-                        black_box(ct.commit(r.pending.unwrap(), 1).unwrap());
+                    for conn in &pristine[..round as usize] {
+                        black_box(connect(&mut ct, &mut pkt, conn, &nat));
                     }
                     total += start.elapsed();
                     done += round;
@@ -184,46 +192,23 @@ fn new_with_nat(c: &mut Criterion) {
             })
         });
     }
-    g.finish();
-}
-
-/// A new connection with source NAT in a full table (allocated whole for 2^19
-/// connections, huge pages, the prefetch instruction): each one evicts the oldest
-/// connection that never saw a reply, as a worker's table does once it is full of
-/// unanswered connections. The connections cycle through 2^20 keys, so a key comes back
-/// only long after its connection was evicted.
-fn full_table(c: &mut Criterion) {
-    const KEYS: u32 = 1 << 20;
+    // In a full table (allocated whole for 2^19 connections, huge pages, the prefetch
+    // instruction): each new connection evicts the oldest one that never saw a reply, as
+    // a worker's table does once it is full of unanswered connections. The connections
+    // cycle through the 2^20 keys, so a key comes back only long after its connection
+    // was evicted.
     const MAX: u32 = 1 << 19;
-    let pristine: Vec<(Vec<u8>, Parsed)> = (0..KEYS).map(conn).collect();
-    let nat = Nat {
-        dnat: None,
-        snat: Some((
-            IpAddr::V4(Ipv4Addr::new(192, 168, 50, 10)).into(),
-            Some((1024, 65535)),
-        )),
-    };
     let mut ct = table(MAX as usize, true);
     let mut pkt = Packet::new(Vec::with_capacity(128), 0, 0);
-    let mut new = |ct: &mut Conntrack, i: u32| {
-        let (f, p) = &pristine[i as usize];
-        pkt.data.clear();
-        pkt.data.extend_from_slice(f);
-        let mut p = *p;
-        let r = ct.process(&mut pkt, &mut p, Some(&nat), 1).unwrap();
-        ct.commit(r.pending.unwrap(), 1).unwrap()
-    };
-    for i in 0..MAX {
-        new(&mut ct, i);
+    for conn in &pristine[..MAX as usize] {
+        connect(&mut ct, &mut pkt, conn, &nat);
     }
     assert_eq!(ct.len(), MAX as usize);
-    let mut g = c.benchmark_group("conntrack_pages");
-    g.throughput(Throughput::Elements(1));
     g.sample_size(20);
     let mut k = MAX;
     g.bench_function("snat_new_connection_evicting_in_full_table_huge", |b| {
         b.iter(|| {
-            let id = new(&mut ct, k % KEYS);
+            let id = connect(&mut ct, &mut pkt, &pristine[(k % N) as usize], &nat);
             k = k.wrapping_add(1);
             id
         })
@@ -369,12 +354,5 @@ fn memory_floor(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(
-    benches,
-    established,
-    new_with_nat,
-    full_table,
-    pipeline,
-    memory_floor
-);
+criterion_group!(benches, established, new_with_nat, pipeline, memory_floor);
 criterion_main!(benches);
