@@ -891,7 +891,7 @@ impl Pipeline {
         let mut frontend: Option<Frontend> = None;
         let mut balanced: Option<Balanced> = None;
         let affinity = &mut self.affinity;
-        let result = self.ct.process_with(&mut pkt, &mut parsed, now, |key, to| {
+        let mut result = self.ct.process_with(&mut pkt, &mut parsed, now, |key, to| {
             if static_nat.is_some() {
                 *to = static_nat;
                 return Ok(());
@@ -905,9 +905,13 @@ impl Pipeline {
             balanced = Some(b);
             Ok(())
         });
-        let ct = match result {
+        // The result is read where `process_with` wrote it, by reference: moved out, it
+        // would be copied whole, pending connection included (also when it holds none), in
+        // moves that wait for `process_with`'s narrower stores to reach the cache.
+        let ct = match &mut result {
             Ok(r) => r,
             Err(r) => {
+                let r = *r;
                 let no_endpoint = matches!(
                     r,
                     DropReason::ServiceNoEndpoints | DropReason::ServiceNoLocalEndpoints
@@ -989,14 +993,14 @@ impl Pipeline {
         if ct.state == CtState::Invalid && !tables.ct.pass_invalid {
             return self.drop(DropReason::CtInvalid, trace);
         }
-        let mut pending = ct.pending;
+        let pending = &mut ct.pending;
         if let (Some(b), Some(p)) = (&balanced, pending.as_mut()) {
             p.entry_mut().mark |= b.mark;
         }
         // External traffic balanced to another node's endpoint with the client address
         // kept must reach that node through the tunnel, whatever the overlay mode, so that
         // its replies come back here to be translated.
-        let force_tunnel = match (&pending, ct.entry) {
+        let force_tunnel = match (&*pending, ct.entry) {
             (Some(p), _) => p.entry().mark & lb::MARK_TUNNEL != 0,
             (None, Some(id)) if !ct.reply => self
                 .ct
@@ -1107,7 +1111,7 @@ impl Pipeline {
             // The connection is kept although this packet is not sent, so that the error,
             // which quotes the translated packet, is translated back for the sender; the
             // sender retries smaller on the same connection.
-            if let Err(r) = self.commit(&mut pending, now, trace) {
+            if let Err(r) = self.commit(pending, now, trace) {
                 return self.drop(r, trace);
             }
             let kind = ErrorKind::TooBig { mtu: mtu as u32 };
@@ -1120,7 +1124,7 @@ impl Pipeline {
             hop: next_hop,
             mtu,
         };
-        self.deliver(tables, pkt, &parsed, routing, &mut pending, now, out, trace)
+        self.deliver(tables, pkt, &parsed, routing, pending, now, out, trace)
     }
 
     /// The stages after routing, for a packet routed just now (with the connection it
@@ -1145,10 +1149,14 @@ impl Pipeline {
             hop,
             mtu,
         } = routing;
-        let egress = match self.resolve(tables, out_id, hop, parsed, now, out, trace) {
+        // Read where `resolve` wrote it: moved out, it would be copied in 16-byte moves
+        // that wait for its narrower stores to reach the cache.
+        let resolved = self.resolve(tables, out_id, hop, parsed, now, out, trace);
+        let egress = match &resolved {
             Ok(e) => e,
-            Err(NoEgress::Drop(r)) => return self.drop(r, trace),
+            Err(NoEgress::Drop(r)) => return self.drop(*r, trace),
             Err(NoEgress::Unresolved { port, ip, probed }) => {
+                let (port, ip, probed) = (*port, *ip, *probed);
                 // Committed now, as if sent: a reply that overtakes the queued packet
                 // (or the next packet of the connection) finds it.
                 if let Err(r) = self.commit(pending, now, trace) {
@@ -1207,7 +1215,7 @@ impl Pipeline {
                         pkt.meta.vnet.gso_size
                     )
                 });
-                self.emit(&egress, pkt, out);
+                self.emit(egress, pkt, out);
                 return Verdict::Forwarded;
             }
             if egress.tunnel.is_some() && egress.uso {
@@ -1219,7 +1227,7 @@ impl Pipeline {
                 // is fragmented below instead.
                 if cut.len(0) - cut.l3_off() <= mtu {
                     return self.emit_super_frames(
-                        &egress,
+                        egress,
                         &cut,
                         pkt.meta,
                         mtu,
@@ -1247,7 +1255,7 @@ impl Pipeline {
             let mut frags = Vec::new();
             for seg in segs.drain(..) {
                 if seg.data.len() - parsed.l3_off <= mtu {
-                    self.emit(&egress, seg, out);
+                    self.emit(egress, seg, out);
                     continue;
                 }
                 // A USO datagram larger than the MTU, IPv4 without DF: fragment it.
@@ -1260,7 +1268,7 @@ impl Pipeline {
                 }
                 self.stats.fragments_out += frags.len() as u64;
                 for f in frags.drain(..) {
-                    self.emit(&egress, f, out);
+                    self.emit(egress, f, out);
                 }
             }
             self.scratch = segs;
@@ -1283,7 +1291,7 @@ impl Pipeline {
 
         if !fragment {
             trace.note("egress", || format!("sent to {}", out_name()));
-            self.emit(&egress, pkt, out);
+            self.emit(egress, pkt, out);
             return Verdict::Forwarded;
         }
 
@@ -1303,7 +1311,7 @@ impl Pipeline {
             format!("{why}: {} fragments to {}", frags.len(), out_name())
         });
         for f in frags.drain(..) {
-            self.emit(&egress, f, out);
+            self.emit(egress, f, out);
         }
         self.scratch = frags;
         Verdict::Forwarded
