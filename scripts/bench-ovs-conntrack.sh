@@ -3,11 +3,11 @@
 # packet of an established UDP connection looked up and its connection updated, with
 # 1 000 and 1 000 000 connections tracked, packets of connections spread over the whole
 # table, in batches of 32; and a new UDP connection committed with source NAT (port
-# allocation), in rounds of 4096 in an emptied table. Open vSwitch's is its library (lib/conntrack.c, version of the
-# Debian openvswitch-source package) driven by scripts/ovs-conntrack/bench.c through
-# conntrack_execute(), as its PMD threads drive it; ferry's are its criterion
-# benchmarks. Prints nanoseconds per packet (median of the rounds) and the ratios.
-# Sends no packet: both run in this process's memory only.
+# allocation), in rounds of 4096 in an emptied table. Open vSwitch's is its library
+# (lib/conntrack.c, from the Debian openvswitch-source package) driven through
+# conntrack_execute() by scripts/ovs-conntrack/bench.c, as its PMD threads drive it;
+# ferry's are its criterion benchmarks. Prints nanoseconds per packet (median of the
+# rounds) and the ratios. Sends no packet: both work on packets in memory.
 #
 #   bash scripts/bench-ovs-conntrack.sh [ROUNDS]     (default 5)
 #   OVS_BUILD_DIR=DIR: where Open vSwitch is built (kept between runs; default
