@@ -3,7 +3,8 @@
 # packet of an established UDP connection looked up and its connection updated, with
 # 1 000 and 1 000 000 connections tracked, packets of connections spread over the whole
 # table, in batches of 32; and a new UDP connection committed with source NAT (port
-# allocation), in rounds of 4096 in an emptied table. Open vSwitch's is its library
+# allocation), in rounds of 4096 in an emptied table and in rounds of 2^20 in a table
+# that grows from empty. Open vSwitch's is its library
 # (lib/conntrack.c, from the Debian openvswitch-source package) driven through
 # conntrack_execute() by scripts/ovs-conntrack/bench.c, as its PMD threads drive it;
 # ferry's are its criterion benchmarks. Prints nanoseconds per packet (median of the
@@ -84,8 +85,10 @@ for r in $(seq 1 "$rounds"); do
       sed "s/^/ovs_$n /" >>"$work/results"
   done
   nice -n -15 "$work/ovs-conntrack" new 4096 1000000 1 | sed "s/^/ovs_new /" >>"$work/results"
+  nice -n -15 "$work/ovs-conntrack" new 1048576 1048576 1 |
+    sed "s/^/ovs_new_growing /" >>"$work/results"
   ferry_rows "$ferry_ct" \
-    'conntrack_established/lookup_update_1(K|M)_batch32$|conntrack_new/snat_port_allocation_and_commit_4K_hot$' \
+    'conntrack_established/lookup_update_1(K|M)_batch32$|conntrack_new/snat_port_allocation_and_commit(_4K_hot)?$' \
     >>"$work/results"
   ferry_rows "$ferry_pages" 'conntrack_pages/lookup_update_1M_huge_batch32$' >>"$work/results"
 done
@@ -100,6 +103,8 @@ f2=$(of conntrack_established/lookup_update_1M_batch32)
 f3=$(of conntrack_pages/lookup_update_1M_huge_batch32)
 o4=$(of ovs_new)
 f4=$(of conntrack_new/snat_port_allocation_and_commit_4K_hot)
+o5=$(of ovs_new_growing)
+f5=$(of conntrack_new/snat_port_allocation_and_commit)
 
 printf '%-62s %9s\n' "established UDP packet, batches of 32 (median of $rounds rounds)" "ns/packet"
 printf '%-62s %9.1f\n' "Open vSwitch conntrack_execute(), 1 000 connections" "$o1"
@@ -110,7 +115,11 @@ printf '%-62s %9.1f\n' "ferry, 1 000 000 connections (huge pages, prefetch instr
 printf '%-62s %9s\n' "new UDP connection with source NAT, committed" "ns/packet"
 printf '%-62s %9.1f\n' "Open vSwitch conntrack_execute(), rounds of 4096" "$o4"
 printf '%-62s %9.1f\n' "ferry, rounds of 4096" "$f4"
-awk -v o1="$o1" -v f1="$f1" -v o2="$o2" -v f2="$f2" -v f3="$f3" -v o4="$o4" -v f4="$f4" 'BEGIN {
+printf '%-62s %9.1f\n' "Open vSwitch conntrack_execute(), growing to 2^20" "$o5"
+printf '%-62s %9.1f\n' "ferry, growing to 2^20" "$f5"
+awk -v o1="$o1" -v f1="$f1" -v o2="$o2" -v f2="$f2" -v f3="$f3" -v o4="$o4" -v f4="$f4" \
+  -v o5="$o5" -v f5="$f5" 'BEGIN {
   printf "ferry/Open vSwitch time, established: 1 000: %.2fx; 1 000 000: %.2fx (4 KiB pages), %.2fx (huge pages)\n",
     f1 / o1, f2 / o2, f3 / o2
-  printf "ferry/Open vSwitch time, new connection with source NAT: %.2fx\n", f4 / o4 }'
+  printf "ferry/Open vSwitch time, new connection with source NAT: %.2fx (rounds of 4096), %.2fx (growing)\n",
+    f4 / o4, f5 / o5 }'

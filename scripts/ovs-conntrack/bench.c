@@ -9,8 +9,9 @@
  *        bench new N PACKETS ROUNDS
  * "established": as above. "new": new connections, each committed with source NAT to
  * 192.168.50.10, ports 1024-65535, in rounds of N in a table emptied between rounds (as
- * ferry's conntrack_new/snat_port_allocation_and_commit_4K_hot with N = 4096). Prints
- * one line per round of measurement: nanoseconds per packet. */
+ * ferry's conntrack_new/snat_port_allocation_and_commit_4K_hot with N = 4096, and
+ * conntrack_new/snat_port_allocation_and_commit, a table growing from empty, with
+ * N = 2^20). Prints one line per round of measurement: nanoseconds per packet. */
 
 #include <config.h>
 
