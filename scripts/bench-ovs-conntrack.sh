@@ -16,19 +16,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-ensure_packages cc:build-essential make:make python3:python3
-rounds=${1:-5}
 tarball=/usr/src/openvswitch/openvswitch.tar.gz
-if [ ! -f "$tarball" ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "ferry: please install as root: apt-get install openvswitch-source" >&2
-    exit 1
-  fi
-  echo "ferry: installing openvswitch-source" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq --no-install-recommends openvswitch-source >/dev/null
-fi
+ensure_packages cc:build-essential make:make python3:python3 "$tarball:openvswitch-source"
+rounds=${1:-5}
 
 # Open vSwitch's library, built once: the generated headers its sources include, then
 # the library itself.

@@ -11,13 +11,17 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 # ensure_packages CMD:PACKAGE ...: installs PACKAGE with apt-get when CMD is missing.
+# CMD may be an absolute path instead, for a package that brings a file but no command.
 ensure_packages() {
   local missing=()
   local pair cmd pkg
   for pair in "$@"; do
     cmd=${pair%%:*}
     pkg=${pair#*:}
-    command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+    case $cmd in
+      /*) [ -e "$cmd" ] || missing+=("$pkg") ;;
+      *) command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg") ;;
+    esac
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" -ne 0 ]; then
