@@ -437,6 +437,12 @@ impl Services {
                 scope,
             };
             if let Some(prev) = self.frontends.insert((proto, addr, spec.port), f) {
+                if prev.service == idx {
+                    // This Service names the address twice (an external IP that is also
+                    // its load balancer's, say): the first naming, and its scope, stand.
+                    self.frontends.insert((proto, addr, spec.port), prev);
+                    continue;
+                }
                 return Err(format!(
                     "{what}: frontend {} {addr}:{} is also {:?}'s",
                     spec.proto, spec.port, self.services[prev.service as usize].name

@@ -69,6 +69,38 @@ fn test_compile_errors_name_the_service_and_the_problem() {
     assert!(compile(&[zero]).unwrap_err().contains("port must be"));
 }
 
+/// A Service may name one address twice: an external IP that is also its load
+/// balancer's, a repeated external IP, its own cluster IP among its external IPs. That is
+/// one frontend, with the scope of its first naming (cluster IPs come first), not a clash
+/// with itself; removing the Service removes it.
+#[test]
+fn test_a_service_naming_one_address_twice_has_one_frontend() {
+    let mut s = svc("x", "tcp");
+    s.external_ips = vec![ip("203.0.113.7"), ip("203.0.113.7"), ip("10.96.0.10")];
+    s.load_balancer_ips = vec![ip("203.0.113.7")];
+    let compiled = Services::compile(std::slice::from_ref(&s), "a", [ip("192.168.50.10")]).unwrap();
+    let f = compiled.frontend(&key("203.0.113.7", 80)).unwrap();
+    assert_eq!(f.scope, Scope::External);
+    let f = compiled.frontend(&key("10.96.0.10", 80)).unwrap();
+    assert_eq!(f.scope, Scope::Internal);
+    // Another Service on one of those addresses still clashes, and names the first.
+    let mut other = svc("y", "tcp");
+    other.cluster_ips = vec![ip("203.0.113.7")];
+    other.node_port = None;
+    let e = Services::compile(&[s.clone(), other], "a", [ip("192.168.50.10")]).unwrap_err();
+    assert!(
+        e.contains("frontend tcp 203.0.113.7:80") && e.contains("also \"x\"'s"),
+        "{e}"
+    );
+    // The same through an update, and out again.
+    let empty = Services::compile(&[], "a", [ip("192.168.50.10")]).unwrap();
+    let added = empty.update(&[], std::slice::from_ref(&s)).unwrap();
+    assert!(added.frontend(&key("203.0.113.7", 80)).is_some());
+    let removed = added.update(&["x"], &[]).unwrap();
+    assert_eq!(removed.frontend(&key("203.0.113.7", 80)), None);
+    assert_eq!(removed.frontend(&key("10.96.0.10", 80)), None);
+}
+
 #[test]
 fn test_node_ports_are_reached_on_this_nodes_addresses_only() {
     let s = Services::compile(&[svc("x", "tcp")], "a", [ip("192.168.50.10")]).unwrap();
