@@ -801,6 +801,7 @@ mod tests {
                 vni: 7,
                 port,
                 hash: 0x1234,
+                id: 0,
             },
         )
     }

@@ -3,7 +3,8 @@
 //!
 //! An encapsulated frame is: outer Ethernet (uplink MAC -> underlay next hop), outer IPv4
 //! (DF clear, TTL 64, as Linux's vxlan device sends by default; an underlay that fragments
-//! it is fine: the receiver reassembles before decapsulating) or IPv6 (hop limit 64, flow
+//! it is fine: the receiver reassembles before decapsulating; so every datagram gets an
+//! identification of its own, counted up by the sender, see [`Outer::id`]) or IPv6 (hop limit 64, flow
 //! label from the inner flow), UDP (source port from the inner flow hash in 49152-65535,
 //! destination 4789; checksum 0 over IPv4, computed over IPv6), the VXLAN header with the
 //! VNI, then the inner Ethernet frame (VTEP MACs, see [`vtep_mac`]). The segments of one
@@ -116,6 +117,12 @@ pub struct Outer {
     pub port: u16,
     /// The inner flow's hash: UDP source port and IPv6 flow label.
     pub hash: u32,
+    /// IPv4 identification of the (first) outer datagram; those after it in a run of
+    /// [`encapsulate_run`] count up from it, one per datagram. The sender keeps a counter
+    /// (as Linux does per destination): datagrams that may be fragmented on the way need
+    /// identifications that differ (RFC 6864), or a lost fragment of one makes the
+    /// receiver's reassembly of the next, with the same identification, fail.
+    pub id: u16,
 }
 
 /// Wraps the Ethernet frame `inner` in the outer headers `o`.
@@ -127,7 +134,7 @@ pub fn encapsulate(inner: &[u8], o: &Outer) -> Vec<u8> {
 fn encapsulate_one(frames: &(impl InnerFrames + ?Sized), i: usize, o: &Outer) -> Vec<u8> {
     let udp_len = 8 + vxlan::LEN + frames.frame_len(i);
     let mut v = Vec::with_capacity(ETH_LEN + ip_header_len(o) + udp_len);
-    let udp = outer_headers(&mut v, o, udp_len);
+    let udp = outer_headers(&mut v, o, udp_len, o.id.wrapping_add(i as u16));
     push_vxlan(&mut v, o);
     frames.write_frame(i, &mut v);
     if o.dst.is_ipv6() {
@@ -181,6 +188,12 @@ impl InnerFrames for gso::Segmenter<'_> {
 /// Largest IP packet an outer super-frame of [`encapsulate_run`] may be: the IPv4 total
 /// length and the IPv6 payload length are 16-bit fields.
 const MAX_SUPER_IP: usize = 65_535;
+/// Most datagrams in one super-frame. Linux refuses a UDP GSO packet of more than
+/// `UDP_MAX_SEGMENTS` segments (64 in older kernels, 128 in recent ones; small segments
+/// of a 64 KiB packet can be more); 64 suits both, and a receiving ferry takes at most
+/// [`gso::MAX_SEGMENTS_UDP`].
+pub const MAX_RUN_DATAGRAMS: usize = 64;
+const _: () = assert!(MAX_RUN_DATAGRAMS <= gso::MAX_SEGMENTS_UDP);
 
 /// Encapsulates consecutive Ethernet frames of one inner flow, the segments of one GSO
 /// packet cut to fit the tunnel, for an uplink that takes UDP segmentation offload: as
@@ -190,7 +203,8 @@ const MAX_SUPER_IP: usize = 65_535;
 /// but the last of the same length; its [`VnetHdr`] asks whoever transmits it (the
 /// kernel, or the NIC) to cut the UDP payload at that length, which gives exactly the
 /// datagrams [`encapsulate`] would have made, one per segment, with their outer IP
-/// lengths, IPv4 identifications (counting up from the flow's) and UDP lengths and
+/// lengths, IPv4 identifications (counting up from [`Outer::id`], one per datagram of
+/// the whole run, as the datagrams [`encapsulate`] would make) and UDP lengths and
 /// checksums filled in. So the uplink takes one frame per run instead of one per
 /// segment, and what reaches the wire is plain VXLAN. The outer UDP checksum of a
 /// super-frame is left partial (computed per datagram by the segmentation) over IPv4 as
@@ -212,8 +226,13 @@ pub fn encapsulate_run(
         if i > first {
             let size = vxlan::LEN + frames.frame_len(first);
             let last = vxlan::LEN + frames.frame_len(i - 1);
-            // A longer frame, or any after a shorter one, starts a new run.
-            if last != size || chunk > size || bytes + chunk > MAX_SUPER_IP {
+            // A longer frame, or any after a shorter one, starts a new run; so does a
+            // full one.
+            if last != size
+                || chunk > size
+                || bytes + chunk > MAX_SUPER_IP
+                || i - first == MAX_RUN_DATAGRAMS
+            {
                 flush_run(frames, first..i, o, out);
                 first = i;
                 bytes = headers;
@@ -241,7 +260,7 @@ fn flush_run(
                 .map(|i| vxlan::LEN + frames.frame_len(i))
                 .sum::<usize>();
             let mut v = Vec::with_capacity(ETH_LEN + ip_header_len(o) + udp_len);
-            let udp = outer_headers(&mut v, o, udp_len);
+            let udp = outer_headers(&mut v, o, udp_len, o.id.wrapping_add(run.start as u16));
             for i in run {
                 push_vxlan(&mut v, o);
                 frames.write_frame(i, &mut v);
@@ -282,8 +301,8 @@ fn pseudo(o: &Outer, udp_len: usize) -> u64 {
 }
 
 /// Writes the outer Ethernet, IP and UDP headers (checksum 0) of a datagram with
-/// `udp_len` bytes of UDP; returns where the UDP header starts.
-fn outer_headers(v: &mut Vec<u8>, o: &Outer, udp_len: usize) -> usize {
+/// `udp_len` bytes of UDP, IPv4 identification `id`; returns where the UDP header starts.
+fn outer_headers(v: &mut Vec<u8>, o: &Outer, udp_len: usize, id: u16) -> usize {
     let etype = if o.dst.is_ipv6() {
         ethertype::IPV6
     } else {
@@ -295,8 +314,8 @@ fn outer_headers(v: &mut Vec<u8>, o: &Outer, udp_len: usize) -> usize {
             let total = (20 + udp_len) as u16;
             v.extend_from_slice(&[0x45, 0]);
             v.extend_from_slice(&total.to_be_bytes());
-            // Identification from the flow hash; DF clear, no fragment offset.
-            v.extend_from_slice(&(o.hash as u16).to_be_bytes());
+            // DF clear, no fragment offset.
+            v.extend_from_slice(&id.to_be_bytes());
             v.extend_from_slice(&[0, 0, OUTER_TTL, proto::UDP, 0, 0]);
             v.extend_from_slice(&s.octets());
             v.extend_from_slice(&d.octets());
@@ -369,6 +388,7 @@ mod tests {
             vni: 4096,
             port: 4789,
             hash: 0xabcdef,
+            id: 0,
         };
         let f = encapsulate(&inner, &o);
         let p = parse(&f, 0).unwrap();
@@ -397,6 +417,7 @@ mod tests {
             vni: 4096,
             port: 4789,
             hash: 0x1234,
+            id: 0xfffe,
         }
     }
 
@@ -469,11 +490,14 @@ mod tests {
             assert_eq!(p.ip_end, frame.len());
             let datagrams = cut(frame, *vnet);
             assert_eq!(datagrams.len(), segs.len());
-            for (d, s) in datagrams.iter().zip(&segs) {
+            for (i, (d, s)) in datagrams.iter().zip(&segs).enumerate() {
                 let plain = encapsulate(s, &o);
                 assert_eq!(d.len(), plain.len());
                 assert!(udp_checksum_ok(d), "{dst}: the cut datagram's UDP checksum");
                 let dp = parse(d, 0).unwrap();
+                if dp.l3 == parse::L3::Ipv4 {
+                    assert_eq!(ipv4_id(d), ipv4_id(&plain).wrapping_add(i as u16), "{dst}");
+                }
                 // All else as encapsulate() makes it: over IPv4 the identification
                 // counts up and the UDP checksum is filled in.
                 let mut d = d.clone();
@@ -518,6 +542,37 @@ mod tests {
             total += cut_or_one(f, *v);
         }
         assert_eq!(total, 47);
+    }
+
+    fn ipv4_id(f: &[u8]) -> u16 {
+        u16::from_be_bytes([f[ETH_LEN + 4], f[ETH_LEN + 5]])
+    }
+
+    /// Small segments of a 64 KiB packet (a peer's MSS of 88 bytes, say) would be several
+    /// hundred datagrams in one IP packet: a super-frame holds at most
+    /// [`MAX_RUN_DATAGRAMS`], which Linux takes, and every datagram of the run has its own
+    /// identification, counted on across frames (and through the wrap).
+    #[test]
+    fn test_encapsulate_run_caps_datagrams_per_super_frame_and_counts_identifications() {
+        let o = outer("192.168.50.10", "192.168.50.20");
+        assert_eq!(o.id, 0xfffe);
+        let segs = segments(&[88; 300]);
+        let mut out = Vec::new();
+        encapsulate_run(&segs[..], &o, &mut out);
+        let mut ids = Vec::new();
+        for (f, v) in &out {
+            let datagrams = if v.is_gso() {
+                cut(f, *v)
+            } else {
+                vec![f.clone()]
+            };
+            assert!(datagrams.len() <= MAX_RUN_DATAGRAMS);
+            assert_eq!(ipv4_id(f), ipv4_id(&datagrams[0]));
+            ids.extend(datagrams.iter().map(|d| ipv4_id(d)));
+        }
+        let expect: Vec<u16> = (0..300u16).map(|i| o.id.wrapping_add(i)).collect();
+        assert_eq!(ids, expect);
+        assert_eq!(out.len(), 300usize.div_ceil(MAX_RUN_DATAGRAMS));
     }
 
     fn cut_or_one(f: &[u8], v: VnetHdr) -> usize {

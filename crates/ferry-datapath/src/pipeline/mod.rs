@@ -379,6 +379,9 @@ pub struct Pipeline {
     /// A scratch pipeline of a dry run ([`trace`]): what it emits is never sent, and
     /// its notes say so.
     dry_run: bool,
+    /// The IPv4 identification of the next outer datagram through the overlay (see
+    /// [`overlay::Outer::id`]).
+    outer_id: u16,
 }
 
 /// How often session affinity records are swept for expiry.
@@ -410,6 +413,7 @@ impl Pipeline {
             batch: Vec::new(),
             batch_keys: Vec::new(),
             dry_run: false,
+            outer_id: 0,
         }
     }
 
@@ -1522,6 +1526,8 @@ impl Pipeline {
                         vni: ov.vni,
                         port: ov.port,
                         hash: overlay::flow_hash(&parsed.key),
+                        // Given when the packet is encapsulated: `Pipeline::outer_ids`.
+                        id: 0,
                     }),
                 })
             }
@@ -1692,7 +1698,11 @@ impl Pipeline {
             format!("segmented into {n} packets for mtu {mtu} on {out_name}")
         });
         let mut frames = Vec::new();
-        overlay::encapsulate_run(cut, o, &mut frames);
+        let o = overlay::Outer {
+            id: self.outer_ids(n),
+            ..*o
+        };
+        overlay::encapsulate_run(cut, &o, &mut frames);
         self.stats.encapsulated += n as u64;
         let supers = frames.iter().filter(|(_, v)| v.is_gso()).count();
         self.stats.encap_gso_frames += supers as u64;
@@ -1718,10 +1728,21 @@ impl Pipeline {
         Verdict::Forwarded
     }
 
+    /// The first of `n` outer IPv4 identifications, taken from the pipeline's counter.
+    fn outer_ids(&mut self, n: usize) -> u16 {
+        let id = self.outer_id;
+        self.outer_id = id.wrapping_add(n as u16);
+        id
+    }
+
     /// Sends a packet as the egress says: encapsulated when it goes through the overlay.
     fn emit(&mut self, egress: &Egress, mut pkt: Packet, out: &mut Vec<(PortId, Packet)>) {
         if let Some(o) = &egress.tunnel {
-            pkt.data = overlay::encapsulate(&pkt.data, o);
+            let o = overlay::Outer {
+                id: self.outer_ids(1),
+                ..*o
+            };
+            pkt.data = overlay::encapsulate(&pkt.data, &o);
             pkt.meta.vnet = VnetHdr::default();
             pkt.meta.mru = 0;
             pkt.meta.frag_id = 0;

@@ -59,7 +59,8 @@ fn test_pod_to_remote_pod_is_vxlan_encapsulated_and_delivered_by_the_peer() {
     );
     assert_eq!(a.stats().encapsulated, 1);
 
-    // The same flow keeps its source port; the frame is the same but for the TTL.
+    // The same flow keeps its source port; the outer identification is the next one:
+    // each outer datagram has its own, in case the underlay fragments them.
     let (_, again) = run(
         &mut a,
         udp_from_pod("10.244.2.6", 40000, &payload),
@@ -67,6 +68,8 @@ fn test_pod_to_remote_pod_is_vxlan_encapsulated_and_delivered_by_the_peer() {
         SEC,
     );
     assert_eq!(parse(&again[0].1.data, 0).unwrap().key.src_port, sport);
+    let id = |f: &[u8]| u16::from_be_bytes([f[18], f[19]]);
+    assert_eq!(id(&again[0].1.data), id(&f.data).wrapping_add(1));
 
     // The peer decapsulates it and delivers it to the right pod.
     let mut t = Trace::enabled();
@@ -126,6 +129,7 @@ fn test_reply_returns_through_the_node_the_connection_came_from() {
             vni: 4096,
             port: 4789,
             hash: 9,
+            id: 0,
         },
     );
     assert_eq!(run(&mut b, outer, UPLINK, 0).0, Verdict::Forwarded);
@@ -457,6 +461,7 @@ fn vxlan_from(src: &str, vni: u32) -> Vec<u8> {
             vni,
             port: 4789,
             hash: 1,
+            id: 0,
         },
     )
 }
@@ -497,6 +502,7 @@ fn test_outer_fragments_are_reassembled_before_decap() {
             vni: 4096,
             port: 4789,
             hash: 1,
+            id: 0,
         },
     );
     let parsed = parse(&outer, 0).unwrap();
@@ -800,6 +806,59 @@ fn test_gso_packet_to_a_remote_pod_leaves_as_udp_gso_super_frames_when_the_uplin
     assert_eq!(deliver(&mut b2, cut), expect);
 }
 
+/// A GSO packet of small segments (a peer that advertised an MSS of 536) would be more
+/// than a hundred datagrams in one super-frame, more than Linux takes: each super-frame
+/// holds at most `overlay::MAX_RUN_DATAGRAMS`, and the peer delivers every segment.
+#[test]
+fn test_small_segments_leave_in_super_frames_the_kernel_takes() {
+    let (mut a, mut b) = nodes_with_uplink_gso();
+    learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
+    let mut pkt = gso_from_pod(60000);
+    pkt.meta.vnet.gso_size = 536;
+    let mut out = Vec::new();
+    assert_eq!(
+        a.process(pkt, &mut out, &mut Trace::disabled()),
+        Verdict::Forwarded
+    );
+    let segments = 60000usize.div_ceil(536);
+    assert_eq!(a.stats().encapsulated, segments as u64);
+    let mut datagrams = 0;
+    let mut ids = Vec::new();
+    for (_, f) in &out {
+        let o = parse(&f.data, 0).unwrap();
+        let mut pieces = Vec::new();
+        gso::segment(f, &o, 1500, &mut pieces).unwrap();
+        assert!(
+            pieces.len() <= overlay::MAX_RUN_DATAGRAMS,
+            "{}",
+            pieces.len()
+        );
+        datagrams += pieces.len();
+        ids.extend(
+            pieces
+                .iter()
+                .map(|d| u16::from_be_bytes([d.data[18], d.data[19]])),
+        );
+    }
+    assert_eq!(datagrams, segments);
+    assert!(out.len() >= segments.div_ceil(overlay::MAX_RUN_DATAGRAMS));
+    // Every outer datagram has an identification of its own.
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), segments);
+    let mut got = Vec::new();
+    for (_, mut f) in out {
+        f.meta.in_port = UPLINK;
+        assert_eq!(
+            b.process(f, &mut got, &mut Trace::disabled()),
+            Verdict::Forwarded
+        );
+    }
+    let delivered = delivered(&got);
+    assert_eq!(delivered.iter().map(|(_, d)| d.len()).sum::<usize>(), 60000);
+    assert_eq!(b.stats().decapsulated, segments as u64);
+}
+
 /// A UDP GSO super-frame from node 1 to node 2 holding two VXLAN datagrams, each a
 /// 100-byte UDP datagram to pod 10.244.2.6, with its virtio-net header.
 fn udp_super_frame() -> (Vec<u8>, VnetHdr) {
@@ -824,6 +883,7 @@ fn udp_super_frame_from(src: &str) -> (Vec<u8>, VnetHdr) {
         vni: 4096,
         port: 4789,
         hash: 9,
+        id: 0,
     };
     let mut frames = Vec::new();
     overlay::encapsulate_run(&[&inner, &inner][..], &o, &mut frames);

@@ -478,6 +478,7 @@ fn reply_frame(tables: &Tables, e: &Entry, dir: usize, left: &Left) -> Option<(P
                 vni: ov.vni,
                 port: ov.port,
                 hash: overlay::flow_hash(&k),
+                id: 0,
             };
             Some((ov.uplink, overlay::encapsulate(&inner, &outer)))
         }
