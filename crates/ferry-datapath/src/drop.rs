@@ -133,6 +133,9 @@ drop_reasons! {
     NoRoute => "no_route",
     /// A pod sent from a MAC or IP address that is not its own.
     SourceSpoofed => "source_spoofed",
+    /// An 802.1Q/802.1ad tagged frame from a pod: a pod has one untagged link, and a tag
+    /// would carry its frame onto another VLAN of the underlay or to a remote pod.
+    PodVlanTagged => "pod_vlan_tagged",
     /// A link-local or multicast source or destination that a router does not forward
     /// (IPv4 169.254/16, 224/4, broadcast; IPv6 fe80::/10, ff00::/8, unspecified source).
     NotForwardable => "not_forwardable",

@@ -203,6 +203,78 @@ fn test_source_check_drops_a_pod_sending_as_someone_else() {
     assert_eq!(a.drops().get(DropReason::SourceSpoofed), 3);
 }
 
+/// A pod's fragments are source-checked one by one, before reassembly: fragments that
+/// claim the pod next door's address are dropped as spoofed, hold nothing, and do not
+/// spoil that pod's own datagram of the same identification.
+#[test]
+fn test_a_pods_fragments_are_source_checked_before_reassembly() {
+    let (mut a, _) = nodes();
+    let datagram = |src: &str, mac_of: u8| {
+        build::udp(
+            ip(src),
+            ip("10.244.1.5"),
+            4000,
+            5000,
+            &build::pattern(3000, mac_of),
+            &IpOpts {
+                id: 0x77,
+                ..from_pod(1, mac_of)
+            },
+        )
+    };
+    // Pod 5 sends the fragments of a datagram from pod 6's address (with its own MAC,
+    // and with pod 6's).
+    let spoofed = frags(datagram("10.244.1.6", 5), 0x77, 1000);
+    let n = spoofed.len();
+    for f in spoofed {
+        assert_eq!(
+            run(&mut a, f, POD, 0).0,
+            Verdict::Dropped(DropReason::SourceSpoofed)
+        );
+    }
+    let with_its_mac = frags(datagram("10.244.1.6", 6), 0x77, 1000);
+    assert_eq!(
+        run(&mut a, with_its_mac[0].clone(), POD, 0).0,
+        Verdict::Dropped(DropReason::SourceSpoofed)
+    );
+    assert_eq!(a.drops().get(DropReason::SourceSpoofed), n as u64 + 1);
+    assert_eq!(a.drops().get(DropReason::FragOverlap), 0);
+    // Pod 6's own datagram with the same identification goes through whole.
+    let mut last = Verdict::Held;
+    let mut out = Vec::new();
+    for f in with_its_mac {
+        (last, out) = run(&mut a, f, POD2, 0);
+    }
+    assert_eq!(last, Verdict::Forwarded, "{:?}", a.drops());
+    assert_eq!(a.stats().reassembled, 1);
+    assert!(!out.is_empty());
+}
+
+/// A pod's link is untagged: a VLAN-tagged frame from it, IP or ARP, is dropped, not
+/// forwarded with its tag (onto another VLAN of the underlay) nor answered.
+#[test]
+fn test_vlan_tagged_frames_from_a_pod_are_dropped() {
+    let (mut a, _) = nodes();
+    let tag = |mut f: Vec<u8>| {
+        f.splice(12..12, [0x81, 0x00, 0x00, 0x64]);
+        f
+    };
+    let udp = tag(udp_from_pod("10.244.1.6", 1, b"x"));
+    assert_eq!(parse(&udp, 0).unwrap().vlan, Some(100));
+    assert_eq!(
+        run(&mut a, udp, POD, 0).0,
+        Verdict::Dropped(DropReason::PodVlanTagged)
+    );
+    let arp = tag(arp_request(pod_mac(1, 5), "10.244.1.5", "169.254.1.1"));
+    let (v, out) = run(&mut a, arp, POD, 0);
+    assert_eq!(v, Verdict::Dropped(DropReason::PodVlanTagged));
+    assert!(out.is_empty());
+    assert_eq!(a.drops().get(DropReason::PodVlanTagged), 2);
+    // Untagged, the same frame goes through.
+    let (v, _) = run(&mut a, udp_from_pod("10.244.1.6", 1, b"x"), POD, 0);
+    assert_eq!(v, Verdict::Forwarded);
+}
+
 fn arp_request(sender_mac: [u8; 6], sender: &str, target: &str) -> Vec<u8> {
     let (IpAddr::V4(s), IpAddr::V4(t)) = (ip(sender), ip(target)) else {
         panic!()

@@ -18,6 +18,16 @@ pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// The fragments of `frame`, at most `max` bytes of IP each, identification `id`.
+pub(super) fn frags(frame: Vec<u8>, id: u32, max: usize) -> Vec<Vec<u8>> {
+    let parsed = parse(&frame, 0).unwrap();
+    let mut pkt = Packet::new(frame, 0, 0);
+    pkt.meta.frag_id = id;
+    let mut out = Vec::new();
+    ipf::refragment(&pkt, &parsed, max, &mut out).unwrap();
+    out.into_iter().map(|p| p.data).collect()
+}
+
 /// Node `n` (1 or 2): uplink 192.168.50.n0/24 and fd00:50::n0/64, pods 10.244.n.5
 /// and 10.244.n.6 (and fd00:10:244:n::5), default routes via the .1 gateways.
 pub(super) fn node_spec(n: u8, mode: ModeSpec, peers: Vec<PeerSpec>) -> TablesSpec {

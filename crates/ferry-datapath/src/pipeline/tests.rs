@@ -2,6 +2,7 @@
 
 use std::net::IpAddr;
 
+use super::test_support::frags;
 use super::*;
 use crate::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
 use crate::wire::build::{self, IpOpts, tcp_flags};
@@ -72,15 +73,6 @@ fn run(p: &mut Pipeline, frame: Vec<u8>, port: PortId, t: u64) -> (Verdict, Vec<
         &mut Trace::disabled(),
     );
     (v, out)
-}
-
-fn frags(frame: Vec<u8>, id: u32, max: usize) -> Vec<Vec<u8>> {
-    let parsed = parse(&frame, 0).unwrap();
-    let mut pkt = Packet::new(frame, 0, 0);
-    pkt.meta.frag_id = id;
-    let mut out = Vec::new();
-    ipf::refragment(&pkt, &parsed, max, &mut out).unwrap();
-    out.into_iter().map(|p| p.data).collect()
 }
 
 #[test]
