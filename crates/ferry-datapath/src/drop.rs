@@ -140,9 +140,7 @@ drop_reasons! {
     /// (IPv4 169.254/16, 224/4, broadcast; IPv6 fe80::/10, ff00::/8, unspecified source).
     NotForwardable => "not_forwardable",
     /// The next hop's MAC did not become known in time: the packet waited for it (an ARP
-    /// request / neighbour solicitation went out) until the resolution timeout. Also an
-    /// ICMP error that would go back through the overlay to a node not resolved yet (not
-    /// queued).
+    /// request / neighbour solicitation went out) until the resolution timeout.
     NeighUnresolved => "neigh_unresolved",
     /// A packet waiting for its next hop's MAC was pushed out by newer ones: its
     /// neighbour already had as many waiting as allowed, or the queue was full.

@@ -1278,7 +1278,9 @@ impl Pipeline {
                 let fragmented = parse(&seg.data, pkt.meta.zone)
                     .and_then(|sp| ipf::refragment(&seg, &sp, mtu, &mut frags));
                 if let Err(r) = fragmented {
-                    self.drops.count(r);
+                    // One datagram of the packet lost, counted as any drop (against the
+                    // ingress port too); the others go on, and the verdict is theirs.
+                    let _ = self.drop(r, trace);
                     continue;
                 }
                 self.stats.fragments_out += frags.len() as u64;
@@ -1978,13 +1980,15 @@ impl Pipeline {
                 return;
             }
         }
-        self.stats.icmp_sent += 1;
-        trace.note("icmp", || {
-            format!(
-                "{kind:?} sent from {src} to {} via {}",
-                parsed.key.src, in_port.name
-            )
-        });
+        let sent = |stats: &mut Stats, trace: &mut Trace| {
+            stats.icmp_sent += 1;
+            trace.note("icmp", || {
+                format!(
+                    "{kind:?} sent from {src} to {} via {}",
+                    parsed.key.src, in_port.name
+                )
+            });
+        };
         // About a packet that came through the overlay: back through the same node.
         if let Some(peer) = tunnel_peer
             && let Some(i) = tables.overlay.as_ref().and_then(|o| o.peer_index(peer))
@@ -1994,15 +1998,23 @@ impl Pipeline {
             };
             match self.resolve(&tables, in_id, NextHop::Tunnel(i), &pe, now, out, trace) {
                 Ok(e) => {
+                    sent(&mut self.stats, trace);
                     err.data[0..6].copy_from_slice(&e.dst_mac);
                     err.data[6..12].copy_from_slice(&e.src_mac);
                     self.emit(&e, err, out);
                 }
                 // Errors are not queued: the sender retries, and the error comes again.
-                Err(e) => self.drops.count(e.reason()),
+                // Not a drop: the packet the error is about is counted as dropped already.
+                Err(e) => {
+                    self.stats.icmp_suppressed += 1;
+                    trace.note("icmp", || {
+                        format!("no {kind:?} sent: {} towards node {peer}", e.reason())
+                    });
+                }
             }
             return;
         }
+        sent(&mut self.stats, trace);
         self.send(in_id, err, out);
     }
 

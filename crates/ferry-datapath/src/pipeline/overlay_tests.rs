@@ -538,6 +538,58 @@ fn vxlan_from(src: &str, vni: u32) -> Vec<u8> {
     )
 }
 
+/// An ICMP error about a packet that came through the overlay goes back through the
+/// node it came from; while that node's MAC is not known the error is not sent (not
+/// queued either), which counts as a suppressed error, not as a second drop.
+#[test]
+fn test_icmp_error_towards_an_unresolved_node_is_suppressed_not_dropped() {
+    let (mut a, _) = nodes();
+    let inner = build::udp(
+        ip("10.244.2.5"),
+        ip("10.244.1.5"),
+        1,
+        2,
+        b"x",
+        &IpOpts {
+            ttl: 1,
+            ..IpOpts::default()
+        },
+    );
+    let o = overlay::Outer {
+        src_mac: uplink_mac(2),
+        dst_mac: uplink_mac(1),
+        src: ip("192.168.50.20"),
+        dst: ip("192.168.50.10"),
+        vni: 4096,
+        port: 4789,
+        hash: 1,
+        id: 0,
+    };
+    let mut t = Trace::enabled();
+    let mut out = Vec::new();
+    let v = a.process(
+        Packet::new(overlay::encapsulate(&inner, &o), UPLINK, SEC),
+        &mut out,
+        &mut t,
+    );
+    assert_eq!(
+        v,
+        Verdict::Dropped(DropReason::TtlExceeded),
+        "{:?}",
+        t.events
+    );
+    assert_eq!(a.drops().total(), 1, "{:?}", a.drops());
+    assert_eq!(a.stats().icmp_suppressed, 1);
+    assert_eq!(a.stats().icmp_sent, 0);
+    assert!(
+        t.events
+            .iter()
+            .any(|e| e.stage == "icmp" && e.detail.contains("neigh_unresolved")),
+        "{:?}",
+        t.events
+    );
+}
+
 #[test]
 fn test_vxlan_from_an_unknown_node_or_with_another_vni_is_dropped() {
     let (mut a, _) = nodes();
