@@ -721,16 +721,9 @@ impl Agent {
 
     /// The MTU pod ports get: the overlay's, from the uplink's.
     fn pod_mtu(&self) -> u16 {
-        let Some(t) = self.last.as_ref().map(|l| &l.tables) else {
-            return ferry_datapath::tables::DEFAULT_MTU;
-        };
-        match &t.overlay {
-            Some(ov) => ferry_datapath::overlay::pod_mtu(
-                t.ports[usize::from(ov.uplink)].mtu,
-                ov.peers.iter().any(|p| p.address.is_ipv6()),
-            ),
-            None => ferry_datapath::tables::DEFAULT_MTU,
-        }
+        self.last
+            .as_ref()
+            .map_or(ferry_datapath::tables::DEFAULT_MTU, |l| l.tables.pod_mtu)
     }
 
     fn cni_add(

@@ -674,6 +674,10 @@ pub struct Tables {
     pub overlay: Option<Overlay>,
     /// Services.
     pub services: crate::lb::Services,
+    /// The MTU of a pod port that the tables give none: with the overlay, the uplink's
+    /// less the encapsulation's overhead ([`crate::overlay::pod_mtu`]; none in mode
+    /// `never`), else [`DEFAULT_MTU`]. What a pod's interface is given when it is made.
+    pub pod_mtu: u16,
 }
 
 /// The smallest `ipf.min_fragment_*` accepted: IPv4's minimum MTU (RFC 791).
@@ -707,6 +711,7 @@ impl Tables {
             nat: self.nat.clone(),
             node: self.node.clone(),
             overlay: self.overlay.clone(),
+            pod_mtu: self.pod_mtu,
         })
     }
 }
@@ -751,7 +756,24 @@ impl TablesSpec {
                 _ => self.node.addresses.clone(),
             },
         };
-        let underlay_v6 = self.nodes.iter().any(|n| n.address.is_ipv6());
+        // The overlay's underlay is IPv6 when a peer is reached over IPv6, or when this
+        // node has IPv6 addresses only (an IPv6 underlay whose peers are still to come):
+        // pods keep the MTU they were given when peers join.
+        let underlay_v6 = self.nodes.iter().any(|n| n.address.is_ipv6())
+            || (node.addresses.iter().any(IpAddr::is_ipv6)
+                && !node.addresses.iter().any(IpAddr::is_ipv4));
+        let pod_mtu = match (&self.overlay, uplink) {
+            (Some(o), Some(u)) => {
+                let up = self.ports[u].mtu.unwrap_or(DEFAULT_MTU);
+                if o.mode == ModeSpec::Never {
+                    // Nothing is encapsulated.
+                    up
+                } else {
+                    crate::overlay::pod_mtu(up, underlay_v6)
+                }
+            }
+            _ => DEFAULT_MTU,
+        };
         let mut ports = Vec::with_capacity(self.ports.len());
         for (i, p) in self.ports.iter().enumerate() {
             let what = || format!("ports[{i}] ({:?})", p.name);
@@ -769,12 +791,10 @@ impl TablesSpec {
             if self.ports[..i].iter().any(|q| q.name == p.name) {
                 return Err(format!("{}: duplicate port name", what()));
             }
-            let mtu = match (p.mtu, uplink) {
-                (Some(m), _) => m,
-                (None, Some(u)) if p.kind == PortKind::Pod => {
-                    crate::overlay::pod_mtu(self.ports[u].mtu.unwrap_or(DEFAULT_MTU), underlay_v6)
-                }
-                (None, _) => DEFAULT_MTU,
+            let mtu = match p.mtu {
+                Some(m) => m,
+                None if p.kind == PortKind::Pod => pod_mtu,
+                None => DEFAULT_MTU,
             };
             if mtu < MIN_MTU {
                 return Err(format!(
@@ -961,6 +981,7 @@ impl TablesSpec {
             node,
             overlay,
             services,
+            pod_mtu,
         })
     }
 

@@ -53,8 +53,8 @@ pub fn overhead(underlay_v6: bool) -> u16 {
     (outer + ETH_LEN) as u16
 }
 
-/// The MTU of a pod port when the overlay is configured and the tables do not say: the
-/// uplink MTU minus [`overhead`] (of IPv6 when any peer is reached over IPv6), so that
+/// The MTU of a pod port when the overlay encapsulates and the tables do not say: the
+/// uplink MTU minus [`overhead`] (of IPv6 when the underlay is IPv6), so that
 /// a full-size pod packet still fits the uplink once encapsulated. 1450 for a 1500-byte
 /// IPv4 underlay, as Linux's vxlan devices and Calico use.
 pub fn pod_mtu(uplink_mtu: u16, underlay_v6: bool) -> u16 {

@@ -804,6 +804,20 @@ fn test_pod_mtu_is_derived_from_the_uplink_unless_given() {
     assert_eq!(s.compile().unwrap().ports[usize::from(POD)].mtu, 1430);
     s.ports[1].mtu = Some(1400);
     assert_eq!(s.compile().unwrap().ports[usize::from(POD)].mtu, 1400);
+    // A node on an IPv6 underlay before its first peer: the IPv6 overhead already, so
+    // that pods keep their MTU when peers join.
+    let mut s = node_spec(1, ModeSpec::Always, vec![]);
+    s.ports[0].addresses.retain(|a| a.addr.is_ipv6());
+    let t = s.compile().unwrap();
+    assert_eq!((t.ports[usize::from(POD)].mtu, t.pod_mtu), (1430, 1430));
+    // A dual-stack node without peers, an IPv4 one: the IPv4 overhead.
+    let t = node_spec(1, ModeSpec::Always, vec![]).compile().unwrap();
+    assert_eq!(t.pod_mtu, 1450);
+    // Mode never encapsulates nothing: the uplink's MTU.
+    let t = node_spec(1, ModeSpec::Never, vec![peer(2, "192.168.50.20")])
+        .compile()
+        .unwrap();
+    assert_eq!((t.ports[usize::from(POD)].mtu, t.pod_mtu), (1500, 1500));
 }
 
 #[test]
