@@ -136,8 +136,9 @@ drop_reasons! {
     /// An 802.1Q/802.1ad tagged frame from a pod: a pod has one untagged link, and a tag
     /// would carry its frame onto another VLAN of the underlay or to a remote pod.
     PodVlanTagged => "pod_vlan_tagged",
-    /// A link-local or multicast source or destination that a router does not forward
-    /// (IPv4 169.254/16, 224/4, broadcast; IPv6 fe80::/10, ff00::/8, unspecified source).
+    /// A source or destination that a router does not forward: link-local, multicast,
+    /// loopback (IPv4 169.254/16, 224/4, 127/8, 0/8 and 240/4 with the broadcast address;
+    /// IPv6 fe80::/10, ff00::/8, ::1, the unspecified address).
     NotForwardable => "not_forwardable",
     /// The next hop's MAC did not become known in time: the packet waited for it (an ARP
     /// request / neighbour solicitation went out) until the resolution timeout.

@@ -2168,21 +2168,34 @@ fn source_is_pods(port: &Port, pkt: &Packet, parsed: &Parsed) -> bool {
 }
 
 /// False for what a router never forwards: link-local and multicast destinations,
-/// link-local and unspecified sources, IPv4 broadcast.
+/// link-local and unspecified sources, IPv4 broadcast; and the martians Linux drops
+/// (RFC 1812 section 5.3.7, RFC 4291): loopback addresses either way, multicast and
+/// broadcast sources, 0/8 destinations, IPv4 class E (240/4) either way, the IPv6
+/// unspecified destination.
 fn forwardable(parsed: &Parsed) -> bool {
     match (parsed.key.src.ip(), parsed.key.dst.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let class_e = |a: std::net::Ipv4Addr| a.octets()[0] >= 240;
             !(s.is_link_local()
                 || s.is_unspecified()
+                || s.is_loopback()
+                || s.is_multicast()
+                || class_e(s)
                 || d.is_link_local()
                 || d.is_multicast()
-                || d.is_broadcast())
+                || d.is_loopback()
+                || d.octets()[0] == 0
+                || class_e(d))
         }
         (IpAddr::V6(s), IpAddr::V6(d)) => {
             !(nd::is_link_local(&s)
                 || s.is_unspecified()
+                || s.is_loopback()
+                || s.is_multicast()
                 || nd::is_link_local(&d)
-                || d.is_multicast())
+                || d.is_multicast()
+                || d.is_loopback()
+                || d.is_unspecified())
         }
         _ => false,
     }

@@ -275,6 +275,80 @@ fn test_vlan_tagged_frames_from_a_pod_are_dropped() {
     assert_eq!(v, Verdict::Forwarded);
 }
 
+/// What a router never forwards is dropped as not forwardable, from a pod and from the
+/// uplink alike: link-local, multicast, loopback, 0/8 and class E destinations, and
+/// loopback, multicast and class E sources; the next address over goes through.
+#[test]
+fn test_martian_and_link_local_addresses_are_not_forwarded() {
+    let (mut a, _) = nodes();
+    learn(&mut a, 1, "192.168.50.1", GW_MAC);
+    let from_pod_to = |dst: &str| {
+        let src = if dst.contains(':') {
+            "fd00:10:244:1::5"
+        } else {
+            "10.244.1.5"
+        };
+        build::udp(ip(src), ip(dst), 1, 2, b"x", &from_pod(1, 5))
+    };
+    for dst in [
+        "169.254.1.1",
+        "224.0.0.5",
+        "255.255.255.255",
+        "127.0.0.1",
+        "0.1.2.3",
+        "240.0.0.1",
+        "fe80::1",
+        "ff02::1",
+        "::1",
+        "::",
+    ] {
+        assert_eq!(
+            run(&mut a, from_pod_to(dst), POD, 0).0,
+            Verdict::Dropped(DropReason::NotForwardable),
+            "to {dst}"
+        );
+    }
+    let from_uplink = |src: &str, dst: &str| {
+        build::udp(
+            ip(src),
+            ip(dst),
+            1,
+            2,
+            b"x",
+            &IpOpts {
+                src_mac: GW_MAC,
+                dst_mac: uplink_mac(1),
+                ..IpOpts::default()
+            },
+        )
+    };
+    for src in ["127.0.0.1", "224.0.0.5", "240.0.0.1", "169.254.3.4"] {
+        assert_eq!(
+            run(&mut a, from_uplink(src, "10.244.1.5"), UPLINK, 0).0,
+            Verdict::Dropped(DropReason::NotForwardable),
+            "from {src}"
+        );
+    }
+    for src in ["::1", "ff02::1"] {
+        assert_eq!(
+            run(&mut a, from_uplink(src, "fd00:10:244:1::5"), UPLINK, 0).0,
+            Verdict::Dropped(DropReason::NotForwardable),
+            "from {src}"
+        );
+    }
+    assert_eq!(a.drops().get(DropReason::NotForwardable), 16);
+    // Forwarded (or, over IPv6, queued for the gateway's MAC).
+    for dst in ["1.0.0.1", "223.255.255.255", "2001:db8::1"] {
+        let (v, _) = run(&mut a, from_pod_to(dst), POD, 0);
+        assert!(
+            matches!(v, Verdict::Forwarded | Verdict::Queued),
+            "to {dst}: {v:?}"
+        );
+    }
+    let (v, _) = run(&mut a, from_uplink("192.168.60.7", "10.244.1.5"), UPLINK, 0);
+    assert_eq!(v, Verdict::Forwarded);
+}
+
 fn arp_request(sender_mac: [u8; 6], sender: &str, target: &str) -> Vec<u8> {
     let (IpAddr::V4(s), IpAddr::V4(t)) = (ip(sender), ip(target)) else {
         panic!()
