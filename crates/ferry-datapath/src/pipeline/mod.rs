@@ -617,16 +617,8 @@ impl Pipeline {
             Ok(p) => p,
             Err(r) => return self.drop(r, trace),
         };
-        if in_port.kind == PortKind::Pod {
-            if parsed.vlan.is_some() {
-                return self.drop(DropReason::PodVlanTagged, trace);
-            }
-            // A fragment is checked on its own, before it meets others in reassembly
-            // (whose key has no port): a pod must not plant fragments of another's
-            // datagrams. The reassembled datagram is checked again below, as any packet.
-            if parsed.frag.is_some() && !source_is_pods(in_port, &pkt, &parsed) {
-                return self.drop(DropReason::SourceSpoofed, trace);
-            }
+        if in_port.kind == PortKind::Pod && parsed.vlan.is_some() {
+            return self.drop(DropReason::PodVlanTagged, trace);
         }
         if parsed.l3 == L3::Arp {
             return self.arp(&pkt, &parsed, out, trace);
@@ -640,6 +632,15 @@ impl Pipeline {
             };
             format!("{}, {} bytes{frag}", parsed.key, parsed.ip_len())
         });
+        // A pod's fragment is checked on its own, before it meets others in reassembly
+        // (whose key has no port): a pod must not plant fragments of another's
+        // datagrams. The reassembled datagram is checked again, as any packet.
+        if in_port.kind == PortKind::Pod
+            && parsed.frag.is_some()
+            && !source_is_pods(in_port, &pkt, &parsed)
+        {
+            return self.drop(DropReason::SourceSpoofed, trace);
+        }
 
         // A kernel VXLAN peer behind a veth hands over frames whose inner checksum is
         // still partial: that state is checked on the inner packet after decapsulation,
