@@ -144,8 +144,8 @@ pub struct Config {
     /// Timeouts per protocol state.
     pub timeouts: Timeouts,
     /// Pick up TCP connections mid-stream (a first packet that is not a SYN creates an
-    /// ESTABLISHED entry), so connections survive a dataplane restart. Default on, like
-    /// Linux's `tcp_loose`.
+    /// ESTABLISHED entry whose windows are not enforced, for its lifetime), so connections
+    /// survive a dataplane restart. Default on, like Linux's `tcp_loose`.
     pub tcp_pickup: bool,
 }
 

@@ -12,8 +12,12 @@
 //! 3. it does not acknowledge data the receiver never sent: `ack <= receiver.end`;
 //! 4. it does not acknowledge too far back: `ack > receiver.end - max(sender.maxwin, 66000)`.
 //!
-//! An out-of-window segment is INVALID and leaves the connection unchanged. SACK blocks
-//! are not read: acknowledgement numbers alone bound the windows, which is stricter.
+//! An out-of-window segment is INVALID and leaves the connection unchanged, except on a
+//! connection picked up mid-stream: its history is unknown (a duplicate ACK may
+//! acknowledge data sent before the restart), so, as Linux's `IP_CT_TCP_FLAG_BE_LIBERAL`
+//! on such a connection, it is let through for the connection's lifetime (windows are
+//! still tracked from the segments in window). SACK blocks are not read: acknowledgement
+//! numbers alone bound the windows, which is stricter.
 
 use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
@@ -75,7 +79,7 @@ impl TcpState {
 /// Per-direction flag: this side sent the window scale option in its SYN.
 const F_WSCALE: u8 = 1;
 /// Per-direction flag: accept this side's segments without window checks (picked up
-/// mid-stream, until both directions were seen).
+/// mid-stream; never cleared, as in Linux).
 const F_LIBERAL: u8 = 2;
 
 /// A per-direction flag set for both directions.
@@ -406,8 +410,6 @@ impl TcpConn {
                     // Likely the answer to a keepalive probe.
                     self.end[r] = self.end[r].wrapping_add(1);
                 }
-                // Both directions are seen now: windows are tracked from here on.
-                self.flags &= !both(F_LIBERAL);
             }
         } else if syn
             && after(end, self.end[s])
@@ -476,7 +478,8 @@ impl TcpConn {
         self.flags |= f << (2 * dir);
     }
 
-    /// True while windows are not checked (picked up mid-stream, other side not seen).
+    /// True when out-of-window segments are let through: the connection was picked up
+    /// mid-stream.
     pub fn liberal(&self) -> bool {
         self.flag(0, F_LIBERAL)
     }
@@ -521,6 +524,7 @@ mod tests {
         assert_eq!(c.state, TcpState::SynRecv);
         assert_eq!(c.packet(0, &seg(1001, 5001, ACK, 0)), Verdict::Accept);
         assert_eq!(c.state, TcpState::Established);
+        assert!(!c.liberal(), "seen from its SYN: windows checked");
         assert_eq!(
             c.packet(0, &seg(1001, 5001, ACK | PSH, 100)),
             Verdict::Accept
