@@ -25,7 +25,7 @@ impl Status {
     /// A packet was seen in the reply direction.
     pub const SEEN_REPLY: u8 = 1;
     /// The connection is established enough to be worth keeping (TCP handshake done,
-    /// UDP seen both ways more than once); it is never evicted to make room.
+    /// UDP seen both ways and still active after 2 s); it is never evicted to make room.
     pub const ASSURED: u8 = 2;
     /// The destination of the original direction is translated.
     pub const DNAT: u8 = 4;

@@ -63,6 +63,11 @@ pub type EntryId = u32;
 
 const SEC: u64 = 1_000_000_000;
 
+/// A UDP connection seen both ways is a stream (assured, [`Timeouts::udp_assured_ns`])
+/// once a packet comes more than this long after its first: 2 s, as Linux's
+/// `stream_ts`. Before that it is taken for a request and its answers (a DNS lookup).
+pub const UDP_STREAM_NS: u64 = 2 * SEC;
+
 /// How long an entry lives after the last packet that refreshed it, per protocol state.
 /// Defaults follow Linux's `nf_conntrack_*_timeout*` sysctls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,9 +93,10 @@ pub struct Timeouts {
     pub tcp_unassured_ns: u64,
     /// UDP, no reply seen: 30 s (`udp_timeout`).
     pub udp_unreplied_ns: u64,
-    /// UDP, one reply seen (a DNS exchange): 30 s (`udp_timeout`).
+    /// UDP, reply seen, not (yet) a stream (a DNS exchange): 30 s (`udp_timeout`).
     pub udp_replied_ns: u64,
-    /// UDP seen both ways more than once (a stream): 120 s (`udp_timeout_stream`).
+    /// UDP seen both ways and active more than [`UDP_STREAM_NS`] after its first packet
+    /// (a stream), then assured: 120 s (`udp_timeout_stream`).
     pub udp_assured_ns: u64,
     /// ICMP/ICMPv6 echo: 30 s (`icmp_timeout`, `icmpv6_timeout`).
     pub icmp_ns: u64,
@@ -507,6 +513,13 @@ impl Conntrack {
         }
         let assured = match &e.proto_state {
             ProtoState::Tcp(c) => c.state == TcpState::Established && (replied_before || reply),
+            // Replied and still active after 2 s: a stream. The first time is read only
+            // until the entry is assured.
+            ProtoState::Udp => {
+                replied_before
+                    && !status_before.has(Status::ASSURED)
+                    && now_ns.saturating_sub(e.first_seen_ns) > UDP_STREAM_NS
+            }
             _ => replied_before,
         };
         if assured {

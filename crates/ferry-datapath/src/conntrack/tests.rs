@@ -179,10 +179,112 @@ fn udp_unreplied_replied_assured_have_their_own_timeouts() {
     let e = ct.get(id).unwrap();
     assert!(e.status.has(Status::SEEN_REPLY) && !e.status.has(Status::ASSURED));
     assert_eq!(e.timeout_ns(&t), 20 * S);
-    run(&mut ct, &mut udp("10.0.0.1", 1, "10.0.0.2", 2), None, 2 * S);
+    run(&mut ct, &mut udp("10.0.0.1", 1, "10.0.0.2", 2), None, 3 * S);
     let e = ct.get(id).unwrap();
     assert!(e.status.has(Status::ASSURED));
     assert_eq!(e.timeout_ns(&t), 300 * S);
+}
+
+/// glibc's A and AAAA queries from one socket: query, query, reply, reply, all within
+/// milliseconds. A lookup, not a stream: it keeps the short timeout and stays
+/// unassured (Linux assures only traffic still seen both ways after 2 s).
+#[test]
+fn udp_dns_exchange_within_two_seconds_is_not_assured() {
+    let t = Timeouts {
+        udp_replied_ns: 20 * S,
+        udp_assured_ns: 300 * S,
+        ..Timeouts::default()
+    };
+    let mut ct = Conntrack::new(Config {
+        timeouts: t,
+        ..Config::default()
+    });
+    let ms = S / 1000;
+    let id = run(
+        &mut ct,
+        &mut udp("10.0.0.1", 41000, "10.0.0.9", 53),
+        None,
+        0,
+    )
+    .entry
+    .unwrap();
+    run(
+        &mut ct,
+        &mut udp("10.0.0.1", 41000, "10.0.0.9", 53),
+        None,
+        ms,
+    );
+    run(
+        &mut ct,
+        &mut udp("10.0.0.9", 53, "10.0.0.1", 41000),
+        None,
+        5 * ms,
+    );
+    let r = run(
+        &mut ct,
+        &mut udp("10.0.0.9", 53, "10.0.0.1", 41000),
+        None,
+        6 * ms,
+    );
+    assert_eq!((r.state, r.entry), (CtState::Established, Some(id)));
+    let e = ct.get(id).unwrap();
+    assert!(e.status.has(Status::SEEN_REPLY));
+    assert!(!e.status.has(Status::ASSURED));
+    assert_eq!(e.timeout_ns(&t), 20 * S);
+    // Exactly 2 s after the first packet is not yet "more than 2 s".
+    run(
+        &mut ct,
+        &mut udp("10.0.0.1", 41000, "10.0.0.9", 53),
+        None,
+        2 * S,
+    );
+    assert!(!ct.get(id).unwrap().status.has(Status::ASSURED));
+}
+
+/// A UDP stream (seen both ways, still active after 2 s) is assured and gets the
+/// stream timeout, whichever direction the packet that crosses 2 s goes.
+#[test]
+fn udp_stream_active_after_two_seconds_is_assured() {
+    let t = Timeouts {
+        udp_replied_ns: 20 * S,
+        udp_assured_ns: 300 * S,
+        ..Timeouts::default()
+    };
+    let mut ct = Conntrack::new(Config {
+        timeouts: t,
+        ..Config::default()
+    });
+    let id = run(
+        &mut ct,
+        &mut udp("10.0.0.1", 5000, "10.0.0.2", 6000),
+        None,
+        0,
+    )
+    .entry
+    .unwrap();
+    for i in 1..=4u64 {
+        let now = i * S / 2;
+        run(
+            &mut ct,
+            &mut udp("10.0.0.2", 6000, "10.0.0.1", 5000),
+            None,
+            now,
+        );
+        let e = ct.get(id).unwrap();
+        assert!(!e.status.has(Status::ASSURED), "at {now}");
+        assert_eq!(e.deadline_ns(&t), now + 20 * S);
+    }
+    let now = 2 * S + 1;
+    run(
+        &mut ct,
+        &mut udp("10.0.0.2", 6000, "10.0.0.1", 5000),
+        None,
+        now,
+    );
+    let e = ct.get(id).unwrap();
+    assert!(e.status.has(Status::ASSURED));
+    assert_eq!(e.deadline_ns(&t), now + 300 * S);
+    ct.check();
 }
 
 #[test]
@@ -1354,7 +1456,7 @@ fn long_batch_gives_the_same_results_as_packet_by_packet() {
     let mut one = ct();
     let mut batched = ct();
     batched.set_prefetch(Some(no_prefetch));
-    for now in [0, S, 100 * S] {
+    for now in [0, 3 * S, 100 * S] {
         let mut seen = Vec::new();
         for (i, ct) in [&mut one, &mut batched].into_iter().enumerate() {
             let mut pkts = pkts();
