@@ -14,10 +14,11 @@
 //! timeouts close to Linux's ([`Timeouts`]).
 //!
 //! NAT is decided once, when a connection is created ([`Nat`]): the reply tuple is the
-//! reverse of the translated original tuple, unique in the table (SNAT picks another port
-//! when needed). Every packet of the connection is then translated, the original
-//! direction to the translated tuple and the reply direction back; ICMP errors about it
-//! are translated outside and in the quoted packet.
+//! reverse of the translated original tuple, unique in the table (another source port is
+//! picked when needed, also for a connection without SNAT, as Linux's null binding).
+//! Every packet of the connection is then translated, the original direction to the
+//! translated tuple and the reply direction back; ICMP errors about it are translated
+//! outside and in the quoted packet.
 //!
 //! Memory: a full table of the default [`Config::max_entries`] takes 196 bytes per
 //! connection (a 176-byte entry with its list links, 20 bytes of index), plus a fixed
@@ -294,7 +295,8 @@ pub struct Stats {
     pub inserted: u64,
     /// Connections refused because the table was full and nothing could be evicted.
     pub insert_failed: u64,
-    /// New connections whose reply tuple was already taken and no NAT could change it.
+    /// New connections whose reply tuple was already taken and that have no source port
+    /// to change (a protocol other than TCP, UDP and ICMP echo).
     pub clash: u64,
     /// Unreplied entries evicted to make room.
     pub evicted: u64,
@@ -302,7 +304,8 @@ pub struct Stats {
     pub expired: u64,
     /// Entries removed by [`Conntrack::delete`] or replaced by a reopened connection.
     pub deleted: u64,
-    /// New connections refused because no NAT port was free.
+    /// New connections refused because no NAT port was free (in the SNAT range, or for a
+    /// connection without SNAT whose reply tuple was taken, in its port's class).
     pub nat_port_exhausted: u64,
 }
 
@@ -794,10 +797,11 @@ impl Conntrack {
     }
 
     /// Live entries whose source NAT holds a port (or ICMP echo identifier) of its
-    /// translated address: how much of the SNAT port space is in use. Kept up to date on
-    /// every insertion and removal, never counted by a scan. When no range is given, SNAT
-    /// chooses from [`SNAT_PORTS`] (or [`SNAT_PRIVILEGED_PORTS`]) per translated
-    /// address, protocol and destination.
+    /// translated address, including connections without SNAT given another source port
+    /// because their reply tuple was taken: how much of the port space is in use. Kept up
+    /// to date on every insertion and removal, never counted by a scan. When no range is
+    /// given, SNAT chooses from [`SNAT_PORTS`] (or [`SNAT_PRIVILEGED_PORTS`]) per
+    /// translated address, protocol and destination.
     pub fn nat_in_use(&self) -> usize {
         self.table.nat_ports()
     }

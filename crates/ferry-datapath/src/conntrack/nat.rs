@@ -6,8 +6,13 @@
 //! port) it is given. SNAT keeps the source port (or ICMP echo identifier) when it is in
 //! the range and the resulting reply tuple is free, so a NAT that changes nothing never
 //! changes ports; otherwise it searches the range from a point that depends on the
-//! connection (keyed hash), for at most [`MAX_ATTEMPTS`] ports. Only SNAT allocates: a
-//! connection without SNAT whose reply tuple is taken is refused as a clash.
+//! connection (keyed hash), for at most [`MAX_ATTEMPTS`] ports.
+//!
+//! A connection without SNAT (DNAT only, or no NAT at all) keeps its tuple when its
+//! reply tuple is free. When it is taken (the same client port to the same endpoint
+//! through a second Service address, or directly as well as through a Service), the
+//! source port is changed as SNAT would change it, the source address kept: Linux's null
+//! binding. Only a protocol without ports to choose is refused as a clash.
 
 use super::Nat;
 use super::entry::Status;
@@ -39,8 +44,9 @@ pub(crate) fn allocates(k: &FlowKey) -> bool {
     }
 }
 
-/// The range searched when SNAT gives none: ICMP identifiers anywhere; ports of the same
-/// class as the original one (privileged ports stay privileged, as Linux does).
+/// The range searched when SNAT gives none, or for a connection without SNAT whose reply
+/// tuple is taken: ICMP identifiers anywhere; ports of the same class as the original one
+/// (privileged ports stay privileged, as Linux does).
 fn default_range(k: &FlowKey) -> (u16, u16) {
     match k.proto {
         proto::ICMP | proto::ICMPV6 => (0, u16::MAX),
@@ -67,7 +73,7 @@ pub(crate) fn decide(
     let mut post = *key;
     let mut status = 0;
     let Some(nat) = nat else {
-        return unique(table, post, status);
+        return unique(table, key, post, status, hash);
     };
     if let Some((addr, port)) = nat.dnat {
         post.dst = addr;
@@ -80,7 +86,7 @@ pub(crate) fn decide(
         }
     }
     let Some((addr, range)) = nat.snat else {
-        return unique(table, post, status);
+        return unique(table, key, post, status, hash);
     };
     post.src = addr;
     same_family(key.src, whole(&post.src))?;
@@ -88,7 +94,10 @@ pub(crate) fn decide(
         status |= Status::SNAT;
     }
     if !allocates(key) {
-        return unique(table, post, status).map_err(|_| Refusal::Exhausted);
+        return match free(table, &post) {
+            Some(h) => Ok((post, status, h)),
+            None => Err(Refusal::Exhausted),
+        };
     }
     let (lo, hi) = range.unwrap_or_else(|| default_range(key));
     let (lo, hi) = (lo.min(hi), lo.max(hi));
@@ -97,6 +106,20 @@ pub(crate) fn decide(
     {
         return Ok((post, status, h));
     }
+    search(table, key, post, status, (lo, hi), hash)
+}
+
+/// A source port (or ICMP echo identifier) for `post` in `lo..=hi` whose reply tuple is
+/// free, tried from a point that depends on the connection's `hash`, at most
+/// [`MAX_ATTEMPTS`] of them; SNAT is added to `status` when it is not `key`'s.
+fn search(
+    table: &Table,
+    key: &FlowKey,
+    mut post: FlowKey,
+    mut status: u8,
+    (lo, hi): (u16, u16),
+    hash: u64,
+) -> Result<(FlowKey, u8, u64), Refusal> {
     let size = u32::from(hi - lo) + 1;
     let start = (hash % u64::from(size)) as u32;
     for i in 0..size.min(MAX_ATTEMPTS) {
@@ -119,12 +142,23 @@ fn free(table: &Table, post: &FlowKey) -> Option<u64> {
     table.lookup_hashed(&reply, h).is_none().then_some(h)
 }
 
-/// `post` if its reply tuple is free.
-fn unique(table: &Table, post: FlowKey, status: u8) -> Result<(FlowKey, u8, u64), Refusal> {
-    match free(table, &post) {
-        Some(h) => Ok((post, status, h)),
-        None => Err(Refusal::Clash),
+/// `post`, of a connection without SNAT, if its reply tuple is free; else `post` with
+/// another source port from the class of `key`'s ([`default_range`]), the address kept
+/// (Linux's null binding). A clash when the protocol has no port to choose.
+fn unique(
+    table: &Table,
+    key: &FlowKey,
+    post: FlowKey,
+    status: u8,
+    hash: u64,
+) -> Result<(FlowKey, u8, u64), Refusal> {
+    if let Some(h) = free(table, &post) {
+        return Ok((post, status, h));
     }
+    if !allocates(key) {
+        return Err(Refusal::Clash);
+    }
+    search(table, key, post, status, default_range(key), hash)
 }
 
 /// An address just copied into a key, read back through a reference the compiler cannot

@@ -223,23 +223,167 @@ fn concurrent_first_udp_packets_to_a_service_get_distinct_reply_tuples() {
     assert_eq!(ct.len(), 2);
 }
 
+/// A pod's connection to a Service address, translated to endpoint 10.244.2.5:8080,
+/// from `sport`: its reply tuple is 10.244.2.5:8080 -> 10.244.1.7:`sport`.
+fn via_service(ct: &mut Conntrack, sport: u16) -> EntryId {
+    let mut p = tcp("10.244.1.7", sport, "10.96.0.10", 80, 1000, 0, SYN, 0);
+    let r = run(ct, &mut p, Some(&dnat("10.244.2.5", Some(8080))), 0);
+    assert_eq!(r.state, CtState::New);
+    assert_eq!(key(&p), (ip("10.244.1.7"), sport, ip("10.244.2.5"), 8080));
+    r.entry.unwrap()
+}
+
+/// The same client port to the same endpoint again, through a second Service address
+/// or directly: the reply tuple is taken, so the new connection gets another source
+/// port (Linux's null binding) instead of being refused, and both connections work.
 #[test]
-fn dnat_only_reply_clash_is_refused_not_reallocated() {
-    // Same client and port to two service addresses with the same backend: only SNAT
-    // allocates ports, so the second is a clash.
+fn reply_clash_without_snat_gets_another_source_port() {
+    for second in [Some(dnat("10.244.2.5", Some(8080))), None] {
+        let mut ct = Conntrack::new(Config::default());
+        let first = via_service(&mut ct, 40000);
+        let dst = if second.is_some() {
+            "10.96.0.11"
+        } else {
+            "10.244.2.5"
+        };
+        let dport = if second.is_some() { 80 } else { 8080 };
+        let mut syn = tcp("10.244.1.7", 40000, dst, dport, 7000, 0, SYN, 0);
+        let r = run(&mut ct, &mut syn, second.as_ref(), 1);
+        assert_eq!(r.state, CtState::New, "{second:?}");
+        let id = r.entry.unwrap();
+        let (src, port, to, to_port) = key(&syn);
+        assert_eq!(
+            (src, to, to_port),
+            (ip("10.244.1.7"), ip("10.244.2.5"), 8080)
+        );
+        assert!(port >= 1024 && port != 40000, "{port}");
+        reparsed(&syn);
+        let e = ct.get(id).unwrap();
+        assert!(e.status.has(Status::SNAT));
+        assert_eq!(e.status.has(Status::DNAT), second.is_some());
+        assert_eq!(ct.nat_in_use(), 1, "the new port is held");
+        assert_eq!(ct.stats().clash, 0);
+
+        // The endpoint answers the new port; the client gets it on its own port, from
+        // where it sent to.
+        let mut synack = tcp(
+            "10.244.2.5",
+            8080,
+            "10.244.1.7",
+            port,
+            9000,
+            7001,
+            SYN | ACK,
+            0,
+        );
+        let r = run(&mut ct, &mut synack, None, 2);
+        assert_eq!(
+            (r.state, r.reply, r.entry),
+            (CtState::Established, true, Some(id))
+        );
+        assert_eq!(key(&synack), (ip(dst), dport, ip("10.244.1.7"), 40000));
+        reparsed(&synack);
+        let mut ack = tcp("10.244.1.7", 40000, dst, dport, 7001, 9001, ACK, 0);
+        let r = run(&mut ct, &mut ack, None, 3);
+        assert_eq!((r.state, r.entry), (CtState::Established, Some(id)));
+        assert_eq!(key(&ack).1, port);
+        reparsed(&ack);
+
+        // The first connection's replies still go to it, untranslated port.
+        let mut old = tcp(
+            "10.244.2.5",
+            8080,
+            "10.244.1.7",
+            40000,
+            5000,
+            1001,
+            SYN | ACK,
+            0,
+        );
+        let r = run(&mut ct, &mut old, None, 4);
+        assert_eq!((r.state, r.entry), (CtState::Established, Some(first)));
+        assert_eq!(key(&old), (ip("10.96.0.10"), 80, ip("10.244.1.7"), 40000));
+        ct.check();
+    }
+}
+
+#[test]
+fn reply_clash_without_snat_keeps_a_privileged_port_privileged() {
     let mut ct = Conntrack::new(Config::default());
-    let nat = dnat("10.244.1.5", Some(8080));
+    via_service(&mut ct, 700);
+    let mut p = tcp("10.244.1.7", 700, "10.244.2.5", 8080, 1, 0, SYN, 0);
+    let r = run(&mut ct, &mut p, None, 1);
+    assert_eq!(r.state, CtState::New);
+    assert!((1..1024).contains(&key(&p).1) && key(&p).1 != 700);
+    reparsed(&p);
+}
+
+#[test]
+fn reply_clash_without_snat_moves_an_echo_identifier() {
+    let mut ct = Conntrack::new(Config::default());
     run(
         &mut ct,
-        &mut udp("10.0.0.1", 4000, "10.96.0.10", 80),
-        Some(&nat),
+        &mut ping("10.244.1.7", "10.96.0.10", 9),
+        Some(&dnat("10.244.2.5", None)),
         0,
     );
-    let mut p = udp("10.0.0.1", 4000, "10.96.0.11", 80);
-    let r = run(&mut ct, &mut p, Some(&nat), 0);
+    let mut p = ping("10.244.1.7", "10.244.2.5", 9);
+    let id = run(&mut ct, &mut p, None, 1).entry.unwrap();
+    let moved = key(&p).1;
+    assert_ne!(moved, 9);
+    reparsed(&p);
+    let mut reply = pong("10.244.2.5", "10.244.1.7", moved);
+    let r = run(&mut ct, &mut reply, None, 2);
+    assert_eq!((r.state, r.entry), (CtState::Established, Some(id)));
+    assert_eq!(key(&reply).1, 9, "identifier translated back");
+    assert_eq!(key(&reply).0, ip("10.244.2.5"));
+    reparsed(&reply);
+}
+
+/// No free port in the class: refused and counted as SNAT exhaustion is.
+#[test]
+fn reply_clash_without_snat_and_no_free_port_is_exhaustion() {
+    let mut ct = Conntrack::new(Config::default());
+    for port in 1..1024 {
+        let mut p = tcp("10.244.1.7", port, "10.244.2.5", 8080, 1, 0, SYN, 0);
+        run(&mut ct, &mut p, None, 0);
+    }
+    assert_eq!((ct.len(), ct.nat_in_use()), (1023, 0));
+    let mut p = tcp("10.244.1.7", 700, "10.96.0.10", 80, 1, 0, SYN, 0);
+    let before = p.pkt.data.clone();
+    let r = ct.process(
+        &mut p.pkt,
+        &mut p.parsed,
+        Some(&dnat("10.244.2.5", Some(8080))),
+        1,
+    );
+    assert_eq!(r, Err(DropReason::NatPortExhausted));
+    assert_eq!(ct.stats().nat_port_exhausted, 1);
+    assert_eq!(p.pkt.data, before, "refused packet not rewritten");
+    assert_eq!(ct.len(), 1023);
+}
+
+/// A protocol without ports has nothing to change: a clash is refused.
+#[test]
+fn reply_clash_without_ports_is_refused() {
+    let gre = |src: &str, dst: &str| {
+        let mut p = udp(src, 1, dst, 2);
+        let ip_hdr = p.parsed.l3_off;
+        let f = &mut p.pkt.data;
+        f[ip_hdr + 9] = 47;
+        f[ip_hdr + 10..ip_hdr + 12].fill(0);
+        let sum = checksum(&f[ip_hdr..ip_hdr + 20]);
+        f[ip_hdr + 10..ip_hdr + 12].copy_from_slice(&sum.to_be_bytes());
+        pkt_in(p.pkt.data, 0)
+    };
+    let mut ct = Conntrack::new(Config::default());
+    let mut p = gre("10.244.1.7", "10.96.0.10");
+    let r = run(&mut ct, &mut p, Some(&dnat("10.244.2.5", None)), 0);
+    assert_eq!(r.state, CtState::New);
+    let mut p = gre("10.244.1.7", "10.244.2.5");
+    let r = run(&mut ct, &mut p, None, 1);
     assert_eq!(r.state, CtState::Invalid);
-    assert_eq!(ct.stats().clash, 1);
-    assert_eq!(ct.len(), 1);
+    assert_eq!((ct.stats().clash, ct.len()), (1, 1));
 }
 
 #[test]
@@ -435,7 +579,7 @@ fn nat_in_use_follows_every_insertion_and_removal() {
             i as u64,
         );
     }
-    // DNAT only, and no NAT at all, hold no source port.
+    // DNAT only, and no NAT at all, hold no source port (their reply tuples are free).
     run(
         &mut ct,
         &mut udp("10.0.0.4", 5000, "10.96.0.10", 53),

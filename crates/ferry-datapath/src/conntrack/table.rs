@@ -130,7 +130,8 @@ struct Hint {
 static NEXT_STAMP: AtomicU64 = AtomicU64::new(1);
 
 /// True for an entry whose source NAT took a port (or ICMP echo identifier) of its
-/// translated address: SNAT of a protocol with ports. Status and protocol never change
+/// translated address: SNAT of a protocol with ports (also a connection without SNAT that
+/// was given another source port for a reply clash). Status and protocol never change
 /// while an entry is in the table, so counting at insert and removal stays exact.
 #[inline]
 fn holds_nat_port(e: &Entry) -> bool {
