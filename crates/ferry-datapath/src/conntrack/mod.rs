@@ -485,6 +485,9 @@ impl Conntrack {
             match c.packet(dir, &seg) {
                 Verdict::Accept => {}
                 Verdict::Ignore => refresh = false,
+                // Not before a reply (as Linux): a client or NAT reusing the port would
+                // keep the entry, and its NAT, alive for ever.
+                Verdict::SynAgain => refresh = e.status.has(Status::SEEN_REPLY),
                 Verdict::Invalid => {
                     self.stats.invalid += 1;
                     return Ok(invalid);

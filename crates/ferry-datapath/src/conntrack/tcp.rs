@@ -299,6 +299,9 @@ fn after(a: u32, b: u32) -> bool {
 pub(crate) enum Verdict {
     /// Accepted; the connection was updated (its state may have changed).
     Accept,
+    /// Accepted: the originator's SYN again in SYN_SENT. Linux does not renew the
+    /// timeout for it before a reply was seen.
+    SynAgain,
     /// Let through; nothing was updated.
     Ignore,
     /// Invalid; nothing was updated.
@@ -356,7 +359,8 @@ impl TcpConn {
         if !valid_flags(seg.flags) {
             return Verdict::Invalid;
         }
-        let new_state = match next(dir, class(seg.flags), self.state) {
+        let cl = class(seg.flags);
+        let new_state = match next(dir, cl, self.state) {
             Next::Invalid => return Verdict::Invalid,
             Next::Ignore => return Verdict::Ignore,
             Next::Reopen => return Verdict::Reopen,
@@ -366,9 +370,13 @@ impl TcpConn {
         if !c.in_window(dir, seg) {
             return Verdict::Invalid;
         }
+        let old_state = self.state;
         c.state = new_state;
         *self = c;
-        Verdict::Accept
+        match cl {
+            Class::Syn if old_state == TcpState::SynSent => Verdict::SynAgain,
+            _ => Verdict::Accept,
+        }
     }
 
     /// Checks a segment against the windows and, when in window, updates them.
@@ -539,6 +547,18 @@ mod tests {
         assert_eq!(c.packet(0, &seg(1102, 5002, ACK, 0)), Verdict::Accept);
         assert_eq!(c.state, TcpState::TimeWait);
         assert_eq!(c.packet(0, &seg(9000, 0, SYN, 0)), Verdict::Reopen);
+    }
+
+    #[test]
+    fn syn_again_is_told_apart() {
+        let mut c = TcpConn::new(&seg(1000, 0, SYN, 0), false).unwrap();
+        assert_eq!(c.packet(0, &seg(1000, 0, SYN, 0)), Verdict::SynAgain);
+        assert_eq!(c.state, TcpState::SynSent);
+        // A SYN on an established connection is only let through.
+        let mut c = TcpConn::new(&seg(1000, 0, SYN, 0), false).unwrap();
+        c.packet(1, &seg(5000, 1001, SYN | ACK, 0));
+        c.packet(0, &seg(1001, 5001, ACK, 0));
+        assert_eq!(c.packet(0, &seg(1001, 0, SYN, 0)), Verdict::Ignore);
     }
 
     /// Handshake with the given window scale options; the server then advertises a

@@ -727,6 +727,36 @@ fn tcp_rst_out_of_window_is_invalid_and_in_window_closes() {
     assert!(ct.is_empty());
 }
 
+/// A SYN retransmitted before any reply does not renew the entry (as in Linux: else a
+/// client or NAT reusing the port could keep it, and its NAT, alive forever).
+#[test]
+fn tcp_syn_retransmitted_in_syn_sent_does_not_renew_the_timeout() {
+    let mut ct = ct();
+    let t = ct.config().timeouts;
+    let id = run(&mut ct, &mut tcp(C, 40000, V, 80, 1000, 0, SYN, 0), None, 0)
+        .entry
+        .unwrap();
+    for now in [S, 60 * S, 119 * S] {
+        let r = run(
+            &mut ct,
+            &mut tcp(C, 40000, V, 80, 1000, 0, SYN, 0),
+            None,
+            now,
+        );
+        assert_eq!((r.state, r.entry), (CtState::Established, Some(id)));
+        assert_eq!(tcp_state(&ct, id), TcpState::SynSent);
+        assert_eq!(ct.get(id).unwrap().deadline_ns(&t), 120 * S, "at {now}");
+    }
+    let r = run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 1000, 0, SYN, 0),
+        None,
+        120 * S,
+    );
+    assert_eq!(r.state, CtState::New, "the first SYN's timeout passed");
+    assert_eq!(ct.stats().expired, 1);
+}
+
 #[test]
 fn tcp_syn_on_established_passes_without_state_change() {
     let mut ct = ct();
