@@ -488,6 +488,17 @@ impl Conntrack {
                 // Not before a reply (as Linux): a client or NAT reusing the port would
                 // keep the entry, and its NAT, alive for ever.
                 Verdict::SynAgain => refresh = e.status.has(Status::SEEN_REPLY),
+                Verdict::Reset if !e.status.has(Status::SEEN_REPLY) => {
+                    // Nobody answered but with an RST (or the originator gave up): Linux
+                    // removes the connection at once. The entry stays for the stages
+                    // after conntrack to read for this packet (its tunnel peer routes the
+                    // RST), due now, so that the next packet of the tuple finds nothing
+                    // and the next expiry pass reaps it. (With `now_ns` below the CLOSE
+                    // timeout, in a clock's first seconds, it is due when CLOSE ends.)
+                    refresh = false;
+                    e.last_seen_ns = now_ns.saturating_sub(e.timeout_ns(&self.config.timeouts));
+                }
+                Verdict::Reset => {}
                 Verdict::Invalid => {
                     self.stats.invalid += 1;
                     return Ok(invalid);

@@ -302,6 +302,9 @@ pub(crate) enum Verdict {
     /// Accepted: the originator's SYN again in SYN_SENT. Linux does not renew the
     /// timeout for it before a reply was seen.
     SynAgain,
+    /// Accepted: an RST (the connection is CLOSE). Linux removes the connection at once
+    /// when no reply was seen before it.
+    Reset,
     /// Let through; nothing was updated.
     Ignore,
     /// Invalid; nothing was updated.
@@ -374,6 +377,7 @@ impl TcpConn {
         c.state = new_state;
         *self = c;
         match cl {
+            Class::Rst => Verdict::Reset,
             Class::Syn if old_state == TcpState::SynSent => Verdict::SynAgain,
             _ => Verdict::Accept,
         }
@@ -550,15 +554,18 @@ mod tests {
     }
 
     #[test]
-    fn syn_again_is_told_apart() {
+    fn syn_again_and_rst_are_told_apart() {
         let mut c = TcpConn::new(&seg(1000, 0, SYN, 0), false).unwrap();
         assert_eq!(c.packet(0, &seg(1000, 0, SYN, 0)), Verdict::SynAgain);
         assert_eq!(c.state, TcpState::SynSent);
+        assert_eq!(c.packet(1, &seg(0, 1001, RST | ACK, 0)), Verdict::Reset);
+        assert_eq!(c.state, TcpState::Close);
         // A SYN on an established connection is only let through.
         let mut c = TcpConn::new(&seg(1000, 0, SYN, 0), false).unwrap();
         c.packet(1, &seg(5000, 1001, SYN | ACK, 0));
         c.packet(0, &seg(1001, 5001, ACK, 0));
         assert_eq!(c.packet(0, &seg(1001, 0, SYN, 0)), Verdict::Ignore);
+        assert_eq!(c.packet(0, &seg(1001, 5001, RST, 0)), Verdict::Reset);
     }
 
     /// Handshake with the given window scale options; the server then advertises a

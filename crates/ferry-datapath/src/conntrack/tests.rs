@@ -757,6 +757,68 @@ fn tcp_syn_retransmitted_in_syn_sent_does_not_renew_the_timeout() {
     assert_eq!(ct.stats().expired, 1);
 }
 
+/// An RST as the only answer to a SYN ends the connection at once (Linux kills it), yet
+/// the RST itself is translated and its entry is still there for the stages after
+/// conntrack (its tunnel peer routes the RST back); the next packet of the tuple finds
+/// nothing, and expiry reaps the entry without waiting out CLOSE.
+#[test]
+fn tcp_rst_as_the_only_reply_removes_the_entry_at_once() {
+    let mut ct = ct();
+    let nat = Nat {
+        dnat: Some((Addr::from(ip("10.244.1.5")), Some(8080))),
+        snat: None,
+    };
+    let t0 = 20 * S;
+    let id = run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 1000, 0, SYN, 0),
+        Some(&nat),
+        t0,
+    )
+    .entry
+    .unwrap();
+    ct.get_mut(id)
+        .unwrap()
+        .set_tunnel_peer(Some(ip("192.168.0.7")));
+    let mut rst = tcp("10.244.1.5", 8080, C, 40000, 0, 1001, RST | ACK, 0);
+    let r = run(&mut ct, &mut rst, None, t0 + S);
+    assert_eq!(
+        (r.state, r.reply, r.entry),
+        (CtState::Established, true, Some(id))
+    );
+    assert_eq!(rst.parsed.key.src, Addr::from(ip(V)), "translated back");
+    assert_eq!(
+        ct.get(id).and_then(|e| e.tunnel_peer()),
+        Some(ip("192.168.0.7")),
+        "still readable for this packet"
+    );
+    // Gone for the next packet: the client's next SYN starts afresh.
+    let r = run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 5000, 0, SYN, 0),
+        Some(&nat),
+        t0 + S,
+    );
+    assert_eq!(r.state, CtState::New);
+    assert_eq!(ct.stats().expired, 1);
+    assert_eq!(ct.len(), 1);
+    // Unanswered, then reset by the client itself: due at once as well, and reaped by
+    // the next expiry pass.
+    let again = r.entry.unwrap();
+    let t = ct.config().timeouts;
+    let now = t0 + 2 * S;
+    run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 5001, 0, RST, 0),
+        None,
+        now,
+    );
+    assert_eq!(ct.get(again).unwrap().deadline_ns(&t), now);
+    assert_eq!(ct.expire(now + 2 * S, 100), 1);
+    assert!(ct.is_empty());
+    ct.check();
+}
+
 #[test]
 fn tcp_syn_on_established_passes_without_state_change() {
     let mut ct = ct();
