@@ -274,7 +274,8 @@ pub struct Nat {
     pub dnat: Option<(Addr, Option<u16>)>,
     /// Source address, and the range of ports (TCP/UDP) or ICMP echo identifiers to
     /// choose from, inclusive. Without a range the source port is kept when free, else
-    /// one from 1024-65535 is chosen.
+    /// one of the same class is chosen ([`SNAT_PORTS`], or [`SNAT_PRIVILEGED_PORTS`] for
+    /// a port below 1024; any identifier).
     pub snat: Option<(Addr, Option<(u16, u16)>)>,
 }
 
