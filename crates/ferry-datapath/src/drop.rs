@@ -133,9 +133,10 @@ drop_reasons! {
     NoRoute => "no_route",
     /// A pod sent from a MAC or IP address that is not its own.
     SourceSpoofed => "source_spoofed",
-    /// An 802.1Q/802.1ad tagged frame from a pod: a pod has one untagged link, and a tag
-    /// would carry its frame onto another VLAN of the underlay or to a remote pod.
-    PodVlanTagged => "pod_vlan_tagged",
+    /// An 802.1Q/802.1ad tagged frame on a pod, uplink or host port. Each carries one
+    /// untagged network: a tag from a pod would carry its frame onto another VLAN of the
+    /// underlay, and a tagged frame on the uplink (a trunk) is another VLAN's traffic.
+    VlanTagged => "vlan_tagged",
     /// A source or destination that a router does not forward: link-local, multicast,
     /// loopback (IPv4 169.254/16, 224/4, 127/8, 0/8 and 240/4 with the broadcast address;
     /// IPv6 fe80::/10, ff00::/8, ::1, the unspecified address).

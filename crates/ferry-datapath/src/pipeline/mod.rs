@@ -617,8 +617,10 @@ impl Pipeline {
             Ok(p) => p,
             Err(r) => return self.drop(r, trace),
         };
-        if in_port.kind == PortKind::Pod && parsed.vlan.is_some() {
-            return self.drop(DropReason::PodVlanTagged, trace);
+        // Pod, uplink and host ports carry one untagged network each; a plain port passes
+        // tags through.
+        if in_port.kind != PortKind::Plain && parsed.vlan.is_some() {
+            return self.drop(DropReason::VlanTagged, trace);
         }
         if parsed.l3 == L3::Arp {
             return self.arp(&pkt, &parsed, out, trace);

@@ -251,9 +251,10 @@ fn test_a_pods_fragments_are_source_checked_before_reassembly() {
 }
 
 /// A pod's link is untagged: a VLAN-tagged frame from it, IP or ARP, is dropped, not
-/// forwarded with its tag (onto another VLAN of the underlay) nor answered.
+/// forwarded with its tag (onto another VLAN of the underlay) nor answered; so is one on
+/// the uplink.
 #[test]
-fn test_vlan_tagged_frames_from_a_pod_are_dropped() {
+fn test_vlan_tagged_frames_from_a_pod_or_on_the_uplink_are_dropped() {
     let (mut a, _) = nodes();
     let tag = |mut f: Vec<u8>| {
         f.splice(12..12, [0x81, 0x00, 0x00, 0x64]);
@@ -263,13 +264,30 @@ fn test_vlan_tagged_frames_from_a_pod_are_dropped() {
     assert_eq!(parse(&udp, 0).unwrap().vlan, Some(100));
     assert_eq!(
         run(&mut a, udp, POD, 0).0,
-        Verdict::Dropped(DropReason::PodVlanTagged)
+        Verdict::Dropped(DropReason::VlanTagged)
     );
     let arp = tag(arp_request(pod_mac(1, 5), "10.244.1.5", "169.254.1.1"));
     let (v, out) = run(&mut a, arp, POD, 0);
-    assert_eq!(v, Verdict::Dropped(DropReason::PodVlanTagged));
+    assert_eq!(v, Verdict::Dropped(DropReason::VlanTagged));
     assert!(out.is_empty());
-    assert_eq!(a.drops().get(DropReason::PodVlanTagged), 2);
+    // Nor on the uplink: there a tagged frame is another VLAN's.
+    let from_uplink = tag(build::udp(
+        ip("192.168.60.7"),
+        ip("10.244.1.5"),
+        1,
+        2,
+        b"x",
+        &IpOpts {
+            src_mac: GW_MAC,
+            dst_mac: uplink_mac(1),
+            ..IpOpts::default()
+        },
+    ));
+    assert_eq!(
+        run(&mut a, from_uplink, UPLINK, 0).0,
+        Verdict::Dropped(DropReason::VlanTagged)
+    );
+    assert_eq!(a.drops().get(DropReason::VlanTagged), 3);
     // Untagged, the same frame goes through.
     let (v, _) = run(&mut a, udp_from_pod("10.244.1.6", 1, b"x"), POD, 0);
     assert_eq!(v, Verdict::Forwarded);
