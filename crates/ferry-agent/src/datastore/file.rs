@@ -9,7 +9,8 @@
 //!
 //! A state is all or nothing: one problem anywhere (YAML syntax, a field of the wrong
 //! type, an unknown field, a bad address or port, the same object in two places, two
-//! Services claiming one cluster IP or node port) refuses it whole, with every problem
+//! objects claiming one address or port: a cluster IP, a Service frontend, a node port,
+//! a Node's InternalIP; see [`super::claims`]) refuses it whole, with every problem
 //! named by file, object and field; the watcher keeps the last good state in force.
 
 use std::collections::HashMap;
@@ -24,9 +25,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use super::claims::{self, Claims};
 use super::{Problem, Refused, check};
 use crate::cluster::{Cluster, DEFAULT_NAMESPACE, Kind, Object, ObjectKey};
-use crate::fields::{FieldError, Protocol, ServiceFields, ServiceType};
+use crate::fields::FieldError;
 
 // Shared with the Kubernetes datastore; re-exported where they were first defined.
 pub use super::{Update, Watch};
@@ -263,6 +265,7 @@ impl Loader {
     fn assemble(&mut self) -> Cluster {
         let mut cluster = Cluster::default();
         let mut origins: HashMap<(Kind, ObjectKey), Origin> = HashMap::new();
+        let mut claiming = Vec::new();
         for (obj, origin) in std::mem::take(&mut self.objects) {
             let key = obj.key().expect("named: checked when read");
             let what = format!("{} {key}", obj.kind());
@@ -274,52 +277,45 @@ impl Loader {
                 ));
                 continue;
             }
+            if matches!(obj.kind(), Kind::Service | Kind::Node) {
+                claiming.push((obj.kind(), key.clone()));
+            }
             origins.insert((obj.kind(), key), origin);
             cluster.apply(obj).expect("named: checked when read");
         }
-        self.clashes(&cluster, &origins);
+        self.clashes(&cluster, &origins, claiming);
         cluster
     }
 
-    /// Two Services must not claim the same cluster IP, or the same node port and
-    /// protocol: one of them would silently lose its traffic.
-    fn clashes(&mut self, cluster: &Cluster, origins: &HashMap<(Kind, ObjectKey), Origin>) {
-        let mut ips = HashMap::new();
-        let mut node_ports: HashMap<(Protocol, u16), &ObjectKey> = HashMap::new();
-        for (key, svc) in &cluster.services {
-            let Ok(f) = ServiceFields::parse(svc) else {
-                continue;
+    /// Two objects must not claim one cluster IP, frontend, node port or node address
+    /// ([`claims`]): one of them would silently lose its traffic, or the tables would
+    /// not compile. `claiming` lists the Services and Nodes in the order they were read:
+    /// of two that clash, the one read later is named.
+    fn clashes(
+        &mut self,
+        cluster: &Cluster,
+        origins: &HashMap<(Kind, ObjectKey), Origin>,
+        claiming: Vec<(Kind, ObjectKey)>,
+    ) {
+        let mut held = Claims::default();
+        for (kind, key) in claiming {
+            let mine = match kind {
+                Kind::Service => claims::of_service(&cluster.services[&key]),
+                _ => claims::of_node(&cluster.nodes[&key]),
             };
-            let origin = &origins[&(Kind::Service, key.clone())];
-            let mut clash = |field: String, message: String| {
+            let owner = (kind, key.clone());
+            let clashes = held.clashes(&owner, &mine);
+            if clashes.is_empty() {
+                held.set(owner, mine);
+                continue;
+            }
+            let origin = &origins[&owner];
+            for c in clashes {
                 self.problems.push(origin.problem(
-                    Some(format!("Service {key}")),
-                    Some(field),
-                    message,
+                    Some(format!("{kind} {key}")),
+                    Some(c.field),
+                    c.message,
                 ));
-            };
-            for (i, ip) in f.cluster_ips.iter().enumerate() {
-                if let Some(other) = ips.insert(*ip, key) {
-                    clash(
-                        format!("spec.clusterIPs[{i}]"),
-                        format!("{ip} is also the cluster IP of Service {other}"),
-                    );
-                }
-            }
-            if !matches!(f.type_, ServiceType::NodePort | ServiceType::LoadBalancer) {
-                continue;
-            }
-            for p in &f.ports {
-                let Some(np) = p.node_port else { continue };
-                if let Some(other) = node_ports.insert((p.protocol, np), key) {
-                    clash(
-                        format!("spec.ports[{}].nodePort", p.index),
-                        format!(
-                            "{} {np} is also a node port of Service {other}",
-                            p.protocol.api_name()
-                        ),
-                    );
-                }
             }
         }
     }

@@ -7,6 +7,8 @@
 pub mod file;
 pub mod kube;
 
+mod claims;
+
 use std::any::Any;
 use std::fmt;
 use std::sync::mpsc::Receiver;

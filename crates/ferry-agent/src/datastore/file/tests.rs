@@ -225,6 +225,48 @@ fn two_services_with_one_cluster_ip_or_node_port_are_refused() {
 }
 
 #[test]
+fn an_external_or_load_balancer_ip_on_another_services_frontend_is_refused() {
+    let by_external_ip = WEB
+        .replace("name: web\n", "name: edge\n")
+        .replace("10.96.0.10", "10.96.0.20")
+        .replace("  selector:", "  externalIPs:\n  - 10.96.0.10\n  selector:");
+    let by_lb_ip = WEB
+        .replace("name: web\n", "name: lb\n")
+        .replace("10.96.0.10", "10.96.0.30")
+        .replace("type: ClusterIP", "type: LoadBalancer")
+        .replace(
+            "  loadBalancer: {}",
+            "  loadBalancer:\n    ingress:\n    - ip: 10.96.0.10",
+        );
+    let p = problems(parse(
+        "s.yaml",
+        &format!("{WEB}---\n{by_external_ip}---\n{by_lb_ip}"),
+    ));
+    assert_eq!(
+        p,
+        [
+            "s.yaml:45: Service default/edge: spec.externalIPs[0]: TCP 10.96.0.10:80 is also a frontend of Service default/web (its spec.clusterIPs[0])",
+            "s.yaml:91: Service default/lb: status.loadBalancer.ingress[0].ip: TCP 10.96.0.10:80 is also a frontend of Service default/web (its spec.clusterIPs[0])",
+        ]
+    );
+    // One Service naming an address twice is one Service.
+    let twice = by_lb_ip.replace("  selector:", "  externalIPs:\n  - 10.96.0.10\n  selector:");
+    good(parse("s.yaml", &twice));
+}
+
+#[test]
+fn two_nodes_with_one_internal_ip_are_refused() {
+    let twin = NODE.replace("name: node-a", "name: node-a2");
+    let p = problems(parse("n.yaml", &format!("{NODE}---\n{twin}")));
+    assert_eq!(
+        p,
+        [
+            "n.yaml:13: Node node-a2: status.addresses[0].address: 192.168.10.2 is also an InternalIP of Node node-a"
+        ]
+    );
+}
+
+#[test]
 fn every_problem_of_every_file_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     fs::write(
