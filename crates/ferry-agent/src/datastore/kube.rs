@@ -19,7 +19,11 @@
 //! Unlike the file datastore, a bad object does not refuse the whole state: the API
 //! server has already accepted it and other objects keep changing around it. The object
 //! is left out (its last good version, if any, stays in force) and reported in an
-//! [`Update::Refused`] naming the object and field. Watch errors (the API server
+//! [`Update::Refused`] naming the object and field. The same goes for a Service or Node
+//! that claims what another object in force holds (a frontend, a node port, an
+//! InternalIP: see [`super::claims`]): the object in force keeps it, the newcomer is
+//! held back and tried again whenever an object it clashed with changes or goes, so
+//! that deleting the one lets the other in. Watch errors (the API server
 //! unreachable, a watch expired with 410 Gone) are retried with the watcher's default
 //! backoff and reported the same way; the state in force stays. When a kind whose watch
 //! failed has been listed again, the state goes out again even if nothing changed, so
@@ -52,6 +56,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::claims::{self, Claims, Clash, Owner};
 use super::{Problem, Refused, Update, Watch, check};
 use crate::cluster::{Cluster, Kind, Object, ObjectKey};
 use crate::config::{CONFIG_NAME, CONFIG_NAMESPACE};
@@ -174,6 +179,24 @@ pub struct KubeDatastore {
     problems: Vec<Problem>,
     /// Kinds whose watch reported an error since their last complete list.
     erred: BTreeSet<Kind>,
+    /// Who holds which frontend, node port and InternalIP, among the objects in force.
+    claims: Claims,
+    /// Objects held back because what they claim is held by others, by object.
+    waiting: HashMap<Owner, Waiting>,
+    /// The objects held back, by an object that holds what they claim.
+    blocking: HashMap<Owner, BTreeSet<Owner>>,
+    /// Objects held back to try again: one they clashed with changed or went.
+    woken: BTreeSet<Owner>,
+}
+
+/// An object held back by a clash, until the objects it clashed with change or go.
+#[derive(Debug)]
+struct Waiting {
+    obj: Object,
+    clashes: Vec<Clash>,
+    /// Its clashes went out in an update: an unchanged object is not reported again
+    /// each time it is tried.
+    reported: bool,
 }
 
 impl Default for KubeDatastore {
@@ -192,6 +215,10 @@ impl KubeDatastore {
             changed: true,
             problems: Vec::new(),
             erred: BTreeSet::new(),
+            claims: Claims::default(),
+            waiting: HashMap::new(),
+            blocking: HashMap::new(),
+            woken: BTreeSet::new(),
         }
     }
 
@@ -206,9 +233,15 @@ impl KubeDatastore {
     }
 
     /// Applies one event of the watch of `kind`. An object that fails its field checks
-    /// is left out and reported; `metadata.managedFields` is dropped on the way in
+    /// is left out and reported, and so is one that claims what another holds (until
+    /// that one changes or goes); `metadata.managedFields` is dropped on the way in
     /// (ferry never reads it, and it is often the larger part of an object).
     pub fn event(&mut self, kind: Kind, event: Event<Object>) {
+        self.event_only(kind, event);
+        self.retry();
+    }
+
+    fn event_only(&mut self, kind: Kind, event: Event<Object>) {
         match event {
             Event::Init => {
                 self.listing.insert(kind, Vec::new());
@@ -255,6 +288,22 @@ impl KubeDatastore {
     /// while the agent waits).
     pub fn take_updates(&mut self) -> Vec<Update> {
         let mut out = Vec::new();
+        // Clashes are told once the batch is over: one that a later event of the same
+        // batch resolved (a relist that moves an address from one Service to another)
+        // is no news.
+        let mut held_back: Vec<_> = self.waiting.values_mut().filter(|w| !w.reported).collect();
+        held_back.sort_by_key(|w| (w.obj.kind(), w.obj.key()));
+        for w in held_back {
+            w.reported = true;
+            let what = w.obj.to_string();
+            self.problems.extend(w.clashes.iter().map(|c| Problem {
+                file: ORIGIN.into(),
+                line: None,
+                object: Some(what.clone()),
+                field: Some(c.field.clone()),
+                message: c.message.clone(),
+            }));
+        }
         if self.changed && self.is_listed() {
             self.changed = false;
             out.push(Update::Applied {
@@ -272,22 +321,29 @@ impl KubeDatastore {
 
     fn apply(&mut self, obj: Object) {
         let mut errors = check(&obj);
-        if obj.key().is_none() {
+        let owner = obj.key().map(|k| (obj.kind(), k));
+        // This version replaces any that was held back.
+        let earlier = owner.as_ref().and_then(|o| self.unwait(o));
+        let Some(owner) = owner else {
             errors.push(FieldError::new("metadata.name", "required"));
-        }
+            self.refuse(&obj, errors);
+            return;
+        };
         if !errors.is_empty() {
-            let what = obj.to_string();
-            self.problems.extend(errors.into_iter().map(|e| Problem {
-                file: ORIGIN.into(),
-                line: None,
-                object: Some(what.clone()),
-                field: Some(e.field).filter(|f| !f.is_empty()),
-                message: e.message,
-            }));
+            self.refuse(&obj, errors);
             return;
         }
         if self.holds(&obj) {
             return;
+        }
+        let mine = claims::of(&obj);
+        let clashes = self.claims.clashes(&owner, &mine);
+        if !clashes.is_empty() {
+            self.wait(owner, obj, clashes, earlier);
+            return;
+        }
+        if self.claims.set(owner.clone(), mine) {
+            self.wake(&owner);
         }
         // Copies the cluster only when an update still shares it: once per batch.
         Arc::make_mut(&mut self.cluster)
@@ -296,10 +352,87 @@ impl KubeDatastore {
         self.changed = true;
     }
 
+    /// Reports the field errors of `obj`, which is left out.
+    fn refuse(&mut self, obj: &Object, errors: Vec<FieldError>) {
+        let what = obj.to_string();
+        self.problems.extend(errors.into_iter().map(|e| Problem {
+            file: ORIGIN.into(),
+            line: None,
+            object: Some(what.clone()),
+            field: Some(e.field).filter(|f| !f.is_empty()),
+            message: e.message,
+        }));
+    }
+
+    /// Holds `obj` back: what it claims is held by others. `earlier` is the version
+    /// held back before it, if any: the same clashes again are not news.
+    fn wait(&mut self, owner: Owner, obj: Object, clashes: Vec<Clash>, earlier: Option<Waiting>) {
+        for c in &clashes {
+            self.blocking
+                .entry(c.holder.clone())
+                .or_default()
+                .insert(owner.clone());
+        }
+        let reported = earlier.is_some_and(|e| e.reported && e.clashes == clashes);
+        self.waiting.insert(
+            owner,
+            Waiting {
+                obj,
+                clashes,
+                reported,
+            },
+        );
+    }
+
+    /// Takes `owner` out of the objects held back; returns what was held.
+    fn unwait(&mut self, owner: &Owner) -> Option<Waiting> {
+        let w = self.waiting.remove(owner)?;
+        for c in &w.clashes {
+            if let Some(set) = self.blocking.get_mut(&c.holder) {
+                set.remove(owner);
+                if set.is_empty() {
+                    self.blocking.remove(&c.holder);
+                }
+            }
+        }
+        Some(w)
+    }
+
+    /// What `owner` held changed: the objects it held back get another try.
+    fn wake(&mut self, owner: &Owner) {
+        if let Some(set) = self.blocking.remove(owner) {
+            self.woken.extend(set);
+        }
+    }
+
+    /// Tries the objects woken again, until none is left (an object let in may free
+    /// what it held before, and wake more).
+    fn retry(&mut self) {
+        while let Some(owner) = self.woken.pop_first() {
+            let Some(w) = self.waiting.get(&owner) else {
+                continue;
+            };
+            let obj = w.obj.clone();
+            self.apply(obj);
+        }
+    }
+
     fn delete(&mut self, obj: &Object) {
         let Some(key) = obj.key() else { return };
-        if self.cluster.contains(obj.kind(), &key) {
-            Arc::make_mut(&mut self.cluster).delete(obj.kind(), &key.namespace, &key.name);
+        self.remove(obj.kind(), key);
+    }
+
+    /// Removes the object of `kind` at `key`: from the cluster, from the claims (waking
+    /// what it held back), and from the objects held back.
+    fn remove(&mut self, kind: Kind, key: ObjectKey) {
+        let owner = (kind, key);
+        self.unwait(&owner);
+        if self.claims.remove(&owner) {
+            self.wake(&owner);
+        }
+        let (kind, key) = owner;
+        if self.cluster.contains(kind, &key) {
+            Arc::make_mut(&mut self.cluster).delete(kind, &key.namespace, &key.name);
             self.changed = true;
         }
     }
@@ -312,16 +445,18 @@ impl KubeDatastore {
         for obj in list {
             self.apply(obj);
         }
-        let gone: Vec<ObjectKey> = keys(&self.cluster, kind)
+        let held_back = self
+            .waiting
+            .keys()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, k)| k);
+        let gone: BTreeSet<ObjectKey> = keys(&self.cluster, kind)
+            .chain(held_back)
             .filter(|k| !listed.contains(k))
             .cloned()
             .collect();
-        if !gone.is_empty() {
-            let cluster = Arc::make_mut(&mut self.cluster);
-            for k in gone {
-                cluster.delete(kind, &k.namespace, &k.name);
-            }
-            self.changed = true;
+        for k in gone {
+            self.remove(kind, k);
         }
     }
 

@@ -286,6 +286,203 @@ fn a_bad_object_is_refused_alone_and_its_last_good_version_stays() {
     );
 }
 
+/// The Service `name` of the example with the external IP `ip`; renamed `as_name`
+/// (with a cluster IP of its own) when that differs.
+fn service_with_external_ip(name: &str, as_name: &str, ip: &str) -> Object {
+    let mut v = item(SERVICES, name);
+    if as_name != name {
+        v["metadata"]["name"] = as_name.into();
+        v["spec"]["clusterIP"] = "10.96.0.99".into();
+        v["spec"]["clusterIPs"] = json!(["10.96.0.99"]);
+    }
+    v["spec"]["externalIPs"] = json!([ip]);
+    typed::<Service>(v)
+}
+
+fn applied_cluster(u: &[Update]) -> Arc<Cluster> {
+    match u.first() {
+        Some(Update::Applied { cluster, .. }) => Arc::clone(cluster),
+        _ => panic!("expected a state first: {u:?}"),
+    }
+}
+
+#[test]
+fn a_service_claiming_another_services_frontend_waits_until_that_one_goes() {
+    let mut ds = listed();
+    let edge = ObjectKey::new("default", "edge");
+    // web's cluster IP, on web's port, as an external IP: the API server takes it.
+    ds.event(
+        Kind::Service,
+        Event::Apply(service_with_external_ip("sticky", "edge", "10.96.0.10")),
+    );
+    // A good change in the same batch still applies.
+    let mut slice = item(SLICES, "web-x7h2k");
+    slice["endpoints"].as_array_mut().unwrap().pop();
+    ds.event(
+        Kind::EndpointSlice,
+        Event::Apply(typed::<EndpointSlice>(slice)),
+    );
+    let u = ds.take_updates();
+    assert_eq!(
+        problems(&u),
+        [
+            "kubernetes: Service default/edge: spec.externalIPs[0]: TCP 10.96.0.10:80 is also a frontend of Service default/web (its spec.clusterIPs[0])"
+        ]
+    );
+    let cluster = applied_cluster(&u);
+    assert!(!cluster.services.contains_key(&edge));
+    assert_eq!(endpoints(&cluster, "web-x7h2k"), 2);
+    // What is in force still compiles: the node is not stuck on the clash.
+    let opts = crate::compile::CompileOptions::default();
+    crate::compile::node_tables(&cluster, NODE, None, &[], &opts).unwrap();
+
+    // Nothing more is said while it waits, even when it is listed again.
+    let mut services = items::<Service>(SERVICES);
+    services.push(service_with_external_ip("sticky", "edge", "10.96.0.10"));
+    list(&mut ds, Kind::Service, services);
+    assert!(ds.take_updates().is_empty());
+
+    // web goes: edge gets in.
+    ds.event(
+        Kind::Service,
+        watch_event::<Service>("DELETED", &item(SERVICES, "web")),
+    );
+    let u = ds.take_updates();
+    assert!(problems(&u).is_empty(), "{u:?}");
+    let cluster = applied_cluster(&u);
+    assert!(
+        !cluster
+            .services
+            .contains_key(&ObjectKey::new("default", "web"))
+    );
+    assert!(cluster.services.contains_key(&edge));
+    crate::compile::node_tables(&cluster, NODE, None, &[], &opts).unwrap();
+}
+
+#[test]
+fn a_refused_change_keeps_the_last_good_version_until_the_holder_moves() {
+    let mut ds = listed();
+    let sticky = ObjectKey::new("default", "sticky");
+    let before = ds.current().services[&sticky].clone();
+    // sticky takes web-lb's load balancer IP on port 80.
+    ds.event(
+        Kind::Service,
+        Event::Apply(service_with_external_ip("sticky", "sticky", "203.0.113.10")),
+    );
+    let u = ds.take_updates();
+    assert_eq!(
+        problems(&u),
+        [
+            "kubernetes: Service default/sticky: spec.externalIPs[0]: TCP 203.0.113.10:80 is also a frontend of Service default/web-lb (its status.loadBalancer.ingress[0].ip)"
+        ]
+    );
+    assert_eq!(u.len(), 1, "nothing changed: {u:?}");
+    assert_eq!(ds.current().services[&sticky], before);
+
+    // web-lb changes without freeing the address: still refused, not told again.
+    let mut lb = item(SERVICES, "web-lb");
+    lb["metadata"]["labels"] = json!({"tier": "edge"});
+    ds.event(Kind::Service, Event::Apply(typed::<Service>(lb.clone())));
+    let u = ds.take_updates();
+    assert!(problems(&u).is_empty(), "{u:?}");
+    assert_eq!(applied_cluster(&u).services[&sticky], before);
+
+    // web-lb gets another address: sticky's change applies.
+    lb["status"]["loadBalancer"]["ingress"][0]["ip"] = "203.0.113.11".into();
+    ds.event(Kind::Service, Event::Apply(typed::<Service>(lb)));
+    let u = ds.take_updates();
+    assert!(problems(&u).is_empty(), "{u:?}");
+    let c = applied_cluster(&u);
+    let ips = c.services[&sticky]
+        .spec
+        .as_ref()
+        .unwrap()
+        .external_ips
+        .clone();
+    assert_eq!(ips, Some(vec!["203.0.113.10".to_string()]));
+}
+
+#[test]
+fn services_sharing_a_node_port_or_cluster_ip_are_refused_alone() {
+    let mut ds = listed();
+    let mut np = item(SERVICES, "web-nodeport");
+    np["metadata"]["name"] = "np2".into();
+    np["spec"]["clusterIP"] = "10.96.0.20".into();
+    np["spec"]["clusterIPs"] = json!(["10.96.0.20"]);
+    ds.event(Kind::Service, Event::Apply(typed::<Service>(np)));
+    let mut twin = item(SERVICES, "sticky");
+    twin["metadata"]["name"] = "twin".into();
+    twin["spec"]["ports"][0]["port"] = 8443.into();
+    twin["spec"]["clusterIP"] = "10.96.0.1".into();
+    twin["spec"]["clusterIPs"] = json!(["10.96.0.1"]);
+    ds.event(Kind::Service, Event::Apply(typed::<Service>(twin)));
+    let u = ds.take_updates();
+    assert_eq!(
+        problems(&u),
+        [
+            "kubernetes: Service default/np2: spec.ports[0].nodePort: TCP 30080 is also a node port of Service default/web-nodeport",
+            "kubernetes: Service default/twin: spec.clusterIPs[0]: 10.96.0.1 is also the cluster IP of Service default/kubernetes",
+        ]
+    );
+    assert_eq!(u.len(), 1, "{u:?}");
+}
+
+#[test]
+fn a_node_with_another_nodes_internal_ip_waits_until_that_one_is_deleted() {
+    let mut ds = listed();
+    // A replacement VM registers before the old Node is deleted.
+    let mut new = item(NODES, "node-b");
+    new["metadata"]["name"] = "node-b2".into();
+    ds.event(Kind::Node, Event::Apply(typed::<Node>(new)));
+    let u = ds.take_updates();
+    assert_eq!(
+        problems(&u),
+        [
+            "kubernetes: Node node-b2: status.addresses[0].address: 192.168.20.2 is also an InternalIP of Node node-b"
+        ]
+    );
+    assert!(ds.current().node("node-b2").is_none());
+    // The old one is deleted while no watch sees it: the relist lets the new one in.
+    let mut nodes = items::<Node>(NODES);
+    nodes.retain(|n| n.key().unwrap().name != "node-b");
+    let mut new = item(NODES, "node-b");
+    new["metadata"]["name"] = "node-b2".into();
+    nodes.push(typed::<Node>(new));
+    list(&mut ds, Kind::Node, nodes);
+    let u = ds.take_updates();
+    assert!(problems(&u).is_empty(), "{u:?}");
+    let c = applied_cluster(&u);
+    assert!(c.node("node-b").is_none());
+    assert!(c.node("node-b2").is_some());
+}
+
+#[test]
+fn a_relist_that_moves_an_address_between_services_reports_nothing() {
+    let mut ds = listed();
+    // web gives up its cluster IP's port 80 to sticky's external IP in one list; sticky
+    // comes first in the list.
+    let mut web = item(SERVICES, "web");
+    web["spec"]["ports"][0]["port"] = 8080.into();
+    let mut services: Vec<Object> = items::<Service>(SERVICES)
+        .into_iter()
+        .filter(|o| !matches!(o.key(), Some(k) if k.name == "web" || k.name == "sticky"))
+        .collect();
+    services.insert(
+        0,
+        service_with_external_ip("sticky", "sticky", "10.96.0.10"),
+    );
+    services.push(typed::<Service>(web));
+    list(&mut ds, Kind::Service, services);
+    let u = ds.take_updates();
+    assert!(problems(&u).is_empty(), "{u:?}");
+    let c = applied_cluster(&u);
+    let sticky = &c.services[&ObjectKey::new("default", "sticky")];
+    assert_eq!(
+        sticky.spec.as_ref().unwrap().external_ips,
+        Some(vec!["10.96.0.10".to_string()])
+    );
+}
+
 #[test]
 fn a_relist_replaces_the_kind_at_once_and_drops_what_it_no_longer_lists() {
     let mut ds = listed();
