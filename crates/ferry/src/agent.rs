@@ -1,6 +1,8 @@
 //! `ferry agent`: one node's dataplane driven by cluster state. It watches the datastore,
 //! compiles the node's tables on every change and swaps them into the running worker;
-//! a bad change is reported (file, object, field) and the tables in force stay.
+//! a bad change is reported (file, object, field) and the tables in force stay. A state
+//! the agent could not put in force (a pod's namespace not there yet) is tried again,
+//! with a growing delay, until it applies or a newer state replaces it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -24,6 +26,12 @@ use crate::replay::read_tables_spec;
 const POLL: Duration = Duration::from_millis(100);
 /// Longest wait for a cluster change before API requests are looked at.
 const API_POLL: Duration = Duration::from_millis(10);
+
+/// The first delay before a state that was not applied is tried again; each failure of
+/// the same state doubles it, up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest delay between two tries of a state that was not applied.
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// The default `--state-dir`.
 pub const DEFAULT_STATE_DIR: &str = "/run/ferry/state";
@@ -112,6 +120,107 @@ fn report(a: &Applied) {
     );
     for w in &a.warnings {
         tracing::warn!("{w}");
+    }
+}
+
+/// A cluster state the agent could not put in force (a `--pod` namespace not made yet,
+/// the worker slow to take the tables): the file datastore says a state once, so the
+/// agent tries it again itself, after [`RETRY_FIRST`], doubling up to [`RETRY_MAX`],
+/// until it applies or the datastore sends a newer one (which is tried at once).
+#[derive(Debug, Default)]
+struct Retry {
+    pending: Option<Pending>,
+}
+
+#[derive(Debug)]
+struct Pending {
+    cluster: Arc<Cluster>,
+    /// Tries of this state that failed.
+    failures: u32,
+    /// When to try it again.
+    at: Instant,
+}
+
+impl Retry {
+    /// `cluster` was not applied at `now`: it is tried again later. Returns the number
+    /// of failures of this state so far and the delay before the next try.
+    fn failed(&mut self, cluster: &Arc<Cluster>, now: Instant) -> (u32, Duration) {
+        let failures = match &self.pending {
+            Some(p) if Arc::ptr_eq(&p.cluster, cluster) => p.failures + 1,
+            _ => 1,
+        };
+        let delay = RETRY_FIRST
+            .saturating_mul(1 << (failures - 1).min(16))
+            .min(RETRY_MAX);
+        self.pending = Some(Pending {
+            cluster: Arc::clone(cluster),
+            failures,
+            at: now + delay,
+        });
+        (failures, delay)
+    }
+
+    /// The state to try again, once its time has come.
+    fn due(&self, now: Instant) -> Option<Arc<Cluster>> {
+        let p = self.pending.as_ref()?;
+        (now >= p.at).then(|| Arc::clone(&p.cluster))
+    }
+
+    /// Nothing to try again: a state was applied, or a newer one came. Returns the
+    /// failures of the state dropped (0 when there was none).
+    fn clear(&mut self) -> u32 {
+        self.pending.take().map_or(0, |p| p.failures)
+    }
+}
+
+/// Puts `cluster` in force in `agent` (compiling what differs from `in_force`) and
+/// reports it; on an error, `retry` schedules it again.
+fn put_in_force(
+    agent: &mut Agent,
+    in_force: &mut Arc<Cluster>,
+    cluster: Arc<Cluster>,
+    retry: &mut Retry,
+) {
+    let t0 = Instant::now();
+    let changed = in_force.diff(&cluster);
+    let diffed = t0.elapsed();
+    if changed.is_empty() {
+        retry.clear();
+        agent.status_mut().datastore_applied();
+        return;
+    }
+    match agent.apply_changes(Arc::clone(&cluster), &changed) {
+        Ok(a) => {
+            let failures = retry.clear();
+            let status = agent.status_mut();
+            status.synced(diffed + a.compile + a.swap);
+            status.datastore_applied();
+            if failures > 0 {
+                tracing::info!(failures, "cluster state applied on another try");
+            }
+            report(&a);
+            tracing::debug!(
+                changed = changed.len(),
+                diff_ms = diffed.as_secs_f64() * 1e3,
+                total_ms = t0.elapsed().as_secs_f64() * 1e3
+            );
+            *in_force = cluster;
+        }
+        Err(e) => {
+            agent.status_mut().not_applied(&e);
+            let (failures, delay) = retry.failed(&cluster, Instant::now());
+            // The first failure is news; the same again is not worth an error each time.
+            if failures == 1 {
+                tracing::error!(
+                    "cluster state not applied, the tables in force stay; trying again in {delay:?}: {e}"
+                );
+            } else {
+                tracing::warn!(
+                    failures,
+                    "cluster state still not applied; trying again in {delay:?}: {e}"
+                );
+            }
+        }
     }
 }
 
@@ -224,6 +333,7 @@ pub fn run(args: &Args) -> Result<()> {
         health_ports = ?agent.health_ports(),
         "ferry agent running; stop with SIGINT or SIGTERM"
     );
+    let mut retry = Retry::default();
     while !stop.load(Ordering::Relaxed) {
         if !agent.is_running() {
             bail!(
@@ -249,32 +359,13 @@ pub fn run(args: &Args) -> Result<()> {
                 for n in &notes {
                     tracing::info!("{n}");
                 }
-                let t0 = Instant::now();
-                let changed = in_force.diff(&cluster);
-                let diffed = t0.elapsed();
-                if changed.is_empty() {
-                    agent.status_mut().datastore_applied();
-                    continue;
-                }
-                match agent.apply_changes(Arc::clone(&cluster), &changed) {
-                    Ok(a) => {
-                        let status = agent.status_mut();
-                        status.synced(diffed + a.compile + a.swap);
-                        status.datastore_applied();
-                        report(&a);
-                        tracing::debug!(
-                            changed = changed.len(),
-                            diff_ms = diffed.as_secs_f64() * 1e3,
-                            total_ms = t0.elapsed().as_secs_f64() * 1e3
-                        );
-                        in_force = cluster;
-                    }
-                    Err(e) => {
-                        agent.status_mut().not_applied(&e);
-                        tracing::error!("cluster state not applied, the tables in force stay: {e}")
-                    }
-                }
+                // A newer state replaces one waiting to be tried again.
+                retry.clear();
+                put_in_force(&mut agent, &mut in_force, cluster, &mut retry);
             }
+        }
+        if let Some(cluster) = retry.due(Instant::now()) {
+            put_in_force(&mut agent, &mut in_force, cluster, &mut retry);
         }
     }
     // The CNI plugin's pod interfaces stay (persistent TAPs, recorded in --state-dir)
@@ -310,5 +401,51 @@ mod tests {
             let e = parse_pod(bad).unwrap_err().to_string();
             assert!(e.contains("NAMESPACE/NAME=NETNS"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_state_not_applied_is_tried_again_after_a_doubling_delay() {
+        let mut r = Retry::default();
+        let t0 = Instant::now();
+        assert!(r.due(t0).is_none(), "nothing failed yet");
+        let state = Arc::new(Cluster::default());
+        assert_eq!(r.failed(&state, t0), (1, Duration::from_secs(1)));
+        assert!(r.due(t0 + Duration::from_millis(999)).is_none());
+        let due = r.due(t0 + Duration::from_secs(1)).expect("due after 1 s");
+        assert!(Arc::ptr_eq(&due, &state));
+        // The same state failing again waits twice as long each time, up to 30 s.
+        let mut now = t0;
+        let delays: Vec<u64> = (0..7)
+            .map(|_| {
+                now += Duration::from_secs(1);
+                r.failed(&state, now).1.as_secs()
+            })
+            .collect();
+        assert_eq!(delays, [2, 4, 8, 16, 30, 30, 30]);
+        assert!(r.due(now + Duration::from_secs(29)).is_none());
+        assert!(r.due(now + Duration::from_secs(30)).is_some());
+        // Still due until it applies or a newer state replaces it.
+        assert!(r.due(now + Duration::from_secs(300)).is_some());
+    }
+
+    #[test]
+    fn a_newer_state_starts_the_delay_again_and_an_applied_one_ends_the_retries() {
+        let mut r = Retry::default();
+        let t0 = Instant::now();
+        let old = Arc::new(Cluster::default());
+        r.failed(&old, t0);
+        r.failed(&old, t0);
+        assert_eq!(r.failed(&old, t0).1, Duration::from_secs(4));
+        // A newer state (another Arc, even with the same objects) that fails too.
+        let newer = Arc::new(Cluster::default());
+        assert_eq!(r.failed(&newer, t0), (1, Duration::from_secs(1)));
+        let due = r.due(t0 + Duration::from_secs(1)).unwrap();
+        assert!(
+            Arc::ptr_eq(&due, &newer),
+            "the newer state is the one tried"
+        );
+        assert_eq!(r.clear(), 1);
+        assert!(r.due(t0 + Duration::from_secs(3600)).is_none());
+        assert_eq!(r.clear(), 0);
     }
 }
