@@ -266,6 +266,7 @@ pub fn run(args: &Args) -> Result<()> {
         workers: crate::node::workers(args.workers, args.pin_workers, args.busy_poll)?,
         compile: CompileOptions {
             external_snat: args.external_snat,
+            base_file: args.base.as_ref().map(|b| b.display().to_string()),
             ..CompileOptions::default()
         },
         state_dir: Some(args.state_dir.clone()),

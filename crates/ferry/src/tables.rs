@@ -74,6 +74,7 @@ pub fn compile_cluster(
     for n in &notes {
         eprintln!("ferry: note: {}", in_dir(dir, n));
     }
+    let base_path = base;
     let base = base.map(read_tables_spec).transpose()?;
     let all;
     let attached = match pods {
@@ -83,14 +84,12 @@ pub fn compile_cluster(
             &all
         }
     };
-    let compiled = node_tables(
-        &cluster,
-        node,
-        base.as_ref(),
-        attached,
-        &CompileOptions::default(),
-    )
-    .map_err(|e| anyhow!("{}: {e}", dir.display()))?;
+    let opts = CompileOptions {
+        base_file: base_path.map(|p| p.display().to_string()),
+        ..CompileOptions::default()
+    };
+    let compiled = node_tables(&cluster, node, base.as_ref(), attached, &opts)
+        .map_err(|e| anyhow!("{}: {e}", dir.display()))?;
     for w in &compiled.warnings {
         eprintln!("ferry: warning: {w}");
     }

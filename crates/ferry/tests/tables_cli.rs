@@ -129,6 +129,34 @@ fn tables_on_a_base_file_keep_its_ports_and_routes() {
 }
 
 #[test]
+fn tables_that_do_not_compile_on_a_base_file_name_it() {
+    // No route to node-b's subnet: the base is where the fault is.
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.yaml");
+    fs::write(
+        &base,
+        "ports:\n  - { name: eth1, kind: uplink, mac: \"02:fe:00:00:00:01\", addresses: [192.168.10.2/24] }\n",
+    )
+    .unwrap();
+    let out = ferry(&[
+        "tables",
+        "--cluster",
+        example().to_str().unwrap(),
+        "--node",
+        "node-a",
+        "--base",
+        base.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    let want = format!(
+        "the tables of node node-a on the base tables {} do not compile: nodes[0] (\"node-b\"): no route",
+        base.display()
+    );
+    assert!(err.contains(&want), "{err}");
+}
+
+#[test]
 fn a_bad_manifest_fails_naming_file_object_and_field() {
     let dir = example_copy();
     edit(

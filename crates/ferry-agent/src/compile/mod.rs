@@ -53,6 +53,9 @@ pub struct CompileOptions {
     /// The MAC of the default base's uplink port (the interface's own, when the agent
     /// knows it); derived from the node's address when None. A given base is kept as is.
     pub uplink_mac: Option<ferry_datapath::tables::MacAddr>,
+    /// The file a given base was read from, named when the tables do not compile on it
+    /// (the fault may be in the base as well as in the cluster).
+    pub base_file: Option<String>,
 }
 
 /// A health check node port this node must serve: kube-proxy's for a LoadBalancer
@@ -149,9 +152,14 @@ pub fn node_tables(
 
     // A datastore must never hand the datapath tables it would refuse: find out here,
     // where the error can still name the node.
-    let compiled = tables
-        .compile()
-        .map_err(|e| format!("the tables of node {node} do not compile: {e}"))?;
+    let compiled = tables.compile().map_err(|e| {
+        let on = match (base, &opts.base_file) {
+            (None, _) => String::new(),
+            (Some(_), Some(f)) => format!(" on the base tables {f}"),
+            (Some(_), None) => " on the base tables given".into(),
+        };
+        format!("the tables of node {node}{on} do not compile: {e}")
+    })?;
     Ok(Compiled {
         compiled: std::sync::Arc::new(compiled),
         tables,

@@ -361,6 +361,28 @@ fn tables_that_do_not_compile_are_an_error_naming_the_node() {
     );
 }
 
+#[test]
+fn tables_that_do_not_compile_on_a_given_base_name_its_file() {
+    // The base has no route to node-b's subnet: the base is where to look.
+    let c = cluster(&two_nodes());
+    let (mut base, _) = default_base(&c, "node-a").unwrap();
+    base.routes.clear();
+    let opts = CompileOptions {
+        base_file: Some("/etc/ferry/base.yaml".into()),
+        ..CompileOptions::default()
+    };
+    let e = node_tables(&c, "node-a", Some(&base), &[], &opts).unwrap_err();
+    assert!(
+        e.starts_with("the tables of node node-a on the base tables /etc/ferry/base.yaml do not compile: nodes[0] (\"node-b\"): no route"),
+        "{e}"
+    );
+    let e = node_tables(&c, "node-a", Some(&base), &[], &CompileOptions::default()).unwrap_err();
+    assert!(
+        e.starts_with("the tables of node node-a on the base tables given do not compile:"),
+        "{e}"
+    );
+}
+
 // ---- pods ----
 
 #[test]
