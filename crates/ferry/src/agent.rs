@@ -227,6 +227,9 @@ fn put_in_force(
 /// Opens the datastore `spec` names.
 fn open_datastore(spec: &str, node: &str) -> Result<Watch> {
     if let Some(dir) = spec.strip_prefix("file:") {
+        if dir.is_empty() {
+            bail!("--datastore {spec:?}: the directory is missing: expected file:DIR");
+        }
         return FileDatastore::watch(dir, POLL)
             .map_err(|r| anyhow!("{dir}: the cluster state is refused:\n{r}"));
     }

@@ -26,6 +26,16 @@ fn an_unknown_datastore_is_refused() {
 }
 
 #[test]
+fn a_file_datastore_without_a_directory_says_so() {
+    let (ok, err) = agent(&["--node", "n1", "--datastore", "file:"]);
+    assert!(!ok);
+    assert!(
+        err.contains("--datastore \"file:\": the directory is missing: expected file:DIR"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_missing_kubeconfig_is_refused() {
     let (ok, err) = agent(&[
         "--node",
