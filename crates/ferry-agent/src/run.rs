@@ -24,7 +24,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use ferry_api::{Answer, PodRef, Request, Response};
+use ferry_api::{
+    Answer, ApiError, ERR_AGENT, ERR_BAD_REQUEST, ERR_INTERFACE, ERR_TABLES, PodRef, Request,
+    Response,
+};
 use ferry_datapath::pipeline::Pipeline;
 use ferry_datapath::tables::{MacAddr, PortKind, Tables, TablesSpec};
 use ferry_linux::link;
@@ -171,6 +174,42 @@ impl Last {
                 .collect(),
         }
     }
+}
+
+/// Why a state was not put in force: the step that failed, and the error.
+#[derive(Clone, Debug)]
+struct NotApplied {
+    step: Step,
+    error: String,
+}
+
+/// A step of putting a state in force.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// Compiling the tables: they stay refused until the cluster changes.
+    Compile,
+    /// Opening a port: a TAP not made, not moved into its pod's namespace.
+    Port,
+    /// Handing the tables to the worker: it is slow or stopped.
+    Worker,
+}
+
+impl Step {
+    /// The error code of a CNI request (`add`, `del`, `gc`) that failed at this step
+    /// (docs/cni.md): only a busy worker is worth trying again later (a stopped one goes
+    /// with the agent, which its DaemonSet starts again).
+    fn cni_code(self) -> u32 {
+        match self {
+            Step::Compile => ERR_TABLES,
+            Step::Port => ERR_INTERFACE,
+            Step::Worker => 11,
+        }
+    }
+}
+
+/// `r`'s error as a [`NotApplied`] at `step`.
+fn at<T>(step: Step, r: Result<T, String>) -> Result<T, NotApplied> {
+    r.map_err(|error| NotApplied { step, error })
 }
 
 /// The Service of a tables entry named `namespace/name:port`.
@@ -386,6 +425,11 @@ impl Agent {
     /// Switches the node to the tables of `cluster`, compiled whole. On an error nothing
     /// changed.
     pub fn apply(&mut self, cluster: Arc<Cluster>) -> Result<Applied, String> {
+        self.apply_steps(cluster).map_err(|e| e.error)
+    }
+
+    /// [`Agent::apply`], saying which step failed.
+    fn apply_steps(&mut self, cluster: Arc<Cluster>) -> Result<Applied, NotApplied> {
         self.made.clear();
         let r = self.apply_whole(cluster);
         let made = std::mem::take(&mut self.made);
@@ -400,14 +444,16 @@ impl Agent {
         r
     }
 
-    fn apply_whole(&mut self, cluster: Arc<Cluster>) -> Result<Applied, String> {
+    fn apply_whole(&mut self, cluster: Arc<Cluster>) -> Result<Applied, NotApplied> {
         if let Some(e) = self.worker_error() {
-            return Err(format!("the worker stopped: {e}"));
+            return at(Step::Worker, Err(format!("the worker stopped: {e}")));
         }
         let t0 = Instant::now();
-        let compiled = self
-            .compile(&cluster)
-            .inspect_err(|_| self.status.count(ErrorKind::Compile))?;
+        let compiled = at(
+            Step::Compile,
+            self.compile(&cluster)
+                .inspect_err(|_| self.status.count(ErrorKind::Compile)),
+        )?;
         let tables = Arc::clone(&compiled.compiled);
         let compile = t0.elapsed();
         let mut new_ports = Vec::new();
@@ -415,9 +461,11 @@ impl Agent {
             if self.open.contains(&p.name) {
                 continue;
             }
-            let port = self
-                .open_port(&p.name, &tables, &compiled)
-                .inspect_err(|_| self.status.count(ErrorKind::Apply))?;
+            let port = at(
+                Step::Port,
+                self.open_port(&p.name, &tables, &compiled)
+                    .inspect_err(|_| self.status.count(ErrorKind::Apply)),
+            )?;
             new_ports.push((p.name.clone(), port));
         }
         let opened: Vec<String> = new_ports.iter().map(|(n, _)| n.clone()).collect();
@@ -428,7 +476,10 @@ impl Agent {
         let t1 = Instant::now();
         let applied = self.control.send(update, APPLY_TIMEOUT).map_err(|e| {
             self.status.count(ErrorKind::Apply);
-            format!("the worker did not take the new tables: {e}")
+            NotApplied {
+                step: Step::Worker,
+                error: format!("the worker did not take the new tables: {e}"),
+            }
         })?;
         let swap = t1.elapsed();
         let closed: Vec<String> = applied.closed.iter().map(|(n, _)| n.clone()).collect();
@@ -571,8 +622,15 @@ impl Agent {
                 None => {
                     Response::error(3, "no such attachment", format!("{container_id} {ifname}"))
                 }
-                Some(c) if netns_name(&netns).is_ok_and(|n| n.0 != c.netns) && !c.named_here => {
-                    Response::error(7, "the attachment is in another network namespace", netns)
+                Some(c)
+                    if matches!(netns_name(&netns), Ok(Netns::Named(n)) if n != c.netns)
+                        && !c.named_here =>
+                {
+                    Response::error(
+                        4,
+                        "CNI_NETNS: the attachment is in another network namespace",
+                        netns,
+                    )
                 }
                 Some(c) => match self.last.as_ref().and_then(|l| {
                     let port = l.tables.ports.iter().find(|p| {
@@ -582,7 +640,7 @@ impl Agent {
                 }) {
                     Some(port) if self.open.contains(&port) => Response::Ok(Answer::default()),
                     _ => Response::error(
-                        100,
+                        ERR_AGENT,
                         "the pod has no port in the tables in force",
                         c.pod.to_string(),
                     ),
@@ -705,7 +763,7 @@ impl Agent {
             Ok(f) => f,
             Err(e) => {
                 return Response::error(
-                    100,
+                    ERR_AGENT,
                     "the Node object is bad",
                     describe(&format_args!("Node {}", self.opts.node), &e),
                 );
@@ -740,47 +798,31 @@ impl Agent {
             // The same ADD again: the same answer.
             return self.add_answer(&c.addresses.clone());
         }
-        if container_id.is_empty() || ifname.is_empty() || ifname.len() > 15 {
-            return Response::error(
-                4,
-                "container ID and interface name (at most 15 bytes) are required",
-                format!("{container_id:?} {ifname:?}"),
-            );
-        }
-        let mut addrs = Vec::new();
-        for a in addresses {
-            match a.parse::<IpNet>() {
-                Ok(n) => addrs.push(n),
-                Err(_) => return Response::error(7, "a pod address is not ADDR/LEN", a.clone()),
-            }
-        }
-        if addrs.is_empty() {
-            return Response::error(
-                7,
-                "the pod has no address",
-                format!("{}/{}", pod.namespace, pod.name),
-            );
-        }
+        let (addrs, netns) = match check_add(&container_id, &ifname, netns, addresses) {
+            Ok(checked) => checked,
+            Err(e) => return Response::Error(e),
+        };
         let key = ObjectKey::new(&pod.namespace, &pod.name);
         if self.cni.values().any(|c| c.pod == key) {
             return Response::error(
-                100,
+                ERR_AGENT,
                 "the pod already has an interface from another container",
                 key.to_string(),
             );
         }
-        let (netns, named_here) = match netns_name(netns).and_then(|(n, attach)| {
-            if let Some(pid) = attach {
+        let (netns, named_here) = match netns {
+            Netns::Named(n) => (n, false),
+            Netns::OfProcess(pid) => {
                 let name = format!("ferry-{}", &container_id[..container_id.len().min(24)]);
-                link::ip(&["netns", "attach", &name, &pid.to_string()])
-                    .map_err(|e| e.to_string())?;
-                Ok((name, true))
-            } else {
-                Ok((n, false))
+                if let Err(e) = link::ip(&["netns", "attach", &name, &pid.to_string()]) {
+                    return Response::error(
+                        4,
+                        "CNI_NETNS: the network namespace cannot be used",
+                        format!("/proc/{pid}/ns/net: {e}"),
+                    );
+                }
+                (name, true)
             }
-        }) {
-            Ok(n) => n,
-            Err(e) => return Response::error(7, "the network namespace cannot be used", e),
         };
         self.cni.insert(
             id.clone(),
@@ -792,7 +834,7 @@ impl Agent {
                 addresses: addrs.clone(),
             },
         );
-        match self.apply(cluster) {
+        match self.apply_steps(cluster) {
             Ok(a) => {
                 tracing::info!(container = %container_id, opened = ?a.opened, "pod attached");
                 self.save_state();
@@ -804,7 +846,11 @@ impl Agent {
                 {
                     let _ = link::ip(&["netns", "delete", &c.netns]);
                 }
-                Response::error(11, "the pod's interface could not be made", e)
+                Response::error(
+                    e.step.cni_code(),
+                    "the pod's interface could not be made",
+                    e.error,
+                )
             }
         }
     }
@@ -830,12 +876,16 @@ impl Agent {
     /// Compiles again without the pods `gone` (their ports close, their persistent
     /// interfaces are deleted) and records the attachments left.
     fn cni_release(&mut self, cluster: Arc<Cluster>, gone: Vec<CniPod>) -> Response {
-        let r = match self.apply(cluster) {
+        let r = match self.apply_steps(cluster) {
             Ok(a) => {
                 tracing::info!(closed = ?a.closed, "pods detached");
                 Response::Ok(Answer::default())
             }
-            Err(e) => Response::error(11, "the tables without the pod could not be applied", e),
+            Err(e) => Response::error(
+                e.step.cni_code(),
+                "the tables without the pod could not be applied",
+                e.error,
+            ),
         };
         for c in &gone {
             if let Err(e) = link::delete_in_netns(&c.netns, &c.ifname) {
@@ -1160,13 +1210,22 @@ fn adopt(a: &state::Attachment, queues: u16) -> Result<TapPort, String> {
 
 /// The `ip netns` name of a CNI_NETNS path: `/var/run/netns/NAME` or `/run/netns/NAME`
 /// give NAME; `/proc/PID/ns/net` gives no name yet but the PID to attach one to.
-fn netns_name(path: &str) -> Result<(String, Option<u32>), String> {
+/// A pod's network namespace as an `add` names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Netns {
+    /// `/var/run/netns/NAME` or `/run/netns/NAME`: its `ip netns` name.
+    Named(String),
+    /// `/proc/PID/ns/net`: the process's, which the agent names to use it.
+    OfProcess(u32),
+}
+
+fn netns_name(path: &str) -> Result<Netns, String> {
     for dir in ["/var/run/netns/", "/run/netns/"] {
         if let Some(n) = path.strip_prefix(dir)
             && !n.is_empty()
             && !n.contains('/')
         {
-            return Ok((n.to_string(), None));
+            return Ok(Netns::Named(n.to_string()));
         }
     }
     if let Some(pid) = path
@@ -1174,11 +1233,61 @@ fn netns_name(path: &str) -> Result<(String, Option<u32>), String> {
         .and_then(|r| r.strip_suffix("/ns/net"))
         .and_then(|p| p.parse::<u32>().ok())
     {
-        return Ok((String::new(), Some(pid)));
+        return Ok(Netns::OfProcess(pid));
     }
     Err(format!(
         "{path:?}: expected /var/run/netns/NAME, /run/netns/NAME or /proc/PID/ns/net"
     ))
+}
+
+/// Checks what an `add` asks for before anything is made: the container ID and
+/// interface name, the addresses (ADDR/LEN, at least one) and the namespace (a path
+/// the agent can use, there now). An error is the answer's, with the code docs/cni.md
+/// gives: 4 for what comes from the runtime's `CNI_*` variables, [`ERR_BAD_REQUEST`]
+/// for the plugin's addresses.
+fn check_add(
+    container_id: &str,
+    ifname: &str,
+    netns: &str,
+    addresses: &[String],
+) -> Result<(Vec<IpNet>, Netns), ApiError> {
+    if container_id.is_empty() || ifname.is_empty() || ifname.len() > 15 {
+        return Err(api_error(
+            4,
+            "CNI_CONTAINERID and CNI_IFNAME (at most 15 bytes) are required",
+            format!("{container_id:?} {ifname:?}"),
+        ));
+    }
+    let mut addrs = Vec::new();
+    for a in addresses {
+        match a.parse::<IpNet>() {
+            Ok(n) => addrs.push(n),
+            Err(_) => {
+                return Err(api_error(
+                    ERR_BAD_REQUEST,
+                    "a pod address is not ADDR/LEN",
+                    a.clone(),
+                ));
+            }
+        }
+    }
+    if addrs.is_empty() {
+        return Err(api_error(
+            ERR_BAD_REQUEST,
+            "the pod has no address",
+            container_id.to_string(),
+        ));
+    }
+    let ns = netns_name(netns)
+        .map_err(|e| api_error(4, "CNI_NETNS: the network namespace cannot be used", e))?;
+    if !std::path::Path::new(netns).exists() {
+        return Err(api_error(
+            4,
+            "CNI_NETNS: the network namespace does not exist",
+            netns.to_string(),
+        ));
+    }
+    Ok((addrs, ns))
 }
 
 /// Live-traced packets as the API carries them.
@@ -1209,6 +1318,15 @@ fn captured_answer(frames: Vec<observe::Frame>, lost: u64) -> Response {
     })
 }
 
+/// An error answer's contents.
+fn api_error(code: u32, msg: impl Into<String>, details: impl Into<String>) -> ApiError {
+    ApiError {
+        code,
+        msg: msg.into(),
+        details: details.into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1217,13 +1335,13 @@ mod tests {
     fn netns_paths_give_a_name_or_a_pid() {
         assert_eq!(
             netns_name("/var/run/netns/cni-1").unwrap(),
-            ("cni-1".into(), None)
+            Netns::Named("cni-1".into())
         );
-        assert_eq!(netns_name("/run/netns/x").unwrap(), ("x".into(), None));
         assert_eq!(
-            netns_name("/proc/42/ns/net").unwrap(),
-            (String::new(), Some(42))
+            netns_name("/run/netns/x").unwrap(),
+            Netns::Named("x".into())
         );
+        assert_eq!(netns_name("/proc/42/ns/net").unwrap(), Netns::OfProcess(42));
         for bad in [
             "",
             "/var/run/netns/",
@@ -1233,6 +1351,46 @@ mod tests {
         ] {
             assert!(netns_name(bad).is_err(), "{bad}");
         }
+    }
+
+    fn code(r: Result<(Vec<IpNet>, Netns), ApiError>) -> u32 {
+        match r {
+            Err(e) => e.code,
+            r => panic!("expected an error answer, got {r:?}"),
+        }
+    }
+
+    #[test]
+    fn add_requests_are_checked_with_the_cni_codes_of_their_faults() {
+        let addrs = ["10.244.1.5/24".to_string()];
+        // This process's namespace: a path that is there.
+        let here = format!("/proc/{}/ns/net", std::process::id());
+        let (a, ns) = check_add("c1", "eth0", &here, &addrs).unwrap();
+        assert_eq!(a, ["10.244.1.5/24".parse::<IpNet>().unwrap()]);
+        assert_eq!(ns, Netns::OfProcess(std::process::id()));
+        // What the runtime gives (CNI_NETNS, CNI_CONTAINERID, CNI_IFNAME): 4.
+        assert_eq!(code(check_add("c1", "eth0", "/tmp/elsewhere", &addrs)), 4);
+        let gone = "/var/run/netns/ferry-test-no-such-namespace";
+        assert_eq!(code(check_add("c1", "eth0", gone, &addrs)), 4);
+        assert_eq!(code(check_add("c1", "eth0", "/proc/0/ns/net", &addrs)), 4);
+        assert_eq!(code(check_add("", "eth0", &here, &addrs)), 4);
+        assert_eq!(
+            code(check_add("c1", "eth0-is-far-too-long", &here, &addrs)),
+            4
+        );
+        // What the plugin gives: a bad request.
+        let bad = ["10.244.1.5".to_string()];
+        assert_eq!(code(check_add("c1", "eth0", &here, &bad)), ERR_BAD_REQUEST);
+        assert_eq!(code(check_add("c1", "eth0", &here, &[])), ERR_BAD_REQUEST);
+    }
+
+    #[test]
+    fn only_a_busy_worker_makes_a_cni_request_worth_trying_again_later() {
+        assert_eq!(Step::Worker.cni_code(), 11);
+        // An address of the pod that belongs to another pod stays so until the cluster
+        // changes.
+        assert_eq!(Step::Compile.cni_code(), ERR_TABLES);
+        assert_eq!(Step::Port.cni_code(), ERR_INTERFACE);
     }
 
     #[test]

@@ -140,11 +140,22 @@ pub enum Request {
     CaptureStop,
 }
 
-/// The error code of a request whose fields are bad (a filter that does not parse).
+/// The error code of a request the agent cannot serve as things are, for a reason of
+/// its own (the pod already has an interface from another container; the Node object is
+/// bad; CHECK: the pod has no port in the tables in force).
+pub const ERR_AGENT: u32 = 100;
+/// The error code of a request whose fields are bad (a filter that does not parse, a
+/// pod address that is not ADDR/LEN).
 pub const ERR_BAD_REQUEST: u32 = 102;
 /// The error code of a request the dataplane's worker did not answer (stopped, or not
 /// in time).
 pub const ERR_WORKER: u32 = 103;
+/// The error code of an `add` or `del` whose tables do not compile (an address of the
+/// pod belongs to another pod): trying again does not help until the cluster changes.
+pub const ERR_TABLES: u32 = 104;
+/// The error code of an `add` or `del` whose pod interface could not be made or opened
+/// (a TAP not created, not moved into the pod's namespace).
+pub const ERR_INTERFACE: u32 = 105;
 
 /// How many connections a [`Request::Conntrack`] lists unless told otherwise.
 pub const DEFAULT_CT_LIMIT: usize = 10_000;
@@ -360,8 +371,9 @@ pub enum Response {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApiError {
     /// The CNI error code (see the CNI specification: 3 unknown container, 4 invalid
-    /// environment variables, 5 I/O failure, 7 invalid network configuration, 11 try
-    /// again later, 50 the plugin is not available; 100 and up are ferry's).
+    /// environment variables (a bad network namespace), 11 try again later (only for
+    /// what passes by itself), 50 the plugin is not available; 100 and up are ferry's,
+    /// [`ERR_AGENT`] to [`ERR_INTERFACE`]). `docs/cni.md` lists which answer gets which.
     pub code: u32,
     /// A short message.
     pub msg: String,

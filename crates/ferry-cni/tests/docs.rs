@@ -29,6 +29,25 @@ fn cni_doc_lists_every_error_code() {
 }
 
 #[test]
+fn cni_doc_lists_every_code_of_the_agent() {
+    let (_, agent) = DOC
+        .split_once("### The agent's codes")
+        .expect("docs/cni.md has a section on the agent's codes");
+    for c in [
+        ferry_api::ERR_AGENT,
+        ferry_api::ERR_BAD_REQUEST,
+        ferry_api::ERR_WORKER,
+        ferry_api::ERR_TABLES,
+        ferry_api::ERR_INTERFACE,
+    ] {
+        assert!(
+            agent.contains(&format!("\n| {c} |")),
+            "docs/cni.md lacks the agent's code {c}"
+        );
+    }
+}
+
+#[test]
 fn cni_doc_names_every_configuration_key_and_version() {
     for key in [
         "socket",

@@ -114,9 +114,9 @@ fn add_refused_by_the_agent_releases_the_leases_and_passes_its_error_on() {
     let cni = Cni::new();
     cni.agent().script(|r| match r {
         Request::Add { .. } => Reply::Answer(Response::error(
-            104,
-            "cannot open the network namespace",
-            "/var/run/netns/cni-c1: no such file",
+            ferry_api::ERR_TABLES,
+            "the pod's interface could not be made",
+            "ports[3] (\"pod.default.b\"): address 10.244.1.2 belongs to another pod",
         )),
         other => good_agent(&common::POD_CIDRS, other),
     });
@@ -127,8 +127,8 @@ fn add_refused_by_the_agent_releases_the_leases_and_passes_its_error_on() {
         json!({
             "cniVersion": "1.0.0",
             "code": 104,
-            "msg": "cannot open the network namespace",
-            "details": "/var/run/netns/cni-c1: no such file"
+            "msg": "the pod's interface could not be made",
+            "details": "ports[3] (\"pod.default.b\"): address 10.244.1.2 belongs to another pod"
         })
     );
     assert_eq!(cni.lease_files(), []);
@@ -362,10 +362,14 @@ fn check_passes_on_the_add_result_and_fails_when_they_differ() {
     // The agent's own verdict passes through.
     conf["prevResult"] = added;
     cni.agent().script(|r| match r {
-        Request::Check { .. } => Reply::Answer(Response::error(105, "TAP is down", "")),
+        Request::Check { .. } => Reply::Answer(Response::error(
+            ferry_api::ERR_AGENT,
+            "the pod has no port in the tables in force",
+            "default/a",
+        )),
         other => good_agent(&common::POD_CIDRS, other),
     });
-    assert_eq!(run(&check, &conf).error_code(), 105);
+    assert_eq!(run(&check, &conf).error_code(), 100);
 }
 
 #[test]

@@ -178,7 +178,7 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
         addresses: vec!["10.244.1.6/24".into()],
     };
     match call(&sock, &bad).unwrap() {
-        Response::Error(e) => assert_eq!(e.code, 7, "{e:?}"),
+        Response::Error(e) => assert_eq!(e.code, 4, "a bad CNI_NETNS: {e:?}"),
         r => panic!("{r:?}"),
     }
     let log = lab.stop("ferry agent");
