@@ -485,7 +485,23 @@ impl Conntrack {
             };
             match c.packet(dir, &seg) {
                 Verdict::Accept => {}
-                Verdict::Ignore => refresh = false,
+                Verdict::Ignore => {
+                    // Let through and nothing more: no state, no refresh, not counted
+                    // (as in Linux), and no status bit, so that an ignored SYN-ACK does
+                    // not make a stale entry replied, hence unevictable, nor assured
+                    // (Linux marks it replied, never assured).
+                    let to = e.status.nat().then(|| reverse(&e.tuple(1 - dir)));
+                    self.stats.found += 1;
+                    if let Some(to) = to {
+                        translate(pkt, parsed, &to)?;
+                    }
+                    return Ok(CtResult {
+                        state: CtState::Established,
+                        reply,
+                        entry: Some(id),
+                        pending: None,
+                    });
+                }
                 // Not before a reply (as Linux): a client or NAT reusing the port would
                 // keep the entry, and its NAT, alive for ever.
                 Verdict::SynAgain => refresh = e.status.has(Status::SEEN_REPLY),

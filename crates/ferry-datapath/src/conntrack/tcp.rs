@@ -305,7 +305,8 @@ pub(crate) enum Verdict {
     /// Accepted: an RST (the connection is CLOSE). Linux removes the connection at once
     /// when no reply was seen before it.
     Reset,
-    /// Let through; nothing was updated.
+    /// Let through untracked: nothing was updated, and nothing in the entry (status,
+    /// timeout, counters) is.
     Ignore,
     /// Invalid; nothing was updated.
     Invalid,

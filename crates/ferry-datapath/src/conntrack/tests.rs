@@ -847,6 +847,88 @@ fn tcp_syn_on_established_passes_without_state_change() {
     );
 }
 
+/// The SYN of a client that reuses the port, but the server still has the old
+/// connection: it answers with a challenge ACK (RFC 5961), which passes and leaves the
+/// old connection ESTABLISHED, as does a SYN-ACK that does not acknowledge that SYN. The
+/// ignored segments change nothing in the entry.
+#[test]
+fn tcp_challenge_ack_to_an_ignored_syn_keeps_the_old_connection() {
+    let mut ct = ct();
+    let id = handshake(&mut ct);
+    let before = ct.get(id).unwrap().clone();
+    let r = run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 77_000_000, 0, SYN, 0),
+        None,
+        3,
+    );
+    assert_eq!((r.state, r.entry), (CtState::Established, Some(id)));
+    assert_eq!(ct.get(id).unwrap(), &before, "not refreshed, not counted");
+    // A late copy of the old SYN-ACK.
+    let r = run(
+        &mut ct,
+        &mut tcp(V, 80, C, 40000, 5000, 1001, SYN | ACK, 0),
+        None,
+        4,
+    );
+    assert_eq!((r.state, r.reply), (CtState::Established, true));
+    assert_eq!(ct.get(id).unwrap(), &before);
+    let r = run(
+        &mut ct,
+        &mut tcp(V, 80, C, 40000, 5001, 1001, ACK, 0),
+        None,
+        5,
+    );
+    assert_eq!(r.state, CtState::Established, "the challenge ACK");
+    let r = run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 1001, 5001, ACK | PSH, 100),
+        None,
+        6,
+    );
+    assert_eq!(r.state, CtState::Established);
+    assert_eq!(tcp_state(&ct, id), TcpState::Established);
+}
+
+/// A segment let through untracked (a SYN-ACK on an established connection, here one
+/// picked up mid-stream that never saw a reply) changes nothing in its entry, as in
+/// Linux: no reply seen and not assured (so the entry keeps its short timeout and can
+/// still be evicted), not refreshed, not counted.
+#[test]
+fn tcp_ignored_segment_changes_nothing_in_its_entry() {
+    let mut ct = Conntrack::new(Config {
+        max_entries: 1,
+        ..Config::default()
+    });
+    let id = run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 123_456, 654_321, ACK | PSH, 100),
+        None,
+        0,
+    )
+    .entry
+    .unwrap();
+    let before = ct.get(id).unwrap().clone();
+    let r = run(
+        &mut ct,
+        &mut tcp(V, 80, C, 40000, 9_000_000, 123_556, SYN | ACK, 0),
+        None,
+        5 * S,
+    );
+    assert_eq!(
+        (r.state, r.reply, r.entry),
+        (CtState::Established, true, Some(id))
+    );
+    assert_eq!(ct.get(id).unwrap(), &before);
+    let mut p = tcp(C, 40001, V, 80, 1, 0, SYN, 0);
+    let r = ct.process(&mut p.pkt, &mut p.parsed, None, 6 * S).unwrap();
+    assert!(
+        ct.commit(r.pending.unwrap(), 6 * S).is_ok(),
+        "the stale entry is evicted to make room"
+    );
+    assert_eq!(ct.stats().evicted, 1);
+}
+
 #[test]
 fn tcp_new_syn_in_time_wait_or_close_starts_fresh_connection() {
     let mut ct = ct();
