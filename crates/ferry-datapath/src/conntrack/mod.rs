@@ -23,7 +23,10 @@
 //! Memory: a full table of the default [`Config::max_entries`] takes 196 bytes per
 //! connection (a 176-byte entry with its list links, 20 bytes of index), plus a fixed
 //! 16 KiB expiry wheel; IPv6 connections with more than three distinct addresses take 48
-//! bytes more. [`Conntrack::memory_bytes`] reports it; `table` explains the layout.
+//! bytes more. [`Conntrack::memory_bytes`] reports it; `table` explains the layout. The
+//! last SYN ignored on a TCP connection, which Linux keeps in the connection, is kept
+//! outside the entries, in a fixed 6 KiB table allocated when a SYN is first ignored
+//! (`resync`).
 //!
 //! Everything here is pure: time comes in as `now_ns`.
 
@@ -37,6 +40,7 @@ mod nat;
 mod nat_tests;
 #[cfg(test)]
 mod proptests;
+mod resync;
 mod table;
 mod tcp;
 #[cfg(test)]
@@ -49,6 +53,7 @@ pub use nat::{SNAT_PORTS, SNAT_PRIVILEGED_PORTS};
 pub use tcp::{TcpConn, TcpState};
 
 use self::icmp::Kind;
+use self::resync::Resync;
 use self::table::Table;
 use self::tcp::{Segment, Verdict};
 use crate::drop::DropReason;
@@ -315,6 +320,8 @@ pub struct Conntrack {
     config: Config,
     table: Table,
     stats: Stats,
+    /// The last SYN ignored on each TCP connection (see `resync`).
+    resync: Resync,
 }
 
 impl Conntrack {
@@ -325,6 +332,7 @@ impl Conntrack {
             config,
             table: Table::new(config.max_entries),
             stats: Stats::default(),
+            resync: Resync::default(),
         }
     }
 
@@ -485,6 +493,9 @@ impl Conntrack {
             };
             match c.packet(dir, &seg) {
                 Verdict::Accept => {}
+                // The SYN-ACK answering a SYN ignored before: the connection restarted
+                // from that SYN, and this packet is tracked as accepted.
+                Verdict::Ignore if self.resync.resynced(id, e.first_seen_ns, c, dir, &seg) => {}
                 Verdict::Ignore => {
                     // Let through and nothing more: no state, no refresh, not counted
                     // (as in Linux), and no status bit, so that an ignored SYN-ACK does

@@ -294,6 +294,34 @@ fn after(a: u32, b: u32) -> bool {
     before(b, a)
 }
 
+/// A SYN let through without tracking ([`Verdict::Ignore`]: a SYN on a live connection),
+/// what Linux keeps of it (`last_dir`, `last_end`, `last_win`, `last_wscale`) so that the
+/// SYN-ACK answering it can resynchronise the connection ([`TcpConn::resync`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IgnoredSyn {
+    /// Its direction.
+    dir: u8,
+    /// Its window scale option.
+    wscale: Option<u8>,
+    /// Its window (never scaled in a SYN).
+    win: u16,
+    /// Its sequence number plus its length: what a SYN-ACK answering it acknowledges.
+    end: u32,
+}
+
+impl IgnoredSyn {
+    /// What an ignored segment in direction `dir` leaves to remember: `Some` for a SYN.
+    /// Any other ignored segment replaces the memory with nothing, as in Linux.
+    pub(crate) fn of(dir: usize, seg: &Segment) -> Option<IgnoredSyn> {
+        (class(seg.flags) == Class::Syn).then_some(IgnoredSyn {
+            dir: dir as u8,
+            wscale: seg.wscale,
+            win: seg.win,
+            end: seg.seq.wrapping_add(seg.len),
+        })
+    }
+}
+
 /// What tracking says about a segment of a known connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -325,21 +353,7 @@ impl TcpConn {
         let end = seg.seq.wrapping_add(seg.len);
         let win = u32::from(seg.win).max(1);
         match class(seg.flags) {
-            Class::Syn => {
-                let mut c = TcpConn {
-                    state: TcpState::SynSent,
-                    end: [end, 0],
-                    maxend: [end, 0],
-                    maxwin: [win, 0],
-                    scale: [0; 2],
-                    flags: 0,
-                };
-                if let Some(s) = seg.wscale {
-                    c.scale[0] = s;
-                    c.set_flag(0, F_WSCALE);
-                }
-                Some(c)
-            }
+            Class::Syn => Some(TcpConn::opened(0, end, win, seg.wscale)),
             Class::Ack if pickup => {
                 // The scales were in SYNs we never saw: assume the largest, so that real
                 // windows fit, while sequence numbers far off the stream still fail.
@@ -355,6 +369,28 @@ impl TcpConn {
             }
             _ => None,
         }
+    }
+
+    /// A connection in SYN_SENT after a SYN from direction `dir` that ends at `end` with
+    /// window `win` (at least 1) and the window scale option `wscale`; the other side not
+    /// seen yet.
+    fn opened(dir: usize, end: u32, win: u32, wscale: Option<u8>) -> TcpConn {
+        let mut c = TcpConn {
+            state: TcpState::SynSent,
+            end: [0; 2],
+            maxend: [0; 2],
+            maxwin: [0; 2],
+            scale: [0; 2],
+            flags: 0,
+        };
+        c.end[dir] = end;
+        c.maxend[dir] = end;
+        c.maxwin[dir] = win;
+        if let Some(s) = wscale {
+            c.scale[dir] = s;
+            c.set_flag(dir, F_WSCALE);
+        }
+        c
     }
 
     /// Tracks a segment in direction `dir` (0 original, 1 reply). On any verdict other
@@ -382,6 +418,33 @@ impl TcpConn {
             Class::Syn if old_state == TcpState::SynSent => Verdict::SynAgain,
             _ => Verdict::Accept,
         }
+    }
+
+    /// A segment in direction `dir` that [`TcpConn::packet`] said to ignore, given the
+    /// last segment ignored before it, `syn`: when that was a SYN from the other direction
+    /// and this is a SYN-ACK acknowledging exactly its end, both ends agree on a new
+    /// connection that this one missed (a client restarted and reused the tuple of a stale
+    /// ESTABLISHED connection, and the server had no socket left for it). As Linux does,
+    /// the connection starts again from that SYN, as if seen in SYN_SENT, and the SYN-ACK
+    /// takes it to SYN_RECV; it is then tracked as a connection seen from its SYN (no
+    /// longer liberal). `Accept` when it did; otherwise `Ignore`, the connection unchanged
+    /// (a server that still has the old connection answers the SYN with a challenge ACK,
+    /// and the old connection goes on).
+    pub(crate) fn resync(&mut self, dir: usize, seg: &Segment, syn: &IgnoredSyn) -> Verdict {
+        let from = usize::from(syn.dir);
+        if class(seg.flags) != Class::SynAck || from == dir || seg.ack != syn.end {
+            return Verdict::Ignore;
+        }
+        let win = u32::from(syn.win).max(1);
+        let mut c = TcpConn::opened(from, syn.end, win, syn.wscale);
+        // In window by construction (the other side is new, and the SYN-ACK acknowledges
+        // exactly the SYN's end); checked all the same, for the windows it sets.
+        if !c.in_window(dir, seg) {
+            return Verdict::Ignore;
+        }
+        c.state = TcpState::SynRecv;
+        *self = c;
+        Verdict::Accept
     }
 
     /// Checks a segment against the windows and, when in window, updates them.
@@ -567,6 +630,51 @@ mod tests {
         c.packet(0, &seg(1001, 5001, ACK, 0));
         assert_eq!(c.packet(0, &seg(1001, 0, SYN, 0)), Verdict::Ignore);
         assert_eq!(c.packet(0, &seg(1001, 5001, RST, 0)), Verdict::Reset);
+    }
+
+    /// Linux's resynchronisation: a stale connection (here picked up mid-stream) meets a
+    /// new one on its tuple; the SYN-ACK that acknowledges the ignored SYN restarts it.
+    #[test]
+    fn syn_ack_answering_the_ignored_syn_resyncs() {
+        let mut c = TcpConn::new(&seg(1000, 5000, ACK, 10), true).unwrap();
+        let syn = Segment {
+            wscale: Some(7),
+            win: 1000,
+            ..seg(77_000_000, 0, SYN, 0)
+        };
+        assert_eq!(c.packet(0, &syn), Verdict::Ignore);
+        let last = IgnoredSyn::of(0, &syn).unwrap();
+        let stale = c;
+        // Not the answer: another ack, the same direction as the SYN, not a SYN-ACK.
+        for (dir, s) in [
+            (1, seg(5000, 1010, SYN | ACK, 0)),
+            (0, seg(9_000_000, 77_000_001, SYN | ACK, 0)),
+            (1, seg(5000, 77_000_001, ACK, 0)),
+        ] {
+            assert_eq!(c.resync(dir, &s, &last), Verdict::Ignore, "{s:?}");
+            assert_eq!(c, stale);
+        }
+        let synack = Segment {
+            wscale: Some(8),
+            ..seg(9_000_000, 77_000_001, SYN | ACK, 0)
+        };
+        assert_eq!(c.packet(1, &synack), Verdict::Ignore);
+        assert_eq!(IgnoredSyn::of(1, &synack), None, "only a SYN is remembered");
+        assert_eq!(c.resync(1, &synack, &last), Verdict::Accept);
+        assert_eq!(c.state, TcpState::SynRecv);
+        assert_eq!(c.end, [77_000_001, 9_000_001]);
+        assert_eq!(c.scale, [7, 8]);
+        assert!(!c.liberal(), "seen from its SYN now");
+        assert_eq!(
+            c.packet(0, &seg(77_000_001, 9_000_001, ACK, 0)),
+            Verdict::Accept
+        );
+        assert_eq!(c.state, TcpState::Established);
+        assert_eq!(
+            c.packet(0, &seg(1010, 5000, ACK, 10)),
+            Verdict::Invalid,
+            "the stale connection's sequence numbers are out of window now"
+        );
     }
 
     /// Handshake with the given window scale options; the server then advertises a

@@ -890,6 +890,92 @@ fn tcp_challenge_ack_to_an_ignored_syn_keeps_the_old_connection() {
     assert_eq!(tcp_state(&ct, id), TcpState::Established);
 }
 
+/// A client restarted and reuses the tuple of a connection whose ESTABLISHED entry
+/// lingers (here to a Service's backend); the server has no socket left for it and
+/// answers the new SYN with a SYN-ACK. As in Linux, that SYN-ACK resynchronises the
+/// entry: the new connection goes through SYN_RECV to ESTABLISHED, with its NAT, instead
+/// of being INVALID until the stale entry times out.
+#[test]
+fn tcp_syn_ack_answering_an_ignored_syn_restarts_a_stale_connection() {
+    let mut ct = ct();
+    let backend = "10.244.1.5";
+    let nat = Nat {
+        dnat: Some((Addr::from(ip(backend)), Some(8080))),
+        snat: None,
+    };
+    let id = run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 1000, 0, SYN, 0),
+        Some(&nat),
+        0,
+    )
+    .entry
+    .unwrap();
+    run(
+        &mut ct,
+        &mut tcp(backend, 8080, C, 40000, 5000, 1001, SYN | ACK, 0),
+        None,
+        1,
+    );
+    run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 1001, 5001, ACK, 0),
+        None,
+        2,
+    );
+    assert_eq!(tcp_state(&ct, id), TcpState::Established);
+
+    let t = 3 * S;
+    let mut syn = tcp(C, 40000, V, 80, 77_000_000, 0, SYN, 0);
+    let r = run(&mut ct, &mut syn, None, t);
+    assert_eq!((r.state, r.entry), (CtState::Established, Some(id)));
+    assert_eq!(syn.parsed.key.dst, Addr::from(ip(backend)), "translated");
+    assert_eq!(tcp_state(&ct, id), TcpState::Established);
+    let mut synack = tcp(backend, 8080, C, 40000, 9_000_000, 77_000_001, SYN | ACK, 0);
+    let r = run(&mut ct, &mut synack, None, t + 1);
+    assert_eq!((r.state, r.reply), (CtState::Established, true));
+    assert_eq!(synack.parsed.key.src, Addr::from(ip(V)), "translated back");
+    assert_eq!(tcp_state(&ct, id), TcpState::SynRecv);
+    assert_eq!(
+        ct.get(id).unwrap().deadline_ns(&ct.config().timeouts),
+        t + 1 + Timeouts::default().tcp_syn_recv_ns
+    );
+    let r = run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 77_000_001, 9_000_001, ACK, 0),
+        None,
+        t + 2,
+    );
+    assert_eq!(r.state, CtState::Established);
+    assert_eq!(tcp_state(&ct, id), TcpState::Established);
+    let r = run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 77_000_001, 9_000_001, ACK | PSH, 100),
+        None,
+        t + 3,
+    );
+    assert_eq!(r.state, CtState::Established);
+    let r = run(
+        &mut ct,
+        &mut tcp(backend, 8080, C, 40000, 9_000_001, 77_000_101, ACK, 0),
+        None,
+        t + 4,
+    );
+    assert_eq!(r.state, CtState::Established);
+    let ProtoState::Tcp(c) = ct.get(id).unwrap().proto_state else {
+        unreachable!()
+    };
+    assert_eq!(c.end, [77_000_101, 9_000_001]);
+    // The old connection's segments are out of window now.
+    let r = run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 1001, 5001, ACK, 10),
+        None,
+        t + 5,
+    );
+    assert_eq!(r.state, CtState::Invalid);
+}
+
 /// A segment let through untracked (a SYN-ACK on an established connection, here one
 /// picked up mid-stream that never saw a reply) changes nothing in its entry, as in
 /// Linux: no reply seen and not assured (so the entry keeps its short timeout and can
