@@ -102,7 +102,7 @@ impl Segment {
         }
         if v.flags & VnetHdr::F_DATA_VALID == 0 {
             let pseudo = pseudo_header(data, p.l3, p.l3_off, t.len());
-            if checksum::finish(checksum::add(t, pseudo)) != 0 {
+            if !checksum::verify(t, pseudo) {
                 return None;
             }
         }
@@ -154,22 +154,7 @@ fn same_headers(a: &[u8], sa: &Segment, b: &[u8], sb: &Segment) -> bool {
 
 /// The pseudo-header sum of the TCP segment of `l4_len` bytes in `data`.
 fn pseudo_header(data: &[u8], l3: L3, l3_off: usize, l4_len: usize) -> u64 {
-    let ip = &data[l3_off..];
-    match l3 {
-        L3::Ipv4 => checksum::pseudo_v4(
-            [ip[12], ip[13], ip[14], ip[15]],
-            [ip[16], ip[17], ip[18], ip[19]],
-            proto::TCP,
-            l4_len as u16,
-        ),
-        _ => {
-            let mut src = [0u8; 16];
-            let mut dst = [0u8; 16];
-            src.copy_from_slice(&ip[8..24]);
-            dst.copy_from_slice(&ip[24..40]);
-            checksum::pseudo_v6(&src, &dst, proto::TCP, l4_len as u32)
-        }
-    }
+    checksum::pseudo_header(&data[l3_off..], l3 == L3::Ipv6, proto::TCP, l4_len)
 }
 
 /// A run being built: the first packet, whose buffer grows with the others' payloads.

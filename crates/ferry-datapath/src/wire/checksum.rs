@@ -116,6 +116,36 @@ pub fn pseudo_v6(src: &[u8; 16], dst: &[u8; 16], next_header: u8, l4_len: u32) -
         + u64::from(l4_len & 0xffff)
 }
 
+/// The pseudo-header sum for a transport segment of `l4_len` bytes and protocol `proto`,
+/// with the addresses of the IP header `ip` (at least its fixed part; IPv6 when `v6`).
+/// For IPv6 that is the destination in the fixed header, as Linux's conntrack takes it,
+/// even when a routing header with segments left names another final destination (only
+/// segmentation, in `gso`, reads that one).
+#[inline]
+pub fn pseudo_header(ip: &[u8], v6: bool, proto: u8, l4_len: usize) -> u64 {
+    if v6 {
+        let mut src = [0u8; 16];
+        let mut dst = [0u8; 16];
+        src.copy_from_slice(&ip[8..24]);
+        dst.copy_from_slice(&ip[24..40]);
+        pseudo_v6(&src, &dst, proto, l4_len as u32)
+    } else {
+        pseudo_v4(
+            [ip[12], ip[13], ip[14], ip[15]],
+            [ip[16], ip[17], ip[18], ip[19]],
+            proto,
+            l4_len as u16,
+        )
+    }
+}
+
+/// True when a transport segment's checksum is right: the whole segment, its checksum
+/// field included, sums with its pseudo-header sum to zero.
+#[inline]
+pub fn verify(segment: &[u8], pseudo: u64) -> bool {
+    finish(add(segment, pseudo)) == 0
+}
+
 /// RFC 1624 eqn. 3: the checksum after one 16-bit word changed from `old` to `new`.
 #[inline]
 pub fn update16(csum: u16, old: u16, new: u16) -> u16 {
@@ -291,6 +321,31 @@ mod tests {
         let before = checksum(&data);
         data[20..22].copy_from_slice(&8080u16.to_be_bytes());
         assert_eq!(update16(before, old16, 8080), checksum(&data));
+    }
+
+    #[test]
+    fn test_verify_with_header_addresses() {
+        use crate::wire::build::{self, IpOpts, tcp_flags::SYN};
+        use crate::wire::parse::{L3, parse};
+        for (src, dst) in [("10.0.0.1", "10.0.0.2"), ("fd00::1", "fd00::2")] {
+            let mut f = build::tcp(
+                src.parse().unwrap(),
+                dst.parse().unwrap(),
+                40000,
+                80,
+                1000,
+                0,
+                SYN,
+                b"abc",
+                &IpOpts::default(),
+            );
+            let p = parse(&f, 0).unwrap();
+            let len = p.ip_end - p.l4_off;
+            let pseudo = pseudo_header(&f[p.l3_off..], p.l3 == L3::Ipv6, 6, len);
+            assert!(verify(&f[p.l4_off..p.ip_end], pseudo), "{src}");
+            f[p.ip_end - 1] ^= 1;
+            assert!(!verify(&f[p.l4_off..p.ip_end], pseudo), "{src}");
+        }
     }
 
     #[test]
