@@ -487,7 +487,7 @@ impl Conntrack {
         let mut refresh = true;
         let tcp = matches!(e.proto_state, ProtoState::Tcp(_));
         if let ProtoState::Tcp(c) = &mut e.proto_state {
-            let Some(seg) = Segment::read(&pkt.data, parsed) else {
+            let Some(seg) = Segment::read(pkt, parsed) else {
                 self.stats.invalid += 1;
                 return Ok(invalid);
             };
@@ -604,7 +604,7 @@ impl Conntrack {
         let key = parsed.key;
         let ps = match key.proto {
             proto::TCP => {
-                let c = Segment::read(&pkt.data, parsed)
+                let c = Segment::read(pkt, parsed)
                     .and_then(|seg| TcpConn::new(&seg, self.config.tcp_pickup));
                 match c {
                     Some(c) => ProtoState::Tcp(c),

@@ -22,8 +22,11 @@
 use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
 
-use crate::wire::Parsed;
+use crate::flow::proto;
+use crate::packet::{Packet, VnetHdr};
 use crate::wire::build::tcp_flags::{ACK, CWR, ECE, FIN, PSH, RST, SYN, URG};
+use crate::wire::checksum;
+use crate::wire::{L3, Parsed};
 
 /// TCP connection states (nf_conntrack's, without SYN_SENT2: a simultaneous open is let
 /// through without changing state).
@@ -141,12 +144,17 @@ pub(crate) struct Segment {
 }
 
 impl Segment {
-    /// Reads the segment at `parsed.l4_off`; `None` when the header does not fit. Inlined
-    /// so that the segment is built where its caller keeps it: returned through memory,
-    /// it was copied in 16-byte moves that waited for its narrower stores.
+    /// Reads the segment of `pkt` at `parsed.l4_off`; `None` when the header does not
+    /// fit, or when the segment can change the connection's state (SYN, FIN or RST set)
+    /// and its checksum is wrong (see [`checksum_ok`]): such a segment is INVALID and
+    /// changes nothing, as Linux's conntrack treats a bad checksum. Other segments are
+    /// not verified, for speed (they are most of the bytes); the receiver drops them if
+    /// corrupted. Inlined so that the segment is built where its caller keeps it:
+    /// returned through memory, it was copied in 16-byte moves that waited for its
+    /// narrower stores.
     #[inline]
-    pub(crate) fn read(frame: &[u8], parsed: &Parsed) -> Option<Segment> {
-        let l4 = frame.get(parsed.l4_off..parsed.ip_end)?;
+    pub(crate) fn read(pkt: &Packet, parsed: &Parsed) -> Option<Segment> {
+        let l4 = pkt.data.get(parsed.l4_off..parsed.ip_end)?;
         if l4.len() < 20 {
             return None;
         }
@@ -157,8 +165,17 @@ impl Segment {
         let flags = l4[13];
         let payload = (l4.len() - doff) as u32;
         let len = payload + u32::from(flags & SYN != 0) + u32::from(flags & FIN != 0);
-        let wscale = if flags & SYN != 0 {
-            window_scale(&l4[20..doff])
+        // One test on the flags for both the checksum and the window scale, so that a
+        // segment with none of them (an ACK, data) pays nothing for either.
+        let wscale = if flags & (SYN | FIN | RST) != 0 {
+            if !checksum_ok(pkt, parsed, l4) {
+                return None;
+            }
+            if flags & SYN != 0 {
+                window_scale(&l4[20..doff])
+            } else {
+                None
+            }
         } else {
             None
         };
@@ -171,6 +188,21 @@ impl Segment {
             wscale,
         })
     }
+}
+
+/// True when the checksum of the TCP segment `l4` of `pkt` is right, or need not be
+/// verified: when the packet's virtio-net header says it is partial (`NEEDS_CSUM`: a
+/// local sender left it to offload, and nobody verifies it, as Linux exempts
+/// `CHECKSUM_PARTIAL`) or already verified (`DATA_VALID`).
+#[cold]
+fn checksum_ok(pkt: &Packet, parsed: &Parsed, l4: &[u8]) -> bool {
+    let v = pkt.meta.vnet;
+    if v.flags & (VnetHdr::F_NEEDS_CSUM | VnetHdr::F_DATA_VALID) != 0 {
+        return true;
+    }
+    let ip = &pkt.data[parsed.l3_off..];
+    let pseudo = checksum::pseudo_header(ip, parsed.l3 == L3::Ipv6, proto::TCP, l4.len());
+    checksum::verify(l4, pseudo)
 }
 
 /// The window scale option among TCP options, clamped to 14 (RFC 7323).

@@ -1015,6 +1015,99 @@ fn tcp_ignored_segment_changes_nothing_in_its_entry() {
     assert_eq!(ct.stats().evicted, 1);
 }
 
+/// Corrupts a TCP segment: its checksum no longer matches.
+fn corrupt(p: &mut Pkt) {
+    p.pkt.data[p.parsed.l4_off + 16] ^= 0x5a;
+}
+
+/// A corrupted RST or FIN would end the connection (and a new one could then pick
+/// another backend): as in Linux, a segment that can change the state and fails its
+/// checksum is INVALID and changes nothing.
+#[test]
+fn tcp_rst_or_fin_with_a_bad_checksum_is_invalid_and_changes_nothing() {
+    let mut ct = ct();
+    let id = handshake(&mut ct);
+    let before = ct.get(id).unwrap().clone();
+    for flags in [RST, RST | ACK, FIN | ACK] {
+        let mut p = tcp(V, 80, C, 40000, 5001, 1001, flags, 0);
+        corrupt(&mut p);
+        let r = run(&mut ct, &mut p, None, 3);
+        assert_eq!(
+            (r.state, r.entry),
+            (CtState::Invalid, Some(id)),
+            "flags {flags:#x}"
+        );
+        assert_eq!(ct.get(id).unwrap(), &before, "flags {flags:#x}");
+    }
+    assert_eq!(ct.stats().invalid, 3);
+    let r = run(
+        &mut ct,
+        &mut tcp(V, 80, C, 40000, 5001, 1001, RST, 0),
+        None,
+        4,
+    );
+    assert_eq!(r.state, CtState::Established, "the same RST intact");
+    assert_eq!(tcp_state(&ct, id), TcpState::Close);
+}
+
+#[test]
+fn tcp_syn_with_a_bad_checksum_creates_nothing() {
+    let mut ct = ct();
+    for v6 in [false, true] {
+        let (c, v) = if v6 { ("fd00::1", "fd00::2") } else { (C, V) };
+        let mut p = tcp(c, 40000, v, 80, 1000, 0, SYN, 0);
+        corrupt(&mut p);
+        let r = run(&mut ct, &mut p, None, 0);
+        assert_eq!(r.state, CtState::Invalid);
+        assert!(r.pending.is_none() && r.entry.is_none());
+    }
+    assert!(ct.is_empty());
+    assert_eq!((ct.stats().new, ct.stats().invalid), (0, 2));
+}
+
+/// Only segments that can change the state are verified: data and ACKs are most of the
+/// bytes, and a corrupted one is left for the receiver to drop.
+#[test]
+fn tcp_data_with_a_bad_checksum_is_not_verified() {
+    let mut ct = ct();
+    let id = handshake(&mut ct);
+    let mut p = tcp(C, 40000, V, 80, 1001, 5001, ACK | PSH, 100);
+    corrupt(&mut p);
+    let r = run(&mut ct, &mut p, None, 3);
+    assert_eq!((r.state, r.entry), (CtState::Established, Some(id)));
+    // Nor is the ACK that picks a connection up mid-stream.
+    let mut p = tcp(C, 40001, V, 80, 1001, 5001, ACK, 0);
+    corrupt(&mut p);
+    assert_eq!(run(&mut ct, &mut p, None, 4).state, CtState::New);
+}
+
+/// A checksum left to offload by a local sender (`NEEDS_CSUM`: the field holds only the
+/// pseudo-header sum) is not verified, as Linux exempts CHECKSUM_PARTIAL; nor is one
+/// the virtio-net header says was verified (`DATA_VALID`).
+#[test]
+fn tcp_rst_with_a_partial_or_verified_checksum_is_accepted() {
+    use crate::packet::VnetHdr;
+    use crate::wire::checksum;
+    for flags in [VnetHdr::F_NEEDS_CSUM, VnetHdr::F_DATA_VALID] {
+        let mut ct = ct();
+        let id = handshake(&mut ct);
+        let mut p = tcp(V, 80, C, 40000, 5001, 1001, RST, 0);
+        let (l3, l4) = (p.parsed.l3_off, p.parsed.l4_off);
+        let len = p.parsed.ip_end - l4;
+        let partial = checksum::fold(checksum::pseudo_header(&p.pkt.data[l3..], false, 6, len));
+        p.pkt.data[l4 + 16..l4 + 18].copy_from_slice(&partial.to_be_bytes());
+        p.pkt.meta.vnet = VnetHdr {
+            flags,
+            csum_start: l4 as u16,
+            csum_offset: 16,
+            ..VnetHdr::default()
+        };
+        let r = run(&mut ct, &mut p, None, 3);
+        assert_eq!(r.state, CtState::Established, "vnet flags {flags}");
+        assert_eq!(tcp_state(&ct, id), TcpState::Close);
+    }
+}
+
 #[test]
 fn tcp_new_syn_in_time_wait_or_close_starts_fresh_connection() {
     let mut ct = ct();
