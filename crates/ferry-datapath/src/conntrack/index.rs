@@ -8,10 +8,12 @@
 //! lookup compares tags before it reads an entry. A lookup reads one cache line of the
 //! index in most cases, then the entry.
 //!
-//! The array holds at most [`LOAD_NUM`]/[`LOAD_DEN`] live values: at 4/5, 2.5 slots of 8
-//! bytes per connection, 20 bytes, with a successful lookup probing about 3 slots and a
-//! miss about 13 (two cache lines). It grows by doubling from [`MIN_SLOTS`], but never past the size for the
-//! table's most entries.
+//! The array holds at most [`LOAD_NUM`]/[`LOAD_DEN`] live values: at 7/10, about 2.86
+//! slots of 8 bytes per connection, 22.9 bytes, with a successful lookup probing about 2
+//! slots and a miss about 6 (at 4/5, 20 bytes, 3 and 13: a new connection's lookups, which
+//! miss, and a removal's backward shift walked twice as far, one more cache line at
+//! times; `docs/benchmarks.md` has the figures). It grows by doubling from
+//! [`MIN_SLOTS`], but never past the size for the table's most entries.
 
 /// An empty slot. No live slot equals it: tags start at 1. Zero, so that a new array comes
 /// from the allocator zeroed, untouched until used.
@@ -19,8 +21,8 @@ const EMPTY: u64 = 0;
 /// Slots of a new index.
 const MIN_SLOTS: usize = 32;
 /// Most values per slot: `LOAD_NUM / LOAD_DEN`.
-const LOAD_NUM: usize = 4;
-const LOAD_DEN: usize = 5;
+const LOAD_NUM: usize = 7;
+const LOAD_DEN: usize = 10;
 
 /// The tag of a hash: its top 32 bits, never 0.
 #[inline]
@@ -166,7 +168,7 @@ impl Index {
     /// direction found first.
     fn resize(&mut self, n: usize) {
         let old = std::mem::replace(&mut self.slots, vec![EMPTY; n].into_boxed_slice());
-        // At most 4/5 full, so some slot is empty.
+        // At most 7/10 full, so some slot is empty.
         let start = old.iter().position(|&s| s == EMPTY).unwrap_or(0);
         let (head, tail) = old.split_at(start);
         for &s in tail.iter().chain(head).filter(|&&s| s != EMPTY) {
@@ -296,8 +298,8 @@ mod tests {
         let mut ix = Index::new(2 * 262_144);
         assert_eq!(ix.allocation_size(), MIN_SLOTS * 8);
         ix.reserve_all();
-        // 2.5 slots of 8 bytes per connection of two tuples.
-        assert_eq!(ix.allocation_size(), 20 * 262_144);
+        // 10/7 slots of 8 bytes per tuple, two tuples per connection: about 22.9 bytes.
+        assert_eq!(ix.allocation_size(), 748_983 * 8);
         let small = Index::new(2);
         assert_eq!(small.allocation_size(), MIN_SLOTS * 8);
     }

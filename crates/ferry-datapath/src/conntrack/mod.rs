@@ -20,8 +20,8 @@
 //! translated tuple and the reply direction back; ICMP errors about it are translated
 //! outside and in the quoted packet.
 //!
-//! Memory: a full table of the default [`Config::max_entries`] takes 196 bytes per
-//! connection (a 176-byte entry with its list links, 20 bytes of index), plus a fixed
+//! Memory: a full table of the default [`Config::max_entries`] takes about 199 bytes per
+//! connection (a 176-byte entry with its list links, 22.9 bytes of index), plus a fixed
 //! 16 KiB expiry wheel; IPv6 connections with more than three distinct addresses take 48
 //! bytes more. [`Conntrack::memory_bytes`] reports it; `table` explains the layout. The
 //! last SYN ignored on a TCP connection, which Linux keeps in the connection, is kept

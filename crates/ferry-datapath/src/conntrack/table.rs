@@ -10,8 +10,8 @@
 //! entry's wheel links (8 bytes) and, in the place of its reply packet count while no
 //! reply was seen, its links in the unreplied FIFO; a free slot is a link in the free
 //! list, in the same 176 bytes. The slab grows by doubling but stops at `max_entries`.
-//! The index takes 2 tuples x 8 bytes at most 4/5 full, sized for `max_entries` at
-//! most: 20 bytes per connection. So a full table takes 196 bytes per connection (the
+//! The index takes 2 tuples x 8 bytes at most 7/10 full, sized for `max_entries` at
+//! most: 22.9 bytes per connection. So a full table takes about 199 bytes per connection (the
 //! test `size_of_entry_and_memory_per_connection` fails above 200), against
 //! nf_conntrack's ~300. [`Table::preallocate`] allocates both for `max_entries` at
 //! once. IPv6 entries with more than three distinct addresses (original source and
