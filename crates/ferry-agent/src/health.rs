@@ -7,18 +7,13 @@
 //! Service and the count, and the count in `X-Load-Balancing-Endpoint-Weight`.
 
 use std::collections::BTreeMap;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, Write};
 use std::net::{Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
-use crate::accept::Acceptor;
+use crate::accept::{self, Acceptor};
 use crate::compile::HealthCheck;
-
-/// How long a client may take to send its request.
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// Longest request head read.
-const MAX_HEAD: usize = 8192;
 
 /// What one port answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,37 +89,33 @@ fn listen(port: u16, answers: Arc<Mutex<BTreeMap<u16, Answer>>>) -> io::Result<A
     let sock = TcpListener::bind(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)))
         .or_else(|_| TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))))?;
     sock.set_nonblocking(true)?;
+    // Each connection on a thread of its own, a few at once, each bounded in time: a
+    // slow client neither delays the load balancer's probes nor, when the port goes,
+    // the agent that stops the server.
+    let busy = Arc::new(AtomicUsize::new(0));
     Acceptor::spawn(
         format!("health-{port}"),
         move || sock.accept().map(|(c, _)| c),
         move |conn| {
-            let answer = answers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&port)
-                .cloned();
-            if let Some(a) = answer {
-                let _ = serve(conn, &a);
-            }
+            let answers = Arc::clone(&answers);
+            accept::serve_limited(&busy, &format!("health-{port}-conn"), move || {
+                let answer = answers
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(&port)
+                    .cloned();
+                if let Some(a) = answer {
+                    let _ = serve(conn, &a);
+                }
+            });
         },
     )
 }
 
 /// Reads the request head (whatever it asks) and answers.
 fn serve(conn: TcpStream, a: &Answer) -> io::Result<()> {
-    conn.set_nonblocking(false)?;
-    conn.set_read_timeout(Some(READ_TIMEOUT))?;
-    let mut reader = BufReader::new(&conn);
-    let mut read = 0;
-    let mut line = String::new();
-    loop {
-        line.clear();
-        let n = reader.read_line(&mut line)?;
-        read += n;
-        if n == 0 || line == "\r\n" || line == "\n" || read > MAX_HEAD {
-            break;
-        }
-    }
+    accept::read_head(&conn)?;
+    accept::write_timeout(&conn)?;
     let body = format!(
         "{{\"service\": {{\"namespace\": {}, \"name\": {}}}, \"localEndpoints\": {}, \"serviceProxyHealthy\": true}}\n",
         json_string(&a.namespace),

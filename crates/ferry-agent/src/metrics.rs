@@ -7,11 +7,11 @@
 //! request, and the metrics are exactly what `ferry status` shows.
 
 use std::fmt::Write as _;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::thread;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 
 use ferry_api::{Counters, Request, Response};
 use prometheus_client::encoding::text::encode;
@@ -22,7 +22,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
-use crate::accept::Acceptor;
+use crate::accept::{self, Acceptor};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PortLabel {
@@ -464,14 +464,16 @@ impl MetricsServer {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
+        // Scrapes on threads of their own, a few at once, each bounded in time.
+        let busy = Arc::new(AtomicUsize::new(0));
         let acceptor = Acceptor::spawn(
             "ferry-metrics".into(),
             move || listener.accept().map(|(c, _)| c),
             move |conn| {
                 let sock = api_socket.clone();
-                let _ = thread::Builder::new()
-                    .name("ferry-metrics-conn".into())
-                    .spawn(move || serve(conn, &sock));
+                accept::serve_limited(&busy, "ferry-metrics-conn", move || {
+                    let _ = serve(conn, &sock);
+                });
             },
         )?;
         Ok(MetricsServer {
@@ -487,17 +489,10 @@ impl MetricsServer {
 }
 
 fn serve(conn: TcpStream, api_socket: &std::path::Path) -> io::Result<()> {
-    conn.set_nonblocking(false)?;
-    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut reader = BufReader::new(&conn);
-    let mut first = String::new();
-    reader.read_line(&mut first)?;
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h)? == 0 || h == "\r\n" || h == "\n" {
-            break;
-        }
-    }
+    let head = accept::read_head(&conn)?;
+    accept::write_timeout(&conn)?;
+    let head = String::from_utf8_lossy(&head);
+    let first = head.lines().next().unwrap_or_default();
     let path = first.split_whitespace().nth(1).unwrap_or("/");
     let (status, ctype, body) = if path != "/metrics" {
         ("404 Not Found", "text/plain", "try /metrics\n".to_string())
@@ -528,6 +523,7 @@ fn serve(conn: TcpStream, api_socket: &std::path::Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn counters_render_as_prometheus_text_with_labels() {
