@@ -1,10 +1,10 @@
 //! `ferry agent` on two nodes, from a directory of Kubernetes manifests: Services with
 //! real TCP clients, the NodePort path across nodes with the client address kept,
-//! live edits (an endpoint removed, a bad manifest), health check node ports, and node
-//! ports from the nodes' own processes.
+//! live edits (an endpoint removed, a bad manifest), health check node ports, node ports
+//! from the nodes' own processes, and the reply path across nodes seen on the wire.
 //!
 //! The lab and the cluster are in `common/two_nodes.rs`.
-//! Needs root, iproute2, curl and python3.
+//! Needs root, iproute2, curl, python3 and tshark.
 
 mod common;
 
@@ -28,6 +28,7 @@ fn write_slices(dir: &Path, web: &str) {
 fn services_and_the_node_port_path_across_nodes() {
     let mut c = TwoNodes::with_file_datastore("ag", &[]);
     services_and_node_ports(&c);
+    replies_return_through_the_node_the_request_came_in_on(&mut c);
 
     // A bad manifest changes nothing: the error names the file, and traffic goes on.
     let bad = c.manifest_dir().join("zz-bad.yaml");
@@ -73,6 +74,65 @@ fn services_and_the_node_port_path_with_two_workers_per_node() {
     let workers = a.counters.expect("counters").workers;
     assert_eq!(workers.len(), 2);
     assert!(workers.iter().all(|w| w.rx_frames > 0), "{workers:?}");
+}
+
+/// The reply path itself, on the wire: a client outside reaches node 1's node port,
+/// whose endpoint is on node 2, and keeps its address. Node 2 must send the replies back
+/// through node 1 in the tunnel (node 1 undoes its NAT), never straight to the client:
+/// the client only ever sees node 1 (its MAC, its address and the node port), and node
+/// 2's link to the fabric carries the replies only inside VXLAN.
+fn replies_return_through_the_node_the_request_came_in_on(c: &mut TwoNodes) {
+    common::require(&[("tshark", "tshark")]);
+    let dir = tempfile::tempdir().unwrap();
+    let (client, node2) = (dir.path().join("fe.pcap"), dir.path().join("f2.pcap"));
+    c.lab
+        .capture("fab", "tshark on the client's port", "fe", &client);
+    c.lab
+        .capture("fab", "tshark on node 2's port", "f2", &node2);
+    for _ in 0..3 {
+        assert_eq!(
+            c.curl("ext", "http://192.168.77.1:30080/clientip"),
+            "192.168.77.100"
+        );
+    }
+    c.lab.stop_capture("tshark on the client's port", &client);
+    c.lab.stop_capture("tshark on node 2's port", &node2);
+    let at_client = common::tshark_fields(
+        &client,
+        "ip.dst == 192.168.77.100 && tcp.srcport == 30080",
+        "eth.src",
+    );
+    assert!(
+        at_client.len() >= 3,
+        "replies from the node port at the client: {at_client:?}"
+    );
+    assert!(
+        at_client.iter().all(|m| m.trim() == "02:fe:00:00:00:01"),
+        "replies at the client that node 1 did not send: {at_client:?}"
+    );
+    let from_endpoint = common::tshark_fields(&client, "ip.src == 10.244.2.5", "frame.number");
+    assert!(
+        from_endpoint.is_empty(),
+        "frames from the endpoint's own address reached the client: {from_endpoint:?}"
+    );
+    let direct = common::tshark_fields(
+        &node2,
+        "ip.dst == 192.168.77.100 && !(udp.port == 4789)",
+        "frame.number",
+    );
+    assert!(
+        direct.is_empty(),
+        "node 2 sent frames straight to the client: {direct:?}"
+    );
+    let tunnelled = common::tshark_fields(
+        &node2,
+        "udp.dstport == 4789 && ip.src == 10.244.2.5 && tcp.srcport == 8080",
+        "frame.number",
+    );
+    assert!(
+        tunnelled.len() >= 3,
+        "node 2's replies inside the tunnel to node 1: {tunnelled:?}"
+    );
 }
 
 /// Cluster IPs and node ports, with and without a local endpoint, from pods, from
