@@ -120,10 +120,26 @@ fn serve(conn: UnixStream, tx: &Sender<Pending>) {
     };
     let mut w = &conn;
     if let Ok(mut line) = serde_json::to_string(&answer) {
+        if line.len() as u64 >= MAX_ANSWER {
+            // A client would read it cut off; it gets told instead.
+            line = serde_json::to_string(&too_large(line.len())).unwrap_or_default();
+        }
         line.push('\n');
         let _ = w.write_all(line.as_bytes());
         let _ = w.flush();
     }
+}
+
+/// The answer in place of one of `len` bytes, more than [`call`] reads.
+fn too_large(len: usize) -> Response {
+    Response::error(
+        5,
+        "the answer is too large",
+        format!(
+            "{len} bytes, more than the {} MiB a client reads: ask for less (`ferry conntrack list --limit`, a narrower filter)",
+            MAX_ANSWER >> 20
+        ),
+    )
 }
 
 fn read_request(conn: &UnixStream) -> Result<Request, Box<Response>> {
@@ -135,26 +151,95 @@ fn read_request(conn: &UnixStream) -> Result<Request, Box<Response>> {
     BufReader::new(conn.take(MAX_REQUEST))
         .read_line(&mut line)
         .map_err(|e| fail(5, "cannot read the request", e.to_string()))?;
+    if !line.ends_with('\n') && line.len() as u64 == MAX_REQUEST {
+        return Err(fail(
+            6,
+            "the request is too large",
+            format!("more than the {} KiB the agent reads", MAX_REQUEST >> 10),
+        ));
+    }
     serde_json::from_str(line.trim_end())
         .map_err(|e| fail(6, "cannot decode the request", e.to_string()))
 }
 
-/// Sends `req` to the agent listening on `path` and returns its answer.
+/// Sends `req` to the agent listening on `path` and returns its answer. Only a failure
+/// to connect has the connection's error kind (`NotFound`, `ConnectionRefused`,
+/// `PermissionDenied`): a request too large for the agent is `InvalidInput`, an answer
+/// that cannot be read `InvalidData`, each saying so.
 pub fn call(path: &Path, req: &Request) -> io::Result<Response> {
-    let mut conn = UnixStream::connect(path)?;
-    conn.set_read_timeout(Some(ANSWER_TIMEOUT + READ_TIMEOUT))?;
     let mut line = serde_json::to_string(req).map_err(io::Error::other)?;
     line.push('\n');
-    conn.write_all(line.as_bytes())?;
+    if line.len() as u64 > MAX_REQUEST {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "the request takes {} bytes, more than the {} KiB the agent reads (fewer frames in a --pcap?)",
+                line.len(),
+                MAX_REQUEST >> 10
+            ),
+        ));
+    }
+    let mut conn = UnixStream::connect(path)?;
+    conn.set_read_timeout(Some(ANSWER_TIMEOUT + READ_TIMEOUT))?;
+    let talk = |e: io::Error| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("talking to the agent: {e}"),
+        )
+    };
+    conn.write_all(line.as_bytes()).map_err(talk)?;
     let mut back = String::new();
-    BufReader::new(conn.take(MAX_ANSWER)).read_line(&mut back)?;
-    serde_json::from_str(back.trim_end()).map_err(io::Error::other)
+    BufReader::new(conn.take(MAX_ANSWER))
+        .read_line(&mut back)
+        .map_err(talk)?;
+    serde_json::from_str(back.trim_end()).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("the agent's answer cannot be read: {e}"),
+        )
+    })
+}
+
+/// True when `e`, from [`call`], means that nothing answers at the socket.
+pub fn no_agent(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use ferry_api::Answer;
+
+    /// Only a socket nobody listens on is "no agent"; a request larger than the agent
+    /// reads is refused before anything is sent, and an answer larger than a client
+    /// reads becomes an error that says so.
+    #[test]
+    fn failures_say_what_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let nobody = dir.path().join("nobody.sock");
+        let e = call(&nobody, &Request::Status).unwrap_err();
+        assert!(no_agent(&e), "{e}");
+        let big = Request::Trace {
+            in_port: "uplink".into(),
+            packet: None,
+            frames: Some(vec!["00".repeat(40_000)]),
+            reply: false,
+        };
+        let e = call(&nobody, &big).unwrap_err();
+        assert!(!no_agent(&e), "{e}");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("more than the 64 KiB"), "{e}");
+        let Response::Error(t) = too_large(70 << 20) else {
+            panic!("an error");
+        };
+        assert!(
+            t.msg.contains("too large") && t.details.contains("--limit"),
+            "{t:?}"
+        );
+    }
 
     #[test]
     fn requests_reach_the_owner_and_answers_the_client() {

@@ -5,7 +5,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use ferry_agent::api::call;
 use ferry_api::{Answer, CapturedFrame, Request, Response};
 
 use crate::pcap::{NgWriter, Way};
@@ -37,12 +36,7 @@ pub struct Args {
 }
 
 fn ask(args: &Args, req: &Request) -> Result<Answer> {
-    let r = call(&args.api_socket, req).with_context(|| {
-        format!(
-            "no agent answers on {} (is `ferry agent` running? see --api-socket)",
-            args.api_socket.display()
-        )
-    })?;
+    let r = crate::ask::ask(&args.api_socket, req)?;
     match r {
         Response::Ok(a) => Ok(a),
         Response::Error(e) if e.details.is_empty() => bail!("{}", e.msg),

@@ -4,8 +4,7 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, anyhow, bail};
-use ferry_agent::api::call;
+use anyhow::{Result, anyhow, bail};
 use ferry_api::{CtAnswer, CtFilter, Request, Response};
 
 /// Arguments of `ferry conntrack`.
@@ -107,12 +106,7 @@ impl FilterArgs {
 
 fn ask(socket: &Socket, req: &Request) -> Result<CtAnswer> {
     let path = &socket.api_socket;
-    let r = call(path, req).with_context(|| {
-        format!(
-            "no agent answers on {} (is `ferry agent` running? see --api-socket)",
-            path.display()
-        )
-    })?;
+    let r = crate::ask::ask(path, req)?;
     match r {
         Response::Ok(a) => a
             .conntrack

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod agent;
+mod ask;
 mod capture;
 mod conntrack;
 mod demo;

@@ -4,8 +4,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, anyhow, bail};
-use ferry_agent::api::call;
+use anyhow::{Result, anyhow, bail};
 use ferry_api::{FrontendInfo, Request, Response, ServiceInfo};
 
 /// Arguments of `ferry services`.
@@ -21,12 +20,7 @@ pub struct Args {
 
 /// Asks the agent and prints its Services.
 pub fn run(args: &Args) -> Result<()> {
-    let r = call(&args.api_socket, &Request::Services).with_context(|| {
-        format!(
-            "no agent answers on {} (is `ferry agent` running? see --api-socket)",
-            args.api_socket.display()
-        )
-    })?;
+    let r = crate::ask::ask(&args.api_socket, &Request::Services)?;
     let services = match r {
         Response::Ok(a) => a
             .services

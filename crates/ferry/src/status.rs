@@ -4,8 +4,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
-use ferry_agent::api::call;
+use anyhow::{Result, bail};
 use ferry_api::{Counters, Request, Response};
 
 /// Arguments of `ferry status`.
@@ -21,12 +20,7 @@ pub struct Args {
 
 /// Asks the agent and prints its counters.
 pub fn run(args: &Args) -> Result<()> {
-    let r = call(&args.api_socket, &Request::Counters).with_context(|| {
-        format!(
-            "no agent answers on {} (is `ferry agent` running? see --api-socket)",
-            args.api_socket.display()
-        )
-    })?;
+    let r = crate::ask::ask(&args.api_socket, &Request::Counters)?;
     let c = match r {
         Response::Ok(a) => a.counters.unwrap_or_default(),
         Response::Error(e) => bail!("the agent refused: {} ({})", e.msg, e.details),

@@ -12,7 +12,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use ferry_agent::api::call;
 use ferry_api::{Answer, Request, Response};
 use ferry_datapath::pipeline::{TracePass, TraceReport};
 use ferry_linux::worker::TracedPacket;
@@ -20,7 +19,7 @@ use ferry_linux::worker::TracedPacket;
 use crate::pcap;
 
 /// Arguments of `ferry trace`.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Clone, Debug)]
 #[command(
     after_help = "Examples (quote a packet written with ->: a shell takes > as a redirection; `to` needs no quotes):\n  ferry trace --in pod default/client 'tcp 10.0.1.5:40000 -> 10.96.0.10:80 syn'\n  ferry trace --in uplink udp 192.0.2.10:5000 to 192.168.1.10:30053\n  ferry trace --in uplink --pcap frames.pcap\n  ferry trace --live --match 'tcp port 80' --count 5"
 )]
@@ -42,7 +41,7 @@ pub struct Args {
     /// With --live: which packets (tcpdump-like: `tcp port 80 and host 10.0.1.5`).
     #[arg(long = "match", value_name = "FILTER")]
     pub filter: Option<String>,
-    /// With --live: how many packets to record.
+    /// With --live: how many packets to record (at most 10000).
     #[arg(long, default_value_t = 1)]
     pub count: usize,
     /// With --live: give up after this many seconds.
@@ -67,12 +66,7 @@ pub struct Args {
 
 /// Asks the agent, answering `what` when it refuses.
 fn ask(args: &Args, req: &Request) -> Result<Answer> {
-    let r = call(&args.api_socket, req).with_context(|| {
-        format!(
-            "no agent answers on {} (is `ferry agent` running? see --api-socket)",
-            args.api_socket.display()
-        )
-    })?;
+    let r = crate::ask::ask(&args.api_socket, req)?;
     match r {
         Response::Ok(a) => Ok(a),
         Response::Error(e) if e.details.is_empty() => bail!("{}", e.msg),
@@ -82,6 +76,7 @@ fn ask(args: &Args, req: &Request) -> Result<Answer> {
 
 /// Runs `ferry trace`.
 pub fn run(args: &Args) -> Result<()> {
+    let args = &flags_after_packet(args)?;
     if args.live {
         return live(args);
     }
@@ -208,6 +203,13 @@ fn live(args: &Args) -> Result<()> {
     if args.count == 0 {
         bail!("--count must be at least 1");
     }
+    if args.count > ferry_linux::worker::MAX_TRACE_COUNT {
+        bail!(
+            "--count {}: a live trace records at most {} packets",
+            args.count,
+            ferry_linux::worker::MAX_TRACE_COUNT
+        );
+    }
     let filter = args.filter.clone().unwrap_or_default();
     let stop = ferry_linux::signal::stop_on_signals().context("installing signal handlers")?;
     ask(
@@ -255,4 +257,68 @@ fn live(args: &Args) -> Result<()> {
         eprintln!("{outcome}: {seen} of {} packets recorded", args.count);
     }
     Ok(())
+}
+
+/// `args` with the flags written after the packet applied. Every word from the packet's
+/// first on is taken as part of the packet (a packet may hold `->`, which looks like an
+/// option), so `--json`, `--no-reply` and `--api-socket PATH` written after it, as the
+/// synopsis allows, are picked out of it here; another word starting with `--` there is
+/// an error rather than a word of the packet.
+fn flags_after_packet(args: &Args) -> Result<Args> {
+    let mut a = args.clone();
+    let mut words = Vec::with_capacity(args.packet.len());
+    let mut it = args.packet.iter();
+    while let Some(w) = it.next() {
+        match w.as_str() {
+            "--json" => a.json = true,
+            "--no-reply" => a.no_reply = true,
+            "--api-socket" => {
+                let Some(path) = it.next() else {
+                    bail!("--api-socket needs a PATH");
+                };
+                a.api_socket = path.into();
+            }
+            w if w.starts_with("--api-socket=") => {
+                a.api_socket = w["--api-socket=".len()..].into();
+            }
+            w if w.starts_with("--") => bail!(
+                "{w}: after the packet only --json, --no-reply and --api-socket may come; put other options before it"
+            ),
+            _ => words.push(w.clone()),
+        }
+    }
+    a.packet = words;
+    Ok(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        trace: Args,
+    }
+
+    fn parse(line: &str) -> Result<Args> {
+        let cli = Cli::try_parse_from(std::iter::once("trace").chain(line.split(' ')))?;
+        flags_after_packet(&cli.trace)
+    }
+
+    #[test]
+    fn flags_after_the_packet_are_flags_not_packet_words() {
+        let a = parse("--in uplink tcp 1.2.3.4:1 to 5.6.7.8:80 syn --json --api-socket /tmp/x.sock --no-reply")
+            .unwrap();
+        assert_eq!(a.packet.join(" "), "tcp 1.2.3.4:1 to 5.6.7.8:80 syn");
+        assert!(a.json && a.no_reply);
+        assert_eq!(a.api_socket, PathBuf::from("/tmp/x.sock"));
+        let a = parse("--in uplink tcp 1.2.3.4:1 -> 5.6.7.8:80 --api-socket=/tmp/y.sock").unwrap();
+        assert_eq!(a.packet.join(" "), "tcp 1.2.3.4:1 -> 5.6.7.8:80");
+        assert_eq!(a.api_socket, PathBuf::from("/tmp/y.sock"));
+        let e = parse("--in uplink tcp 1.2.3.4:1 to 5.6.7.8:80 --count 3").unwrap_err();
+        assert!(e.to_string().contains("--count: after the packet"), "{e}");
+        assert!(parse("--in uplink udp 1.2.3.4:1 to 5.6.7.8:53 --api-socket").is_err());
+    }
 }
