@@ -113,7 +113,11 @@ pub fn request(control: &Control, f: &CtFilter, delete: bool, limit: Option<usiz
     };
     let answer = if delete {
         control.run(JOB_TIMEOUT, move |w| {
-            let n = w.pipeline.conntrack_mut().delete(&filter);
+            // Entries past their deadline, which a listing leaves out, are reaped first
+            // (as expired), so that a deletion counts what a listing shows.
+            let ct = w.pipeline.conntrack_mut();
+            ct.expire(w.now_ns, usize::MAX);
+            let n = ct.delete(&filter);
             CtAnswer {
                 matched: n,
                 deleted: n,

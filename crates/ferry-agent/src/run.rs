@@ -667,8 +667,9 @@ impl Agent {
     }
 
     /// The dataplane's counters, from the worker's latest snapshot, with the agent's own
-    /// health figures. What the snapshot lacks (fragments held now) is asked of the
-    /// worker; when it does not answer within [`HELD_TIMEOUT`] those figures are 0.
+    /// health figures. What the snapshot lacks (fragments held now, NAT ports in use) is
+    /// asked of the worker; when it does not answer within [`HELD_TIMEOUT`] those figures
+    /// are 0 (docs/observability.md says so).
     pub fn counters(&self) -> ferry_api::Counters {
         let snap = self.snapshot();
         let held = self
