@@ -1056,8 +1056,12 @@ impl Pipeline {
         {
             (out_id, next_hop) = (ov.uplink, NextHop::Tunnel(i));
         }
+        // Also when the reply's destination is one of this node's pods: a pod that
+        // reached another node's node port was translated there, and only that node can
+        // undo it. A reply that came from that node itself is not sent back to it (it
+        // lost the connection, and would return it here).
         if let (Some(peer), Some(ov)) = (reply_peer, &tables.overlay)
-            && tables.ports[usize::from(out_id)].kind != PortKind::Pod
+            && tunnel_peer != Some(peer)
             && let Some(i) = ov.peer_index(peer)
         {
             (out_id, next_hop) = (ov.uplink, NextHop::Tunnel(i));

@@ -570,6 +570,125 @@ fn test_node_port_to_another_nodes_endpoint_returns_through_the_ingress_node() {
     assert_eq!(key_of(inner(&out[0].1.data)).src, ip(CLIENT));
 }
 
+/// The conformance test "functioning NodePort service": a pod on node 2 reaches node
+/// 1's node port, whose endpoint is back on node 2. Node 1 keeps the pod's address and
+/// tunnels the connection to node 2; the endpoint's reply, although addressed to a pod
+/// of node 2, must go back through node 1, the only node that can undo the DNAT.
+#[test]
+fn test_a_pod_reaching_another_nodes_node_port_gets_replies_through_that_node() {
+    for mode in [ModeSpec::Always, ModeSpec::CrossSubnet] {
+        let svc = || web(vec![be("10.244.2.5", 8080, 2)]);
+        let mut a = node(1, mode, vec![svc()]);
+        let mut b = node(2, mode, vec![svc()]);
+        let syn = build::tcp(
+            ip("10.244.2.6"),
+            ip(NODE1),
+            40000,
+            30080,
+            1000,
+            0,
+            tcp_flags::SYN,
+            &[],
+            &from_pod(2, 6),
+        );
+        let (v, out) = run(&mut b, syn, POD2, SEC);
+        assert_eq!(v, Verdict::Forwarded);
+        assert_eq!(
+            (out[0].0, key_of(&out[0].1.data).dst),
+            (UPLINK, ip(NODE1).into()),
+            "{mode:?}: to node 1's address, not a Service here"
+        );
+
+        let (v, out, tr) = traced(&mut a, out[0].1.data.clone(), UPLINK, SEC);
+        assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
+        let k = key_of(inner(&out[0].1.data));
+        assert_eq!(
+            (k.src, k.dst, k.dst_port),
+            (ip("10.244.2.6").into(), ip("10.244.2.5").into(), 8080),
+            "{mode:?}: client address kept, through the tunnel"
+        );
+
+        let (v, got) = run(&mut b, out[0].1.data.clone(), UPLINK, SEC);
+        assert_eq!(v, Verdict::Forwarded);
+        assert_eq!(got[0].0, POD);
+
+        let (v, back, tr) = traced(
+            &mut b,
+            synack(2, 5, "10.244.2.6", 8080, 40000, 1001),
+            POD,
+            SEC,
+        );
+        assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
+        assert_eq!(
+            back[0].0, UPLINK,
+            "{mode:?}: not straight to the client pod"
+        );
+        assert_eq!(
+            key_of(&back[0].1.data).dst,
+            ip(NODE1),
+            "{mode:?}: back through node 1"
+        );
+
+        let (v, to_client, tr) = traced(&mut a, back[0].1.data.clone(), UPLINK, SEC);
+        assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
+        let (v, got, tr) = traced(&mut b, to_client[0].1.data.clone(), UPLINK, SEC);
+        assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
+        assert_eq!(got[0].0, POD2);
+        let k = key_of(&got[0].1.data);
+        assert_eq!(
+            (k.src, k.src_port, k.dst, k.dst_port),
+            (ip(NODE1).into(), 30080, ip("10.244.2.6").into(), 40000),
+            "{mode:?}: the client pod sees node 1's node port answer"
+        );
+    }
+}
+
+/// A reply that the ingress node cannot translate (it lost the connection) and routes
+/// back to the endpoint's node is delivered there, not returned to the ingress node
+/// again and again.
+#[test]
+fn test_a_reply_the_ingress_node_returns_is_not_sent_back_to_it() {
+    let svc = || web(vec![be("10.244.2.5", 8080, 2)]);
+    let mut a = node(1, ModeSpec::Always, vec![svc()]);
+    let mut b = node(2, ModeSpec::Always, vec![svc()]);
+    let syn = build::tcp(
+        ip("10.244.2.6"),
+        ip(NODE1),
+        40000,
+        30080,
+        1000,
+        0,
+        tcp_flags::SYN,
+        &[],
+        &from_pod(2, 6),
+    );
+    let (_, out) = run(&mut b, syn, POD2, SEC);
+    let (_, out) = run(&mut a, out[0].1.data.clone(), UPLINK, SEC);
+    run(&mut b, out[0].1.data.clone(), UPLINK, SEC);
+    // Node 1 restarts: a segment of the endpoint is taken up as a new connection there
+    // and routed to its destination, a pod of node 2.
+    let mut a = node(1, ModeSpec::Always, vec![svc()]);
+    let ack = build::tcp(
+        ip("10.244.2.5"),
+        ip("10.244.2.6"),
+        8080,
+        40000,
+        7001,
+        1001,
+        tcp_flags::ACK,
+        &[],
+        &from_pod(2, 5),
+    );
+    let (_, back) = run(&mut b, ack, POD, SEC);
+    assert_eq!(key_of(&back[0].1.data).dst, ip(NODE1));
+    let (v, again) = run(&mut a, back[0].1.data.clone(), UPLINK, SEC);
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(key_of(&again[0].1.data).dst, ip("192.168.50.20"));
+    let (v, got) = run(&mut b, again[0].1.data.clone(), UPLINK, SEC);
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(got[0].0, POD2);
+}
+
 #[test]
 fn test_external_snat_mode_sends_from_this_node_instead() {
     let svc = || ServiceSpec {
