@@ -651,6 +651,12 @@ impl Overlay {
             .position(|p| p.pod_cidrs.iter().any(|c| c.contains(&a)))
             .map(|i| i as u16)
     }
+
+    /// The index of the node a Service endpoint at `a` is on, when the tunnel reaches
+    /// it: a pod of that node, or the node itself (a host-network pod).
+    pub fn peer_for_endpoint(&self, a: IpAddr) -> Option<u16> {
+        self.peer_for_pod(a).or_else(|| self.peer_index(a))
+    }
 }
 
 /// The compiled, immutable tables the pipeline reads.

@@ -222,9 +222,9 @@ struct Balanced {
 
 /// Chooses the endpoint of a new connection to frontend `f` and the NAT that takes it
 /// there: DNAT to the endpoint; SNAT to the frontend address when the client is the
-/// endpoint itself (hairpin); for external traffic to another node's endpoint, SNAT to
-/// this node with `external_snat`, else the client address is kept and the connection
-/// marked to go through the tunnel.
+/// endpoint itself (hairpin); for external traffic to an endpoint not on this node, SNAT
+/// to this node with `external_snat` or when the tunnel does not reach the endpoint,
+/// else the client address is kept and the connection marked to go through the tunnel.
 fn balance(
     tables: &Tables,
     f: Frontend,
@@ -247,14 +247,22 @@ fn balance(
     let snat = if hairpin {
         Some((key.dst, None))
     } else if f.scope == Scope::External && !b.local && !from_local_pod {
-        if svc.spec.external_snat {
+        // The client address is kept only when the tunnel reaches the endpoint's node,
+        // which then returns the replies here; an endpoint outside the cluster (a
+        // selectorless Service's) would answer the client directly.
+        let tunnel = !svc.spec.external_snat
+            && tables
+                .overlay
+                .as_ref()
+                .is_some_and(|ov| ov.peer_for_endpoint(b.addr).is_some());
+        if tunnel {
+            mark |= lb::MARK_TUNNEL;
+            None
+        } else {
             tables
                 .node
                 .addr(key.dst.is_ipv6())
                 .map(|a| (a.into(), None))
-        } else {
-            mark |= lb::MARK_TUNNEL;
-            None
         }
     } else {
         None
@@ -1052,7 +1060,7 @@ impl Pipeline {
         if force_tunnel
             && !matches!(next_hop, NextHop::Tunnel(_))
             && let Some(ov) = &tables.overlay
-            && let Some(i) = ov.peer_for_pod(parsed.key.dst.ip())
+            && let Some(i) = ov.peer_for_endpoint(parsed.key.dst.ip())
         {
             (out_id, next_hop) = (ov.uplink, NextHop::Tunnel(i));
         }

@@ -689,6 +689,91 @@ fn test_a_reply_the_ingress_node_returns_is_not_sent_back_to_it() {
     assert_eq!(got[0].0, POD2);
 }
 
+/// An endpoint at another node's own address (a host-network pod) is reached through
+/// the tunnel to that node like a pod of it, so that its replies come back here.
+#[test]
+fn test_node_port_to_a_host_network_endpoint_on_another_node_goes_through_the_tunnel() {
+    let mut a = node(
+        1,
+        ModeSpec::CrossSubnet,
+        vec![web(vec![be("192.168.50.20", 8443, 2)])],
+    );
+    let (v, out, tr) = traced(
+        &mut a,
+        tcp_from_outside(1, NODE1, 50000, 30080, 100, 0, tcp_flags::SYN),
+        UPLINK,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
+    let outer = key_of(&out[0].1.data);
+    assert_eq!(
+        (outer.src, outer.dst),
+        (ip(NODE1).into(), ip("192.168.50.20").into()),
+        "through the tunnel"
+    );
+    let k = key_of(inner(&out[0].1.data));
+    assert_eq!(
+        (k.src, k.dst, k.dst_port),
+        (ip(CLIENT).into(), ip("192.168.50.20").into(), 8443),
+        "client address kept"
+    );
+    let route = tr.events.iter().find(|e| e.stage == "route").unwrap();
+    assert!(route.detail.contains("node2"), "{}", route.detail);
+}
+
+/// An endpoint the tunnel does not reach (on no node this one knows: a machine outside
+/// the cluster behind a selectorless Service) gets external traffic from this node's
+/// address, as kube-proxy masquerades it: it would answer a kept client address directly.
+#[test]
+fn test_node_port_to_an_endpoint_the_tunnel_does_not_reach_is_source_translated() {
+    let mut a = node(
+        1,
+        ModeSpec::Always,
+        vec![web(vec![be("192.168.30.50", 80, 3)])],
+    );
+    let (v, out, tr) = traced(
+        &mut a,
+        tcp_from_outside(1, NODE1, 50000, 30080, 100, 0, tcp_flags::SYN),
+        UPLINK,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
+    assert_eq!(&out[0].1.data[0..6], &GW_MAC, "routed, not tunnelled");
+    let k = key_of(&out[0].1.data);
+    assert_eq!(
+        (k.src, k.dst, k.dst_port),
+        (ip(NODE1).into(), ip("192.168.30.50").into(), 80)
+    );
+    let note = tr.events.iter().find(|e| e.stage == "service").unwrap();
+    assert!(
+        note.detail.contains("source NAT") && !note.detail.contains("tunnel"),
+        "{}",
+        note.detail
+    );
+    let o = IpOpts {
+        src_mac: GW_MAC,
+        dst_mac: uplink_mac(1),
+        ..IpOpts::default()
+    };
+    let synack = build::tcp(
+        ip("192.168.30.50"),
+        ip(NODE1),
+        80,
+        k.src_port,
+        7000,
+        101,
+        tcp_flags::SYN | tcp_flags::ACK,
+        &[],
+        &o,
+    );
+    let (_, back) = run(&mut a, synack, UPLINK, SEC);
+    let k = key_of(&back[0].1.data);
+    assert_eq!(
+        (k.src, k.src_port, k.dst, k.dst_port),
+        (ip(NODE1).into(), 30080, ip(CLIENT).into(), 50000)
+    );
+}
+
 #[test]
 fn test_external_snat_mode_sends_from_this_node_instead() {
     let svc = || ServiceSpec {
