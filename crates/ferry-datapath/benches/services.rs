@@ -42,6 +42,7 @@ fn specs(n: usize) -> Vec<ServiceSpec> {
                         addr: IpAddr::V4(Ipv4Addr::from(0x0af4_0000 + i * 10 + j)),
                         port: 8080,
                         node: Some(format!("node{j}")),
+                        no_node: false,
                         ready: true,
                         serving: None,
                         terminating: false,

@@ -212,6 +212,9 @@ fn backends(
                     addr: *a,
                     port,
                     node: ep.node.clone(),
+                    // kube-proxy takes an endpoint without nodeName as on no node, not
+                    // as on this one (which a tables file's absent `node` means).
+                    no_node: ep.node.is_none(),
                     ready,
                     // Absent means "as ready": say it only when it differs.
                     serving: ep.serving.filter(|s| *s != ready),

@@ -554,6 +554,7 @@ fn a_cluster_ip_service_port_becomes_one_entry() {
             addr: ip("10.244.1.5"),
             port: 8080,
             node: Some("node-a".into()),
+            no_node: false,
             ready: true,
             serving: None,
             terminating: false
@@ -600,6 +601,34 @@ fn slice_ports_match_by_name_and_protocol_only() {
     );
     assert_eq!(by_name(&s, "default/web:http").backends[0].port, 8081);
     assert!(by_name(&s, "default/web:metrics").backends.is_empty());
+}
+
+/// A selectorless Service's hand-made endpoint without nodeName is on no node, as
+/// kube-proxy takes it: not local to this node (a tables file's absent `node` would be).
+#[test]
+fn an_endpoint_without_a_node_name_is_on_no_node() {
+    let s = services(
+        &(service(
+            "legacy",
+            "  type: NodePort
+  clusterIP: 10.96.0.40
+  ports:
+  - {name: http, port: 80, nodePort: 30040}
+",
+        ) + &slice(
+            "legacy-1",
+            "legacy",
+            "IPv4",
+            "- {name: http, port: 80}\n",
+            "- addresses: [\"192.168.30.50\"]\n  conditions: {ready: true}\n",
+        )),
+    );
+    let b = &by_name(&s, "default/legacy:http").backends;
+    assert_eq!(b.len(), 1);
+    assert_eq!((b[0].node.as_deref(), b[0].no_node), (None, true));
+    let compiled = ferry_datapath::lb::Services::compile(&s, "node-a", []).unwrap();
+    let svc = compiled.get("default/legacy:http").unwrap();
+    assert!(!svc.backends[0].local);
 }
 
 #[test]

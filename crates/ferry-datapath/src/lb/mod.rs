@@ -101,6 +101,7 @@ impl Service {
                     addr: b.addr,
                     port: b.port,
                     node: b.node.clone(),
+                    no_node: b.node.is_none() && !b.local,
                     ready: b.ready,
                     serving: (b.serving != b.ready).then_some(b.serving),
                     terminating: b.terminating,
@@ -398,10 +399,17 @@ impl Services {
                     b.addr, b.port
                 ));
             }
+            if b.no_node && b.node.is_some() {
+                return Err(format!(
+                    "{what}: backends[{j}]: no_node and node are exclusive"
+                ));
+            }
             backends.push(Backend {
                 addr: b.addr,
                 port: b.port,
-                local: b.node.as_deref().is_none_or(|n| n == self.node),
+                // A tables file for one node may leave `node` out; the agent says
+                // `no_node` for Kubernetes' absent nodeName.
+                local: !b.no_node && b.node.as_deref().is_none_or(|n| n == self.node),
                 node: b.node.clone(),
                 ready: b.ready,
                 serving: b.serving.unwrap_or(b.ready),

@@ -87,9 +87,15 @@ pub struct BackendSpec {
     pub addr: IpAddr,
     /// The endpoint's port (the Service's target port, resolved).
     pub port: u16,
-    /// The node the endpoint runs on; this node's name (or absent) makes it local.
+    /// The node the endpoint runs on; this node's name (or absent, without `no_node`)
+    /// makes it local.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// The endpoint is on no node (an EndpointSlice endpoint without nodeName, such as
+    /// a machine outside the cluster): local on none, as kube-proxy takes it. Only
+    /// without `node`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_node: bool,
     /// conditions.ready (default true).
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub ready: bool,

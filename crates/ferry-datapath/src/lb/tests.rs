@@ -16,6 +16,7 @@ fn svc(name: &str, proto: &str) -> ServiceSpec {
             addr: ip("10.244.1.5"),
             port: 8080,
             node: Some("a".into()),
+            no_node: false,
             ready: true,
             serving: None,
             terminating: false,
@@ -134,6 +135,22 @@ fn test_an_endpoint_without_a_node_or_on_this_node_is_local() {
     assert_eq!(s.services[0].eligible(0, Policy::Local), &[0]);
     assert_eq!(s.services[0].eligible(0, Policy::Cluster), &[0, 1]);
     assert!(s.services[0].eligible(1, Policy::Cluster).is_empty());
+}
+
+#[test]
+fn test_an_endpoint_on_no_node_is_local_nowhere_and_stays_so_through_updates() {
+    let mut spec = svc("x", "tcp");
+    spec.backends[0].node = None;
+    spec.backends[0].no_node = true;
+    let s = Services::compile(std::slice::from_ref(&spec), "a", []).unwrap();
+    assert!(!s.services[0].backends[0].local);
+    assert!(s.services[0].eligible(0, Policy::Local).is_empty());
+    assert_eq!(s.services[0].eligible(0, Policy::Cluster), &[0]);
+    assert_eq!(s.services[0].to_spec().backends, spec.backends);
+
+    spec.backends[0].node = Some("a".into());
+    let err = Services::compile(&[spec], "a", []).unwrap_err();
+    assert!(err.contains("no_node and node"), "{err}");
 }
 
 #[test]

@@ -15,6 +15,7 @@ fn be(addr: &str, port: u16, node: u8) -> BackendSpec {
         addr: ip(addr),
         port,
         node: Some(format!("node{node}")),
+        no_node: false,
         ready: true,
         serving: None,
         terminating: false,
@@ -772,6 +773,47 @@ fn test_node_port_to_an_endpoint_the_tunnel_does_not_reach_is_source_translated(
         (k.src, k.src_port, k.dst, k.dst_port),
         (ip(NODE1).into(), 30080, ip(CLIENT).into(), 50000)
     );
+}
+
+/// A selectorless Service's endpoint on no node (the agent's `no_node` for an endpoint
+/// without nodeName): external traffic is source translated under the Cluster policy,
+/// and dropped under Local, since no node has it.
+#[test]
+fn test_node_port_to_an_endpoint_on_no_node_is_translated_or_has_no_local_endpoint() {
+    let vm = || {
+        web(vec![BackendSpec {
+            node: None,
+            no_node: true,
+            ..be("192.168.30.50", 80, 1)
+        }])
+    };
+    let mut a = node(1, ModeSpec::Always, vec![vm()]);
+    let (v, out) = run(
+        &mut a,
+        tcp_from_outside(1, NODE1, 50000, 30080, 100, 0, tcp_flags::SYN),
+        UPLINK,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Forwarded);
+    let k = key_of(&out[0].1.data);
+    assert_eq!(
+        (k.src, k.dst, k.dst_port),
+        (ip(NODE1).into(), ip("192.168.30.50").into(), 80)
+    );
+
+    let local = ServiceSpec {
+        external_policy: Policy::Local,
+        ..vm()
+    };
+    let mut a = node(1, ModeSpec::Always, vec![local]);
+    let (v, out) = run(
+        &mut a,
+        tcp_from_outside(1, NODE1, 50000, 30080, 100, 0, tcp_flags::SYN),
+        UPLINK,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoLocalEndpoints));
+    assert!(out.is_empty());
 }
 
 #[test]

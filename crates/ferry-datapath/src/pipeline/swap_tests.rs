@@ -120,6 +120,7 @@ fn backend(addr: &str) -> BackendSpec {
         addr: ip(addr),
         port: 5353,
         node: None,
+        no_node: false,
         ready: true,
         serving: None,
         terminating: false,

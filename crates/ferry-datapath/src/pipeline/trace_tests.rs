@@ -12,6 +12,7 @@ fn be(addr: &str, port: u16, node: u8) -> BackendSpec {
         addr: ip(addr),
         port,
         node: Some(format!("node{node}")),
+        no_node: false,
         ready: true,
         serving: None,
         terminating: false,
