@@ -378,6 +378,8 @@ pub struct ServiceFields {
     pub publish_not_ready: bool,
     /// The `ferry.io/external-snat` annotation.
     pub external_snat: Option<bool>,
+    /// spec.loadBalancerSourceRanges, as written (not enforced: only warned about).
+    pub source_ranges: Vec<String>,
 }
 
 impl ServiceFields {
@@ -434,6 +436,7 @@ impl ServiceFields {
                 f.cluster_ips.extend(e.take(parse_ip(s, field)));
             }
         }
+        f.source_ranges = spec.load_balancer_source_ranges.clone().unwrap_or_default();
         for (i, s) in spec.external_ips.iter().flatten().enumerate() {
             f.external_ips
                 .extend(e.take(parse_ip(s, format!("spec.externalIPs[{i}]"))));

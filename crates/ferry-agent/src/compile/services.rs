@@ -105,6 +105,14 @@ fn one(
     if f.type_ == ServiceType::ExternalName || f.headless {
         return Ok(());
     }
+    // kube-proxy applies them to load balancer IPs only; ferry does not yet, and a
+    // Service that counts on them is open to every source.
+    if f.type_ == ServiceType::LoadBalancer && !f.source_ranges.is_empty() {
+        out.warnings.push(format!(
+            "Service {key}: spec.loadBalancerSourceRanges ({}) are not enforced: its load balancer IPs accept every source",
+            f.source_ranges.join(", ")
+        ));
+    }
     let node_ports = matches!(f.type_, ServiceType::NodePort | ServiceType::LoadBalancer);
     // The external policy only concerns traffic from outside: node ports, external
     // and load balancer IPs. A ClusterIP Service without them has none.

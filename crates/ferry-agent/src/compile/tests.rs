@@ -655,6 +655,30 @@ fn sctp_ports_are_skipped_with_a_warning_and_the_rest_kept() {
 }
 
 #[test]
+fn load_balancer_source_ranges_are_warned_about_as_not_enforced() {
+    let c = cluster(
+        &(two_nodes()
+            + &service(
+                "lb",
+                "  type: LoadBalancer\n  clusterIP: 10.96.0.31\n  ports:\n  - {port: 80, nodePort: 30031}\n  loadBalancerSourceRanges: [203.0.113.0/24, 198.51.100.7/32]\n",
+            )
+            + &service(
+                "plain",
+                "  clusterIP: 10.96.0.32\n  ports:\n  - {port: 80}\n  loadBalancerSourceRanges: [203.0.113.0/24]\n",
+            )),
+    );
+    let out = compile(&c, "node-a");
+    assert_eq!(out.tables.services.len(), 2, "the Services still apply");
+    assert_eq!(
+        out.warnings,
+        [
+            "Service default/lb: spec.loadBalancerSourceRanges (203.0.113.0/24, 198.51.100.7/32) are not enforced: its load balancer IPs accept every source"
+        ],
+        "kube-proxy ignores the ranges of a Service that is no load balancer"
+    );
+}
+
+#[test]
 fn external_name_and_headless_services_are_left_alone() {
     let s = services(
         &(service(
