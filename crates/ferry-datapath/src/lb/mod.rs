@@ -158,6 +158,8 @@ pub struct Services {
     /// (protocol, address, port) of every endpoint, with the number of Service ports
     /// that have it.
     backends: HashMap<(u8, IpAddr, u16), u32, RandomState>,
+    /// The same for the Service ports where the endpoint serves (ready or serving).
+    serving: HashMap<(u8, IpAddr, u16), u32, RandomState>,
     /// This node's name: endpoints on it are local.
     node: String,
     /// Service ports in force (not emptied slots).
@@ -167,7 +169,8 @@ pub struct Services {
     id: u64,
     /// The value [`Services::update`] made this one from.
     parent: u64,
-    /// Endpoints that update took away (no Service port has them any more).
+    /// Endpoints that update took away (no Service port has them any more) or that
+    /// stopped serving (no Service port has them serving any more).
     gone: Vec<(u8, IpAddr, u16)>,
 }
 
@@ -282,16 +285,16 @@ impl Services {
             c.gone = s.gone;
             return Ok(c);
         }
-        // Endpoints taken out and put back by the same update did not go.
-        let backends = &s.backends;
-        s.gone.retain(|k| !backends.contains_key(k));
+        // Endpoints taken out and put back serving by the same update did not go.
+        let serving = &s.serving;
+        s.gone.retain(|k| !serving.contains_key(k));
         Ok(s)
     }
 
-    /// The endpoints no Service port has any more since `older`, when these Services
-    /// were made from it by [`Services::update`]; None when they were not (then any
-    /// endpoint may have gone). A table swap uses it to visit the connection table only
-    /// when an endpoint went away.
+    /// The endpoints no Service port has, or has serving, any more since `older`, when
+    /// these Services were made from it by [`Services::update`]; None when they were not
+    /// (then any endpoint may have gone). A table swap uses it to visit the connection
+    /// table only when an endpoint went away or stopped serving.
     pub fn endpoints_gone_since(&self, older: &Services) -> Option<&[(u8, IpAddr, u16)]> {
         (older.id != 0 && self.parent == older.id).then_some(self.gone.as_slice())
     }
@@ -342,12 +345,18 @@ impl Services {
         }
         for b in &old.backends {
             let k = (proto, b.addr, b.port);
-            if let Some(n) = self.backends.get_mut(&k) {
-                *n -= 1;
-                if *n == 0 {
-                    self.backends.remove(&k);
-                    self.gone.push(k);
+            let mut last = false;
+            for held in [&mut self.backends, &mut self.serving] {
+                if let Some(n) = held.get_mut(&k) {
+                    *n -= 1;
+                    if *n == 0 {
+                        held.remove(&k);
+                        last = true;
+                    }
                 }
+            }
+            if last {
+                self.gone.push(k);
             }
         }
         self.live -= 1;
@@ -415,7 +424,11 @@ impl Services {
                 serving: b.serving.unwrap_or(b.ready),
                 terminating: b.terminating,
             });
-            *self.backends.entry((proto, b.addr, b.port)).or_default() += 1;
+            let k = (proto, b.addr, b.port);
+            *self.backends.entry(k).or_default() += 1;
+            if b.ready || b.serving.unwrap_or(b.ready) {
+                *self.serving.entry(k).or_default() += 1;
+            }
         }
         let of = |fam: usize, local: bool| {
             let bs = &backends;
@@ -518,6 +531,12 @@ impl Services {
     /// True when some Service has the endpoint (protocol, address, port).
     pub fn has_backend(&self, proto: u8, addr: IpAddr, port: u16) -> bool {
         self.backends.contains_key(&(proto, addr, port))
+    }
+
+    /// True when some Service has the endpoint (protocol, address, port) ready or
+    /// serving.
+    pub fn has_serving_backend(&self, proto: u8, addr: IpAddr, port: u16) -> bool {
+        self.serving.contains_key(&(proto, addr, port))
     }
 
     /// True when this node's addresses include `a` (where node ports are reached).

@@ -154,6 +154,29 @@ fn test_an_endpoint_on_no_node_is_local_nowhere_and_stays_so_through_updates() {
 }
 
 #[test]
+fn test_an_endpoint_that_stops_serving_counts_as_gone_for_the_sweep() {
+    let s = Services::compile(&[svc("x", "tcp")], "a", []).unwrap();
+    let mut failing = svc("x", "tcp");
+    failing.backends[0].ready = false;
+    failing.backends[0].serving = Some(false);
+    let u = s.update(&[], &[failing]).unwrap();
+    assert!(u.has_backend(proto::TCP, ip("10.244.1.5"), 8080));
+    assert!(!u.has_serving_backend(proto::TCP, ip("10.244.1.5"), 8080));
+    assert_eq!(
+        u.endpoints_gone_since(&s),
+        Some(&[(proto::TCP, ip("10.244.1.5"), 8080)][..])
+    );
+    // Terminating but serving still serves; so does a ready endpoint.
+    let mut draining = svc("x", "tcp");
+    draining.backends[0].ready = false;
+    draining.backends[0].serving = Some(true);
+    draining.backends[0].terminating = true;
+    let d = s.update(&[], &[draining]).unwrap();
+    assert!(d.has_serving_backend(proto::TCP, ip("10.244.1.5"), 8080));
+    assert_eq!(d.endpoints_gone_since(&s), Some(&[][..]));
+}
+
+#[test]
 fn test_affinity_is_bounded_and_counts_what_it_could_not_keep() {
     let mut a = Affinity::new(2);
     let b = (ip("10.244.1.5"), 8080);

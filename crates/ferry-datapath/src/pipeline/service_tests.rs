@@ -974,6 +974,48 @@ fn test_a_removed_endpoints_connections_are_deleted_and_udp_clients_move_on() {
     }
 }
 
+/// An endpoint whose readiness probe fails stays in the slice, ready and serving
+/// false: UDP clients leave it (kube-proxy clears their entries), TCP connections stay.
+#[test]
+fn test_udp_clients_leave_an_endpoint_that_stops_serving_and_tcp_stays() {
+    let both = vec![be("10.244.1.6", 53, 1), be("10.244.2.5", 53, 2)];
+    let web_both = vec![be("10.244.1.6", 8080, 1)];
+    let mut a = node(1, ModeSpec::Always, vec![dns(both), web(web_both)]);
+    let mut on_failing = 0;
+    for sport in 30000..30040u16 {
+        let (_, out) = run(&mut a, udp_to_service(sport), POD, SEC);
+        if delivered_to(&out) == ip("10.244.1.6") {
+            on_failing += 1;
+        }
+    }
+    assert!(on_failing > 0);
+    run(
+        &mut a,
+        tcp_from_pod(5, "10.96.0.10", 40000, 80, tcp_flags::SYN),
+        POD,
+        SEC,
+    );
+    let failing = |port| BackendSpec {
+        ready: false,
+        serving: Some(false),
+        ..be("10.244.1.6", port, 1)
+    };
+    let report = a.set_tables(tables(
+        1,
+        ModeSpec::Always,
+        vec![
+            dns(vec![failing(53), be("10.244.2.5", 53, 2)]),
+            web(vec![failing(8080)]),
+        ],
+    ));
+    assert_eq!(report.ct_removed, on_failing, "the UDP entries only");
+    assert_eq!(a.conntrack().len(), 40 - on_failing + 1);
+    for sport in 30000..30040u16 {
+        let (_, out) = run(&mut a, udp_to_service(sport), POD, 2 * SEC);
+        assert_eq!(delivered_to(&out), ip("10.244.2.5"));
+    }
+}
+
 #[test]
 fn test_a_node_port_connection_forwarded_from_another_node_survives_endpoint_changes() {
     let svc = || web(vec![be("10.244.2.5", 8080, 2)]);

@@ -9,7 +9,9 @@
 //!   reply tuple's source address and port, with the protocol) no Service of the new
 //!   tables has any more: it is deleted, as kube-proxy runs `conntrack -D` for removed
 //!   endpoints, so that the next packet of a UDP flow starts a new connection to a live
-//!   endpoint instead of following the entry to a dead one until it times out.
+//!   endpoint instead of following the entry to a dead one until it times out. A UDP
+//!   entry is also deleted when its endpoint stays but no longer serves (neither ready
+//!   nor serving), as kube-proxy clears UDP entries of endpoints that stop serving.
 //!   Connections without the mark (a node port connection another node forwarded here
 //!   has no NAT here, only its tunnel peer) are never touched.
 //! - **Per-port counters** (drops by reason included) follow ports by name: a port that keeps its name keeps its
@@ -41,6 +43,7 @@ use std::sync::Arc;
 use super::{Pipeline, PortStats};
 use crate::conntrack;
 use crate::drop::{DropCounters, DropReason};
+use crate::flow::proto;
 use crate::icmp::RateLimiter;
 use crate::ipf;
 use crate::lb::MARK_SERVICE;
@@ -164,9 +167,15 @@ impl Pipeline {
                 if e.mark & MARK_SERVICE == 0 {
                     return true;
                 }
-                // After DNAT the reply comes from the endpoint.
+                // After DNAT the reply comes from the endpoint. A UDP client (whose flow
+                // never ends) also leaves an endpoint that stops serving, as kube-proxy
+                // clears those; a TCP connection stays until its endpoint goes.
                 let r = e.reply();
-                services.has_backend(r.proto, r.src.ip(), r.src_port)
+                if r.proto == proto::UDP {
+                    services.has_serving_backend(r.proto, r.src.ip(), r.src_port)
+                } else {
+                    services.has_backend(r.proto, r.src.ip(), r.src_port)
+                }
             })
         };
 
