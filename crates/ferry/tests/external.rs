@@ -212,7 +212,8 @@ fn fields(pcap: &Path, filter: &str, field: &str) -> Vec<u64> {
 /// client's kernel at 1500, arrive whole at the pod (its kernel reassembles what ferry
 /// refragmented to 1450) and its echoes arrive whole back at the client; a fragmented
 /// 8000-byte ping goes both ways too. A capture of the pod's eth0 shows the fragments
-/// ferry delivered, none larger than the pod's MTU.
+/// ferry delivered, none larger than the pod's MTU; one of the client's shows the echoes
+/// refragmented to the size the pod's kernel sent them in, not to the uplink's MTU.
 #[test]
 fn big_udp_datagrams_from_outside_arrive_whole_ipv4() {
     ipv4_datagrams_arrive_whole("xa", 1);
@@ -262,6 +263,26 @@ fn ipv4_datagrams_arrive_whole(tag: &str, workers: u16) {
     assert!(
         max <= 1450,
         "a fragment of {max} bytes delivered to a pod whose MTU is 1450"
+    );
+    // The echoes, fragmented by the pod's kernel for its MTU 1450, leave through an
+    // uplink of MTU 1500: ferry reassembles them and refragments them to the largest
+    // fragment received, not to the uplink's MTU.
+    let echo = "ip.src == 10.244.1.5 && (ip.flags.mf == 1 || ip.frag_offset > 0)";
+    let from_pod = fields(&pcap, echo, "ip.len").into_iter().max();
+    let at_client = fields(&wire, echo, "ip.len");
+    assert!(
+        at_client.len() >= 30,
+        "fragments of the echoes at the client: {}",
+        at_client.len()
+    );
+    assert!(
+        from_pod.is_some_and(|m| m <= 1450),
+        "the pod's fragments: {from_pod:?}"
+    );
+    assert_eq!(
+        at_client.iter().max().copied(),
+        from_pod,
+        "the echoes' largest fragment at the client, against the pod's"
     );
 }
 
