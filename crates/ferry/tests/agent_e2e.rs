@@ -76,6 +76,34 @@ fn services_and_the_node_port_path_with_two_workers_per_node() {
     assert!(workers.iter().all(|w| w.rx_frames > 0), "{workers:?}");
 }
 
+/// The same with every packet between the nodes encapsulated (`always`), and with
+/// nothing encapsulated but what a node port forwards with the client address kept
+/// (`never`): the node port's path across nodes does not depend on the mode.
+#[test]
+fn services_and_the_node_port_path_in_every_encapsulation_mode() {
+    for (tag, mode) in [("ea", "always"), ("en", "never")] {
+        let c = TwoNodes::with_file_datastore_config(tag, &[], &[], &[("encapsulation", mode)]);
+        services_and_node_ports(&c);
+        // The mode is in force: a pod's packet to the other node's pod goes through the
+        // overlay in mode always, straight over the wire in mode never.
+        let trace = Request::Trace {
+            in_port: "pod default/client".into(),
+            packet: Some("tcp 10.244.1.5:40000 -> 10.244.2.5:8080 syn".into()),
+            frames: None,
+            reply: false,
+        };
+        let Ok(Response::Ok(a)) = call(&c.socket(1), &trace) else {
+            panic!("node 1's trace");
+        };
+        let report = serde_json::to_string(&a.trace).unwrap();
+        assert_eq!(
+            report.contains("through the overlay"),
+            mode == "always",
+            "mode {mode}: {report}"
+        );
+    }
+}
+
 /// The reply path itself, on the wire: a client outside reaches node 1's node port,
 /// whose endpoint is on node 2, and keeps its address. Node 2 must send the replies back
 /// through node 1 in the tunnel (node 1 undoes its NAT), never straight to the client:

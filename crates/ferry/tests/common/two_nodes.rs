@@ -239,10 +239,28 @@ impl TwoNodes {
     /// [`TwoNodes::with_file_datastore`] with `extra1` and `extra2` arguments for the
     /// agents of node 1 and node 2.
     pub fn with_file_datastore_args(tag: &str, extra1: &[&str], extra2: &[&str]) -> TwoNodes {
+        TwoNodes::with_file_datastore_config(tag, extra1, extra2, &[])
+    }
+
+    /// [`TwoNodes::with_file_datastore_args`] with the `kube-system/ferry-config`
+    /// ConfigMap (in `services.yaml`) holding `config` (key, value pairs) instead of
+    /// `encapsulation: cross-subnet`, when `config` is not empty.
+    pub fn with_file_datastore_config(
+        tag: &str,
+        extra1: &[&str],
+        extra2: &[&str],
+        config: &[(&str, &str)],
+    ) -> TwoNodes {
         let mut c = TwoNodes::new(tag);
         let dir = c.manifest_dir();
         fs::create_dir(&dir).unwrap();
-        for (file, yaml) in manifests() {
+        for (file, mut yaml) in manifests() {
+            if file == "services.yaml" && !config.is_empty() {
+                let data: Vec<String> = config.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+                let default = "data: { encapsulation: cross-subnet }";
+                assert!(yaml.contains(default), "the ConfigMap in services.yaml");
+                yaml = yaml.replace(default, &format!("data: {{ {} }}", data.join(", ")));
+            }
             fs::write(dir.join(file), yaml).unwrap();
         }
         let datastore = format!("file:{}", dir.display());
