@@ -109,21 +109,139 @@ fn unix_ns(now: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
-/// The live trace and capture sessions the agent turned on, for stopping abandoned ones.
-#[derive(Debug, Default)]
+/// Why a live trace or capture read or stop was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The caller's session is no longer the one running: another client started one
+    /// since (`what` is `live trace` or `capture`).
+    Replaced(&'static str),
+    /// None is running.
+    NotRunning(&'static str),
+    /// The worker did not answer.
+    Worker(String),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Replaced(what) => write!(
+                f,
+                "replaced by another client's {what} (one runs per node at a time: the newest)"
+            ),
+            Refusal::NotRunning(what) => write!(f, "no {what} is running"),
+            Refusal::Worker(e) => f.write_str(e),
+        }
+    }
+}
+
+/// One kind of session, live trace or capture: at most one runs per node, and a start
+/// replaces it.
+#[derive(Debug)]
+struct Slot {
+    /// `live trace` or `capture`, for messages.
+    what: &'static str,
+    /// The running session's id and when it was last started or read.
+    running: Option<(u64, Instant)>,
+    /// The id of the last session started, running or not (0: none yet).
+    last_started: u64,
+}
+
+impl Slot {
+    fn new(what: &'static str) -> Slot {
+        Slot {
+            what,
+            running: None,
+            last_started: 0,
+        }
+    }
+
+    fn start(&mut self, id: u64, now: Instant) {
+        self.running = Some((id, now));
+        self.last_started = id;
+    }
+
+    /// Whether a request for `session` may act on the running session. None (a client
+    /// older than session ids) acts on whichever runs. A session that is not running
+    /// was replaced when another started after it; otherwise it ended (stopped, or not
+    /// read for [`ABANDONED_AFTER`]).
+    fn check(&self, session: Option<u64>) -> Result<(), Refusal> {
+        match (session, self.running) {
+            (None, Some(_)) => Ok(()),
+            (Some(id), Some((running, _))) if id == running => Ok(()),
+            (Some(_), Some(_)) => Err(Refusal::Replaced(self.what)),
+            (Some(id), None) if id < self.last_started => Err(Refusal::Replaced(self.what)),
+            (_, None) => Err(Refusal::NotRunning(self.what)),
+        }
+    }
+
+    /// Checks `session` for a read and marks the session read at `now`.
+    fn read(&mut self, session: Option<u64>, now: Instant) -> Result<(), Refusal> {
+        self.check(session)?;
+        if let Some((_, last)) = &mut self.running {
+            *last = now;
+        }
+        Ok(())
+    }
+
+    /// Checks `session` for a stop and forgets the session. Stopping when none runs is
+    /// no error (the client may stop after the session ended by itself), but a stale
+    /// session must not stop its replacement.
+    fn stop(&mut self, session: Option<u64>) -> Result<(), Refusal> {
+        match self.check(session) {
+            Ok(()) | Err(Refusal::NotRunning(_)) => {
+                self.running = None;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// True when the running session was not read for [`ABANDONED_AFTER`] at `now`.
+    fn abandoned(&self, now: Instant) -> bool {
+        self.running
+            .is_some_and(|(_, t)| now.duration_since(t) >= ABANDONED_AFTER)
+    }
+}
+
+/// The live trace and capture sessions the agent turned on: which client's runs, and
+/// when it was last read, for stopping abandoned ones.
+#[derive(Debug)]
 pub struct Sessions {
-    trace: Option<Instant>,
-    capture: Option<Instant>,
+    trace: Slot,
+    capture: Slot,
+    /// The last session id given out, for either kind.
+    last_id: u64,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Sessions {
+            trace: Slot::new("live trace"),
+            capture: Slot::new("capture"),
+            last_id: 0,
+        }
+    }
 }
 
 impl Sessions {
-    /// Starts a live trace of the next `count` packets that match `filter`.
+    /// A new session id. The first is taken from the wall clock, so that a client of an
+    /// earlier agent run does not hold an id this run gives out again.
+    fn next_id(&mut self) -> u64 {
+        if self.last_id == 0 {
+            self.last_id = unix_ns(SystemTime::now());
+        }
+        self.last_id = self.last_id.wrapping_add(1).max(1);
+        self.last_id
+    }
+
+    /// Starts a live trace of the next `count` packets that match `filter`, replacing
+    /// the one running; returns the session's id.
     pub fn trace_start(
         &mut self,
         control: &Control,
         filter: &str,
         count: usize,
-    ) -> Result<(), String> {
+    ) -> Result<u64, String> {
         let m = Match::parse(filter).map_err(|e| format!("filter: {e}"))?;
         if count == 0 {
             return Err("count must be at least 1".into());
@@ -131,41 +249,49 @@ impl Sessions {
         control
             .run(JOB_TIMEOUT, move |v| v.taps.start_trace(m, count))
             .map_err(|e| e.to_string())?;
-        self.trace = Some(Instant::now());
-        Ok(())
+        let id = self.next_id();
+        self.trace.start(id, Instant::now());
+        Ok(id)
     }
 
-    /// The packets traced since the last read, and how many more the trace waits for.
-    pub fn trace_read(&mut self, control: &Control) -> Result<(Vec<TracedPacket>, usize), String> {
-        if self.trace.is_none() {
-            return Err("no live trace is running".into());
-        }
-        self.trace = Some(Instant::now());
+    /// The packets traced since the last read of `session`, and how many more the trace
+    /// waits for.
+    pub fn trace_read(
+        &mut self,
+        control: &Control,
+        session: Option<u64>,
+    ) -> Result<(Vec<TracedPacket>, usize), Refusal> {
+        self.trace.read(session, Instant::now())?;
         control
             .run(JOB_TIMEOUT, |v| {
                 (v.taps.take_traced(), v.taps.trace_remaining())
             })
-            .map_err(|e| e.to_string())
+            .map_err(|e| Refusal::Worker(e.to_string()))
     }
 
-    /// Stops the live trace; returns what it recorded and was not read yet.
-    pub fn trace_stop(&mut self, control: &Control) -> Result<Vec<TracedPacket>, String> {
-        self.trace = None;
+    /// Stops the live trace of `session`; returns what it recorded and was not read yet.
+    pub fn trace_stop(
+        &mut self,
+        control: &Control,
+        session: Option<u64>,
+    ) -> Result<Vec<TracedPacket>, Refusal> {
+        self.trace.stop(session)?;
         control
             .run(JOB_TIMEOUT, |v| {
                 v.taps.stop_trace();
                 v.taps.take_traced()
             })
-            .map_err(|e| e.to_string())
+            .map_err(|e| Refusal::Worker(e.to_string()))
     }
 
-    /// Starts capturing at `port` (see [`resolve_port`]) the frames that match `filter`.
+    /// Starts capturing at `port` (see [`resolve_port`]) the frames that match `filter`,
+    /// replacing the capture running; returns the session's id.
     pub fn capture_start(
         &mut self,
         control: &Control,
         port: &str,
         filter: &str,
-    ) -> Result<(), String> {
+    ) -> Result<u64, String> {
         let m = Match::parse(filter).map_err(|e| format!("filter: {e}"))?;
         let port = port.to_string();
         control
@@ -177,36 +303,42 @@ impl Sessions {
                 Ok::<(), String>(())
             })
             .map_err(|e| e.to_string())??;
-        self.capture = Some(Instant::now());
-        Ok(())
+        let id = self.next_id();
+        self.capture.start(id, Instant::now());
+        Ok(id)
     }
 
-    /// The frames captured since the last read, and how many were lost because the
-    /// buffer was full.
-    pub fn capture_read(&mut self, control: &Control) -> Result<(Vec<Frame>, u64), String> {
-        if self.capture.is_none() {
-            return Err("no capture is running".into());
-        }
-        self.capture = Some(Instant::now());
+    /// The frames captured for `session` since its last read, and how many were lost
+    /// because the buffer was full.
+    pub fn capture_read(
+        &mut self,
+        control: &Control,
+        session: Option<u64>,
+    ) -> Result<(Vec<Frame>, u64), Refusal> {
+        self.capture.read(session, Instant::now())?;
         let (frames, lost, now_ns) = control
             .run(JOB_TIMEOUT, |v| {
                 let (f, lost) = v.taps.take_captured();
                 (f, lost, v.now_ns)
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Refusal::Worker(e.to_string()))?;
         Ok((wall_clock(frames, now_ns, SystemTime::now()), lost))
     }
 
-    /// Stops the capture; returns what it recorded and was not read yet.
-    pub fn capture_stop(&mut self, control: &Control) -> Result<(Vec<Frame>, u64), String> {
-        self.capture = None;
+    /// Stops the capture of `session`; returns what it recorded and was not read yet.
+    pub fn capture_stop(
+        &mut self,
+        control: &Control,
+        session: Option<u64>,
+    ) -> Result<(Vec<Frame>, u64), Refusal> {
+        self.capture.stop(session)?;
         let (frames, lost, now_ns) = control
             .run(JOB_TIMEOUT, |v| {
                 v.taps.stop_capture();
                 let (f, lost) = v.taps.take_captured();
                 (f, lost, v.now_ns)
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Refusal::Worker(e.to_string()))?;
         Ok((wall_clock(frames, now_ns, SystemTime::now()), lost))
     }
 
@@ -214,18 +346,12 @@ impl Sessions {
     /// returns what was stopped, for the log.
     pub fn expire(&mut self, control: &Control, now: Instant) -> Vec<&'static str> {
         let mut stopped = Vec::new();
-        if self
-            .trace
-            .is_some_and(|t| now.duration_since(t) >= ABANDONED_AFTER)
-        {
-            let _ = self.trace_stop(control);
+        if self.trace.abandoned(now) {
+            let _ = self.trace_stop(control, None);
             stopped.push("live trace");
         }
-        if self
-            .capture
-            .is_some_and(|t| now.duration_since(t) >= ABANDONED_AFTER)
-        {
-            let _ = self.capture_stop(control);
+        if self.capture.abandoned(now) {
+            let _ = self.capture_stop(control, None);
             stopped.push("capture");
         }
         stopped
@@ -304,6 +430,101 @@ mod tests {
         assert!(!f[0].inbound);
     }
 
+    /// Sessions as if the worker had started a live trace and a capture for `clients`
+    /// clients in turn: the ids they were given.
+    fn started(s: &mut Sessions, clients: usize, now: Instant) -> Vec<u64> {
+        (0..clients)
+            .map(|_| {
+                let id = s.next_id();
+                s.trace.start(id, now);
+                s.capture.start(id, now);
+                id
+            })
+            .collect()
+    }
+
+    #[test]
+    fn test_a_new_session_replaces_the_running_one() {
+        let mut s = Sessions::default();
+        let ids = started(&mut s, 2, Instant::now());
+        assert_ne!(ids[0], ids[1]);
+        assert_eq!(s.trace.running.map(|r| r.0), Some(ids[1]));
+        assert_eq!(s.trace.check(Some(ids[1])), Ok(()));
+        assert_eq!(
+            s.trace.check(Some(ids[0])),
+            Err(Refusal::Replaced("live trace"))
+        );
+        // A client older than session ids reads whichever runs.
+        assert_eq!(s.trace.check(None), Ok(()));
+    }
+
+    #[test]
+    fn test_a_replaced_client_cannot_read_the_new_session() {
+        let c = Control::new();
+        let mut s = Sessions::default();
+        let ids = started(&mut s, 2, Instant::now());
+        let e = s.trace_read(&c, Some(ids[0])).unwrap_err();
+        assert_eq!(e, Refusal::Replaced("live trace"));
+        assert!(e.to_string().contains("replaced by another client"), "{e}");
+        assert_eq!(
+            s.capture_read(&c, Some(ids[0])).unwrap_err(),
+            Refusal::Replaced("capture")
+        );
+        // The running session's own client gets as far as the worker (none here).
+        assert!(matches!(
+            s.trace_read(&c, Some(ids[1])),
+            Err(Refusal::Worker(_))
+        ));
+    }
+
+    #[test]
+    fn test_a_replaced_client_cannot_stop_the_new_session() {
+        let c = Control::new();
+        let mut s = Sessions::default();
+        let ids = started(&mut s, 2, Instant::now());
+        assert_eq!(
+            s.trace_stop(&c, Some(ids[0])).unwrap_err(),
+            Refusal::Replaced("live trace")
+        );
+        assert_eq!(
+            s.capture_stop(&c, Some(ids[0])).unwrap_err(),
+            Refusal::Replaced("capture")
+        );
+        assert_eq!(s.trace.running.map(|r| r.0), Some(ids[1]));
+        assert_eq!(s.capture.running.map(|r| r.0), Some(ids[1]));
+        // Its own client stops it; a stop after that is no error.
+        assert!(matches!(
+            s.trace_stop(&c, Some(ids[1])),
+            Err(Refusal::Worker(_))
+        ));
+        assert!(s.trace.running.is_none());
+        assert_eq!(s.trace.stop(Some(ids[1])), Ok(()));
+        // The replaced client is still told so once nothing runs.
+        assert_eq!(
+            s.trace.check(Some(ids[0])),
+            Err(Refusal::Replaced("live trace"))
+        );
+    }
+
+    #[test]
+    fn test_unread_sessions_are_stopped() {
+        let c = Control::new();
+        let mut s = Sessions::default();
+        let t0 = Instant::now();
+        let ids = started(&mut s, 1, t0);
+        s.trace.read(Some(ids[0]), t0 + ABANDONED_AFTER).unwrap();
+        assert_eq!(
+            s.expire(&c, t0 + ABANDONED_AFTER + Duration::from_secs(1)),
+            vec!["capture"]
+        );
+        assert!(s.capture.running.is_none());
+        assert_eq!(
+            s.capture.check(Some(ids[0])),
+            Err(Refusal::NotRunning("capture"))
+        );
+        assert_eq!(s.expire(&c, t0 + 2 * ABANDONED_AFTER), vec!["live trace"]);
+    }
+
     #[test]
     fn test_nothing_runs_without_a_worker() {
         let c = Control::new();
@@ -313,13 +534,19 @@ mod tests {
                 .unwrap_err()
                 .contains("not running")
         );
-        assert!(s.trace_read(&c).unwrap_err().contains("no live trace"));
+        assert_eq!(
+            s.trace_read(&c, None).unwrap_err(),
+            Refusal::NotRunning("live trace")
+        );
         assert!(
             s.capture_start(&c, "uplink", "bogus words")
                 .unwrap_err()
                 .starts_with("filter:")
         );
-        assert!(s.capture_read(&c).unwrap_err().contains("no capture"));
+        assert_eq!(
+            s.capture_read(&c, Some(3)).unwrap_err().to_string(),
+            "no capture is running"
+        );
         let input = TraceInput {
             in_port: "uplink".into(),
             packet: Some("tcp 1.2.3.4:1 -> 5.6.7.8:80".into()),

@@ -565,39 +565,53 @@ impl Agent {
             }
             Request::TraceStart { filter, count } => {
                 match self.sessions.trace_start(&self.control, &filter, count) {
-                    Ok(()) => Response::Ok(Answer::default()),
+                    Ok(id) => Response::Ok(Answer {
+                        session: Some(id),
+                        ..Answer::default()
+                    }),
                     Err(e) => Response::error(ferry_api::ERR_BAD_REQUEST, "live trace refused", e),
                 }
             }
-            Request::TraceRead => match self.sessions.trace_read(&self.control) {
-                Ok((traced, remaining)) => Response::Ok(Answer {
-                    traced: Some(traced_json(traced)),
-                    remaining: Some(remaining),
-                    ..Answer::default()
-                }),
-                Err(e) => Response::error(ferry_api::ERR_BAD_REQUEST, "live trace", e),
-            },
-            Request::TraceStop => match self.sessions.trace_stop(&self.control) {
-                Ok(traced) => Response::Ok(Answer {
-                    traced: Some(traced_json(traced)),
-                    ..Answer::default()
-                }),
-                Err(e) => Response::error(ferry_api::ERR_WORKER, "live trace", e),
-            },
+            Request::TraceRead { session } => {
+                match self.sessions.trace_read(&self.control, session) {
+                    Ok((traced, remaining)) => Response::Ok(Answer {
+                        traced: Some(traced_json(traced)),
+                        remaining: Some(remaining),
+                        ..Answer::default()
+                    }),
+                    Err(e) => refused("live trace", &e),
+                }
+            }
+            Request::TraceStop { session } => {
+                match self.sessions.trace_stop(&self.control, session) {
+                    Ok(traced) => Response::Ok(Answer {
+                        traced: Some(traced_json(traced)),
+                        ..Answer::default()
+                    }),
+                    Err(e) => refused("live trace", &e),
+                }
+            }
             Request::CaptureStart { port, filter } => {
                 match self.sessions.capture_start(&self.control, &port, &filter) {
-                    Ok(()) => Response::Ok(Answer::default()),
+                    Ok(id) => Response::Ok(Answer {
+                        session: Some(id),
+                        ..Answer::default()
+                    }),
                     Err(e) => Response::error(ferry_api::ERR_BAD_REQUEST, "capture refused", e),
                 }
             }
-            Request::CaptureRead => match self.sessions.capture_read(&self.control) {
-                Ok((frames, lost)) => captured_answer(frames, lost),
-                Err(e) => Response::error(ferry_api::ERR_BAD_REQUEST, "capture", e),
-            },
-            Request::CaptureStop => match self.sessions.capture_stop(&self.control) {
-                Ok((frames, lost)) => captured_answer(frames, lost),
-                Err(e) => Response::error(ferry_api::ERR_WORKER, "capture", e),
-            },
+            Request::CaptureRead { session } => {
+                match self.sessions.capture_read(&self.control, session) {
+                    Ok((frames, lost)) => captured_answer(frames, lost),
+                    Err(e) => refused("capture", &e),
+                }
+            }
+            Request::CaptureStop { session } => {
+                match self.sessions.capture_stop(&self.control, session) {
+                    Ok((frames, lost)) => captured_answer(frames, lost),
+                    Err(e) => refused("capture", &e),
+                }
+            }
             Request::Add {
                 container_id,
                 netns,
@@ -1297,6 +1311,17 @@ fn traced_json(traced: Vec<ferry_linux::worker::TracedPacket>) -> Vec<serde_json
         .into_iter()
         .filter_map(|t| serde_json::to_value(t).ok())
         .collect()
+}
+
+/// The error answer to a refused live trace or capture read or stop (`what`): a replaced
+/// session has a code of its own, so that its client can tell it from a failure.
+fn refused(what: &str, e: &observe::Refusal) -> Response {
+    let code = match e {
+        observe::Refusal::Replaced(_) => ferry_api::ERR_REPLACED,
+        observe::Refusal::NotRunning(_) => ferry_api::ERR_BAD_REQUEST,
+        observe::Refusal::Worker(_) => ferry_api::ERR_WORKER,
+    };
+    Response::error(code, what, e.to_string())
 }
 
 /// Captured frames as the API carries them.

@@ -112,7 +112,8 @@ pub enum Request {
     },
     /// Starts recording what the node does with the next `count` real packets that
     /// `filter` selects (`ferry trace --live`); replaces a live trace already running.
-    /// Read with [`Request::TraceRead`]; a live trace nobody reads for 30 s is stopped.
+    /// Answers the session's id ([`Answer::session`]). Read with [`Request::TraceRead`];
+    /// a live trace nobody reads for 30 s is stopped.
     TraceStart {
         /// Which packets, in ferry's packet filter syntax (docs/filter.md).
         filter: String,
@@ -120,13 +121,24 @@ pub enum Request {
         count: usize,
     },
     /// The packets the live trace recorded since the last read ([`Answer::traced`]) and
-    /// how many it still waits for ([`Answer::remaining`]).
-    TraceRead,
-    /// Stops the live trace; answers what it recorded and was not read yet.
-    TraceStop,
+    /// how many it still waits for ([`Answer::remaining`]). Refused with
+    /// [`ERR_REPLACED`] when `session` is no longer the one running.
+    TraceRead {
+        /// The id [`Request::TraceStart`] answered; without it, the live trace running,
+        /// whoever started it (clients older than session ids).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<u64>,
+    },
+    /// Stops the live trace; answers what it recorded and was not read yet. Refused with
+    /// [`ERR_REPLACED`], stopping nothing, when `session` is no longer the one running.
+    TraceStop {
+        /// As for [`Request::TraceRead`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<u64>,
+    },
     /// Starts capturing the frames of a port (`ferry capture`); replaces a capture
-    /// already running. Read with [`Request::CaptureRead`]; a capture nobody reads for
-    /// 30 s is stopped.
+    /// already running. Answers the session's id ([`Answer::session`]). Read with
+    /// [`Request::CaptureRead`]; a capture nobody reads for 30 s is stopped.
     CaptureStart {
         /// The port's name, or `pod NAMESPACE/NAME`.
         port: String,
@@ -134,10 +146,21 @@ pub enum Request {
         filter: String,
     },
     /// The frames captured since the last read ([`Answer::captured`]) and how many were
-    /// lost since ([`Answer::lost`]).
-    CaptureRead,
-    /// Stops the capture; answers what it captured and was not read yet.
-    CaptureStop,
+    /// lost since ([`Answer::lost`]). Refused with [`ERR_REPLACED`] when `session` is no
+    /// longer the one running.
+    CaptureRead {
+        /// The id [`Request::CaptureStart`] answered; without it, the capture running,
+        /// whoever started it (clients older than session ids).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<u64>,
+    },
+    /// Stops the capture; answers what it captured and was not read yet. Refused with
+    /// [`ERR_REPLACED`], stopping nothing, when `session` is no longer the one running.
+    CaptureStop {
+        /// As for [`Request::CaptureRead`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<u64>,
+    },
 }
 
 /// The error code of a request the agent cannot serve as things are, for a reason of
@@ -156,6 +179,9 @@ pub const ERR_TABLES: u32 = 104;
 /// The error code of an `add` or `del` whose pod interface could not be made or opened
 /// (a TAP not created, not moved into the pod's namespace).
 pub const ERR_INTERFACE: u32 = 105;
+/// The error code of a live trace or capture read or stop whose session is no longer the
+/// one running: another client started one since (one of each runs per node, the newest).
+pub const ERR_REPLACED: u32 = 106;
 
 /// How many connections a [`Request::Conntrack`] lists unless told otherwise.
 pub const DEFAULT_CT_LIMIT: usize = 10_000;
@@ -421,6 +447,9 @@ pub struct Answer {
     /// stages, verdict and what was sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traced: Option<Vec<serde_json::Value>>,
+    /// TraceStart and CaptureStart: the session's id, for its reads and stop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<u64>,
     /// TraceRead: how many packets the live trace still waits for (0: done).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remaining: Option<usize>,
@@ -752,8 +781,23 @@ mod tests {
             },
             r#"{"op":"trace_start","filter":"tcp port 80","count":3}"#,
         );
-        round_trip(&Request::TraceRead, r#"{"op":"trace_read"}"#);
-        round_trip(&Request::TraceStop, r#"{"op":"trace_stop"}"#);
+        round_trip(
+            &Request::TraceRead { session: Some(7) },
+            r#"{"op":"trace_read","session":7}"#,
+        );
+        round_trip(
+            &Request::TraceStop { session: Some(7) },
+            r#"{"op":"trace_stop","session":7}"#,
+        );
+        // Clients older than session ids send none.
+        round_trip(
+            &Request::TraceRead { session: None },
+            r#"{"op":"trace_read"}"#,
+        );
+        round_trip(
+            &Request::TraceStop { session: None },
+            r#"{"op":"trace_stop"}"#,
+        );
         round_trip(
             &Request::CaptureStart {
                 port: "uplink".into(),
@@ -761,8 +805,22 @@ mod tests {
             },
             r#"{"op":"capture_start","port":"uplink","filter":"udp"}"#,
         );
-        round_trip(&Request::CaptureRead, r#"{"op":"capture_read"}"#);
-        round_trip(&Request::CaptureStop, r#"{"op":"capture_stop"}"#);
+        round_trip(
+            &Request::CaptureRead { session: Some(8) },
+            r#"{"op":"capture_read","session":8}"#,
+        );
+        round_trip(
+            &Request::CaptureStop { session: None },
+            r#"{"op":"capture_stop"}"#,
+        );
+        let a: Response = serde_json::from_str(r#"{"session":9}"#).unwrap();
+        assert_eq!(
+            a,
+            Response::Ok(Answer {
+                session: Some(9),
+                ..Answer::default()
+            })
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use ferry_api::{Answer, CapturedFrame, Request, Response};
+use ferry_api::{Answer, CapturedFrame, Request};
 
 use crate::pcap::{NgWriter, Way};
 
@@ -36,12 +36,7 @@ pub struct Args {
 }
 
 fn ask(args: &Args, req: &Request) -> Result<Answer> {
-    let r = crate::ask::ask(&args.api_socket, req)?;
-    match r {
-        Response::Ok(a) => Ok(a),
-        Response::Error(e) if e.details.is_empty() => bail!("{}", e.msg),
-        Response::Error(e) => bail!("{}: {}", e.msg, e.details),
-    }
+    crate::ask::answer(crate::ask::ask(&args.api_socket, req)?)
 }
 
 /// Writes frames until `limit` are written; returns how many were.
@@ -75,13 +70,16 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let mut w = NgWriter::create(&args.write)?;
     let stop = ferry_linux::signal::stop_on_signals().context("installing signal handlers")?;
-    ask(
+    // An agent older than session ids answers none: then reads and stops take whichever
+    // capture runs.
+    let session = ask(
         args,
         &Request::CaptureStart {
             port: args.port.clone(),
             filter: args.filter.clone(),
         },
-    )?;
+    )?
+    .session;
     eprintln!(
         "capturing on {}{} to {}; stop with Ctrl-C",
         args.port,
@@ -103,13 +101,13 @@ pub fn run(args: &Args) -> Result<()> {
             && deadline.is_none_or(|d| Instant::now() < d)
         {
             std::thread::sleep(Duration::from_millis(100));
-            let a = ask(args, &Request::CaptureRead)?;
+            let a = ask(args, &Request::CaptureRead { session })?;
             lost += a.lost.unwrap_or(0);
             write(&mut w, a.captured.unwrap_or_default(), &mut written, limit)?;
         }
         Ok(())
     })();
-    let a = ask(args, &Request::CaptureStop);
+    let a = ask(args, &Request::CaptureStop { session });
     r?;
     let a = a?;
     lost += a.lost.unwrap_or(0);

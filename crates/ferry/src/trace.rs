@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use ferry_api::{Answer, Request, Response};
+use ferry_api::{Answer, Request};
 use ferry_datapath::pipeline::{TracePass, TraceReport};
 use ferry_linux::worker::TracedPacket;
 
@@ -66,12 +66,7 @@ pub struct Args {
 
 /// Asks the agent, answering `what` when it refuses.
 fn ask(args: &Args, req: &Request) -> Result<Answer> {
-    let r = crate::ask::ask(&args.api_socket, req)?;
-    match r {
-        Response::Ok(a) => Ok(a),
-        Response::Error(e) if e.details.is_empty() => bail!("{}", e.msg),
-        Response::Error(e) => bail!("{}: {}", e.msg, e.details),
-    }
+    crate::ask::answer(crate::ask::ask(&args.api_socket, req)?)
 }
 
 /// Runs `ferry trace`.
@@ -212,13 +207,16 @@ fn live(args: &Args) -> Result<()> {
     }
     let filter = args.filter.clone().unwrap_or_default();
     let stop = ferry_linux::signal::stop_on_signals().context("installing signal handlers")?;
-    ask(
+    // An agent older than session ids answers none: then reads and stops take whichever
+    // live trace runs.
+    let session = ask(
         args,
         &Request::TraceStart {
             filter,
             count: args.count,
         },
-    )?;
+    )?
+    .session;
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
     let mut seen = 0;
     let mut print = |records: Vec<serde_json::Value>| -> Result<()> {
@@ -241,7 +239,8 @@ fn live(args: &Args) -> Result<()> {
         if stop.load(Ordering::Relaxed) {
             break "interrupted";
         }
-        let a = ask(args, &Request::TraceRead)?;
+        // Replaced by another client's live trace: the error says so; nothing to stop.
+        let a = ask(args, &Request::TraceRead { session })?;
         print(a.traced.unwrap_or_default())?;
         if a.remaining == Some(0) {
             break "";
@@ -251,7 +250,7 @@ fn live(args: &Args) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    let a = ask(args, &Request::TraceStop)?;
+    let a = ask(args, &Request::TraceStop { session })?;
     print(a.traced.unwrap_or_default())?;
     if !outcome.is_empty() {
         eprintln!("{outcome}: {seen} of {} packets recorded", args.count);
@@ -305,6 +304,31 @@ mod tests {
     fn parse(line: &str) -> Result<Args> {
         let cli = Cli::try_parse_from(std::iter::once("trace").chain(line.split(' ')))?;
         flags_after_packet(&cli.trace)
+    }
+
+    #[test]
+    fn a_replaced_live_trace_fails_and_stops_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (socket, seen) = crate::ask::fake_agent(
+            dir.path(),
+            &[
+                r#"{"session":5}"#,
+                r#"{"traced":[],"remaining":1}"#,
+                r#"{"code":106,"msg":"live trace","details":"replaced by another client's live trace"}"#,
+            ],
+        );
+        let line = format!("--live --match udp --api-socket {}", socket.display());
+        let e = run(&parse(&line).unwrap()).unwrap_err();
+        assert!(e.is::<crate::ask::Replaced>(), "{e}");
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                r#"{"op":"trace_start","filter":"udp","count":1}"#,
+                r#"{"op":"trace_read","session":5}"#,
+                r#"{"op":"trace_read","session":5}"#,
+            ],
+            "no stop: it would be the other client's live trace"
+        );
     }
 
     #[test]

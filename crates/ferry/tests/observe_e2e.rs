@@ -154,7 +154,7 @@ fn conntrack_services_status_and_metrics_of_a_running_agent() {
         r => panic!("{r:?}"),
     }
     // Reading a capture that was never started is refused.
-    match call(&sock, &Request::CaptureRead).unwrap() {
+    match call(&sock, &Request::CaptureRead { session: None }).unwrap() {
         Response::Error(e) => {
             assert_eq!(e.code, ferry_api::ERR_BAD_REQUEST, "{e:?}");
             assert!(e.details.contains("no capture is running"), "{e:?}");
