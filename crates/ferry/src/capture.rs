@@ -107,9 +107,18 @@ pub fn run(args: &Args) -> Result<()> {
         }
         Ok(())
     })();
-    let a = ask(args, &Request::CaptureStop { session });
-    r?;
-    let a = a?;
+    if let Err(e) = r {
+        // Replaced by another client's capture: what was written is this capture's own,
+        // so the file is kept, and there is nothing to stop.
+        if e.is::<crate::ask::Replaced>() {
+            w.finish()?;
+            eprintln!("{written} frames written to {}", args.write.display());
+        } else {
+            let _ = ask(args, &Request::CaptureStop { session });
+        }
+        return Err(e);
+    }
+    let a = ask(args, &Request::CaptureStop { session })?;
     lost += a.lost.unwrap_or(0);
     write(&mut w, a.captured.unwrap_or_default(), &mut written, limit)?;
     w.finish()?;
@@ -123,4 +132,41 @@ pub fn run(args: &Args) -> Result<()> {
         }
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_a_replaced_capture_keeps_its_file_and_stops_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (socket, seen) = crate::ask::fake_agent(
+            dir.path(),
+            &[
+                r#"{"session":5}"#,
+                r#"{"code":106,"msg":"capture","details":"replaced by another client's capture"}"#,
+            ],
+        );
+        let args = Args {
+            port: "uplink".into(),
+            filter: String::new(),
+            write: dir.path().join("c.pcapng"),
+            count: None,
+            duration: Some(10.0),
+            api_socket: socket,
+        };
+        let e = run(&args).unwrap_err();
+        assert!(e.is::<crate::ask::Replaced>(), "{e}");
+        assert!(e.to_string().contains("replaced by another client"), "{e}");
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                r#"{"op":"capture_start","port":"uplink","filter":""}"#,
+                r#"{"op":"capture_read","session":5}"#,
+            ],
+            "no stop: it would be the other client's capture"
+        );
+        assert!(std::fs::metadata(&args.write).unwrap().len() > 0);
+    }
 }
