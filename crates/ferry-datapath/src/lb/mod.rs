@@ -545,14 +545,16 @@ impl Services {
     }
 
     /// Chooses the endpoint for a new connection with `key` to frontend `f`: an index
-    /// into the Service's [`Service::backends`]. `from_local_pod`: the packet came from
-    /// one of this node's pods. `affinity` keeps session affinity records and spreads
+    /// into the Service's [`Service::backends`]. `from_node`: the packet came from
+    /// this node, one of its pods or its own stack (the host port); external traffic
+    /// from the node then uses every node's endpoints, as kube-proxy's short-circuit of
+    /// pod and local sources does. `affinity` keeps session affinity records and spreads
     /// connections over the eligible endpoints.
     pub fn choose(
         &self,
         f: Frontend,
         key: &FlowKey,
-        from_local_pod: bool,
+        from_node: bool,
         affinity: &mut Affinity,
         now_ns: u64,
     ) -> Result<usize, Miss> {
@@ -560,7 +562,7 @@ impl Services {
         let fam = family(&key.dst.ip());
         let policy = match f.scope {
             Scope::Internal => svc.spec.internal_policy,
-            Scope::External if from_local_pod => Policy::Cluster,
+            Scope::External if from_node => Policy::Cluster,
             Scope::External => svc.spec.external_policy,
         };
         let set = svc.eligible(fam, policy);

@@ -222,20 +222,21 @@ struct Balanced {
 
 /// Chooses the endpoint of a new connection to frontend `f` and the NAT that takes it
 /// there: DNAT to the endpoint; SNAT to the frontend address when the client is the
-/// endpoint itself (hairpin); for external traffic to an endpoint not on this node, SNAT
-/// to this node with `external_snat` or when the tunnel does not reach the endpoint,
-/// else the client address is kept and the connection marked to go through the tunnel.
+/// endpoint itself (hairpin); for external traffic from outside this node (not
+/// `from_node`) to an endpoint not on this node, SNAT to this node with `external_snat`
+/// or when the tunnel does not reach the endpoint, else the client address is kept and
+/// the connection marked to go through the tunnel.
 fn balance(
     tables: &Tables,
     f: Frontend,
     key: &crate::flow::FlowKey,
-    from_local_pod: bool,
+    from_node: bool,
     affinity: &mut Affinity,
     now: u64,
 ) -> Result<Balanced, DropReason> {
     let i = tables
         .services
-        .choose(f, key, from_local_pod, affinity, now)
+        .choose(f, key, from_node, affinity, now)
         .map_err(|m| match m {
             Miss::NoEndpoints => DropReason::ServiceNoEndpoints,
             Miss::NoLocalEndpoints => DropReason::ServiceNoLocalEndpoints,
@@ -246,7 +247,7 @@ fn balance(
     let hairpin = b.addr == key.src;
     let snat = if hairpin {
         Some((key.dst, None))
-    } else if f.scope == Scope::External && !b.local && !from_local_pod {
+    } else if f.scope == Scope::External && !b.local && !from_node {
         // The client address is kept only when the tunnel reaches the endpoint's node,
         // which then returns the replies here; an endpoint outside the cluster (a
         // selectorless Service's) would answer the client directly.
@@ -909,7 +910,10 @@ impl Pipeline {
         // Static NAT rules come first; a packet no rule matches may be addressed to a
         // Service. Either is decided only if the packet starts a connection.
         let static_nat = self.nat_for(tables, in_id, &parsed);
-        let from_local_pod = tunnel_peer.is_none() && in_port.kind == PortKind::Pod;
+        // From this node's pods or its own stack: external traffic from here ignores
+        // externalTrafficPolicy (kube-proxy's short-circuit of pod and local sources).
+        let from_node =
+            tunnel_peer.is_none() && matches!(in_port.kind, PortKind::Pod | PortKind::Host);
         let before = parsed.key;
         let now = pkt.meta.time_ns;
         // The frontend is looked up only for a packet that starts a connection: packets
@@ -926,7 +930,7 @@ impl Pipeline {
                 return Ok(());
             };
             frontend = Some(f);
-            let b = balance(tables, f, key, from_local_pod, affinity, now)?;
+            let b = balance(tables, f, key, from_node, affinity, now)?;
             *to = Some(b.nat);
             balanced = Some(b);
             Ok(())

@@ -497,6 +497,81 @@ fn test_external_policy_local_drops_without_a_local_endpoint_but_not_for_local_p
     assert_eq!(key_of(inner(&out[0].1.data)).dst, ip("10.244.2.5"));
 }
 
+/// Node 1 with a host port (port 3) for its own stack, which has the node's address.
+fn node_with_host_port(services: Vec<ServiceSpec>) -> Pipeline {
+    let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    spec.ports.push(PortSpec {
+        name: "host".into(),
+        kind: PortKind::Host,
+        mac: MacAddr(HOST_PORT_MAC),
+        addresses: vec![ip("169.254.1.1").into()],
+        ..PortSpec::default()
+    });
+    spec.services = services;
+    let mut p = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    learn(&mut p, 1, GW, GW_MAC);
+    learn(&mut p, 1, "192.168.50.20", uplink_mac(2));
+    p
+}
+
+const HOST: PortId = 3;
+const HOST_PORT_MAC: [u8; 6] = [2, 0xfe, 0, 0, 0, 0xfe];
+
+/// A TCP SYN from node 1's own stack, through the host port.
+fn tcp_from_host(dst: &str, sport: u16, dport: u16) -> Vec<u8> {
+    let o = IpOpts {
+        src_mac: [2, 0xaa, 0, 0, 0, 0x01],
+        dst_mac: HOST_PORT_MAC,
+        ..IpOpts::default()
+    };
+    build::tcp(
+        ip(NODE1),
+        ip(dst),
+        sport,
+        dport,
+        1,
+        0,
+        tcp_flags::SYN,
+        &[],
+        &o,
+    )
+}
+
+/// kube-proxy sends traffic from the node itself (`--src-type LOCAL`) to an external
+/// frontend to every node's endpoints; so does ferry for what enters through the host
+/// port. Cluster IP traffic from the host still follows internalTrafficPolicy.
+#[test]
+fn test_external_policy_local_does_not_apply_to_the_nodes_own_stack() {
+    let svc = ServiceSpec {
+        external_policy: Policy::Local,
+        internal_policy: Policy::Local,
+        ..web(vec![be("10.244.2.5", 8080, 2)])
+    };
+    let mut a = node_with_host_port(vec![svc]);
+    for (i, dst) in ["192.168.70.9", "192.168.70.10"].into_iter().enumerate() {
+        let (v, out, tr) = traced(&mut a, tcp_from_host(dst, 40000 + i as u16, 80), HOST, SEC);
+        assert_eq!(v, Verdict::Forwarded, "{dst}: {:?}", tr.events);
+        assert_eq!(out[0].0, UPLINK);
+        let k = key_of(inner(&out[0].1.data));
+        assert_eq!(
+            (k.src, k.dst, k.dst_port),
+            (ip(NODE1).into(), ip("10.244.2.5").into(), 8080),
+            "{dst}: the node's address is kept; replies come back to it by routing"
+        );
+    }
+    let (v, out) = run(&mut a, tcp_from_host("10.96.0.10", 40010, 80), HOST, SEC);
+    assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoLocalEndpoints));
+    assert!(out.is_empty());
+    // From outside, the Local policy still applies.
+    let (v, _) = run(
+        &mut a,
+        tcp_from_outside(1, "192.168.70.10", 50000, 80, 1, 0, tcp_flags::SYN),
+        UPLINK,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoLocalEndpoints));
+}
+
 /// The case of `calico-ebpf-nlb-nodeport.txt`: a client-IP-preserving load balancer
 /// sends NodePort traffic to node 1, whose endpoint is on node 2, which is on the same
 /// subnet (cross-subnet mode would route to it directly). The request goes through the
