@@ -4,10 +4,12 @@
 //! never reaches ferry: the kernel owns that address (on the host port) and delivers the
 //! connection locally, where nothing listens. kube-proxy catches these in the `OUTPUT`
 //! chain; ferry does the same with one nftables table of its own, `ferry_host`, whose
-//! output chain rewrites such connections to the Service's cluster IP and port. The
-//! kernel then routes them through the host port like any connection to a cluster IP,
-//! ferry balances them, and the kernel's own connection tracking turns the replies back
-//! into the node address and node port the process used.
+//! output chain rewrites such connections to the Service's cluster IP, keeping the node
+//! port. The kernel then routes them through the host port like any connection to a
+//! cluster IP; ferry, seeing the node port at the cluster IP from the host port, balances
+//! them as node port connections from this node (every node's endpoints, whatever the
+//! traffic policies say, as kube-proxy does), and the kernel's own connection tracking
+//! turns the replies back into the node address and node port the process used.
 //!
 //! The table is replaced whole in one `nft -f` transaction whenever the Services change,
 //! and deleted when the agent stops. It is only made when the node has a host port.
@@ -32,7 +34,9 @@ pub struct Rule {
     pub node_port: u16,
     /// The cluster IP of the same family as the node address.
     pub cluster_ip: IpAddr,
-    /// The Service port.
+    /// The port to rewrite to: the node port, or the Service port when the cluster IP
+    /// has a frontend of its own at the node port (then the connection is balanced as
+    /// one to the cluster IP, with internalTrafficPolicy).
     pub port: u16,
 }
 
@@ -52,11 +56,12 @@ pub fn rules(tables: &Tables) -> (Vec<IpAddr>, BTreeSet<Rule>) {
             _ => continue,
         };
         for ip in &s.spec.cluster_ips {
+            let taken = tables.services.is_frontend(s.proto, *ip, np);
             out.insert(Rule {
                 proto,
                 node_port: np,
                 cluster_ip: *ip,
-                port: s.spec.port,
+                port: if taken { s.spec.port } else { np },
             });
         }
     }
@@ -135,6 +140,52 @@ pub fn remove() -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Node ports go to the cluster IP with the node port, where ferry takes them for
+    /// the node port; a cluster IP with a frontend of its own at that port gets the
+    /// Service port instead.
+    #[test]
+    fn node_ports_go_to_the_cluster_ip_with_the_node_port_unless_it_is_taken() {
+        use ferry_datapath::lb::ServiceSpec;
+        use ferry_datapath::tables::{NodeSpec, PortKind, PortSpec, TablesSpec};
+        let svc = |name: &str, port: u16, node_port: Option<u16>| ServiceSpec {
+            name: name.into(),
+            proto: "tcp".into(),
+            port,
+            cluster_ips: vec!["10.96.0.10".parse().unwrap()],
+            node_port,
+            ..ServiceSpec::default()
+        };
+        let rules_of = |services: Vec<ServiceSpec>| {
+            let spec = TablesSpec {
+                ports: vec![PortSpec {
+                    name: "host".into(),
+                    kind: PortKind::Host,
+                    ..PortSpec::default()
+                }],
+                node: NodeSpec {
+                    name: "node1".into(),
+                    addresses: vec!["192.168.77.1".parse().unwrap()],
+                },
+                services,
+                ..TablesSpec::default()
+            };
+            rules(&spec.compile().unwrap()).1
+        };
+        let to = |port| Rule {
+            proto: "tcp",
+            node_port: 30080,
+            cluster_ip: "10.96.0.10".parse().unwrap(),
+            port,
+        };
+        let got = rules_of(vec![svc("default/web:http", 80, Some(30080))]);
+        assert_eq!(got, BTreeSet::from([to(30080)]));
+        let got = rules_of(vec![
+            svc("default/web:http", 80, Some(30080)),
+            svc("default/web:other", 30080, None),
+        ]);
+        assert_eq!(got, BTreeSet::from([to(80)]));
+    }
 
     #[test]
     fn the_script_rewrites_node_ports_on_node_addresses_per_family() {

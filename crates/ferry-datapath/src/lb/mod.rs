@@ -528,6 +528,29 @@ impl Services {
             })
     }
 
+    /// The node port frontend of a connection from this node's own stack addressed to a
+    /// Service's cluster IP with its node port. The agent rewrites the node's own
+    /// connections to a node port this way (the kernel would deliver them locally
+    /// otherwise), so that they keep the node port's scope: kube-proxy sends them to
+    /// every node's endpoints whatever either traffic policy says. None when that
+    /// address and port is a frontend itself (see [`Services::is_frontend`]).
+    pub fn host_node_port(&self, key: &FlowKey) -> Option<Frontend> {
+        let &service = self.node_ports.get(&(key.proto, key.dst_port))?;
+        let svc = self.services.get(service as usize)?;
+        (svc.spec.cluster_ips.contains(&key.dst.ip())
+            && !self.is_frontend(key.proto, key.dst.ip(), key.dst_port))
+        .then_some(Frontend {
+            service,
+            scope: Scope::External,
+        })
+    }
+
+    /// True when (protocol, address, port) is a cluster, external or load balancer IP
+    /// frontend.
+    pub fn is_frontend(&self, proto: u8, addr: IpAddr, port: u16) -> bool {
+        self.frontends.contains_key(&(proto, addr, port))
+    }
+
     /// True when some Service has the endpoint (protocol, address, port).
     pub fn has_backend(&self, proto: u8, addr: IpAddr, port: u16) -> bool {
         self.backends.contains_key(&(proto, addr, port))

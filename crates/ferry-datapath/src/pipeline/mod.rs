@@ -912,8 +912,8 @@ impl Pipeline {
         let static_nat = self.nat_for(tables, in_id, &parsed);
         // From this node's pods or its own stack: external traffic from here ignores
         // externalTrafficPolicy (kube-proxy's short-circuit of pod and local sources).
-        let from_node =
-            tunnel_peer.is_none() && matches!(in_port.kind, PortKind::Pod | PortKind::Host);
+        let from_host = tunnel_peer.is_none() && in_port.kind == PortKind::Host;
+        let from_node = from_host || (tunnel_peer.is_none() && in_port.kind == PortKind::Pod);
         let before = parsed.key;
         let now = pkt.meta.time_ns;
         // The frontend is looked up only for a packet that starts a connection: packets
@@ -926,7 +926,12 @@ impl Pipeline {
                 *to = static_nat;
                 return Ok(());
             }
-            let Some(f) = tables.services.frontend(key) else {
+            let f = tables.services.frontend(key).or_else(|| {
+                from_host
+                    .then(|| tables.services.host_node_port(key))
+                    .flatten()
+            });
+            let Some(f) = f else {
                 return Ok(());
             };
             frontend = Some(f);

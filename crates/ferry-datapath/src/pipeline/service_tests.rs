@@ -572,6 +572,68 @@ fn test_external_policy_local_does_not_apply_to_the_nodes_own_stack() {
     assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoLocalEndpoints));
 }
 
+/// The agent rewrites the node's own connections to its node ports to the cluster IP
+/// with the node port; from the host port, that is the node port frontend, balanced over
+/// every node's endpoints whatever the traffic policies say (kube-proxy's cluster chain
+/// for local sources). From a pod it is no frontend.
+#[test]
+fn test_the_node_port_at_the_cluster_ip_from_the_host_is_the_node_port() {
+    let svc = ServiceSpec {
+        external_policy: Policy::Local,
+        internal_policy: Policy::Local,
+        ..web(vec![be("10.244.2.5", 8080, 2)])
+    };
+    let mut a = node_with_host_port(vec![svc]);
+    for (i, dst) in ["10.96.0.10", "fd00:96::10"].into_iter().enumerate() {
+        if dst.contains(':') {
+            // No IPv6 endpoint: the IPv6 node port has none to offer.
+            let o = IpOpts {
+                src_mac: [2, 0xaa, 0, 0, 0, 0x01],
+                dst_mac: HOST_PORT_MAC,
+                ..IpOpts::default()
+            };
+            let f = build::tcp(
+                ip("fd00:50::10"),
+                ip(dst),
+                40020,
+                30080,
+                1,
+                0,
+                tcp_flags::SYN,
+                &[],
+                &o,
+            );
+            let (v, _) = run(&mut a, f, HOST, SEC);
+            assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoEndpoints));
+            continue;
+        }
+        let (v, out, tr) = traced(
+            &mut a,
+            tcp_from_host(dst, 40000 + i as u16, 30080),
+            HOST,
+            SEC,
+        );
+        assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
+        let k = key_of(inner(&out[0].1.data));
+        assert_eq!(
+            (k.src, k.dst, k.dst_port),
+            (ip(NODE1).into(), ip("10.244.2.5").into(), 8080)
+        );
+    }
+    let (v, out) = run(
+        &mut a,
+        tcp_from_pod(5, "10.96.0.10", 40030, 30080, tcp_flags::SYN),
+        POD,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(
+        key_of(&out[0].1.data).dst,
+        ip("10.96.0.10"),
+        "not translated"
+    );
+}
+
 /// The case of `calico-ebpf-nlb-nodeport.txt`: a client-IP-preserving load balancer
 /// sends NodePort traffic to node 1, whose endpoint is on node 2, which is on the same
 /// subnet (cross-subnet mode would route to it directly). The request goes through the
