@@ -220,23 +220,46 @@ struct Balanced {
     hairpin: bool,
 }
 
+/// Where a new connection to a Service came from, for the endpoint choice and its NAT.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// This node: one of its pods, or its own stack through the host port.
+    Node,
+    /// Another node, through the tunnel.
+    Tunnel,
+    /// The network (the uplink or a plain port).
+    Network,
+}
+
+/// True when `a` is in the cluster as far as the tables know: an address of this node,
+/// or a pod or address of another node.
+fn in_cluster(tables: &Tables, a: IpAddr) -> bool {
+    tables.services.is_local_addr(&a)
+        || tables
+            .overlay
+            .as_ref()
+            .is_some_and(|ov| ov.peer_for_endpoint(a).is_some())
+}
+
 /// Chooses the endpoint of a new connection to frontend `f` and the NAT that takes it
 /// there: DNAT to the endpoint; SNAT to the frontend address when the client is the
-/// endpoint itself (hairpin); for external traffic from outside this node (not
-/// `from_node`) to an endpoint not on this node, SNAT to this node with `external_snat`
-/// or when the tunnel does not reach the endpoint, else the client address is kept and
-/// the connection marked to go through the tunnel.
+/// endpoint itself (hairpin). When the endpoint is not on this node and the connection
+/// is external traffic from elsewhere than this node, or cluster IP traffic from the
+/// network whose source is outside the cluster (as kube-proxy masquerades those), the
+/// replies must come back here: SNAT to this node with `external_snat` or when the
+/// tunnel does not reach the endpoint, else the client address is kept and the
+/// connection marked to go through the tunnel.
 fn balance(
     tables: &Tables,
     f: Frontend,
     key: &crate::flow::FlowKey,
-    from_node: bool,
+    source: Source,
     affinity: &mut Affinity,
     now: u64,
 ) -> Result<Balanced, DropReason> {
     let i = tables
         .services
-        .choose(f, key, from_node, affinity, now)
+        .choose(f, key, source == Source::Node, affinity, now)
         .map_err(|m| match m {
             Miss::NoEndpoints => DropReason::ServiceNoEndpoints,
             Miss::NoLocalEndpoints => DropReason::ServiceNoLocalEndpoints,
@@ -247,7 +270,13 @@ fn balance(
     let hairpin = b.addr == key.src;
     let snat = if hairpin {
         Some((key.dst, None))
-    } else if f.scope == Scope::External && !b.local && !from_node {
+    } else if !b.local
+        && match source {
+            Source::Node => false,
+            Source::Tunnel => f.scope == Scope::External,
+            Source::Network => f.scope == Scope::External || !in_cluster(tables, key.src.ip()),
+        }
+    {
         // The client address is kept only when the tunnel reaches the endpoint's node,
         // which then returns the replies here; an endpoint outside the cluster (a
         // selectorless Service's) would answer the client directly.
@@ -913,7 +942,13 @@ impl Pipeline {
         // From this node's pods or its own stack: external traffic from here ignores
         // externalTrafficPolicy (kube-proxy's short-circuit of pod and local sources).
         let from_host = tunnel_peer.is_none() && in_port.kind == PortKind::Host;
-        let from_node = from_host || (tunnel_peer.is_none() && in_port.kind == PortKind::Pod);
+        let source = if from_host || (tunnel_peer.is_none() && in_port.kind == PortKind::Pod) {
+            Source::Node
+        } else if tunnel_peer.is_some() {
+            Source::Tunnel
+        } else {
+            Source::Network
+        };
         let before = parsed.key;
         let now = pkt.meta.time_ns;
         // The frontend is looked up only for a packet that starts a connection: packets
@@ -935,7 +970,7 @@ impl Pipeline {
                 return Ok(());
             };
             frontend = Some(f);
-            let b = balance(tables, f, key, from_node, affinity, now)?;
+            let b = balance(tables, f, key, source, affinity, now)?;
             *to = Some(b.nat);
             balanced = Some(b);
             Ok(())

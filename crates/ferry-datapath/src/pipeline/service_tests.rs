@@ -634,6 +634,89 @@ fn test_the_node_port_at_the_cluster_ip_from_the_host_is_the_node_port() {
     );
 }
 
+/// A client outside the cluster reaching a cluster IP (the Service CIDR routed to the
+/// nodes): with the endpoint on node 2, which cross-subnet mode reaches without the
+/// tunnel, the endpoint would answer the client directly. As for a node port, the
+/// connection goes through the tunnel with the client address kept, or from node 1's
+/// address in SNAT mode. Sources in the cluster and local endpoints are left alone.
+#[test]
+fn test_cluster_ip_traffic_from_outside_the_cluster_returns_through_the_ingress_node() {
+    let svc = |snat: bool| ServiceSpec {
+        external_snat: snat,
+        ..web(vec![be("10.244.2.5", 8080, 2)])
+    };
+    let mut a = node(1, ModeSpec::CrossSubnet, vec![svc(false)]);
+    let (v, out, tr) = traced(
+        &mut a,
+        tcp_from_outside(1, "10.96.0.10", 50000, 80, 1, 0, tcp_flags::SYN),
+        UPLINK,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
+    let k = key_of(inner(&out[0].1.data));
+    assert_eq!(
+        (k.src, k.dst, k.dst_port),
+        (ip(CLIENT).into(), ip("10.244.2.5").into(), 8080),
+        "client address kept, through the tunnel"
+    );
+
+    let mut s = node(1, ModeSpec::CrossSubnet, vec![svc(true)]);
+    let (v, out) = run(
+        &mut s,
+        tcp_from_outside(1, "10.96.0.10", 50000, 80, 1, 0, tcp_flags::SYN),
+        UPLINK,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Forwarded);
+    let k = key_of(&out[0].1.data);
+    assert_eq!(
+        (k.src, k.dst),
+        (ip(NODE1).into(), ip("10.244.2.5").into()),
+        "SNAT mode: from node 1, routed directly"
+    );
+
+    // Node 2's address is in the cluster: routed directly, untranslated.
+    let o = IpOpts {
+        src_mac: uplink_mac(2),
+        dst_mac: uplink_mac(1),
+        ..IpOpts::default()
+    };
+    let f = build::tcp(
+        ip("192.168.50.20"),
+        ip("10.96.0.10"),
+        50001,
+        80,
+        1,
+        0,
+        tcp_flags::SYN,
+        &[],
+        &o,
+    );
+    let (v, out) = run(&mut a, f, UPLINK, SEC);
+    assert_eq!(v, Verdict::Forwarded);
+    let k = key_of(&out[0].1.data);
+    assert_eq!(
+        (k.src, k.dst),
+        (ip("192.168.50.20").into(), ip("10.244.2.5").into())
+    );
+
+    // A local endpoint answers through this node anyway: nothing to add.
+    let mut l = node(
+        1,
+        ModeSpec::CrossSubnet,
+        vec![web(vec![be("10.244.1.6", 8080, 1)])],
+    );
+    let (v, out) = run(
+        &mut l,
+        tcp_from_outside(1, "10.96.0.10", 50002, 80, 1, 0, tcp_flags::SYN),
+        UPLINK,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(out[0].0, POD2);
+    assert_eq!(key_of(&out[0].1.data).src, ip(CLIENT));
+}
+
 /// The case of `calico-ebpf-nlb-nodeport.txt`: a client-IP-preserving load balancer
 /// sends NodePort traffic to node 1, whose endpoint is on node 2, which is on the same
 /// subnet (cross-subnet mode would route to it directly). The request goes through the
