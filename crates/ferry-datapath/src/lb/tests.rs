@@ -121,6 +121,22 @@ fn test_node_ports_are_reached_on_this_nodes_addresses_only() {
 }
 
 #[test]
+fn test_the_node_port_at_the_cluster_ip_is_the_host_node_port_unless_taken() {
+    let s = Services::compile(&[svc("x", "tcp")], "a", [ip("192.168.50.10")]).unwrap();
+    let f = s.host_node_port(&key("10.96.0.10", 30080)).unwrap();
+    assert_eq!(f.scope, Scope::External);
+    assert_eq!(s.host_node_port(&key("10.96.0.11", 30080)), None);
+    assert_eq!(s.host_node_port(&key("10.96.0.10", 30081)), None);
+    // Another Service port of the same cluster IP at the node port's number.
+    let mut other = svc("y", "tcp");
+    other.port = 30080;
+    other.node_port = None;
+    let s = Services::compile(&[svc("x", "tcp"), other], "a", []).unwrap();
+    assert!(s.is_frontend(proto::TCP, ip("10.96.0.10"), 30080));
+    assert_eq!(s.host_node_port(&key("10.96.0.10", 30080)), None);
+}
+
+#[test]
 fn test_an_endpoint_without_a_node_or_on_this_node_is_local() {
     let mut spec = svc("x", "tcp");
     spec.backends[0].node = None;
