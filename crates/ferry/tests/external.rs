@@ -200,6 +200,96 @@ fn datagrams_arrive_whole(lab: &mut Lab, dir: &Path, pod: &str, client: &str, si
     }
 }
 
+/// The external client, by hand: a UDP datagram of SIZE bytes from its port SPORT to
+/// HOST:PORT, cut into IPv4 fragments that go out in the order ORDER (indexes of the
+/// fragments, e.g. `2,0,1`: the last first) through a raw socket; then waits for the echo
+/// on a UDP socket bound to SPORT. Prints `SIZE SHA256 ECHO_LENGTH ECHO_SHA256`.
+const FRAGMENTS: &str = r#"
+import hashlib, socket, struct, sys
+src, host, port, sport, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+order = [int(i) for i in sys.argv[6].split(",")]
+def csum(b):
+    if len(b) % 2:
+        b += b"\0"
+    s = sum(struct.unpack(f"!{len(b) // 2}H", b))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+data = bytes((i * 7 + size + i // 251) % 256 for i in range(size))
+ips = socket.inet_aton(src) + socket.inet_aton(host)
+udp = struct.pack("!HHHH", sport, port, 8 + size, 0) + data
+c = csum(ips + struct.pack("!BBH", 0, 17, len(udp)) + udp) or 0xFFFF
+udp = udp[:6] + struct.pack("!H", c) + udp[8:]
+pieces = [udp[i:i + 1480] for i in range(0, len(udp), 1480)]
+frags = []
+for n, piece in enumerate(pieces):
+    more = 0x2000 if n + 1 < len(pieces) else 0
+    h = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(piece), 0x4242, more | (n * 1480 // 8), 64, 17, 0, ips[:4], ips[4:])
+    h = h[:10] + struct.pack("!H", csum(h)) + h[12:]
+    frags.append(h + piece)
+rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+rx.bind(("0.0.0.0", sport))
+rx.settimeout(3)
+raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+for i in order:
+    raw.sendto(frags[i], (host, 0))
+try:
+    back = rx.recv(65535)
+except socket.timeout:
+    sys.exit(f"no echo of the {size}-byte datagram sent in fragment order {order} within 3 s")
+sha = lambda b: hashlib.sha256(b).hexdigest()
+print(size, sha(data), len(back), sha(back))
+"#;
+
+/// Fragments from outside in any order: the last first, the middle first. ferry holds
+/// them until the datagram is whole, tracks it with its real ports, and the pod gets it
+/// (and the client its echo) byte for byte. The client's kernel sends fragments in
+/// order, so the client here cuts the datagram itself and sends the pieces through a raw
+/// socket.
+#[test]
+fn fragments_from_outside_in_any_order_arrive_whole() {
+    let (mut lab, dir) = client_and_node("xo");
+    let log = dir.path().join("server.log");
+    start_echo_server(&mut lab, dir.path(), 7000, &log);
+    let script = dir.path().join("fragments.py");
+    fs::write(&script, FRAGMENTS).unwrap();
+    let orders = ["2,0,1", "1,2,0", "2,1,0"];
+    for (n, order) in orders.iter().enumerate() {
+        let sport = (41000 + n).to_string();
+        let out = lab.run(
+            "ext",
+            10,
+            &[
+                "python3",
+                script.to_str().unwrap(),
+                "192.168.77.100",
+                "10.244.1.5",
+                "7000",
+                &sport,
+                "4000",
+                order,
+            ],
+        );
+        let w: Vec<&str> = out.split_whitespace().collect();
+        assert_eq!(w.len(), 4, "client output for order {order}: {out}");
+        assert_eq!(
+            (w[2], w[3]),
+            ("4000", w[1]),
+            "the echo of the datagram sent in fragment order {order}"
+        );
+        let l = log.clone();
+        lab.wait_for(5, "the server's log of the datagram", |_| {
+            fs::read_to_string(&l).is_ok_and(|s| s.lines().count() > n)
+        });
+        let logged = fs::read_to_string(&log).unwrap();
+        assert_eq!(
+            logged.lines().nth(n),
+            Some(format!("192.168.77.100 4000 {}", w[1]).as_str()),
+            "at the pod, fragment order {order}"
+        );
+    }
+}
+
 /// tshark's `field` values of the frames of `pcap` matching `filter`.
 fn fields(pcap: &Path, filter: &str, field: &str) -> Vec<u64> {
     common::tshark_fields(pcap, filter, field)
