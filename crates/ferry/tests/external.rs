@@ -86,26 +86,7 @@ fn client_and_node_with(tag: &str, workers: u16) -> (Lab, tempfile::TempDir) {
     for ns in ["fab", "n1", "p1a", "ext"] {
         lab.add_ns(ns);
     }
-    lab.ip(
-        "fab",
-        &[
-            "link",
-            "add",
-            "br0",
-            "type",
-            "bridge",
-            "nf_call_iptables",
-            "0",
-            "nf_call_ip6tables",
-            "0",
-        ],
-    );
-    lab.ip("fab", &["link", "set", "br0", "up"]);
-    lab.veth("n1", "up1", "fab", "f1");
-    lab.veth("ext", "eth0", "fab", "fe");
-    for dev in ["f1", "fe"] {
-        lab.ip("fab", &["link", "set", dev, "master", "br0"]);
-    }
+    lab.fabric("fab", &[("n1", "up1", "f1"), ("ext", "eth0", "fe")]);
     lab.ip(
         "n1",
         &["link", "set", "up1", "address", "02:fe:00:00:00:01"],

@@ -98,24 +98,7 @@ fn topology(tag: &str, dir: &Path) -> Lab {
     for ns in ["fab", "n1", "p1a", "rt", "ext"] {
         lab.add_ns(ns);
     }
-    lab.ip(
-        "fab",
-        &[
-            "link",
-            "add",
-            "br0",
-            "type",
-            "bridge",
-            "nf_call_iptables",
-            "0",
-        ],
-    );
-    lab.ip("fab", &["link", "set", "br0", "up"]);
-    lab.veth("n1", "up1", "fab", "f1");
-    lab.veth("rt", "r1", "fab", "fr");
-    for dev in ["f1", "fr"] {
-        lab.ip("fab", &["link", "set", dev, "master", "br0"]);
-    }
+    lab.fabric("fab", &[("n1", "up1", "f1"), ("rt", "r1", "fr")]);
     lab.ip(
         "n1",
         &["link", "set", "up1", "address", "02:fe:00:00:00:01"],

@@ -971,28 +971,7 @@ fn test_node_port_to_an_endpoint_the_tunnel_does_not_reach_is_source_translated(
         "{}",
         note.detail
     );
-    let o = IpOpts {
-        src_mac: GW_MAC,
-        dst_mac: uplink_mac(1),
-        ..IpOpts::default()
-    };
-    let synack = build::tcp(
-        ip("192.168.30.50"),
-        ip(NODE1),
-        80,
-        k.src_port,
-        7000,
-        101,
-        tcp_flags::SYN | tcp_flags::ACK,
-        &[],
-        &o,
-    );
-    let (_, back) = run(&mut a, synack, UPLINK, SEC);
-    let k = key_of(&back[0].1.data);
-    assert_eq!(
-        (k.src, k.src_port, k.dst, k.dst_port),
-        (ip(NODE1).into(), 30080, ip(CLIENT).into(), 50000)
-    );
+    reply_reaches_the_client(&mut a, ("192.168.30.50", 80), GW_MAC, k.src_port);
 }
 
 /// A selectorless Service's endpoint on no node (the agent's `no_node` for an endpoint
@@ -1061,23 +1040,35 @@ fn test_external_snat_mode_sends_from_this_node_instead() {
         (ip(NODE1).into(), ip("10.244.2.5").into(), 8080)
     );
     // The reply comes back to the node address and is translated for the client.
+    reply_reaches_the_client(&mut a, ("10.244.2.5", 8080), uplink_mac(2), k.src_port);
+}
+
+/// The endpoint `from` (behind `from_mac` on the uplink) answers a SYN that node 1
+/// source translated to port `port` of its address: the SYN-ACK goes back to the
+/// client 50000 from node 1's node port 30080.
+fn reply_reaches_the_client(
+    a: &mut Pipeline,
+    (from, from_port): (&str, u16),
+    from_mac: [u8; 6],
+    port: u16,
+) {
     let o = IpOpts {
-        src_mac: uplink_mac(2),
+        src_mac: from_mac,
         dst_mac: uplink_mac(1),
         ..IpOpts::default()
     };
     let synack = build::tcp(
-        ip("10.244.2.5"),
+        ip(from),
         ip(NODE1),
-        8080,
-        k.src_port,
+        from_port,
+        port,
         7000,
         101,
         tcp_flags::SYN | tcp_flags::ACK,
         &[],
         &o,
     );
-    let (_, back) = run(&mut a, synack, UPLINK, SEC);
+    let (_, back) = run(a, synack, UPLINK, SEC);
     let k = key_of(&back[0].1.data);
     assert_eq!(
         (k.src, k.src_port, k.dst, k.dst_port),

@@ -124,6 +124,31 @@ impl Lab {
         self.ip(b, &["link", "set", b_dev, "up"]);
     }
 
+    /// A Linux bridge `br0` in namespace `fabric` (the wire between nodes; it does not
+    /// pass its frames through the host's firewall), with a veth from each of `members`
+    /// (namespace, device there, the bridge's port) joined to it.
+    pub fn fabric(&self, fabric: &str, members: &[(&str, &str, &str)]) {
+        self.ip(
+            fabric,
+            &[
+                "link",
+                "add",
+                "br0",
+                "type",
+                "bridge",
+                "nf_call_iptables",
+                "0",
+                "nf_call_ip6tables",
+                "0",
+            ],
+        );
+        self.ip(fabric, &["link", "set", "br0", "up"]);
+        for (ns, dev, port) in members {
+            self.veth(ns, dev, fabric, port);
+            self.ip(fabric, &["link", "set", port, "master", "br0"]);
+        }
+    }
+
     /// Runs a command in namespace `short` with a time limit; returns its output.
     pub fn exec(&self, short: &str, secs: u32, cmd: &[&str]) -> Output {
         let ns = self.ns(short);

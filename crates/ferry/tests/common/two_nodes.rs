@@ -183,25 +183,14 @@ impl TwoNodes {
         for ns in ["fab", "n1", "n2", "p1a", "p2a", "ext"] {
             lab.add_ns(ns);
         }
-        lab.ip(
+        lab.fabric(
             "fab",
             &[
-                "link",
-                "add",
-                "br0",
-                "type",
-                "bridge",
-                "nf_call_iptables",
-                "0",
+                ("n1", "up1", "f1"),
+                ("n2", "up2", "f2"),
+                ("ext", "eth0", "fe"),
             ],
         );
-        lab.ip("fab", &["link", "set", "br0", "up"]);
-        lab.veth("n1", "up1", "fab", "f1");
-        lab.veth("n2", "up2", "fab", "f2");
-        lab.veth("ext", "eth0", "fab", "fe");
-        for dev in ["f1", "f2", "fe"] {
-            lab.ip("fab", &["link", "set", dev, "master", "br0"]);
-        }
         lab.ip("ext", &["addr", "add", "192.168.77.100/24", "dev", "eth0"]);
         for n in [1u8, 2] {
             lab.ip(
