@@ -1,6 +1,7 @@
 //! `ferry agent` on two nodes, from a directory of Kubernetes manifests: Services with
 //! real TCP clients, the NodePort path across nodes with the client address kept,
-//! live edits (an endpoint removed, a bad manifest), health check node ports, node ports
+//! live edits (an endpoint removed, a bad manifest, a node port connection held across
+//! table swaps), health check node ports, node ports
 //! from the nodes' own processes, and the reply path across nodes seen on the wire.
 //!
 //! The lab and the cluster are in `common/two_nodes.rs`.
@@ -29,6 +30,7 @@ fn services_and_the_node_port_path_across_nodes() {
     let mut c = TwoNodes::with_file_datastore("ag", &[]);
     services_and_node_ports(&c);
     replies_return_through_the_node_the_request_came_in_on(&mut c);
+    a_node_port_connection_lives_through_table_swaps(&mut c);
 
     // A bad manifest changes nothing: the error names the file, and traffic goes on.
     let bad = c.manifest_dir().join("zz-bad.yaml");
@@ -160,6 +162,120 @@ fn replies_return_through_the_node_the_request_came_in_on(c: &mut TwoNodes) {
     assert!(
         tunnelled.len() >= 3,
         "node 2's replies inside the tunnel to node 1: {tunnelled:?}"
+    );
+}
+
+/// The client: connects to HOST:PORT and sends the first line of a request, writes
+/// `connected` to the file OUT, waits until the file GO exists, then ends the request
+/// and writes the answer's body to OUT.
+const HELD_CLIENT: &str = r#"
+import os, socket, sys, time
+host, port, out, go = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+s = socket.create_connection((host, port), timeout=5)
+s.sendall(b"GET /clientip HTTP/1.0\r\n")
+open(out, "w").write("connected")
+while not os.path.exists(go):
+    time.sleep(0.05)
+s.sendall(b"Host: web\r\n\r\n")
+answer = b""
+while True:
+    b = s.recv(4096)
+    if not b:
+        break
+    answer += b
+open(out, "w").write(answer.split(b"\r\n\r\n", 1)[-1].decode())
+"#;
+
+/// A connection through node 1's node port to the endpoint on node 2 stays up while
+/// both nodes swap their tables twice: the same endpoint leaves another Service (so
+/// the endpoint node cleans up that Service's connections to it), and comes back. The
+/// connection is open across both swaps and its request is answered after them.
+fn a_node_port_connection_lives_through_table_swaps(c: &mut TwoNodes) {
+    let dir = c.dir.path().to_path_buf();
+    let (script, out, go) = (
+        dir.join("held_client.py"),
+        dir.join("held.out"),
+        dir.join("held.go"),
+    );
+    fs::write(&script, HELD_CLIENT).unwrap();
+    let args = [
+        "python3",
+        script.to_str().unwrap(),
+        "192.168.77.1",
+        "30080",
+        out.to_str().unwrap(),
+        go.to_str().unwrap(),
+    ];
+    c.lab.spawn("ext", "held client", &args);
+    let o = out.clone();
+    c.lab.wait_for(10, "the held connection open", |_| {
+        fs::read_to_string(&o).is_ok_and(|t| t == "connected")
+    });
+
+    // Each node's entry of the connection (the client's earlier ones are closed), by the
+    // client's source port and packets. An entry the
+    // swaps removed would not come back before the connection's next packet.
+    let held = |c: &TwoNodes, n: u8, port: &str| -> Vec<(u16, u64)> {
+        let sock = c.socket(n);
+        let args = [
+            "conntrack",
+            "list",
+            "--addr",
+            "192.168.77.100",
+            "--port",
+            port,
+            "--proto",
+            "tcp",
+            "--state",
+            "ESTABLISHED",
+            "--json",
+            "--api-socket",
+            sock.to_str().unwrap(),
+        ];
+        let json = common::ferry_ok(&args).0;
+        let a: ferry_api::CtAnswer =
+            serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+        a.entries
+            .iter()
+            .map(|e| (e.original.sport.unwrap_or(0), e.packets_original))
+            .collect()
+    };
+    let before = (held(c, 1, "30080"), held(c, 2, "8080"));
+    assert!(
+        before.0.len() == 1 && before.1.len() == 1 && before.0[0].0 == before.1[0].0,
+        "the held connection on node 1 (node port) and node 2 (endpoint): {before:?}"
+    );
+
+    // The endpoint leaves the other Service (web-local, node port 30081 on node 2,
+    // refused once it has no endpoint), then comes back.
+    let slices = |web_local: &str| {
+        format!(
+            "{}---{}",
+            slice("web", WEB_ON_NODE2),
+            slice("web-local", web_local)
+        )
+    };
+    let local = "http://192.168.77.2:30081/clientip";
+    fs::write(c.manifest_dir().join("slices.yaml"), slices("[]")).unwrap();
+    c.wait_curl(10, "ext", local, 7, "web-local without endpoints");
+    fs::write(c.manifest_dir().join("slices.yaml"), slices(WEB_ON_NODE2)).unwrap();
+    c.wait_curl(10, "ext", local, 0, "web-local's endpoint back");
+
+    let after = (held(c, 1, "30080"), held(c, 2, "8080"));
+    assert_eq!(
+        after, before,
+        "the held connection's entries after the swaps"
+    );
+
+    fs::write(&go, "").unwrap();
+    let o = out.clone();
+    c.lab.wait_for(10, "the held connection's answer", |_| {
+        fs::read_to_string(&o).is_ok_and(|t| t != "connected")
+    });
+    assert_eq!(
+        fs::read_to_string(&out).unwrap(),
+        "192.168.77.100",
+        "the answer on the connection held across the swaps"
     );
 }
 
