@@ -27,6 +27,7 @@ pub mod datastore;
 pub mod fields;
 pub mod health;
 pub mod host_nat;
+pub mod leftovers;
 pub mod metrics;
 pub mod observe;
 pub mod run;

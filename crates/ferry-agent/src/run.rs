@@ -42,6 +42,7 @@ use crate::compile::{
 use crate::fields::{NodeFields, describe};
 use crate::health::HealthServers;
 use crate::host_nat;
+use crate::leftovers;
 use crate::observe;
 use crate::state;
 use crate::status::{AgentStatus, ErrorKind};
@@ -122,6 +123,8 @@ pub struct Agent {
     cni: BTreeMap<(String, String), CniPod>,
     /// The node-port rewrites for the node's own processes in force ([`host_nat`]).
     host_nat: Option<(Vec<std::net::IpAddr>, BTreeSet<host_nat::Rule>)>,
+    /// The kernel routes past ferry found last ([`leftovers`]), each warned about once.
+    strays: BTreeSet<leftovers::Stray>,
     /// Datastore health, sync latency and errors ([`crate::status`]).
     status: AgentStatus,
     /// Live traces and captures turned on for API clients.
@@ -237,6 +240,7 @@ impl Agent {
             last: None,
             cni: BTreeMap::new(),
             host_nat: None,
+            strays: BTreeSet::new(),
             status: AgentStatus::new(),
             sessions: observe::Sessions::default(),
             adopted: BTreeMap::new(),
@@ -293,6 +297,7 @@ impl Agent {
         agent.worker = Some(worker);
         agent.set_health(&compiled.health_checks);
         agent.set_host_nat(&tables);
+        agent.check_leftovers(&tables);
         agent.last = Some(Last::new(cluster, tables, &compiled));
         Ok((
             agent,
@@ -410,6 +415,7 @@ impl Agent {
         self.generation += 1;
         self.set_health(&checks);
         self.set_host_nat(&tables);
+        self.check_leftovers(&tables);
         Ok(Applied {
             generation: self.generation,
             compile,
@@ -489,6 +495,7 @@ impl Agent {
         self.generation += 1;
         self.set_health(&compiled.health_checks);
         self.set_host_nat(&tables);
+        self.check_leftovers(&tables);
         self.last = Some(Last::new(cluster, tables, &compiled));
         Ok(Applied {
             generation: self.generation,
@@ -1093,6 +1100,38 @@ impl Agent {
                 error = %e,
                 "node ports are not rewritten for the node's own processes"
             ),
+        }
+    }
+
+    /// Warns once about each kernel route that takes the node's own traffic to the
+    /// cluster addresses of `tables` past the host port (only with a host port).
+    fn check_leftovers(&mut self, tables: &Tables) {
+        let Some(host) = self.opts.host_tap.as_deref() else {
+            return;
+        };
+        let prefixes = leftovers::cluster_prefixes(tables);
+        let found = leftovers::kernel_routes().and_then(|families| {
+            let mut all = BTreeSet::new();
+            for json in families {
+                all.extend(leftovers::strays(&json, &prefixes, host)?);
+            }
+            Ok(all)
+        });
+        match found {
+            Ok(found) => {
+                for s in found.difference(&self.strays) {
+                    tracing::warn!(
+                        route = %s.route,
+                        covers = %s.covers,
+                        "a kernel route takes the node's own traffic to cluster addresses past \
+                         ferry (left by a previous network plugin?); remove it with `ip route \
+                         del {}`",
+                        s.route
+                    );
+                }
+                self.strays = found;
+            }
+            Err(e) => tracing::warn!(error = %e, "the kernel's routes were not checked"),
         }
     }
 

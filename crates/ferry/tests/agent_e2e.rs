@@ -54,6 +54,131 @@ fn services_and_the_node_port_path_across_nodes() {
     );
 }
 
+/// What a previous dataplane leaves on node `n` (flannel's VXLAN device on ferry's port
+/// and VNI with its route and forwarding entry to the other node, kube-proxy's nftables
+/// rules for the node port and a forward chain that drops), as a node migrated to ferry
+/// without being rebuilt may still have.
+fn leave_a_previous_dataplane_on(c: &TwoNodes, n: u8) {
+    let (node, peer) = (format!("n{n}"), 3 - n);
+    let lab = &c.lab;
+    let (local, remote) = (format!("192.168.77.{n}"), format!("192.168.77.{peer}"));
+    let vxlan = [
+        "link",
+        "add",
+        "flannel.1",
+        "type",
+        "vxlan",
+        "id",
+        "4096",
+        "local",
+        &local,
+        "dev",
+    ];
+    let up = format!("up{n}");
+    let mut args = vxlan.to_vec();
+    args.extend([up.as_str(), "dstport", "4789", "nolearning"]);
+    lab.ip(&node, &args);
+    lab.ip(&node, &["link", "set", "flannel.1", "up"]);
+    lab.ip(
+        &node,
+        &[
+            "addr",
+            "add",
+            &format!("10.244.{n}.0/32"),
+            "dev",
+            "flannel.1",
+        ],
+    );
+    let (cidr, via) = (format!("10.244.{peer}.0/24"), format!("10.244.{peer}.0"));
+    let route = [
+        "route",
+        "add",
+        &cidr,
+        "via",
+        &via,
+        "dev",
+        "flannel.1",
+        "onlink",
+    ];
+    lab.ip(&node, &route);
+    let fdb = [
+        "bridge",
+        "fdb",
+        "append",
+        "00:00:00:00:00:00",
+        "dev",
+        "flannel.1",
+        "dst",
+        &remote,
+    ];
+    lab.run(&node, 5, &fdb);
+    let rules = dir_file(c, &format!("kube-proxy{n}.nft"));
+    fs::write(
+        &rules,
+        "table ip kube-proxy {
+    chain nat-prerouting {
+        type nat hook prerouting priority dstnat; policy accept;
+        tcp dport 30080 dnat to 10.244.9.9:8080
+        ip daddr 10.96.0.10 tcp dport 80 dnat to 10.244.9.9:8080
+    }
+    chain filter-forward {
+        type filter hook forward priority filter; policy drop;
+    }
+}
+",
+    )
+    .unwrap();
+    lab.run(&node, 5, &["nft", "-f", rules.to_str().unwrap()]);
+}
+
+/// A file in the lab's directory.
+fn dir_file(c: &TwoNodes, name: &str) -> std::path::PathBuf {
+    c.dir.path().join(name)
+}
+
+/// The reference report's last finding: a node that a previous dataplane left its
+/// devices, routes and rules on still carries the node port path across nodes, and
+/// every other Service path, as a fresh node does. ferry reads the uplink ahead of the
+/// kernel and keeps the kernel off it, so none of that state sees the traffic. Only the
+/// node's own connections to the pods behind the leftover route go astray: the agent
+/// warns about that route, and once it is removed as the warning says, they arrive.
+#[test]
+fn a_previous_dataplanes_leftovers_do_not_touch_the_services() {
+    common::require(&[("nft", "nftables"), ("bridge", "iproute2")]);
+    let mut c = TwoNodes::new("al");
+    for n in [1, 2] {
+        leave_a_previous_dataplane_on(&c, n);
+    }
+    c.start_file_datastore(&[], &[], &[]);
+    services_and_node_ports(&c);
+    replies_return_through_the_node_the_request_came_in_on(&mut c);
+    // ferry neither needed nor touched the leftovers.
+    for n in ["n1", "n2"] {
+        let routes = c.lab.ip(n, &["route", "show", "dev", "flannel.1"]);
+        assert!(routes.contains("10.244."), "{n}: {routes}");
+        let tables = c.lab.run(n, 5, &["nft", "list", "tables"]);
+        assert!(tables.contains("kube-proxy"), "{n}: {tables}");
+    }
+    // Node 1's own connection to node 2's pod follows the leftover route into flannel's
+    // device, and is lost; without the route it goes through ferry.
+    let pod = "http://10.244.2.5:8080/hostname";
+    let (code, out) = c.try_curl("n1", pod);
+    assert_eq!(code, 28, "through the leftover route: {out}");
+    c.lab
+        .ip("n1", &["route", "del", "10.244.2.0/24", "dev", "flannel.1"]);
+    assert_eq!(c.curl("n1", pod), "web");
+    let log = c.lab.stop("ferry agent on node1");
+    let warning = log
+        .lines()
+        .find(|l| l.contains("past ferry"))
+        .unwrap_or_else(|| panic!("no warning about the leftover route: {log}"));
+    assert!(
+        warning.contains("10.244.2.0/24 via 10.244.2.0 dev flannel.1 table main")
+            && warning.contains("node2's pods 10.244.2.0/24"),
+        "{warning}"
+    );
+}
+
 #[test]
 fn services_and_the_node_port_path_with_two_workers_per_node() {
     let workers = ["--workers", "2"];

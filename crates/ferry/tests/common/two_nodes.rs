@@ -241,6 +241,19 @@ impl TwoNodes {
         config: &[(&str, &str)],
     ) -> TwoNodes {
         let mut c = TwoNodes::new(tag);
+        c.start_file_datastore(extra1, extra2, config);
+        c
+    }
+
+    /// On a lab made with [`TwoNodes::new`]: what [`TwoNodes::with_file_datastore_config`]
+    /// does after making it (the manifests, both agents, the web server).
+    pub fn start_file_datastore(
+        &mut self,
+        extra1: &[&str],
+        extra2: &[&str],
+        config: &[(&str, &str)],
+    ) {
+        let c = self;
         let dir = c.manifest_dir();
         fs::create_dir(&dir).unwrap();
         for (file, mut yaml) in manifests() {
@@ -256,7 +269,6 @@ impl TwoNodes {
         c.start_agent_with(1, &datastore, extra1);
         c.start_agent_with(2, &datastore, extra2);
         c.start_web();
-        c
     }
 
     /// The local API socket of node `n`'s agent.

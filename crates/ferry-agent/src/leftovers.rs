@@ -1,0 +1,205 @@
+//! Kernel routes that take the node's own traffic to cluster addresses away from ferry.
+//!
+//! With a host port, the node's kernel reaches pods and cluster IPs through ferry: its
+//! default route goes to the host TAP. A more specific route to those addresses over
+//! another device wins over it, and the node's own processes then reach them through that
+//! device instead. A network plugin that ran before ferry leaves such routes behind: a
+//! flannel VXLAN device with a route to each node's pod CIDR, a bridge for its own pods
+//! (`cni0`), kube-proxy's IPVS dummy device holding every cluster IP as a local
+//! address. Traffic that ferry reads from the uplink is not affected (the kernel is kept
+//! off the uplink), only the node's own connections.
+//!
+//! The agent reads the kernel's routes (`ip -json route show table all`, both families)
+//! whenever it applies tables and warns once about each route that covers a pod or a
+//! cluster IP of the tables and does not go to the host TAP, naming the route and how to
+//! remove it. It removes nothing itself: another component may still own the route.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::process::Command;
+
+use ferry_datapath::tables::{PortKind, Tables};
+use ipnet::IpNet;
+use serde::Deserialize;
+
+/// One route as `ip -json route show` prints it (the fields read here).
+#[derive(Debug, Deserialize)]
+struct Route {
+    /// `default`, `ADDR` or `ADDR/LEN`.
+    dst: String,
+    #[serde(default)]
+    dev: Option<String>,
+    #[serde(default)]
+    gateway: Option<String>,
+    /// Absent for the main table.
+    #[serde(default)]
+    table: Option<String>,
+    /// Absent for unicast.
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+}
+
+/// A route that takes the node's traffic to cluster addresses past ferry.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Stray {
+    /// The route as `ip route` would take it back (`10.244.2.0/24 via 10.244.2.0 dev
+    /// flannel.1 table main`).
+    pub route: String,
+    /// What of the tables it covers (`node2's pods 10.244.2.0/24`).
+    pub covers: String,
+}
+
+/// The cluster addresses of `tables` the node's own traffic should reach through the
+/// host port, each with what it is: other nodes' pod CIDRs, this node's pods, the
+/// Services' cluster IPs.
+pub fn cluster_prefixes(tables: &Tables) -> Vec<(IpNet, String)> {
+    let mut out = Vec::new();
+    if let Some(o) = &tables.overlay {
+        for p in &o.peers {
+            for c in &p.pod_cidrs {
+                out.push((*c, format!("{}'s pods {c}", p.name)));
+            }
+        }
+    }
+    for p in tables.ports.iter().filter(|p| p.kind == PortKind::Pod) {
+        for a in &p.addresses {
+            out.push((
+                IpNet::from(*a),
+                format!("pod port {}'s address {a}", p.name),
+            ));
+        }
+    }
+    for s in &tables.services.services {
+        for ip in &s.spec.cluster_ips {
+            out.push((IpNet::from(*ip), format!("cluster IP {ip} of {}", s.name)));
+        }
+    }
+    out
+}
+
+/// The routes of `json` (the output of `ip -json route show table all`) that cover one
+/// of `prefixes` and do not go to `host_dev`. Default routes are left alone, and so are
+/// broadcast, multicast and unreachable-style routes.
+pub fn strays(
+    json: &str,
+    prefixes: &[(IpNet, String)],
+    host_dev: &str,
+) -> Result<Vec<Stray>, String> {
+    let routes: Vec<Route> =
+        serde_json::from_str(json).map_err(|e| format!("reading `ip -json route`: {e}"))?;
+    let mut out = BTreeSet::new();
+    for r in routes {
+        if r.dst == "default" || r.dev.as_deref() == Some(host_dev) {
+            continue;
+        }
+        if !matches!(r.kind.as_deref(), None | Some("unicast" | "local")) {
+            continue;
+        }
+        let Ok(dst) = r
+            .dst
+            .parse::<IpNet>()
+            .or_else(|_| r.dst.parse::<IpAddr>().map(IpNet::from))
+        else {
+            continue;
+        };
+        if dst.prefix_len() == 0 {
+            continue;
+        }
+        let Some((_, what)) = prefixes
+            .iter()
+            .find(|(p, _)| dst.contains(&p.network()) || p.contains(&dst.network()))
+        else {
+            continue;
+        };
+        let mut route = String::new();
+        if let Some(k) = r.kind.as_deref().filter(|k| *k != "unicast") {
+            route.push_str(k);
+            route.push(' ');
+        }
+        route.push_str(&r.dst);
+        if let Some(g) = &r.gateway {
+            route.push_str(&format!(" via {g}"));
+        }
+        if let Some(d) = &r.dev {
+            route.push_str(&format!(" dev {d}"));
+        }
+        route.push_str(&format!(" table {}", r.table.as_deref().unwrap_or("main")));
+        out.insert(Stray {
+            route,
+            covers: what.clone(),
+        });
+    }
+    Ok(out.into_iter().collect())
+}
+
+/// The kernel's routes of both families, as `ip -json route show table all` prints
+/// them (one JSON array each).
+pub fn kernel_routes() -> Result<Vec<String>, String> {
+    ["-4", "-6"]
+        .iter()
+        .map(|family| {
+            let out = Command::new("ip")
+                .args([*family, "-json", "route", "show", "table", "all"])
+                .output()
+                .map_err(|e| format!("running `ip route`: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "`ip {family} -json route show table all`: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefixes() -> Vec<(IpNet, String)> {
+        vec![
+            ("10.244.2.0/24".parse().unwrap(), "node2's pods".into()),
+            ("10.244.1.5/32".parse().unwrap(), "pod port p".into()),
+            ("10.96.0.10/32".parse().unwrap(), "cluster IP".into()),
+        ]
+    }
+
+    #[test]
+    fn routes_over_other_devices_to_cluster_addresses_are_strays() {
+        let json = r#"[
+            {"dst":"default","via":"169.254.1.1","dev":"ferry0","flags":[]},
+            {"dst":"10.244.2.0/24","gateway":"10.244.2.0","dev":"flannel.1","flags":["onlink"]},
+            {"dst":"10.244.1.0/24","dev":"cni0","protocol":"kernel","scope":"link","flags":[]},
+            {"type":"local","dst":"10.96.0.10","dev":"kube-ipvs0","table":"local","flags":[]},
+            {"dst":"10.244.2.0/24","dev":"ferry0","flags":[]},
+            {"dst":"192.168.77.0/24","dev":"eth0","flags":[]},
+            {"type":"broadcast","dst":"10.244.1.255","dev":"cni0","table":"local","flags":[]},
+            {"dst":"10.0.0.0/8","dev":"eth9","flags":[]}
+        ]"#;
+        let s = strays(json, &prefixes(), "ferry0").unwrap();
+        let routes: Vec<&str> = s.iter().map(|s| s.route.as_str()).collect();
+        assert_eq!(
+            routes,
+            [
+                "10.0.0.0/8 dev eth9 table main",
+                "10.244.1.0/24 dev cni0 table main",
+                "10.244.2.0/24 via 10.244.2.0 dev flannel.1 table main",
+                "local 10.96.0.10 dev kube-ipvs0 table local",
+            ]
+        );
+        assert_eq!(s[0].covers, "node2's pods", "the first prefix it covers");
+        assert_eq!(s[1].covers, "pod port p");
+        assert_eq!(s[3].covers, "cluster IP");
+    }
+
+    #[test]
+    fn routes_through_the_host_tap_or_elsewhere_are_not() {
+        let json = r#"[{"dst":"10.244.0.0/16","dev":"ferry0","flags":[]},
+                       {"dst":"fd00::/64","dev":"eth0","flags":[]},
+                       {"dst":"default","dev":"eth0","flags":[]}]"#;
+        assert_eq!(strays(json, &prefixes(), "ferry0").unwrap(), []);
+        assert!(strays("[]", &prefixes(), "ferry0").unwrap().is_empty());
+        assert!(strays("not json", &prefixes(), "ferry0").is_err());
+    }
+}
