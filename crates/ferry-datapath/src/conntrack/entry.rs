@@ -591,14 +591,19 @@ impl Entry {
     pub fn timeout_ns(&self, t: &Timeouts) -> u64 {
         match &self.proto_state {
             ProtoState::Tcp(c) => {
-                let full = t.tcp(c.state);
+                let mut timeout = t.tcp(c.state);
+                // Data in flight that its receiver never acknowledged: if the peer
+                // vanished, nothing will ever acknowledge it (Linux's
+                // `tcp_timeout_unacknowledged`).
+                if c.unacknowledged() {
+                    timeout = timeout.min(t.tcp_unacknowledged_ns);
+                }
                 // A connection never confirmed by a handshake (a picked-up stray segment,
                 // a SYN nobody answered) does not get the long established timeout.
-                if self.status.has(Status::ASSURED) {
-                    full
-                } else {
-                    full.min(t.tcp_unassured_ns)
+                if !self.status.has(Status::ASSURED) {
+                    timeout = timeout.min(t.tcp_unassured_ns);
                 }
+                timeout
             }
             ProtoState::Udp => {
                 if self.status.has(Status::ASSURED) {
@@ -618,6 +623,22 @@ impl Entry {
     #[inline]
     pub fn deadline_ns(&self, t: &Timeouts) -> u64 {
         self.last_seen_ns.saturating_add(self.timeout_ns(t))
+    }
+
+    /// The time under which the expiry wheel files the entry at `now_ns`: its deadline,
+    /// but for TCP no later than [`Timeouts::tcp_unacknowledged_ns`] from now. Data that
+    /// becomes unacknowledged brings a TCP entry's deadline down to that much after its
+    /// packet, and never lower: filed so, the entry need not move in the wheel when it
+    /// does (a request and its answer would otherwise move it every time). The price is
+    /// that an idle TCP entry is visited by expiry once per `tcp_unacknowledged_ns`
+    /// rather than once per turn of the wheel.
+    #[inline]
+    pub(super) fn file_ns(&self, t: &Timeouts, now_ns: u64) -> u64 {
+        let d = self.deadline_ns(t);
+        match self.proto_state {
+            ProtoState::Tcp(_) => d.min(now_ns.saturating_add(t.tcp_unacknowledged_ns)),
+            _ => d,
+        }
     }
 
     /// The TCP state, for TCP entries.

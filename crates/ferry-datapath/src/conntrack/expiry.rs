@@ -3,12 +3,15 @@
 //! Every entry sits in exactly one slot of a wheel of [`SLOTS`] one-tick slots (a tick is
 //! 2^30 ns, about 1.07 s), filed under the tick of its deadline when it was filed, or the
 //! last slot before the wheel wraps for deadlines beyond the horizon (about 73 minutes).
-//! A packet that extends an entry's life does nothing here: when the slot comes up and the
-//! real deadline moved, the entry is simply filed again. A packet that shortens it (a
-//! FIN, an RST) re-files it at once, an O(1) unlink and link. Slots are intrusive doubly
-//! linked lists through [`Links`], so removing an entry is O(1) and leaves nothing stale;
-//! the first entry of a slot keeps the slot's number in place of a previous link, so an
-//! entry needs 8 bytes here and no record of the tick it is filed under.
+//! A packet that extends an entry's life does nothing here: when the slot comes up and
+//! the real deadline moved, the entry is simply filed again. A packet that shortens it (a
+//! FIN, an RST) re-files it at once, an O(1) unlink and link. A TCP entry is filed no
+//! later than `Timeouts::tcp_unacknowledged_ns` ahead (`Entry::file_ns`), so that data
+//! waiting for its acknowledgment, which caps the deadline at that, never moves it. Slots
+//! are intrusive doubly linked lists through [`Links`], so removing an entry is O(1) and
+//! leaves nothing stale; the first entry of a slot keeps the slot's number in place of a
+//! previous link, so an entry needs 8 bytes here and no record of the tick it is filed
+//! under.
 
 use super::table::{Links, NIL, Slot, links};
 
@@ -124,6 +127,25 @@ impl Wheel {
             self.cursor += 1;
         }
         None
+    }
+
+    /// The slot `id` is filed in, for tests.
+    #[cfg(test)]
+    pub(crate) fn slot_of(&self, slots: &[Slot], id: u32) -> Option<usize> {
+        let mut slot = None;
+        for (s, &h) in self.heads.iter().enumerate() {
+            let mut i = h;
+            while i != NIL {
+                if i == id {
+                    slot = Some(s);
+                }
+                i = match &slots[i as usize] {
+                    Slot::Used(e) => e.links.next,
+                    Slot::Free(_) => NIL,
+                };
+            }
+        }
+        slot
     }
 
     /// The ids in every slot, for consistency checks.

@@ -95,8 +95,14 @@ pub struct Timeouts {
     /// TCP CLOSE: 10 s (`tcp_timeout_close`).
     pub tcp_close_ns: u64,
     /// Cap for a TCP connection not (yet) assured, e.g. picked up mid-stream and never
-    /// answered: 300 s (`tcp_timeout_unacknowledged`).
+    /// answered: 300 s (Linux caps it with `tcp_timeout_unacknowledged`; a setting of
+    /// its own here).
     pub tcp_unassured_ns: u64,
+    /// Cap for a TCP connection while either side has data the other has not
+    /// acknowledged (a peer that vanished with data in flight): 300 s
+    /// (`tcp_timeout_unacknowledged`). Also how far ahead the expiry wheel files a TCP
+    /// entry at most, so that an idle one is visited this often.
+    pub tcp_unacknowledged_ns: u64,
     /// UDP, no reply seen: 30 s (`udp_timeout`).
     pub udp_unreplied_ns: u64,
     /// UDP, reply seen, not (yet) a stream (a DNS exchange): 30 s (`udp_timeout`).
@@ -122,6 +128,7 @@ impl Default for Timeouts {
             tcp_time_wait_ns: 120 * SEC,
             tcp_close_ns: 10 * SEC,
             tcp_unassured_ns: 300 * SEC,
+            tcp_unacknowledged_ns: 300 * SEC,
             udp_unreplied_ns: 30 * SEC,
             udp_replied_ns: 30 * SEC,
             udp_assured_ns: 120 * SEC,
@@ -571,9 +578,17 @@ impl Conntrack {
             e.status.set(Status::ASSURED);
         }
         // The deadline can only come earlier when the timeout changed, that is with the
-        // status or the TCP state; otherwise the refresh moved it later, if at all.
+        // status or the TCP state (its state or flags: data unacknowledged); otherwise the
+        // refresh moved it later, if at all.
         let after_ns =
             (tcp || e.status != status_before).then(|| e.deadline_ns(&self.config.timeouts));
+        // A TCP entry is filed no later than the unacknowledged-data cap from now
+        // (`Entry::file_ns`): a deadline that comes down no lower moves nothing.
+        let before_ns = if tcp {
+            before_ns.min(now_ns.saturating_add(self.config.timeouts.tcp_unacknowledged_ns))
+        } else {
+            before_ns
+        };
         // Original direction: to the translated tuple; reply direction: back.
         let to = e.status.nat().then(|| reverse(&e.tuple(1 - dir)));
         if let Some(after_ns) = after_ns {

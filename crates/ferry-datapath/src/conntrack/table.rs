@@ -490,7 +490,7 @@ impl Table {
         now_ns: u64,
     ) -> u32 {
         debug_assert_eq!(hashes, self.hashes(&entry));
-        let deadline = entry.deadline_ns(t);
+        let deadline = entry.file_ns(t, now_ns);
         let replied = entry.status.has(Status::SEEN_REPLY);
         self.nat_ports += usize::from(holds_nat_port(&entry));
         let id = self.alloc(entry);
@@ -558,7 +558,8 @@ impl Table {
     }
 
     /// Re-files an entry in the wheel if its deadline moved from `before_ns` to an earlier
-    /// `after_ns`.
+    /// `after_ns`. `before_ns` may be any time the entry is known to be filed no later
+    /// than (see `Entry::file_ns`).
     #[inline]
     pub(crate) fn shorten(&mut self, id: u32, before_ns: u64, after_ns: u64) {
         if after_ns < before_ns {
@@ -573,14 +574,17 @@ impl Table {
             let Some(id) = self.wheel.pop_due(&mut self.slots, now_ns) else {
                 break;
             };
-            match self.get(id).map(|e| e.deadline_ns(t)) {
-                Some(d) if d <= now_ns => {
+            match self
+                .get(id)
+                .map(|e| (e.deadline_ns(t), e.file_ns(t, now_ns)))
+            {
+                Some((d, _)) if d <= now_ns => {
                     // Re-link so that remove() finds it where it expects it.
                     self.wheel.file(&mut self.slots, id, d);
                     self.remove(id);
                     removed += 1;
                 }
-                Some(d) => self.wheel.file(&mut self.slots, id, d),
+                Some((_, f)) => self.wheel.file(&mut self.slots, id, f),
                 None => {}
             }
         }
@@ -675,6 +679,12 @@ impl Table {
         self.slots.capacity() * std::mem::size_of::<Slot>()
             + self.index.allocation_size()
             + more * MORE_BYTES
+    }
+
+    /// The wheel slot entry `id` is filed in. For tests.
+    #[cfg(test)]
+    pub(crate) fn wheel_slot(&self, id: u32) -> Option<usize> {
+        self.wheel.slot_of(&self.slots, id)
     }
 
     /// Slab slots allocated (live or free).

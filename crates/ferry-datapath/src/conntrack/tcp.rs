@@ -18,6 +18,19 @@
 //! on such a connection, it is let through for the connection's lifetime (windows are
 //! still tracked from the segments in window). SACK blocks are not read: acknowledgement
 //! numbers alone bound the windows, which is stricter.
+//!
+//! Each direction also knows whether it has data the other side has not acknowledged
+//! (Linux's `IP_CT_TCP_FLAG_DATA_UNACKNOWLEDGED`): set when a segment in window moves its
+//! `end` forward, cleared when a segment in window from the other side acknowledges
+//! exactly that `end`. While either direction has it, the connection's timeout is at most
+//! `Timeouts::tcp_unacknowledged_ns`, so that a connection whose peer vanished with data
+//! in flight goes after minutes rather than days. Unlike Linux, a SYN counts as
+//! unacknowledged data too (the handshake acknowledges it, so an ESTABLISHED connection
+//! starts with neither flag, as in Linux): on a connection seen from its SYN, the flag
+//! clear then always means that the other side acknowledged exactly everything seen from
+//! this one. As in Linux, the segment a connection is picked up from, and the first one
+//! seen from the other side after it, leave the flag as it is (they may be pure ACKs that
+//! nothing will ever acknowledge).
 
 use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
@@ -84,10 +97,16 @@ const F_WSCALE: u8 = 1;
 /// Per-direction flag: accept this side's segments without window checks (picked up
 /// mid-stream; never cleared, as in Linux).
 const F_LIBERAL: u8 = 2;
+/// Per-direction flag: this side's `end` moved forward since the other side last
+/// acknowledged exactly all of it (Linux's `IP_CT_TCP_FLAG_DATA_UNACKNOWLEDGED`).
+const F_UNACK: u8 = 4;
+/// Bits per direction in [`TcpConn`]'s flags: direction `d`'s flags are `F_*` shifted
+/// by `FLAG_BITS * d`.
+const FLAG_BITS: usize = 3;
 
 /// A per-direction flag set for both directions.
 const fn both(f: u8) -> u8 {
-    f | f << 2
+    f | f << FLAG_BITS
 }
 
 /// Largest window scale shift (RFC 7323 section 2.3).
@@ -106,8 +125,8 @@ pub struct TcpConn {
     pub state: TcpState,
     /// Window scale shift.
     pub scale: [u8; 2],
-    /// Per-direction flags, two bits each (`F_*` shifted by `2 * direction`), one byte so
-    /// that the whole state packs into 28 bytes.
+    /// Per-direction flags, three bits each (`F_*` shifted by `FLAG_BITS * direction`),
+    /// one byte so that the whole state packs into 28 bytes.
     flags: u8,
     /// Highest sequence number sent plus one (`td_end`).
     pub end: [u32; 2],
@@ -418,6 +437,7 @@ impl TcpConn {
         c.end[dir] = end;
         c.maxend[dir] = end;
         c.maxwin[dir] = win;
+        c.set_flag(dir, F_UNACK);
         if let Some(s) = wscale {
             c.scale[dir] = s;
             c.set_flag(dir, F_WSCALE);
@@ -495,6 +515,7 @@ impl TcpConn {
                 self.end[s] = end;
                 self.maxwin[s] = win.max(1);
                 self.maxend[s] = end.wrapping_add(self.maxwin[s]);
+                self.set_flag(s, F_UNACK);
                 if let Some(sc) = seg.wscale {
                     self.scale[s] = sc;
                     self.set_flag(s, F_WSCALE);
@@ -528,6 +549,7 @@ impl TcpConn {
             self.end[s] = end;
             self.maxend[s] = end;
             self.maxwin[s] = win.max(1);
+            self.set_flag(s, F_UNACK);
             if let Some(sc) = seg.wscale {
                 self.scale[s] = sc;
                 self.set_flag(s, F_WSCALE);
@@ -562,6 +584,7 @@ impl TcpConn {
             self.maxwin[s] = self.maxwin[s].max(win);
             if after(end, self.end[s]) {
                 self.end[s] = end;
+                self.set_flag(s, F_UNACK);
             }
             if self.maxwin[r] != 0 && after(end, self.maxend[s]) {
                 self.maxwin[r] = self.maxwin[r].wrapping_add(end.wrapping_sub(self.maxend[s]));
@@ -570,26 +593,45 @@ impl TcpConn {
             if after(edge, self.maxend[r].wrapping_sub(1)) {
                 self.maxend[r] = if win == 0 { edge.wrapping_add(1) } else { edge };
             }
+            if ack == self.end[r] {
+                self.clear_flag(r, F_UNACK);
+            }
             true
         } else {
             self.flag(s, F_LIBERAL)
         }
     }
 
+    /// True when direction `dir` has the per-direction flag `f`.
     #[inline]
     fn flag(&self, dir: usize, f: u8) -> bool {
-        self.flags & (f << (2 * dir)) != 0
+        self.flags & (f << (FLAG_BITS * dir)) != 0
     }
 
+    /// Sets the per-direction flag `f` of direction `dir`.
     #[inline]
     fn set_flag(&mut self, dir: usize, f: u8) {
-        self.flags |= f << (2 * dir);
+        self.flags |= f << (FLAG_BITS * dir);
+    }
+
+    /// Clears the per-direction flag `f` of direction `dir`.
+    #[inline]
+    fn clear_flag(&mut self, dir: usize, f: u8) {
+        self.flags &= !(f << (FLAG_BITS * dir));
     }
 
     /// True when out-of-window segments are let through: the connection was picked up
     /// mid-stream.
     pub fn liberal(&self) -> bool {
         self.flag(0, F_LIBERAL)
+    }
+
+    /// True when either side sent data (or a SYN or FIN) that the other side has not
+    /// acknowledged yet, as far as the segments seen tell: the connection's timeout is
+    /// then at most `Timeouts::tcp_unacknowledged_ns`.
+    #[inline]
+    pub fn unacknowledged(&self) -> bool {
+        self.flags & both(F_UNACK) != 0
     }
 }
 
@@ -662,6 +704,73 @@ mod tests {
         c.packet(0, &seg(1001, 5001, ACK, 0));
         assert_eq!(c.packet(0, &seg(1001, 0, SYN, 0)), Verdict::Ignore);
         assert_eq!(c.packet(0, &seg(1001, 5001, RST, 0)), Verdict::Reset);
+    }
+
+    /// Linux's DATA_UNACKNOWLEDGED: a side has unacknowledged data from the segment that
+    /// moves its end forward until the other side acknowledges exactly that end.
+    #[test]
+    fn data_is_unacknowledged_until_the_other_side_acknowledges_all_of_it() {
+        let mut c = TcpConn::new(&seg(1000, 0, SYN, 0), false).unwrap();
+        assert!(c.flag(0, F_UNACK), "the SYN, until the SYN-ACK");
+        assert_eq!(c.packet(1, &seg(5000, 1001, SYN | ACK, 0)), Verdict::Accept);
+        assert!(!c.flag(0, F_UNACK) && c.flag(1, F_UNACK));
+        assert_eq!(c.packet(0, &seg(1001, 5001, ACK, 0)), Verdict::Accept);
+        assert!(!c.unacknowledged(), "the handshake acknowledged both SYNs");
+        assert_eq!(
+            c.packet(0, &seg(1001, 5001, ACK | PSH, 100)),
+            Verdict::Accept
+        );
+        assert!(c.flag(0, F_UNACK) && !c.flag(1, F_UNACK));
+        assert_eq!(c.packet(1, &seg(5001, 1051, ACK, 0)), Verdict::Accept);
+        assert!(c.unacknowledged(), "half of it acknowledged");
+        assert_eq!(
+            c.packet(0, &seg(1051, 5001, ACK | PSH, 50)),
+            Verdict::Accept
+        );
+        assert_eq!(c.packet(1, &seg(5001, 1101, ACK, 0)), Verdict::Accept);
+        assert!(!c.unacknowledged(), "all of it acknowledged");
+        // A keepalive probe (one sequence number back) moves nothing forward.
+        assert_eq!(c.packet(0, &seg(1100, 5001, ACK, 0)), Verdict::Accept);
+        assert!(!c.unacknowledged());
+        // Nor does a segment out of window.
+        let before = c;
+        assert_eq!(
+            c.packet(0, &seg(1101 + 3_000_000, 5001, ACK, 10)),
+            Verdict::Invalid
+        );
+        assert_eq!(c, before);
+        // A FIN is acknowledged like data.
+        assert_eq!(c.packet(1, &seg(5001, 1101, FIN | ACK, 0)), Verdict::Accept);
+        assert!(c.flag(1, F_UNACK));
+        assert_eq!(c.packet(0, &seg(1101, 5002, ACK, 0)), Verdict::Accept);
+        assert!(!c.unacknowledged());
+    }
+
+    /// As in Linux, the segment a connection is picked up from and the first one from the
+    /// other side leave the flags clear (either may be a pure ACK nothing acknowledges);
+    /// data after them is tracked as on any connection.
+    #[test]
+    fn picked_up_connection_tracks_unacknowledged_data_after_its_first_segments() {
+        let mut c = TcpConn::new(&seg(1000, 5000, ACK | PSH, 10), true).unwrap();
+        assert!(!c.unacknowledged());
+        assert_eq!(c.packet(1, &seg(5000, 1010, ACK, 0)), Verdict::Accept);
+        assert!(!c.unacknowledged());
+        assert_eq!(
+            c.packet(1, &seg(5000, 1010, ACK | PSH, 20)),
+            Verdict::Accept
+        );
+        assert!(c.flag(1, F_UNACK) && !c.flag(0, F_UNACK));
+        assert_eq!(c.packet(0, &seg(1010, 5020, ACK, 0)), Verdict::Accept);
+        assert!(!c.unacknowledged());
+        // A duplicate ACK beyond what was seen (data sent before the restart) is let
+        // through, liberal, and neither sets nor clears anything.
+        assert_eq!(
+            c.packet(0, &seg(1010, 5020, ACK | PSH, 10)),
+            Verdict::Accept
+        );
+        assert!(c.flag(0, F_UNACK));
+        assert_eq!(c.packet(1, &seg(5020, 900_000, ACK, 0)), Verdict::Accept);
+        assert!(c.flag(0, F_UNACK));
     }
 
     /// Linux's resynchronisation: a stale connection (here picked up mid-stream) meets a

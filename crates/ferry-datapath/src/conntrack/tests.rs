@@ -677,6 +677,95 @@ fn tcp_handshake_reaches_established_and_assured() {
     );
 }
 
+/// Data its receiver never acknowledged (a peer that vanished with data in flight) caps
+/// an established connection's timeout at `tcp_unacknowledged_ns` from the packet that
+/// carried it; once all of it is acknowledged, the full timeout is back.
+#[test]
+fn tcp_unacknowledged_data_caps_the_timeout_until_it_is_acknowledged() {
+    let mut ct = ct();
+    let t = ct.config().timeouts;
+    assert_eq!(t.tcp_unacknowledged_ns, 300 * S);
+    let id = handshake(&mut ct);
+    let deadline = |ct: &Conntrack| ct.get(id).unwrap().deadline_ns(&t);
+    assert_eq!(deadline(&ct), 2 + t.tcp_established_ns);
+    let now = 10 * S;
+    let r = run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 1001, 5001, ACK | PSH, 100),
+        None,
+        now,
+    );
+    assert_eq!(r.state, CtState::Established);
+    assert_eq!(deadline(&ct), now + 300 * S);
+    run(
+        &mut ct,
+        &mut tcp(V, 80, C, 40000, 5001, 1051, ACK, 0),
+        None,
+        now + S,
+    );
+    assert_eq!(deadline(&ct), now + S + 300 * S, "half of it acknowledged");
+    run(
+        &mut ct,
+        &mut tcp(V, 80, C, 40000, 5001, 1101, ACK, 0),
+        None,
+        now + 2 * S,
+    );
+    assert_eq!(deadline(&ct), now + 2 * S + t.tcp_established_ns);
+    // Filed in the wheel for the shorter deadline, the entry is filed again, not removed.
+    assert_eq!(ct.expire(now + 2 * S + 301 * S, 100), 0);
+    assert_eq!(tcp_state(&ct, id), TcpState::Established);
+    // The server's answer never acknowledged (the client went away): gone after 300 s,
+    // still ESTABLISHED.
+    let later = now + 400 * S;
+    run(
+        &mut ct,
+        &mut tcp(V, 80, C, 40000, 5001, 1101, ACK | PSH, 200),
+        None,
+        later,
+    );
+    assert_eq!(ct.expire(later + 299 * S, 100), 0);
+    assert_eq!(ct.expire(later + 301 * S, 100), 1);
+    assert!(ct.is_empty());
+    ct.check();
+}
+
+/// Data that becomes unacknowledged brings a TCP entry's deadline no earlier than where
+/// the expiry wheel files it: requests and their answers do not move the entry there.
+#[test]
+fn tcp_unacknowledged_data_does_not_move_the_entry_in_the_wheel() {
+    let mut ct = ct();
+    let id = handshake(&mut ct);
+    let slot = ct.table.wheel_slot(id);
+    assert!(slot.is_some());
+    for i in 0..3u32 {
+        let now = (10 + u64::from(i)) * S;
+        let (c, v) = (1001 + 100 * i, 5001 + 200 * i);
+        run(
+            &mut ct,
+            &mut tcp(C, 40000, V, 80, c, v, ACK | PSH, 100),
+            None,
+            now,
+        );
+        run(
+            &mut ct,
+            &mut tcp(V, 80, C, 40000, v, c + 100, ACK | PSH, 200),
+            None,
+            now + 1,
+        );
+        run(
+            &mut ct,
+            &mut tcp(C, 40000, V, 80, c + 100, v + 200, ACK, 0),
+            None,
+            now + 2,
+        );
+        assert_eq!(ct.table.wheel_slot(id), slot, "round {i}");
+    }
+    let ProtoState::Tcp(c) = ct.get(id).unwrap().proto_state else {
+        unreachable!()
+    };
+    assert!(!c.unacknowledged());
+}
+
 #[test]
 fn tcp_out_of_window_packet_is_invalid_and_leaves_entry_unchanged() {
     let mut ct = ct();
