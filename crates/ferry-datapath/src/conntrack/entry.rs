@@ -598,6 +598,12 @@ impl Entry {
                 if c.unacknowledged() {
                     timeout = timeout.min(t.tcp_unacknowledged_ns);
                 }
+                // An RST let through without closing the connection: as Linux times the
+                // packet of any RST, until the next segment (a live receiver's challenge
+                // ACK) brings back the state's timeout.
+                if c.reset_kept() {
+                    timeout = timeout.min(t.tcp_close_ns);
+                }
                 // A connection never confirmed by a handshake (a picked-up stray segment,
                 // a SYN nobody answered) does not get the long established timeout.
                 if !self.status.has(Status::ASSURED) {

@@ -499,7 +499,9 @@ impl Conntrack {
                 return Ok(invalid);
             };
             match c.packet(dir, &seg) {
-                Verdict::Accept => {}
+                // An RST off the exact sequence number keeps the connection as it was,
+                // its timeout cut to CLOSE's (`Entry::timeout_ns`).
+                Verdict::Accept | Verdict::ResetKept => {}
                 // The SYN-ACK answering a SYN ignored before: the connection restarted
                 // from that SYN, and this packet is tracked as accepted.
                 Verdict::Ignore if self.resync.resynced(id, e.first_seen_ns, c, dir, &seg) => {}

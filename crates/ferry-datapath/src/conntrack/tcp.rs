@@ -28,9 +28,40 @@
 //! unacknowledged data too (the handshake acknowledges it, so an ESTABLISHED connection
 //! starts with neither flag, as in Linux): on a connection seen from its SYN, the flag
 //! clear then always means that the other side acknowledged exactly everything seen from
-//! this one. As in Linux, the segment a connection is picked up from, and the first one
-//! seen from the other side after it, leave the flag as it is (they may be pure ACKs that
-//! nothing will ever acknowledge).
+//! this one (the RST rules below rely on it). As in Linux, the segment a connection is
+//! picked up from, and the first one seen from the other side after it, leave the flag as
+//! it is (they may be pure ACKs that nothing will ever acknowledge).
+//!
+//! An RST in window closes the connection only at the sequence number its receiver
+//! expects: off it, the receiver answers with a challenge ACK instead of closing (RFC
+//! 5961 section 3, against blind attackers), and, as in Linux's conntrack, the connection
+//! is kept here too. Linux compares the RST's sequence number with the highest
+//! acknowledgement its receiver sent (`td_maxack`). That number is not kept here (it
+//! would grow the entry); the RST sender's `end` is used instead: its next sequence
+//! number as far as the segments seen tell, which is where a live endpoint's RST starts,
+//! and equal to `td_maxack` whenever the sender has nothing unacknowledged. So an RST
+//! from a side seen before:
+//!
+//! 1. at the sender's `end` closes the connection (this includes Linux's "train", an RST
+//!    right after the sender's last data);
+//! 2. before it, when the receiver acknowledged all of it, is INVALID and changes nothing
+//!    (Linux: before `td_maxack`);
+//! 3. otherwise, in ESTABLISHED, is let through and the connection keeps its state
+//!    ([`Verdict::ResetKept`]): its windows do not move, and its timeout is CLOSE's until
+//!    the next segment, as Linux times the packet of any RST. The challenge ACK of a live
+//!    receiver brings the state's timeout back; an endpoint that really went away answers
+//!    it with an RST at the exact number, which closes the connection. In the other
+//!    states it closes the connection, as in Linux.
+//!
+//! The differences from Linux come from the missing `td_maxack`, when the sender has data
+//! unacknowledged: an RST exactly at the receiver's last acknowledgement (a restarted
+//! endpoint answering a segment of the old connection) is kept rather than closing, and
+//! one below it is kept rather than INVALID; and an RST at the sender's `end` closes even
+//! when the receiver's segment came last. An RST that is the first segment from its
+//! sender, as one answering a SYN, closes the connection, as in Linux. On a connection
+//! picked up mid-stream none of this applies and any RST closes it, as before: segments
+//! sent before the restart were not seen, so the sender's `end` may lag behind the number
+//! its RST carries.
 
 use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
@@ -103,6 +134,10 @@ const F_UNACK: u8 = 4;
 /// Bits per direction in [`TcpConn`]'s flags: direction `d`'s flags are `F_*` shifted
 /// by `FLAG_BITS * d`.
 const FLAG_BITS: usize = 3;
+/// Connection flag, after both directions' flags: the last segment tracked was an RST
+/// let through without closing the connection ([`Verdict::ResetKept`]); its timeout is
+/// CLOSE's until the next segment.
+const RST_KEPT: u8 = 1 << (2 * FLAG_BITS);
 
 /// A per-direction flag set for both directions.
 const fn both(f: u8) -> u8 {
@@ -126,7 +161,8 @@ pub struct TcpConn {
     /// Window scale shift.
     pub scale: [u8; 2],
     /// Per-direction flags, three bits each (`F_*` shifted by `FLAG_BITS * direction`),
-    /// one byte so that the whole state packs into 28 bytes.
+    /// then the connection flag `RST_KEPT`; one byte so that the whole state packs into
+    /// 28 bytes.
     flags: u8,
     /// Highest sequence number sent plus one (`td_end`).
     pub end: [u32; 2],
@@ -333,6 +369,18 @@ fn next(dir: usize, c: Class, s: TcpState) -> Next {
     }
 }
 
+/// What an RST does to a connection, before its window check (see the module
+/// documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rst {
+    /// It closes the connection.
+    Close,
+    /// It is let through, and the connection keeps its state.
+    Keep,
+    /// It is INVALID.
+    Invalid,
+}
+
 /// `a` comes before `b` in sequence space.
 #[inline]
 fn before(a: u32, b: u32) -> bool {
@@ -384,6 +432,11 @@ pub(crate) enum Verdict {
     /// Accepted: an RST (the connection is CLOSE). Linux removes the connection at once
     /// when no reply was seen before it.
     Reset,
+    /// Accepted: an RST in window but off the exact sequence number, on an ESTABLISHED
+    /// connection (see the module documentation). It goes through, so that its receiver
+    /// can answer with a challenge ACK (RFC 5961); the connection keeps its state and
+    /// windows, and has CLOSE's timeout until its next segment.
+    ResetKept,
     /// Let through untracked: nothing was updated, and nothing in the entry (status,
     /// timeout, counters) is.
     Ignore,
@@ -458,17 +511,56 @@ impl TcpConn {
             Next::Reopen => return Verdict::Reopen,
             Next::To(s) => s,
         };
+        let keep = if cl == Class::Rst {
+            match self.reset(dir, seg.seq) {
+                Rst::Invalid => return Verdict::Invalid,
+                Rst::Keep => true,
+                Rst::Close => false,
+            }
+        } else {
+            false
+        };
         let mut c = *self;
         if !c.in_window(dir, seg) {
             return Verdict::Invalid;
         }
+        if keep {
+            // The windows stay as they were: an RST carries no data, and one off the
+            // exact number may come from anyone who guessed the window.
+            self.flags |= RST_KEPT;
+            return Verdict::ResetKept;
+        }
         let old_state = self.state;
         c.state = new_state;
+        c.flags &= !RST_KEPT;
         *self = c;
         match cl {
             Class::Rst => Verdict::Reset,
             Class::Syn if old_state == TcpState::SynSent => Verdict::SynAgain,
             _ => Verdict::Accept,
+        }
+    }
+
+    /// What an RST from direction `dir` with sequence number `seq` does, before its
+    /// window check: the rules of the module documentation, with the sender's `end` as
+    /// the exact number.
+    fn reset(&self, dir: usize, seq: u32) -> Rst {
+        let s = dir;
+        if self.maxwin[s] == 0 || self.flag(s, F_LIBERAL) || seq == self.end[s] {
+            // Nothing seen from the sender to compare with, a view of the stream that may
+            // lag behind, or the exact number.
+            return Rst::Close;
+        }
+        if before(seq, self.end[s]) && !self.flag(s, F_UNACK) {
+            // Behind what the receiver acknowledged: no endpoint of this connection.
+            return Rst::Invalid;
+        }
+        // ESTABLISHED on a connection seen from its SYN: the handshake was seen both
+        // ways, so the entry is assured (Linux keeps the state only then).
+        if self.state == TcpState::Established {
+            Rst::Keep
+        } else {
+            Rst::Close
         }
     }
 
@@ -633,6 +725,13 @@ impl TcpConn {
     pub fn unacknowledged(&self) -> bool {
         self.flags & both(F_UNACK) != 0
     }
+
+    /// True when the last segment tracked was an RST let through without closing the
+    /// connection: the connection's timeout is then at most `Timeouts::tcp_close_ns`.
+    #[inline]
+    pub fn reset_kept(&self) -> bool {
+        self.flags & RST_KEPT != 0
+    }
 }
 
 #[cfg(test)]
@@ -704,6 +803,131 @@ mod tests {
         c.packet(0, &seg(1001, 5001, ACK, 0));
         assert_eq!(c.packet(0, &seg(1001, 0, SYN, 0)), Verdict::Ignore);
         assert_eq!(c.packet(0, &seg(1001, 5001, RST, 0)), Verdict::Reset);
+    }
+
+    /// Client ISN 1000, server ISN 5000, handshake done: ESTABLISHED with both ends at
+    /// their SYN plus one and nothing unacknowledged.
+    fn established() -> TcpConn {
+        let mut c = TcpConn::new(&seg(1000, 0, SYN, 0), false).unwrap();
+        assert_eq!(c.packet(1, &seg(5000, 1001, SYN | ACK, 0)), Verdict::Accept);
+        assert_eq!(c.packet(0, &seg(1001, 5001, ACK, 0)), Verdict::Accept);
+        assert_eq!(c.state, TcpState::Established);
+        c
+    }
+
+    /// RFC 5961 as in Linux: an RST in window off the exact number is let through for
+    /// the receiver's challenge ACK and closes nothing; the sender, if really gone,
+    /// answers the challenge ACK with an RST at the exact number, which closes.
+    #[test]
+    fn rst_in_window_but_off_the_exact_sequence_keeps_the_connection() {
+        let mut c = established();
+        let before = c;
+        // In the server's window (the client allowed up to 5001 + 65535), past its end.
+        assert_eq!(c.packet(1, &seg(6001, 0, RST, 0)), Verdict::ResetKept);
+        assert_eq!(c.state, TcpState::Established);
+        assert!(c.reset_kept());
+        assert_eq!(
+            (c.end, c.maxend, c.maxwin, c.unacknowledged()),
+            (before.end, before.maxend, before.maxwin, false),
+            "windows untouched"
+        );
+        assert_eq!(
+            c.packet(1, &seg(6001, 1001, RST | ACK, 0)),
+            Verdict::ResetKept
+        );
+        // The challenge ACK.
+        assert_eq!(c.packet(0, &seg(1001, 5001, ACK, 0)), Verdict::Accept);
+        assert!(!c.reset_kept());
+        assert_eq!(c, before);
+        assert_eq!(c.packet(1, &seg(5001, 0, RST, 0)), Verdict::Reset);
+        assert_eq!(c.state, TcpState::Close);
+        assert!(!c.reset_kept());
+    }
+
+    /// An RST behind what its receiver acknowledged comes from no endpoint of the
+    /// connection (Linux: before `td_maxack`); one out of window is INVALID as before.
+    #[test]
+    fn rst_before_what_its_receiver_acknowledged_is_invalid() {
+        let mut c = established();
+        assert_eq!(
+            c.packet(1, &seg(5001, 1001, ACK | PSH, 100)),
+            Verdict::Accept
+        );
+        assert_eq!(c.packet(0, &seg(1001, 5101, ACK, 0)), Verdict::Accept);
+        let before = c;
+        for s in [
+            seg(5051, 0, RST, 0),
+            seg(5100, 1001, RST | ACK, 0),
+            seg(5101 + 2_000_000_000, 0, RST, 0),
+        ] {
+            assert_eq!(c.packet(1, &s), Verdict::Invalid, "{s:?}");
+            assert_eq!(c, before, "{s:?}");
+        }
+        assert_eq!(c.packet(1, &seg(5101, 0, RST, 0)), Verdict::Reset);
+    }
+
+    /// Data then an RST at its end (Linux's "train": an abort after a write) closes
+    /// before the receiver acknowledged the data; an RST inside that data, which Linux
+    /// may find at the receiver's last acknowledgement, is kept.
+    #[test]
+    fn rst_right_after_data_closes_and_inside_it_is_kept() {
+        let mut c = established();
+        assert_eq!(
+            c.packet(1, &seg(5001, 1001, ACK | PSH, 100)),
+            Verdict::Accept
+        );
+        assert!(c.unacknowledged());
+        let mut kept = c;
+        assert_eq!(kept.packet(1, &seg(5051, 0, RST, 0)), Verdict::ResetKept);
+        assert_eq!(kept.state, TcpState::Established);
+        assert_eq!(c.packet(1, &seg(5101, 1001, RST | ACK, 0)), Verdict::Reset);
+        assert_eq!(c.state, TcpState::Close);
+    }
+
+    /// Linux keeps the state only in ESTABLISHED: elsewhere an RST closes unless it is
+    /// INVALID, and one that is the first segment from its sender (the answer to a SYN)
+    /// closes.
+    #[test]
+    fn rst_outside_established_closes_unless_invalid() {
+        let mut c = TcpConn::new(&seg(1000, 0, SYN, 0), false).unwrap();
+        assert_eq!(c.packet(1, &seg(0, 1001, RST | ACK, 0)), Verdict::Reset);
+        // SYN_RECV: the server's SYN-ACK acknowledged the client's SYN.
+        let mut c = TcpConn::new(&seg(1000, 0, SYN, 0), false).unwrap();
+        assert_eq!(c.packet(1, &seg(5000, 1001, SYN | ACK, 0)), Verdict::Accept);
+        let syn_recv = c;
+        assert_eq!(c.packet(0, &seg(1000, 0, RST, 0)), Verdict::Invalid);
+        assert_eq!(c.packet(0, &seg(1500, 0, RST, 0)), Verdict::Reset);
+        // Nothing from the client acknowledged the SYN-ACK yet.
+        let mut c = syn_recv;
+        assert_eq!(c.packet(1, &seg(4990, 0, RST, 0)), Verdict::Reset);
+        // FIN_WAIT, the FIN not yet acknowledged.
+        let mut c = established();
+        assert_eq!(c.packet(0, &seg(1001, 5001, FIN | ACK, 0)), Verdict::Accept);
+        assert_eq!(c.state, TcpState::FinWait);
+        let fin_wait = c;
+        assert_eq!(c.packet(1, &seg(4000, 0, RST, 0)), Verdict::Invalid);
+        assert_eq!(c.packet(1, &seg(6001, 0, RST, 0)), Verdict::Reset);
+        let mut c = fin_wait;
+        assert_eq!(c.packet(0, &seg(1001, 0, RST, 0)), Verdict::Reset);
+    }
+
+    /// A connection picked up mid-stream missed what was sent before the restart, so the
+    /// sender's end it knows may lag behind the number a real RST carries: any RST closes
+    /// it, as before.
+    #[test]
+    fn picked_up_connection_closes_on_any_rst() {
+        let mut c = TcpConn::new(&seg(1000, 5000, ACK | PSH, 10), true).unwrap();
+        assert_eq!(c.packet(1, &seg(5000, 1010, ACK, 0)), Verdict::Accept);
+        let picked = c;
+        for (dir, s) in [
+            (0, seg(90_000, 5000, RST | ACK, 0)),
+            (0, seg(900, 0, RST, 0)),
+            (1, seg(7000, 0, RST, 0)),
+        ] {
+            let mut c = picked;
+            assert_eq!(c.packet(dir, &s), Verdict::Reset, "{s:?}");
+            assert_eq!(c.state, TcpState::Close);
+        }
     }
 
     /// Linux's DATA_UNACKNOWLEDGED: a side has unacknowledged data from the segment that

@@ -795,24 +795,128 @@ fn tcp_out_of_window_packet_is_invalid_and_leaves_entry_unchanged() {
     assert_eq!(ct.stats().invalid, 2);
 }
 
+/// An RST out of window, or behind what its receiver acknowledged, is INVALID and
+/// changes nothing; one at the exact sequence number closes the connection.
 #[test]
-fn tcp_rst_out_of_window_is_invalid_and_in_window_closes() {
+fn tcp_rst_out_of_window_is_invalid_and_at_the_exact_sequence_closes() {
     let mut ct = ct();
     let id = handshake(&mut ct);
-    let r = run(
-        &mut ct,
-        &mut tcp(V, 80, C, 40000, 5001 + 2_000_000_000, 0, RST, 0),
-        None,
-        3,
-    );
-    assert_eq!(r.state, CtState::Invalid);
-    assert_eq!(tcp_state(&ct, id), TcpState::Established);
+    let before = ct.get(id).unwrap().clone();
+    for seq in [5001 + 2_000_000_000, 4001] {
+        let r = run(&mut ct, &mut tcp(V, 80, C, 40000, seq, 0, RST, 0), None, 3);
+        assert_eq!(
+            (r.state, r.entry),
+            (CtState::Invalid, Some(id)),
+            "seq {seq}"
+        );
+        assert_eq!(ct.get(id).unwrap(), &before, "seq {seq}");
+    }
     let r = run(&mut ct, &mut tcp(V, 80, C, 40000, 5001, 0, RST, 0), None, 4);
     assert_eq!(r.state, CtState::Established);
     assert_eq!(tcp_state(&ct, id), TcpState::Close);
     // CLOSE lasts 10 s: the entry is re-filed earlier in the wheel and expires on time.
     assert_eq!(ct.expire(4 + 9 * S, 100), 0);
     assert_eq!(ct.expire(4 + 12 * S, 100), 1);
+    assert!(ct.is_empty());
+}
+
+/// RFC 5961 as in Linux: an RST in window but off the exact sequence number passes, so
+/// that its receiver can send its challenge ACK, and the connection stays ESTABLISHED
+/// with CLOSE's timeout until that ACK brings its own back; the sender, if really gone,
+/// answers the challenge ACK with an RST at the exact number, which closes.
+#[test]
+fn tcp_rst_off_the_exact_sequence_keeps_the_connection_for_the_challenge_ack() {
+    let mut ct = ct();
+    let t = ct.config().timeouts;
+    let nat = Nat {
+        dnat: Some((Addr::from(ip("10.244.1.5")), Some(8080))),
+        snat: None,
+    };
+    let id = run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 1000, 0, SYN, 0),
+        Some(&nat),
+        0,
+    )
+    .entry
+    .unwrap();
+    run(
+        &mut ct,
+        &mut tcp("10.244.1.5", 8080, C, 40000, 5000, 1001, SYN | ACK, 0),
+        None,
+        1,
+    );
+    run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 1001, 5001, ACK, 0),
+        None,
+        2,
+    );
+    let before = ct.get(id).unwrap().proto_state;
+    let now = 5 * S;
+    let mut rst = tcp("10.244.1.5", 8080, C, 40000, 6001, 1001, RST | ACK, 0);
+    let r = run(&mut ct, &mut rst, None, now);
+    assert_eq!(
+        (r.state, r.reply, r.entry),
+        (CtState::Established, true, Some(id)),
+        "let through"
+    );
+    assert_eq!(rst.parsed.key.src, Addr::from(ip(V)), "translated back");
+    assert_eq!(tcp_state(&ct, id), TcpState::Established);
+    assert_eq!(ct.get(id).unwrap().deadline_ns(&t), now + t.tcp_close_ns);
+    // The client's challenge ACK: the full timeout again, the connection as it was.
+    let r = run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 1001, 5001, ACK, 0),
+        None,
+        now + S,
+    );
+    assert_eq!(r.state, CtState::Established);
+    assert_eq!(
+        ct.get(id).unwrap().deadline_ns(&t),
+        now + S + t.tcp_established_ns
+    );
+    assert_eq!(ct.get(id).unwrap().proto_state, before);
+    // Not followed by anything, a kept RST leaves the entry for CLOSE's 10 s only.
+    let later = now + 2 * S;
+    run(
+        &mut ct,
+        &mut tcp("10.244.1.5", 8080, C, 40000, 6001, 0, RST, 0),
+        None,
+        later,
+    );
+    assert_eq!(ct.expire(later + 9 * S, 100), 0);
+    assert_eq!(tcp_state(&ct, id), TcpState::Established);
+    // The exact number closes.
+    run(
+        &mut ct,
+        &mut tcp("10.244.1.5", 8080, C, 40000, 5001, 0, RST, 0),
+        None,
+        later + 9 * S,
+    );
+    assert_eq!(tcp_state(&ct, id), TcpState::Close);
+    assert_eq!(ct.expire(later + 20 * S, 100), 1);
+    assert!(ct.is_empty());
+    ct.check();
+}
+
+/// A kept RST that nothing follows: the entry goes after CLOSE's timeout, still
+/// ESTABLISHED.
+#[test]
+fn tcp_rst_kept_and_unanswered_expires_after_the_close_timeout() {
+    let mut ct = ct();
+    let id = handshake(&mut ct);
+    let now = 5 * S;
+    let r = run(
+        &mut ct,
+        &mut tcp(V, 80, C, 40000, 6001, 0, RST, 0),
+        None,
+        now,
+    );
+    assert_eq!((r.state, r.entry), (CtState::Established, Some(id)));
+    assert_eq!(tcp_state(&ct, id), TcpState::Established);
+    assert_eq!(ct.expire(now + 9 * S, 100), 0);
+    assert_eq!(ct.expire(now + 12 * S, 100), 1);
     assert!(ct.is_empty());
 }
 
@@ -1353,6 +1457,36 @@ fn tcp_midstream_pickup_accepts_a_duplicate_ack_beyond_what_was_seen() {
         [200_100, 654_321],
         "in-window segments still tracked"
     );
+}
+
+/// After a restart the picked-up connection knows the client's stream only from a
+/// retransmission; the client then aborts, and its RST carries its real next sequence
+/// number, well past anything seen: the connection closes all the same.
+#[test]
+fn tcp_midstream_pickup_closes_on_the_rst_of_an_endpoint_ahead_of_what_was_seen() {
+    let mut ct = ct();
+    let id = run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 123_456, 654_321, ACK | PSH, 100),
+        None,
+        0,
+    )
+    .entry
+    .unwrap();
+    run(
+        &mut ct,
+        &mut tcp(V, 80, C, 40000, 654_321, 200_000, ACK, 0),
+        None,
+        1,
+    );
+    let r = run(
+        &mut ct,
+        &mut tcp(C, 40000, V, 80, 200_000, 654_321, RST | ACK, 0),
+        None,
+        2,
+    );
+    assert_eq!((r.state, r.entry), (CtState::Established, Some(id)));
+    assert_eq!(tcp_state(&ct, id), TcpState::Close);
 }
 
 #[test]
