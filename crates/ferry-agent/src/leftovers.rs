@@ -13,6 +13,13 @@
 //! whenever it applies tables and warns once about each route that covers a pod or a
 //! cluster IP of the tables and does not go to the host TAP, naming the route and how to
 //! remove it. It removes nothing itself: another component may still own the route.
+//!
+//! Netfilter rules are the other leftover that meets the node's own connections:
+//! kube-proxy's rewrite connections to cluster IPs and node ports in the output chain,
+//! flannel's masquerade what leaves the node. The agent lists nftables' chains
+//! (`nft --json list chains`, which shows iptables-nft rules too) and warns once about
+//! each table holding chains by the names those plugins give theirs ([`rule_leftovers`]).
+//! Rules made with iptables-legacy are not seen.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -153,6 +160,80 @@ pub fn kernel_routes() -> Result<Vec<String>, String> {
         .collect()
 }
 
+/// Chain name prefixes of other dataplanes' iptables rules, with whose they are.
+const CHAIN_PREFIXES: [(&str, &str); 4] = [
+    ("KUBE-", "kube-proxy"),
+    ("FLANNEL-", "flannel"),
+    ("cali-", "Calico"),
+    ("CILIUM_", "Cilium"),
+];
+
+/// The nftables tables of `json` (the output of `nft --json list chains`) that hold
+/// another dataplane's chains: kube-proxy's own table (its nftables mode), or chains
+/// named as kube-proxy, flannel, Calico or Cilium name theirs (their iptables modes).
+/// One line per table: `table ip nat: kube-proxy's chains KUBE-SERVICES, KUBE-NODEPORTS`.
+pub fn rule_leftovers(json: &str) -> Result<Vec<String>, String> {
+    #[derive(Deserialize)]
+    struct Listing {
+        nftables: Vec<serde_json::Value>,
+    }
+    #[derive(Deserialize)]
+    struct Chain {
+        family: String,
+        table: String,
+        name: String,
+    }
+    let listing: Listing =
+        serde_json::from_str(json).map_err(|e| format!("reading `nft --json list chains`: {e}"))?;
+    let mut found: std::collections::BTreeMap<(String, String, &str), Vec<String>> =
+        std::collections::BTreeMap::new();
+    for item in listing.nftables {
+        let Some(chain) = item.get("chain") else {
+            continue;
+        };
+        let c: Chain = serde_json::from_value(chain.clone())
+            .map_err(|e| format!("reading `nft --json list chains`: {e}"))?;
+        let whose = if c.table == "kube-proxy" {
+            Some("kube-proxy")
+        } else {
+            CHAIN_PREFIXES
+                .iter()
+                .find(|(p, _)| c.name.starts_with(p))
+                .map(|(_, w)| *w)
+        };
+        if let Some(w) = whose {
+            found
+                .entry((c.family, c.table, w))
+                .or_default()
+                .push(c.name);
+        }
+    }
+    Ok(found
+        .into_iter()
+        .map(|((family, table, whose), chains)| {
+            format!(
+                "table {family} {table}: {whose}'s chains {}",
+                chains.join(", ")
+            )
+        })
+        .collect())
+}
+
+/// nftables' chains, as `nft --json list chains` prints them.
+pub fn kernel_chains() -> Result<String, String> {
+    let out = Command::new("nft")
+        .args(["--json", "list", "chains"])
+        .output()
+        .map_err(|e| format!("running `nft`: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`nft --json list chains`: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,5 +282,32 @@ mod tests {
         assert_eq!(strays(json, &prefixes(), "ferry0").unwrap(), []);
         assert!(strays("[]", &prefixes(), "ferry0").unwrap().is_empty());
         assert!(strays("not json", &prefixes(), "ferry0").is_err());
+    }
+
+    #[test]
+    fn other_dataplanes_chains_are_named_by_table() {
+        let json = r#"{"nftables": [
+            {"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
+            {"chain": {"family": "ip", "table": "kube-proxy", "name": "nat-output", "handle": 1,
+                       "type": "nat", "hook": "output", "prio": -100, "policy": "accept"}},
+            {"chain": {"family": "ip", "table": "kube-proxy", "name": "services", "handle": 2}},
+            {"chain": {"family": "ip", "table": "nat", "name": "KUBE-SERVICES", "handle": 1}},
+            {"chain": {"family": "ip", "table": "nat", "name": "OUTPUT", "handle": 2}},
+            {"chain": {"family": "ip", "table": "nat", "name": "FLANNEL-POSTRTG", "handle": 3}},
+            {"chain": {"family": "ip", "table": "nat", "name": "KUBE-NODEPORTS", "handle": 4}},
+            {"chain": {"family": "ip6", "table": "filter", "name": "cali-FORWARD", "handle": 1}},
+            {"chain": {"family": "ip", "table": "ferry_host", "name": "output", "handle": 1}}
+        ]}"#;
+        assert_eq!(
+            rule_leftovers(json).unwrap(),
+            [
+                "table ip kube-proxy: kube-proxy's chains nat-output, services",
+                "table ip nat: flannel's chains FLANNEL-POSTRTG",
+                "table ip nat: kube-proxy's chains KUBE-SERVICES, KUBE-NODEPORTS",
+                "table ip6 filter: Calico's chains cali-FORWARD",
+            ]
+        );
+        assert!(rule_leftovers(r#"{"nftables": []}"#).unwrap().is_empty());
+        assert!(rule_leftovers("[]").is_err());
     }
 }

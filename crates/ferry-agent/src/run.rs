@@ -125,6 +125,8 @@ pub struct Agent {
     host_nat: Option<(Vec<std::net::IpAddr>, BTreeSet<host_nat::Rule>)>,
     /// The kernel routes past ferry found last ([`leftovers`]), each warned about once.
     strays: BTreeSet<leftovers::Stray>,
+    /// Other dataplanes' netfilter chains found last, by table, each warned about once.
+    rule_leftovers: BTreeSet<String>,
     /// Datastore health, sync latency and errors ([`crate::status`]).
     status: AgentStatus,
     /// Live traces and captures turned on for API clients.
@@ -241,6 +243,7 @@ impl Agent {
             cni: BTreeMap::new(),
             host_nat: None,
             strays: BTreeSet::new(),
+            rule_leftovers: BTreeSet::new(),
             status: AgentStatus::new(),
             sessions: observe::Sessions::default(),
             adopted: BTreeMap::new(),
@@ -1104,7 +1107,8 @@ impl Agent {
     }
 
     /// Warns once about each kernel route that takes the node's own traffic to the
-    /// cluster addresses of `tables` past the host port (only with a host port).
+    /// cluster addresses of `tables` past the host port, and about each table of
+    /// another dataplane's netfilter chains (only with a host port).
     fn check_leftovers(&mut self, tables: &Tables) {
         let Some(host) = self.opts.host_tap.as_deref() else {
             return;
@@ -1132,6 +1136,21 @@ impl Agent {
                 self.strays = found;
             }
             Err(e) => tracing::warn!(error = %e, "the kernel's routes were not checked"),
+        }
+        match leftovers::kernel_chains().and_then(|json| leftovers::rule_leftovers(&json)) {
+            Ok(found) => {
+                let found: BTreeSet<String> = found.into_iter().collect();
+                for t in found.difference(&self.rule_leftovers) {
+                    tracing::warn!(
+                        rules = %t,
+                        "another dataplane's netfilter rules are in place: they see the \
+                         node's own connections (not what ferry forwards) and may rewrite \
+                         or drop them; remove them (kube-proxy's: `kube-proxy --cleanup`)"
+                    );
+                }
+                self.rule_leftovers = found;
+            }
+            Err(e) => tracing::warn!(error = %e, "the netfilter rules were not checked"),
         }
     }
 

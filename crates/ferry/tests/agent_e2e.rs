@@ -141,7 +141,8 @@ fn dir_file(c: &TwoNodes, name: &str) -> std::path::PathBuf {
 /// every other Service path, as a fresh node does. ferry reads the uplink ahead of the
 /// kernel and keeps the kernel off it, so none of that state sees the traffic. Only the
 /// node's own connections to the pods behind the leftover route go astray: the agent
-/// warns about that route, and once it is removed as the warning says, they arrive.
+/// warns about that route (and about kube-proxy's rules), and once the route is removed
+/// as the warning says, they arrive.
 #[test]
 fn a_previous_dataplanes_leftovers_do_not_touch_the_services() {
     common::require(&[("nft", "nftables"), ("bridge", "iproute2")]);
@@ -176,6 +177,14 @@ fn a_previous_dataplanes_leftovers_do_not_touch_the_services() {
         warning.contains("10.244.2.0/24 via 10.244.2.0 dev flannel.1 table main")
             && warning.contains("node2's pods 10.244.2.0/24"),
         "{warning}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("netfilter rules are in place")
+                && l.contains(
+                    "table ip kube-proxy: kube-proxy's chains nat-prerouting, filter-forward"
+                )),
+        "no warning about kube-proxy's table: {log}"
     );
 }
 
