@@ -25,10 +25,19 @@ pub const PLUGIN_TYPE: &str = "ferry-cni";
 /// take the first file in the directory).
 pub const CONFLIST_NAME: &str = "10-ferry.conflist";
 
-/// The network configuration list for an agent at `socket`.
+/// The network configuration list for an agent at `socket`: CNI 1.0.0 for runtimes
+/// whose libcni predates spec 1.1.0 (they read `cniVersion` only), and every version
+/// from 1.0.0 on in `cniVersions`, from which newer ones take the highest they support
+/// (1.1.0, with STATUS and GC).
 pub fn conflist(socket: &Path) -> Value {
+    let versions: Vec<&str> = Version::ALL
+        .iter()
+        .filter(|v| **v >= Version::V1_0_0)
+        .map(|v| v.as_str())
+        .collect();
     json!({
-        "cniVersion": Version::LATEST.as_str(),
+        "cniVersion": Version::V1_0_0.as_str(),
+        "cniVersions": versions,
         "name": NETWORK_NAME,
         "plugins": [{
             "type": PLUGIN_TYPE,
@@ -120,11 +129,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn test_conflist_is_cni_1_1_0_for_ferry_cni_with_the_socket() {
+    fn test_conflist_offers_cni_1_0_0_and_1_1_0_for_ferry_cni_with_the_socket() {
         assert_eq!(
             conflist(Path::new("/run/ferry/ferry.sock")),
             json!({
-                "cniVersion": "1.1.0",
+                "cniVersion": "1.0.0",
+                "cniVersions": ["1.0.0", "1.1.0"],
                 "name": "ferry",
                 "plugins": [{"type": "ferry-cni", "socket": "/run/ferry/ferry.sock"}]
             })

@@ -584,7 +584,8 @@ fn install_puts_the_plugin_and_conflist_in_place() {
     assert_eq!(
         conflist,
         json!({
-            "cniVersion": "1.1.0",
+            "cniVersion": "1.0.0",
+            "cniVersions": ["1.0.0", "1.1.0"],
             "name": "ferry",
             "plugins": [{"type": "ferry-cni", "socket": "/run/ferry/ferry.sock"}]
         })
@@ -604,15 +605,22 @@ fn install_puts_the_plugin_and_conflist_in_place() {
 #[test]
 fn the_plugin_configuration_installed_drives_the_plugin() {
     // The conflist's plugin object, as libcni passes it (name and cniVersion injected
-    // from the list), works against an agent at its socket.
+    // from the list: its `cniVersion` by a libcni before spec 1.1.0, the highest of its
+    // `cniVersions` by a later one), works against an agent at its socket, and the
+    // result is of the version asked for.
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("agent.sock");
     let agent = FakeAgent::start(&socket);
     let list = ferry_cni::install::conflist(&socket);
-    let mut plugin = list["plugins"][0].clone();
-    plugin["name"] = list["name"].clone();
-    plugin["cniVersion"] = list["cniVersion"].clone();
-    plugin["dataDir"] = json!(dir.path().join("leases"));
-    run(&add_env("c1", "a"), &plugin).ok();
-    assert_eq!(agent.take_requests().len(), 2);
+    let versions = list["cniVersions"].as_array().unwrap();
+    assert!(versions.contains(&list["cniVersion"]), "{list}");
+    for (i, version) in versions.iter().enumerate() {
+        let mut plugin = list["plugins"][0].clone();
+        plugin["name"] = list["name"].clone();
+        plugin["cniVersion"] = version.clone();
+        plugin["dataDir"] = json!(dir.path().join("leases"));
+        let out = run(&add_env(&format!("c{i}"), &format!("p{i}")), &plugin).ok();
+        assert_eq!(out.stdout["cniVersion"], *version, "{out:?}");
+        assert_eq!(agent.take_requests().len(), 2);
+    }
 }
