@@ -166,6 +166,7 @@ mod tests {
                 node: NodeSpec {
                     name: "node1".into(),
                     addresses: vec!["192.168.77.1".parse().unwrap()],
+                    ..NodeSpec::default()
                 },
                 services,
                 ..TablesSpec::default()

@@ -131,6 +131,10 @@ drop_reasons! {
     UnknownPort => "unknown_port",
     /// No route for the destination address.
     NoRoute => "no_route",
+    /// The destination is in this node's pod CIDRs (`node.pod_cidrs`) and no pod has it
+    /// (a pod just deleted, a scan): answered with an ICMP host / address unreachable,
+    /// never sent along a shorter route, which could loop it back here.
+    NoSuchPod => "no_such_pod",
     /// A pod sent from a MAC or IP address that is not its own.
     SourceSpoofed => "source_spoofed",
     /// An 802.1Q/802.1ad tagged frame on a pod, uplink or host port. Each carries one

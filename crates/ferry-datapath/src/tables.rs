@@ -244,6 +244,11 @@ pub struct NodeSpec {
     /// accepted on (default: the overlay uplink's addresses).
     #[serde(default)]
     pub addresses: Vec<IpAddr>,
+    /// Its own pods' prefixes. An address in them that no pod has and no more specific
+    /// route takes is no such pod: dropped (`no_such_pod`) and answered with ICMP
+    /// unreachable, never sent along a shorter route (default none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_cidrs: Vec<IpNet>,
 }
 
 /// Overlay mode as written: `always`, `cross-subnet` or `never`.
@@ -474,6 +479,11 @@ impl NatRule {
     }
 }
 
+/// True when the two prefixes share an address.
+fn overlap(a: &IpNet, b: &IpNet) -> bool {
+    a.contains(b) || b.contains(a)
+}
+
 fn parse_proto(s: &str) -> Result<u8, String> {
     match s {
         "tcp" => Ok(proto::TCP),
@@ -587,6 +597,26 @@ pub struct Route {
     pub next_hop: NextHop,
 }
 
+/// What a prefix of the FIB leads to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Forwarded by this route.
+    Route(Route),
+    /// One of this node's pod CIDRs (`node.pod_cidrs`): an address that no pod and no
+    /// more specific route takes belongs to no pod, and goes nowhere.
+    NoSuchPod,
+}
+
+impl Target {
+    /// The route, unless the prefix is a pod CIDR of this node.
+    pub fn route(&self) -> Option<Route> {
+        match *self {
+            Target::Route(r) => Some(r),
+            Target::NoSuchPod => None,
+        }
+    }
+}
+
 /// This node, compiled.
 #[derive(Clone, Debug, Default)]
 pub struct Node {
@@ -594,6 +624,8 @@ pub struct Node {
     pub name: String,
     /// Underlay addresses.
     pub addresses: Vec<IpAddr>,
+    /// Its own pods' prefixes (host bits cleared).
+    pub pod_cidrs: Vec<IpNet>,
 }
 
 impl Node {
@@ -664,8 +696,8 @@ impl Overlay {
 pub struct Tables {
     /// Ports by `PortId`.
     pub ports: Vec<Port>,
-    /// Routes.
-    pub fib: Fib<Route>,
+    /// Routes, and this node's pod CIDRs.
+    pub fib: Fib<Target>,
     /// Fragment limits as given (unset fields take the defaults).
     pub ipf: IpfSpec,
     /// ICMP rate limit as given.
@@ -761,6 +793,7 @@ impl TablesSpec {
                 (true, Some(u)) => self.ports[u].addresses.iter().map(|a| a.addr).collect(),
                 _ => self.node.addresses.clone(),
             },
+            pod_cidrs: self.node.pod_cidrs.iter().map(IpNet::trunc).collect(),
         };
         // The overlay's underlay is IPv6 when a peer is reached over IPv6, or when this
         // node has IPv6 addresses only (an IPv6 underlay whose peers are still to come):
@@ -900,7 +933,7 @@ impl TablesSpec {
                 port: port as PortId,
                 next_hop,
             };
-            if fib.insert(r.prefix.trunc(), route).is_some() {
+            if fib.insert(r.prefix.trunc(), Target::Route(route)).is_some() {
                 return Err(format!("{}: duplicate prefix", what()));
             }
         }
@@ -916,7 +949,7 @@ impl TablesSpec {
                         port: i as PortId,
                         next_hop: NextHop::Mac(p.peer_mac.expect("pod")),
                     };
-                    if fib.insert(host, route).is_some() {
+                    if fib.insert(host, Target::Route(route)).is_some() {
                         return Err(format!(
                             "ports[{i}] ({:?}): address {a} belongs to another pod",
                             p.name
@@ -940,12 +973,19 @@ impl TablesSpec {
                 if fib.get_exact(n).is_none() {
                     fib.insert(
                         n,
-                        Route {
+                        Target::Route(Route {
                             port: i as PortId,
                             next_hop: NextHop::Direct,
-                        },
+                        }),
                     );
                 }
+            }
+        }
+        // This node's pod CIDRs: what no pod and no more specific route takes is no such
+        // pod. A route given for that very prefix wins.
+        for c in &node.pod_cidrs {
+            if fib.get_exact(*c).is_none() {
+                fib.insert(*c, Target::NoSuchPod);
             }
         }
         let mut nat = Vec::with_capacity(self.nat.len());
@@ -998,7 +1038,7 @@ impl TablesSpec {
         uplink: usize,
         node: &Node,
         ports: &[Port],
-        fib: &mut Fib<Route>,
+        fib: &mut Fib<Target>,
     ) -> Result<Overlay, String> {
         use crate::overlay::Mode;
         let mode = match o.mode {
@@ -1039,7 +1079,7 @@ impl TablesSpec {
             let underlay = if up.on_link(n.address) {
                 NextHop::Direct
             } else {
-                match fib.lookup(n.address) {
+                match fib.lookup(n.address).and_then(Target::route) {
                     Some(r) if usize::from(r.port) == uplink => match r.next_hop {
                         NextHop::Tunnel(_) => {
                             return Err(format!(
@@ -1074,7 +1114,13 @@ impl TablesSpec {
                     port: uplink as PortId,
                     next_hop,
                 };
-                if fib.insert(c.trunc(), route).is_some() {
+                if let Some(own) = node.pod_cidrs.iter().find(|o| overlap(o, c)) {
+                    return Err(format!(
+                        "{}: pod_cidr {c} overlaps this node's pod_cidr {own}",
+                        what()
+                    ));
+                }
+                if fib.insert(c.trunc(), Target::Route(route)).is_some() {
                     return Err(format!("{}: pod_cidr {c} duplicates a route", what()));
                 }
             }
@@ -1233,6 +1279,10 @@ mod tests {
         }
     }
 
+    fn route(t: &Tables, a: &str) -> Route {
+        t.fib.lookup(a.parse().unwrap()).unwrap().route().unwrap()
+    }
+
     #[test]
     fn test_mac_parse_and_display() {
         let m: MacAddr = "02:0a:FF:00:00:01".parse().unwrap();
@@ -1253,8 +1303,8 @@ mod tests {
         .compile()
         .unwrap();
         assert_eq!(t.port_id("pod1"), Some(1));
-        assert_eq!(t.fib.lookup("10.244.1.5".parse().unwrap()).unwrap().port, 1);
-        assert_eq!(t.fib.lookup("8.8.8.8".parse().unwrap()).unwrap().port, 0);
+        assert_eq!(route(&t, "10.244.1.5").port, 1);
+        assert_eq!(route(&t, "8.8.8.8").port, 0);
     }
 
     #[test]
@@ -1269,10 +1319,10 @@ mod tests {
             "10.9.0.1/16".parse().unwrap(),
         ];
         let c = t.compile().unwrap();
-        let r = c.fib.lookup("192.168.77.9".parse().unwrap()).unwrap();
+        let r = route(&c, "192.168.77.9");
         assert_eq!((r.port, r.next_hop), (0, NextHop::Direct));
         // A route given for the same prefix wins.
-        assert_eq!(c.fib.lookup("10.9.3.3".parse().unwrap()).unwrap().port, 1);
+        assert_eq!(route(&c, "10.9.3.3").port, 1);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The example in docs/tables.md is a valid tables file: the documentation cannot drift
 //! from the format.
 
-use ferry_datapath::tables::{NextHop, PortKind, TablesSpec};
+use ferry_datapath::tables::{NextHop, PortKind, TablesSpec, Target};
 
 #[test]
 fn docs_tables_example_compiles() {
@@ -13,11 +13,16 @@ fn docs_tables_example_compiles() {
     let pod_a = &t.ports[usize::from(t.port_id("pod-a").unwrap())];
     assert_eq!((pod_a.kind, pod_a.mtu), (PortKind::Pod, 1450));
     assert_eq!(t.ports[usize::from(t.port_id("pod-b").unwrap())].mtu, 1400);
-    let route = |a: &str| t.fib.lookup(a.parse().unwrap()).copied().unwrap();
+    let target = |a: &str| *t.fib.lookup(a.parse().unwrap()).unwrap();
+    let route = |a: &str| target(a).route().unwrap();
     // cross-subnet: node2 shares the uplink's subnet, node3 does not.
     assert!(matches!(route("10.244.2.1").next_hop, NextHop::Via(_)));
     assert_eq!(route("10.244.3.1").next_hop, NextHop::Tunnel(1));
     assert_eq!(route("192.168.70.9").next_hop, NextHop::Direct);
+    // This node's pod CIDRs: the pods, and nothing else.
+    assert_eq!(route("10.244.1.5").port, t.port_id("pod-a").unwrap());
+    assert_eq!(target("10.244.1.77"), Target::NoSuchPod);
+    assert_eq!(target("fd00:10:244:1::77"), Target::NoSuchPod);
 }
 
 #[test]

@@ -26,7 +26,7 @@ use crate::lb::{self, Affinity, Frontend, Miss, Scope};
 use crate::neigh::{self, Neighbours, arp, nd};
 use crate::overlay;
 use crate::packet::{Meta, Packet, PortId, VnetHdr};
-use crate::tables::{MacAddr, NextHop, Port, PortKind, Snat, Tables};
+use crate::tables::{MacAddr, NextHop, Port, PortKind, Route, Snat, Tables};
 use crate::wire::checksum;
 use crate::wire::vxlan;
 use crate::wire::{L3, Parsed, parse};
@@ -1097,16 +1097,20 @@ impl Pipeline {
             None
         };
 
-        let Some(route) = tables.fib.lookup(parsed.key.dst.ip()).copied() else {
+        let Some(target) = tables.fib.lookup(parsed.key.dst.ip()).copied() else {
             return self.drop(DropReason::NoRoute, trace);
         };
-        let (mut out_id, mut next_hop) = (route.port, route.next_hop);
+        // None: an address of this node's pod CIDRs that no pod has.
+        let mut route = target.route();
         if force_tunnel
-            && !matches!(next_hop, NextHop::Tunnel(_))
+            && !route.is_some_and(|r| matches!(r.next_hop, NextHop::Tunnel(_)))
             && let Some(ov) = &tables.overlay
             && let Some(i) = ov.peer_for_endpoint(parsed.key.dst.ip())
         {
-            (out_id, next_hop) = (ov.uplink, NextHop::Tunnel(i));
+            route = Some(Route {
+                port: ov.uplink,
+                next_hop: NextHop::Tunnel(i),
+            });
         }
         // Also when the reply's destination is one of this node's pods: a pod that
         // reached another node's node port was translated there, and only that node can
@@ -1116,8 +1120,36 @@ impl Pipeline {
             && tunnel_peer != Some(peer)
             && let Some(i) = ov.peer_index(peer)
         {
-            (out_id, next_hop) = (ov.uplink, NextHop::Tunnel(i));
+            route = Some(Route {
+                port: ov.uplink,
+                next_hop: NextHop::Tunnel(i),
+            });
         }
+        let Some(Route {
+            port: out_id,
+            next_hop,
+        }) = route
+        else {
+            trace.note("route", || {
+                format!(
+                    "{} -> nowhere: in this node's pod CIDRs, and no pod has it",
+                    parsed.key.dst.ip()
+                )
+            });
+            // As for "too big": a connection translated on its way here is kept, so that
+            // the error, quoting the translated packet, is translated back for the
+            // sender. Nothing is kept for one that was not translated (a scan of the pod
+            // CIDRs must not fill the connection table).
+            let translated = parsed.key != before;
+            if translated && let Err(r) = self.commit(pending, now, trace) {
+                return self.drop(r, trace);
+            }
+            // IPv4 host unreachable, ICMPv6 address unreachable.
+            let code = if parsed.l3 == L3::Ipv4 { 1 } else { 3 };
+            let kind = ErrorKind::Unreachable { code };
+            self.icmp_error(&pkt, &parsed, kind, translated, tunnel_peer, out, trace);
+            return self.drop(DropReason::NoSuchPod, trace);
+        };
         let out_port = &tables.ports[usize::from(out_id)];
         trace.note("route", || match next_hop {
             NextHop::Tunnel(i) => format!(
@@ -2138,7 +2170,8 @@ impl Pipeline {
             Snat::To(addr, range) => Some((addr.into(), range)),
             Snat::Masquerade => {
                 let dst = rule.dnat.map_or(parsed.key.dst, |d| d.0.into());
-                let port = &tables.ports[usize::from(tables.fib.lookup(dst.ip())?.port)];
+                let route = tables.fib.lookup(dst.ip())?.route()?;
+                let port = &tables.ports[usize::from(route.port)];
                 let addr = if dst.is_ipv4() {
                     port.addr_v4
                 } else {
@@ -2339,6 +2372,10 @@ mod overlay_tests;
 
 #[cfg(test)]
 mod service_tests;
+
+/// Addresses of this node's pod CIDRs that no pod has.
+#[cfg(test)]
+mod pod_cidr_tests;
 
 /// Packets waiting for their next hop's MAC.
 #[cfg(test)]

@@ -67,6 +67,7 @@ pub(super) fn node_spec(n: u8, mode: ModeSpec, peers: Vec<PeerSpec>) -> TablesSp
         node: NodeSpec {
             name: format!("node{n}"),
             addresses: vec![],
+            pod_cidrs: vec![],
         },
         overlay: Some(OverlaySpec {
             vni: 4096,
