@@ -138,6 +138,10 @@ pub fn node_tables(
             }
         }
     }
+    if tables.node.pod_cidrs.is_empty() {
+        // Its pods' addresses come from these: the rest of them routes nowhere.
+        tables.node.pod_cidrs = this_fields.pod_cidrs.clone();
+    }
     if tables.node.addresses.is_empty() {
         warnings.push(format!(
             "Node {node}: no InternalIP or ExternalIP in status.addresses: no underlay address, so no other node is reachable"

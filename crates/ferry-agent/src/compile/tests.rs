@@ -2,7 +2,7 @@ use std::net::IpAddr;
 
 use ferry_datapath::lb::{BackendSpec, Policy, ServiceSpec};
 use ferry_datapath::tables::{
-    MacAddr, ModeSpec, OverlaySpec, PortAddr, PortKind, PortSpec, TablesSpec,
+    MacAddr, ModeSpec, OverlaySpec, PortAddr, PortKind, PortSpec, TablesSpec, Target,
 };
 
 use super::*;
@@ -258,8 +258,47 @@ fn other_nodes_become_peers_with_their_pod_cidrs_and_an_overlay() {
     );
     // And the compiled tables tunnel to node-b: it is in another subnet.
     let tables = t.compile().unwrap();
-    let r = tables.fib.lookup(ip("10.244.2.9")).unwrap();
+    let r = tables
+        .fib
+        .lookup(ip("10.244.2.9"))
+        .unwrap()
+        .route()
+        .unwrap();
     assert_eq!(r.next_hop, ferry_datapath::tables::NextHop::Tunnel(0));
+}
+
+#[test]
+fn this_nodes_pod_cidrs_route_to_its_pods_and_nowhere_else() {
+    let text = two_nodes() + &pod("default", "web", "node-a", &["10.244.1.5"], "Running", "");
+    let c = cluster(&text);
+    let out = compile(&c, "node-a");
+    let cidrs: Vec<String> = out
+        .tables
+        .node
+        .pod_cidrs
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(cidrs, ["10.244.1.0/24", "fd00:10:244:1::/64"]);
+    let fib = &out.compiled.fib;
+    let web = fib.lookup(ip("10.244.1.5")).unwrap().route().unwrap();
+    assert_eq!(
+        out.compiled.ports[usize::from(web.port)].name,
+        "pod.default.web"
+    );
+    assert_eq!(fib.lookup(ip("10.244.1.77")), Some(&Target::NoSuchPod));
+    assert_eq!(
+        fib.lookup(ip("fd00:10:244:1::77")),
+        Some(&Target::NoSuchPod)
+    );
+    // Not another node's: those go through the overlay.
+    assert!(fib.lookup(ip("10.244.2.9")).unwrap().route().is_some());
+
+    // A base that gives them keeps its own.
+    let (mut base, _) = default_base(&c, "node-a").unwrap();
+    base.node.pod_cidrs = vec!["10.244.1.0/25".parse().unwrap()];
+    let t = compile_with(&c, "node-a", Some(&base), &CompileOptions::default()).tables;
+    assert_eq!(t.node.pod_cidrs, base.node.pod_cidrs);
 }
 
 #[test]
