@@ -32,6 +32,19 @@ fn services_and_the_node_port_path_across_nodes() {
     replies_return_through_the_node_the_request_came_in_on(&mut c);
     a_node_port_connection_lives_through_table_swaps(&mut c);
 
+    // An address of node 2's pod CIDR that no pod has: node 2 answers host unreachable
+    // at once, through the tunnel, instead of sending it on by another route.
+    let out = c
+        .lab
+        .exec("p1a", 10, &["ping", "-c", "1", "-W", "3", "10.244.2.77"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success()
+            && text.contains("From 192.168.77.2")
+            && text.contains("Destination Host Unreachable"),
+        "ping of a pod that does not exist: {text}"
+    );
+
     // A bad manifest changes nothing: the error names the file, and traffic goes on.
     let bad = c.manifest_dir().join("zz-bad.yaml");
     fs::write(&bad, BAD_SERVICE).unwrap();
