@@ -10,6 +10,7 @@
 //! language (a shell with `socat`, for instance) can use it.
 
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -182,6 +183,48 @@ pub const ERR_INTERFACE: u32 = 105;
 /// The error code of a live trace or capture read or stop whose session is no longer the
 /// one running: another client started one since (one of each runs per node, the newest).
 pub const ERR_REPLACED: u32 = 106;
+
+/// The directory where a CNI plugin that finds no agent at `socket` queues its DELs:
+/// the socket's path with [`DEL_QUEUE_SUFFIX`] appended (`/run/ferry/ferry.sock.del-queue` by
+/// default), so that the plugin and the agent derive it from the one setting they share.
+///
+/// Each entry is one file holding the [`Request::Del`] the plugin could not send, as
+/// JSON, named [`del_queue_name`]; the agent carries the entries out when it starts
+/// (before it adopts its recorded attachments) and while it runs, then removes them.
+/// Names starting with `.` are files being written.
+pub fn del_queue_dir(socket: &Path) -> PathBuf {
+    let mut dir = socket.as_os_str().to_os_string();
+    dir.push(DEL_QUEUE_SUFFIX);
+    PathBuf::from(dir)
+}
+
+/// What [`del_queue_dir`] appends to the socket's path.
+pub const DEL_QUEUE_SUFFIX: &str = ".del-queue";
+
+/// The name of the queue file of a DEL of `container_id` on `ifname`: one file per
+/// attachment, so that a DEL queued twice is one entry. The CNI specification's
+/// container IDs (letters, digits, `_`, `.`, `-`, starting with a letter or digit) and
+/// interface names (no `/`, `:` or white space) make `ID:IFNAME.json` a file name of its
+/// own for each attachment; an ID too long for a file name is cut short and a hash of
+/// the whole of it appended.
+pub fn del_queue_name(container_id: &str, ifname: &str) -> String {
+    // 255 bytes in a name, less ":", the interface name (at most 15) and ".json".
+    const MAX_ID: usize = 255 - 1 - 15 - 5;
+    if container_id.len() <= MAX_ID {
+        return format!("{container_id}:{ifname}.json");
+    }
+    // FNV-1a: stable across builds, which is all that is needed here.
+    let hash = container_id
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    let mut cut = MAX_ID - 17;
+    while !container_id.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}~{hash:016x}:{ifname}.json", &container_id[..cut])
+}
 
 /// How many connections a [`Request::Conntrack`] lists unless told otherwise.
 pub const DEFAULT_CT_LIMIT: usize = 10_000;
@@ -681,6 +724,29 @@ impl Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_del_queue_is_next_to_the_socket_one_file_per_attachment() {
+        assert_eq!(
+            del_queue_dir(Path::new(DEFAULT_SOCKET)),
+            Path::new("/run/ferry/ferry.sock.del-queue")
+        );
+        assert_eq!(del_queue_name("c0ffee", "eth0"), "c0ffee:eth0.json");
+        assert_ne!(del_queue_name("a", "b.c"), del_queue_name("a.b", "c"));
+        let long = "x".repeat(300);
+        let name = del_queue_name(&long, "eth0");
+        assert!(name.len() <= 255, "{}", name.len());
+        assert!(name.ends_with(":eth0.json"), "{name}");
+        let mut other = long.clone();
+        other.push('y');
+        assert_ne!(name, del_queue_name(&other, "eth0"));
+        assert_eq!(
+            del_queue_name(&long, "eth0"),
+            name,
+            "the same name each time"
+        );
+        assert!(del_queue_name(&long, "fifteen-bytes-x").len() <= 255);
+    }
 
     #[test]
     fn test_requests_are_tagged_json_objects() {

@@ -1,7 +1,9 @@
 //! The client side of the agent's socket ([`ferry_api`]): one request per connection,
 //! a JSON object and a newline each way.
 
+use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -80,6 +82,61 @@ impl Agent {
     /// Its socket.
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// The directory where DELs are queued for the agent while it is not running
+    /// ([`ferry_api::del_queue_dir`]).
+    pub fn del_queue(&self) -> PathBuf {
+        ferry_api::del_queue_dir(&self.socket)
+    }
+
+    /// Records the DEL of `container_id` on `ifname` in the agent's queue, for the agent
+    /// to carry out when it runs again: the [`Request::Del`] as JSON, written to a
+    /// temporary file in the queue directory, flushed to disk and renamed into place, so
+    /// that the agent never reads half of one. The directory (mode 0700, as the socket's)
+    /// is made if missing, but only next to the socket: when the socket's directory is
+    /// missing, no agent ran since the node booted (it lives in `/run`), nothing of the
+    /// container can be left with one, and nothing is queued (`Ok(None)`). Returns the
+    /// queue file.
+    pub fn queue_del(&self, container_id: &str, ifname: &str) -> io::Result<Option<PathBuf>> {
+        let dir = self.del_queue();
+        match self.socket.parent() {
+            Some(parent) if parent.as_os_str().is_empty() || parent.is_dir() => {}
+            _ => return Ok(None),
+        }
+        match fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+            Err(e) => return Err(e),
+        }
+        let request = Request::Del {
+            container_id: container_id.to_string(),
+            ifname: ifname.to_string(),
+        };
+        let mut text = serde_json::to_vec(&request).expect("requests serialize");
+        text.push(b'\n');
+        let name = ferry_api::del_queue_name(container_id, ifname);
+        let file = dir.join(&name);
+        // The name is at most 255 bytes; the temporary one must fit as well.
+        let mut tmp_name = format!(".{}.tmp", std::process::id());
+        tmp_name.insert_str(1, &name[..name.len().min(255 - tmp_name.len())]);
+        let tmp = dir.join(tmp_name);
+        let written = (|| {
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(&text)?;
+            f.sync_all()?;
+            fs::rename(&tmp, &file)?;
+            fs::File::open(&dir)?.sync_all()
+        })();
+        if written.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        written.map(|()| Some(file))
     }
 
     /// Sends `request` and reads the answer.

@@ -268,19 +268,51 @@ impl Call<'_> {
     /// The leases go last so that an address is never free while the agent may still
     /// route it to the old pod: when the agent fails, DEL fails with the leases kept,
     /// and the runtime's retry finds them. An agent that is not running is the
-    /// exception: it holds no interface while it is down, so there is nothing of the
-    /// container's left with it and the leases are released.
+    /// exception, so that pods can be deleted while it is down: the DEL is queued for
+    /// it ([`Agent::queue_del`]), which it carries out before it adopts the
+    /// attachments it recorded and so before it forwards anything to the pod again,
+    /// and the leases are released. When the DEL cannot be queued, DEL fails and keeps
+    /// the leases.
     fn del(self) -> Result<(), Error> {
         let who = self.attachment();
         match self.agent_del(&who) {
             Ok(()) => {}
             Err(AgentDelError::NoAnswer(CallError::NotRunning(e))) => {
-                self.warnings.push(format!(
-                    "the agent at {} is not running ({e}); releasing the leases of {} {}",
-                    self.agent.socket().display(),
-                    who.container_id,
-                    who.ifname
-                ));
+                let socket = self.agent.socket().display();
+                let queued = self
+                    .agent
+                    .queue_del(&who.container_id, &who.ifname)
+                    .map_err(|qe| {
+                        Error::new(
+                            code::IO_FAILURE,
+                            format!(
+                                "the agent at {socket} is not running and the DEL cannot be \
+                                 queued for it in {}",
+                                self.agent.del_queue().display()
+                            ),
+                            qe.to_string(),
+                        )
+                    })?;
+                self.warnings.push(match queued {
+                    Some(file) => format!(
+                        "the agent at {socket} is not running ({e}); the DEL of {} {} is \
+                         queued for it in {}; releasing the leases",
+                        who.container_id,
+                        who.ifname,
+                        file.display()
+                    ),
+                    None => format!(
+                        "the agent at {socket} is not running ({e}) and has not run since \
+                         the node booted (no {}); releasing the leases of {} {}",
+                        self.agent
+                            .socket()
+                            .parent()
+                            .unwrap_or(self.agent.socket())
+                            .display(),
+                        who.container_id,
+                        who.ifname
+                    ),
+                });
             }
             Err(AgentDelError::Refused(e)) => return Err(e),
             Err(AgentDelError::NoAnswer(e)) => return Err(self.no_answer(&e)),
@@ -727,10 +759,66 @@ mod tests {
         assert!(o.success, "{o:?}");
         assert_eq!(o.stdout, None);
         assert_eq!(o.stderr.len(), 1, "{o:?}");
+        assert!(o.stderr[0].contains("queued"), "{o:?}");
         assert!(!leases.join("10.0.0.2").exists());
         assert!(leases.join("10.0.0.3").exists());
-        // And again: nothing left is no error.
+        // The DEL waits for the agent next to its socket.
+        let queue = tmp.path().join("agent.sock.del-queue");
+        let entry = std::fs::read(queue.join("c1:eth0.json")).unwrap();
+        let queued: Request = serde_json::from_slice(&entry).unwrap();
+        assert_eq!(
+            queued,
+            Request::Del {
+                container_id: "c1".into(),
+                ifname: "eth0".into()
+            }
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&queue).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        // And again: nothing left is no error, and the DEL is queued once.
         assert!(run_with(&vars, &conf(tmp.path(), "1.1.0")).success);
+        assert_eq!(std::fs::read_dir(&queue).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn test_del_with_no_agent_since_boot_queues_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let conf = json!({
+            "cniVersion": "1.1.0",
+            "name": "ferry",
+            "type": "ferry-cni",
+            "socket": tmp.path().join("run/ferry.sock"),
+            "dataDir": tmp.path().join("leases"),
+        })
+        .to_string();
+        let vars = [
+            ("CNI_COMMAND", "DEL"),
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_IFNAME", "eth0"),
+        ];
+        let o = run_with(&vars, &conf);
+        assert!(o.success, "{o:?}");
+        assert!(o.stderr[0].contains("has not run since"), "{o:?}");
+        assert!(!tmp.path().join("run").exists());
+    }
+
+    #[test]
+    fn test_del_that_cannot_be_queued_fails_and_keeps_the_leases() {
+        let tmp = tempfile::tempdir().unwrap();
+        let leases = tmp.path().join("leases/ferry");
+        std::fs::create_dir_all(&leases).unwrap();
+        std::fs::write(leases.join("10.0.0.2"), "c1\r\neth0").unwrap();
+        // A file where the queue directory goes.
+        std::fs::write(tmp.path().join("agent.sock.del-queue"), "").unwrap();
+        let vars = [
+            ("CNI_COMMAND", "DEL"),
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_IFNAME", "eth0"),
+        ];
+        let o = run_with(&vars, &conf(tmp.path(), "1.1.0"));
+        assert_eq!(error_code(&o), 5);
+        assert!(leases.join("10.0.0.2").exists());
     }
 
     #[test]

@@ -311,6 +311,31 @@ fn del_with_the_agent_not_running_releases_the_leases_and_says_so() {
     let out = run(&attach_env("DEL", "c1", "a"), &cni.conf("1.1.0")).ok();
     assert!(out.stderr.contains("not running"), "{out:?}");
     assert_eq!(cni.lease_files(), []);
+    // The DEL waits in the queue next to the socket for the agent to carry it out, as
+    // the request it would have been sent; nothing else is left there.
+    let queue = cni.dir.path().join("ferry.sock.del-queue");
+    let names: Vec<String> = std::fs::read_dir(&queue)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, ["c1:eth0.json"]);
+    let queued: Request =
+        serde_json::from_slice(&std::fs::read(queue.join("c1:eth0.json")).unwrap()).unwrap();
+    assert_eq!(
+        queued,
+        Request::Del {
+            container_id: "c1".into(),
+            ifname: "eth0".into()
+        }
+    );
+    assert!(out.stderr.contains("queued"), "{out:?}");
+
+    // With the agent back, DEL asks it and queues nothing more.
+    cni.agent = Some(FakeAgent::start(&cni.dir.path().join("ferry.sock")));
+    std::fs::remove_file(queue.join("c1:eth0.json")).unwrap();
+    run(&attach_env("DEL", "c1", "a"), &cni.conf("1.1.0")).ok();
+    assert_eq!(std::fs::read_dir(&queue).unwrap().count(), 0);
+    assert_eq!(cni.agent().take_requests().len(), 1);
 }
 
 #[test]
