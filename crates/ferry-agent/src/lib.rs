@@ -24,6 +24,7 @@ pub mod compile;
 pub mod config;
 pub mod conntrack;
 pub mod datastore;
+pub mod del_queue;
 pub mod fields;
 pub mod health;
 pub mod host_nat;

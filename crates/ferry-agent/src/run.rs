@@ -15,7 +15,8 @@
 //! directory ([`crate::state`]): they outlive the agent, and [`Agent::start`] adopts them
 //! again (opens each TAP anew in its pod's namespace), so that a restart leaves the pods'
 //! interfaces in place. Pods of [`Options::pods`] are not recorded; their interfaces go
-//! when the agent stops.
+//! when the agent stops. DELs the plugin queued while no agent ran ([`crate::del_queue`])
+//! are carried out first, so that a pod deleted meanwhile is not adopted.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -39,6 +40,7 @@ use crate::cluster::{Cluster, Kind, ObjectKey};
 use crate::compile::{
     AttachedPod, CompileOptions, Compiled, HealthCheck, node_tables, service_tables,
 };
+use crate::del_queue;
 use crate::fields::{NodeFields, describe};
 use crate::health::HealthServers;
 use crate::host_nat;
@@ -79,6 +81,11 @@ pub struct Options {
     /// Where the CNI plugin's attachments are recorded ([`crate::state`]) and adopted
     /// from at start; None records nothing (and adopts nothing).
     pub state_dir: Option<PathBuf>,
+    /// Where the CNI plugin queues the DELs it could not send while the agent was not
+    /// running ([`ferry_api::del_queue_dir`] of the API socket, see
+    /// [`crate::del_queue`]): made at start, and its DELs carried out before the recorded
+    /// attachments are adopted, then by [`Agent::carry_out_queued_dels`]. None: no queue.
+    pub del_queue: Option<PathBuf>,
 }
 
 /// What one applied cluster state did.
@@ -136,6 +143,8 @@ pub struct Agent {
     /// Persistent pod TAPs made by the [`Agent::apply`] under way, deleted again when it
     /// fails.
     made: Vec<(String, String)>,
+    /// The DEL queue could not be read last time (reported once until it can).
+    del_queue_failing: bool,
 }
 
 /// A pod interface the CNI plugin asked for.
@@ -248,6 +257,7 @@ impl Agent {
             sessions: observe::Sessions::default(),
             adopted: BTreeMap::new(),
             made: Vec::new(),
+            del_queue_failing: false,
         };
         agent.adopt_recorded();
         let compiled = agent.compile(&cluster)?;
@@ -913,16 +923,71 @@ impl Agent {
             ),
         };
         for c in &gone {
-            if let Err(e) = link::delete_in_netns(&c.netns, &c.ifname) {
-                tracing::warn!(netns = %c.netns, ifname = %c.ifname, error = %e,
-                    "pod interface not deleted");
-            }
-            if c.named_here {
-                let _ = link::ip(&["netns", "delete", &c.netns]);
-            }
+            remove_interface(&c.netns, &c.ifname, c.named_here);
         }
         self.save_state();
         r
+    }
+
+    /// Carries out the DELs the CNI plugin queued while the agent was not running (or
+    /// while it started, before its socket was there), each as the `del` request it
+    /// stands for, and removes them from the queue once done; a queue file that is not
+    /// a DEL is removed with a warning and counted ([`ErrorKind::Api`]). `cluster` is
+    /// the state in force. Cheap when the queue is empty (one directory read): the
+    /// agent's loop calls it every second.
+    pub fn carry_out_queued_dels(&mut self, cluster: &Arc<Cluster>) {
+        for entry in self.queued_dels() {
+            let request = Request::Del {
+                container_id: entry.container_id.clone(),
+                ifname: entry.ifname.clone(),
+            };
+            match self.handle(Arc::clone(cluster), request) {
+                Response::Ok(_) => tracing::info!(container = %entry.container_id,
+                    ifname = %entry.ifname, "queued CNI DEL carried out"),
+                // The attachment is gone all the same (as for a `del` the plugin sends):
+                // the tables without it follow with the next change.
+                Response::Error(e) => tracing::warn!(container = %entry.container_id,
+                    ifname = %entry.ifname, code = e.code,
+                    "queued CNI DEL carried out, but {}: {}", e.msg, e.details),
+            }
+            self.dequeue(&entry);
+        }
+    }
+
+    /// The DELs queued now; the files that are not queued DELs are removed, logged and
+    /// counted.
+    fn queued_dels(&mut self) -> Vec<del_queue::Entry> {
+        let Some(dir) = self.opts.del_queue.clone() else {
+            return Vec::new();
+        };
+        let scan = match del_queue::scan(&dir) {
+            Ok(scan) => scan,
+            Err(e) => {
+                // Reported once until it can be read again.
+                if !self.del_queue_failing {
+                    tracing::error!(dir = %dir.display(), error = %e,
+                        "the CNI plugin's queued DELs cannot be read");
+                    self.status.count(ErrorKind::Api);
+                }
+                self.del_queue_failing = true;
+                return Vec::new();
+            }
+        };
+        self.del_queue_failing = false;
+        for d in &scan.dropped {
+            tracing::warn!(file = %d.path.display(), reason = %d.reason,
+                not_removed = ?d.not_removed, "queued CNI DEL dropped: not a DEL");
+            self.status.count(ErrorKind::Api);
+        }
+        scan.entries
+    }
+
+    /// Removes the queue file of a DEL carried out.
+    fn dequeue(&self, entry: &del_queue::Entry) {
+        if let Err(e) = del_queue::done(entry) {
+            tracing::error!(file = %entry.path.display(), error = %e,
+                "the queued CNI DEL carried out was not removed from the queue");
+        }
     }
 
     /// Reads the attachments recorded in the state directory and opens their TAPs again.
@@ -930,11 +995,32 @@ impl Agent {
     /// record, with a warning, and counted ([`ErrorKind::Apply`]: a port that did not
     /// open). A state file that does not parse is moved aside; the agent starts without
     /// attachments then.
+    ///
+    /// The DELs the CNI plugin queued while no agent ran go first: the attachment each
+    /// names (by container ID and interface name, as a `del` finds it) is not adopted,
+    /// its interface and the namespace name the agent made for it are deleted (what a
+    /// `del` undoes), and it is dropped from the record before the queue file goes.
     fn adopt_recorded(&mut self) {
+        if let Some(queue) = &self.opts.del_queue
+            && let Err(e) = del_queue::create(queue)
+        {
+            tracing::error!(dir = %queue.display(), error = %e,
+                "the queue of the CNI plugin's DELs cannot be made");
+            self.status.count(ErrorKind::Api);
+        }
+        let queued = self.queued_dels();
+        self.adopt_recorded_but(&queued);
+        for entry in &queued {
+            self.dequeue(entry);
+        }
+    }
+
+    /// [`Agent::adopt_recorded`], with the DELs `queued`.
+    fn adopt_recorded_but(&mut self, queued: &[del_queue::Entry]) {
         let Some(dir) = self.opts.state_dir.clone() else {
             return;
         };
-        let recorded = match state::load(&dir) {
+        let mut recorded = match state::load(&dir) {
             Ok(state::Loaded::Missing) => return,
             Ok(state::Loaded::Attachments(a)) => a,
             Ok(state::Loaded::Corrupt { error, moved_to }) => {
@@ -956,6 +1042,18 @@ impl Agent {
             }
         };
         let n = recorded.len();
+        recorded.retain(|a| {
+            let deleted = queued
+                .iter()
+                .any(|q| q.container_id == a.container_id && q.ifname == a.ifname);
+            if deleted {
+                tracing::info!(container = %a.container_id, pod = %format!("{}/{}",
+                    a.pod_namespace, a.pod_name), netns = %a.netns, ifname = %a.ifname,
+                    "recorded pod attachment deleted: the CNI plugin queued its DEL");
+                remove_interface(&a.netns, &a.ifname, a.named_here);
+            }
+            !deleted
+        });
         for a in recorded {
             let pod = ObjectKey::new(&a.pod_namespace, &a.pod_name);
             match adopt(&a, self.queues()) {
@@ -1266,6 +1364,19 @@ impl Drop for Agent {
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
+    }
+}
+
+/// Deletes a CNI attachment's persistent interface `ifname` in namespace `netns`, and
+/// the namespace's `ip netns` name when the agent made it (`named_here`): what a `del`
+/// undoes besides the tables. A failure is logged (a namespace deleted already took
+/// the interface with it).
+fn remove_interface(netns: &str, ifname: &str, named_here: bool) {
+    if let Err(e) = link::delete_in_netns(netns, ifname) {
+        tracing::warn!(%netns, %ifname, error = %e, "pod interface not deleted");
+    }
+    if named_here {
+        let _ = link::ip(&["netns", "delete", netns]);
     }
 }
 

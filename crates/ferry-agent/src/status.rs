@@ -29,7 +29,8 @@ pub enum ErrorKind {
     /// open), or a recorded pod attachment was not adopted at start (or its record was
     /// unreadable).
     Apply,
-    /// An API request was answered with an error.
+    /// An API request was answered with an error (a DEL the CNI plugin queued
+    /// included), or a file in the CNI plugin's DEL queue is not a DEL.
     Api,
 }
 

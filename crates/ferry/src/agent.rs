@@ -26,6 +26,8 @@ use crate::replay::read_tables_spec;
 const POLL: Duration = Duration::from_millis(100);
 /// Longest wait for a cluster change before API requests are looked at.
 const API_POLL: Duration = Duration::from_millis(10);
+/// How often the loop looks for DELs the CNI plugin queued ([`ferry_agent::del_queue`]).
+const DEL_QUEUE_SCAN: Duration = Duration::from_secs(1);
 
 /// The first delay before a state that was not applied is tried again; each failure of
 /// the same state doubles it, up to [`RETRY_MAX`].
@@ -273,6 +275,7 @@ pub fn run(args: &Args) -> Result<()> {
             ..CompileOptions::default()
         },
         state_dir: Some(args.state_dir.clone()),
+        del_queue: Some(ferry_api::del_queue_dir(&args.api_socket)),
     };
     let stop = ferry_linux::signal::stop_on_signals().context("installing signal handlers")?;
     let watch = open_datastore(&args.datastore, &args.node)?;
@@ -338,6 +341,9 @@ pub fn run(args: &Args) -> Result<()> {
         "ferry agent running; stop with SIGINT or SIGTERM"
     );
     let mut retry = Retry::default();
+    // DELs the CNI plugin queued after the agent read its queue at start (it found no
+    // socket yet) are carried out before the first request, then every second.
+    let mut queue_due = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         if !agent.is_running() {
             bail!(
@@ -346,6 +352,10 @@ pub fn run(args: &Args) -> Result<()> {
             );
         }
         agent.housekeeping();
+        if Instant::now() >= queue_due {
+            agent.carry_out_queued_dels(&in_force);
+            queue_due = Instant::now() + DEL_QUEUE_SCAN;
+        }
         while let Ok((req, answer)) = api.requests().try_recv() {
             tracing::debug!(?req, "api request");
             let _ = answer.send(agent.handle(Arc::clone(&in_force), req));

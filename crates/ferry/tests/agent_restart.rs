@@ -2,12 +2,16 @@
 //! through the API keeps its eth0 when the agent stops, a new agent with the same
 //! `--state-dir` adopts it and traffic flows again without a new ADD; DEL then removes
 //! the interface and the record. Recorded attachments that cannot be adopted are
-//! dropped, and a corrupt state file is moved aside. Needs root, iproute2 and ping.
+//! dropped, and a corrupt state file is moved aside. A DEL the CNI plugin queued while
+//! no agent ran is carried out before the next agent adopts anything, and one queued
+//! while an agent runs soon after. Needs root, iproute2 and ping.
 
 mod common;
 
 use std::fs;
-use std::path::Path;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 use common::one_node::{Node, ok};
 use ferry_agent::api::call;
@@ -168,4 +172,161 @@ fn a_corrupt_state_file_is_moved_aside() {
     assert_eq!(records(&node).len(), 1);
     let log = node.lab.stop("ferry agent");
     assert!(log.contains("the state file is corrupt"), "{log}");
+}
+
+/// The CNI plugin next to ferry, built if this test runs before it was (cargo builds a
+/// workspace's binaries for `cargo test --workspace`, not for `-p ferry`).
+fn cni_plugin() -> PathBuf {
+    let cni = PathBuf::from(env!("CARGO_BIN_EXE_ferry")).with_file_name("ferry-cni");
+    if !cni.exists() {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "ferry-cni"])
+            .status()
+            .expect("cargo");
+        assert!(status.success(), "building ferry-cni");
+    }
+    cni
+}
+
+/// Runs the CNI plugin as a runtime does, with the node's socket and leases in its
+/// directory; returns whether it succeeded, its standard output and standard error.
+fn cni(node: &Node, command: &str, id: &str, netns: &str, pod: &str) -> (bool, String, String) {
+    let conf = serde_json::json!({
+        "cniVersion": "1.1.0",
+        "name": "ferry",
+        "type": "ferry-cni",
+        "socket": node.sock,
+        "dataDir": node.dir.path().join("leases"),
+    });
+    let mut child = Command::new(cni_plugin())
+        .env_clear()
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", id)
+        .env("CNI_NETNS", netns)
+        .env("CNI_IFNAME", "eth0")
+        .env(
+            "CNI_ARGS",
+            format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod}"),
+        )
+        .env("CNI_PATH", "/opt/cni/bin")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ferry-cni");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The leased addresses in the node's lease directory.
+fn leases(node: &Node) -> Vec<String> {
+    let Ok(dir) = fs::read_dir(node.dir.path().join("leases/ferry")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        name.parse::<std::net::IpAddr>().ok().map(|_| name)
+    })
+    .collect()
+}
+
+#[test]
+fn a_pod_deleted_while_the_agent_is_down_is_not_adopted_again() {
+    let mut node = Node::new("rdq");
+    node.start("ferry agent 1", &[]);
+    let netns = format!("/var/run/netns/{}", node.lab.ns("p1"));
+    let (ok, out, err) = cni(&node, "ADD", "dead0", &netns, "web");
+    assert!(ok, "ADD: {out}{err}");
+    assert_eq!(records(&node).len(), 1);
+    node.lab.ping("p1", "192.168.77.100", 56, 1);
+
+    node.lab.stop("ferry agent 1");
+    // The runtime deletes the pod while no agent runs, and its namespace only later:
+    // it is still there when the next agent starts.
+    let (ok, out, err) = cni(&node, "DEL", "dead0", "", "web");
+    assert!(ok, "DEL with the agent down: {out}{err}");
+    assert!(err.contains("queued"), "{err}");
+    assert_eq!(
+        leases(&node),
+        Vec::<String>::new(),
+        "the leases are released"
+    );
+    let queue = ferry_api::del_queue_dir(&node.sock);
+    assert_eq!(fs::read_dir(&queue).unwrap().count(), 1);
+    assert!(node.has_eth0(), "nothing deleted the interface yet");
+
+    node.start("ferry agent 2", &[]);
+    assert_eq!(records(&node), [], "the deleted pod's record is dropped");
+    assert!(!node.has_eth0(), "the deleted pod's interface is deleted");
+    assert_eq!(
+        fs::read_dir(&queue).unwrap().count(),
+        0,
+        "the queue is done"
+    );
+    // The same pod again, from a new sandbox: the agent takes it, with the address
+    // the first one had or another.
+    let (ok, out, err) = cni(&node, "ADD", "live1", &netns, "web");
+    assert!(ok, "ADD of the same pod again: {out}{err}");
+    node.lab.ping("p1", "192.168.77.100", 56, 1);
+    let (ok, out, err) = cni(&node, "DEL", "live1", &netns, "web");
+    assert!(ok, "DEL: {out}{err}");
+    assert!(!node.has_eth0());
+    let log = node.lab.stop("ferry agent 2");
+    assert!(!log.contains("pod interface adopted"), "{log}");
+    assert!(log.contains("recorded pod attachment deleted"), "{log}");
+}
+
+#[test]
+fn a_del_queued_while_the_agent_runs_is_carried_out() {
+    let mut node = Node::new("rdl");
+    node.start("ferry agent", &[]);
+    let add = Request::Add {
+        container_id: "late1".into(),
+        netns: format!("/var/run/netns/{}", node.lab.ns("p1")),
+        ifname: "eth0".into(),
+        pod: PodRef {
+            namespace: "default".into(),
+            name: "web".into(),
+        },
+        addresses: vec!["10.244.1.5/24".into()],
+    };
+    ok(call(&node.sock, &add).unwrap());
+    assert!(node.has_eth0());
+    // What a plugin that found no socket yet (the agent starting) queued, and a file
+    // that is no DEL.
+    let queue = ferry_api::del_queue_dir(&node.sock);
+    let del = Request::Del {
+        container_id: "late1".into(),
+        ifname: "eth0".into(),
+    };
+    fs::write(
+        queue.join(ferry_api::del_queue_name("late1", "eth0")),
+        serde_json::to_vec(&del).unwrap(),
+    )
+    .unwrap();
+    fs::write(queue.join("junk.json"), "{").unwrap();
+    let q = queue.clone();
+    node.lab
+        .wait_for(5, "the queued DEL carried out", move |_| {
+            fs::read_dir(&q).unwrap().count() == 0
+        });
+    assert_eq!(records(&node), []);
+    assert!(!node.has_eth0());
+    let counters = ok(call(&node.sock, &Request::Counters).unwrap())
+        .counters
+        .expect("counters");
+    assert_eq!(counters.errors.api, 1, "the junk: {:?}", counters.errors);
+    let log = node.lab.stop("ferry agent");
+    assert!(log.contains("queued CNI DEL carried out"), "{log}");
+    assert!(log.contains("queued CNI DEL dropped"), "{log}");
 }
