@@ -6,13 +6,21 @@
 //! its own: it hands each request to whoever owns the agent (the `ferry agent` loop) over
 //! [`ApiServer::requests`] and writes back what comes in return, so requests and cluster
 //! changes are applied one at a time, in order.
+//!
+//! A request the owner has not taken within [`ANSWER_TIMEOUT`] is answered with code 11
+//! ("the agent did not answer in time") and is then never carried out: the owner gets
+//! nothing from [`Pending::take`] for it. So the client can take that answer for a
+//! refusal (the CNI plugin releases an ADD's leases on it). A request taken in time is
+//! answered whenever the owner is done with it.
 
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread;
 use std::time::Duration;
 
@@ -27,12 +35,45 @@ const MAX_REQUEST: u64 = 64 * 1024;
 const MAX_ANSWER: u64 = 64 * 1024 * 1024;
 /// How long a client may take to send its request.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a request may wait for the agent's answer (a pod's interface is made in
-/// well under a second; the margin covers a full compilation of a large cluster).
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a request may wait for the agent to take it (a pod's interface is made in
+/// well under a second; the margin covers a full compilation of a large cluster). A
+/// request not taken by then is answered with code 11 and never carried out. Clients
+/// wait longer than this (the CNI plugin 60 s), so that they get this answer rather
+/// than time out not knowing whether the request was carried out.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A request and where its answer goes.
-pub type Pending = (Request, Sender<Response>);
+/// [`Pending::claim`]: neither taken nor abandoned yet.
+const WAITING: u8 = 0;
+/// Taken by the owner: it is carried out and answered.
+const TAKEN: u8 = 1;
+/// Its client was told the agent did not answer in time: it must not be carried out.
+const ABANDONED: u8 = 2;
+
+/// A request and where its answer goes, from [`ApiServer::requests`]: [`Pending::take`]
+/// it before carrying it out.
+#[derive(Debug)]
+pub struct Pending {
+    request: Request,
+    answer: Sender<Response>,
+    /// [`WAITING`], [`TAKEN`] or [`ABANDONED`], shared with the connection's thread.
+    claim: Arc<AtomicU8>,
+}
+
+impl Pending {
+    /// The request and where its answer goes, to carry it out and answer it; or, when
+    /// its client was answered already that the agent did not answer in time, the
+    /// request as `Err`, which must not be carried out. Once taken, the client waits for
+    /// the answer however long it takes.
+    pub fn take(self) -> Result<(Request, Sender<Response>), Box<Request>> {
+        match self
+            .claim
+            .compare_exchange(WAITING, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Ok((self.request, self.answer)),
+            Err(_) => Err(Box::new(self.request)),
+        }
+    }
+}
 
 /// The listening socket and its thread; dropping it stops both and removes the socket
 /// file.
@@ -46,6 +87,11 @@ impl ApiServer {
     /// Listens on `path`. A socket file left by an agent that is gone is replaced; one
     /// that an agent still answers on is an error (two agents on one node).
     pub fn bind(path: &Path) -> io::Result<ApiServer> {
+        ApiServer::bind_with(path, ANSWER_TIMEOUT)
+    }
+
+    /// [`ApiServer::bind`], requests waiting `answer_timeout` to be taken.
+    fn bind_with(path: &Path, answer_timeout: Duration) -> io::Result<ApiServer> {
         if let Some(dir) = path.parent()
             && !dir.as_os_str().is_empty()
             && !dir.exists()
@@ -76,7 +122,7 @@ impl ApiServer {
                 // One thread per connection: a slow client does not hold up the others.
                 let _ = thread::Builder::new()
                     .name("ferry-api-conn".into())
-                    .spawn(move || serve(conn, &tx));
+                    .spawn(move || serve(conn, &tx, answer_timeout));
             },
         )?;
         Ok(ApiServer {
@@ -105,15 +151,20 @@ impl Drop for ApiServer {
     }
 }
 
-fn serve(conn: UnixStream, tx: &Sender<Pending>) {
+fn serve(conn: UnixStream, tx: &Sender<Pending>, answer_timeout: Duration) {
     let answer = match read_request(&conn).map_err(|e| *e) {
-        Ok(req) => {
-            let (atx, arx) = mpsc::channel();
-            if tx.send((req, atx)).is_err() {
+        Ok(request) => {
+            let (answer, arx) = mpsc::channel();
+            let claim = Arc::new(AtomicU8::new(WAITING));
+            let pending = Pending {
+                request,
+                answer,
+                claim: Arc::clone(&claim),
+            };
+            if tx.send(pending).is_err() {
                 Response::error(50, "the agent is stopping", "")
             } else {
-                arx.recv_timeout(ANSWER_TIMEOUT)
-                    .unwrap_or_else(|_| Response::error(11, "the agent did not answer in time", ""))
+                wait_for_answer(&arx, &claim, answer_timeout)
             }
         }
         Err(r) => r,
@@ -127,6 +178,27 @@ fn serve(conn: UnixStream, tx: &Sender<Pending>) {
         line.push('\n');
         let _ = w.write_all(line.as_bytes());
         let _ = w.flush();
+    }
+}
+
+/// The owner's answer to a request whose claim is `claim`; code 11 when the owner did
+/// not take it within `timeout`, and then it never will ([`Pending::take`]).
+fn wait_for_answer(arx: &Receiver<Response>, claim: &AtomicU8, timeout: Duration) -> Response {
+    let stopped = || Response::error(11, "the agent stopped before answering", "");
+    match arx.recv_timeout(timeout) {
+        Ok(answer) => answer,
+        Err(RecvTimeoutError::Disconnected) => stopped(),
+        Err(RecvTimeoutError::Timeout) => {
+            match claim.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => Response::error(
+                    11,
+                    "the agent did not answer in time",
+                    format!("not taken within {timeout:?}: the request is not carried out"),
+                ),
+                // Taken just in time: it is being carried out, its answer comes.
+                Err(_) => arx.recv().unwrap_or_else(|_| stopped()),
+            }
+        }
     }
 }
 
@@ -180,7 +252,8 @@ pub fn call(path: &Path, req: &Request) -> io::Result<Response> {
         ));
     }
     let mut conn = UnixStream::connect(path)?;
-    conn.set_read_timeout(Some(ANSWER_TIMEOUT + READ_TIMEOUT))?;
+    // Longer than a request waits to be taken, so that a busy agent's answer arrives.
+    conn.set_read_timeout(Some(ANSWER_TIMEOUT * 2))?;
     let talk = |e: io::Error| {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -249,7 +322,7 @@ mod tests {
         let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "root only");
         let owner = thread::spawn(move || {
-            let (req, tx) = server.requests().recv().unwrap();
+            let (req, tx) = server.requests().recv().unwrap().take().unwrap();
             assert_eq!(req, Request::Status);
             tx.send(Response::Ok(Answer::default())).unwrap();
             server
@@ -264,6 +337,41 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
         drop(server);
         assert!(!path.exists(), "the socket file goes with the server");
+    }
+
+    /// A request the owner does not take in time is answered with code 11 and never
+    /// handed over for carrying out; one taken in time is answered however long it
+    /// takes.
+    #[test]
+    fn a_request_not_taken_in_time_is_refused_and_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ferry.sock");
+        let server = ApiServer::bind_with(&path, Duration::from_millis(200)).unwrap();
+        let del = Request::Del {
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+        };
+        match call(&path, &del).unwrap() {
+            Response::Error(e) => {
+                assert_eq!(e.code, 11, "{e:?}");
+                assert!(e.details.contains("not carried out"), "{e:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // The owner, busy until now, finds the request abandoned.
+        let pending = server.requests().recv().unwrap();
+        assert_eq!(*pending.take().unwrap_err(), del);
+
+        // Taken in time, answered late: the client gets the answer.
+        let client = {
+            let path = path.clone();
+            thread::spawn(move || call(&path, &Request::Status).unwrap())
+        };
+        let (req, tx) = server.requests().recv().unwrap().take().unwrap();
+        assert_eq!(req, Request::Status);
+        thread::sleep(Duration::from_millis(400));
+        tx.send(Response::Ok(Answer::default())).unwrap();
+        assert_eq!(client.join().unwrap(), Response::Ok(Answer::default()));
     }
 
     #[test]

@@ -12,8 +12,12 @@ use ferry_api::{Request, Response};
 
 /// How long the agent may take to answer. Creating an interface takes milliseconds;
 /// this only bounds a hung agent, well within the runtime's own timeouts (kubelet
-/// gives a sandbox four minutes).
-pub const TIMEOUT: Duration = Duration::from_secs(30);
+/// gives a sandbox four minutes). It is longer than the agent's own 30 s
+/// (`ferry_agent::api::ANSWER_TIMEOUT`), after which the agent answers code 11 for a
+/// request it has not taken and never carries that request out: so a busy agent's
+/// answer arrives, and is a refusal, and only a hung agent leaves the plugin not
+/// knowing whether the request was carried out.
+pub const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The largest answer read: answers are a few hundred bytes, so anything near this is
 /// not an answer.

@@ -356,9 +356,20 @@ pub fn run(args: &Args) -> Result<()> {
             agent.carry_out_queued_dels(&in_force);
             queue_due = Instant::now() + DEL_QUEUE_SCAN;
         }
-        while let Ok((req, answer)) = api.requests().try_recv() {
-            tracing::debug!(?req, "api request");
-            let _ = answer.send(agent.handle(Arc::clone(&in_force), req));
+        while let Ok(pending) = api.requests().try_recv() {
+            match pending.take() {
+                Ok((req, answer)) => {
+                    tracing::debug!(?req, "api request");
+                    let _ = answer.send(agent.handle(Arc::clone(&in_force), req));
+                }
+                // Its client was told the agent did not answer in time, and may have
+                // acted on that (the CNI plugin released an ADD's addresses).
+                Err(req) => tracing::warn!(
+                    ?req,
+                    "api request dropped: not taken within {:?}, its client was told so",
+                    ferry_agent::api::ANSWER_TIMEOUT
+                ),
+            }
         }
         match watch.next_update(API_POLL) {
             None => {}
