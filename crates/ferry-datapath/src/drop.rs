@@ -102,6 +102,9 @@ drop_reasons! {
     FragTableFull => "frag_table_full",
     /// A datagram arrived in more fragments than the per-datagram limit; it is dropped.
     FragTooMany => "frag_too_many",
+    /// The fragments of a datagram mix Not-ECT with ECT or CE (RFC 3168 section 5.3); the
+    /// datagram is dropped.
+    FragEcnMismatch => "frag_ecn_mismatch",
     /// A fragment held for reassembly expired before its datagram completed.
     FragExpired => "frag_expired",
     /// A fragment of a datagram that was already dropped for another reason.

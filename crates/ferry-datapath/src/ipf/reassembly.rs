@@ -34,6 +34,36 @@ const MAX_DATA: usize = 65535;
 /// Work done on the expiry FIFO each time a new datagram is created, so that memory held
 /// by dead datagrams is reclaimed even between calls to [`Reassembler::expire`].
 const EXPIRE_ON_INSERT: usize = 2;
+/// The ECN field (RFC 3168): the low two bits of the IPv4 TOS and of the IPv6 traffic
+/// class.
+const ECN_MASK: u8 = 0b11;
+/// Codepoints of the ECN field.
+const ECN_NOT_ECT: u8 = 0b00;
+const ECN_CE: u8 = 0b11;
+
+/// What the ECN fields of a datagram's fragments make of the datagram's (RFC 3168
+/// section 5.3, Linux's `ip_frag_ecn_table`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ecn {
+    /// Leave the first fragment's field as it is.
+    Keep,
+    /// Set CE: a router marked at least one fragment.
+    SetCe,
+    /// Not-ECT mixed with ECT or CE: the datagram must be dropped.
+    Invalid,
+}
+
+/// Combines `seen`, the OR of `1 << ecn` over the fragments.
+fn combine_ecn(seen: u8) -> Ecn {
+    let not_ect = seen & (1 << ECN_NOT_ECT) != 0;
+    if not_ect && seen != 1 << ECN_NOT_ECT {
+        Ecn::Invalid
+    } else if seen & (1 << ECN_CE) != 0 {
+        Ecn::SetCe
+    } else {
+        Ecn::Keep
+    }
+}
 
 /// IPv6 extension headers that can precede the fragment header.
 mod ext {
@@ -84,6 +114,8 @@ struct Datagram {
     ranges: Ranges,
     /// Largest fragment received, as a whole IP packet length.
     mru: u16,
+    /// `1 << ecn` of every fragment taken, ORed (Linux's `inet_frag_queue::ecn`).
+    ecn: u8,
 }
 
 #[derive(Debug)]
@@ -128,6 +160,8 @@ struct FragInfo {
     /// Offset of the IP header in the frame.
     l3_off: usize,
     ip_len: usize,
+    /// The ECN field (RFC 3168) of the fragment's IP header.
+    ecn: u8,
 }
 
 /// IP fragment reassembly, bounded in datagrams and bytes. See the module documentation.
@@ -409,6 +443,7 @@ impl Reassembler {
                 bytes: 0,
                 ranges: Ranges::default(),
                 mru: 0,
+                ecn: 0,
             }),
         };
         let idx = match self.free.pop() {
@@ -542,6 +577,7 @@ impl Reassembler {
             dg.end = Some(f.end);
         }
         dg.mru = dg.mru.max(clamp_u16(f.ip_len));
+        dg.ecn |= 1 << f.ecn;
         match dg.end {
             Some(e) if dg.received == e && dg.first.is_some() => Added::Complete,
             _ => Added::Held,
@@ -711,6 +747,13 @@ fn fragment_info(pkt: &Packet, parsed: &Parsed) -> Result<FragInfo, DropReason> 
         return Err(DropReason::IpLengthInvalid);
     }
     let offset = u32::from(frag.offset);
+    // The header is whole (checked above), so its second byte is there.
+    let tos = pkt.data[parsed.l3_off + 1];
+    let ecn = if v6 {
+        (tos >> 4) & ECN_MASK
+    } else {
+        tos & ECN_MASK
+    };
     Ok(FragInfo {
         v6,
         offset,
@@ -720,16 +763,22 @@ fn fragment_info(pkt: &Packet, parsed: &Parsed) -> Result<FragInfo, DropReason> 
         hdr_len,
         l3_off: parsed.l3_off,
         ip_len: parsed.ip_len(),
+        ecn,
     })
 }
 
 /// Turns a whole datagram's buffer into its frame: IPv4 length, flags and checksum fixed;
 /// IPv6 fragment header gone (it never entered the buffer), next header and payload
-/// length fixed.
+/// length fixed; CE set when any fragment had it. Fails when the fragments' ECN fields
+/// cannot be combined.
 fn build_frame(dg: Datagram, v6: bool) -> Result<Vec<u8>, DropReason> {
     let (Some(first), Some(end)) = (dg.first, dg.end) else {
         return Err(DropReason::FragDatagramFailed);
     };
+    let ecn = combine_ecn(dg.ecn);
+    if ecn == Ecn::Invalid {
+        return Err(DropReason::FragEcnMismatch);
+    }
     let mut buf = dg.buf;
     buf.truncate(dg.head + end as usize);
     if dg.hdr_start > 0 {
@@ -764,6 +813,9 @@ fn build_frame(dg: Datagram, v6: bool) -> Result<Vec<u8>, DropReason> {
         }
         buf[nh_at] = first.frag_nh;
         buf[l3 + 4..l3 + 6].copy_from_slice(&(payload as u16).to_be_bytes());
+        if ecn == Ecn::SetCe {
+            buf[l3 + 1] |= ECN_CE << 4;
+        }
     } else {
         let ihl = hdr_len - l3;
         let total = ihl + end as usize;
@@ -774,6 +826,9 @@ fn build_frame(dg: Datagram, v6: bool) -> Result<Vec<u8>, DropReason> {
         // Clear MF and the offset; keep the reserved bit and DF as the first fragment had them.
         buf[l3 + 6] &= 0xc0;
         buf[l3 + 7] = 0;
+        if ecn == Ecn::SetCe {
+            buf[l3 + 1] |= ECN_CE;
+        }
         set_ipv4_header(&mut buf[l3..l3 + ihl]);
     }
     Ok(buf)

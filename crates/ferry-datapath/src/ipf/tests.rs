@@ -944,6 +944,100 @@ fn test_stats_are_kept_per_family() {
     assert_eq!((s.v6.accepted, s.v6.completed), (3, 1));
 }
 
+/// Sets the ECN field of a fragment (IPv4 TOS low bits, checksum fixed; IPv6 traffic
+/// class low bits).
+fn set_ecn(f: &mut [u8], ecn: u8) {
+    let l3 = l3_of(f);
+    if f[l3] >> 4 == 4 {
+        f[l3 + 1] = (f[l3 + 1] & !3) | ecn;
+        let ihl = usize::from(f[l3] & 0x0f) * 4;
+        crate::wire::checksum::set_ipv4_header(&mut f[l3..l3 + ihl]);
+    } else {
+        f[l3 + 1] = (f[l3 + 1] & !0x30) | (ecn << 4);
+    }
+}
+
+fn ecn_of(f: &[u8]) -> u8 {
+    let l3 = l3_of(f);
+    if f[l3] >> 4 == 4 {
+        f[l3 + 1] & 3
+    } else {
+        (f[l3 + 1] >> 4) & 3
+    }
+}
+
+const ECT0: u8 = 0b10;
+const ECT1: u8 = 0b01;
+const CE: u8 = 0b11;
+
+/// Three fragments of a UDP datagram of the family, with these ECN fields.
+fn ecn_fragments(v6: bool, ecn: [u8; 3]) -> Vec<Vec<u8>> {
+    let whole = udp_frame(v6, 3000, 9);
+    let mut frags = if v6 {
+        cut_v6(&whole, 0, &pieces(3008, 1448), 77)
+    } else {
+        cut_v4(&whole, &pieces(3008, 1480), false)
+    };
+    for (f, e) in frags.iter_mut().zip(ecn) {
+        set_ecn(f, e);
+    }
+    frags
+}
+
+#[test]
+fn test_ce_on_a_later_fragment_marks_the_datagram_and_its_refragmented_pieces() {
+    for v6 in [false, true] {
+        let frags = ecn_fragments(v6, [ECT0, CE, ECT0]);
+        let mut r = Reassembler::new(Config::default());
+        // The output parses, so the IPv4 header checksum was recomputed.
+        let (p, parsed) = reassemble(&mut r, &frags, &[0, 1, 2]);
+        assert_eq!(ecn_of(&p.data), CE, "v6 {v6}");
+        let mut out = Vec::new();
+        refragment(&p, &parsed, 1500, &mut out).unwrap();
+        assert_eq!(out.len(), 3);
+        for f in &out {
+            assert_eq!(ecn_of(&f.data), CE, "v6 {v6}");
+            parse(&f.data, 0).unwrap();
+        }
+    }
+}
+
+#[test]
+fn test_ect_fragments_without_ce_keep_the_first_fragments_field() {
+    for v6 in [false, true] {
+        let frags = ecn_fragments(v6, [ECT0, ECT1, ECT0]);
+        let mut r = Reassembler::new(Config::default());
+        let (p, _) = reassemble(&mut r, &frags, &[1, 2, 0]);
+        assert_eq!(ecn_of(&p.data), ECT0, "v6 {v6}");
+    }
+}
+
+#[test]
+fn test_not_ect_mixed_with_ect_or_ce_drops_the_datagram_and_every_fragment() {
+    for v6 in [false, true] {
+        for ecn in [[ECT0, 0, 0], [0, 0, CE], [0, ECT1, 0]] {
+            let frags = ecn_fragments(v6, ecn);
+            let mut r = Reassembler::new(Config::default());
+            let mut d = DropCounters::default();
+            assert!(matches!(
+                feed(&mut r, &frags[0], 0, 1, &mut d),
+                Outcome::Held
+            ));
+            assert!(matches!(
+                feed(&mut r, &frags[1], 0, 2, &mut d),
+                Outcome::Held
+            ));
+            let o = feed(&mut r, &frags[2], 0, 3, &mut d);
+            assert_eq!(dropped(o), DropReason::FragEcnMismatch, "{ecn:?}");
+            // The two held fragments are counted here; the caller counts the third.
+            assert_eq!(d.get(DropReason::FragEcnMismatch), 2);
+            assert_eq!((r.held_datagrams(), r.held_bytes()), (0, 0));
+            let s = if v6 { r.stats().v6 } else { r.stats().v4 };
+            assert_eq!((s.completed, s.invalid), (0, 3));
+        }
+    }
+}
+
 #[test]
 fn test_v6_fragments_are_keyed_by_the_fragment_headers_next_header() {
     // The first fragment's parsed protocol is UDP (after destination options); the later
