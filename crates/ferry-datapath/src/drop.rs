@@ -100,6 +100,9 @@ drop_reasons! {
     FragInconsistentEnd => "frag_inconsistent_end",
     /// The fragment table is full (datagrams or bytes); new datagrams are refused.
     FragTableFull => "frag_table_full",
+    /// A source has the most fragmented datagrams in flight it may have; its new ones are
+    /// refused.
+    FragSourceLimit => "frag_source_limit",
     /// A datagram arrived in more fragments than the per-datagram limit; it is dropped.
     FragTooMany => "frag_too_many",
     /// The fragments of a datagram mix Not-ECT with ECT or CE (RFC 3168 section 5.3); the

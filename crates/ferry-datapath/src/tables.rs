@@ -319,6 +319,9 @@ pub struct IpfSpec {
     /// Most datagrams being reassembled at once.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_datagrams: Option<usize>,
+    /// Most datagrams being reassembled at once from one source.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_datagrams_per_source: Option<usize>,
     /// Most bytes held for reassembly.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_bytes: Option<usize>,
@@ -1001,10 +1004,14 @@ impl TablesSpec {
             ));
         }
         if self.ipf.max_datagrams == Some(0)
+            || self.ipf.max_datagrams_per_source == Some(0)
             || self.ipf.max_bytes == Some(0)
             || self.ipf.timeout_ms == Some(0)
         {
-            return Err("ipf: max_datagrams, max_bytes and timeout_ms must be positive".into());
+            return Err(
+                "ipf: max_datagrams, max_datagrams_per_source, max_bytes and timeout_ms must be positive"
+                    .into(),
+            );
         }
         if self.ct.max_entries == Some(0) {
             return Err("ct: max_entries must be at least 1".into());

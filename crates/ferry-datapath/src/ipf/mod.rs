@@ -10,13 +10,13 @@
 //! The policy follows the fragment semantics Open vSwitch documents for `ct`, tightened:
 //! any overlap fails the whole datagram (RFC 5722, applied to IPv4 as well), tiny and
 //! malformed fragments are refused (RFC 1858, RFC 3128, RFC 7112), and the table is
-//! bounded in datagrams, fragment bytes and fragments per datagram, with a constant
-//! timeout, so that expiry is a FIFO.
+//! bounded in datagrams, datagrams per source, fragment bytes and fragments per
+//! datagram, with a constant timeout, so that expiry is a FIFO.
 //!
-//! Worst case memory: the byte limit counts the fragments held, while each datagram has
-//! one buffer sized by where its data lands (up to 64 KiB plus headers). The buffers are
-//! therefore bounded by [`Config::max_datagrams`] x 64 KiB (about 64 MiB with the
-//! defaults), not by [`Config::max_bytes`].
+//! Memory is taken as fragments arrive, never reserved ahead: a datagram holds the data
+//! it received (in a buffer at most twice that, as it grows by doubling) and its first
+//! fragment's headers, so [`Config::max_bytes`] bounds the buffers too, give or take that
+//! factor and the fixed cost of each of the [`Config::max_datagrams`] datagrams.
 //!
 //! Everything here is pure: time comes from `pkt.meta.time_ns` and the `now_ns` argument
 //! of [`Reassembler::expire`].
@@ -41,14 +41,16 @@ pub struct Config {
     /// Linux's `ipfrag_time`.
     pub timeout_ns: u64,
     /// Datagrams in flight (failed-datagram markers included). Default 1000.
-    ///
-    /// This is also what bounds the worst case memory: each live datagram has one buffer
-    /// of at most 64 KiB of data plus headers, so `max_datagrams` x 64 KiB in all.
     pub max_datagrams: usize,
+    /// Datagrams in flight from one source (zone and source address, markers included),
+    /// so that one sender cannot take the whole table: a new datagram past it is refused
+    /// (`frag_source_limit`). Default 100, a tenth of the default table.
+    pub max_datagrams_per_source: usize,
     /// Bytes of fragments held: the whole IP length of every fragment taken into an
     /// incomplete datagram, as Linux counts the fragments it queues. A fragment that would
     /// go over it is refused, unless it completes its datagram. Default 4 MiB, Linux's
-    /// `ipfrag_high_thresh`. It does not bound the buffers (see `max_datagrams`).
+    /// `ipfrag_high_thresh`. Buffers hold only what was received, so this bounds them too
+    /// (at most twice over, as they grow by doubling).
     pub max_bytes: usize,
     /// Smallest non-final IPv4 fragment, as a whole IP packet length. Default 400, which
     /// no sane path MTU goes below and which bounds the fragments per datagram.
@@ -63,6 +65,8 @@ impl Config {
     pub const DEFAULT_TIMEOUT_NS: u64 = 30_000_000_000;
     /// Default for [`Config::max_datagrams`].
     pub const DEFAULT_MAX_DATAGRAMS: usize = 1000;
+    /// Default for [`Config::max_datagrams_per_source`].
+    pub const DEFAULT_MAX_DATAGRAMS_PER_SOURCE: usize = 100;
     /// Default for [`Config::max_bytes`].
     pub const DEFAULT_MAX_BYTES: usize = 4 * 1024 * 1024;
     /// Default for [`Config::min_fragment_v4`].
@@ -81,6 +85,7 @@ impl Default for Config {
         Config {
             timeout_ns: Config::DEFAULT_TIMEOUT_NS,
             max_datagrams: Config::DEFAULT_MAX_DATAGRAMS,
+            max_datagrams_per_source: Config::DEFAULT_MAX_DATAGRAMS_PER_SOURCE,
             max_bytes: Config::DEFAULT_MAX_BYTES,
             min_fragment_v4: Config::DEFAULT_MIN_FRAGMENT_V4,
             min_fragment_v6: Config::DEFAULT_MIN_FRAGMENT_V6,
@@ -118,7 +123,8 @@ pub struct FamilyStats {
     pub overlapped: u64,
     /// Exact duplicates absorbed.
     pub duplicates: u64,
-    /// Fragments refused because the table was full (datagrams or bytes).
+    /// Fragments refused because the table was full (datagrams or bytes) or their source
+    /// had its most datagrams in flight.
     pub table_full: u64,
     /// Fragments refused or discarded because their datagram had more than
     /// [`Config::MAX_FRAGMENTS_PER_DATAGRAM`] fragments (the offending one and every one

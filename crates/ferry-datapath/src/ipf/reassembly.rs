@@ -1,15 +1,14 @@
 //! The reassembly table.
 //!
-//! Each datagram gets one buffer laid out as the frame it will become: room for the L2
-//! and IP headers of the first fragment, then the datagram data at its final offset. A
-//! fragment's data is copied straight into place, so completing a datagram only fixes a
-//! few header fields; the buffer becomes the output frame without another copy.
+//! Memory follows what was received, as in Linux: each datagram keeps the data of its
+//! fragments appended in arrival order (one buffer that grows by doubling, so at most
+//! twice what was received) and the headers of its first fragment. Nothing is reserved
+//! ahead, so a few bytes at offset 64000 take a few bytes, and the byte limit, which
+//! counts the fragments held (their whole IP length), bounds the real memory. Completing
+//! a datagram copies its pieces into place in the output frame.
 //!
-//! The byte limit counts the fragments received (their whole IP length), not the
-//! buffers: a buffer is sized by where its data lands, so a few bytes at offset 64000
-//! take 64 KiB, and counting capacity would let a handful of tiny fragments fill the
-//! table. Worst case memory is therefore bounded by the datagram limit instead: at most
-//! `max_datagrams` buffers of at most 64 KiB of data plus headers each.
+//! Each source (zone and address) may have at most [`Config::max_datagrams_per_source`]
+//! datagrams in the table, so that one sender cannot take all of it.
 //!
 //! Datagrams live in a slab threaded by a doubly linked list in creation order. Since the
 //! timeout is constant, creation order is deadline order: the list is the expiry FIFO,
@@ -95,12 +94,11 @@ struct First {
 /// A datagram being reassembled.
 #[derive(Debug)]
 struct Datagram {
-    /// The future frame: headers end at `head`, data offset 0 is at `head`.
-    buf: Vec<u8>,
-    /// Index in `buf` of data offset 0.
-    head: usize,
-    /// Index in `buf` where the frame starts, once the first fragment placed its headers.
-    hdr_start: usize,
+    /// The data of every fragment held, in arrival order (the order of `ranges`).
+    data: Vec<u8>,
+    /// The frame bytes before the data of the first fragment (L2 and IP headers, without
+    /// the IPv6 fragment header), once it arrived.
+    headers: Vec<u8>,
     first: Option<First>,
     /// Data length, once the final fragment was seen.
     end: Option<u32>,
@@ -169,6 +167,8 @@ struct FragInfo {
 pub struct Reassembler {
     config: Config,
     map: HashMap<Key, u32, RandomState>,
+    /// Datagrams in the table (markers included) per source: zone and address.
+    per_source: HashMap<(u16, Addr), u32, RandomState>,
     slots: Vec<Option<Slot>>,
     free: Vec<u32>,
     /// Oldest datagram (first to expire).
@@ -188,6 +188,7 @@ impl Reassembler {
         Reassembler {
             config,
             map: HashMap::with_hasher(RandomState::new()),
+            per_source: HashMap::with_hasher(RandomState::new()),
             slots: Vec::new(),
             free: Vec::new(),
             head: NIL,
@@ -324,8 +325,7 @@ impl Reassembler {
 
     /// Bytes of fragments held: the whole IP length of every fragment taken into a
     /// datagram that is still incomplete. This is what [`Config::max_bytes`] limits; the
-    /// buffers behind it are bounded by [`Config::max_datagrams`] (see the module
-    /// documentation).
+    /// buffers behind it hold only the data received (see the module documentation).
     pub fn held_bytes(&self) -> usize {
         self.held_bytes
     }
@@ -334,6 +334,20 @@ impl Reassembler {
     /// absorbed, not counted); kept as fragments come and go, not counted by a scan.
     pub fn held_fragments(&self) -> usize {
         self.held_fragments
+    }
+
+    /// Bytes allocated for the datagrams in the table (data and headers buffers), by a
+    /// scan: for tests that check memory follows what was received.
+    #[cfg(test)]
+    pub(super) fn buffer_bytes(&self) -> usize {
+        self.slots
+            .iter()
+            .flatten()
+            .map(|s| match &s.state {
+                State::Live(d) => d.data.capacity() + d.headers.capacity(),
+                State::Failed => 0,
+            })
+            .sum()
     }
 
     /// True when a fragment of `ip_len` bytes can be held within the byte limit.
@@ -413,19 +427,11 @@ impl Reassembler {
         if self.map.len() >= self.config.max_datagrams || !self.has_room(f.ip_len) {
             return Err(DropReason::FragTableFull);
         }
-        // The headers of this fragment are the best guess for those of the first one.
-        let head = f.hdr_len;
-        let end = f.end as usize;
-        // One allocation for the common datagram of up to three fragments; the final
-        // fragment tells the exact size. Larger datagrams grow by doubling. Never more
-        // than the headers and MAX_DATA: `check` refused data ending past it.
-        let guess = if f.more {
-            (f.offset as usize + 3 * (end - f.offset as usize)).min(MAX_DATA)
-        } else {
-            end
-        };
-        let mut buf = Vec::with_capacity(head + guess);
-        buf.resize(head, 0);
+        let source = (key.zone, key.src);
+        let of_source = self.per_source.get(&source).copied().unwrap_or(0);
+        if of_source as usize >= self.config.max_datagrams_per_source {
+            return Err(DropReason::FragSourceLimit);
+        }
         let slot = Slot {
             key,
             v6: f.v6,
@@ -433,9 +439,8 @@ impl Reassembler {
             prev: NIL,
             next: NIL,
             state: State::Live(Datagram {
-                buf,
-                head,
-                hdr_start: 0,
+                data: Vec::new(),
+                headers: Vec::new(),
                 first: None,
                 end: None,
                 max_end: 0,
@@ -460,6 +465,7 @@ impl Reassembler {
         };
         self.link_tail(idx);
         self.map.insert(key, idx);
+        *self.per_source.entry(source).or_insert(0) += 1;
         Ok(idx)
     }
 
@@ -494,8 +500,7 @@ impl Reassembler {
         match dg.ranges.fit(range) {
             Fit::Free => {}
             Fit::Same => {
-                let at = dg.head + f.offset as usize;
-                return if dg.buf.get(at..at + data.len()) == Some(data) {
+                return if piece(dg, range) == Some(data) {
                     dg.mru = dg.mru.max(clamp_u16(f.ip_len));
                     Added::Duplicate
                 } else {
@@ -518,35 +523,9 @@ impl Reassembler {
             return Added::Refused(DropReason::FragTableFull);
         }
 
-        // Make room: for the data, and for headers longer than the room guessed for them.
-        let new_head = if is_first {
-            dg.head.max(f.hdr_len)
-        } else {
-            dg.head
-        };
-        let data_len = (dg.buf.len() - dg.head).max(f.end as usize);
-        let need = new_head + data_len;
-        let spec = match (f.more, dg.end) {
-            (true, None) => (dg.buf.capacity() * 2).min(new_head + MAX_DATA),
-            (false, _) => new_head + f.end as usize,
-            (true, Some(e)) => new_head + e as usize,
-        };
-        if need > dg.buf.capacity() {
-            dg.buf.reserve_exact(spec.max(need) - dg.buf.len());
-        }
-
         if is_first {
-            if f.hdr_len > dg.head {
-                // Rare: the first fragment has longer headers than the fragment that
-                // created the datagram (IPv4 options that are not copied). Move the data.
-                let shift = f.hdr_len - dg.head;
-                let old = dg.buf.len();
-                dg.buf.resize(old + shift, 0);
-                dg.buf.copy_within(0..old, shift);
-                dg.head = f.hdr_len;
-            }
-            dg.hdr_start = dg.head - f.hdr_len;
-            dg.buf[dg.hdr_start..dg.head].copy_from_slice(&pkt.data[..f.hdr_len]);
+            dg.headers.clear();
+            dg.headers.extend_from_slice(&pkt.data[..f.hdr_len]);
             let frag_nh = if f.v6 {
                 pkt.data.get(f.hdr_len).copied().unwrap_or(0)
             } else {
@@ -558,15 +537,8 @@ impl Reassembler {
             });
         }
 
-        let at = dg.head + f.offset as usize;
-        if at == dg.buf.len() {
-            dg.buf.extend_from_slice(data);
-        } else {
-            if at + data.len() > dg.buf.len() {
-                dg.buf.resize(at + data.len(), 0);
-            }
-            dg.buf[at..at + data.len()].copy_from_slice(data);
-        }
+        // Appended, so the buffer grows with what was received (by doubling).
+        dg.data.extend_from_slice(data);
         dg.ranges.push(range);
         dg.received += len;
         dg.bytes += f.ip_len;
@@ -663,6 +635,13 @@ impl Reassembler {
         let slot = self.slots.get_mut(idx as usize)?.take()?;
         self.free.push(idx);
         self.map.remove(&slot.key);
+        let source = (slot.key.zone, slot.key.src);
+        if let Some(n) = self.per_source.get_mut(&source) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_source.remove(&source);
+            }
+        }
         if let State::Live(dg) = &slot.state {
             self.held_bytes = self.held_bytes.saturating_sub(dg.bytes);
             self.held_fragments = self.held_fragments.saturating_sub(dg.ranges.len());
@@ -719,7 +698,7 @@ impl Reassembler {
         let c = match reason {
             DropReason::FragTooSmall => &mut s.too_small,
             DropReason::FragOverlap => &mut s.overlapped,
-            DropReason::FragTableFull => &mut s.table_full,
+            DropReason::FragTableFull | DropReason::FragSourceLimit => &mut s.table_full,
             DropReason::FragExpired => &mut s.expired,
             DropReason::FragTooMany => &mut s.too_many,
             _ => &mut s.invalid,
@@ -779,12 +758,21 @@ fn build_frame(dg: Datagram, v6: bool) -> Result<Vec<u8>, DropReason> {
     if ecn == Ecn::Invalid {
         return Err(DropReason::FragEcnMismatch);
     }
-    let mut buf = dg.buf;
-    buf.truncate(dg.head + end as usize);
-    if dg.hdr_start > 0 {
-        buf.drain(..dg.hdr_start);
+    let hdr_len = dg.headers.len();
+    let mut buf = dg.headers;
+    buf.reserve_exact(end as usize);
+    buf.resize(hdr_len + end as usize, 0);
+    // Every piece into place: they do not overlap, end by `end` and add up to it.
+    let mut at = 0;
+    for r in dg.ranges.as_slice() {
+        let n = (r.end - r.start) as usize;
+        let dst = hdr_len + r.start as usize;
+        let (Some(to), Some(from)) = (buf.get_mut(dst..dst + n), dg.data.get(at..at + n)) else {
+            return Err(DropReason::FragDatagramFailed);
+        };
+        to.copy_from_slice(from);
+        at += n;
     }
-    let hdr_len = dg.head - dg.hdr_start;
     let l3 = first.l3_off;
     if v6 {
         let ext_len = hdr_len - l3 - crate::wire::parse::IPV6_LEN;
@@ -832,6 +820,19 @@ fn build_frame(dg: Datagram, v6: bool) -> Result<Vec<u8>, DropReason> {
         set_ipv4_header(&mut buf[l3..l3 + ihl]);
     }
     Ok(buf)
+}
+
+/// The data held for `range`, which must be one of the datagram's ranges.
+fn piece(dg: &Datagram, range: Range) -> Option<&[u8]> {
+    let mut at = 0;
+    for r in dg.ranges.as_slice() {
+        let n = (r.end - r.start) as usize;
+        if *r == range {
+            return dg.data.get(at..at + n);
+        }
+        at += n;
+    }
+    None
 }
 
 fn clamp_u16(v: usize) -> u16 {

@@ -699,9 +699,13 @@ fn test_byte_limit_refuses_growth_but_not_the_completing_fragment() {
 
 #[test]
 fn test_tiny_fragments_at_a_high_offset_do_not_fill_the_byte_limit() {
-    // Final fragments of 16 data bytes at offset 64000: each makes a 64 KiB buffer, which
-    // used to count against max_bytes, so 69 of them blocked every new datagram.
-    let cfg = Config::default();
+    // Final fragments of 16 data bytes at offset 64000: each used to make a 64 KiB
+    // buffer, which counted against max_bytes, so 69 of them blocked every new datagram.
+    // One source here, so the per-source limit is lifted.
+    let cfg = Config {
+        max_datagrams_per_source: 1000,
+        ..Config::default()
+    };
     let timeout = cfg.timeout_ns;
     let mut r = Reassembler::new(cfg);
     let mut d = DropCounters::default();
@@ -714,6 +718,12 @@ fn test_tiny_fragments_at_a_high_offset_do_not_fill_the_byte_limit() {
     }
     assert_eq!(r.held_datagrams(), 100);
     assert_eq!(r.held_bytes(), 100 * 36);
+    // Memory follows what was received: 16 bytes of data each, not 64 KiB.
+    assert!(
+        r.buffer_bytes() <= 2 * r.held_bytes(),
+        "{}",
+        r.buffer_bytes()
+    );
     let whole = udp_frame(false, 3000, 500);
     let frags = cut_v4(&whole, &pieces(3008, 1200), false);
     let (p, _) = reassemble(&mut r, &frags, &[0, 1, 2]);
@@ -721,6 +731,95 @@ fn test_tiny_fragments_at_a_high_offset_do_not_fill_the_byte_limit() {
     assert_eq!(r.stats().v4.table_full, 0);
     assert_eq!(r.expire(timeout + 10, 1000, &mut d), 100);
     assert_eq!((r.held_datagrams(), r.held_bytes()), (0, 0));
+}
+
+/// A final fragment of one data byte at offset 63992 (a 21-byte IP packet) from `src`.
+fn tiny_final_fragment(src: &str, id: u16) -> Vec<u8> {
+    let o = IpOpts {
+        id,
+        ..IpOpts::default()
+    };
+    let whole = build::udp(
+        ip(src),
+        ip("10.0.0.2"),
+        4000,
+        53,
+        &build::pattern(63985, 0),
+        &o,
+    );
+    cut_v4(&whole, &[(63992, 63993)], false).pop().unwrap()
+}
+
+#[test]
+fn test_one_source_cannot_take_the_whole_table() {
+    let cfg = Config::default();
+    let (timeout, per_source) = (cfg.timeout_ns, cfg.max_datagrams_per_source);
+    let mut r = Reassembler::new(cfg);
+    let mut d = DropCounters::default();
+    for id in 0..1000u16 {
+        let o = feed(&mut r, &tiny_final_fragment("10.0.0.66", id), 0, 1, &mut d);
+        if usize::from(id) < per_source {
+            assert!(matches!(o, Outcome::Held), "{id}: {o:?}");
+        } else {
+            assert_eq!(dropped(o), DropReason::FragSourceLimit);
+        }
+    }
+    assert_eq!(r.held_datagrams(), per_source);
+    assert_eq!(r.stats().v4.table_full, (1000 - per_source) as u64);
+    // The same source in another zone is another source.
+    let f = tiny_final_fragment("10.0.0.66", 1);
+    assert!(matches!(feed(&mut r, &f, 7, 1, &mut d), Outcome::Held));
+    // Another host's datagrams are still reassembled.
+    let (p, _) = reassemble(
+        &mut r,
+        &cut_v4(&udp_frame(false, 3000, 4242), &pieces(3008, 1480), false),
+        &[0, 1, 2],
+    );
+    assert_eq!(p.data, udp_frame(false, 3000, 4242));
+    // Once its datagrams expire, the source has its share again.
+    r.expire(timeout + 1, 1000, &mut d);
+    assert_eq!(r.held_datagrams(), 0);
+    let f = tiny_final_fragment("10.0.0.66", 5000);
+    assert!(matches!(
+        feed(&mut r, &f, 0, timeout + 2, &mut d),
+        Outcome::Held
+    ));
+}
+
+#[test]
+fn test_memory_follows_the_data_received_not_where_it_lands() {
+    let mut r = Reassembler::new(Config::default());
+    let mut d = DropCounters::default();
+    for id in 0..100u16 {
+        let f = tiny_final_fragment(&format!("10.0.1.{id}"), id);
+        assert!(matches!(feed(&mut r, &f, 0, 1, &mut d), Outcome::Held));
+    }
+    assert_eq!(r.held_bytes(), 100 * 21);
+    // A byte of data each (and no headers until the first fragment comes), not 64 KiB.
+    assert!(r.buffer_bytes() <= 100 * 8, "{}", r.buffer_bytes());
+    // Out of order, each piece lands in place when the datagram completes.
+    let whole = udp_frame(false, 20000, 3);
+    let frags = cut_v4(&whole, &pieces(20008, 1480), false);
+    let order: Vec<usize> = (0..frags.len()).rev().collect();
+    let mut held = 0;
+    for (n, &i) in order.iter().enumerate() {
+        match feed(&mut r, &frags[i], 0, 2, &mut d) {
+            Outcome::Held => held += frags[i].len() - ETH,
+            Outcome::Complete(p, _) => {
+                assert_eq!(n + 1, order.len());
+                assert_eq!(p.data, whole);
+            }
+            o => panic!("{o:?}"),
+        }
+        if n + 1 < order.len() {
+            assert_eq!(r.held_bytes(), 100 * 21 + held);
+            assert!(
+                r.buffer_bytes() <= 2 * r.held_bytes(),
+                "{}",
+                r.buffer_bytes()
+            );
+        }
+    }
 }
 
 #[test]

@@ -199,6 +199,9 @@ pub(super) fn ipf_config(s: &IpfSpec) -> ipf::Config {
             .timeout_ms
             .map_or(d.timeout_ns, |ms| ms.saturating_mul(1_000_000)),
         max_datagrams: s.max_datagrams.unwrap_or(d.max_datagrams),
+        max_datagrams_per_source: s
+            .max_datagrams_per_source
+            .unwrap_or(d.max_datagrams_per_source),
         max_bytes: s.max_bytes.unwrap_or(d.max_bytes),
         min_fragment_v4: s.min_fragment_v4.unwrap_or(d.min_fragment_v4),
         min_fragment_v6: s.min_fragment_v6.unwrap_or(d.min_fragment_v6),

@@ -334,6 +334,7 @@ fn with_settings() -> TablesSpec {
         ipf: IpfSpec {
             timeout_ms: Some(5000),
             max_datagrams: Some(7),
+            max_datagrams_per_source: Some(6),
             max_bytes: Some(70_000),
             min_fragment_v4: Some(500),
             min_fragment_v6: Some(1300),
