@@ -112,8 +112,22 @@ struct Datagram {
     ranges: Ranges,
     /// Largest fragment received, as a whole IP packet length.
     mru: u16,
+    /// IPv4: largest fragment received with DF set (Linux's `max_df_size`); the datagram
+    /// gets DF when that is the largest fragment of all.
+    max_df: u16,
     /// `1 << ecn` of every fragment taken, ORed (Linux's `inet_frag_queue::ecn`).
     ecn: u8,
+}
+
+impl Datagram {
+    /// Takes the size of a fragment into the MRU and, with DF, into `max_df`.
+    fn note_size(&mut self, f: &FragInfo) {
+        let size = clamp_u16(f.ip_len);
+        self.mru = self.mru.max(size);
+        if f.df {
+            self.max_df = self.max_df.max(size);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -160,6 +174,8 @@ struct FragInfo {
     ip_len: usize,
     /// The ECN field (RFC 3168) of the fragment's IP header.
     ecn: u8,
+    /// IPv4: DF is set.
+    df: bool,
 }
 
 /// IP fragment reassembly, bounded in datagrams and bytes. See the module documentation.
@@ -448,6 +464,7 @@ impl Reassembler {
                 bytes: 0,
                 ranges: Ranges::default(),
                 mru: 0,
+                max_df: 0,
                 ecn: 0,
             }),
         };
@@ -501,7 +518,7 @@ impl Reassembler {
             Fit::Free => {}
             Fit::Same => {
                 return if piece(dg, range) == Some(data) {
-                    dg.mru = dg.mru.max(clamp_u16(f.ip_len));
+                    dg.note_size(f);
                     Added::Duplicate
                 } else {
                     Added::Fail(DropReason::FragOverlap)
@@ -548,7 +565,7 @@ impl Reassembler {
         if !f.more {
             dg.end = Some(f.end);
         }
-        dg.mru = dg.mru.max(clamp_u16(f.ip_len));
+        dg.note_size(f);
         dg.ecn |= 1 << f.ecn;
         match dg.end {
             Some(e) if dg.received == e && dg.first.is_some() => Added::Complete,
@@ -733,6 +750,7 @@ fn fragment_info(pkt: &Packet, parsed: &Parsed) -> Result<FragInfo, DropReason> 
     } else {
         tos & ECN_MASK
     };
+    let df = !v6 && pkt.data[parsed.l3_off + 6] & 0x40 != 0;
     Ok(FragInfo {
         v6,
         offset,
@@ -743,6 +761,7 @@ fn fragment_info(pkt: &Packet, parsed: &Parsed) -> Result<FragInfo, DropReason> 
         l3_off: parsed.l3_off,
         ip_len: parsed.ip_len(),
         ecn,
+        df,
     })
 }
 
@@ -755,6 +774,7 @@ fn build_frame(dg: Datagram, v6: bool) -> Result<Vec<u8>, DropReason> {
         return Err(DropReason::FragDatagramFailed);
     };
     let ecn = combine_ecn(dg.ecn);
+    let df = dg.max_df != 0 && dg.max_df == dg.mru;
     if ecn == Ecn::Invalid {
         return Err(DropReason::FragEcnMismatch);
     }
@@ -811,8 +831,13 @@ fn build_frame(dg: Datagram, v6: bool) -> Result<Vec<u8>, DropReason> {
             return Err(DropReason::FragDatagramTooBig);
         }
         buf[l3 + 2..l3 + 4].copy_from_slice(&(total as u16).to_be_bytes());
-        // Clear MF and the offset; keep the reserved bit and DF as the first fragment had them.
-        buf[l3 + 6] &= 0xc0;
+        // Clear MF and the offset; keep the reserved bit as the first fragment had it. DF
+        // only when the largest fragment had it, as Linux does: refragmenting then keeps
+        // DF on every piece, and a path that needed fragments without DF still may.
+        buf[l3 + 6] &= 0x80;
+        if df {
+            buf[l3 + 6] |= 0x40;
+        }
         buf[l3 + 7] = 0;
         if ecn == Ecn::SetCe {
             buf[l3 + 1] |= ECN_CE;

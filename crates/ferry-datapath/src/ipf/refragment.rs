@@ -29,8 +29,10 @@ mod ext {
 /// datagram. Non-final fragments carry a multiple of 8 data bytes.
 ///
 /// IPv4 keeps the identification of the IP header; the first fragment keeps every option,
-/// later ones only those with the copied flag (RFC 791); DF is cleared and MF set on all
-/// but the last fragment; header checksums are recomputed.
+/// later ones only those with the copied flag (RFC 791); DF is kept as the packet has it
+/// on every fragment (as Linux does: reassembly sets it only when the largest fragment
+/// received had it, and the caller refuses a DF packet larger than the MTU) and MF is set
+/// on all but the last fragment; header checksums are recomputed.
 ///
 /// IPv6 inserts a fragment header after the unfragmentable part, which is the base header
 /// through the last hop-by-hop or routing header (so destination options before a
@@ -109,10 +111,10 @@ fn refragment_v4(
         f.extend_from_slice(&data[pos..pos + n]);
         let h = &mut f[l3..l3 + hdr.len()];
         h[2..4].copy_from_slice(&((hdr.len() + n) as u16).to_be_bytes());
-        // Offset in 8-byte units; the reserved bit is kept, DF cleared, MF as computed.
+        // Offset in 8-byte units; the reserved bit and DF are kept, MF as computed.
         let word = ((base + pos) / 8) as u16 & 0x1fff | if more { 0x2000 } else { 0 };
         let [hi, lo] = word.to_be_bytes();
-        h[6] = (h[6] & 0x80) | hi;
+        h[6] = (h[6] & 0xc0) | hi;
         h[7] = lo;
         set_ipv4_header(h);
         out.push(Packet { data: f, meta });

@@ -1137,6 +1137,63 @@ fn test_not_ect_mixed_with_ect_or_ce_drops_the_datagram_and_every_fragment() {
     }
 }
 
+/// Sets or clears DF on an IPv4 fragment, checksum fixed.
+fn set_df(f: &mut [u8], df: bool) {
+    let l3 = l3_of(f);
+    f[l3 + 6] = (f[l3 + 6] & !0x40) | if df { 0x40 } else { 0 };
+    let ihl = usize::from(f[l3] & 0x0f) * 4;
+    crate::wire::checksum::set_ipv4_header(&mut f[l3..l3 + ihl]);
+}
+
+/// Reassembles a 3000-byte UDP datagram cut at `cut` with DF set on the fragments as
+/// `df` says; returns whether the datagram has DF, and whether each of its pieces
+/// refragmented to its MRU has.
+fn reassembled_df(cut: usize, df: [bool; 2]) -> (bool, Vec<bool>) {
+    let whole = udp_frame(false, 3000, 9);
+    let mut frags = cut_v4(&whole, &[(0, cut), (cut, 3008)], false);
+    for (f, df) in frags.iter_mut().zip(df) {
+        set_df(f, df);
+    }
+    let mut r = Reassembler::new(Config::default());
+    let (p, parsed) = reassemble(&mut r, &frags, &[1, 0]);
+    let mut out = Vec::new();
+    refragment(&p, &parsed, usize::from(p.meta.mru), &mut out).unwrap();
+    let pieces = out
+        .iter()
+        .map(|f| parse(&f.data, 0).unwrap().dont_fragment)
+        .collect();
+    (parsed.dont_fragment, pieces)
+}
+
+#[test]
+fn test_reassembled_v4_has_df_when_its_largest_fragment_had_it_and_its_pieces_keep_it() {
+    // First fragment the larger one, with DF.
+    assert_eq!(
+        reassembled_df(2000, [true, false]),
+        (true, vec![true, true])
+    );
+    // The larger fragment second, with DF, the first without: DF all the same.
+    assert_eq!(
+        reassembled_df(1000, [false, true]),
+        (true, vec![true, true])
+    );
+    assert_eq!(reassembled_df(1480, [true, true]), (true, vec![true, true]));
+}
+
+#[test]
+fn test_reassembled_v4_has_no_df_when_its_largest_fragment_lacked_it() {
+    // DF on the first fragment only, which is the smaller one: the path that cut the
+    // larger one could fragment, so the pieces may be cut again.
+    assert_eq!(
+        reassembled_df(1000, [true, false]),
+        (false, vec![false, false])
+    );
+    assert_eq!(
+        reassembled_df(1480, [false, false]),
+        (false, vec![false, false])
+    );
+}
+
 #[test]
 fn test_v6_fragments_are_keyed_by_the_fragment_headers_next_header() {
     // The first fragment's parsed protocol is UDP (after destination options); the later
@@ -1226,7 +1283,7 @@ fn test_refragment_v4_first_keeps_all_options_later_only_copied_ones() {
 }
 
 #[test]
-fn test_refragment_v4_clears_df_and_sets_mf_on_all_but_the_last() {
+fn test_refragment_v4_keeps_df_and_sets_mf_on_all_but_the_last() {
     let o = IpOpts {
         dont_fragment: true,
         id: 0x7777,
@@ -1238,7 +1295,7 @@ fn test_refragment_v4_clears_df_and_sets_mf_on_all_but_the_last() {
     let mut next_offset = 0;
     for (i, f) in frags.iter().enumerate() {
         let p = parse(&f.data, 0).unwrap();
-        assert!(!p.dont_fragment);
+        assert!(p.dont_fragment);
         let frag = p.frag.unwrap();
         assert_eq!(frag.id, 0x7777);
         assert_eq!(frag.more, i < 2);
