@@ -2,7 +2,8 @@
 //!
 //! Conntrack, NAT and the service load balancer need the transport ports, which only the
 //! first fragment of a datagram carries. So fragments are held per datagram, keyed by
-//! (zone, source, destination, protocol, identification), until the datagram is whole;
+//! (zone, source, destination, identification, and protocol for IPv4), until the
+//! datagram is whole;
 //! the whole datagram is then re-parsed so that its flow key is the real one whichever
 //! fragment happened to arrive last. On output, [`refragment`] cuts such a datagram back
 //! to the largest fragment size that was received (the MRU) or the egress MTU.

@@ -69,9 +69,9 @@ mod ext {
     pub const AUTH: u8 = 51;
 }
 
-/// What identifies a datagram. For IPv6 the protocol is the fragment header's next
-/// header, which every fragment carries (the first fragment's parsed protocol is the
-/// upper-layer one, which later fragments cannot know).
+/// What identifies a datagram. IPv6 has no protocol in it (`proto` is 0), as in Linux:
+/// RFC 8200 section 4.5 lets the fragment headers' next header differ between
+/// fragments, and only the offset-zero fragment's is used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Key {
     zone: u16,
@@ -237,13 +237,7 @@ impl Reassembler {
             self.count(info.v6, r, 1);
             return Outcome::Dropped(r);
         }
-        let key_proto = if info.v6 {
-            // The fragment header exists (fragment_info checked it); its first byte is
-            // the next header.
-            pkt.data.get(parsed.frag_hdr_off).copied().unwrap_or(0)
-        } else {
-            parsed.proto
-        };
+        let key_proto = if info.v6 { 0 } else { parsed.proto };
         let key = Key {
             zone: parsed.key.zone,
             src: parsed.key.src,

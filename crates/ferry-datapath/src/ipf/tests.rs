@@ -1195,7 +1195,23 @@ fn test_reassembled_v4_has_no_df_when_its_largest_fragment_lacked_it() {
 }
 
 #[test]
-fn test_v6_fragments_are_keyed_by_the_fragment_headers_next_header() {
+fn test_v6_fragments_with_other_next_headers_are_joined_and_the_first_ones_is_used() {
+    // RFC 8200 section 4.5: the next header of fragments other than the first may differ
+    // from the first's, and only the first's counts.
+    let whole = udp_frame(true, 3000, 9);
+    let mut frags = cut_v6(&whole, 0, &pieces(3008, 1448), 77);
+    frags[1][ETH + 40] = 59;
+    frags[2][ETH + 40] = 60;
+    for order in [[0, 1, 2], [2, 1, 0], [1, 2, 0]] {
+        let mut r = Reassembler::new(Config::default());
+        let (p, parsed) = reassemble(&mut r, &frags, &order);
+        assert_eq!(p.data, whole, "{order:?}");
+        assert_eq!(parsed.proto, proto::UDP);
+    }
+}
+
+#[test]
+fn test_v6_fragments_after_destination_options_are_joined() {
     // The first fragment's parsed protocol is UDP (after destination options); the later
     // ones only know "destination options": they must still be joined.
     let whole = with_v6_ext(&udp_frame(true, 3000, 1), &[(60, 16)]);
