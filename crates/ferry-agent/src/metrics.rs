@@ -207,7 +207,7 @@ pub fn render(c: &Counters) -> String {
 /// Each worker thread's counts, one family per count, labelled by worker.
 fn render_workers(reg: &mut Registry, c: &Counters) {
     type Count = fn(&ferry_api::WorkerCounters) -> u64;
-    let counts: [(&str, &str, Count); 4] = [
+    let counts: [(&str, &str, Count); 6] = [
         (
             "worker_rx_frames",
             "Frames received per worker thread",
@@ -227,6 +227,16 @@ fn render_workers(reg: &mut Registry, c: &Counters) {
             "worker_busy_rounds",
             "Rounds of each worker thread that polled without sleeping (busy polling)",
             |w| w.busy_rounds,
+        ),
+        (
+            "worker_tx_dropped",
+            "Frames each worker thread dropped on the way out (port full or out of service)",
+            |w| w.tx_dropped,
+        ),
+        (
+            "worker_ports_gone",
+            "Pod ports each worker thread took out of service because their device went away",
+            |w| w.ports_gone,
         ),
     ];
     for (name, help, count) in counts {

@@ -145,6 +145,9 @@ pub struct Agent {
     made: Vec<(String, String)>,
     /// The DEL queue could not be read last time (reported once until it can).
     del_queue_failing: bool,
+    /// Pod ports the worker took out of service (their device gone), each reported once
+    /// while the tables still have it.
+    gone_ports: BTreeSet<String>,
 }
 
 /// A pod interface the CNI plugin asked for.
@@ -258,6 +261,7 @@ impl Agent {
             adopted: BTreeMap::new(),
             made: Vec::new(),
             del_queue_failing: false,
+            gone_ports: BTreeSet::new(),
         };
         agent.adopt_recorded();
         let compiled = agent.compile(&cluster)?;
@@ -672,6 +676,11 @@ impl Agent {
                     })?;
                     Some(port.name.clone())
                 }) {
+                    Some(port) if self.port_gone(&port) => Response::error(
+                        ERR_AGENT,
+                        "the pod's port is out of service: its device is gone",
+                        c.pod.to_string(),
+                    ),
                     Some(port) if self.open.contains(&port) => Response::Ok(Answer::default()),
                     _ => Response::error(
                         ERR_AGENT,
@@ -772,6 +781,8 @@ impl Agent {
                     tx_frames: w.tx_frames,
                     rounds: w.rounds,
                     busy_rounds: w.busy_rounds,
+                    tx_dropped: w.tx_dropped,
+                    ports_gone: w.ports_gone,
                 })
                 .collect(),
             datastore: self.status.datastore(),
@@ -1143,6 +1154,42 @@ impl Agent {
                 observe::ABANDONED_AFTER
             );
         }
+        self.report_gone_ports();
+    }
+
+    /// Whether the worker took port `name` out of service (its device gone).
+    fn port_gone(&self, name: &str) -> bool {
+        self.control
+            .snapshot()
+            .ports
+            .iter()
+            .any(|p| p.name == name && p.gone.is_some())
+    }
+
+    /// Reports, once each, the pod ports the worker took out of service because their
+    /// device went away (the pod's network namespace deleted before, or without, its
+    /// CNI DEL), as long as the tables in force still have them, which means the pod is
+    /// still in the cluster: a warning, and an `apply` error. The port drops what is
+    /// routed to it until the pod's object goes (the next tables let the port go) or the
+    /// pod is attached again (a new port of that name).
+    fn report_gone_ports(&mut self) {
+        let snap = self.control.snapshot();
+        let mut now = BTreeSet::new();
+        for p in &snap.ports {
+            let Some(why) = &p.gone else { continue };
+            if !self.gone_ports.contains(&p.name) {
+                tracing::warn!(
+                    port = %p.name,
+                    error = %why,
+                    "pod port out of service: its device is gone (pod network namespace \
+                     deleted?); traffic to the pod is dropped until the pod is removed or \
+                     attached again"
+                );
+                self.status.count(ErrorKind::Apply);
+            }
+            now.insert(p.name.clone());
+        }
+        self.gone_ports = now;
     }
 
     /// Stops the worker and closes every port.

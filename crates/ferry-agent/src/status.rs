@@ -26,8 +26,9 @@ pub enum ErrorKind {
     /// A cluster state did not compile into tables.
     Compile,
     /// New tables were not put in force (the worker did not take them, a port did not
-    /// open), or a recorded pod attachment was not adopted at start (or its record was
-    /// unreadable).
+    /// open), a recorded pod attachment was not adopted at start (or its record was
+    /// unreadable), or a pod's port went out of service while its pod is in the cluster
+    /// (its device gone: the pod's network namespace deleted).
     Apply,
     /// An API request was answered with an error (a DEL the CNI plugin queued
     /// included), or a file in the CNI plugin's DEL queue is not a DEL.

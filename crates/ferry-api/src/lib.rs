@@ -390,6 +390,13 @@ pub struct WorkerCounters {
     /// Rounds that polled without sleeping (busy polling, `--busy-poll`).
     #[serde(default)]
     pub busy_rounds: u64,
+    /// Frames dropped on the way out: their port could not take them without blocking,
+    /// or was out of service.
+    #[serde(default)]
+    pub tx_dropped: u64,
+    /// Pod ports the worker took out of service because their device went away.
+    #[serde(default)]
+    pub ports_gone: u64,
 }
 
 /// One port's packet counts.

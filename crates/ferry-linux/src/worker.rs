@@ -55,6 +55,21 @@
 //! ([`crate::memory::retain_freed_heap`]) instead of handing it back to the kernel and
 //! faulting it in again.
 //!
+//! **Pods that go away.** When a pod's network namespace is deleted while its TAP is
+//! open (a sandbox removed before, or without, the CNI DEL), the kernel unregisters the
+//! device: poll reports `POLLERR` on the descriptor at every round and reads and writes
+//! fail with `EBADFD`. A port the tables call a pod's (`kind: pod`) whose receive fails
+//! that way (or with `ENODEV`, `ENXIO`, `EIO`, or whose descriptor hangs up) is taken
+//! out of service: its descriptor is closed, a placeholder that is never polled and takes
+//! nothing stands in for it (so `ports[i]` stays the tables' port `i`), the worker counts
+//! it ([`WorkerStats::ports_gone`]) and reports it once on standard error (the port and
+//! the error), and the packets the pipeline routes to it afterwards are dropped and
+//! counted as [`WorkerStats::tx_dropped`]. [`PortSnapshot::gone`] says why. The other
+//! ports go on. The port stays out of service until an update lets it go (its pod gone
+//! from the tables) or gives a new port of that name. Any other port whose device goes
+//! away (the uplink, the host's TAP) still stops the workers (see "Leaving" below): the
+//! node cannot work without it, and its going is not a pod's ordinary end.
+//!
 //! **Shutdown.** The worker returns once `stop` is set (within one poll timeout). It
 //! borrows the ports: the caller drops them afterwards (after updates, the ports of the
 //! latest tables, in their order), which closes TAP descriptors (the devices disappear),
@@ -86,8 +101,9 @@
 //!   poll the new ports' descriptors.
 //! - *Counts.* [`Snapshot::worker`] is the sum over the workers, [`Snapshot::workers`]
 //!   each one's; a port's Linux counters are the sum over its queues.
-//! - *Leaving.* When one worker stops (a port broken, a panic), the others stop too, and
-//!   [`run_workers`] returns the first error.
+//! - *Leaving.* When one worker stops (a port broken: the device of a port other than a
+//!   pod's gone, [`MAX_FAILING_ROUNDS`] receive errors in a row; a panic), the others
+//!   stop too, and [`run_workers`] returns the first error.
 //!
 //! - *Pinning.* With [`Workers::cpus`], each worker pins itself to its CPU before its
 //!   first round; otherwise the kernel's scheduler places them.
@@ -118,14 +134,14 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use ferry_datapath::gro;
 use ferry_datapath::packet::{Packet, PortId, VnetHdr};
 use ferry_datapath::pipeline::{Pipeline, SwapReport, Trace};
-use ferry_datapath::tables::Tables;
+use ferry_datapath::tables::{PortKind, Tables};
 
 use crate::port::{Frame, Port, PortCounters};
 
@@ -157,7 +173,8 @@ pub struct WorkerStats {
     pub tx_frames: u64,
     /// Failed send calls.
     pub tx_errors: u64,
-    /// Frames dropped because their port could not take them without blocking.
+    /// Frames dropped because their port could not take them without blocking, or
+    /// because it was taken out of service (a pod's device gone, see [`WorkerStats::ports_gone`]).
     pub tx_dropped: u64,
     /// TCP segments merged into the segment before them on the way out (each one a frame
     /// fewer to send).
@@ -166,6 +183,9 @@ pub struct WorkerStats {
     pub updates: u64,
     /// Updates refused.
     pub updates_refused: u64,
+    /// Pod ports taken out of service because their device went away (see "Pods that
+    /// go away" in the module docs), each counted once, by the worker that found it.
+    pub ports_gone: u64,
 }
 
 impl WorkerStats {
@@ -181,6 +201,7 @@ impl WorkerStats {
         self.gro_merged += o.gro_merged;
         self.updates += o.updates;
         self.updates_refused += o.updates_refused;
+        self.ports_gone += o.ports_gone;
     }
 }
 
@@ -281,6 +302,7 @@ pub fn run_workers(
         busy_poll,
         layout: RwLock::new(Layout::new(
             std::mem::take(ports),
+            &mut HashMap::new(),
             &mut HashMap::new(),
             &tables,
         )),
@@ -425,6 +447,9 @@ impl Core<'_> {
 /// Further queues of ports, by port name.
 type Queues = HashMap<String, Vec<Box<dyn Port>>>;
 
+/// Why ports were taken out of service, by port name.
+type Gone = HashMap<String, String>;
+
 /// The ports in table order, each with its queues.
 struct Layout {
     /// Changes with every update that is applied.
@@ -440,6 +465,11 @@ struct Slot {
     offloads: bool,
     /// Whether to merge TCP segments before sending.
     coalesce: bool,
+    /// A pod's port (the tables say `kind: pod`): its device going away takes it out
+    /// of service instead of stopping the workers.
+    pod: bool,
+    /// Set once the port is out of service: why (its device went away).
+    gone: OnceLock<String>,
 }
 
 impl Slot {
@@ -459,7 +489,8 @@ impl Slot {
 impl Layout {
     /// Ports in table order (as [`arrange`] gives them), with the further queues they
     /// bring or, for ports that had them before, those in `queues`.
-    fn new(ports: Vec<NamedPort>, queues: &mut Queues, tables: &Tables) -> Layout {
+    /// Ports out of service in `gone` stay so.
+    fn new(ports: Vec<NamedPort>, queues: &mut Queues, gone: &mut Gone, tables: &Tables) -> Layout {
         let slots = ports
             .into_iter()
             .zip(&tables.ports)
@@ -467,10 +498,16 @@ impl Layout {
                 let mut more = port.take_queues();
                 more.extend(queues.remove(&name).unwrap_or_default());
                 let offloads = port.offloads();
+                let out = OnceLock::new();
+                if let Some(why) = gone.remove(&name) {
+                    let _ = out.set(why);
+                }
                 Slot {
                     queues: std::iter::once(port).chain(more).map(Mutex::new).collect(),
                     offloads,
                     coalesce: offloads && t.gso,
+                    pod: t.kind == PortKind::Pod,
+                    gone: out,
                     name,
                 }
             })
@@ -478,11 +515,16 @@ impl Layout {
         Layout { version: 0, slots }
     }
 
-    /// The ports (queue 0 of each), and their further queues by name.
-    fn split(self) -> (Vec<NamedPort>, Queues) {
+    /// The ports (queue 0 of each), their further queues by name, and why those out of
+    /// service are.
+    fn split(self) -> (Vec<NamedPort>, Queues, Gone) {
         let mut ports = Vec::with_capacity(self.slots.len());
         let mut queues = HashMap::new();
-        for s in self.slots {
+        let mut gone = HashMap::new();
+        for mut s in self.slots {
+            if let Some(why) = s.gone.take() {
+                gone.insert(s.name.clone(), why);
+            }
             let mut q = s
                 .queues
                 .into_iter()
@@ -495,7 +537,7 @@ impl Layout {
                 queues.insert(s.name, rest);
             }
         }
-        (ports, queues)
+        (ports, queues, gone)
     }
 
     /// The ports, without their further queues (which are closed).
@@ -694,16 +736,30 @@ fn round(
         let slot = &layout.slots[i];
         let mut port = lock(&slot.queues[q]);
         // A device that went away (its namespace deleted, the TAP closed) makes poll
-        // return at once forever: stop instead of spinning.
-        if revents & (libc::POLLHUP | libc::POLLNVAL) != 0 {
+        // return at once forever: a pod's port is taken out of service (below), any
+        // other stops the workers instead of spinning.
+        let hangup = revents & libc::POLLHUP != 0;
+        if revents & libc::POLLNVAL != 0 || (hangup && !slot.pod) {
             return Err(io::Error::other(format!(
                 "port {}: the device is gone",
                 port.name()
             )));
         }
-        match port.recv_batch(&mut bufs.rx, RX_BATCH) {
+        let r = if hangup {
+            Err(io::Error::other("the device hung up"))
+        } else {
+            port.recv_batch(&mut bufs.rx, RX_BATCH)
+        };
+        match r {
             Ok(n) => {
                 stats.rx_frames += n as u64;
+                local.failing[j] = 0;
+            }
+            Err(e) if slot.pod && (hangup || device_gone(&e)) => {
+                stats.rx_errors += 1;
+                take_out_of_service(slot, &mut port, &e, stats);
+                // Poll ignores a negative descriptor; the one polled is closed.
+                local.pfds[j].fd = -1;
                 local.failing[j] = 0;
             }
             Err(e) => {
@@ -754,6 +810,12 @@ fn round(
         if q.is_empty() {
             continue;
         }
+        if slot.gone.get().is_some() {
+            // Out of service: what the pipeline routed to it goes nowhere.
+            stats.tx_dropped += q.len() as u64;
+            q.clear();
+            continue;
+        }
         if slot.coalesce {
             let before = q.len();
             gro::coalesce(q);
@@ -772,6 +834,45 @@ fn round(
         stats.tx_dropped += bufs.frames.len() as u64;
     }
     Ok(())
+}
+
+/// Whether a port's receive error says that its device is gone: what a TAP returns once
+/// its network namespace is deleted (`EBADFD`; poll reports `POLLERR`), or once the
+/// device is unregistered (`ENODEV`, `ENXIO`, `EIO`).
+fn device_gone(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EBADFD | libc::ENODEV | libc::ENXIO | libc::EIO)
+    )
+}
+
+/// Takes a pod's port out of service because its device is gone (`why`): the queue
+/// `port` (locked) is closed, a [`GonePort`] takes its place, and the first queue of the
+/// port to go counts and reports it. The port's other queues go the same way when their
+/// workers find them gone; until then nothing is sent through them.
+fn take_out_of_service(
+    slot: &Slot,
+    port: &mut Box<dyn Port>,
+    why: &io::Error,
+    stats: &mut WorkerStats,
+) {
+    let gone = Box::new(GonePort {
+        name: port.name().to_string(),
+        offloads: port.offloads(),
+        counters: port.counters(),
+    });
+    // Dropping the old port closes its descriptor; the device is gone already, so this
+    // does not wait on anything.
+    drop(std::mem::replace(port, gone));
+    if slot.gone.set(why.to_string()).is_ok() {
+        stats.ports_gone += 1;
+        eprintln!(
+            "ferry: worker: port {} ({}): the device is gone ({why}); port taken out of \
+             service, the packets routed to it are dropped",
+            slot.name,
+            port.name()
+        );
+    }
 }
 
 /// Worker 0's work for `control` between two rounds: updates, jobs, counters.
@@ -854,7 +955,7 @@ fn apply(
         return Err(UpdateError::Refused { reason, update });
     }
     let version = layout.version;
-    let (ports, mut queues) = std::mem::replace(
+    let (ports, mut queues, mut gone) = std::mem::replace(
         layout,
         Layout {
             version,
@@ -862,12 +963,14 @@ fn apply(
         },
     )
     .split();
-    // A port given anew brings its own queues; the old one's go with it.
+    // A port given anew brings its own queues, and is in service; the old one's queues
+    // go with it.
     for (name, _) in &update.new_ports {
         queues.remove(name);
+        gone.remove(name);
     }
     let (ports, closed) = arrange(ports, std::mem::take(&mut update.new_ports), &update.tables);
-    *layout = Layout::new(ports, &mut queues, &update.tables);
+    *layout = Layout::new(ports, &mut queues, &mut gone, &update.tables);
     layout.version = version.wrapping_add(1);
     let report = core.pipeline.set_tables(update.tables);
     Ok((report, closed))
@@ -981,10 +1084,41 @@ fn publish(control: &Control, now: u64, layout: &Layout, core: &Core<'_>) {
                     pipeline: *s,
                     linux,
                     drops: d.clone(),
+                    gone: slot.gone.get().cloned(),
                 }
             })
             .collect(),
     });
+}
+
+/// Stands in for a pod's port taken out of service (its device gone): polled never,
+/// receives nothing, takes nothing. It keeps the port's name, its offloads (so that
+/// updates that keep the port still fit it) and its counts.
+struct GonePort {
+    name: String,
+    offloads: bool,
+    counters: PortCounters,
+}
+
+impl Port for GonePort {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn raw_fd(&self) -> RawFd {
+        -1
+    }
+    fn recv_batch(&mut self, _: &mut Vec<Frame>, _: usize) -> io::Result<usize> {
+        Ok(0)
+    }
+    fn send_batch(&mut self, _: &mut Vec<Frame>) -> io::Result<usize> {
+        Ok(0)
+    }
+    fn offloads(&self) -> bool {
+        self.offloads
+    }
+    fn counters(&self) -> PortCounters {
+        self.counters
+    }
 }
 
 /// Stands in for a port that [`run_worker`] moved out of its caller's slice for the run.

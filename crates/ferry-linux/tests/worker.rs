@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::{Netns, dev_name, mac_str, ping, require_root_and_ip};
 use ferry_datapath::pipeline::{PREFETCH_MIN_CONNECTIONS, Pipeline};
-use ferry_datapath::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
+use ferry_datapath::tables::{MacAddr, PortKind, PortSpec, RouteSpec, TablesSpec};
 use ferry_datapath::wire::build;
 use ferry_linux::link::{self, PodInterface};
 use ferry_linux::{
@@ -351,6 +351,159 @@ fn worker_takes_a_pod_port_in_and_lets_it_go_while_running() {
         pipeline.port_stats()[0].tx_packets > 0,
         "A's counters followed it to index 1 and back"
     );
+}
+
+/// A pod's port as the agent describes it (`kind: pod`): its device going away takes it
+/// out of service instead of stopping the worker.
+fn pod_port_spec(name: &str, mac: [u8; 6], pod: &Pod, addr: Ipv4Addr) -> PortSpec {
+    PortSpec {
+        name: name.into(),
+        mac: MacAddr(mac),
+        kind: PortKind::Pod,
+        mtu: Some(1500),
+        addresses: vec![addr.to_string().parse().unwrap()],
+        peer_mac: Some(MacAddr(pod.mac)),
+        gso: true,
+        ..PortSpec::default()
+    }
+}
+
+#[test]
+fn worker_takes_a_pod_port_out_of_service_when_its_namespace_is_deleted() {
+    require_root_and_ip();
+    const C: Ipv4Addr = Ipv4Addr::new(10, 77, 3, 2);
+    const FERRY_MAC_C: [u8; 6] = [0x02, 0xfe, 0, 0, 0, 0x0c];
+    let (pod_a, port_a) = pod("wga", A, FERRY_MAC_A);
+    let (pod_b, port_b) = pod("wgb", B, FERRY_MAC_B);
+    let (pod_c, port_c) = pod("wgc", C, FERRY_MAC_C);
+    let a_and_b = vec![
+        pod_port_spec("pod-a", FERRY_MAC_A, &pod_a, A),
+        pod_port_spec("pod-b", FERRY_MAC_B, &pod_b, B),
+    ];
+    let routes = vec![
+        route("10.77.1.2/32", "pod-a", pod_a.mac),
+        route("10.77.2.2/32", "pod-b", pod_b.mac),
+        route("10.77.3.2/32", "pod-c", pod_c.mac),
+    ];
+    let mut all = a_and_b.clone();
+    all.push(pod_port_spec("pod-c", FERRY_MAC_C, &pod_c, C));
+    let spec = TablesSpec {
+        ports: all,
+        routes: routes.clone(),
+        ..TablesSpec::default()
+    };
+    let tables = Arc::new(spec.compile().unwrap());
+    let control = Arc::new(Control::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (flag, c) = (Arc::clone(&stop), Arc::clone(&control));
+    let handle = thread::spawn(move || {
+        let mut ports: Vec<NamedPort> = vec![
+            ("pod-a".into(), Box::new(port_a)),
+            ("pod-b".into(), Box::new(port_b)),
+            ("pod-c".into(), Box::new(port_c)),
+        ];
+        let mut pipeline = Pipeline::new(tables);
+        let t0 = Instant::now();
+        let r = run_worker_with(
+            &mut ports,
+            &mut pipeline,
+            &flag,
+            || t0.elapsed().as_nanos() as u64,
+            &c,
+        );
+        (ports, pipeline, r)
+    });
+    let running = Running {
+        stop,
+        handle: Some(handle),
+    };
+    let payload = build::pattern(400, 3);
+    let ping_from_a = |dst: Ipv4Addr, id: u16, timeout: Duration| {
+        let p = payload.clone();
+        pod_a.ns.run(move || ping(dst, id, &p, timeout))
+    };
+    assert_eq!(ping_from_a(B, 0x81, WAIT).expect("A -> B"), payload);
+    assert_eq!(ping_from_a(C, 0x82, WAIT).expect("A -> C"), payload);
+
+    // C's sandbox goes without a word to ferry: its namespace is deleted, the kernel
+    // unregisters the TAP, whose descriptor then fails with EBADFD.
+    let Pod { ns: ns_c, .. } = pod_c;
+    drop(ns_c);
+    let deadline = Instant::now() + WAIT;
+    let gone = loop {
+        let snap = control.snapshot();
+        if let Some(why) = snap
+            .ports
+            .iter()
+            .find(|p| p.name == "pod-c")
+            .and_then(|p| p.gone.clone())
+        {
+            break why;
+        }
+        assert!(
+            Instant::now() < deadline && !running.handle.as_ref().unwrap().is_finished(),
+            "pod C's port not taken out of service: {:?}",
+            snap.worker
+        );
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert!(gone.contains("bad state"), "{gone}");
+    // Long enough for a worker spinning on the dead descriptor to have given up.
+    thread::sleep(Duration::from_millis(500));
+    assert!(
+        !running.handle.as_ref().unwrap().is_finished(),
+        "the worker stopped"
+    );
+    assert_eq!(
+        ping_from_a(B, 0x83, WAIT).expect("A -> B with C gone"),
+        payload
+    );
+    assert!(
+        ping_from_a(C, 0x84, Duration::from_millis(300)).is_err(),
+        "C answered after its namespace was deleted"
+    );
+    let snap = control.snapshot();
+    assert_eq!(snap.worker.ports_gone, 1, "{:?}", snap.worker);
+    assert!(snap.worker.tx_dropped > 0, "{:?}", snap.worker);
+    let gone_ports: Vec<&str> = snap
+        .ports
+        .iter()
+        .filter(|p| p.gone.is_some())
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(gone_ports, ["pod-c"]);
+
+    // The control plane learns that C's pod is gone: the update lets its port go.
+    let applied = control
+        .send(
+            Update {
+                tables: Arc::new(
+                    TablesSpec {
+                        ports: a_and_b,
+                        routes: routes[..2].to_vec(),
+                        ..TablesSpec::default()
+                    }
+                    .compile()
+                    .unwrap(),
+                ),
+                new_ports: vec![],
+            },
+            WAIT,
+        )
+        .expect("pod C removed");
+    let closed: Vec<&str> = applied.closed.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(closed, ["pod-c"]);
+    drop(applied);
+    assert_eq!(
+        ping_from_a(B, 0x85, WAIT).expect("A -> B after C's removal"),
+        payload
+    );
+    assert!(control.snapshot().ports.iter().all(|p| p.gone.is_none()));
+
+    let (ports, _, r) = running.finish();
+    let stats = r.expect("the worker kept running");
+    assert_eq!((stats.ports_gone, stats.updates), (1, 1), "{stats:?}");
+    assert_eq!(ports.len(), 2);
 }
 
 /// More UDP connections than the pipeline's prefetch threshold, so that from the second

@@ -234,6 +234,15 @@ pub fn run(args: &Args) -> Result<()> {
     } else {
         String::new()
     };
+    let busy = if stats.ports_gone > 0 {
+        format!(
+            "{busy}; {} pod ports taken out of service, their device gone; {} frames \
+             dropped on the way out",
+            stats.ports_gone, stats.tx_dropped
+        )
+    } else {
+        busy
+    };
     eprintln!(
         "ferry node: stopped after {} frames in ({}), {} out ({} segments coalesced{busy}; UDP \
          GSO through the overlay: {} super-frames sent, {} received); drops: {}",

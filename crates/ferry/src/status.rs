@@ -117,7 +117,20 @@ fn render(c: &Counters) -> String {
             } else {
                 String::new()
             };
-            format!("{i}: {} in, {} out{busy}", w.rx_frames, w.tx_frames)
+            let dropped = if w.tx_dropped > 0 {
+                format!(", {} dropped out", w.tx_dropped)
+            } else {
+                String::new()
+            };
+            let gone = if w.ports_gone > 0 {
+                format!(", {} pod ports gone", w.ports_gone)
+            } else {
+                String::new()
+            };
+            format!(
+                "{i}: {} in, {} out{busy}{dropped}{gone}",
+                w.rx_frames, w.tx_frames
+            )
         })
         .collect();
     if !workers.is_empty() {

@@ -461,3 +461,41 @@ fn with_two_workers_per_node_pods_talk_and_both_workers_carry_traffic() {
         );
     }
 }
+
+#[test]
+fn a_pod_whose_namespace_is_deleted_is_taken_out_of_service_and_the_others_go_on() {
+    let (mut lab, _dir) = two_nodes("ng");
+    lab.ping("p1a", "10.244.1.6", 56, 3);
+    lab.ping("p1a", "10.244.2.5", 56, 3);
+
+    // Pod b of node 1 goes without a word to ferry: its namespace is deleted, and with it
+    // the TAP ferry holds open.
+    lab.del_ns("p1b");
+    // Long enough for a worker that spun on the dead descriptor to have given up.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    lab.check_alive();
+    lab.ping("p1a", "10.244.2.5", 56, 3);
+    lab.ping("p2a", "10.244.1.5", 1000, 3);
+    let to_b = lab.exec("p1a", 5, &["ping", "-c", "2", "-W", "1", "10.244.1.6"]);
+    assert!(!to_b.status.success(), "the deleted pod answered");
+    lab.check_alive();
+
+    let log = lab.stop("ferry on n1");
+    assert!(
+        log.contains("port pod-b") && log.contains("the device is gone"),
+        "{log}"
+    );
+    let stop = log
+        .lines()
+        .find(|l| l.contains("stopped after"))
+        .unwrap_or_else(|| panic!("ferry on n1 said: {log}"));
+    assert_eq!(
+        count_before(stop, "pod ports taken out of service"),
+        1,
+        "{stop}"
+    );
+    assert!(
+        count_before(stop, "frames dropped on the way out") > 0,
+        "{stop}"
+    );
+}

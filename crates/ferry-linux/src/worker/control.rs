@@ -132,6 +132,9 @@ pub struct PortSnapshot {
     pub linux: PortCounters,
     /// Packets received on the port that the pipeline dropped, by reason.
     pub drops: DropCounters,
+    /// Set when the port is out of service because its device went away (a pod's
+    /// namespace deleted): why, as the worker found it.
+    pub gone: Option<String>,
 }
 
 /// What a running worker and its pipeline had counted at `time_ns`.

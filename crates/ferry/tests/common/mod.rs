@@ -105,6 +105,13 @@ impl Lab {
         name
     }
 
+    /// Deletes namespace `short` now (a pod's sandbox going away).
+    pub fn del_ns(&mut self, short: &str) {
+        let name = self.ns(short);
+        sh(&["ip", "netns", "del", &name]);
+        self.namespaces.retain(|n| *n != name);
+    }
+
     /// Runs `ip -n NS args...`.
     pub fn ip(&self, short: &str, args: &[&str]) -> String {
         let ns = self.ns(short);
