@@ -1170,8 +1170,8 @@ impl Agent {
     /// device went away (the pod's network namespace deleted before, or without, its
     /// CNI DEL), as long as the tables in force still have them, which means the pod is
     /// still in the cluster: a warning, and an `apply` error. The port drops what is
-    /// routed to it until the pod's object goes (the next tables let the port go) or the
-    /// pod is attached again (a new port of that name).
+    /// routed to it until the tables let it go (the sandbox's CNI DEL, or the Pod
+    /// object deleted); a later attachment of the pod gets a new port.
     fn report_gone_ports(&mut self) {
         let snap = self.control.snapshot();
         let mut now = BTreeSet::new();
@@ -1182,8 +1182,8 @@ impl Agent {
                     port = %p.name,
                     error = %why,
                     "pod port out of service: its device is gone (pod network namespace \
-                     deleted?); traffic to the pod is dropped until the pod is removed or \
-                     attached again"
+                     deleted?); traffic to the pod is dropped until its CNI DEL or the \
+                     deletion of its Pod object"
                 );
                 self.status.count(ErrorKind::Apply);
             }

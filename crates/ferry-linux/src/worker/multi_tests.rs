@@ -5,7 +5,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::tests::{
-    Running, WAIT, fake, fake_queues, frames_keep_flowing_across_swaps, names, spec, tables,
+    Running, WAIT, fake, fake_queues, frames_keep_flowing_across_swaps, names, spec,
+    spec_with_pod_b, tables, wait_gone,
 };
 use super::*;
 use ferry_datapath::flow::Addr;
@@ -352,4 +353,36 @@ fn test_busy_polling_goes_on_for_its_window_after_frames_then_sleeps_again() {
         // Otherwise asleep in poll: a round per frame and per poll timeout (10 ms).
         assert!(asleep < 80, "{busy_poll:?}: {stats:?}");
     }
+}
+
+#[test]
+fn test_a_pod_port_of_two_queues_goes_out_of_service_on_both_workers() {
+    let (pa, wa) = fake("a");
+    let (pb, wb) = fake_queues("b", 2);
+    let (pc, wc) = fake("c");
+    let w = Running::start_workers(2, spec_with_pod_b(&["a", "b", "c"]), vec![pa, pb, pc]);
+    // Each worker receives one of b's queues; both go when the device does.
+    for q in &wb {
+        q.vanish();
+    }
+    wait_gone(&w, "b");
+    let deadline = Instant::now() + WAIT;
+    while !wb.iter().all(|q| q.is_closed()) && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        wb.iter().all(|q| q.is_closed()),
+        "both of b's queues closed"
+    );
+    thread::sleep(Duration::from_millis(200));
+    assert!(w.control.is_running(), "the workers stopped");
+    wa.send("10.0.3.5", 1);
+    wc.expect(1);
+    wa.send("10.0.2.5", 2);
+    for q in &wb {
+        q.expect_nothing();
+    }
+    let (_, _, r) = w.finish();
+    let stats = r.expect("the workers kept running");
+    assert_eq!(stats.ports_gone, 1, "counted once: {stats:?}");
 }

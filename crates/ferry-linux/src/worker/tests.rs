@@ -28,6 +28,8 @@ struct FakePort {
     queues: Vec<Box<dyn Port>>,
     /// While set, every receive fails.
     broken: Arc<AtomicBool>,
+    /// While set, every receive fails as a TAP's whose namespace was deleted.
+    vanished: Arc<AtomicBool>,
 }
 
 impl Drop for FakePort {
@@ -48,6 +50,9 @@ impl Port for FakePort {
     fn recv_batch(&mut self, out: &mut Vec<Frame>, max: usize) -> io::Result<usize> {
         if self.broken.load(Ordering::SeqCst) {
             return Err(io::Error::other("broken on purpose"));
+        }
+        if self.vanished.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(libc::EBADFD));
         }
         let mut buf = [0u8; 2048];
         let mut got = 0;
@@ -99,6 +104,7 @@ pub(super) struct Wire {
     pub(super) out: mpsc::Receiver<Vec<u8>>,
     closed: Arc<AtomicBool>,
     broken: Arc<AtomicBool>,
+    vanished: Arc<AtomicBool>,
 }
 
 impl Wire {
@@ -147,6 +153,13 @@ impl Wire {
     pub(super) fn break_port(&self) {
         self.broken.store(true, Ordering::SeqCst);
     }
+
+    /// Makes the port's device go away as a TAP's does when its namespace is deleted:
+    /// always readable, every receive failing with `EBADFD`.
+    pub(super) fn vanish(&self) {
+        self.vanished.store(true, Ordering::SeqCst);
+        self.send_frame(b"wake");
+    }
 }
 
 pub(super) fn fake(name: &'static str) -> (NamedPort, Wire) {
@@ -171,6 +184,7 @@ fn fake_queue(name: &'static str) -> (FakePort, Wire) {
     a.set_nonblocking(true).unwrap();
     let closed = Arc::new(AtomicBool::new(false));
     let broken = Arc::new(AtomicBool::new(false));
+    let vanished = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel();
     let port = FakePort {
         name: format!("fake-{name}"),
@@ -180,6 +194,7 @@ fn fake_queue(name: &'static str) -> (FakePort, Wire) {
         counters: PortCounters::default(),
         queues: Vec::new(),
         broken: Arc::clone(&broken),
+        vanished: Arc::clone(&vanished),
     };
     (
         port,
@@ -189,6 +204,7 @@ fn fake_queue(name: &'static str) -> (FakePort, Wire) {
             out: rx,
             closed,
             broken,
+            vanished,
         },
     )
 }
@@ -614,4 +630,136 @@ fn test_job_without_a_worker_is_refused_at_once() {
     let begun = Instant::now();
     assert_eq!(control.run(WAIT, |_| 1).unwrap_err(), JobError::Stopped);
     assert!(begun.elapsed() < WAIT);
+}
+
+/// [`spec`] with port `b` a pod's (`kind: pod`), the pod at 10.0.2.5.
+pub(super) fn spec_with_pod_b(names: &[&str]) -> Arc<Tables> {
+    let mut spec = spec(names);
+    for p in &mut spec.ports {
+        if p.name == "b" {
+            p.kind = ferry_datapath::tables::PortKind::Pod;
+            p.peer_mac = Some(MacAddr([2, 0, 0, 0, 0, 0xfe]));
+            p.addresses = vec!["10.0.2.5".parse().unwrap()];
+        }
+    }
+    Arc::new(spec.compile().unwrap())
+}
+
+/// Waits until the worker's snapshot says port `name` is out of service; returns why.
+pub(super) fn wait_gone(w: &Running, name: &str) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let snap = w.control.snapshot();
+        if let Some(why) = snap
+            .ports
+            .iter()
+            .find(|p| p.name == name)
+            .and_then(|p| p.gone.clone())
+        {
+            return why;
+        }
+        assert!(
+            Instant::now() < deadline && w.control.is_running(),
+            "port {name} not taken out of service: {:?}",
+            snap.worker
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn test_a_pod_port_whose_device_is_gone_is_taken_out_of_service() {
+    let (pa, wa) = fake("a");
+    let (pb, wb) = fake("b");
+    let (pc, wc) = fake("c");
+    let w = Running::start(spec_with_pod_b(&["a", "b", "c"]), vec![pa, pb, pc]);
+    wa.send("10.0.2.5", 1);
+    wb.expect(1);
+
+    wb.vanish();
+    let why = wait_gone(&w, "b");
+    assert!(why.contains("bad state"), "{why}");
+    assert!(wb.is_closed(), "b's descriptor is closed");
+    // Far more rounds than MAX_FAILING_ROUNDS could take.
+    thread::sleep(Duration::from_millis(300));
+    assert!(w.control.is_running(), "the worker stopped");
+    wa.send("10.0.3.5", 2);
+    wc.expect(2);
+    wa.send("10.0.2.5", 3);
+    wa.send("10.0.3.5", 4);
+    wc.expect(4);
+    wb.expect_nothing();
+    // The counters are published every STATS_INTERVAL_NS.
+    let deadline = Instant::now() + WAIT;
+    let mut snap = w.control.snapshot();
+    while snap.worker.tx_frames < 3 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+        snap = w.control.snapshot();
+    }
+    assert_eq!(
+        (
+            snap.worker.ports_gone,
+            snap.worker.tx_dropped,
+            snap.worker.tx_frames
+        ),
+        (1, 1, 3),
+        "{:?}",
+        snap.worker
+    );
+
+    // An update that keeps b keeps it out of service, at its new index.
+    w.update(spec_with_pod_b(&["c", "b", "a"]), vec![]);
+    wa.send("10.0.2.5", 5);
+    wa.send("10.0.3.5", 6);
+    wc.expect(6);
+    wb.expect_nothing();
+    let gone: Vec<String> = w
+        .control
+        .snapshot()
+        .ports
+        .iter()
+        .filter(|p| p.gone.is_some())
+        .map(|p| p.name.clone())
+        .collect();
+    assert_eq!(gone, ["b"]);
+
+    // A new port of that name puts b back in service.
+    let (pb2, wb2) = fake("b");
+    let applied = w.update(spec_with_pod_b(&["c", "b", "a"]), vec![pb2]);
+    assert_eq!(names(&applied.closed), ["b"]);
+    wa.send("10.0.2.5", 7);
+    wb2.expect(7);
+    assert!(w.control.snapshot().ports.iter().all(|p| p.gone.is_none()));
+
+    // b gone again, then dropped from the tables: let go as any removed port.
+    wb2.vanish();
+    wait_gone(&w, "b");
+    let applied = w.update(tables(&["a", "c"]), vec![]);
+    assert_eq!(names(&applied.closed), ["b"]);
+    wa.send("10.0.3.5", 8);
+    wc.expect(8);
+    let (ports, _, r) = w.finish();
+    let stats = r.expect("the worker kept running");
+    assert_eq!(stats.ports_gone, 2, "{stats:?}");
+    assert_eq!(names(&ports), ["a", "c"]);
+}
+
+#[test]
+fn test_a_port_other_than_a_pods_whose_device_is_gone_stops_the_worker() {
+    let (pa, _wa) = fake("a");
+    let (pb, _wb) = fake("b");
+    let (pc, wc) = fake("c");
+    let w = Running::start(spec_with_pod_b(&["a", "b", "c"]), vec![pa, pb, pc]);
+    wc.vanish();
+    let deadline = Instant::now() + WAIT;
+    while w.control.is_running() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+    }
+    let (_, _, r) = w.finish();
+    let e = r.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("port fake-c: 1000 receive errors in a row"),
+        "{e}"
+    );
 }
