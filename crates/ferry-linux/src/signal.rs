@@ -1,4 +1,8 @@
-//! Stopping a long-running command cleanly on SIGINT and SIGTERM.
+//! Stopping a long-running command cleanly on SIGINT, SIGTERM, SIGHUP and SIGQUIT.
+//!
+//! SIGHUP (the terminal or session went away) and SIGQUIT stop ferry the same way as
+//! SIGTERM instead of killing it outright, so they too leave no filter or device behind
+//! (SIGQUIT therefore writes no core dump).
 //!
 //! The handler only stores to an atomic flag (async-signal-safe); the worker loop sees the
 //! flag within one poll timeout and returns, and dropping the ports then removes every
@@ -13,9 +17,13 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
 }
 
-/// Installs handlers for SIGINT and SIGTERM that set the returned flag.
+/// The signals that stop a long-running command cleanly.
+pub const STOP_SIGNALS: [libc::c_int; 4] =
+    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+
+/// Installs handlers for [`STOP_SIGNALS`] that set the returned flag.
 pub fn stop_on_signals() -> io::Result<&'static AtomicBool> {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
+    for sig in STOP_SIGNALS {
         // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the handler
         // is an extern "C" fn that only performs an atomic store, which is
         // async-signal-safe; `sigaction` reads the struct and we pass no old-action pointer.
@@ -37,12 +45,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn test_sigterm_sets_the_flag() {
+    fn test_every_stop_signal_sets_the_flag() {
         let stop = stop_on_signals().unwrap();
-        assert!(!stop.load(Ordering::SeqCst));
-        // SAFETY: raising a signal whose handler was just installed in this process.
-        unsafe { libc::raise(libc::SIGTERM) };
-        assert!(stop.load(Ordering::SeqCst));
-        STOP.store(false, Ordering::SeqCst);
+        for sig in STOP_SIGNALS {
+            assert!(!stop.load(Ordering::SeqCst));
+            // SAFETY: raising a signal whose handler was just installed in this process.
+            unsafe { libc::raise(sig) };
+            assert!(stop.load(Ordering::SeqCst), "signal {sig}");
+            STOP.store(false, Ordering::SeqCst);
+        }
     }
 }

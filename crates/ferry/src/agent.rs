@@ -251,7 +251,7 @@ fn open_datastore(spec: &str, node: &str) -> Result<Watch> {
     .map_err(|e| anyhow!("--datastore {spec}: {e}"))
 }
 
-/// Runs the agent until SIGINT or SIGTERM.
+/// Runs the agent until SIGINT, SIGTERM, SIGHUP or SIGQUIT.
 pub fn run(args: &Args) -> Result<()> {
     let mut pods = BTreeMap::new();
     for p in &args.pods {
@@ -338,7 +338,7 @@ pub fn run(args: &Args) -> Result<()> {
         node = %args.node,
         ports = applied.opened.len(),
         health_ports = ?agent.health_ports(),
-        "ferry agent running; stop with SIGINT or SIGTERM"
+        "ferry agent running; stop with SIGINT, SIGTERM, SIGHUP or SIGQUIT"
     );
     let mut retry = Retry::default();
     // DELs the CNI plugin queued after the agent read its queue at start (it found no

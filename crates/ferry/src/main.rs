@@ -55,7 +55,7 @@ enum Command {
     /// Run pcap input through one node's pipeline, offline; write pcap output per port and
     /// a JSON-lines verdict per input packet.
     Replay(replay::Args),
-    /// Run one node's dataplane on real interfaces until SIGINT or SIGTERM.
+    /// Run one node's dataplane on real interfaces until SIGINT, SIGTERM, SIGHUP or SIGQUIT.
     Node(node::Args),
     /// Run one node of a cluster: its tables compiled from cluster state and swapped
     /// into the running dataplane as the cluster changes.

@@ -1,7 +1,7 @@
 //! `ferry node`: one node's dataplane on real interfaces. The node tables say what the
 //! ports are; `--attach` says which Linux device each one is; the worker loop moves
-//! frames between them through the pipeline until SIGINT or SIGTERM, then removes every
-//! device, socket and filter it made.
+//! frames between them through the pipeline until SIGINT, SIGTERM, SIGHUP or SIGQUIT,
+//! then removes every device, socket and filter it made.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -184,7 +184,7 @@ fn open_ports(
     Ok(ports)
 }
 
-/// Runs the node until SIGINT or SIGTERM.
+/// Runs the node until SIGINT, SIGTERM, SIGHUP or SIGQUIT.
 pub fn run(args: &Args) -> Result<()> {
     let tables = Arc::new(load_tables(&args.tables)?);
     let attach: Vec<(String, Attach)> = args
@@ -197,7 +197,7 @@ pub fn run(args: &Args) -> Result<()> {
     let mut pipeline = Pipeline::new(Arc::clone(&tables));
     let start = Instant::now();
     eprintln!(
-        "ferry node: {} ports up, {} worker{}; stop with SIGINT or SIGTERM",
+        "ferry node: {} ports up, {} worker{}; stop with SIGINT, SIGTERM, SIGHUP or SIGQUIT",
         ports.len(),
         args.workers,
         if args.workers == 1 { "" } else { "s" }
