@@ -13,16 +13,28 @@
 //! affected. Dropping the guard removes the filter again, in the namespace where it was
 //! installed, whichever thread drops it.
 //!
+//! Either filter is ferry's by its identity: preference [`PREF`] and handle [`HANDLE`]
+//! on the ingress hook, kind `matchall` or `bpf`. A filter with that identity found at
+//! install is the leftover of a ferry that died without cleaning up (SIGKILL, a crash):
+//! it is taken over, not treated as a conflict.
+//!
 //! It runs `tc` (package iproute2): installed once per uplink, never on the packet path.
 
 use std::fs::File;
 use std::io;
 
+use serde_json::Value;
+
 use crate::link::run;
 use crate::netns;
 
-/// The filter's priority on the ingress hook: first, ahead of anything else there.
-pub const PREF: &str = "1";
+/// The filter's preference (priority) on the ingress hook: 254, low enough to run before
+/// the filters tools add without a preference (49152 and below), and a number kept for
+/// ferry so that its filter is recognisable.
+pub const PREF: u32 = 0xfe;
+
+/// The filter's handle within [`PREF`]: `0xfe77`.
+pub const HANDLE: u32 = 0xfe77;
 
 /// A drop-everything filter on a device's ingress, removed on drop.
 #[derive(Debug)]
@@ -36,10 +48,33 @@ fn tc(args: &[&str]) -> io::Result<String> {
     run("tc", "iproute2", args)
 }
 
+/// The filters on `dev`'s ingress hook, as `tc -j filter show` lists them.
+fn ingress_filters(dev: &str) -> io::Result<Vec<Value>> {
+    let out = tc(&["-j", "filter", "show", "dev", dev, "ingress"])?;
+    if out.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    serde_json::from_str(&out)
+        .map_err(|e| io::Error::other(format!("`tc -j filter show dev {dev} ingress`: {e}")))
+}
+
+/// The kind (`matchall` or `bpf`) of the filter with ferry's identity among `filters`.
+fn own_filter(filters: &[Value]) -> Option<String> {
+    filters.iter().find_map(|f| {
+        let kind = f.get("kind")?.as_str()?;
+        let handle = f.get("options")?.get("handle")?.as_str()?;
+        let handle = u32::from_str_radix(handle.strip_prefix("0x")?, 16).ok()?;
+        (f.get("pref")?.as_u64()? == u64::from(PREF)
+            && handle == HANDLE
+            && matches!(kind, "matchall" | "bpf"))
+        .then(|| kind.to_string())
+    })
+}
+
 impl IngressDrop {
-    /// Installs the filter on `dev` in the calling thread's network namespace. Fails if
-    /// a filter already sits at [`PREF`] (someone else's, or a leftover of a crashed run;
-    /// `tc filter del dev DEV ingress pref 1` removes it).
+    /// Installs the filter on `dev` in the calling thread's network namespace, or takes
+    /// over one with ferry's identity already there (left by a ferry that died). Fails if
+    /// another owner's filter sits at [`PREF`] in a way that excludes ferry's.
     pub fn install(dev: &str) -> io::Result<IngressDrop> {
         let ns = netns::current()?;
         // An existing clsact (e.g. of another dataplane) is shared, not replaced.
@@ -49,13 +84,24 @@ impl IngressDrop {
             ns: Some(ns),
             created_qdisc,
         };
-        let base = ["filter", "add", "dev", dev, "ingress", "pref", PREF];
+        if !created_qdisc && let Some(kind) = own_filter(&ingress_filters(dev)?) {
+            tracing::info!(
+                dev,
+                kind,
+                pref = PREF,
+                handle = format_args!("{HANDLE:#x}"),
+                "taking over the ingress drop filter a previous ferry left on the device"
+            );
+            return Ok(guard);
+        }
+        let pref = PREF.to_string();
+        let handle = format!("{HANDLE:#x}");
+        let base = [
+            "filter", "add", "dev", dev, "ingress", "pref", &pref, "handle", &handle, "protocol",
+            "all",
+        ];
         let matchall = [&base[..], &["matchall", "action", "drop"]].concat();
-        let bpf = [
-            &base[..],
-            &["protocol", "all", "bpf", "da", "bytecode", "1,6 0 0 2"],
-        ]
-        .concat();
+        let bpf = [&base[..], &["bpf", "da", "bytecode", "1,6 0 0 2"]].concat();
         if let Err(first) = tc(&matchall) {
             tc(&bpf).map_err(|e| {
                 io::Error::other(format!(
@@ -88,7 +134,8 @@ impl IngressDrop {
             if created_qdisc {
                 tc(&["qdisc", "del", "dev", &dev, "clsact"]).map(drop)
             } else {
-                tc(&["filter", "del", "dev", &dev, "ingress", "pref", PREF]).map(drop)
+                let pref = PREF.to_string();
+                tc(&["filter", "del", "dev", &dev, "ingress", "pref", &pref]).map(drop)
             }
         })?
         .join()

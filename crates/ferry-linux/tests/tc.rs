@@ -1,0 +1,77 @@
+//! The uplink's ingress drop filter ([`IngressDrop`]) against what else may be on the
+//! device: a leftover of a ferry that died, other owners' filters, renamed and recreated
+//! devices. Needs root, `ip` and `tc`.
+
+mod common;
+
+use common::{Netns, require_root_and_ip};
+use ferry_linux::tc::{HANDLE, IngressDrop, PREF};
+use serde_json::Value;
+
+/// A namespace with a veth pair `tc0`/`tc1` in it.
+fn lab(tag: &str) -> Netns {
+    require_root_and_ip();
+    let ns = Netns::new(tag);
+    ns.ip(&["link", "add", "tc0", "type", "veth", "peer", "name", "tc1"]);
+    ns
+}
+
+fn tc(ns: &Netns, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new("tc")
+        .args(["-n", &ns.name])
+        .args(args)
+        .output()
+        .expect("cannot run tc (install package iproute2)");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// (pref, handle, kind) of every filter on `dev`'s ingress that has a handle.
+fn filters(ns: &Netns, dev: &str) -> Vec<(u64, String, String)> {
+    let out = tc(ns, &["-j", "filter", "show", "dev", dev, "ingress"]).unwrap();
+    if out.trim().is_empty() {
+        return Vec::new();
+    }
+    let v: Vec<Value> = serde_json::from_str(&out).unwrap();
+    v.iter()
+        .filter_map(|f| {
+            Some((
+                f["pref"].as_u64()?,
+                f.get("options")?.get("handle")?.as_str()?.to_string(),
+                f["kind"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+fn has_clsact(ns: &Netns, dev: &str) -> bool {
+    tc(ns, &["qdisc", "show", "dev", dev])
+        .unwrap()
+        .contains("clsact")
+}
+
+fn ours(f: &[(u64, String, String)]) -> usize {
+    let handle = format!("{HANDLE:#x}");
+    f.iter()
+        .filter(|(p, h, _)| *p == u64::from(PREF) && *h == handle)
+        .count()
+}
+
+#[test]
+fn a_leftover_of_a_dead_ferry_is_taken_over() {
+    let ns = lab("tcl");
+    let first = ns.run(|| IngressDrop::install("tc0")).unwrap();
+    // A ferry killed with SIGKILL never runs its cleanup.
+    std::mem::forget(first);
+    assert_eq!(ours(&filters(&ns, "tc0")), 1);
+
+    let second = ns
+        .run(|| IngressDrop::install("tc0"))
+        .expect("a restarted ferry installs over its own leftover");
+    assert_eq!(ours(&filters(&ns, "tc0")), 1, "{:?}", filters(&ns, "tc0"));
+    second.remove().unwrap();
+    assert_eq!(ours(&filters(&ns, "tc0")), 0, "{:?}", filters(&ns, "tc0"));
+}
