@@ -13,6 +13,10 @@
 //! affected. Dropping the guard removes the filter again, in the namespace where it was
 //! installed, whichever thread drops it.
 //!
+//! Only the filter ferry added is ever deleted (by preference, handle and kind), and
+//! only once it was added; the `clsact` qdisc ferry created goes too when no filter of
+//! another owner is left on it, on either hook.
+//!
 //! Either filter is ferry's by its identity: preference [`PREF`] and handle [`HANDLE`]
 //! on the ingress hook, kind `matchall` or `bpf`. A filter with that identity found at
 //! install is the leftover of a ferry that died without cleaning up (SIGKILL, a crash):
@@ -42,20 +46,47 @@ pub struct IngressDrop {
     dev: String,
     ns: Option<File>,
     created_qdisc: bool,
+    /// `matchall` or `bpf`.
+    kind: String,
 }
 
 fn tc(args: &[&str]) -> io::Result<String> {
     run("tc", "iproute2", args)
 }
 
-/// The filters on `dev`'s ingress hook, as `tc -j filter show` lists them.
-fn ingress_filters(dev: &str) -> io::Result<Vec<Value>> {
-    let out = tc(&["-j", "filter", "show", "dev", dev, "ingress"])?;
+/// The filters on `dev`'s `hook` (`ingress` or `egress`), as `tc -j filter show` lists
+/// them.
+fn filters(dev: &str, hook: &str) -> io::Result<Vec<Value>> {
+    let out = tc(&["-j", "filter", "show", "dev", dev, hook])?;
     if out.trim().is_empty() {
         return Ok(Vec::new());
     }
     serde_json::from_str(&out)
-        .map_err(|e| io::Error::other(format!("`tc -j filter show dev {dev} ingress`: {e}")))
+        .map_err(|e| io::Error::other(format!("`tc -j filter show dev {dev} {hook}`: {e}")))
+}
+
+/// Deletes the `clsact` qdisc of `dev` if neither of its hooks has a filter left.
+fn del_clsact_if_empty(dev: &str) -> io::Result<()> {
+    if filters(dev, "ingress")?.is_empty() && filters(dev, "egress")?.is_empty() {
+        tc(&["qdisc", "del", "dev", dev, "clsact"])?;
+    } else {
+        tracing::info!(
+            dev,
+            "leaving the clsact qdisc ferry added in place: other filters are on it"
+        );
+    }
+    Ok(())
+}
+
+/// Deletes ferry's filter, of `kind`, from `dev`'s ingress, and nothing else.
+fn del_own_filter(dev: &str, kind: &str) -> io::Result<()> {
+    let pref = PREF.to_string();
+    let handle = format!("{HANDLE:#x}");
+    tc(&[
+        "filter", "del", "dev", dev, "ingress", "pref", &pref, "handle", &handle, "protocol",
+        "all", kind,
+    ])
+    .map(drop)
 }
 
 /// The kind (`matchall` or `bpf`) of the filter with ferry's identity among `filters`.
@@ -79,12 +110,13 @@ impl IngressDrop {
         let ns = netns::current()?;
         // An existing clsact (e.g. of another dataplane) is shared, not replaced.
         let created_qdisc = tc(&["qdisc", "add", "dev", dev, "clsact"]).is_ok();
-        let guard = IngressDrop {
+        let guard = |kind: &str| IngressDrop {
             dev: dev.to_string(),
             ns: Some(ns),
             created_qdisc,
+            kind: kind.to_string(),
         };
-        if !created_qdisc && let Some(kind) = own_filter(&ingress_filters(dev)?) {
+        if !created_qdisc && let Some(kind) = own_filter(&filters(dev, "ingress")?) {
             tracing::info!(
                 dev,
                 kind,
@@ -92,7 +124,7 @@ impl IngressDrop {
                 handle = format_args!("{HANDLE:#x}"),
                 "taking over the ingress drop filter a previous ferry left on the device"
             );
-            return Ok(guard);
+            return Ok(guard(&kind));
         }
         let pref = PREF.to_string();
         let handle = format!("{HANDLE:#x}");
@@ -102,14 +134,22 @@ impl IngressDrop {
         ];
         let matchall = [&base[..], &["matchall", "action", "drop"]].concat();
         let bpf = [&base[..], &["bpf", "da", "bytecode", "1,6 0 0 2"]].concat();
-        if let Err(first) = tc(&matchall) {
-            tc(&bpf).map_err(|e| {
-                io::Error::other(format!(
-                    "ingress drop filter on {dev}: {first}; fallback: {e}"
-                ))
-            })?;
-        }
-        Ok(guard)
+        let kind = match tc(&matchall) {
+            Ok(_) => "matchall",
+            Err(first) => match tc(&bpf) {
+                Ok(_) => "bpf",
+                Err(e) => {
+                    // Nothing of ferry's was added: only the qdisc, if it made it.
+                    if created_qdisc && let Err(e) = del_clsact_if_empty(dev) {
+                        tracing::warn!(dev, "removing the clsact qdisc ferry added: {e}");
+                    }
+                    return Err(io::Error::other(format!(
+                        "ingress drop filter on {dev}: {first}; fallback: {e}"
+                    )));
+                }
+            },
+        };
+        Ok(guard(kind))
     }
 
     /// The device.
@@ -117,7 +157,8 @@ impl IngressDrop {
         &self.dev
     }
 
-    /// Removes the filter (and the clsact qdisc if this guard added it).
+    /// Removes the filter (and the clsact qdisc if this guard added it and no other
+    /// filter is on it).
     pub fn remove(mut self) -> io::Result<()> {
         self.remove_now()
     }
@@ -128,15 +169,15 @@ impl IngressDrop {
         };
         let dev = self.dev.clone();
         let created_qdisc = self.created_qdisc;
+        let kind = self.kind.clone();
         // `tc` inherits the namespace of the thread that runs it: use one that is in the
         // namespace where the filter was installed.
         netns::spawn_in_file(ns, move || {
+            del_own_filter(&dev, &kind)?;
             if created_qdisc {
-                tc(&["qdisc", "del", "dev", &dev, "clsact"]).map(drop)
-            } else {
-                let pref = PREF.to_string();
-                tc(&["filter", "del", "dev", &dev, "ingress", "pref", &pref]).map(drop)
+                del_clsact_if_empty(&dev)?;
             }
+            Ok(())
         })?
         .join()
         .map_err(|_| io::Error::other("tc thread panicked"))??

@@ -75,3 +75,79 @@ fn a_leftover_of_a_dead_ferry_is_taken_over() {
     second.remove().unwrap();
     assert_eq!(ours(&filters(&ns, "tc0")), 0, "{:?}", filters(&ns, "tc0"));
 }
+
+/// Adds another owner's `bpf` filter (passing everything) at `pref`, handle 1.
+fn add_foreign(ns: &Netns, pref: u32, protocol: &str) {
+    let pref = pref.to_string();
+    tc(
+        ns,
+        &[
+            "filter",
+            "add",
+            "dev",
+            "tc0",
+            "ingress",
+            "pref",
+            &pref,
+            "handle",
+            "1",
+            "protocol",
+            protocol,
+            "bpf",
+            "da",
+            "bytecode",
+            "1,6 0 0 0",
+        ],
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_failed_install_leaves_another_owners_filter_alone() {
+    let ns = lab("tcf");
+    tc(&ns, &["qdisc", "add", "dev", "tc0", "clsact"]).unwrap();
+    // Another owner's filter at ferry's preference, for IPv4 only: ferry's filter (all
+    // protocols) cannot join it.
+    add_foreign(&ns, PREF, "ip");
+    let before = filters(&ns, "tc0");
+    ns.run(|| IngressDrop::install("tc0"))
+        .expect_err("ferry's filter cannot share a preference across protocols");
+    assert_eq!(filters(&ns, "tc0"), before);
+}
+
+#[test]
+fn a_stop_leaves_another_owners_filter_at_the_same_preference() {
+    let ns = lab("tcs");
+    tc(&ns, &["qdisc", "add", "dev", "tc0", "clsact"]).unwrap();
+    add_foreign(&ns, PREF, "all");
+    let before = filters(&ns, "tc0");
+    let Ok(drop) = ns.run(|| IngressDrop::install("tc0")) else {
+        // A kernel with matchall: ferry's matchall cannot share the preference.
+        return;
+    };
+    assert_eq!(ours(&filters(&ns, "tc0")), 1);
+    drop.remove().unwrap();
+    assert_eq!(filters(&ns, "tc0"), before);
+}
+
+#[test]
+fn the_clsact_ferry_made_stays_while_others_use_it() {
+    let ns = lab("tcq");
+    let drop = ns.run(|| IngressDrop::install("tc0")).unwrap();
+    add_foreign(&ns, 100, "all");
+    drop.remove().unwrap();
+    assert_eq!(filters(&ns, "tc0").len(), 1, "{:?}", filters(&ns, "tc0"));
+    assert!(has_clsact(&ns, "tc0"));
+
+    // Alone on it, the qdisc goes with ferry's filter.
+    tc(
+        &ns,
+        &["filter", "del", "dev", "tc0", "ingress", "pref", "100"],
+    )
+    .unwrap();
+    tc(&ns, &["qdisc", "del", "dev", "tc0", "clsact"]).unwrap();
+    let drop = ns.run(|| IngressDrop::install("tc0")).unwrap();
+    assert!(has_clsact(&ns, "tc0"));
+    drop.remove().unwrap();
+    assert!(!has_clsact(&ns, "tc0"));
+}
