@@ -13,6 +13,10 @@
 //! affected. Dropping the guard removes the filter again, in the namespace where it was
 //! installed, whichever thread drops it.
 //!
+//! The guard holds on to the device by its index, not its name: a renamed device still
+//! loses ferry's filter at removal, and a device deleted and made again under the same
+//! name is left alone. Removal failures in drop are logged.
+//!
 //! Only the filter ferry added is ever deleted (by preference, handle and kind), and
 //! only once it was added; the `clsact` qdisc ferry created goes too when no filter of
 //! another owner is left on it, on either hook.
@@ -44,6 +48,7 @@ pub const HANDLE: u32 = 0xfe77;
 #[derive(Debug)]
 pub struct IngressDrop {
     dev: String,
+    ifindex: u32,
     ns: Option<File>,
     created_qdisc: bool,
     /// `matchall` or `bpf`.
@@ -52,6 +57,40 @@ pub struct IngressDrop {
 
 fn tc(args: &[&str]) -> io::Result<String> {
     run("tc", "iproute2", args)
+}
+
+/// The index of device `dev` in the calling thread's network namespace.
+fn ifindex(dev: &str) -> io::Result<u32> {
+    let cname = std::ffi::CString::new(dev)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in device name"))?;
+    // SAFETY: `cname` is a valid NUL-terminated string that outlives the call.
+    let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+    if index == 0 {
+        return Err(io::Error::new(
+            io::Error::last_os_error().kind(),
+            format!("no device {dev}: {}", io::Error::last_os_error()),
+        ));
+    }
+    Ok(index)
+}
+
+/// The name of the device with index `index` in the calling thread's network namespace,
+/// or None when there is none.
+fn ifname(index: u32) -> io::Result<Option<String>> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `buf` has room for IF_NAMESIZE bytes, the most `if_indextoname` writes
+    // (name and NUL); it lives until the call returns.
+    let p = unsafe { libc::if_indextoname(index, buf.as_mut_ptr()) };
+    if p.is_null() {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENXIO) | Some(libc::ENODEV) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    // SAFETY: on success `buf` holds a NUL-terminated name.
+    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Ok(Some(name.to_string_lossy().into_owned()))
 }
 
 /// The filters on `dev`'s `hook` (`ingress` or `egress`), as `tc -j filter show` lists
@@ -108,10 +147,12 @@ impl IngressDrop {
     /// another owner's filter sits at [`PREF`] in a way that excludes ferry's.
     pub fn install(dev: &str) -> io::Result<IngressDrop> {
         let ns = netns::current()?;
+        let ifindex = ifindex(dev)?;
         // An existing clsact (e.g. of another dataplane) is shared, not replaced.
         let created_qdisc = tc(&["qdisc", "add", "dev", dev, "clsact"]).is_ok();
         let guard = |kind: &str| IngressDrop {
             dev: dev.to_string(),
+            ifindex,
             ns: Some(ns),
             created_qdisc,
             kind: kind.to_string(),
@@ -152,9 +193,14 @@ impl IngressDrop {
         Ok(guard(kind))
     }
 
-    /// The device.
+    /// The device's name at install.
     pub fn dev(&self) -> &str {
         &self.dev
+    }
+
+    /// The device's index.
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex
     }
 
     /// Removes the filter (and the clsact qdisc if this guard added it and no other
@@ -167,12 +213,31 @@ impl IngressDrop {
         let Some(ns) = self.ns.take() else {
             return Ok(());
         };
-        let dev = self.dev.clone();
+        let installed_on = self.dev.clone();
+        let index = self.ifindex;
         let created_qdisc = self.created_qdisc;
         let kind = self.kind.clone();
         // `tc` inherits the namespace of the thread that runs it: use one that is in the
         // namespace where the filter was installed.
         netns::spawn_in_file(ns, move || {
+            // The device by its index: renamed since, or gone (and its filter with it, even
+            // if another device now has its name).
+            let Some(dev) = ifname(index)? else {
+                tracing::info!(
+                    dev = installed_on,
+                    ifindex = index,
+                    "the device is gone, and ferry's ingress filter with it"
+                );
+                return Ok(());
+            };
+            if dev != installed_on {
+                tracing::info!(
+                    dev,
+                    ifindex = index,
+                    was = installed_on,
+                    "removing ferry's ingress filter from the renamed device"
+                );
+            }
             del_own_filter(&dev, &kind)?;
             if created_qdisc {
                 del_clsact_if_empty(&dev)?;
@@ -186,7 +251,12 @@ impl IngressDrop {
 
 impl Drop for IngressDrop {
     fn drop(&mut self) {
-        // The device may be gone already (its namespace deleted): nothing left to undo.
-        let _ = self.remove_now();
+        if let Err(e) = self.remove_now() {
+            tracing::warn!(
+                dev = self.dev,
+                ifindex = self.ifindex,
+                "removing ferry's ingress drop filter: {e}"
+            );
+        }
     }
 }

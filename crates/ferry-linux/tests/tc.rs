@@ -151,3 +151,24 @@ fn the_clsact_ferry_made_stays_while_others_use_it() {
     drop.remove().unwrap();
     assert!(!has_clsact(&ns, "tc0"));
 }
+
+#[test]
+fn a_renamed_device_loses_the_filter_at_stop() {
+    let ns = lab("tcr");
+    let drop = ns.run(|| IngressDrop::install("tc0")).unwrap();
+    ns.ip(&["link", "set", "dev", "tc0", "name", "tc9"]);
+    drop.remove().unwrap();
+    assert_eq!(filters(&ns, "tc9"), vec![]);
+    assert!(!has_clsact(&ns, "tc9"));
+}
+
+#[test]
+fn a_device_made_again_under_the_same_name_is_left_alone() {
+    let ns = lab("tcn");
+    let drop = ns.run(|| IngressDrop::install("tc0")).unwrap();
+    ns.ip(&["link", "del", "dev", "tc0"]);
+    ns.ip(&["link", "add", "tc0", "type", "veth", "peer", "name", "tc1"]);
+    tc(&ns, &["qdisc", "add", "dev", "tc0", "clsact"]).unwrap();
+    drop.remove().unwrap();
+    assert!(has_clsact(&ns, "tc0"), "the new tc0's qdisc was deleted");
+}
