@@ -891,6 +891,44 @@ fn recv_copy(
     Ok(got)
 }
 
+/// What a ring receive of `got` frames reports. A ring never reads the socket, so an
+/// error the kernel set on it (ENETDOWN when the device went down) would stay and make
+/// poll report POLLERR at once forever; with nothing in the ring it is taken (which
+/// clears it) and reported once, as the copy mode's `recvmmsg` does.
+fn ring_result(fd: RawFd, got: usize, counters: &mut PortCounters) -> io::Result<usize> {
+    if got > 0 {
+        return Ok(got);
+    }
+    match take_socket_error(fd) {
+        Ok(None) => Ok(0),
+        Ok(Some(e)) | Err(e) => {
+            counters.rx_errors += 1;
+            Err(e)
+        }
+    }
+}
+
+/// Reads and clears the socket's pending error (`SO_ERROR`).
+fn take_socket_error(fd: RawFd) -> io::Result<Option<io::Error>> {
+    let mut err: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `err` and `len` are valid for writes and outlive the call; `len` holds the
+    // size of `err`, the most the kernel writes for SO_ERROR.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ERROR,
+            (&raw mut err).cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((err != 0).then(|| io::Error::from_raw_os_error(err)))
+}
+
 /// Like [`deliver`] for a frame without a VLAN tag to put back, taking it out of its
 /// receive buffer `buf` ([`take_received`]).
 fn deliver_owned(
@@ -927,17 +965,13 @@ impl Port for AfPacketPort {
                 block_size,
                 block_count,
                 cursor,
-            } => Ok(recv_blocks(
-                ring,
-                *block_size,
-                *block_count,
-                cursor,
-                counters,
-                out,
-                max,
-            )),
+            } => {
+                let got = recv_blocks(ring, *block_size, *block_count, cursor, counters, out, max);
+                ring_result(self.fd.as_raw_fd(), got, counters)
+            }
             Rx::Frames { ring, slots, next } => {
-                Ok(recv_frames(ring, *slots, next, counters, out, max))
+                let got = recv_frames(ring, *slots, next, counters, out, max);
+                ring_result(self.fd.as_raw_fd(), got, counters)
             }
             Rx::Copy { hdrs, bufs, ctrl } => {
                 recv_copy(self.fd.as_raw_fd(), hdrs, bufs, ctrl, counters, out, max)

@@ -485,3 +485,48 @@ fn af_packet_queues_open_one_fanout_group_and_spread_flows_over_it() {
         "the flows spread over both sockets: {counts:?}"
     );
 }
+
+/// The uplink goes down and up again: the port reports the error once, then poll goes
+/// quiet (instead of reporting POLLERR at once forever and the worker spinning).
+fn a_link_flap_is_reported_once(tag: &str, rx_mode: RxMode) {
+    let lab = lab(tag);
+    let cfg = AfPacketConfig {
+        rx_mode,
+        ..AfPacketConfig::default()
+    };
+    let mut port = open(&lab, cfg);
+    lab.node.ip(&["link", "set", "dev", "up0", "down"]);
+    lab.node.ip(&["link", "set", "dev", "up0", "up"]);
+    let deadline = Instant::now() + WAIT;
+    let (mut errors, mut wakeups) = (0, 0);
+    let mut batch = Vec::new();
+    // Until poll stays quiet for a while (frames the peer sends are fine).
+    while wait_readable(port.raw_fd(), 300) {
+        assert!(
+            Instant::now() < deadline,
+            "{rx_mode:?}: poll still reports the socket ready after {WAIT:?}: {wakeups} \
+             wakeups, {errors} errors"
+        );
+        wakeups += 1;
+        batch.clear();
+        if port.recv_batch(&mut batch, 64).is_err() {
+            errors += 1;
+        }
+    }
+    assert_eq!(errors, 1, "{rx_mode:?}: the link going down, reported once");
+}
+
+#[test]
+fn af_packet_link_flap_copy() {
+    a_link_flap_is_reported_once("aff", RxMode::Copy);
+}
+
+#[test]
+fn af_packet_link_flap_frame_ring() {
+    a_link_flap_is_reported_once("afg", RxMode::FrameRing);
+}
+
+#[test]
+fn af_packet_link_flap_block_ring() {
+    a_link_flap_is_reported_once("afh", RxMode::BlockRing);
+}
