@@ -255,6 +255,9 @@ pub struct AfPacketPort {
     name: String,
     hdrs: Vec<[u8; vnet::LEN]>,
     counters: PortCounters,
+    /// The device was deleted: `fd` no longer is the socket but a hung-up pipe
+    /// ([`AfPacketPort::hang_up`]).
+    gone: bool,
 }
 
 impl std::fmt::Debug for AfPacketPort {
@@ -482,7 +485,66 @@ impl AfPacketPort {
             name: dev.to_string(),
             hdrs: vec![[0; vnet::LEN]; TX_BATCH],
             counters: PortCounters::default(),
+            gone: false,
         })
+    }
+
+    /// The error for a port whose device was deleted.
+    fn gone_error(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{}: the device is gone", self.name),
+        )
+    }
+
+    /// Called with an error of the socket: if the device it is bound to was deleted (the
+    /// kernel then sets the socket's interface index to -1, and nothing ever arrives or
+    /// leaves again), hangs the port up and says so; otherwise returns `e`.
+    fn check_gone(&mut self, e: io::Error) -> io::Error {
+        if self.gone {
+            return self.gone_error();
+        }
+        let fd = self.fd.as_raw_fd();
+        // A deletion takes the device down first (the ENETDOWN that woke the port) and
+        // unregisters it after: wait for that before looking, as nothing wakes the port
+        // again once it is done.
+        let gone = bound_device_gone(fd)
+            || (e.raw_os_error() == Some(libc::ENETDOWN) && {
+                wait_for_device_changes(fd, &self.name);
+                bound_device_gone(fd)
+            });
+        if !gone {
+            return e;
+        }
+        if let Err(he) = self.hang_up() {
+            return io::Error::new(
+                he.kind(),
+                format!("{}: the device is gone; hanging up: {he}", self.name),
+            );
+        }
+        self.gone = true;
+        self.gone_error()
+    }
+
+    /// Puts the read end of a pipe without writer in place of the socket, under the same
+    /// descriptor number: poll then reports POLLHUP on it, which is how a port tells the
+    /// worker its device is gone (as a deleted TAP does), instead of going silent.
+    fn hang_up(&mut self) -> io::Result<()> {
+        let mut p = [0 as libc::c_int; 2];
+        // SAFETY: `p` has room for the two descriptors pipe2 writes.
+        check(
+            unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) },
+            "pipe2",
+        )?;
+        // SAFETY: pipe2 succeeded: both descriptors are fresh and owned by nothing else.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+        drop(w);
+        // SAFETY: both descriptors are open and owned by this port (`self.fd`) or this
+        // function (`r`); dup3 atomically closes the socket behind `self.fd` and makes
+        // that number refer to the pipe, so `self.fd` still owns exactly one descriptor.
+        // The rings stay mapped (a mapping holds its own reference to the socket).
+        let rc = unsafe { libc::dup3(r.as_raw_fd(), self.fd.as_raw_fd(), libc::O_CLOEXEC) };
+        check(rc, "dup3")
     }
 
     /// Sets up the receive side of `cfg.rx_mode` (after `PACKET_VNET_HDR`, before bind).
@@ -908,6 +970,39 @@ fn ring_result(fd: RawFd, got: usize, counters: &mut PortCounters) -> io::Result
     }
 }
 
+/// Whether the device the packet socket `fd` was bound to was deleted: the kernel then
+/// sets the socket's interface index, which getsockname reports, to -1.
+fn bound_device_gone(fd: RawFd) -> bool {
+    // SAFETY: an all-zero sockaddr_ll is a valid value.
+    let mut sll: libc::sockaddr_ll = unsafe { zeroed() };
+    let mut len = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+    // SAFETY: `sll` and `len` are valid for writes and outlive the call; `len` holds the
+    // size of `sll`, the most the kernel writes.
+    let rc = unsafe { libc::getsockname(fd, (&raw mut sll).cast(), &mut len) };
+    rc == 0 && sll.sll_ifindex <= 0
+}
+
+/// Waits until the device change the kernel is making (if any) is done: an ethtool
+/// request on the socket takes the RTNL lock, which a device deletion holds from taking
+/// the device down until it is unregistered. The request's result does not matter.
+fn wait_for_device_changes(fd: RawFd, dev: &str) {
+    const ETHTOOL_GLINK: u32 = 0xa;
+    // SAFETY: an all-zero ifreq is a valid value (empty name, null pointers).
+    let mut ifr: libc::ifreq = unsafe { zeroed() };
+    for (d, b) in ifr
+        .ifr_name
+        .iter_mut()
+        .zip(dev.bytes().take(libc::IFNAMSIZ - 1))
+    {
+        *d = b as libc::c_char;
+    }
+    let mut req = [ETHTOOL_GLINK, 0u32];
+    ifr.ifr_ifru.ifru_data = req.as_mut_ptr().cast();
+    // SAFETY: `ifr` holds a NUL-terminated name and points at `req`, an ethtool_value
+    // (command and result word) the kernel may write; both outlive the call.
+    unsafe { libc::ioctl(fd, libc::SIOCETHTOOL, &mut ifr) };
+}
+
 /// Reads and clears the socket's pending error (`SO_ERROR`).
 fn take_socket_error(fd: RawFd) -> io::Result<Option<io::Error>> {
     let mut err: libc::c_int = 0;
@@ -948,16 +1043,9 @@ fn deliver_owned(
     true
 }
 
-impl Port for AfPacketPort {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
-
-    fn recv_batch(&mut self, out: &mut Vec<Frame>, max: usize) -> io::Result<usize> {
+impl AfPacketPort {
+    /// [`Port::recv_batch`] from the socket.
+    fn recv_socket(&mut self, out: &mut Vec<Frame>, max: usize) -> io::Result<usize> {
         let counters = &mut self.counters;
         match &mut self.rx {
             Rx::Blocks {
@@ -978,8 +1066,28 @@ impl Port for AfPacketPort {
             }
         }
     }
+}
+
+impl Port for AfPacketPort {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    fn recv_batch(&mut self, out: &mut Vec<Frame>, max: usize) -> io::Result<usize> {
+        if self.gone {
+            return Err(self.gone_error());
+        }
+        self.recv_socket(out, max).map_err(|e| self.check_gone(e))
+    }
 
     fn send_batch(&mut self, frames: &mut Vec<Frame>) -> io::Result<usize> {
+        if self.gone {
+            return Err(self.gone_error());
+        }
         let mut taken = 0;
         // SAFETY: all-zero iovec and mmsghdr values are valid (null pointers, lengths 0).
         let mut iov: [libc::iovec; 2 * TX_BATCH] = unsafe { zeroed() };
@@ -1024,6 +1132,12 @@ impl Port for AfPacketPort {
             match e.kind() {
                 io::ErrorKind::Interrupted => continue,
                 io::ErrorKind::WouldBlock => break,
+                // No device behind the socket: none of the frames can go.
+                _ if matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV)) => {
+                    self.counters.tx_errors += 1;
+                    frames.drain(..taken);
+                    return Err(self.check_gone(e));
+                }
                 // The first frame was refused (bad offload header, too long, device
                 // down or its queue full): counted, and the rest goes on.
                 _ => {

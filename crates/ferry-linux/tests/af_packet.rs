@@ -530,3 +530,90 @@ fn af_packet_link_flap_frame_ring() {
 fn af_packet_link_flap_block_ring() {
     a_link_flap_is_reported_once("afh", RxMode::BlockRing);
 }
+
+fn revents(fd: RawFd, ms: i32) -> i16 {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, count 1.
+    unsafe { libc::poll(&mut pfd, 1, ms) };
+    pfd.revents
+}
+
+/// The uplink is deleted while the port is open: receiving says the device is gone and
+/// poll then reports POLLHUP (which stops the worker), rather than the port going silent.
+fn a_deleted_device_hangs_the_port_up(tag: &str, rx_mode: RxMode) {
+    let lab = lab(tag);
+    let cfg = AfPacketConfig {
+        rx_mode,
+        ..AfPacketConfig::default()
+    };
+    let mut port = open(&lab, cfg);
+    // Deleted while the port waits in poll, as a worker does: the port wakes when the
+    // device goes down, before the kernel has unregistered it.
+    let node = lab.node.name.clone();
+    let deleter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        link::ip(&["-n", &node, "link", "del", "dev", "up0"])
+    });
+    let deadline = Instant::now() + WAIT;
+    let mut batch = Vec::new();
+    let mut last = None;
+    loop {
+        let r = revents(port.raw_fd(), 100);
+        if r & libc::POLLHUP != 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{rx_mode:?}: no POLLHUP within {WAIT:?}; last error {last:?}"
+        );
+        if r != 0 {
+            batch.clear();
+            last = port.recv_batch(&mut batch, 64).err();
+        }
+    }
+    deleter.join().unwrap().unwrap();
+    let e = last.expect("the receive that found the device gone");
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{rx_mode:?}: {e}");
+    let mut frames = vec![Frame {
+        data: vec![0; 60],
+        vnet: VnetHdr::default(),
+    }];
+    assert!(port.send_batch(&mut frames).is_err());
+}
+
+#[test]
+fn af_packet_deleted_device_copy() {
+    a_deleted_device_hangs_the_port_up("afx", RxMode::Copy);
+}
+
+#[test]
+fn af_packet_deleted_device_frame_ring() {
+    a_deleted_device_hangs_the_port_up("afy", RxMode::FrameRing);
+}
+
+#[test]
+fn af_packet_deleted_device_block_ring() {
+    a_deleted_device_hangs_the_port_up("afz", RxMode::BlockRing);
+}
+
+/// Sending is what finds the device gone when nothing was received.
+#[test]
+fn af_packet_deleted_device_found_by_sending() {
+    let lab = lab("afs");
+    let mut port = open(&lab, AfPacketConfig::default());
+    lab.node.ip(&["link", "del", "dev", "up0"]);
+    let mut frames = vec![
+        Frame {
+            data: vec![0; 60],
+            vnet: VnetHdr::default(),
+        };
+        3
+    ];
+    let e = port.send_batch(&mut frames).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+    assert_ne!(revents(port.raw_fd(), 0) & libc::POLLHUP, 0);
+}
