@@ -122,7 +122,9 @@ fn a_stop_leaves_another_owners_filter_at_the_same_preference() {
     add_foreign(&ns, PREF, "all");
     let before = filters(&ns, "tc0");
     let Ok(drop) = ns.run(|| IngressDrop::install("tc0")) else {
-        // A kernel with matchall: ferry's matchall cannot share the preference.
+        // A kernel with matchall: ferry's matchall cannot share the preference, and the
+        // failed install leaves the other owner's filter as it was.
+        assert_eq!(filters(&ns, "tc0"), before);
         return;
     };
     assert_eq!(ours(&filters(&ns, "tc0")), 1);
