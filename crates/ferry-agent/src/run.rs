@@ -539,10 +539,12 @@ impl Agent {
 
     fn answer(&mut self, cluster: Arc<Cluster>, req: Request) -> Response {
         match req {
+            // 51, as CNI's STATUS means it: no ADD, and the pods already here have no
+            // forwarding either.
             Request::Status => match self.worker_error() {
                 None if self.is_running() => Response::Ok(Answer::default()),
                 e => Response::error(
-                    50,
+                    51,
                     "the agent's dataplane is not running",
                     e.unwrap_or_default(),
                 ),

@@ -32,8 +32,13 @@ pub mod code {
     /// A transient condition (the agent not running, the node without pod CIDRs yet):
     /// try again later.
     pub const TRY_AGAIN_LATER: u32 = 11;
-    /// STATUS: the plugin cannot serve ADD (the agent is not running or not ready).
+    /// STATUS: the plugin cannot serve ADD (the node has no pod CIDR yet, or is not in
+    /// the agent's cluster state yet).
     pub const PLUGIN_NOT_AVAILABLE: u32 = 50;
+    /// STATUS: the plugin cannot serve ADD, and the pods already on the node have
+    /// limited connectivity: the agent, whose process carries their traffic, is not
+    /// running or its dataplane is not.
+    pub const LIMITED_CONNECTIVITY: u32 = 51;
     /// ferry-cni: a pod CIDR has no free address left.
     pub const NO_FREE_ADDRESS: u32 = 200;
     /// ferry-cni: CHECK found the attachment other than `prevResult` says.

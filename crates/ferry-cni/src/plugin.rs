@@ -395,20 +395,27 @@ impl Call<'_> {
         Ok(())
     }
 
-    /// STATUS: whether the agent can take pods.
+    /// STATUS: whether the agent can take pods. Not when it does not answer (51: its
+    /// process carries the node's pods' traffic), when it says it cannot (its code), or
+    /// when an ADD would find no pod CIDR for this node (50).
     fn status(self) -> Result<(), Error> {
-        match self.ask(&Request::Status) {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e),
-            Err(e) => Err(Error::new(
-                code::PLUGIN_NOT_AVAILABLE,
+        let unavailable = |e: CallError| {
+            Error::new(
+                code::LIMITED_CONNECTIVITY,
                 format!(
-                    "the ferry agent at {} is not available",
+                    "the ferry agent at {} is not available: the node's pods have no \
+                     forwarding until it is back",
                     self.agent.socket().display()
                 ),
                 e.to_string(),
-            )),
-        }
+            )
+        };
+        self.ask(&Request::Status).map_err(unavailable)??;
+        let node = self.ask(&Request::Node).map_err(unavailable)?;
+        let node = node.map_err(|e| Error::new(code::PLUGIN_NOT_AVAILABLE, e.msg, e.details))?;
+        range_sets(&node)
+            .map(|_| ())
+            .map_err(|e| Error::new(code::PLUGIN_NOT_AVAILABLE, e.msg, e.details))
     }
 
     /// GC: stale leases first, then the agent's stale attachments; an error in one
@@ -737,10 +744,10 @@ mod tests {
     }
 
     #[test]
-    fn test_status_with_the_agent_not_running_is_code_50() {
+    fn test_status_with_the_agent_not_running_is_code_51() {
         let tmp = tempfile::tempdir().unwrap();
         let o = run_with(&[("CNI_COMMAND", "STATUS")], &conf(tmp.path(), "1.1.0"));
-        assert_eq!(error_code(&o), 50);
+        assert_eq!(error_code(&o), 51);
     }
 
     #[test]

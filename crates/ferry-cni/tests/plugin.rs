@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use common::{
     Cni, Env, FakeAgent, Reply, add_env, attach_env, finish, good_agent, run, run_raw, spawn, with,
 };
-use ferry_api::{Attachment, PodRef, Request, Response};
+use ferry_api::{Answer, Attachment, PodRef, Request, Response};
 use serde_json::{Value, json};
 
 #[test]
@@ -432,27 +432,57 @@ fn check_needs_a_prev_result_and_the_agent() {
 }
 
 #[test]
-fn status_asks_the_agent_and_is_50_without_it() {
+fn status_asks_the_agent_and_its_node_and_is_51_without_the_agent() {
     let cni = Cni::new();
     let status = vec![("CNI_COMMAND".to_string(), "STATUS".to_string())];
     let out = run(&status, &cni.conf("1.1.0")).ok();
     assert_eq!(out.stdout, Value::Null);
-    assert_eq!(cni.agent().take_requests(), [Request::Status]);
+    assert_eq!(
+        cni.agent().take_requests(),
+        [Request::Status, Request::Node]
+    );
 
+    // The agent says it cannot: its code and message.
     cni.agent().script(|_| {
         Reply::Answer(Response::error(
-            50,
-            "not ready",
-            "the datastore has not synced",
+            51,
+            "the agent's dataplane is not running",
+            "worker: port up1: the device is gone",
         ))
     });
     let out = run(&status, &cni.conf("1.1.0"));
-    assert_eq!(out.error_code(), 50);
-    assert_eq!(out.stdout["msg"], "not ready");
+    assert_eq!(out.error_code(), 51);
+    assert_eq!(out.stdout["msg"], "the agent's dataplane is not running");
 
-    let cni = Cni::without_agent();
+    // An ADD would find no pod CIDR for this node: 50.
+    cni.agent().script(|r| match r {
+        Request::Node => Reply::Answer(Response::Ok(Answer {
+            node: Some("node-1".into()),
+            ..Answer::default()
+        })),
+        _ => Reply::Answer(Response::Ok(Answer::default())),
+    });
     let out = run(&status, &cni.conf("1.1.0"));
     assert_eq!(out.error_code(), 50);
+    assert!(
+        out.stdout["msg"].as_str().unwrap().contains("no pod CIDR"),
+        "{out:?}"
+    );
+    cni.agent().script(|r| match r {
+        Request::Node => Reply::Answer(Response::error(
+            11,
+            "this node is not in the cluster state yet",
+            "node-1",
+        )),
+        _ => Reply::Answer(Response::Ok(Answer::default())),
+    });
+    let out = run(&status, &cni.conf("1.1.0"));
+    assert_eq!(out.error_code(), 50);
+
+    // No agent: its process carries the pods' traffic, so 51.
+    let cni = Cni::without_agent();
+    let out = run(&status, &cni.conf("1.1.0"));
+    assert_eq!(out.error_code(), 51);
     assert_eq!(out.stdout["cniVersion"], "1.1.0");
 }
 
