@@ -14,10 +14,11 @@
 //! bounded in datagrams, datagrams per source, fragment bytes and fragments per
 //! datagram, with a constant timeout, so that expiry is a FIFO.
 //!
-//! Memory is taken as fragments arrive, never reserved ahead: a datagram holds the data
-//! it received (in a buffer at most twice that, as it grows by doubling) and its first
-//! fragment's headers, so [`Config::max_bytes`] bounds the buffers too, give or take that
-//! factor and the fixed cost of each of the [`Config::max_datagrams`] datagrams.
+//! Each datagram has one buffer laid out as the frame it will become, with its data at
+//! its final offset, so completing it takes no copy. [`Config::max_bytes`] counts the
+//! fragments held, not the buffers (a tiny fragment at offset 64000 has a 64 KiB
+//! buffer): the buffers are bounded by [`Config::max_datagrams`], and one source's by
+//! [`Config::max_datagrams_per_source`].
 //!
 //! Everything here is pure: time comes from `pkt.meta.time_ns` and the `now_ns` argument
 //! of [`Reassembler::expire`].
@@ -50,8 +51,8 @@ pub struct Config {
     /// Bytes of fragments held: the whole IP length of every fragment taken into an
     /// incomplete datagram, as Linux counts the fragments it queues. A fragment that would
     /// go over it is refused, unless it completes its datagram. Default 4 MiB, Linux's
-    /// `ipfrag_high_thresh`. Buffers hold only what was received, so this bounds them too
-    /// (at most twice over, as they grow by doubling).
+    /// `ipfrag_high_thresh`. The buffers behind them are bounded by the datagram limits
+    /// (see the module documentation).
     pub max_bytes: usize,
     /// Smallest non-final IPv4 fragment, as a whole IP packet length. Default 400, which
     /// no sane path MTU goes below and which bounds the fragments per datagram.

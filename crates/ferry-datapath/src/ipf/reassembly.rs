@@ -1,14 +1,22 @@
 //! The reassembly table.
 //!
-//! Memory follows what was received, as in Linux: each datagram keeps the data of its
-//! fragments appended in arrival order (one buffer that grows by doubling, so at most
-//! twice what was received) and the headers of its first fragment. Nothing is reserved
-//! ahead, so a few bytes at offset 64000 take a few bytes, and the byte limit, which
-//! counts the fragments held (their whole IP length), bounds the real memory. Completing
-//! a datagram copies its pieces into place in the output frame.
+//! Each datagram gets one buffer laid out as the frame it will become: room for the L2
+//! and IP headers of the first fragment, then the datagram data at its final offset. A
+//! fragment's data is copied straight into place, so completing a datagram only fixes a
+//! few header fields; the buffer becomes the output frame without another copy.
+//!
+//! The byte limit counts the fragments received (their whole IP length), not the
+//! buffers: a buffer is sized by where its data lands, so a few bytes at offset 64000
+//! take 64 KiB, and counting capacity would let a handful of tiny fragments fill the
+//! table. Worst case memory is therefore bounded by the datagram limit instead: at most
+//! `max_datagrams` buffers of at most 64 KiB of data plus headers each, and at most
+//! `max_datagrams_per_source` of them for one source.
 //!
 //! Each source (zone and address) may have at most [`Config::max_datagrams_per_source`]
-//! datagrams in the table, so that one sender cannot take all of it.
+//! datagrams in the table, so that one sender cannot take all of it. Sources are counted
+//! in [`SOURCE_BUCKETS`] buckets by a randomly seeded hash of the source, kept with each
+//! datagram: no lookup when it leaves. Sources that share a bucket share its limit; a
+//! sender cannot choose whose bucket it shares, since the seed is random.
 //!
 //! Datagrams live in a slab threaded by a doubly linked list in creation order. Since the
 //! timeout is constant, creation order is deadline order: the list is the expiry FIFO,
@@ -27,6 +35,9 @@ use crate::wire::checksum::set_ipv4_header;
 use crate::wire::{L3, Parsed, parse};
 
 /// The end of the list.
+/// Buckets the sources are counted in for [`Config::max_datagrams_per_source`].
+pub const SOURCE_BUCKETS: usize = 4096;
+
 const NIL: u32 = u32::MAX;
 /// The most data bytes an IP datagram can carry.
 const MAX_DATA: usize = 65535;
@@ -94,11 +105,12 @@ struct First {
 /// A datagram being reassembled.
 #[derive(Debug)]
 struct Datagram {
-    /// The data of every fragment held, in arrival order (the order of `ranges`).
-    data: Vec<u8>,
-    /// The frame bytes before the data of the first fragment (L2 and IP headers, without
-    /// the IPv6 fragment header), once it arrived.
-    headers: Vec<u8>,
+    /// The future frame: headers end at `head`, data offset 0 is at `head`.
+    buf: Vec<u8>,
+    /// Index in `buf` of data offset 0.
+    head: usize,
+    /// Index in `buf` where the frame starts, once the first fragment placed its headers.
+    hdr_start: usize,
     first: Option<First>,
     /// Data length, once the final fragment was seen.
     end: Option<u32>,
@@ -140,6 +152,8 @@ enum State {
 #[derive(Debug)]
 struct Slot {
     key: Key,
+    /// Its source's bucket in [`Reassembler::per_source`].
+    source: u16,
     v6: bool,
     deadline: u64,
     prev: u32,
@@ -184,7 +198,9 @@ pub struct Reassembler {
     config: Config,
     map: HashMap<Key, u32, RandomState>,
     /// Datagrams in the table (markers included) per source: zone and address.
-    per_source: HashMap<(u16, Addr), u32, RandomState>,
+    per_source: Box<[u32]>,
+    /// Seeds the hash of sources into [`Reassembler::per_source`]'s buckets.
+    source_hash: RandomState,
     slots: Vec<Option<Slot>>,
     free: Vec<u32>,
     /// Oldest datagram (first to expire).
@@ -204,7 +220,8 @@ impl Reassembler {
         Reassembler {
             config,
             map: HashMap::with_hasher(RandomState::new()),
-            per_source: HashMap::with_hasher(RandomState::new()),
+            per_source: vec![0; SOURCE_BUCKETS].into_boxed_slice(),
+            source_hash: RandomState::new(),
             slots: Vec::new(),
             free: Vec::new(),
             head: NIL,
@@ -335,7 +352,8 @@ impl Reassembler {
 
     /// Bytes of fragments held: the whole IP length of every fragment taken into a
     /// datagram that is still incomplete. This is what [`Config::max_bytes`] limits; the
-    /// buffers behind it hold only the data received (see the module documentation).
+    /// buffers behind it are bounded by [`Config::max_datagrams`] (see the module
+    /// documentation).
     pub fn held_bytes(&self) -> usize {
         self.held_bytes
     }
@@ -344,20 +362,6 @@ impl Reassembler {
     /// absorbed, not counted); kept as fragments come and go, not counted by a scan.
     pub fn held_fragments(&self) -> usize {
         self.held_fragments
-    }
-
-    /// Bytes allocated for the datagrams in the table (data and headers buffers), by a
-    /// scan: for tests that check memory follows what was received.
-    #[cfg(test)]
-    pub(super) fn buffer_bytes(&self) -> usize {
-        self.slots
-            .iter()
-            .flatten()
-            .map(|s| match &s.state {
-                State::Live(d) => d.data.capacity() + d.headers.capacity(),
-                State::Failed => 0,
-            })
-            .sum()
     }
 
     /// True when a fragment of `ip_len` bytes can be held within the byte limit.
@@ -434,23 +438,40 @@ impl Reassembler {
         drops: &mut DropCounters,
     ) -> Result<u32, DropReason> {
         self.expire(now, EXPIRE_ON_INSERT, drops);
+        // The headers of this fragment are the best guess for those of the first one.
+        let head = f.hdr_len;
+        let end = f.end as usize;
+        // One allocation for the common datagram of up to three fragments; the final
+        // fragment tells the exact size. Larger datagrams grow by doubling. Never more
+        // than the headers and MAX_DATA: `check` refused data ending past it.
+        let guess = if f.more {
+            (f.offset as usize + 3 * (end - f.offset as usize)).min(MAX_DATA)
+        } else {
+            end
+        };
         if self.map.len() >= self.config.max_datagrams || !self.has_room(f.ip_len) {
             return Err(DropReason::FragTableFull);
         }
-        let source = (key.zone, key.src);
-        let of_source = self.per_source.get(&source).copied().unwrap_or(0);
-        if of_source as usize >= self.config.max_datagrams_per_source {
+        // Counted here: nothing below fails.
+        let source = (self.source_hash.hash_one((key.zone, key.src)) as usize) % SOURCE_BUCKETS;
+        let of_source = &mut self.per_source[source];
+        if *of_source as usize >= self.config.max_datagrams_per_source {
             return Err(DropReason::FragSourceLimit);
         }
+        *of_source += 1;
+        let mut buf = Vec::with_capacity(head + guess);
+        buf.resize(head, 0);
         let slot = Slot {
             key,
+            source: source as u16,
             v6: f.v6,
             deadline: now.saturating_add(self.config.timeout_ns),
             prev: NIL,
             next: NIL,
             state: State::Live(Datagram {
-                data: Vec::new(),
-                headers: Vec::new(),
+                buf,
+                head,
+                hdr_start: 0,
                 first: None,
                 end: None,
                 max_end: 0,
@@ -476,7 +497,6 @@ impl Reassembler {
         };
         self.link_tail(idx);
         self.map.insert(key, idx);
-        *self.per_source.entry(source).or_insert(0) += 1;
         Ok(idx)
     }
 
@@ -511,7 +531,8 @@ impl Reassembler {
         match dg.ranges.fit(range) {
             Fit::Free => {}
             Fit::Same => {
-                return if piece(dg, range) == Some(data) {
+                let at = dg.head + f.offset as usize;
+                return if dg.buf.get(at..at + data.len()) == Some(data) {
                     dg.note_size(f);
                     Added::Duplicate
                 } else {
@@ -534,9 +555,35 @@ impl Reassembler {
             return Added::Refused(DropReason::FragTableFull);
         }
 
+        // Make room: for the data, and for headers longer than the room guessed for them.
+        let new_head = if is_first {
+            dg.head.max(f.hdr_len)
+        } else {
+            dg.head
+        };
+        let data_len = (dg.buf.len() - dg.head).max(f.end as usize);
+        let need = new_head + data_len;
+        let spec = match (f.more, dg.end) {
+            (true, None) => (dg.buf.capacity() * 2).min(new_head + MAX_DATA),
+            (false, _) => new_head + f.end as usize,
+            (true, Some(e)) => new_head + e as usize,
+        };
+        if need > dg.buf.capacity() {
+            dg.buf.reserve_exact(spec.max(need) - dg.buf.len());
+        }
+
         if is_first {
-            dg.headers.clear();
-            dg.headers.extend_from_slice(&pkt.data[..f.hdr_len]);
+            if f.hdr_len > dg.head {
+                // Rare: the first fragment has longer headers than the fragment that
+                // created the datagram (IPv4 options that are not copied). Move the data.
+                let shift = f.hdr_len - dg.head;
+                let old = dg.buf.len();
+                dg.buf.resize(old + shift, 0);
+                dg.buf.copy_within(0..old, shift);
+                dg.head = f.hdr_len;
+            }
+            dg.hdr_start = dg.head - f.hdr_len;
+            dg.buf[dg.hdr_start..dg.head].copy_from_slice(&pkt.data[..f.hdr_len]);
             let frag_nh = if f.v6 {
                 pkt.data.get(f.hdr_len).copied().unwrap_or(0)
             } else {
@@ -548,8 +595,15 @@ impl Reassembler {
             });
         }
 
-        // Appended, so the buffer grows with what was received (by doubling).
-        dg.data.extend_from_slice(data);
+        let at = dg.head + f.offset as usize;
+        if at == dg.buf.len() {
+            dg.buf.extend_from_slice(data);
+        } else {
+            if at + data.len() > dg.buf.len() {
+                dg.buf.resize(at + data.len(), 0);
+            }
+            dg.buf[at..at + data.len()].copy_from_slice(data);
+        }
         dg.ranges.push(range);
         dg.received += len;
         dg.bytes += f.ip_len;
@@ -646,13 +700,8 @@ impl Reassembler {
         let slot = self.slots.get_mut(idx as usize)?.take()?;
         self.free.push(idx);
         self.map.remove(&slot.key);
-        let source = (slot.key.zone, slot.key.src);
-        if let Some(n) = self.per_source.get_mut(&source) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_source.remove(&source);
-            }
-        }
+        let of_source = &mut self.per_source[usize::from(slot.source)];
+        *of_source = of_source.saturating_sub(1);
         if let State::Live(dg) = &slot.state {
             self.held_bytes = self.held_bytes.saturating_sub(dg.bytes);
             self.held_fragments = self.held_fragments.saturating_sub(dg.ranges.len());
@@ -772,21 +821,12 @@ fn build_frame(dg: Datagram, v6: bool) -> Result<Vec<u8>, DropReason> {
     if ecn == Ecn::Invalid {
         return Err(DropReason::FragEcnMismatch);
     }
-    let hdr_len = dg.headers.len();
-    let mut buf = dg.headers;
-    buf.reserve_exact(end as usize);
-    buf.resize(hdr_len + end as usize, 0);
-    // Every piece into place: they do not overlap, end by `end` and add up to it.
-    let mut at = 0;
-    for r in dg.ranges.as_slice() {
-        let n = (r.end - r.start) as usize;
-        let dst = hdr_len + r.start as usize;
-        let (Some(to), Some(from)) = (buf.get_mut(dst..dst + n), dg.data.get(at..at + n)) else {
-            return Err(DropReason::FragDatagramFailed);
-        };
-        to.copy_from_slice(from);
-        at += n;
+    let mut buf = dg.buf;
+    buf.truncate(dg.head + end as usize);
+    if dg.hdr_start > 0 {
+        buf.drain(..dg.hdr_start);
     }
+    let hdr_len = dg.head - dg.hdr_start;
     let l3 = first.l3_off;
     if v6 {
         let ext_len = hdr_len - l3 - crate::wire::parse::IPV6_LEN;
@@ -839,19 +879,6 @@ fn build_frame(dg: Datagram, v6: bool) -> Result<Vec<u8>, DropReason> {
         set_ipv4_header(&mut buf[l3..l3 + ihl]);
     }
     Ok(buf)
-}
-
-/// The data held for `range`, which must be one of the datagram's ranges.
-fn piece(dg: &Datagram, range: Range) -> Option<&[u8]> {
-    let mut at = 0;
-    for r in dg.ranges.as_slice() {
-        let n = (r.end - r.start) as usize;
-        if *r == range {
-            return dg.data.get(at..at + n);
-        }
-        at += n;
-    }
-    None
 }
 
 fn clamp_u16(v: usize) -> u16 {

