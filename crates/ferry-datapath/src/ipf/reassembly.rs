@@ -197,7 +197,8 @@ struct FragInfo {
 pub struct Reassembler {
     config: Config,
     map: HashMap<Key, u32, RandomState>,
-    /// Datagrams in the table (markers included) per source: zone and address.
+    /// Datagrams in the table (markers included) per bucket of sources (zone and
+    /// address), [`SOURCE_BUCKETS`] of them.
     per_source: Box<[u32]>,
     /// Seeds the hash of sources into [`Reassembler::per_source`]'s buckets.
     source_hash: RandomState,
