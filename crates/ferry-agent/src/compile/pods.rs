@@ -87,7 +87,11 @@ pub(super) fn add_ports(
             None => None,
         };
         let ips = match (&fields, att.addresses.is_empty()) {
-            (Some((f, _)), _) if f.host_network || f.finished => continue,
+            // A finished pod's object, with the CNI plugin's addresses: a new sandbox of
+            // a pod of that name (a StatefulSet's pod come back) before the watch brings
+            // the new object. The attachment is the truth: it gets its port.
+            (Some((f, _)), true) if f.finished => continue,
+            (Some((f, _)), _) if f.host_network => continue,
             (_, false) => att.addresses.clone(),
             (Some((f, true)), true) => f.ips.clone(),
             _ => continue,

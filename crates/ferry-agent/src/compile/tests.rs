@@ -425,6 +425,37 @@ fn tables_that_do_not_compile_on_a_given_base_name_its_file() {
 // ---- pods ----
 
 #[test]
+fn a_cni_attachment_of_a_pod_whose_cached_object_finished_gets_its_port() {
+    // The pod came back under the same name (a StatefulSet's), and the watch still has
+    // the old, failed object: the plugin's addresses make the port all the same. Without
+    // them (a pod attached by name), a finished pod gets none.
+    let text = two_nodes() + &pod("default", "web-0", "node-a", &["10.244.1.9"], "Failed", "");
+    let c = cluster(&text);
+    let att = AttachedPod {
+        namespace: "default".into(),
+        name: "web-0".into(),
+        addresses: vec!["10.244.1.5".parse().unwrap()],
+    };
+    let out = node_tables(&c, "node-a", None, &[att], &CompileOptions::default()).unwrap();
+    let port = out
+        .tables
+        .ports
+        .iter()
+        .find(|p| p.name == "pod.default.web-0")
+        .expect("a port for the attachment");
+    let addrs: Vec<String> = port.addresses.iter().map(ToString::to_string).collect();
+    assert_eq!(addrs, ["10.244.1.5"]);
+    let by_name = [AttachedPod::new("default", "web-0")];
+    let out = node_tables(&c, "node-a", None, &by_name, &CompileOptions::default()).unwrap();
+    assert!(
+        out.tables
+            .ports
+            .iter()
+            .all(|p| p.name != "pod.default.web-0")
+    );
+}
+
+#[test]
 fn pods_of_this_node_that_run_with_addresses_and_are_attached_get_ports() {
     let text = two_nodes()
         + &pod(
