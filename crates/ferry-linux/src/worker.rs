@@ -230,7 +230,12 @@ pub fn run_worker(
     let mut named: Vec<NamedPort> = ports
         .iter_mut()
         .zip(&tables.ports)
-        .map(|(p, t)| (t.name.clone(), std::mem::replace(p, Box::new(Vacant))))
+        .map(|(p, t)| {
+            (
+                t.name.clone(),
+                std::mem::replace(p, Box::new(GonePort::vacant())),
+            )
+        })
         .collect();
     let r = run_worker_with(&mut named, pipeline, stop, clock, &Control::new());
     for (slot, (_, p)) in ports.iter_mut().zip(named) {
@@ -1100,6 +1105,18 @@ struct GonePort {
     counters: PortCounters,
 }
 
+impl GonePort {
+    /// Stands in for a port that [`run_worker`] moved out of its caller's slice for the
+    /// run: no name, no counts.
+    fn vacant() -> GonePort {
+        GonePort {
+            name: String::new(),
+            offloads: false,
+            counters: PortCounters::default(),
+        }
+    }
+}
+
 impl Port for GonePort {
     fn name(&self) -> &str {
         &self.name
@@ -1118,29 +1135,5 @@ impl Port for GonePort {
     }
     fn counters(&self) -> PortCounters {
         self.counters
-    }
-}
-
-/// Stands in for a port that [`run_worker`] moved out of its caller's slice for the run.
-struct Vacant;
-
-impl Port for Vacant {
-    fn name(&self) -> &str {
-        ""
-    }
-    fn raw_fd(&self) -> RawFd {
-        -1
-    }
-    fn recv_batch(&mut self, _: &mut Vec<Frame>, _: usize) -> io::Result<usize> {
-        Ok(0)
-    }
-    fn send_batch(&mut self, _: &mut Vec<Frame>) -> io::Result<usize> {
-        Ok(0)
-    }
-    fn offloads(&self) -> bool {
-        false
-    }
-    fn counters(&self) -> PortCounters {
-        PortCounters::default()
     }
 }

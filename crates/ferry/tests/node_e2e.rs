@@ -307,7 +307,7 @@ fn with_uplink_gso_a_stream_crosses_in_udp_gso_super_frames_and_arrives_intact()
     );
     // Both nodes say so when they stop.
     for node in ["n1", "n2"] {
-        let line = stop_line(&mut lab, node);
+        let (_, line) = lab.stop_ferry(node);
         assert!(
             count_before(&line, "super-frames sent") > 0,
             "{node}: {line}"
@@ -354,15 +354,6 @@ fn threads_of(tables: &std::path::Path) -> Vec<(String, Vec<usize>)> {
             Some((comm.trim().to_string(), cpus_allowed(&status)))
         })
         .collect()
-}
-
-/// Stops ferry on `node` and returns the line it printed on the way out.
-fn stop_line(lab: &mut Lab, node: &str) -> String {
-    let log = lab.stop(&format!("ferry on {node}"));
-    log.lines()
-        .find(|l| l.contains("stopped after"))
-        .unwrap_or_else(|| panic!("ferry on {node} said: {log}"))
-        .to_string()
 }
 
 /// The number in `line` right before `what`.
@@ -446,7 +437,7 @@ fn with_two_workers_per_node_pods_talk_and_both_workers_carry_traffic() {
         );
     }
     for node in ["n1", "n2"] {
-        let line = stop_line(&mut lab, node);
+        let (_, line) = lab.stop_ferry(node);
         eprintln!("{node}: {line}");
         let w0 = count_before(&line, "by worker 0");
         let w1 = count_before(&line, "by worker 1");
@@ -480,15 +471,12 @@ fn a_pod_whose_namespace_is_deleted_is_taken_out_of_service_and_the_others_go_on
     assert!(!to_b.status.success(), "the deleted pod answered");
     lab.check_alive();
 
-    let log = lab.stop("ferry on n1");
+    let (log, stop) = lab.stop_ferry("n1");
     assert!(
         log.contains("port pod-b") && log.contains("the device is gone"),
         "{log}"
     );
-    let stop = log
-        .lines()
-        .find(|l| l.contains("stopped after"))
-        .unwrap_or_else(|| panic!("ferry on n1 said: {log}"));
+    let stop = stop.as_str();
     assert_eq!(
         count_before(stop, "pod ports taken out of service"),
         1,

@@ -64,47 +64,6 @@ services:
     )
 }
 
-/// The pod's TCP server: for each connection, reads to the end of the stream, logs
-/// `SOURCE LENGTH SHA256`, answers `LENGTH SHA256` and closes.
-const TCP_SERVER: &str = r#"
-import hashlib, socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", 7100))
-s.listen(4)
-log = open(sys.argv[1], "a", buffering=1)
-while True:
-    c, peer = s.accept()
-    h, n = hashlib.sha256(), 0
-    while True:
-        b = c.recv(1 << 16)
-        if not b:
-            break
-        h.update(b)
-        n += len(b)
-    log.write(f"{peer[0]} {n} {h.hexdigest()}\n")
-    c.sendall(f"{n} {h.hexdigest()}\n".encode())
-    c.close()
-"#;
-
-/// The TCP client: sends SIZE bytes to HOST:PORT, ends its stream, prints `SIZE SHA256`
-/// and the server's answer.
-const TCP_CLIENT: &str = r#"
-import hashlib, socket, sys
-host, port, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-s = socket.create_connection((host, port), timeout=20)
-data = bytes((i * 7 + i // 251) % 256 for i in range(size))
-s.sendall(data)
-s.shutdown(socket.SHUT_WR)
-answer = b""
-while True:
-    b = s.recv(4096)
-    if not b:
-        break
-    answer += b
-print(size, hashlib.sha256(data).hexdigest(), answer.decode().strip())
-"#;
-
 /// The pod's UDP server, its datagrams sent with DF (path MTU discovery on): a datagram
 /// `send N` is answered with N bytes, or with `emsgsize` when the pod's kernel already
 /// knows that N bytes do not fit the path back; any other datagram is echoed.
@@ -231,10 +190,15 @@ fn topology(tag: &str, dir: &Path) -> Lab {
     lab.wait_pod("p2a");
 
     let (tcp, udp) = (dir.join("tcp_server.py"), dir.join("udp_server.py"));
-    fs::write(&tcp, TCP_SERVER).unwrap();
+    fs::write(&tcp, common::TCP_SINK).unwrap();
     fs::write(&udp, UDP_SERVER).unwrap();
     let log = dir.join("server.log");
-    let tcp_cmd = ["python3", tcp.to_str().unwrap(), log.to_str().unwrap()];
+    let tcp_cmd = [
+        "python3",
+        tcp.to_str().unwrap(),
+        "7100",
+        log.to_str().unwrap(),
+    ];
     lab.daemon("p2a", "tcp server", &tcp_cmd);
     lab.daemon("p2a", "udp server", &["python3", udp.to_str().unwrap()]);
     lab.wait_for(5, "the servers listening on 7100 and 7101", |l| {
@@ -251,15 +215,6 @@ fn python(lab: &Lab, dir: &Path, ns: &str, script: (&str, &str), args: &[&str]) 
     let mut cmd = vec!["python3", path.to_str().unwrap()];
     cmd.extend_from_slice(args);
     lab.run(ns, 40, &cmd).trim().to_string()
-}
-
-/// The line ferry on `node` printed when it stopped.
-fn stop_line(lab: &mut Lab, node: &str) -> String {
-    let log = lab.stop(&format!("ferry on {node}"));
-    log.lines()
-        .find(|l| l.contains("stopped after"))
-        .unwrap_or_else(|| panic!("ferry on {node} said: {log}"))
-        .to_string()
 }
 
 /// The client's TCP reaches node 1 coalesced (frames far larger than the fabric's MTU:
@@ -279,7 +234,7 @@ fn coalesced_tcp_through_a_node_port_crosses_the_overlay_as_segments() {
         &lab,
         dir.path(),
         "cl",
-        ("tcp_client.py", TCP_CLIENT),
+        ("tcp_client.py", common::TCP_SEND),
         &["192.168.77.1", "30100", "8000000"],
     );
     let words: Vec<&str> = out.split_whitespace().collect();
@@ -342,7 +297,7 @@ fn coalesced_tcp_through_a_node_port_crosses_the_overlay_as_segments() {
         "IP fragments on the wire: {fragments:?}"
     );
     for node in ["n1", "n2"] {
-        let line = stop_line(&mut lab, node);
+        let (_, line) = lab.stop_ferry(node);
         assert!(!line.contains("ct_invalid"), "{node}: {line}");
     }
 }
@@ -403,7 +358,7 @@ fn fragmentation_needed_through_a_node_port_reaches_both_ends() {
         "the pod's path MTU to the far client: {route}"
     );
     for node in ["n1", "n2"] {
-        let line = stop_line(&mut lab, node);
+        let (_, line) = lab.stop_ferry(node);
         assert!(!line.contains("ct_invalid"), "{node}: {line}");
     }
 }

@@ -40,51 +40,6 @@ services:
       - { addr: 10.244.1.5, port: 7100 }
 "#;
 
-/// The pod's server: for each connection, reads to the end of the stream (the client's
-/// FIN), logs `SOURCE LENGTH SHA256`, answers `LENGTH SHA256` and closes.
-const SERVER: &str = r#"
-import hashlib, socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", int(sys.argv[1])))
-s.listen(4)
-log = open(sys.argv[2], "a", buffering=1)
-while True:
-    c, peer = s.accept()
-    h, n = hashlib.sha256(), 0
-    while True:
-        b = c.recv(1 << 16)
-        if not b:
-            break
-        h.update(b)
-        n += len(b)
-    log.write(f"{peer[0]} {n} {h.hexdigest()}\n")
-    c.sendall(f"{n} {h.hexdigest()}\n".encode())
-    c.close()
-"#;
-
-/// The client: connects without path MTU discovery (DF clear, as the router may then
-/// fragment), sends SIZE bytes, ends its stream, and prints `SIZE SHA256` and the
-/// server's answer.
-const CLIENT: &str = r#"
-import hashlib, socket, sys
-host, port, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-s.setsockopt(socket.IPPROTO_IP, 10, 0)  # IP_MTU_DISCOVER = IP_PMTUDISC_DONT
-s.settimeout(20)
-s.connect((host, port))
-data = bytes((i * 7 + i // 251) % 256 for i in range(size))
-s.sendall(data)
-s.shutdown(socket.SHUT_WR)
-answer = b""
-while True:
-    b = s.recv(4096)
-    if not b:
-        break
-    answer += b
-print(size, hashlib.sha256(data).hexdigest(), answer.decode().strip())
-"#;
-
 /// The fabric bridge with node 1 and the router on it, the router's second link to the
 /// client, ferry on node 1 with its pod, and the pod's server on port 7100.
 fn topology(tag: &str, dir: &Path) -> Lab {
@@ -127,7 +82,7 @@ fn topology(tag: &str, dir: &Path) -> Lab {
     lab.wait_pod("p1a");
 
     let script = dir.join("server.py");
-    fs::write(&script, SERVER).unwrap();
+    fs::write(&script, common::TCP_SINK).unwrap();
     let log = dir.join("server.log");
     lab.daemon(
         "p1a",
@@ -150,14 +105,15 @@ fn topology(tag: &str, dir: &Path) -> Lab {
 /// the server logged for it.
 fn transfer(lab: &Lab, dir: &Path, addr: &str, port: u16, size: usize) -> String {
     let script = dir.join("client.py");
-    fs::write(&script, CLIENT).unwrap();
+    fs::write(&script, common::TCP_SEND).unwrap();
     let log = dir.join("server.log");
     let before = fs::read_to_string(&log).unwrap_or_default().lines().count();
     let (p, n) = (port.to_string(), size.to_string());
     let out = lab.run(
         "ext",
         40,
-        &["python3", script.to_str().unwrap(), addr, &p, &n],
+        // Path MTU discovery off: the router may fragment the client's segments.
+        &["python3", script.to_str().unwrap(), addr, &p, &n, "no-df"],
     );
     let words: Vec<&str> = out.split_whitespace().collect();
     assert_eq!(
@@ -212,11 +168,7 @@ fn tcp_segments_arriving_as_fragments_are_tracked_and_delivered() {
             "TCP segments to {dst} that the router fragmented: {first_fragments}"
         );
     }
-    let log = lab.stop("ferry on n1");
-    let line = log
-        .lines()
-        .find(|l| l.contains("stopped after"))
-        .unwrap_or_else(|| panic!("ferry on n1 said: {log}"));
+    let (_, line) = lab.stop_ferry("n1");
     assert!(
         !line.contains("ct_invalid"),
         "ferry found packets of the connections INVALID: {line}"

@@ -472,3 +472,67 @@ impl Lab {
         });
     }
 }
+
+impl Lab {
+    /// Stops `ferry node` on `node` (labelled "ferry on NODE") and returns what it said
+    /// and the line it printed on the way out.
+    #[allow(dead_code)] // not every test binary runs `ferry node`
+    pub fn stop_ferry(&mut self, node: &str) -> (String, String) {
+        let log = self.stop(&format!("ferry on {node}"));
+        let line = log
+            .lines()
+            .find(|l| l.contains("stopped after"))
+            .unwrap_or_else(|| panic!("ferry on {node} said: {log}"))
+            .to_string();
+        (log, line)
+    }
+}
+
+/// A TCP sink (python3 SCRIPT PORT LOG): for each connection, reads to the end of the
+/// stream (the client's FIN), logs `SOURCE LENGTH SHA256` to LOG, answers `LENGTH
+/// SHA256` and closes.
+#[allow(dead_code)] // not every test binary sends TCP streams
+pub const TCP_SINK: &str = r#"
+import hashlib, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(4)
+log = open(sys.argv[2], "a", buffering=1)
+while True:
+    c, peer = s.accept()
+    h, n = hashlib.sha256(), 0
+    while True:
+        b = c.recv(1 << 16)
+        if not b:
+            break
+        h.update(b)
+        n += len(b)
+    log.write(f"{peer[0]} {n} {h.hexdigest()}\n")
+    c.sendall(f"{n} {h.hexdigest()}\n".encode())
+    c.close()
+"#;
+
+/// The client of [`TCP_SINK`] (python3 SCRIPT HOST PORT SIZE [no-df]): sends SIZE bytes,
+/// ends its stream, and prints `SIZE SHA256` and the sink's answer. With `no-df`, path
+/// MTU discovery is off (DF clear), so that a router on the way may fragment.
+#[allow(dead_code)] // not every test binary sends TCP streams
+pub const TCP_SEND: &str = r#"
+import hashlib, socket, sys
+host, port, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+if sys.argv[4:] == ["no-df"]:
+    s.setsockopt(socket.IPPROTO_IP, 10, 0)  # IP_MTU_DISCOVER = IP_PMTUDISC_DONT
+s.settimeout(20)
+s.connect((host, port))
+data = bytes((i * 7 + i // 251) % 256 for i in range(size))
+s.sendall(data)
+s.shutdown(socket.SHUT_WR)
+answer = b""
+while True:
+    b = s.recv(4096)
+    if not b:
+        break
+    answer += b
+print(size, hashlib.sha256(data).hexdigest(), answer.decode().strip())
+"#;
