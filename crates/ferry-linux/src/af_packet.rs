@@ -255,8 +255,7 @@ pub struct AfPacketPort {
     name: String,
     hdrs: Vec<[u8; vnet::LEN]>,
     counters: PortCounters,
-    /// The device was deleted: `fd` no longer is the socket but a hung-up pipe
-    /// ([`AfPacketPort::hang_up`]).
+    /// The device was deleted: every receive and send says so ([`AfPacketPort::gone_error`]).
     gone: bool,
 }
 
@@ -489,7 +488,8 @@ impl AfPacketPort {
         })
     }
 
-    /// The error for a port whose device was deleted.
+    /// The error for a port whose device was deleted: of kind `NotFound`, which tells
+    /// the worker that the port is gone for good (see `worker`'s "Leaving").
     fn gone_error(&self) -> io::Error {
         io::Error::new(
             io::ErrorKind::NotFound,
@@ -499,7 +499,7 @@ impl AfPacketPort {
 
     /// Called with an error of the socket: if the device it is bound to was deleted (the
     /// kernel then sets the socket's interface index to -1, and nothing ever arrives or
-    /// leaves again), hangs the port up and says so; otherwise returns `e`.
+    /// leaves again), marks the port gone and says so; otherwise returns `e`.
     fn check_gone(&mut self, e: io::Error) -> io::Error {
         if self.gone {
             return self.gone_error();
@@ -516,35 +516,8 @@ impl AfPacketPort {
         if !gone {
             return e;
         }
-        if let Err(he) = self.hang_up() {
-            return io::Error::new(
-                he.kind(),
-                format!("{}: the device is gone; hanging up: {he}", self.name),
-            );
-        }
         self.gone = true;
         self.gone_error()
-    }
-
-    /// Puts the read end of a pipe without writer in place of the socket, under the same
-    /// descriptor number: poll then reports POLLHUP on it, which is how a port tells the
-    /// worker its device is gone (as a deleted TAP does), instead of going silent.
-    fn hang_up(&mut self) -> io::Result<()> {
-        let mut p = [0 as libc::c_int; 2];
-        // SAFETY: `p` has room for the two descriptors pipe2 writes.
-        check(
-            unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) },
-            "pipe2",
-        )?;
-        // SAFETY: pipe2 succeeded: both descriptors are fresh and owned by nothing else.
-        let (r, w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
-        drop(w);
-        // SAFETY: both descriptors are open and owned by this port (`self.fd`) or this
-        // function (`r`); dup3 atomically closes the socket behind `self.fd` and makes
-        // that number refer to the pipe, so `self.fd` still owns exactly one descriptor.
-        // The rings stay mapped (a mapping holds its own reference to the socket).
-        let rc = unsafe { libc::dup3(r.as_raw_fd(), self.fd.as_raw_fd(), libc::O_CLOEXEC) };
-        check(rc, "dup3")
     }
 
     /// Sets up the receive side of `cfg.rx_mode` (after `PACKET_VNET_HDR`, before bind).

@@ -102,8 +102,9 @@
 //! - *Counts.* [`Snapshot::worker`] is the sum over the workers, [`Snapshot::workers`]
 //!   each one's; a port's Linux counters are the sum over its queues.
 //! - *Leaving.* When one worker stops (a port broken: the device of a port other than a
-//!   pod's gone, [`MAX_FAILING_ROUNDS`] receive errors in a row; a panic), the others
-//!   stop too, and [`run_workers`] returns the first error.
+//!   pod's gone, as poll's `POLLHUP` or the port's own error of kind `NotFound` says,
+//!   [`MAX_FAILING_ROUNDS`] receive errors in a row; a panic), the others stop too, and
+//!   [`run_workers`] returns the first error.
 //!
 //! - *Pinning.* With [`Workers::cpus`], each worker pins itself to its CPU before its
 //!   first round; otherwise the kernel's scheduler places them.
@@ -767,6 +768,11 @@ fn round(
                 local.pfds[j].fd = -1;
                 local.failing[j] = 0;
             }
+            // Another port that found its device deleted says so for good (`NotFound`).
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // It names its device and says it is gone.
+                return Err(e);
+            }
             Err(e) => {
                 stats.rx_errors += 1;
                 local.failing[j] += 1;
@@ -834,6 +840,12 @@ fn round(
         let mut port = lock(&slot.queues[slot.tx_queue(w)]);
         match port.send_batch(&mut bufs.frames) {
             Ok(n) => stats.tx_frames += n as u64,
+            // A port that found its device deleted, as on receiving: nothing would wake
+            // its receive side again.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !slot.pod => {
+                // It names its device and says it is gone.
+                return Err(e);
+            }
             Err(_) => stats.tx_errors += 1,
         }
         stats.tx_dropped += bufs.frames.len() as u64;
@@ -843,12 +855,14 @@ fn round(
 
 /// Whether a port's receive error says that its device is gone: what a TAP returns once
 /// its network namespace is deleted (`EBADFD`; poll reports `POLLERR`), or once the
-/// device is unregistered (`ENODEV`, `ENXIO`, `EIO`).
+/// device is unregistered (`ENODEV`, `ENXIO`, `EIO`), or a port's own error of kind
+/// `NotFound` (an AF_PACKET port whose device was deleted).
 fn device_gone(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EBADFD | libc::ENODEV | libc::ENXIO | libc::EIO)
-    )
+    e.kind() == io::ErrorKind::NotFound
+        || matches!(
+            e.raw_os_error(),
+            Some(libc::EBADFD | libc::ENODEV | libc::ENXIO | libc::EIO)
+        )
 }
 
 /// Takes a pod's port out of service because its device is gone (`why`): the queue

@@ -30,6 +30,8 @@ struct FakePort {
     broken: Arc<AtomicBool>,
     /// While set, every receive fails as a TAP's whose namespace was deleted.
     vanished: Arc<AtomicBool>,
+    /// While set, every receive fails as an AF_PACKET port's whose device was deleted.
+    deleted: Arc<AtomicBool>,
 }
 
 impl Drop for FakePort {
@@ -53,6 +55,12 @@ impl Port for FakePort {
         }
         if self.vanished.load(Ordering::SeqCst) {
             return Err(io::Error::from_raw_os_error(libc::EBADFD));
+        }
+        if self.deleted.load(Ordering::SeqCst) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{}: the device is gone", self.name),
+            ));
         }
         let mut buf = [0u8; 2048];
         let mut got = 0;
@@ -105,6 +113,7 @@ pub(super) struct Wire {
     closed: Arc<AtomicBool>,
     broken: Arc<AtomicBool>,
     vanished: Arc<AtomicBool>,
+    deleted: Arc<AtomicBool>,
 }
 
 impl Wire {
@@ -160,6 +169,13 @@ impl Wire {
         self.vanished.store(true, Ordering::SeqCst);
         self.send_frame(b"wake");
     }
+
+    /// Makes the port's device go away as an AF_PACKET port's does when its device is
+    /// deleted: the next receive says so (`NotFound`).
+    pub(super) fn delete_device(&self) {
+        self.deleted.store(true, Ordering::SeqCst);
+        self.send_frame(b"wake");
+    }
 }
 
 pub(super) fn fake(name: &'static str) -> (NamedPort, Wire) {
@@ -185,6 +201,7 @@ fn fake_queue(name: &'static str) -> (FakePort, Wire) {
     let closed = Arc::new(AtomicBool::new(false));
     let broken = Arc::new(AtomicBool::new(false));
     let vanished = Arc::new(AtomicBool::new(false));
+    let deleted = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel();
     let port = FakePort {
         name: format!("fake-{name}"),
@@ -195,6 +212,7 @@ fn fake_queue(name: &'static str) -> (FakePort, Wire) {
         queues: Vec::new(),
         broken: Arc::clone(&broken),
         vanished: Arc::clone(&vanished),
+        deleted: Arc::clone(&deleted),
     };
     (
         port,
@@ -205,6 +223,7 @@ fn fake_queue(name: &'static str) -> (FakePort, Wire) {
             closed,
             broken,
             vanished,
+            deleted,
         },
     )
 }
@@ -762,4 +781,21 @@ fn test_a_port_other_than_a_pods_whose_device_is_gone_stops_the_worker() {
             .contains("port fake-c: 1000 receive errors in a row"),
         "{e}"
     );
+}
+
+#[test]
+fn test_a_port_that_says_its_device_was_deleted_stops_the_worker_at_once() {
+    let (pa, _wa) = fake("a");
+    let (pb, _wb) = fake("b");
+    let (pc, wc) = fake("c");
+    let w = Running::start(spec_with_pod_b(&["a", "b", "c"]), vec![pa, pb, pc]);
+    wc.delete_device();
+    let deadline = Instant::now() + WAIT;
+    while w.control.is_running() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+    }
+    let (_, _, r) = w.finish();
+    let e = r.unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+    assert_eq!(e.to_string(), "fake-c: the device is gone");
 }
