@@ -10,9 +10,10 @@
 //! off the uplink), only the node's own connections.
 //!
 //! The agent reads the kernel's routes (`ip -json route show table all`, both families)
-//! whenever it applies tables and warns once about each route that covers a pod or a
-//! cluster IP of the tables and does not go to the host TAP, naming the route and how to
-//! remove it. It removes nothing itself: another component may still own the route.
+//! at start and every 30 s after ([`crate::run::LEFTOVERS_EVERY`]) and warns once about
+//! each route that covers a pod or a cluster IP of the tables in force and does not go
+//! to the host TAP, naming the route and how to remove it. It removes nothing itself:
+//! another component may still own the route.
 //!
 //! Netfilter rules are the other leftover that meets the node's own connections:
 //! kube-proxy's rewrite connections to cluster IPs and node ports in the output chain,

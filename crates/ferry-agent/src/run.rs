@@ -134,6 +134,8 @@ pub struct Agent {
     strays: BTreeSet<leftovers::Stray>,
     /// Other dataplanes' netfilter chains found last, by table, each warned about once.
     rule_leftovers: BTreeSet<String>,
+    /// When [`Agent::housekeeping`] looks for leftovers next ([`LEFTOVERS_EVERY`]).
+    leftovers_due: Instant,
     /// Datastore health, sync latency and errors ([`crate::status`]).
     status: AgentStatus,
     /// Live traces and captures turned on for API clients.
@@ -236,6 +238,10 @@ fn service_key(entry: &str) -> Option<ObjectKey> {
     Some(ObjectKey::new(ns, name))
 }
 
+/// How often the agent looks for kernel routes and netfilter rules left by another
+/// dataplane ([`leftovers`]), after it did at start.
+pub const LEFTOVERS_EVERY: Duration = Duration::from_secs(30);
+
 impl Agent {
     /// Compiles the tables of `cluster`, opens every port, and starts the worker.
     pub fn start(opts: Options, cluster: Arc<Cluster>) -> Result<(Agent, Applied), String> {
@@ -256,6 +262,7 @@ impl Agent {
             host_nat: None,
             strays: BTreeSet::new(),
             rule_leftovers: BTreeSet::new(),
+            leftovers_due: Instant::now(),
             status: AgentStatus::new(),
             sessions: observe::Sessions::default(),
             adopted: BTreeMap::new(),
@@ -432,7 +439,6 @@ impl Agent {
         self.generation += 1;
         self.set_health(&checks);
         self.set_host_nat(&tables);
-        self.check_leftovers(&tables);
         Ok(Applied {
             generation: self.generation,
             compile,
@@ -512,7 +518,6 @@ impl Agent {
         self.generation += 1;
         self.set_health(&compiled.health_checks);
         self.set_host_nat(&tables);
-        self.check_leftovers(&tables);
         self.last = Some(Last::new(cluster, tables, &compiled));
         Ok(Applied {
             generation: self.generation,
@@ -1157,6 +1162,11 @@ impl Agent {
             );
         }
         self.report_gone_ports();
+        if Instant::now() >= self.leftovers_due
+            && let Some(tables) = self.last.as_ref().map(|l| Arc::clone(&l.tables))
+        {
+            self.check_leftovers(&tables);
+        }
     }
 
     /// Whether the worker took port `name` out of service (its device gone).
@@ -1257,6 +1267,8 @@ impl Agent {
     /// cluster addresses of `tables` past the host port, and about each table of
     /// another dataplane's netfilter chains (only with a host port).
     fn check_leftovers(&mut self, tables: &Tables) {
+        // Two commands run: at start, then every LEFTOVERS_EVERY, not at every change.
+        self.leftovers_due = Instant::now() + LEFTOVERS_EVERY;
         let Some(host) = self.opts.host_tap.as_deref() else {
             return;
         };
