@@ -148,8 +148,9 @@ drop_reasons! {
     /// underlay, and a tagged frame on the uplink (a trunk) is another VLAN's traffic.
     VlanTagged => "vlan_tagged",
     /// A source or destination that a router does not forward: link-local, multicast,
-    /// loopback (IPv4 169.254/16, 224/4, 127/8, 0/8 and 240/4 with the broadcast address;
-    /// IPv6 fe80::/10, ff00::/8, ::1, the unspecified address).
+    /// loopback (IPv4 169.254/16 unless a route names the address, 224/4, 127/8, 0/8 and
+    /// 240/4 with the broadcast address; IPv6 fe80::/10, ff00::/8, ::1, the unspecified
+    /// address).
     NotForwardable => "not_forwardable",
     /// The next hop's MAC did not become known in time: the packet waited for it (an ARP
     /// request / neighbour solicitation went out) until the resolution timeout.

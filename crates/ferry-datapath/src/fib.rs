@@ -118,6 +118,29 @@ impl<T> Fib<T> {
         }
     }
 
+    /// The length of the longest prefix containing `addr`, if any; not on the packet
+    /// path's hot side (one probe per length, as [`Fib::lookup`]).
+    pub fn longest_match_len(&self, addr: IpAddr) -> Option<u8> {
+        match addr {
+            IpAddr::V4(a) => {
+                let a = u32::from(a);
+                self.v4
+                    .by_len
+                    .iter()
+                    .find(|(len, m)| m.contains_key(&mask4(a, *len)))
+                    .map(|(len, _)| *len)
+            }
+            IpAddr::V6(a) => {
+                let a = u128::from(a);
+                self.v6
+                    .by_len
+                    .iter()
+                    .find(|(len, m)| m.contains_key(&mask6(a, *len)))
+                    .map(|(len, _)| *len)
+            }
+        }
+    }
+
     /// Number of routes.
     pub fn len(&self) -> usize {
         self.v4.by_len.iter().map(|(_, m)| m.len()).sum::<usize>()
@@ -152,6 +175,10 @@ mod tests {
         assert_eq!(f.lookup(ip("192.0.2.1")), Some(&"default"));
         assert_eq!(f.lookup(ip("fd12::1")), Some(&"v6"));
         assert_eq!(f.lookup(ip("2001:db8::1")), None);
+        assert_eq!(f.longest_match_len(ip("10.244.1.5")), Some(32));
+        assert_eq!(f.longest_match_len(ip("10.244.2.1")), Some(16));
+        assert_eq!(f.longest_match_len(ip("192.0.2.1")), Some(0));
+        assert_eq!(f.longest_match_len(ip("2001:db8::1")), None);
         assert_eq!(f.len(), 5);
         assert_eq!(
             f.get_exact("10.244.1.0/24".parse().unwrap()),

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use crate::conntrack::{Conntrack, CtState, Nat, Pending};
 use crate::drop::{DropCounters, DropReason};
+use crate::fib::Fib;
 use crate::flow::{FlowKey, proto};
 use crate::gro;
 use crate::gso;
@@ -26,7 +27,7 @@ use crate::lb::{self, Affinity, Frontend, Miss, Scope};
 use crate::neigh::{self, Neighbours, arp, nd};
 use crate::overlay;
 use crate::packet::{Meta, Packet, PortId, VnetHdr};
-use crate::tables::{MacAddr, NextHop, Port, PortKind, Route, Snat, Tables};
+use crate::tables::{GATEWAY_V4, MacAddr, NextHop, Port, PortKind, Route, Snat, Tables, Target};
 use crate::wire::checksum;
 use crate::wire::vxlan;
 use crate::wire::{L3, Parsed, parse};
@@ -918,7 +919,7 @@ impl Pipeline {
                 Ok(None) => {}
             }
         }
-        if in_port.kind != PortKind::Plain && !forwardable(&parsed) {
+        if in_port.kind != PortKind::Plain && !forwardable(&parsed, &tables.fib) {
             return self.drop(DropReason::NotForwardable, trace);
         }
 
@@ -2263,17 +2264,19 @@ fn source_is_pods(port: &Port, pkt: &Packet, parsed: &Parsed) -> bool {
 /// link-local and unspecified sources, IPv4 broadcast; and the martians Linux drops
 /// (RFC 1812 section 5.3.7, RFC 4291): loopback addresses either way, multicast and
 /// broadcast sources, 0/8 destinations, IPv4 class E (240/4) either way, the IPv6
-/// unspecified destination.
-fn forwardable(parsed: &Parsed) -> bool {
+/// unspecified destination. An IPv4 link-local address that `fib` routes explicitly
+/// ([`routed_link_local`]) is forwarded either way.
+fn forwardable(parsed: &Parsed, fib: &Fib<Target>) -> bool {
     match (parsed.key.src.ip(), parsed.key.dst.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let class_e = |a: std::net::Ipv4Addr| a.octets()[0] >= 240;
-            !(s.is_link_local()
+            let class_e = |a: Ipv4Addr| a.octets()[0] >= 240;
+            let link_local = |a: Ipv4Addr| a.is_link_local() && !routed_link_local(fib, a);
+            !(link_local(s)
                 || s.is_unspecified()
                 || s.is_loopback()
                 || s.is_multicast()
                 || class_e(s)
-                || d.is_link_local()
+                || link_local(d)
                 || d.is_multicast()
                 || d.is_loopback()
                 || d.octets()[0] == 0
@@ -2291,6 +2294,23 @@ fn forwardable(parsed: &Parsed) -> bool {
         }
         _ => false,
     }
+}
+
+/// The IPv4 link-local broadcast address, never forwarded.
+const LINK_LOCAL_BROADCAST: Ipv4Addr = Ipv4Addr::new(169, 254, 255, 255);
+
+/// True for an IPv4 link-local address (169.254/16) that a route of the tables names
+/// explicitly: its longest match is a prefix of 16 bits or more, one within 169.254/16
+/// (a cloud's metadata service through the uplink's gateway, a node-local DNS cache
+/// through the host port). The default route and other short prefixes never carry
+/// link-local traffic (RFC 3927 section 7); the pods' gateway and the link-local
+/// broadcast address are never forwarded.
+fn routed_link_local(fib: &Fib<Target>, a: Ipv4Addr) -> bool {
+    IpAddr::V4(a) != GATEWAY_V4
+        && a != LINK_LOCAL_BROADCAST
+        && fib
+            .longest_match_len(IpAddr::V4(a))
+            .is_some_and(|len| len >= 16)
 }
 
 /// The bytes of IP and transport headers copied into every segment of a GSO packet.

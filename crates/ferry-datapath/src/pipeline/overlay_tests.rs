@@ -367,6 +367,108 @@ fn test_martian_and_link_local_addresses_are_not_forwarded() {
     assert_eq!(v, Verdict::Forwarded);
 }
 
+/// An IPv4 link-local address that a route names explicitly (a cloud's metadata service)
+/// is forwarded both ways, with the masquerade of the rule that matches it; one only the
+/// default route covers is not, nor, whatever the routes, the pods' gateway and the
+/// link-local broadcast address.
+#[test]
+fn test_link_local_addresses_routed_explicitly_are_forwarded() {
+    use crate::tables::{MatchSpec, NatRuleSpec, RouteSpec};
+    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    s.routes.push(RouteSpec {
+        prefix: "169.254.169.254/32".parse().unwrap(),
+        port: "eth0".into(),
+        next_hop_mac: None,
+        via: Some(ip("192.168.50.1")),
+    });
+    s.nat = vec![NatRuleSpec {
+        matches: MatchSpec {
+            src: Some("10.244.0.0/16".parse().unwrap()),
+            dst: Some("169.254.0.0/16".parse().unwrap()),
+            ..MatchSpec::default()
+        },
+        dnat: None,
+        snat: None,
+        masquerade: true,
+    }];
+    let mut a = Pipeline::new(Arc::new(s.compile().unwrap()));
+    learn(&mut a, 1, "192.168.50.1", GW_MAC);
+    let to = |dst: &str| {
+        let syn = build::tcp_flags::SYN;
+        build::tcp(
+            ip("10.244.1.5"),
+            ip(dst),
+            40000,
+            80,
+            1,
+            0,
+            syn,
+            b"",
+            &from_pod(1, 5),
+        )
+    };
+    let (v, out) = run(&mut a, to("169.254.169.254"), POD, 0);
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(out.len(), 1);
+    let (port, f) = &out[0];
+    assert_eq!(*port, UPLINK);
+    assert_eq!(&f.data[0..6], &GW_MAC, "through the route's gateway");
+    let p = parse(&f.data, 0).unwrap();
+    assert_eq!(p.key.src.ip(), ip("192.168.50.10"), "masqueraded");
+    assert_eq!(p.key.dst.ip(), ip("169.254.169.254"));
+    let sport = p.key.src_port;
+    // The answer, from the link-local address, reaches the pod translated back.
+    let answer = build::tcp(
+        ip("169.254.169.254"),
+        ip("192.168.50.10"),
+        80,
+        sport,
+        7,
+        2,
+        build::tcp_flags::SYN | build::tcp_flags::ACK,
+        b"",
+        &IpOpts {
+            src_mac: GW_MAC,
+            dst_mac: uplink_mac(1),
+            ..IpOpts::default()
+        },
+    );
+    let (v, out) = run(&mut a, answer, UPLINK, 0);
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(out[0].0, POD);
+    let p = parse(&out[0].1.data, 0).unwrap();
+    assert_eq!(
+        (p.key.src.ip(), p.key.dst.ip(), p.key.dst_port),
+        (ip("169.254.169.254"), ip("10.244.1.5"), 40000)
+    );
+
+    // Only the default route covers 169.254.169.253; the pods' gateway and the broadcast
+    // address are never forwarded, even with the whole of 169.254/16 routed.
+    s.routes.push(RouteSpec {
+        prefix: "169.254.0.0/17".parse().unwrap(),
+        port: "eth0".into(),
+        next_hop_mac: None,
+        via: Some(ip("192.168.50.1")),
+    });
+    for (dst, routed) in [
+        ("169.254.169.253", false),
+        ("169.254.1.1", false),
+        ("169.254.255.255", false),
+        ("169.254.200.1", false),
+        ("169.254.1.2", true),
+    ] {
+        let mut a = Pipeline::new(Arc::new(s.compile().unwrap()));
+        learn(&mut a, 1, "192.168.50.1", GW_MAC);
+        let (v, _) = run(&mut a, to(dst), POD, 0);
+        let want = if routed {
+            Verdict::Forwarded
+        } else {
+            Verdict::Dropped(DropReason::NotForwardable)
+        };
+        assert_eq!(v, want, "to {dst}");
+    }
+}
+
 fn arp_request(sender_mac: [u8; 6], sender: &str, target: &str) -> Vec<u8> {
     let (IpAddr::V4(s), IpAddr::V4(t)) = (ip(sender), ip(target)) else {
         panic!()
