@@ -1105,6 +1105,13 @@ impl Port for AfPacketPort {
             match e.kind() {
                 io::ErrorKind::Interrupted => continue,
                 io::ErrorKind::WouldBlock => break,
+                // The device's queue is full (a bypassed qdisc: the driver said busy):
+                // the frames after this one would be refused the same way, one system
+                // call each. They are left to the caller, which counts them dropped.
+                _ if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    self.counters.tx_errors += 1;
+                    break;
+                }
                 // No device behind the socket: none of the frames can go.
                 _ if matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV)) => {
                     self.counters.tx_errors += 1;
@@ -1112,7 +1119,7 @@ impl Port for AfPacketPort {
                     return Err(self.check_gone(e));
                 }
                 // The first frame was refused (bad offload header, too long, device
-                // down or its queue full): counted, and the rest goes on.
+                // down): counted, and the rest goes on.
                 _ => {
                     self.counters.tx_errors += 1;
                     taken += 1;
