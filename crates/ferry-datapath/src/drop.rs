@@ -79,6 +79,10 @@ drop_reasons! {
     VxlanUnknownPeer => "vxlan_unknown_peer",
     /// VXLAN from a known node with a VNI other than the overlay's.
     VxlanBadVni => "vxlan_bad_vni",
+    /// VXLAN whose outer header the underlay marked CE (congestion experienced) around
+    /// an inner packet that is not ECN-capable: the mark cannot be passed on, so the
+    /// packet is dropped (RFC 6040 section 4.2, as Linux's tunnels do).
+    VxlanCeNotEct => "vxlan_ce_not_ect",
     /// A partial-checksum request (virtio-net NEEDS_CSUM) points outside the packet.
     CsumOffloadInvalid => "csum_offload_invalid",
     // --- IP fragments

@@ -1,7 +1,7 @@
 //! Two ferry nodes in network namespaces, joined by a veth "wire", each with pods whose
 //! TAPs ferry set up: real kernel stacks and real tools send the traffic, through ferry's
 //! pipeline and its VXLAN overlay. Needs root, iproute2, iputils-ping, netcat-openbsd,
-//! iperf3 and tshark (scripts/test.sh installs them).
+//! iperf3, tshark, nftables and python3 (scripts/test.sh installs them).
 
 mod common;
 
@@ -47,6 +47,17 @@ fn two_nodes(tag: &str) -> (Lab, tempfile::TempDir) {
 /// [`two_nodes`], the uplinks taking GSO (`uplink_gso`) or not, with `workers` worker
 /// threads per node (pinned to CPUs and busy polling when there are several).
 fn two_nodes_with(tag: &str, uplink_gso: bool, workers: u16) -> (Lab, tempfile::TempDir) {
+    two_nodes_wired(tag, uplink_gso, workers, false)
+}
+
+/// [`two_nodes_with`], the wire a bridge in namespace `fab` (ports f1 and f2) when
+/// `bridged`, where the underlay can be given rules of its own.
+fn two_nodes_wired(
+    tag: &str,
+    uplink_gso: bool,
+    workers: u16,
+    bridged: bool,
+) -> (Lab, tempfile::TempDir) {
     common::require(&[
         ("ip", "iproute2"),
         ("ping", "iputils-ping"),
@@ -59,7 +70,12 @@ fn two_nodes_with(tag: &str, uplink_gso: bool, workers: u16) -> (Lab, tempfile::
     for ns in ["n1", "n2", "p1a", "p1b", "p2a", "p2b"] {
         lab.add_ns(ns);
     }
-    lab.veth("n1", "up1", "n2", "up2");
+    if bridged {
+        lab.add_ns("fab");
+        lab.fabric("fab", &[("n1", "up1", "f1"), ("n2", "up2", "f2")]);
+    } else {
+        lab.veth("n1", "up1", "n2", "up2");
+    }
     for n in [1u8, 2] {
         let node = format!("n{n}");
         lab.ip(
@@ -313,6 +329,97 @@ fn with_uplink_gso_a_stream_crosses_in_udp_gso_super_frames_and_arrives_intact()
             "{node}: {line}"
         );
         assert!(count_before(&line, "received);") > 0, "{node}: {line}");
+    }
+}
+
+/// Congestion marks cross the overlay (RFC 6040). The sending pod's TCP uses ECN; the
+/// underlay (nftables on the bridge between the nodes, standing in for a router whose
+/// queue is filling) marks CE every VXLAN datagram towards node 2 that is ECN-capable,
+/// as such a router would. Node 1 must copy the inner packet's ECN field to the outer
+/// header for the router to mark it instead of dropping it, and node 2 must carry the
+/// mark into the inner packet for the receiving pod to see it.
+#[test]
+fn congestion_marks_of_the_underlay_reach_the_receiving_pod() {
+    common::require(&[("nft", "nftables"), ("python3", "python3")]);
+    let (mut lab, dir) = two_nodes_wired("ne", false, 1, true);
+    lab.run(
+        "fab",
+        5,
+        &[
+            "nft",
+            "add table bridge underlay; \
+             add chain bridge underlay marks { type filter hook forward priority 0; }; \
+             add rule bridge underlay marks ip daddr 192.168.77.2 udp dport 4789 \
+                 ip ecn ect0 ip ecn set ce",
+        ],
+    );
+    lab.run("p1a", 5, &["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]);
+    lab.ping("p1a", "10.244.2.5", 56, 1);
+    let (wire, pod) = (dir.path().join("wire.pcap"), dir.path().join("pod.pcap"));
+    lab.capture("n2", "tshark on up2", "up2", &wire);
+    lab.capture("p2a", "tshark in p2a", "eth0", &pod);
+    let (sink, send, log) = (
+        dir.path().join("sink.py"),
+        dir.path().join("send.py"),
+        dir.path().join("sink.log"),
+    );
+    fs::write(&sink, common::TCP_SINK).unwrap();
+    fs::write(&send, common::TCP_SEND).unwrap();
+    lab.daemon(
+        "p2a",
+        "tcp sink",
+        &[
+            "python3",
+            sink.to_str().unwrap(),
+            "7200",
+            log.to_str().unwrap(),
+        ],
+    );
+    lab.wait_for(5, "the sink listening", |l| {
+        String::from_utf8_lossy(&l.exec("p2a", 2, &["ss", "-Hltn"]).stdout).contains(":7200 ")
+    });
+    let out = lab.run(
+        "p1a",
+        40,
+        &[
+            "python3",
+            send.to_str().unwrap(),
+            "10.244.2.5",
+            "7200",
+            "2000000",
+        ],
+    );
+    let words: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(words.len(), 4, "the sender's output: {out}");
+    assert_eq!(
+        (words[2], words[3]),
+        (words[0], words[1]),
+        "the stream arrived intact"
+    );
+    lab.stop_capture("tshark on up2", &wire);
+    lab.stop_capture("tshark in p2a", &pod);
+    // On the wire, the outer and inner ECN fields of the stream's datagrams: the router
+    // marked the outer header (CE, 3) of datagrams whose inner packet is ECT(0) (2).
+    let ecn = common::tshark_fields(
+        &wire,
+        "vxlan && ip.dst == 10.244.2.5 && tcp.len > 0",
+        "ip.dsfield.ecn",
+    );
+    assert!(
+        ecn.iter().filter(|e| e.as_str() == "3,2").count() > 10,
+        "outer CE around inner ECT(0) on the wire: {:?}",
+        &ecn[..ecn.len().min(10)]
+    );
+    // In the pod: the stream's segments carry the mark.
+    let marked = common::tshark_fields(
+        &pod,
+        "ip.src == 10.244.1.5 && tcp.len > 0 && ip.dsfield.ecn == 3",
+        "frame.number",
+    );
+    assert!(!marked.is_empty(), "no CE-marked segment reached the pod");
+    for node in ["n1", "n2"] {
+        let (_, line) = lab.stop_ferry(node);
+        assert!(!line.contains("vxlan_ce_not_ect"), "{node}: {line}");
     }
 }
 

@@ -137,6 +137,7 @@ fn encapsulate_one(frames: &(impl InnerFrames + ?Sized), i: usize, o: &Outer) ->
     let udp = outer_headers(&mut v, o, udp_len, o.id.wrapping_add(i as u16));
     push_vxlan(&mut v, o);
     frames.write_frame(i, &mut v);
+    finish_outer(&mut v, o, udp);
     if o.dst.is_ipv6() {
         // RFC 8200 requires the UDP checksum over IPv6; Linux's vxlan computes it too.
         let sum = checksum::add(&v[udp..], pseudo(o, udp_len));
@@ -265,6 +266,7 @@ fn flush_run(
                 push_vxlan(&mut v, o);
                 frames.write_frame(i, &mut v);
             }
+            finish_outer(&mut v, o, udp);
             // Partial: the pseudo-header sum alone, for the segmentation to complete.
             let partial = checksum::fold(pseudo(o, udp_len));
             v[udp + 6..udp + 8].copy_from_slice(&partial.to_be_bytes());
@@ -302,6 +304,7 @@ fn pseudo(o: &Outer, udp_len: usize) -> u64 {
 
 /// Writes the outer Ethernet, IP and UDP headers (checksum 0) of a datagram with
 /// `udp_len` bytes of UDP, IPv4 identification `id`; returns where the UDP header starts.
+/// The ECN field and the IPv4 header checksum are left to [`finish_outer`].
 fn outer_headers(v: &mut Vec<u8>, o: &Outer, udp_len: usize, id: u16) -> usize {
     let etype = if o.dst.is_ipv6() {
         ethertype::IPV6
@@ -319,7 +322,6 @@ fn outer_headers(v: &mut Vec<u8>, o: &Outer, udp_len: usize, id: u16) -> usize {
             v.extend_from_slice(&[0, 0, OUTER_TTL, proto::UDP, 0, 0]);
             v.extend_from_slice(&s.octets());
             v.extend_from_slice(&d.octets());
-            checksum::set_ipv4_header(&mut v[ETH_LEN..ETH_LEN + 20]);
         }
         (s, d) => {
             let label = o.hash & 0x000f_ffff;
@@ -336,6 +338,75 @@ fn outer_headers(v: &mut Vec<u8>, o: &Outer, udp_len: usize, id: u16) -> usize {
     v.extend_from_slice(&(udp_len as u16).to_be_bytes());
     v.extend_from_slice(&[0, 0]);
     udp
+}
+
+/// Completes the outer IP header of `v`, whose first inner frame (after the UDP header
+/// at `udp` and the VXLAN header) is written: the ECN field copied from the inner packet
+/// (RFC 6040 section 4.1, normal mode, as Linux's tunnels do: CE as ECT(0)), and the
+/// IPv4 header checksum.
+fn finish_outer(v: &mut [u8], o: &Outer, udp: usize) {
+    let inner = &v[udp + 8 + vxlan::LEN..];
+    let ecn = match inner_l3(inner).map_or(ecn::NOT_ECT, |l3| ecn_of(&inner[l3..])) {
+        ecn::CE => ecn::ECT_0,
+        e => e,
+    };
+    if o.dst.is_ipv6() {
+        v[ETH_LEN + 1] |= ecn << 4;
+    } else {
+        v[ETH_LEN + 1] = ecn;
+        checksum::set_ipv4_header(&mut v[ETH_LEN..ETH_LEN + 20]);
+    }
+}
+
+/// ECN codepoints (RFC 3168): the low two bits of the IPv4 TOS and of the IPv6 traffic
+/// class.
+pub mod ecn {
+    /// Not ECN-capable transport.
+    pub const NOT_ECT: u8 = 0b00;
+    /// ECN-capable transport (1).
+    pub const ECT_1: u8 = 0b01;
+    /// ECN-capable transport (0).
+    pub const ECT_0: u8 = 0b10;
+    /// Congestion experienced.
+    pub const CE: u8 = 0b11;
+}
+
+/// The ECN field of the IP header at the start of `ip`, by its version (Not-ECT for
+/// anything else or a header too short).
+pub fn ecn_of(ip: &[u8]) -> u8 {
+    match (ip.first().map(|b| b >> 4), ip.get(1)) {
+        (Some(4), Some(tos)) => tos & 0b11,
+        (Some(6), Some(b)) => (b >> 4) & 0b11,
+        _ => ecn::NOT_ECT,
+    }
+}
+
+/// Sets the ECN field of the IP header at the start of `ip` to `e` (IPv4: the header
+/// checksum updated). The header is whole (the caller parsed it).
+pub fn set_ecn(ip: &mut [u8], e: u8) {
+    match ip[0] >> 4 {
+        4 => {
+            ip[1] = (ip[1] & !0b11) | e;
+            let ihl = usize::from(ip[0] & 0x0f) * 4;
+            checksum::set_ipv4_header(&mut ip[..ihl]);
+        }
+        6 => ip[1] = (ip[1] & !0b0011_0000) | (e << 4),
+        _ => {}
+    }
+}
+
+/// Where the IP header of the Ethernet frame `f` starts, past up to two VLAN tags.
+fn inner_l3(f: &[u8]) -> Option<usize> {
+    let mut at = 12;
+    for _ in 0..3 {
+        let t = u16::from_be_bytes([*f.get(at)?, *f.get(at + 1)?]);
+        if t == ethertype::VLAN || t == ethertype::QINQ {
+            at += 4;
+        } else {
+            return Some(at + 2);
+        }
+    }
+    None
 }
 
 fn push_vxlan(v: &mut Vec<u8>, o: &Outer) {

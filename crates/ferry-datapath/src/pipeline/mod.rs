@@ -776,7 +776,7 @@ impl Pipeline {
     fn decap_gso(
         &mut self,
         tables: &Tables,
-        pkt: Packet,
+        mut pkt: Packet,
         parsed: &Parsed,
         ov: &crate::tables::Overlay,
         out: &mut Vec<(PortId, Packet)>,
@@ -810,9 +810,18 @@ impl Pipeline {
         // counts those offered since it was last emptied.
         let mut run = gro::Coalescer::default();
         let mut segments = 0;
+        // The outer header, and so its ECN field, is every datagram's.
+        let outer_ecn = overlay::ecn_of(&pkt.data[parsed.l3_off..]);
         for start in (payload..parsed.ip_end).step_by(size) {
             let end = (start + size).min(parsed.ip_end);
-            let (at, inner_parsed, meta) = match self.decap_inner(&pkt, start, end, ov) {
+            let decapped = self
+                .decap_inner(&pkt, start, end, ov)
+                .and_then(|(at, ip, m)| {
+                    let l3 = at + ip.l3_off;
+                    decap_ecn(outer_ecn, &mut pkt.data[l3..at + ip.ip_end])?;
+                    Ok((at, ip, m))
+                });
+            let (at, inner_parsed, meta) = match decapped {
                 Ok(i) => i,
                 Err(r) => {
                     combine(&mut verdict, self.drop(r, trace));
@@ -1479,7 +1488,9 @@ impl Pipeline {
         ov: &crate::tables::Overlay,
     ) -> Result<(Packet, Parsed), DropReason> {
         let (at, inner, meta) = self.decap_view(pkt, parsed, vx_off, ov)?;
-        let data = pkt.data[at..at + inner.ip_end].to_vec();
+        let mut data = pkt.data[at..at + inner.ip_end].to_vec();
+        let outer_ecn = overlay::ecn_of(&pkt.data[parsed.l3_off..]);
+        decap_ecn(outer_ecn, &mut data[inner.l3_off..])?;
         Ok((Packet { data, meta }, inner))
     }
 
@@ -2236,6 +2247,25 @@ fn inner_partial_checksum(pkt: &Packet, parsed: &Parsed) -> bool {
         && parsed.l4_complete
         && usize::from(v.csum_start) >= parsed.l4_off + 8 + vxlan::LEN
         && usize::from(v.csum_start) < parsed.ip_end
+}
+
+/// The ECN field of a decapsulated packet (RFC 6040 section 4.2, as Linux's
+/// `INET_ECN_decapsulate`): an outer CE marks an ECN-capable inner packet CE, and drops
+/// one that is not ECN-capable (`vxlan_ce_not_ect`); any other outer field changes
+/// nothing. `ip` is the inner IP header onwards, parsed whole.
+fn decap_ecn(outer: u8, ip: &mut [u8]) -> Result<(), DropReason> {
+    use overlay::ecn;
+    if outer != ecn::CE {
+        return Ok(());
+    }
+    match overlay::ecn_of(ip) {
+        ecn::NOT_ECT => Err(DropReason::VxlanCeNotEct),
+        ecn::CE => Ok(()),
+        _ => {
+            overlay::set_ecn(ip, ecn::CE);
+            Ok(())
+        }
+    }
 }
 
 /// The MAC at `off` in a frame (the caller knows the frame is long enough).

@@ -1297,3 +1297,106 @@ fn test_inner_packets_of_a_frame_with_a_partial_outer_checksum_count_as_verified
         }
     }
 }
+
+/// Sets the ECN field of the IPv4 header of an Ethernet frame at `l3` (checksum fixed).
+fn with_ecn(mut f: Vec<u8>, l3: usize, e: u8) -> Vec<u8> {
+    f[l3 + 1] = (f[l3 + 1] & !3) | e;
+    checksum::set_ipv4_header(&mut f[l3..l3 + 20]);
+    f
+}
+
+/// Congestion marks cross the overlay (RFC 6040): the outer header carries the inner
+/// packet's ECN field (CE as ECT(0)); an outer CE marks an ECN-capable inner packet CE
+/// and drops one that is not ECN-capable; another outer field changes nothing.
+#[test]
+fn test_ecn_crosses_the_overlay_both_ways() {
+    let (mut a, mut b) = nodes();
+    learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
+    let mut outer_of = Vec::new();
+    for (inner, outer) in [(0, 0), (1, 1), (2, 2), (3, 2)] {
+        let f = with_ecn(udp_from_pod("10.244.2.6", 40000, b"x"), 14, inner);
+        let (v, out) = run(&mut a, f, POD, SEC);
+        assert_eq!(v, Verdict::Forwarded);
+        let d = &out[0].1.data;
+        let o = parse(d, 0).expect("a valid outer header");
+        assert_eq!(d[o.l3_off + 1], outer, "outer TOS for inner ECN {inner}");
+        assert_eq!(
+            d[o.l4_off + 16 + 15] & 3,
+            inner,
+            "the inner packet keeps its own"
+        );
+        outer_of.push(d.clone());
+    }
+    // The underlay marks the datagrams CE.
+    let marked = |i: usize, e: u8| with_ecn(outer_of[i].clone(), 14, e);
+    let inner_ecn = |out: &[(PortId, Packet)]| {
+        assert_eq!(out[0].0, POD2);
+        let p = parse(&out[0].1.data, 0).expect("a valid inner header");
+        out[0].1.data[p.l3_off + 1] & 3
+    };
+    for (i, want) in [(1, 3), (2, 3), (3, 3)] {
+        let (v, out) = run(&mut b, marked(i, 3), UPLINK, SEC);
+        assert_eq!(v, Verdict::Forwarded);
+        assert_eq!(inner_ecn(&out), want, "inner ECN {i} under an outer CE");
+    }
+    let (v, _) = run(&mut b, marked(0, 3), UPLINK, SEC);
+    assert_eq!(v, Verdict::Dropped(DropReason::VxlanCeNotEct));
+    assert_eq!(b.drops().get(DropReason::VxlanCeNotEct), 1);
+    // An outer ECT around a Not-ECT inner packet is passed on unchanged.
+    let (v, out) = run(&mut b, marked(0, 2), UPLINK, SEC);
+    assert_eq!((v, inner_ecn(&out)), (Verdict::Forwarded, 0));
+}
+
+/// The same through UDP GSO super-frames: the outer header, and its mark, is every
+/// datagram's.
+#[test]
+fn test_ecn_of_a_udp_gso_super_frame_marks_each_datagram() {
+    let (_, mut b) = nodes_with_uplink_gso();
+    let inner = |e: u8| {
+        let f = build::udp(
+            ip("10.244.1.5"),
+            ip("10.244.2.6"),
+            1,
+            2,
+            &build::pattern(100, 3),
+            &IpOpts::default(),
+        );
+        with_ecn(f, 14, e)
+    };
+    let o = overlay::Outer {
+        src_mac: uplink_mac(1),
+        dst_mac: uplink_mac(2),
+        src: ip("192.168.50.10"),
+        dst: ip("192.168.50.20"),
+        vni: 4096,
+        port: 4789,
+        hash: 9,
+        id: 0,
+    };
+    for (e, want) in [(1, Some(3)), (0, None)] {
+        let mut frames = Vec::new();
+        overlay::encapsulate_run(&[inner(e), inner(e)][..], &o, &mut frames);
+        let (frame, vnet) = frames.pop().unwrap();
+        assert!(vnet.is_gso());
+        assert_eq!(frame[15], e, "the outer header carries the inner field");
+        let mut pkt = Packet::new(with_ecn(frame, 14, 3), UPLINK, SEC);
+        pkt.meta.vnet = vnet;
+        let mut out = Vec::new();
+        let v = b.process(pkt, &mut out, &mut Trace::disabled());
+        match want {
+            Some(w) => {
+                assert_eq!(v, Verdict::Forwarded);
+                assert_eq!(out.len(), 2);
+                for (_, d) in &out {
+                    let p = parse(&d.data, 0).expect("a valid inner header");
+                    assert_eq!(d.data[p.l3_off + 1] & 3, w);
+                }
+            }
+            None => {
+                assert_eq!(v, Verdict::Dropped(DropReason::VxlanCeNotEct));
+                assert!(out.is_empty());
+                assert_eq!(b.drops().get(DropReason::VxlanCeNotEct), 2);
+            }
+        }
+    }
+}
