@@ -372,6 +372,11 @@ fn check(data: &[u8], p: &Parsed, vnet: &VnetHdr) -> Result<Layout, DropReason> 
     if (kind == Kind::Tcp && l4_hdr_len < TCP_MIN_LEN) || hdr_end > p.ip_end {
         return Err(DropReason::GsoMalformed);
     }
+    // A segment size so small that the packet would become too many segments, whether
+    // ferry cuts it or hands it on whole.
+    if (p.ip_end - hdr_end).div_ceil(usize::from(vnet.gso_size)) > kind.max_segments() {
+        return Err(DropReason::GsoMalformed);
+    }
     let min_l3 = match p.l3 {
         L3::Ipv4 => 20,
         _ => IPV6_LEN,

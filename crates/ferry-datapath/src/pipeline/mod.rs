@@ -1192,8 +1192,7 @@ impl Pipeline {
         let too_big = if gso {
             // TCP segments shrink to fit; a USO datagram is one application message and
             // cannot be resized.
-            uso && gso_headers(&pkt.data, &parsed) + usize::from(pkt.meta.vnet.gso_size) > mtu
-                && !may_fragment
+            uso && largest_datagram(&pkt, &parsed) > mtu && !may_fragment
         } else if mru != 0 {
             // A reassembled datagram leaves as fragments no larger than those that came
             // in; if those do not fit the MTU, fragmenting them further is in transit.
@@ -1317,12 +1316,21 @@ impl Pipeline {
 
         if gso {
             let headers = gso_headers(&pkt.data, parsed);
-            let fits = headers + usize::from(pkt.meta.vnet.gso_size) <= mtu;
+            let fits = if uso {
+                largest_datagram(&pkt, parsed) <= mtu
+            } else {
+                headers + usize::from(pkt.meta.vnet.gso_size) <= mtu
+            };
             if egress.gso && (fits || !uso) {
-                // The receiving kernel segments at gso_size: never above the MTU.
-                let max = (mtu - headers.min(mtu)) as u16;
+                // The receiving kernel segments at gso_size: never above the MTU, and
+                // into no more segments than ferry would cut.
                 if !fits {
-                    pkt.meta.vnet.gso_size = max;
+                    let max = mtu - headers.min(mtu);
+                    let payload = parsed.ip_end - parsed.l3_off - headers;
+                    if max == 0 || payload.div_ceil(max) > gso::MAX_SEGMENTS_TCP {
+                        return self.drop(DropReason::MtuTooSmall, trace);
+                    }
+                    pkt.meta.vnet.gso_size = max as u16;
                 }
                 trace.note("egress", || {
                     format!(
@@ -2224,6 +2232,10 @@ fn check_offload(data: &[u8], v: &VnetHdr, parsed: &Parsed) -> Result<(), DropRe
     if v.is_gso() {
         // Checked here, whether the packet is cut later or handed on whole.
         gso::check_request(data, parsed, v)?;
+    } else if v.gso_type != VnetHdr::GSO_NONE {
+        // The ECN bit alone: no GSO type to go with it, which Linux refuses
+        // (`virtio_net_hdr_to_skb`), so that no port would take the packet.
+        return Err(DropReason::GsoUnsupported);
     }
     Ok(())
 }
@@ -2352,6 +2364,16 @@ fn gso_headers(data: &[u8], parsed: &Parsed) -> usize {
         8
     };
     parsed.l4_off - parsed.l3_off + l4
+}
+
+/// The IP length of the largest datagram a USO packet becomes: its headers and at most
+/// `gso_size` bytes of payload. A packet whose payload is no longer than `gso_size` is a
+/// single datagram of its own length, as Linux takes it ("too small packets are not
+/// really GSO ones", `virtio_net_hdr_to_skb`).
+fn largest_datagram(pkt: &Packet, parsed: &Parsed) -> usize {
+    let headers = gso_headers(&pkt.data, parsed);
+    let payload = (parsed.ip_end - parsed.l3_off).saturating_sub(headers);
+    headers + payload.min(usize::from(pkt.meta.vnet.gso_size))
 }
 
 /// Marks an oversized TCP packet from a GRO port as the super-packet it is, the way the

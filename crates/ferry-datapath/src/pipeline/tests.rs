@@ -874,6 +874,10 @@ fn test_gso_request_that_does_not_match_its_packet_is_dropped_even_towards_a_gso
         (tcp.clone(), VnetHdr::GSO_TCPV6, 1000),
         (tcp.clone(), VnetHdr::GSO_TCPV4, 0),
         (tcp.clone(), VnetHdr::GSO_UDP, 1000),
+        // The ECN bit without a GSO type: Linux refuses such a header.
+        (tcp.clone(), VnetHdr::GSO_ECN, 0),
+        // 3000 segments of one byte: more than ferry would cut, so not handed on either.
+        (tcp.clone(), VnetHdr::GSO_TCPV4, 1),
     ];
     for (frame, gso_type, gso_size) in cases {
         let mut pkt = Packet::new(frame, UPLINK, 0);
@@ -974,4 +978,100 @@ fn test_a_batch_does_what_its_packets_do_one_at_a_time() {
     assert!(batched.drops().get(DropReason::UnknownPort) > 0);
     assert!(batched.drops().get(DropReason::ArpNotHandled) > 0);
     assert!(batched.stats().reassembled > 0);
+}
+
+/// Plain ports of MTU 1280 and 1500 with GSO, for IPv6 traffic from the uplink.
+fn pipeline_with_small_gso_port() -> Pipeline {
+    let spec = TablesSpec {
+        ports: vec![
+            port("uplink", 1, 1500, &["fd00:50::10"], true, false),
+            port("small", 2, 1280, &[], false, true),
+            port("pod", 3, 1450, &[], false, true),
+        ],
+        routes: vec![
+            route("fd00:99::/64", "small", [0x0a, 0x58, 0, 0, 0, 9]),
+            route("10.244.1.0/24", "pod", POD_MAC),
+        ],
+        ..TablesSpec::default()
+    };
+    Pipeline::new(Arc::new(spec.compile().unwrap()))
+}
+
+/// A GSO packet handed on whole gets a segment size that fits the port's MTU; when its
+/// headers alone take the whole MTU there is none (Linux refuses `gso_size` 0), and the
+/// packet is dropped as `mtu_too_small`, as when ferry would cut it itself.
+#[test]
+fn test_gso_packet_whose_headers_fill_the_mtu_is_not_handed_on_with_segment_size_0() {
+    let mut p = pipeline_with_small_gso_port();
+    let tcp = build::tcp(
+        ip("fd00:50::1"),
+        ip("fd00:99::9"),
+        1,
+        2,
+        1,
+        1,
+        tcp_flags::ACK,
+        &[7; 4000],
+        &IpOpts::default(),
+    );
+    // The same packet with a 1224-byte Destination Options header (skippable unknown
+    // options) in front of TCP: 40 + 1224 + 20 bytes of headers, more than 1280.
+    let mut opts = vec![6u8, 152];
+    while opts.len() < 1224 {
+        let n = (1224 - opts.len() - 2).min(255);
+        opts.extend_from_slice(&[0x1e, n as u8]);
+        opts.extend(std::iter::repeat_n(0, n));
+    }
+    let mut big_hdrs = tcp[..54].to_vec();
+    big_hdrs.extend_from_slice(&opts);
+    big_hdrs.extend_from_slice(&tcp[54..]);
+    let plen = u16::from_be_bytes([tcp[18], tcp[19]]) + 1224;
+    big_hdrs[18..20].copy_from_slice(&plen.to_be_bytes());
+    big_hdrs[20] = 60;
+    for (frame, want) in [
+        (tcp, Verdict::Forwarded),
+        (big_hdrs, Verdict::Dropped(DropReason::MtuTooSmall)),
+    ] {
+        let mut pkt = Packet::new(frame, UPLINK, 0);
+        pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV6;
+        pkt.meta.vnet.gso_size = 1400;
+        let mut out = Vec::new();
+        assert_eq!(p.process(pkt, &mut out, &mut Trace::disabled()), want);
+        if want == Verdict::Forwarded {
+            // Sent whole, its segment size cut to what 1280 carries.
+            assert_eq!(out.len(), 1);
+            assert_eq!(out[0].1.meta.vnet.gso_size, 1280 - 40 - 20);
+        } else {
+            assert!(out.is_empty(), "{:?}", out[0].1.meta.vnet);
+        }
+    }
+}
+
+/// A USO packet whose payload is no longer than its segment size is one datagram of its
+/// own length: with DF it goes through a smaller MTU that holds it, where a datagram of
+/// `gso_size` would not fit.
+#[test]
+fn test_a_uso_packet_of_one_short_datagram_is_not_too_big() {
+    let mut p = pipeline_with_small_gso_port();
+    let udp = build::udp(
+        ip("192.168.50.1"),
+        ip("10.244.1.5"),
+        1,
+        2,
+        &[3; 100],
+        &IpOpts {
+            dont_fragment: true,
+            ..IpOpts::default()
+        },
+    );
+    let mut pkt = Packet::new(udp, UPLINK, 0);
+    pkt.meta.vnet.gso_type = VnetHdr::GSO_UDP_L4;
+    pkt.meta.vnet.gso_size = 1472;
+    let mut out = Vec::new();
+    assert_eq!(
+        p.process(pkt, &mut out, &mut Trace::disabled()),
+        Verdict::Forwarded
+    );
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0, 2);
 }
