@@ -151,6 +151,10 @@ drop_reasons! {
     /// untagged network: a tag from a pod would carry its frame onto another VLAN of the
     /// underlay, and a tagged frame on the uplink (a trunk) is another VLAN's traffic.
     VlanTagged => "vlan_tagged",
+    /// A frame on an uplink or host port addressed to another host's unicast MAC (a
+    /// switch flooding an unlearned destination to the promiscuous uplink): not the
+    /// node's to answer or forward, as Linux drops `PACKET_OTHERHOST` frames.
+    OtherHost => "other_host",
     /// A source or destination that a router does not forward: link-local, multicast,
     /// loopback (IPv4 169.254/16 unless a route names the address, 224/4, 127/8, 0/8 and
     /// 240/4 with the broadcast address; IPv6 fe80::/10, ff00::/8, ::1, the unspecified

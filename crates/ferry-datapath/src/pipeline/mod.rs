@@ -661,6 +661,15 @@ impl Pipeline {
         if in_port.kind != PortKind::Plain && parsed.vlan.is_some() {
             return self.drop(DropReason::VlanTagged, trace);
         }
+        // A unicast frame for another host's MAC (a switch flooding a destination it has
+        // not learned, seen because the uplink listens promiscuously) is not the node's:
+        // Linux drops such frames (PACKET_OTHERHOST) before ARP and IP see them.
+        if matches!(in_port.kind, PortKind::Uplink | PortKind::Host)
+            && pkt.data[0] & 1 == 0
+            && pkt.data[0..6] != in_port.mac
+        {
+            return self.drop(DropReason::OtherHost, trace);
+        }
         if parsed.l3 == L3::Arp {
             return self.arp(&pkt, &parsed, out, trace);
         }

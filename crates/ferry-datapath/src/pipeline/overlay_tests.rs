@@ -923,7 +923,10 @@ fn test_reassembled_datagram_is_refragmented_to_the_inner_mtu_before_encapsulati
         1,
         2,
         &build::pattern(4000, 2),
-        &IpOpts::default(),
+        &IpOpts {
+            dst_mac: uplink_mac(1),
+            ..IpOpts::default()
+        },
     );
     let parsed = parse(&whole, 0).unwrap();
     let mut fr = Vec::new();
@@ -1399,4 +1402,42 @@ fn test_ecn_of_a_udp_gso_super_frame_marks_each_datagram() {
             }
         }
     }
+}
+
+/// A unicast frame on the uplink for another host's MAC (flooded by a switch to the
+/// promiscuous uplink) is neither answered nor forwarded; broadcast and the uplink's
+/// own MAC are taken as before.
+#[test]
+fn test_frames_for_another_hosts_mac_are_not_the_nodes() {
+    let (mut a, _) = nodes();
+    let to = |dst_mac: [u8; 6]| {
+        build::udp(
+            ip("192.168.60.7"),
+            ip("10.244.1.5"),
+            1,
+            2,
+            b"x",
+            &IpOpts {
+                src_mac: GW_MAC,
+                dst_mac,
+                ..IpOpts::default()
+            },
+        )
+    };
+    let other = [2, 0xaa, 0, 0, 0, 9];
+    let (v, out) = run(&mut a, to(other), UPLINK, 0);
+    assert_eq!(v, Verdict::Dropped(DropReason::OtherHost));
+    assert!(out.is_empty());
+    let (v, out) = run(&mut a, to(uplink_mac(1)), UPLINK, 0);
+    assert_eq!((v, out[0].0), (Verdict::Forwarded, POD));
+    // An ARP request for the node's address, unicast to another host: not answered.
+    let mut req = arp_request(GW_MAC, "192.168.50.1", "192.168.50.10");
+    req[0..6].copy_from_slice(&other);
+    let (v, out) = run(&mut a, req.clone(), UPLINK, 0);
+    assert_eq!(v, Verdict::Dropped(DropReason::OtherHost));
+    assert!(out.is_empty());
+    req[0..6].copy_from_slice(&[0xff; 6]);
+    let (v, out) = run(&mut a, req, UPLINK, 0);
+    assert_eq!((v, out.len()), (Verdict::Consumed, 1));
+    assert_eq!(a.drops().get(DropReason::OtherHost), 2);
 }
