@@ -28,6 +28,10 @@ pub const ABANDONED_AFTER: Duration = Duration::from_secs(30);
 /// Captured frames the worker keeps between two reads at most; beyond that they are
 /// counted as lost.
 pub const CAPTURE_BUFFER: usize = 20_000;
+/// Bytes of captured frames the worker keeps between two reads at most (GSO frames are
+/// up to 64 KiB each); beyond that they are counted as lost. Hex-encoded in one answer
+/// they stay well within the API's answer limit.
+pub const CAPTURE_BUFFER_BYTES: usize = 16 << 20;
 
 /// The port a trace starts at: a port name of the tables, or a pod as `pod NS/NAME` (or
 /// `NS/NAME`), whose port is `pod.NS.NAME`.
@@ -299,7 +303,8 @@ impl Sessions {
                 let tables = Arc::clone(v.pipeline.tables());
                 let id = resolve_port(&tables, &port)?;
                 let name = tables.ports[usize::from(id)].name.clone();
-                v.taps.start_capture(name, m, CAPTURE_BUFFER);
+                v.taps
+                    .start_capture(name, m, CAPTURE_BUFFER, CAPTURE_BUFFER_BYTES);
                 Ok::<(), String>(())
             })
             .map_err(|e| e.to_string())??;

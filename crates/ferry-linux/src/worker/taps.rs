@@ -85,6 +85,8 @@ struct Capture {
     id: Option<PortId>,
     filter: Match,
     max_buffered: usize,
+    /// The most bytes of frames kept not taken yet.
+    max_bytes: usize,
 }
 
 /// The worker's live taps.
@@ -96,6 +98,8 @@ pub struct Taps {
     traced: Vec<TracedPacket>,
     capture: Option<Capture>,
     captured: Vec<Captured>,
+    /// The bytes of the frames in `captured`.
+    captured_bytes: usize,
     lost: u64,
     /// The worker's port names, in table order.
     ports: Vec<String>,
@@ -150,10 +154,18 @@ impl Taps {
     }
 
     /// Starts capturing on the port named `port` in the tables (see the module docs),
-    /// keeping at most `max_buffered` frames not taken yet. Replaces a capture in
-    /// progress; frames captured earlier and not taken are forgotten.
-    pub fn start_capture(&mut self, port: String, filter: Match, max_buffered: usize) {
+    /// keeping at most `max_buffered` frames and `max_bytes` bytes of frames not taken
+    /// yet. Replaces a capture in progress; frames captured earlier and not taken are
+    /// forgotten.
+    pub fn start_capture(
+        &mut self,
+        port: String,
+        filter: Match,
+        max_buffered: usize,
+        max_bytes: usize,
+    ) {
         self.captured.clear();
+        self.captured_bytes = 0;
         self.lost = 0;
         let id = self.port_id(&port);
         let filter = self.for_overlay(filter);
@@ -162,6 +174,7 @@ impl Taps {
             id,
             filter,
             max_buffered,
+            max_bytes,
         });
         self.update_active();
     }
@@ -169,6 +182,7 @@ impl Taps {
     /// The frames captured since the last call, and how many were lost meanwhile
     /// because the buffer was full.
     pub fn take_captured(&mut self) -> (Vec<Captured>, u64) {
+        self.captured_bytes = 0;
         (
             std::mem::take(&mut self.captured),
             std::mem::take(&mut self.lost),
@@ -234,7 +248,9 @@ impl Taps {
             .as_ref()
             .is_some_and(|t| t.filter.matches(&pkt.data));
         let captured_in = match &self.capture {
-            Some(c) if c.id == Some(in_id) && c.filter.matches(&pkt.data) => Some(c.max_buffered),
+            Some(c) if c.id == Some(in_id) && c.filter.matches(&pkt.data) => {
+                Some((c.max_buffered, c.max_bytes))
+            }
             _ => None,
         };
         if let Some(max) = captured_in {
@@ -306,26 +322,29 @@ impl Taps {
                     continue;
                 };
                 let port = self.name(*id).to_string();
-                self.record(c.max_buffered, now, Direction::Out, port, note, &p.data);
+                let max = (c.max_buffered, c.max_bytes);
+                self.record(max, now, Direction::Out, port, note, &p.data);
             }
         }
         self.capture = Some(c);
     }
 
-    /// Keeps a copy of a frame, or counts it lost when `max` frames wait to be taken.
+    /// Keeps a copy of a frame, or counts it lost when `max` frames, or with it more
+    /// than `max` bytes, would wait to be taken.
     fn record(
         &mut self,
-        max: usize,
+        (max_frames, max_bytes): (usize, usize),
         now: u64,
         dir: Direction,
         port: String,
         note: String,
         data: &[u8],
     ) {
-        if self.captured.len() >= max {
+        if self.captured.len() >= max_frames || self.captured_bytes + data.len() > max_bytes {
             self.lost += 1;
             return;
         }
+        self.captured_bytes += data.len();
         self.captured.push(Captured {
             time_ns: now,
             dir,

@@ -132,7 +132,7 @@ fn test_capture_records_frames_in_and_out_as_they_were() {
     let (pb, wb) = fake("b");
     let w = Running::start(tables(&["a", "b"]), vec![pa, pb]);
     let f = filter("udp");
-    job(&w, move |t| t.start_capture("a".into(), f, 100));
+    job(&w, move |t| t.start_capture("a".into(), f, 100, usize::MAX));
     let a_to_b = udp("10.0.2.5", 1);
     wa.send_frame(&a_to_b);
     let out_b = next(&wb);
@@ -174,7 +174,9 @@ fn test_capture_buffer_bound_counts_lost_frames_and_stop_records_nothing() {
     let (pa, wa) = fake("a");
     let (pb, wb) = fake("b");
     let w = Running::start(tables(&["a", "b"]), vec![pa, pb]);
-    job(&w, |t| t.start_capture("a".into(), Match::all(), 3));
+    job(&w, |t| {
+        t.start_capture("a".into(), Match::all(), 3, usize::MAX)
+    });
     for s in 0..5 {
         wa.send("10.0.2.5", s);
         wb.expect(s);
@@ -202,11 +204,42 @@ fn test_capture_buffer_bound_counts_lost_frames_and_stop_records_nothing() {
 }
 
 #[test]
+fn test_capture_buffer_is_bounded_in_bytes_too() {
+    let (pa, wa) = fake("a");
+    let (pb, wb) = fake("b");
+    let w = Running::start(tables(&["a", "b"]), vec![pa, pb]);
+    // The size of one frame, then room for the bytes of two and a half.
+    job(&w, |t| {
+        t.start_capture("a".into(), Match::all(), 1, usize::MAX)
+    });
+    wa.send("10.0.2.5", 1);
+    wb.expect(1);
+    let frame = job(&w, |t| t.take_captured()).0[0].data.len();
+    let budget = 2 * frame + frame / 2;
+    job(&w, move |t| {
+        t.start_capture("a".into(), Match::all(), 100, budget)
+    });
+    for s in 2..6 {
+        wa.send("10.0.2.5", s);
+        wb.expect(s);
+    }
+    let (captured, lost) = job(&w, |t| t.take_captured());
+    assert_eq!(captured.len(), 2, "two frames fit the bytes");
+    assert_eq!(lost, 6, "4 frames in and 4 out, 2 kept");
+    // The budget is free again after the take.
+    wa.send("10.0.2.5", 6);
+    wb.expect(6);
+    assert_eq!(job(&w, |t| t.take_captured()).0.len(), 2);
+}
+
+#[test]
 fn test_capture_follows_its_port_by_name_across_updates() {
     let (pa, wa) = fake("a");
     let (pb, wb) = fake("b");
     let w = Running::start(tables(&["a", "b"]), vec![pa, pb]);
-    job(&w, |t| t.start_capture("b".into(), Match::all(), 100));
+    job(&w, |t| {
+        t.start_capture("b".into(), Match::all(), 100, usize::MAX)
+    });
     wa.send("10.0.2.5", 1);
     wb.expect(1);
     // b moves from 1 to 0.
@@ -290,7 +323,7 @@ fn test_forwarding_is_the_same_with_taps_on_and_off() {
     assert_eq!((off.0.len(), off.1.len()), (3, 4));
     job(&w, |t| {
         t.start_trace(Match::all(), 1000);
-        t.start_capture("a".into(), Match::all(), 1000);
+        t.start_capture("a".into(), Match::all(), 1000, usize::MAX);
     });
     let on = exchange(&wa, &wb);
     assert_eq!(on, off);
