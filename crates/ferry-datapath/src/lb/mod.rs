@@ -346,7 +346,15 @@ impl Services {
         for b in &old.backends {
             let k = (proto, b.addr, b.port);
             let mut last = false;
-            for held in [&mut self.backends, &mut self.serving] {
+            // Only what `add` counted: an endpoint this Service port has neither ready
+            // nor serving was not counted in `serving`, and another Service port's count
+            // of it must stay.
+            let counted: &mut [_] = if b.ready || b.serving {
+                &mut [&mut self.backends, &mut self.serving]
+            } else {
+                &mut [&mut self.backends]
+            };
+            for held in counted {
                 if let Some(n) = held.get_mut(&k) {
                     *n -= 1;
                     if *n == 0 {

@@ -295,3 +295,38 @@ fn test_an_update_says_which_endpoints_went() {
     let fresh = Services::compile(&[svc("a", "tcp")], "a", []).unwrap();
     assert_eq!(fresh.endpoints_gone_since(&back), None);
 }
+
+/// A pod serving in one Service and not ready in another: updating the second must not
+/// take the first's serving record of it away.
+#[test]
+fn test_an_update_takes_away_only_the_serving_counts_of_the_updated_service() {
+    let mut b = svc("b", "tcp");
+    b.cluster_ips = vec![ip("10.96.0.20")];
+    b.node_port = None;
+    b.backends[0].ready = false;
+    let s = Services::compile(&[svc("a", "tcp"), b.clone()], "a", []).unwrap();
+    assert!(s.has_serving_backend(proto::TCP, ip("10.244.1.5"), 8080));
+    let u = s.update(&[], &[b.clone()]).unwrap();
+    assert!(
+        u.has_serving_backend(proto::TCP, ip("10.244.1.5"), 8080),
+        "a still has it serving"
+    );
+    assert_eq!(u.endpoints_gone_since(&s), Some(&[][..]));
+    let gone = u.update(&["b"], &[]).unwrap();
+    assert!(gone.has_serving_backend(proto::TCP, ip("10.244.1.5"), 8080));
+    assert_eq!(gone.endpoints_gone_since(&u), Some(&[][..]));
+    // Once a goes too, the endpoint no longer serves, and then is gone.
+    let unserved = u.update(&["a"], &[]).unwrap();
+    assert!(unserved.has_backend(proto::TCP, ip("10.244.1.5"), 8080));
+    assert!(!unserved.has_serving_backend(proto::TCP, ip("10.244.1.5"), 8080));
+    assert_eq!(
+        unserved.endpoints_gone_since(&u),
+        Some(&[(proto::TCP, ip("10.244.1.5"), 8080)][..])
+    );
+    let none = unserved.update(&["b"], &[]).unwrap();
+    assert!(!none.has_backend(proto::TCP, ip("10.244.1.5"), 8080));
+    assert_eq!(
+        none.endpoints_gone_since(&unserved),
+        Some(&[(proto::TCP, ip("10.244.1.5"), 8080)][..])
+    );
+}

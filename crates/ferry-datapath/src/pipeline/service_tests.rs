@@ -1249,3 +1249,31 @@ fn test_a_node_port_connection_forwarded_from_another_node_survives_endpoint_cha
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(key_of(&back[0].1.data).dst, ip(NODE1));
 }
+
+/// One pod behind two UDP Services, serving in one and not ready in the other: an
+/// update of the other leaves the first one's clients on it.
+#[test]
+fn test_updating_a_service_leaves_another_services_udp_clients_on_a_shared_endpoint() {
+    let other = |ready| ServiceSpec {
+        name: "default/other:dns".into(),
+        cluster_ips: vec![ip("10.96.0.12")],
+        ..dns(vec![BackendSpec {
+            ready,
+            ..be("10.244.1.6", 53, 1)
+        }])
+    };
+    let mut a = node(
+        1,
+        ModeSpec::Always,
+        vec![dns(vec![be("10.244.1.6", 53, 1)]), other(false)],
+    );
+    let (_, out) = run(&mut a, udp_to_service(30000), POD, SEC);
+    assert_eq!(delivered_to(&out), ip("10.244.1.6"));
+    let updated = a.tables().with_services(&[], &[other(false)]).unwrap();
+    let report = a.set_tables(Arc::new(updated));
+    assert_eq!(report.ct_removed, 0);
+    assert_eq!(a.conntrack().len(), 1);
+    let (_, out) = run(&mut a, udp_to_service(30000), POD, 2 * SEC);
+    assert_eq!(delivered_to(&out), ip("10.244.1.6"));
+    assert_eq!(a.stats().service_balanced, 1, "the same connection");
+}
