@@ -413,7 +413,8 @@ impl Conntrack {
 
     /// As [`Conntrack::process`], with the NAT decided only when the packet starts a
     /// connection: `nat` is called at most once, with the packet's key, and only then
-    /// (a Service's backend choice is not made for packets of known connections). It
+    /// (a Service's backend choice is not made for packets of known connections, nor for
+    /// a packet that cannot start one, such as a TCP RST or SYN-ACK of no connection). It
     /// writes the NAT to apply, if any, into the place it is given (`None` there at the
     /// call). An error from it refuses the packet with that reason and creates nothing.
     ///
@@ -460,9 +461,15 @@ impl Conntrack {
             self.table.remove(id);
             self.stats.expired += 1;
         }
+        // Whether the packet can start a connection is decided before the NAT: a packet
+        // that cannot (an RST or SYN-ACK of no connection) must not have a Service
+        // endpoint chosen for it.
+        let Some(ps) = self.first_state(pkt, parsed) else {
+            return Ok(self.invalid());
+        };
         let mut to = None;
         nat(&parsed.key, &mut to)?;
-        self.create(pkt, parsed, to.as_ref(), hash, now_ns)
+        self.create(pkt, parsed, ps, to.as_ref(), hash, now_ns)
     }
 
     /// A packet of a tracked connection, whose deadline is `before_ns`; `hash` is the
@@ -543,9 +550,12 @@ impl Conntrack {
                 Verdict::Reopen => {
                     self.table.remove(id);
                     self.stats.deleted += 1;
+                    let Some(ps) = self.first_state(pkt, parsed) else {
+                        return Ok(self.invalid());
+                    };
                     let mut to = None;
                     nat(&parsed.key, &mut to)?;
-                    return self.create(pkt, parsed, to.as_ref(), hash, now_ns);
+                    return self.create(pkt, parsed, ps, to.as_ref(), hash, now_ns);
                 }
             }
         }
@@ -608,36 +618,37 @@ impl Conntrack {
         })
     }
 
-    /// A packet of no tracked connection: decides the connection it would start. `hash`
+    /// The protocol state of the connection a packet of no tracked connection would
+    /// start, or None when it cannot start one (a TCP segment other than a SYN, or a
+    /// mid-stream one with pickup off; an ICMP echo reply): INVALID.
+    fn first_state(&self, pkt: &Packet, parsed: &Parsed) -> Option<ProtoState> {
+        let key = &parsed.key;
+        match key.proto {
+            proto::TCP => Segment::read(pkt, parsed)
+                .and_then(|seg| TcpConn::new(&seg, self.config.tcp_pickup))
+                .map(ProtoState::Tcp),
+            proto::UDP => Some(ProtoState::Udp),
+            // An echo reply nobody asked for starts nothing.
+            proto::ICMP | proto::ICMPV6 => (icmp::kind(key.proto, (key.dst_port >> 8) as u8)
+                == Kind::Request)
+                .then_some(ProtoState::Icmp),
+            _ => Some(ProtoState::Other),
+        }
+    }
+
+    /// A packet of no tracked connection that can start one, with `ps` its protocol
+    /// state ([`Conntrack::first_state`]): decides the connection it would start. `hash`
     /// is the hash of the packet's key.
     fn create(
         &mut self,
         pkt: &mut Packet,
         parsed: &mut Parsed,
+        ps: ProtoState,
         nat: Option<&Nat>,
         hash: u64,
         now_ns: u64,
     ) -> Result<CtResult, DropReason> {
         let key = parsed.key;
-        let ps = match key.proto {
-            proto::TCP => {
-                let c = Segment::read(pkt, parsed)
-                    .and_then(|seg| TcpConn::new(&seg, self.config.tcp_pickup));
-                match c {
-                    Some(c) => ProtoState::Tcp(c),
-                    None => return Ok(self.invalid()),
-                }
-            }
-            proto::UDP => ProtoState::Udp,
-            proto::ICMP | proto::ICMPV6 => {
-                if icmp::kind(key.proto, (key.dst_port >> 8) as u8) != Kind::Request {
-                    // An echo reply nobody asked for.
-                    return Ok(self.invalid());
-                }
-                ProtoState::Icmp
-            }
-            _ => ProtoState::Other,
-        };
         if self.table.len() >= self.config.max_entries {
             // Commit will evict the oldest unreplied entry: its cache misses start now,
             // to overlap with those of the NAT decision.

@@ -118,6 +118,45 @@ fn udp_first_packet_is_new_and_inserted_only_by_commit() {
     ct.check();
 }
 
+/// The NAT of a new connection is decided only for a packet that can start one: a TCP
+/// RST or SYN-ACK of no connection, or an echo reply, is INVALID without asking.
+#[test]
+fn nat_is_not_decided_for_a_packet_that_cannot_start_a_connection() {
+    for (pickup, mut p) in [
+        (true, tcp("10.0.0.1", 4000, "10.0.0.2", 80, 1, 0, RST, 0)),
+        (
+            true,
+            tcp("10.0.0.1", 4000, "10.0.0.2", 80, 1, 1, SYN | ACK, 0),
+        ),
+        (true, pong("10.0.0.1", "10.0.0.2", 7)),
+        (false, tcp("10.0.0.1", 4000, "10.0.0.2", 80, 1, 1, ACK, 0)),
+    ] {
+        let mut ct = Conntrack::new(Config {
+            tcp_pickup: pickup,
+            ..Config::default()
+        });
+        let mut asked = false;
+        let r = ct
+            .process_with(&mut p.pkt, &mut p.parsed, 0, |_, _| {
+                asked = true;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(r.state, CtState::Invalid);
+        assert!(!asked, "{:?}", p.parsed.key);
+    }
+    let mut ct = ct();
+    let mut p = tcp("10.0.0.1", 4000, "10.0.0.2", 80, 1, 0, SYN, 0);
+    let mut asked = false;
+    let r = ct
+        .process_with(&mut p.pkt, &mut p.parsed, 0, |_, _| {
+            asked = true;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!((r.state, asked), (CtState::New, true));
+}
+
 #[test]
 fn entry_is_found_from_both_directions() {
     let mut ct = ct();

@@ -579,14 +579,15 @@ impl Services {
     /// into the Service's [`Service::backends`]. `from_node`: the packet came from
     /// this node, one of its pods or its own stack (the host port); external traffic
     /// from the node then uses every node's endpoints, as kube-proxy's short-circuit of
-    /// pod and local sources does. `affinity` keeps session affinity records and spreads
-    /// connections over the eligible endpoints.
+    /// pod and local sources does. `affinity` holds the session affinity records, read
+    /// here (a new record is written by [`Services::remember`] once the connection is
+    /// tracked), and spreads connections over the eligible endpoints.
     pub fn choose(
         &self,
         f: Frontend,
         key: &FlowKey,
         from_node: bool,
-        affinity: &mut Affinity,
+        affinity: &Affinity,
         now_ns: u64,
     ) -> Result<usize, Miss> {
         let svc = &self.services[f.service as usize];
@@ -605,21 +606,37 @@ impl Services {
                 Miss::NoEndpoints
             });
         }
-        let Some(timeout) = svc.affinity_ns else {
-            return Ok(usize::from(set[affinity.pick(key, set.len())]));
-        };
-        let kept = affinity
-            .get(svc.id, key.src.ip(), now_ns)
+        let kept = svc
+            .affinity_ns
+            .and_then(|_| affinity.get(svc.id, key.src.ip(), now_ns))
             .and_then(|(addr, port)| {
                 set.iter().copied().find(|&i| {
                     let b = &svc.backends[usize::from(i)];
                     b.addr == addr && b.port == port
                 })
             });
-        let i = usize::from(kept.unwrap_or_else(|| set[affinity.pick(key, set.len())]));
-        let b = &svc.backends[i];
-        affinity.put(svc.id, key.src.ip(), (b.addr, b.port), now_ns, timeout);
-        Ok(i)
+        Ok(usize::from(
+            kept.unwrap_or_else(|| set[affinity.pick(key, set.len())]),
+        ))
+    }
+
+    /// Records that the client of a new connection with `key` to frontend `f` got
+    /// endpoint `backend` (from [`Services::choose`]), when the Service has session
+    /// affinity: its later connections keep that endpoint until the timeout passes
+    /// without another. Called once conntrack has a pending connection for it, so that a
+    /// packet that starts none leaves no record.
+    pub fn remember(
+        &self,
+        f: Frontend,
+        key: &FlowKey,
+        backend: usize,
+        affinity: &mut Affinity,
+        now_ns: u64,
+    ) {
+        let svc = &self.services[f.service as usize];
+        if let (Some(timeout), Some(b)) = (svc.affinity_ns, svc.backends.get(backend)) {
+            affinity.put(svc.id, key.src.ip(), (b.addr, b.port), now_ns, timeout);
+        }
     }
 }
 

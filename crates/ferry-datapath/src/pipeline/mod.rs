@@ -255,7 +255,7 @@ fn balance(
     f: Frontend,
     key: &crate::flow::FlowKey,
     source: Source,
-    affinity: &mut Affinity,
+    affinity: &Affinity,
     now: u64,
 ) -> Result<Balanced, DropReason> {
     let i = tables
@@ -974,7 +974,7 @@ impl Pipeline {
         // of known connections follow their entry and pay no Service lookup.
         let mut frontend: Option<Frontend> = None;
         let mut balanced: Option<Balanced> = None;
-        let affinity = &mut self.affinity;
+        let affinity = &self.affinity;
         let mut result = self.ct.process_with(&mut pkt, &mut parsed, now, |key, to| {
             if static_nat.is_some() {
                 *to = static_nat;
@@ -1020,8 +1020,16 @@ impl Pipeline {
                 return self.drop(r, trace);
             }
         };
+        // A Service connection counts, and its client's affinity record is written, only
+        // once conntrack has a connection for it (a NAT refusal, say a clash, leaves none).
+        if ct.pending.is_none() {
+            balanced = None;
+        }
         if let (Some(b), Some(f)) = (&balanced, frontend) {
             self.stats.service_balanced += 1;
+            tables
+                .services
+                .remember(f, &before, b.backend, &mut self.affinity, now);
             trace.note("service", || {
                 let svc = &tables.services.services[f.service as usize];
                 let how = match (b.nat.snat, b.mark & lb::MARK_TUNNEL != 0) {

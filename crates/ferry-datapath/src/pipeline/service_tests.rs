@@ -1277,3 +1277,48 @@ fn test_updating_a_service_leaves_another_services_udp_clients_on_a_shared_endpo
     assert_eq!(delivered_to(&out), ip("10.244.1.6"));
     assert_eq!(a.stats().service_balanced, 1, "the same connection");
 }
+
+/// A segment that cannot start a TCP connection (an RST or a SYN-ACK nobody asked for)
+/// to a frontend is not load balanced: no endpoint chosen, no affinity record. It is
+/// invalid, and with `pass_invalid` leaves as it came.
+#[test]
+fn test_a_segment_that_cannot_start_a_connection_is_not_balanced() {
+    for pass_invalid in [false, true] {
+        let svc = ServiceSpec {
+            affinity_timeout_s: Some(10),
+            ..web(vec![be("10.244.1.6", 8080, 1)])
+        };
+        let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+        spec.services = vec![svc];
+        spec.ct.pass_invalid = pass_invalid;
+        let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+        learn(&mut a, 1, GW, GW_MAC);
+        for flags in [tcp_flags::RST, tcp_flags::SYN | tcp_flags::ACK] {
+            let (v, out) = run(
+                &mut a,
+                tcp_from_pod(5, "10.96.0.10", 40000, 80, flags),
+                POD,
+                SEC,
+            );
+            if pass_invalid {
+                assert_eq!(v, Verdict::Forwarded);
+                assert_eq!(key_of(&out[0].1.data).dst.ip(), ip("10.96.0.10"));
+            } else {
+                assert_eq!(v, Verdict::Dropped(DropReason::CtInvalid));
+            }
+            assert_eq!(a.stats().service_balanced, 0, "flags {flags:#x}");
+            assert!(a.affinity().is_empty(), "flags {flags:#x}");
+            assert_eq!(a.conntrack().len(), 0);
+        }
+        let (v, out) = run(
+            &mut a,
+            tcp_from_pod(5, "10.96.0.10", 40000, 80, tcp_flags::SYN),
+            POD,
+            SEC,
+        );
+        assert_eq!(v, Verdict::Forwarded);
+        assert_eq!(key_of(&out[0].1.data).dst.ip(), ip("10.244.1.6"));
+        assert_eq!(a.stats().service_balanced, 1);
+        assert_eq!(a.affinity().len(), 1);
+    }
+}
