@@ -101,7 +101,8 @@ pub struct Applied {
     pub opened: Vec<String>,
     /// Ports closed.
     pub closed: Vec<String>,
-    /// Connections removed because their endpoint went away.
+    /// Connections removed at the swap (see `ferry_datapath::pipeline::SwapReport`):
+    /// their endpoint went away, or a UDP flow's destination became a frontend.
     pub ct_removed: usize,
     /// Only the changed Services were compiled (an EndpointSlice or Service change).
     pub incremental: bool,

@@ -172,6 +172,9 @@ pub struct Services {
     /// Endpoints that update took away (no Service port has them any more) or that
     /// stopped serving (no Service port has them serving any more).
     gone: Vec<(u8, IpAddr, u16)>,
+    /// Update put in a UDP frontend (address and port, or node port) that the value it
+    /// was made from did not have.
+    udp_frontends_added: bool,
 }
 
 /// Gives every compiled or updated [`Services`] its own id.
@@ -253,6 +256,9 @@ impl Services {
         s.id = next_id();
         s.parent = self.id;
         s.gone.clear();
+        s.udp_frontends_added = added
+            .iter()
+            .any(|spec| spec.proto == "udp" && self.lacks_frontend_of(spec, proto::UDP));
         for name in removed
             .iter()
             .copied()
@@ -283,6 +289,7 @@ impl Services {
             let mut c = Services::compile(&live, &node, s.local_addrs.iter().copied())?;
             c.parent = self.id;
             c.gone = s.gone;
+            c.udp_frontends_added = s.udp_frontends_added;
             return Ok(c);
         }
         // Endpoints taken out and put back serving by the same update did not go.
@@ -297,6 +304,34 @@ impl Services {
     /// table only when an endpoint went away or stopped serving.
     pub fn endpoints_gone_since(&self, older: &Services) -> Option<&[(u8, IpAddr, u16)]> {
         (older.id != 0 && self.parent == older.id).then_some(self.gone.as_slice())
+    }
+
+    /// Whether a UDP frontend (an address and port, or a node port) came in since
+    /// `older`, when these Services were made from it by [`Services::update`]; None when
+    /// they were not (then any may have). A table swap uses it to visit the connection
+    /// table only when a UDP flow may have started to an address that is a frontend now.
+    pub fn udp_frontends_added_since(&self, older: &Services) -> Option<bool> {
+        (older.id != 0 && self.parent == older.id).then_some(self.udp_frontends_added)
+    }
+
+    /// True when `spec`, over protocol `proto`, has a frontend these Services do not.
+    fn lacks_frontend_of(&self, spec: &ServiceSpec, proto: u8) -> bool {
+        spec.cluster_ips
+            .iter()
+            .chain(&spec.external_ips)
+            .chain(&spec.load_balancer_ips)
+            .any(|a| !self.frontends.contains_key(&(proto, *a, spec.port)))
+            || spec
+                .node_port
+                .is_some_and(|np| !self.node_ports.contains_key(&(proto, np)))
+    }
+
+    /// True when a connection with the original tuple `key` is addressed to a frontend:
+    /// a cluster, external or load balancer IP with its port, a node port at one of this
+    /// node's addresses, or a cluster IP with its Service's node port (the host's node
+    /// port connections, see [`Services::host_node_port`]).
+    pub fn is_frontend_of(&self, key: &FlowKey) -> bool {
+        self.frontend(key).is_some() || self.host_node_port(key).is_some()
     }
 
     /// Service ports in force.

@@ -330,3 +330,40 @@ fn test_an_update_takes_away_only_the_serving_counts_of_the_updated_service() {
         Some(&[(proto::TCP, ip("10.244.1.5"), 8080)][..])
     );
 }
+
+#[test]
+fn test_an_update_says_whether_a_udp_frontend_came() {
+    let s = Services::compile(&[svc("a", "udp")], "a", []).unwrap();
+    let same = s.update(&[], &[svc("a", "udp")]).unwrap();
+    assert_eq!(same.udp_frontends_added_since(&s), Some(false));
+    let mut tcp = svc("t", "tcp");
+    tcp.cluster_ips = vec![ip("10.96.0.30")];
+    let with_tcp = s.update(&[], &[tcp]).unwrap();
+    assert_eq!(with_tcp.udp_frontends_added_since(&s), Some(false));
+    let mut ext = svc("a", "udp");
+    ext.external_ips = vec![ip("203.0.113.7")];
+    let more = s.update(&[], &[ext]).unwrap();
+    assert_eq!(more.udp_frontends_added_since(&s), Some(true));
+    let mut np = svc("a", "udp");
+    np.node_port = Some(30053);
+    let moved = s.update(&[], &[np]).unwrap();
+    assert_eq!(moved.udp_frontends_added_since(&s), Some(true));
+    assert_eq!(
+        moved.udp_frontends_added_since(&more),
+        None,
+        "not made from it"
+    );
+    let fresh = Services::compile(&[svc("a", "udp")], "a", []).unwrap();
+    assert_eq!(fresh.udp_frontends_added_since(&s), None);
+    // The original tuple of a flow to a frontend, whichever kind.
+    let s = Services::compile(&[svc("a", "udp")], "a", [ip("192.168.50.10")]).unwrap();
+    let udp = |dst, port| FlowKey {
+        proto: proto::UDP,
+        ..key(dst, port)
+    };
+    assert!(s.is_frontend_of(&udp("10.96.0.10", 80)));
+    assert!(s.is_frontend_of(&udp("192.168.50.10", 30080)));
+    assert!(s.is_frontend_of(&udp("10.96.0.10", 30080)));
+    assert!(!s.is_frontend_of(&udp("10.96.0.10", 81)));
+    assert!(!s.is_frontend_of(&key("10.96.0.10", 80)), "TCP");
+}

@@ -1322,3 +1322,70 @@ fn test_a_segment_that_cannot_start_a_connection_is_not_balanced() {
         assert_eq!(a.affinity().len(), 1);
     }
 }
+
+/// A UDP flow to an address and port that becomes a Service frontend later (the client
+/// started before the Service existed) is load balanced from the swap on: its plain
+/// entry is deleted, as kube-proxy clears UDP entries to a new Service's addresses,
+/// whether the new tables were compiled afresh or updated.
+#[test]
+fn test_a_udp_flow_to_an_address_that_becomes_a_frontend_is_balanced_after_the_swap() {
+    for updated in [false, true] {
+        let mut a = node(1, ModeSpec::Always, vec![]);
+        let (v, out) = run(&mut a, udp_to_service(30000), POD, SEC);
+        assert_eq!(v, Verdict::Forwarded);
+        assert_eq!(out[0].0, UPLINK, "default route");
+        assert_eq!(key_of(&out[0].1.data).dst.ip(), ip("10.96.0.11"));
+        // Another plain UDP flow, and a TCP one to the new frontend's address, stay.
+        run(&mut a, udp_from_pod("192.168.60.7", 30001, b"q"), POD, SEC);
+        run(
+            &mut a,
+            tcp_from_pod(5, "10.96.0.11", 30002, 53, tcp_flags::SYN),
+            POD,
+            SEC,
+        );
+        assert_eq!(a.conntrack().len(), 3);
+        let svc = dns(vec![be("10.244.1.6", 53, 1)]);
+        let new = if updated {
+            Arc::new(a.tables().with_services(&[], &[svc]).unwrap())
+        } else {
+            tables(1, ModeSpec::Always, vec![svc])
+        };
+        let report = a.set_tables(new);
+        assert_eq!(report.ct_removed, 1, "updated: {updated}");
+        assert_eq!(a.conntrack().len(), 2);
+        let (v, out) = run(&mut a, udp_to_service(30000), POD, 2 * SEC);
+        assert_eq!(v, Verdict::Forwarded);
+        assert_eq!(delivered_to(&out), ip("10.244.1.6"));
+        assert_eq!(a.stats().service_balanced, 1);
+        // An update that adds no frontend visits no connection.
+        let same = a
+            .tables()
+            .with_services(&[], &[dns(vec![be("10.244.1.6", 53, 1)])])
+            .unwrap();
+        assert_eq!(a.set_tables(Arc::new(same)).ct_removed, 0);
+    }
+}
+
+/// The same for a node port: a UDP flow to this node's address at a port that becomes
+/// a node port.
+#[test]
+fn test_a_udp_flow_to_a_port_that_becomes_a_node_port_is_balanced_after_the_swap() {
+    let mut a = node(1, ModeSpec::Always, vec![]);
+    let o = IpOpts {
+        src_mac: GW_MAC,
+        dst_mac: uplink_mac(1),
+        ..IpOpts::default()
+    };
+    let from_outside = || build::udp(ip(CLIENT), ip(NODE1), 40000, 30053, b"q", &o);
+    run(&mut a, from_outside(), UPLINK, SEC);
+    assert_eq!(a.conntrack().len(), 1);
+    let svc = ServiceSpec {
+        node_port: Some(30053),
+        ..dns(vec![be("10.244.1.6", 53, 1)])
+    };
+    let new = a.tables().with_services(&[], &[svc]).unwrap();
+    assert_eq!(a.set_tables(Arc::new(new)).ct_removed, 1);
+    let (v, out) = run(&mut a, from_outside(), UPLINK, 2 * SEC);
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(delivered_to(&out), ip("10.244.1.6"));
+}

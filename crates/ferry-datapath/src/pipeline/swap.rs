@@ -13,7 +13,13 @@
 //!   entry is also deleted when its endpoint stays but no longer serves (neither ready
 //!   nor serving), as kube-proxy clears UDP entries of endpoints that stop serving.
 //!   Connections without the mark (a node port connection another node forwarded here
-//!   has no NAT here, only its tunnel peer) are never touched.
+//!   has no NAT here, only its tunnel peer) are kept, except UDP ones whose original
+//!   destination is a frontend of the new tables: a flow that started before the
+//!   Service (or its port) existed would otherwise follow its plain entry for as long as
+//!   the client keeps sending, never load balanced; it is deleted, as kube-proxy clears
+//!   UDP entries to a new Service's addresses and node ports. The connection table is
+//!   visited only when an endpoint may have gone or a UDP frontend may have come
+//!   ([`Services::endpoints_gone_since`], [`Services::udp_frontends_added_since`]).
 //! - **Per-port counters** (drops by reason included) follow ports by name: a port that keeps its name keeps its
 //!   counters at its new index; new ports start at zero; removed ports' counters go.
 //! - **Neighbours** are kept for ports whose name is at the same index in both tables
@@ -36,6 +42,8 @@
 //! [`SwapReport::not_applied`] and takes effect when the agent restarts.
 //!
 //! [`Reassembler::set_config`]: crate::ipf::Reassembler::set_config
+//! [`Services::endpoints_gone_since`]: crate::lb::Services::endpoints_gone_since
+//! [`Services::udp_frontends_added_since`]: crate::lb::Services::udp_frontends_added_since
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -57,7 +65,9 @@ mod swap_tests;
 /// What a table swap changed, for the agent's log.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SwapReport {
-    /// Service connections deleted because their endpoint is gone.
+    /// Service connections deleted because their endpoint is gone (or, for UDP, no
+    /// longer serves), and plain UDP flows deleted because their destination became a
+    /// Service frontend.
     pub ct_removed: usize,
     /// Neighbour entries dropped because their port moved or went.
     pub neigh_removed: usize,
@@ -155,17 +165,22 @@ impl Pipeline {
         self.stats.neigh_waiting = self.parked.len() as u64;
 
         let services = &new.services;
-        // Visit the connections only when an endpoint may have gone: an update that
-        // only added or changed endpoints leaves them be.
+        // Visit the connections only when an endpoint may have gone or a UDP frontend
+        // may have come: an update that only added or changed endpoints leaves them be.
         let sweep = services
             .endpoints_gone_since(&old.services)
-            .is_none_or(|gone| !gone.is_empty());
+            .zip(services.udp_frontends_added_since(&old.services))
+            .is_none_or(|(gone, added)| !gone.is_empty() || added);
         report.ct_removed = if !sweep {
             0
         } else {
             self.ct.retain(|e| {
                 if e.mark & MARK_SERVICE == 0 {
-                    return true;
+                    // A UDP flow that started before its destination was a frontend would
+                    // follow its plain entry for as long as the client keeps sending:
+                    // deleted, so that its next packet is load balanced.
+                    let o = e.original();
+                    return o.proto != proto::UDP || !services.is_frontend_of(&o);
                 }
                 // After DNAT the reply comes from the endpoint. A UDP client (whose flow
                 // never ends) also leaves an endpoint that stops serving, as kube-proxy
