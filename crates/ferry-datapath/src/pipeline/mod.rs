@@ -955,9 +955,6 @@ impl Pipeline {
             return self.drop(DropReason::TtlExceeded, trace);
         }
 
-        // Static NAT rules come first; a packet no rule matches may be addressed to a
-        // Service. Either is decided only if the packet starts a connection.
-        let static_nat = self.nat_for(tables, in_id, &parsed);
         // From this node's pods or its own stack: external traffic from here ignores
         // externalTrafficPolicy (kube-proxy's short-circuit of pod and local sources).
         let from_host = tunnel_peer.is_none() && in_port.kind == PortKind::Host;
@@ -970,22 +967,24 @@ impl Pipeline {
         };
         let before = parsed.key;
         let now = pkt.meta.time_ns;
-        // The frontend is looked up only for a packet that starts a connection: packets
-        // of known connections follow their entry and pay no Service lookup.
+        // A packet that starts a connection to a Service frontend is load balanced;
+        // static NAT rules apply to one that starts any other connection (a pod egress
+        // masquerade rule must not turn Services off). Both are decided only for a
+        // packet that starts a connection: packets of known connections follow their
+        // entry and pay neither the Service lookup nor the rules.
         let mut frontend: Option<Frontend> = None;
         let mut balanced: Option<Balanced> = None;
+        let mut static_nat: Option<Nat> = None;
         let affinity = &self.affinity;
         let mut result = self.ct.process_with(&mut pkt, &mut parsed, now, |key, to| {
-            if static_nat.is_some() {
-                *to = static_nat;
-                return Ok(());
-            }
             let f = tables.services.frontend(key).or_else(|| {
                 from_host
                     .then(|| tables.services.host_node_port(key))
                     .flatten()
             });
             let Some(f) = f else {
+                static_nat = Self::nat_for(tables, in_id, key);
+                *to = static_nat;
                 return Ok(());
             };
             frontend = Some(f);
@@ -2194,19 +2193,16 @@ impl Pipeline {
         Ok(())
     }
 
-    /// The NAT of the first static rule matching a packet, for conntrack to apply if the
-    /// packet starts a connection. Masquerade takes the address the egress port has for
-    /// the packet's family (after DNAT); without one, no source NAT.
-    fn nat_for(&self, tables: &Tables, in_port: PortId, parsed: &Parsed) -> Option<Nat> {
-        let rule = tables
-            .nat
-            .iter()
-            .find(|r| r.matches(in_port, &parsed.key))?;
+    /// The NAT of the first static rule matching a packet with `key` that starts a
+    /// connection to no Service frontend. Masquerade takes the address the egress port
+    /// has for the packet's family (after DNAT); without one, no source NAT.
+    fn nat_for(tables: &Tables, in_port: PortId, key: &FlowKey) -> Option<Nat> {
+        let rule = tables.nat.iter().find(|r| r.matches(in_port, key))?;
         let snat = match rule.snat {
             Snat::None => None,
             Snat::To(addr, range) => Some((addr.into(), range)),
             Snat::Masquerade => {
-                let dst = rule.dnat.map_or(parsed.key.dst, |d| d.0.into());
+                let dst = rule.dnat.map_or(key.dst, |d| d.0.into());
                 let route = tables.fib.lookup(dst.ip())?.route()?;
                 let port = &tables.ports[usize::from(route.port)];
                 let addr = if dst.is_ipv4() {

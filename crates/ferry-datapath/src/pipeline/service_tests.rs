@@ -1389,3 +1389,53 @@ fn test_a_udp_flow_to_a_port_that_becomes_a_node_port_is_balanced_after_the_swap
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(delivered_to(&out), ip("10.244.1.6"));
 }
+
+/// A static NAT rule that matches a pod's traffic (egress masquerade of the pod CIDR)
+/// does not turn Services off for it: a connection to a frontend is load balanced, and
+/// the rule applies to the pod's other connections.
+#[test]
+fn test_a_service_frontend_takes_precedence_over_a_matching_static_nat_rule() {
+    use crate::tables::{MatchSpec, NatRuleSpec};
+    let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    spec.services = vec![web(vec![be("10.244.1.6", 8080, 1)])];
+    spec.nat = vec![NatRuleSpec {
+        matches: MatchSpec {
+            src: Some("10.244.0.0/16".parse().unwrap()),
+            ..MatchSpec::default()
+        },
+        dnat: None,
+        snat: None,
+        masquerade: true,
+    }];
+    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    learn(&mut a, 1, GW, GW_MAC);
+    let (v, out, tr) = traced(
+        &mut a,
+        tcp_from_pod(5, "10.96.0.10", 40000, 80, tcp_flags::SYN),
+        POD,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
+    assert_eq!(out[0].0, POD2);
+    let k = key_of(&out[0].1.data);
+    assert_eq!(
+        (k.src, k.dst, k.dst_port),
+        (ip("10.244.1.5").into(), ip("10.244.1.6").into(), 8080)
+    );
+    assert_eq!(a.stats().service_balanced, 1);
+    assert!(
+        tr.events.iter().all(|e| e.stage != "nat"),
+        "no static rule applied: {:?}",
+        tr.events
+    );
+    // Elsewhere, the rule applies.
+    let (v, out) = run(
+        &mut a,
+        tcp_from_pod(5, CLIENT, 40001, 80, tcp_flags::SYN),
+        POD,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Forwarded);
+    let k = key_of(&out[0].1.data);
+    assert_eq!((k.src, k.dst), (ip(NODE1).into(), ip(CLIENT).into()));
+}
