@@ -678,14 +678,22 @@ impl Services {
 /// Session affinity records: (Service, client address) -> endpoint, each valid until
 /// its timeout passes without a new connection. Bounded: when full, expired records are
 /// swept; if none is, the new record is not kept (the connection is still balanced, and
-/// counted in [`Affinity::refused`]). A clone keeps the hash key, so it picks endpoints
-/// as the original does.
+/// counted in [`Affinity::refused`]). A sweep visits every record, so a full table is
+/// swept only once a record may have expired, and at most once per
+/// [`Affinity::SWEEP_INTERVAL_NS`]: a new client of a table full of live records costs
+/// a lookup, not a pass over the table (the pipeline also sweeps once a second). A clone
+/// keeps the hash key, so it picks endpoints as the original does.
 #[derive(Clone, Debug)]
 pub struct Affinity {
     map: HashMap<(u64, IpAddr), Record, RandomState>,
     max: usize,
     hasher: RandomState,
+    /// No record expires before this (u64::MAX: none held since it was known).
+    earliest_ns: u64,
+    /// A full table is not swept for a new record before this.
+    next_sweep_ns: u64,
     refused: u64,
+    sweeps: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -703,6 +711,8 @@ impl Default for Affinity {
 impl Affinity {
     /// Default bound on records.
     pub const DEFAULT_MAX: usize = 65536;
+    /// A full table is swept for a new record at most once in this long (1 s).
+    pub const SWEEP_INTERVAL_NS: u64 = 1_000_000_000;
 
     /// An empty table of at most `max` records.
     pub fn new(max: usize) -> Affinity {
@@ -710,7 +720,10 @@ impl Affinity {
             map: HashMap::default(),
             max,
             hasher: RandomState::new(),
+            earliest_ns: u64::MAX,
+            next_sweep_ns: 0,
             refused: 0,
+            sweeps: 0,
         }
     }
 
@@ -727,6 +740,11 @@ impl Affinity {
     /// Records not kept because the table was full.
     pub fn refused(&self) -> u64 {
         self.refused
+    }
+
+    /// Passes over every record made to find room for a new one in a full table.
+    pub fn sweeps(&self) -> u64 {
+        self.sweeps
     }
 
     fn get(&self, service: u64, client: IpAddr, now_ns: u64) -> Option<(IpAddr, u16)> {
@@ -749,26 +767,38 @@ impl Affinity {
             deadline_ns: now_ns.saturating_add(timeout_ns),
         };
         if self.map.len() >= self.max && !self.map.contains_key(&(service, client)) {
-            self.map.retain(|_, r| r.deadline_ns > now_ns);
+            if now_ns < self.earliest_ns.max(self.next_sweep_ns) {
+                self.refused += 1;
+                return;
+            }
+            self.sweeps += 1;
+            self.next_sweep_ns = now_ns.saturating_add(Self::SWEEP_INTERVAL_NS);
+            self.expire(now_ns, usize::MAX);
             if self.map.len() >= self.max {
                 self.refused += 1;
                 return;
             }
         }
+        // `earliest_ns` stays at or below every deadline; a refresh that moves the
+        // earliest one later leaves it low, which costs one sweep that finds nothing.
+        self.earliest_ns = self.earliest_ns.min(rec.deadline_ns);
         self.map.insert((service, client), rec);
     }
 
     /// Removes expired records, at most `budget` of them.
     pub fn expire(&mut self, now_ns: u64, budget: usize) -> usize {
         let mut n = 0;
+        let mut earliest = u64::MAX;
         self.map.retain(|_, r| {
             if n < budget && r.deadline_ns <= now_ns {
                 n += 1;
                 false
             } else {
+                earliest = earliest.min(r.deadline_ns);
                 true
             }
         });
+        self.earliest_ns = earliest;
         n
     }
 

@@ -367,3 +367,38 @@ fn test_an_update_says_whether_a_udp_frontend_came() {
     assert!(!s.is_frontend_of(&udp("10.96.0.10", 81)));
     assert!(!s.is_frontend_of(&key("10.96.0.10", 80)), "TCP");
 }
+
+/// A full table of live records costs a new client no pass over the records: none is
+/// made before a record may have expired, and at most one a second of packet time
+/// whatever the records do.
+#[test]
+fn test_a_full_affinity_table_of_live_records_is_swept_at_most_once_a_second() {
+    const MS: u64 = 1_000_000;
+    let b = (ip("10.244.1.5"), 8080);
+    let client = |i: u32| IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i));
+    // Records that live 100 s: nothing to sweep for 10 s of new clients.
+    let mut a = Affinity::new(4);
+    for i in 0..4 {
+        a.put(1, client(i), b, 0, 100_000 * MS);
+    }
+    for t in 0..10_000u32 {
+        a.put(1, client(100 + t), b, u64::from(t) * MS, 100_000 * MS);
+    }
+    assert_eq!((a.len(), a.refused(), a.sweeps()), (4, 10_000, 0));
+    // Records refreshed just before they expire, every millisecond: each may have
+    // expired by the next new client, and none has.
+    let mut a = Affinity::new(4);
+    for t in 0..10_000u32 {
+        let now = u64::from(t) * MS;
+        for i in 0..4 {
+            a.put(1, client(i), b, now, 2 * MS);
+        }
+        a.put(1, client(100 + t), b, now, 2 * MS);
+    }
+    assert_eq!((a.len(), a.refused()), (4, 10_000));
+    assert!(a.sweeps() <= 10, "{} sweeps in 10 s", a.sweeps());
+    // Once the records expire, a new client gets one at its next sweep.
+    let later = 10_000 * MS + 1_000_000_000;
+    a.put(1, client(99), b, later, 2 * MS);
+    assert_eq!(a.get(1, client(99), later + 1), Some(b));
+}
