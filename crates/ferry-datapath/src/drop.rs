@@ -136,6 +136,11 @@ drop_reasons! {
     /// A new connection to a Service whose traffic policy is Local, on a node without a
     /// local endpoint: dropped, as kube-proxy does.
     ServiceNoLocalEndpoints => "service_no_local_endpoints",
+    /// A new connection to a Service that must leave from this node's address (external
+    /// or outside-the-cluster traffic to another node's endpoint, in SNAT mode or out of
+    /// the tunnel's reach) when the node has no address of its family: refused, since
+    /// with the client address kept the replies would not come back to be translated.
+    ServiceNoNodeAddress => "service_no_node_address",
     // --- forwarding
     /// The packet arrived on a port that the tables do not know.
     UnknownPort => "unknown_port",

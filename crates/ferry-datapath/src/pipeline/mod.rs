@@ -248,8 +248,9 @@ fn in_cluster(tables: &Tables, a: IpAddr) -> bool {
 /// is external traffic from elsewhere than this node, or cluster IP traffic from the
 /// network whose source is outside the cluster (as kube-proxy masquerades those), the
 /// replies must come back here: SNAT to this node with `external_snat` or when the
-/// tunnel does not reach the endpoint, else the client address is kept and the
-/// connection marked to go through the tunnel.
+/// tunnel does not reach the endpoint (refused, `service_no_node_address`, when the node
+/// has no address of the family), else the client address is kept and the connection
+/// marked to go through the tunnel.
 fn balance(
     tables: &Tables,
     f: Frontend,
@@ -290,10 +291,13 @@ fn balance(
             mark |= lb::MARK_TUNNEL;
             None
         } else {
-            tables
+            // Without an address of the family, the connection cannot leave from this
+            // node: sent with the client address, its replies would bypass it.
+            let a = tables
                 .node
                 .addr(key.dst.is_ipv6())
-                .map(|a| (a.into(), None))
+                .ok_or(DropReason::ServiceNoNodeAddress)?;
+            Some((a.into(), None))
         }
     } else {
         None
@@ -1009,6 +1013,15 @@ impl Pipeline {
                         let svc = &tables.services.services[f.service as usize];
                         format!(
                             "{} ({:?}): no endpoint to send {} to",
+                            svc.name, f.scope, before
+                        )
+                    });
+                }
+                if let Some(f) = frontend.filter(|_| r == DropReason::ServiceNoNodeAddress) {
+                    trace.note("service", || {
+                        let svc = &tables.services.services[f.service as usize];
+                        format!(
+                            "{} ({:?}): {} must leave from this node's address, and it has none of the family",
                             svc.name, f.scope, before
                         )
                     });

@@ -1439,3 +1439,55 @@ fn test_a_service_frontend_takes_precedence_over_a_matching_static_nat_rule() {
     let k = key_of(&out[0].1.data);
     assert_eq!((k.src, k.dst), (ip(NODE1).into(), ip(CLIENT).into()));
 }
+
+/// External traffic that must leave from this node's address (here in SNAT mode) on a
+/// node without an address of its family is refused, not sent on with the client
+/// address, whose replies would not come back through this node to be translated.
+#[test]
+fn test_a_connection_needing_the_node_address_of_a_family_the_node_lacks_is_dropped() {
+    let svc = ServiceSpec {
+        external_snat: true,
+        external_ips: vec![ip("192.168.70.9"), ip("fd00:70::9")],
+        ..web(vec![
+            be("10.244.2.5", 8080, 2),
+            be("fd00:10:244:2::5", 8080, 2),
+        ])
+    };
+    let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    spec.ports[0].addresses.retain(|a| a.addr.is_ipv4());
+    spec.routes.retain(|r| r.prefix.addr().is_ipv4());
+    spec.services = vec![svc];
+    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    learn(&mut a, 1, GW, GW_MAC);
+    learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
+    let o = IpOpts {
+        src_mac: GW_MAC,
+        dst_mac: uplink_mac(1),
+        ..IpOpts::default()
+    };
+    let syn = |src: &str, dst: &str| {
+        build::tcp(ip(src), ip(dst), 50000, 80, 100, 0, tcp_flags::SYN, &[], &o)
+    };
+    let (v, out, tr) = traced(&mut a, syn("fd00:60::7", "fd00:70::9"), UPLINK, SEC);
+    assert_eq!(
+        v,
+        Verdict::Dropped(DropReason::ServiceNoNodeAddress),
+        "{:?}",
+        tr.events
+    );
+    assert!(out.is_empty());
+    assert!(
+        tr.events
+            .iter()
+            .any(|e| e.stage == "service" && e.detail.contains("none of the family")),
+        "{:?}",
+        tr.events
+    );
+    assert_eq!(a.drops().get(DropReason::ServiceNoNodeAddress), 1);
+    assert_eq!(a.stats().service_balanced, 0);
+    assert_eq!(a.conntrack().len(), 0);
+    // IPv4, which the node has, is translated.
+    let (v, out) = run(&mut a, syn(CLIENT, "192.168.70.9"), UPLINK, SEC);
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(key_of(inner(&out[0].1.data)).src.ip(), ip(NODE1));
+}
