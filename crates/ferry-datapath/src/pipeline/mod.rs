@@ -1053,14 +1053,13 @@ impl Pipeline {
                 let be = &svc.backends[b.backend];
                 let node = be.node.as_deref().map_or(String::new(), |n| format!(" on node {n}"));
                 format!(
-                    "{} ({} frontend {}:{}) -> endpoint {}{node}{how}",
+                    "{} ({} frontend {}) -> endpoint {}{node}{how}",
                     svc.name,
                     match f.scope {
                         Scope::Internal => "cluster IP",
                         Scope::External => "external",
                     },
-                    before.dst,
-                    before.dst_port,
+                    SockAddr(before.dst.ip(), before.dst_port),
                     SockAddr(be.addr, be.port)
                 )
             });

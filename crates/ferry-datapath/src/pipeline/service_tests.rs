@@ -340,6 +340,24 @@ fn test_a_frontend_goes_only_to_endpoints_of_its_family() {
         let (_, out) = run(&mut a, udp_to_service(sport), POD, SEC);
         assert_eq!(key_of(&out[0].1.data).dst, ip("10.244.1.6"));
     }
+    // A trace names the IPv6 frontend and endpoint with their ports apart.
+    let q = build::udp(
+        ip("fd00:10:244:1::5"),
+        ip("fd00:96::11"),
+        31000,
+        53,
+        b"q",
+        &from_pod(1, 5),
+    );
+    let mut t = Trace::enabled();
+    a.process(Packet::new(q, POD, SEC), &mut Vec::new(), &mut t);
+    let note = t.events.iter().find(|e| e.stage == "service").unwrap();
+    assert!(
+        note.detail.contains("frontend [fd00:96::11]:53)")
+            && note.detail.contains("endpoint [fd00:10:244:1::6]:53"),
+        "{}",
+        note.detail
+    );
 }
 
 #[test]
