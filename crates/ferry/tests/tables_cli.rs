@@ -130,12 +130,12 @@ fn tables_on_a_base_file_keep_its_ports_and_routes() {
 
 #[test]
 fn tables_that_do_not_compile_on_a_base_file_name_it() {
-    // No route to node-b's subnet: the base is where the fault is.
+    // The base's limits are wrong: the base is where the fault is.
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("base.yaml");
     fs::write(
         &base,
-        "ports:\n  - { name: eth1, kind: uplink, mac: \"02:fe:00:00:00:01\", addresses: [192.168.10.2/24] }\n",
+        "ports:\n  - { name: eth1, kind: uplink, mac: \"02:fe:00:00:00:01\", addresses: [192.168.10.2/24] }\nroutes:\n  - { prefix: 0.0.0.0/0, port: eth1, via: 192.168.10.1 }\nct: { max_entries: 0 }\n",
     )
     .unwrap();
     let out = ferry(&[
@@ -150,10 +150,34 @@ fn tables_that_do_not_compile_on_a_base_file_name_it() {
     assert!(!out.status.success());
     let err = text(&out.stderr);
     let want = format!(
-        "the tables of node node-a on the base tables {} do not compile: nodes[0] (\"node-b\"): no route",
+        "the tables of node node-a on the base tables {} do not compile: ct: max_entries",
         base.display()
     );
     assert!(err.contains(&want), "{err}");
+}
+
+#[test]
+fn a_peer_a_base_file_has_no_route_to_is_left_out_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.yaml");
+    fs::write(
+        &base,
+        "ports:\n  - { name: eth1, kind: uplink, mac: \"02:fe:00:00:00:01\", addresses: [192.168.10.2/24] }\n",
+    )
+    .unwrap();
+    let (t, stderr) = tables(&[
+        "--cluster",
+        example().to_str().unwrap(),
+        "--node",
+        "node-a",
+        "--base",
+        base.to_str().unwrap(),
+    ]);
+    assert!(t.nodes.is_empty());
+    assert!(
+        stderr.contains("warning: Node node-b: no route to its InternalIP 192.168.20.2 through the uplink \"eth1\""),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -8,15 +8,19 @@ mod services;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::IpAddr;
 
-use ferry_datapath::tables::{OverlaySpec, PeerSpec, PortKind, TablesSpec};
+use ferry_datapath::tables::{ModeSpec, OverlaySpec, PeerSpec, PortKind, PortSpec, TablesSpec};
+use ipnet::IpNet;
 
 use crate::cluster::{Cluster, ObjectKey};
 use crate::config::FerryConfig;
-use crate::fields::{FieldError, NodeFields, describe};
+use crate::fields::{
+    ANNOTATION_IPV4_ADDRESS, ANNOTATION_IPV4_GATEWAY, ANNOTATION_IPV6_ADDRESS,
+    ANNOTATION_IPV6_GATEWAY, FieldError, NodeFields, describe,
+};
 
 pub use base::{UPLINK_PORT, default_base};
 pub use pods::{POD_GATEWAY_MAC, pod_mac};
@@ -149,7 +153,14 @@ pub fn node_tables(
     }
 
     let pod_ports = pods::add_ports(cluster, node, attached, &mut tables)?;
-    add_peers(cluster, node, &config, &mut tables, &mut warnings)?;
+    add_peers(
+        cluster,
+        node,
+        &config,
+        &mut tables,
+        base.is_none(),
+        &mut warnings,
+    )?;
     let svc = services::compile(cluster, node, &config, opts)?;
     tables.services.extend(svc.specs);
     warnings.extend(svc.warnings);
@@ -205,14 +216,25 @@ pub fn service_tables(
 
 /// Adds every other Node reachable on an underlay family this node has as an overlay
 /// peer, and the overlay itself when the base has none.
+///
+/// A Node the tables would refuse as a peer (see [`Peers::refusal`]) is left out with a
+/// warning, so that one bad Node does not stop this node's tables from compiling (and
+/// every later change with them). Nodes come in name order, after the base's peers: of
+/// two that clash, the one whose name sorts first stays, on every node alike.
 fn add_peers(
     cluster: &Cluster,
     node: &str,
     config: &FerryConfig,
     tables: &mut TablesSpec,
+    default_base: bool,
     warnings: &mut Vec<String>,
 ) -> Result<(), String> {
     let has = |v6: bool| tables.node.addresses.iter().any(|a| a.is_ipv6() == v6);
+    let mode = tables
+        .overlay
+        .as_ref()
+        .map_or(config.encapsulation, |o| o.mode);
+    let mut taken = Peers::new(tables, mode, default_base);
     let mut peers = Vec::new();
     for (key, n) in &cluster.nodes {
         if key.name == node || tables.nodes.iter().any(|p| p.name == key.name) {
@@ -226,12 +248,18 @@ fn add_peers(
             ));
             continue;
         };
-        peers.push(PeerSpec {
+        let peer = PeerSpec {
             name: key.name.clone(),
             address,
             pod_cidrs: f.pod_cidrs,
             mac: None,
-        });
+        };
+        if let Some(why) = taken.refusal(&peer) {
+            warnings.push(format!("Node {key}: {why}: left out of the overlay"));
+            continue;
+        }
+        taken.take(&peer, format!("Node {key}"));
+        peers.push(peer);
     }
     if !peers.is_empty() && tables.overlay.is_none() {
         let uplink = tables
@@ -254,6 +282,214 @@ fn add_peers(
     }
     tables.nodes.extend(peers);
     Ok(())
+}
+
+/// The peers taken so far, indexed for [`Peers::refusal`]: checking one more costs a few
+/// lookups however many there are.
+struct Peers<'t> {
+    tables: &'t TablesSpec,
+    mode: ModeSpec,
+    /// The base is [`default_base`], made from this node's annotations.
+    default_base: bool,
+    /// The port the overlay will use: the base overlay's uplink, else the first port of
+    /// kind uplink (without one there is no overlay, an error of its own).
+    uplink: Option<&'t PortSpec>,
+    /// The pods' own addresses the tables route to their ports (those no base route
+    /// names), with the port's name.
+    pods: HashMap<IpAddr, &'t str>,
+    /// The peers' addresses, with the peer's name for messages.
+    addresses: HashMap<IpAddr, String>,
+    /// The peers' pod CIDRs by family and first address: the last address, the CIDR, the
+    /// peer's name. They do not overlap (an overlapping one is refused).
+    cidrs: BTreeMap<(bool, u128), (u128, IpNet, String)>,
+}
+
+impl<'t> Peers<'t> {
+    /// The base's peers of `tables`, and what to check newcomers against.
+    fn new(tables: &'t TablesSpec, mode: ModeSpec, default_base: bool) -> Peers<'t> {
+        let uplink_name = match &tables.overlay {
+            Some(o) => Some(o.uplink.as_str()),
+            None => tables
+                .ports
+                .iter()
+                .find(|p| p.kind == PortKind::Uplink)
+                .map(|p| p.name.as_str()),
+        };
+        let pods = tables
+            .ports
+            .iter()
+            .filter(|p| p.kind == PortKind::Pod)
+            .flat_map(|p| p.addresses.iter().map(move |a| (a.addr, p.name.as_str())))
+            .filter(|(a, _)| {
+                let host = IpNet::from(*a);
+                !tables.routes.iter().any(|r| r.prefix.trunc() == host)
+            })
+            .collect();
+        let mut peers = Peers {
+            tables,
+            mode,
+            default_base,
+            uplink: tables
+                .ports
+                .iter()
+                .find(|p| Some(p.name.as_str()) == uplink_name),
+            pods,
+            addresses: HashMap::new(),
+            cidrs: BTreeMap::new(),
+        };
+        for p in &tables.nodes {
+            peers.take(p, format!("peer {} of the base tables", p.name));
+        }
+        peers
+    }
+
+    /// Takes `p`, called `name` in messages about those that clash with it.
+    fn take(&mut self, p: &PeerSpec, name: String) {
+        self.addresses.insert(p.address, name.clone());
+        for c in &p.pod_cidrs {
+            let (v6, first, last) = span(c);
+            self.cidrs.insert((v6, first), (last, *c, name.clone()));
+        }
+    }
+
+    /// The pod CIDR taken that overlaps `c`, and its peer's name.
+    fn overlapping(&self, c: &IpNet) -> Option<(&IpNet, &str)> {
+        let (v6, first, last) = span(c);
+        let before = self.cidrs.range(..=(v6, first)).next_back();
+        let after = self.cidrs.range((v6, first)..).next();
+        before
+            .filter(|((f, _), (end, ..))| *f == v6 && *end >= first)
+            .or(after.filter(|((f, start), _)| *f == v6 && *start <= last))
+            .map(|(_, (_, net, name))| (net, name.as_str()))
+    }
+
+    /// Why [`TablesSpec::compile`] would refuse `p` after the peers taken, if it would:
+    /// the checks it makes of each of `nodes`, against this node, the peers before and
+    /// the routes of the base.
+    fn refusal(&self, p: &PeerSpec) -> Option<String> {
+        let this = &self.tables.node;
+        if this.addresses.contains(&p.address) {
+            return Some(format!(
+                "InternalIP {} is an address of node {}",
+                p.address, this.name
+            ));
+        }
+        if let Some(other) = self.addresses.get(&p.address) {
+            return Some(format!(
+                "InternalIP {} is also the address of {other}",
+                p.address
+            ));
+        }
+        for c in &p.pod_cidrs {
+            if let Some(own) = this
+                .pod_cidrs
+                .iter()
+                .find(|o| o.contains(c) || c.contains(*o))
+            {
+                return Some(format!(
+                    "pod CIDR {c} overlaps pod CIDR {own} of node {}",
+                    this.name
+                ));
+            }
+            if let Some((theirs, other)) = self.overlapping(c) {
+                return Some(format!(
+                    "pod CIDR {c} overlaps pod CIDR {theirs} of {other}"
+                ));
+            }
+            if self
+                .tables
+                .routes
+                .iter()
+                .any(|r| r.prefix.trunc() == c.trunc())
+            {
+                return Some(format!("pod CIDR {c} is also a route of the base tables"));
+            }
+            if c.prefix_len() == c.max_prefix_len()
+                && let Some(port) = self.pods.get(&c.addr())
+            {
+                return Some(format!("pod CIDR {c} is the address of port {port}"));
+            }
+        }
+        let uplink = self.uplink?;
+        let on_link = uplink.addresses.iter().any(|a| {
+            a.prefix_len
+                .and_then(|l| IpNet::new(a.addr, l).ok())
+                .is_some_and(|n| n.contains(&p.address))
+        });
+        if on_link {
+            return None;
+        }
+        // The longest prefix that covers the address among the routes the tables hold
+        // when they come to this peer: the base's, the pods' own addresses, the peers'
+        // before it. Of two of one length, the first one in stays, as in the tables.
+        let mut best: Option<(u8, Hop)> = None;
+        let mut consider = |len: u8, hop| {
+            if best.as_ref().is_none_or(|(l, _)| len > *l) {
+                best = Some((len, hop));
+            }
+        };
+        for r in &self.tables.routes {
+            if r.prefix.contains(&p.address) {
+                consider(r.prefix.prefix_len(), Hop::Port(&r.port));
+            }
+        }
+        if let Some(port) = self.pods.get(&p.address) {
+            consider(IpNet::from(p.address).prefix_len(), Hop::Port(port));
+        }
+        if let Some((net, other)) = self.overlapping(&IpNet::from(p.address)) {
+            consider(net.prefix_len(), Hop::Peer(net, other));
+        }
+        match best.map(|(_, hop)| hop) {
+            Some(Hop::Port(port)) if port == uplink.name => None,
+            // Without encapsulation the other peer is a plain next hop.
+            Some(Hop::Peer(..)) if self.mode == ModeSpec::Never => None,
+            Some(Hop::Peer(net, other)) => Some(format!(
+                "InternalIP {} is in pod CIDR {net} of {other}",
+                p.address
+            )),
+            Some(Hop::Port(_)) | None => Some(format!(
+                "no route to its InternalIP {} through the uplink {:?} ({})",
+                p.address,
+                uplink.name,
+                self.no_route_hint(p.address.is_ipv6())
+            )),
+        }
+    }
+
+    /// What gives this node a route to a peer of the family.
+    fn no_route_hint(&self, v6: bool) -> String {
+        let (gateway, address) = if v6 {
+            (ANNOTATION_IPV6_GATEWAY, ANNOTATION_IPV6_ADDRESS)
+        } else {
+            (ANNOTATION_IPV4_GATEWAY, ANNOTATION_IPV4_ADDRESS)
+        };
+        if self.default_base {
+            format!(
+                "annotate node {} with {gateway}, or {address} as ADDR/LEN",
+                self.tables.node.name
+            )
+        } else {
+            "add a route to the base tables, or give the uplink address as ADDR/LEN".into()
+        }
+    }
+}
+
+/// Where a route of the tables leads: out of a port, or to a peer (by its pod CIDR).
+enum Hop<'a> {
+    Port(&'a str),
+    Peer(&'a IpNet, &'a str),
+}
+
+/// A prefix's family and its first and last addresses.
+fn span(n: &IpNet) -> (bool, u128, u128) {
+    match n {
+        IpNet::V4(n) => (
+            false,
+            u128::from(n.network().to_bits()),
+            u128::from(n.broadcast().to_bits()),
+        ),
+        IpNet::V6(n) => (true, n.network().to_bits(), n.broadcast().to_bits()),
+    }
 }
 
 fn families(addrs: &[IpAddr]) -> &'static str {

@@ -2,7 +2,7 @@ use std::net::IpAddr;
 
 use ferry_datapath::lb::{BackendSpec, Policy, ServiceSpec};
 use ferry_datapath::tables::{
-    MacAddr, ModeSpec, OverlaySpec, PortAddr, PortKind, PortSpec, TablesSpec, Target,
+    MacAddr, ModeSpec, OverlaySpec, PortAddr, PortKind, PortSpec, RouteSpec, TablesSpec, Target,
 };
 
 use super::*;
@@ -389,30 +389,178 @@ fn peers_without_an_uplink_in_the_base_are_an_error() {
 }
 
 #[test]
-fn tables_that_do_not_compile_are_an_error_naming_the_node() {
-    // node-b is in another subnet, and without a gateway node-a has no way there.
-    let text = two_nodes().replace("    ferry.io/ipv4-gateway: \"192.168.10.1\"\n", "");
+fn peers_the_tables_would_refuse_are_left_out_and_the_first_by_name_stays() {
+    let text = two_nodes().replace(
+        "  - address: \"192.168.10.2\"\n    type: InternalIP\n",
+        "  - address: \"192.168.10.2\"\n    type: InternalIP\n  - address: \"203.0.113.5\"\n    type: ExternalIP\n",
+    ) + &node(
+        "node-c",
+        &[("InternalIP", "192.168.20.3")],
+        &["10.244.2.0/24"],
+        &[],
+    ) + &node(
+        "node-d",
+        &[("InternalIP", "192.168.20.4")],
+        &["10.244.1.128/25"],
+        &[],
+    ) + &node(
+        "node-e",
+        &[("InternalIP", "203.0.113.5")],
+        &["10.244.5.0/24"],
+        &[],
+    ) + &node(
+        "node-f",
+        &[("InternalIP", "192.168.20.6")],
+        &["10.244.0.0/16"],
+        &[],
+    ) + &node(
+        "node-g",
+        &[("InternalIP", "10.244.2.7")],
+        &["10.244.7.0/24"],
+        &[],
+    ) + &node(
+        "node-h",
+        &[("InternalIP", "192.168.20.8")],
+        &["10.244.8.0/24", "fd00:10:244:2::/80"],
+        &[],
+    ) + &node(
+        "node-i",
+        &[("InternalIP", "192.168.20.9")],
+        &["10.244.9.0/24"],
+        &[],
+    );
     let c = cluster(&text);
-    let e = node_tables(&c, "node-a", None, &[], &CompileOptions::default()).unwrap_err();
+    let out = compile(&c, "node-a");
+    let names: Vec<&str> = out.tables.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["node-b", "node-i"], "{:#?}", out.warnings);
+    assert_eq!(
+        out.warnings,
+        [
+            "Node node-c: pod CIDR 10.244.2.0/24 overlaps pod CIDR 10.244.2.0/24 of Node node-b: left out of the overlay",
+            "Node node-d: pod CIDR 10.244.1.128/25 overlaps pod CIDR 10.244.1.0/24 of node node-a: left out of the overlay",
+            "Node node-e: InternalIP 203.0.113.5 is an address of node node-a: left out of the overlay",
+            "Node node-f: pod CIDR 10.244.0.0/16 overlaps pod CIDR 10.244.1.0/24 of node node-a: left out of the overlay",
+            "Node node-g: InternalIP 10.244.2.7 is in pod CIDR 10.244.2.0/24 of Node node-b: left out of the overlay",
+            "Node node-h: pod CIDR fd00:10:244:2::/80 overlaps pod CIDR fd00:10:244:2::/64 of Node node-b: left out of the overlay",
+        ]
+    );
+    // And node-b, which every Node after it clashes with, still compiles.
+    compile(&c, "node-b");
+}
+
+#[test]
+fn a_peer_the_uplink_has_no_route_to_is_left_out_with_a_warning() {
+    // node-b is in another subnet, and without a gateway node-a has no way there.
+    let text = two_nodes().replace("    ferry.io/ipv4-gateway: \"192.168.10.1\"\n", "")
+        + &node(
+            "node-c",
+            &[("InternalIP", "192.168.10.3")],
+            &["10.244.3.0/24"],
+            &[],
+        );
+    let c = cluster(&text);
+    let out = compile(&c, "node-a");
+    let names: Vec<&str> = out.tables.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["node-c"], "on the uplink's subnet");
+    assert_eq!(
+        out.warnings,
+        [
+            "Node node-b: no route to its InternalIP 192.168.20.2 through the uplink \"uplink\" (annotate node node-a with ferry.io/ipv4-gateway, or ferry.io/ipv4-address as ADDR/LEN): left out of the overlay"
+        ]
+    );
+
+    // A given base is where the route is missing.
+    let c = cluster(&two_nodes());
+    let (mut base, _) = default_base(&c, "node-a").unwrap();
+    base.routes.clear();
+    let out = compile_with(&c, "node-a", Some(&base), &CompileOptions::default());
+    assert!(out.tables.nodes.is_empty());
+    assert_eq!(
+        out.warnings,
+        [
+            "Node node-b: no route to its InternalIP 192.168.20.2 through the uplink \"uplink\" (add a route to the base tables, or give the uplink address as ADDR/LEN): left out of the overlay"
+        ]
+    );
+}
+
+#[test]
+fn a_peer_clashing_with_a_base_route_or_a_base_peer_is_left_out() {
+    let c = cluster(&two_nodes());
+    let (mut base, _) = default_base(&c, "node-a").unwrap();
+    base.routes.push(RouteSpec {
+        prefix: "10.244.2.0/24".parse().unwrap(),
+        port: "uplink".into(),
+        next_hop_mac: None,
+        via: Some(ip("192.168.10.1")),
+    });
+    let out = compile_with(&c, "node-a", Some(&base), &CompileOptions::default());
+    assert!(out.tables.nodes.is_empty());
+    assert_eq!(
+        out.warnings,
+        [
+            "Node node-b: pod CIDR 10.244.2.0/24 is also a route of the base tables: left out of the overlay"
+        ]
+    );
+
+    let (mut base, _) = default_base(&c, "node-a").unwrap();
+    base.overlay = Some(OverlaySpec {
+        vni: 9,
+        port: 4789,
+        mode: ModeSpec::Always,
+        uplink: "uplink".into(),
+        mac: None,
+    });
+    base.nodes.push(ferry_datapath::tables::PeerSpec {
+        name: "gateway".into(),
+        address: ip("192.168.20.2"),
+        pod_cidrs: Vec::new(),
+        mac: None,
+    });
+    let out = compile_with(&c, "node-a", Some(&base), &CompileOptions::default());
+    let names: Vec<&str> = out.tables.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["gateway"]);
+    assert_eq!(
+        out.warnings,
+        [
+            "Node node-b: InternalIP 192.168.20.2 is also the address of peer gateway of the base tables: left out of the overlay"
+        ]
+    );
+}
+
+#[test]
+fn tables_that_do_not_compile_are_an_error_naming_the_node() {
+    // Two pods of node-a with one address: the cluster is at fault.
+    let text = two_nodes()
+        + &pod("default", "web-1", "node-a", &["10.244.1.5"], "Running", "")
+        + &pod("default", "web-2", "node-a", &["10.244.1.5"], "Running", "");
+    let c = cluster(&text);
+    let e = node_tables(
+        &c,
+        "node-a",
+        None,
+        &every_pod(&c),
+        &CompileOptions::default(),
+    )
+    .unwrap_err();
     assert!(
-        e.starts_with("the tables of node node-a do not compile: nodes[0] (\"node-b\"): no route to 192.168.20.2"),
+        e.starts_with("the tables of node node-a do not compile: ports[2] (\"pod.default.web-2\"): address 10.244.1.5 belongs to another pod"),
         "{e}"
     );
 }
 
 #[test]
 fn tables_that_do_not_compile_on_a_given_base_name_its_file() {
-    // The base has no route to node-b's subnet: the base is where to look.
+    // The base's limits are wrong: the base is where to look.
     let c = cluster(&two_nodes());
     let (mut base, _) = default_base(&c, "node-a").unwrap();
-    base.routes.clear();
+    base.ct.max_entries = Some(0);
     let opts = CompileOptions {
         base_file: Some("/etc/ferry/base.yaml".into()),
         ..CompileOptions::default()
     };
     let e = node_tables(&c, "node-a", Some(&base), &[], &opts).unwrap_err();
     assert!(
-        e.starts_with("the tables of node node-a on the base tables /etc/ferry/base.yaml do not compile: nodes[0] (\"node-b\"): no route"),
+        e.starts_with("the tables of node node-a on the base tables /etc/ferry/base.yaml do not compile: ct: max_entries"),
         "{e}"
     );
     let e = node_tables(&c, "node-a", Some(&base), &[], &CompileOptions::default()).unwrap_err();
