@@ -54,8 +54,9 @@ impl Default for FerryConfig {
 }
 
 impl FerryConfig {
-    /// Reads the ConfigMap's `data`. Unknown keys are errors: a misspelt key must not
-    /// silently leave a default in force.
+    /// Reads the ConfigMap's `data`; the errors name every bad value. Unknown keys are
+    /// ignored: a key a newer agent reads must not stop an older one during an upgrade
+    /// ([`FerryConfig::unknown_keys`] names them, to be warned about).
     pub fn from_config_map(cm: &ConfigMap) -> Result<FerryConfig, Vec<FieldError>> {
         let mut c = FerryConfig::default();
         let mut errors = Vec::new();
@@ -89,7 +90,7 @@ impl FerryConfig {
                     _ => Err(format!("{v:?}: expected \"true\" or \"false\"")),
                 }
                 .map(|b| c.external_snat = Some(b)),
-                _ => Err(format!("unknown key (known: {})", KEYS.join(", "))),
+                _ => Ok(()),
             };
             if let Err(m) = r {
                 errors.push(FieldError::new(field, m));
@@ -100,6 +101,23 @@ impl FerryConfig {
         } else {
             Err(errors)
         }
+    }
+
+    /// The keys of the ConfigMap's `data` that ferry does not read: a misspelt key, or
+    /// one of a newer version. They leave the default in force, so they are worth a
+    /// warning.
+    pub fn unknown_keys(cm: &ConfigMap) -> Vec<FieldError> {
+        cm.data
+            .iter()
+            .flatten()
+            .filter(|(k, _)| !KEYS.contains(&k.as_str()))
+            .map(|(k, _)| {
+                FieldError::new(
+                    format!("data.{k}"),
+                    format!("unknown key, ignored (known: {})", KEYS.join(", ")),
+                )
+            })
+            .collect()
     }
 
     /// The cluster's settings: from `kube-system/ferry-config` when it exists, else the
@@ -162,7 +180,7 @@ mod tests {
     }
 
     #[test]
-    fn bad_values_and_unknown_keys_name_the_key() {
+    fn bad_values_name_the_key() {
         let e = FerryConfig::from_config_map(&cm(&[
             ("vxlan-vni", "16777216"),
             ("vxlan-port", "0"),
@@ -173,11 +191,25 @@ mod tests {
         let fields: Vec<_> = e.iter().map(|e| e.field.as_str()).collect();
         assert_eq!(
             fields,
+            ["data.encapsulation", "data.vxlan-port", "data.vxlan-vni"]
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_ignored_and_named() {
+        // A key a newer agent reads, in a cluster that still runs this one.
+        let m = cm(&[("vxlan-port", "8472"), ("vxlan-mtu", "1400"), ("a", "")]);
+        let c = FerryConfig::from_config_map(&m).unwrap();
+        assert_eq!(c.vxlan_port, 8472);
+        let unknown: Vec<String> = FerryConfig::unknown_keys(&m)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            unknown,
             [
-                "data.encapsulation",
-                "data.vxlan-port",
-                "data.vxlan-vni",
-                "data.vxlan-vnii"
+                "data.a: unknown key, ignored (known: vxlan-vni, vxlan-port, encapsulation, external-snat)",
+                "data.vxlan-mtu: unknown key, ignored (known: vxlan-vni, vxlan-port, encapsulation, external-snat)",
             ]
         );
     }

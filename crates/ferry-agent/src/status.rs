@@ -70,10 +70,12 @@ impl AgentStatus {
     }
 
     /// The datastore refused a state or reported an error. The file datastore refuses
-    /// whole states, and a watch error may hide any change: both leave the datastore
-    /// out of sync until its next good state. A single bad object from the Kubernetes
-    /// datastore leaves the rest in force, so it counts and is kept as the last error
-    /// without more.
+    /// whole states, and a problem of the Kubernetes datastore that names no object (a
+    /// watch error, which may hide any change; the state held back for a bad
+    /// ferry-config) concerns the whole state: these leave the datastore out of sync
+    /// until its next good state. A single bad object from the Kubernetes datastore
+    /// leaves the rest in force, so it counts and is kept as the last error without
+    /// more.
     pub fn datastore_refused(&mut self, r: &Refused) {
         self.count(ErrorKind::Datastore);
         self.datastore.errors_total += 1;

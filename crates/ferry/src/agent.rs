@@ -289,7 +289,7 @@ pub fn run(args: &Args) -> Result<()> {
         match watch.next_update(POLL) {
             Some(Update::Applied { cluster, notes }) => {
                 for n in &notes {
-                    tracing::info!("{n}");
+                    tracing::warn!("{n}");
                 }
                 break cluster;
             }
@@ -382,7 +382,7 @@ pub fn run(args: &Args) -> Result<()> {
             }
             Some(Update::Applied { cluster, notes }) => {
                 for n in &notes {
-                    tracing::info!("{n}");
+                    tracing::warn!("{n}");
                 }
                 // A newer state replaces one waiting to be tried again.
                 retry.clear();

@@ -26,7 +26,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::claims::{self, Claims};
-use super::{Problem, Refused, check};
+use super::{Problem, Refused, check, notes};
 use crate::cluster::{Cluster, DEFAULT_NAMESPACE, Kind, Object, ObjectKey};
 use crate::fields::FieldError;
 
@@ -234,6 +234,13 @@ impl Loader {
             Ok(obj) => {
                 let errors = check(&obj);
                 if errors.is_empty() {
+                    for n in notes(&obj) {
+                        self.notes.push(origin.problem(
+                            Some(what.clone()),
+                            Some(n.field),
+                            n.message,
+                        ));
+                    }
                     self.objects.push((obj, origin.clone()));
                 }
                 errors

@@ -23,7 +23,9 @@
 //! that claims what another object in force holds (a frontend, a node port, an
 //! InternalIP: see [`super::claims`]): the object in force keeps it, the newcomer is
 //! held back and tried again whenever an object it clashed with changes or goes, so
-//! that deleting the one lets the other in. Watch errors (the API server
+//! that deleting the one lets the other in. Only a bad ferry-config ConfigMap with no
+//! good version in force holds the whole state back ([`KubeDatastore::held`]): its
+//! defaults may not be what the other nodes use. Watch errors (the API server
 //! unreachable, a watch expired with 410 Gone) are retried with the watcher's default
 //! backoff and reported the same way; the state in force stays. When a kind whose watch
 //! failed has been listed again, the state goes out again even if nothing changed, so
@@ -57,7 +59,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::claims::{self, Claims, Clash, Owner};
-use super::{Problem, Refused, Update, Watch, check};
+use super::{Problem, Refused, Update, Watch, check, is_ferry_config, notes};
 use crate::cluster::{Cluster, Kind, Object, ObjectKey};
 use crate::config::{CONFIG_NAME, CONFIG_NAMESPACE};
 use crate::fields::FieldError;
@@ -177,6 +179,13 @@ pub struct KubeDatastore {
     changed: bool,
     /// Problems since the last update.
     problems: Vec<Problem>,
+    /// Notes since the last state sent: what was left out of objects that entered.
+    notes: Vec<Problem>,
+    /// The last version of the ferry-config ConfigMap seen was refused. With no good
+    /// version in force the state is held back ([`KubeDatastore::held`]).
+    config_refused: bool,
+    /// The state being held back was reported.
+    held_told: bool,
     /// Kinds whose watch reported an error since their last complete list.
     erred: BTreeSet<Kind>,
     /// Who holds which frontend, node port and InternalIP, among the objects in force.
@@ -214,6 +223,9 @@ impl KubeDatastore {
             listing: HashMap::new(),
             changed: true,
             problems: Vec::new(),
+            notes: Vec::new(),
+            config_refused: false,
+            held_told: false,
             erred: BTreeSet::new(),
             claims: Claims::default(),
             waiting: HashMap::new(),
@@ -230,6 +242,18 @@ impl KubeDatastore {
     /// True once every kind has been listed: the state is whole.
     pub fn is_listed(&self) -> bool {
         self.listed.len() == Kind::ALL.len()
+    }
+
+    /// True while the state is held back: the ferry-config ConfigMap's last version was
+    /// refused and no good version is in force. Its defaults would apply instead, and
+    /// they may not be what the other nodes run with (another VXLAN port or VNI cuts
+    /// this node off), so nothing goes out until it is fixed or deleted.
+    pub fn held(&self) -> bool {
+        self.config_refused
+            && self
+                .cluster
+                .config_map(CONFIG_NAMESPACE, CONFIG_NAME)
+                .is_none()
     }
 
     /// Applies one event of the watch of `kind`. An object that fails its field checks
@@ -304,11 +328,28 @@ impl KubeDatastore {
                 message: c.message.clone(),
             }));
         }
-        if self.changed && self.is_listed() {
+        let held = self.held();
+        if held && self.is_listed() && !self.held_told {
+            self.held_told = true;
+            self.problems.push(Problem {
+                file: ORIGIN.into(),
+                line: None,
+                object: None,
+                field: None,
+                message: format!(
+                    "state held back until ConfigMap {CONFIG_NAMESPACE}/{CONFIG_NAME} is fixed or deleted: no good version of it is in force, and the defaults of its keys may not be what the other nodes use"
+                ),
+            });
+        } else if !held && self.held_told {
+            // The state goes out again even if nothing changed: it is whole again.
+            self.held_told = false;
+            self.changed = true;
+        }
+        if self.changed && self.is_listed() && !held {
             self.changed = false;
             out.push(Update::Applied {
                 cluster: self.current(),
-                notes: Vec::new(),
+                notes: std::mem::take(&mut self.notes),
             });
         }
         if !self.problems.is_empty() {
@@ -329,13 +370,24 @@ impl KubeDatastore {
             self.refuse(&obj, errors);
             return;
         };
+        let ferry_config = is_ferry_config(&obj);
         if !errors.is_empty() {
+            self.config_refused |= ferry_config;
             self.refuse(&obj, errors);
             return;
         }
+        self.config_refused &= !ferry_config;
         if self.holds(&obj) {
             return;
         }
+        let what = obj.to_string();
+        self.notes.extend(notes(&obj).into_iter().map(|n| Problem {
+            file: ORIGIN.into(),
+            line: None,
+            object: Some(what.clone()),
+            field: Some(n.field),
+            message: n.message,
+        }));
         let mine = claims::of(&obj);
         let clashes = self.claims.clashes(&owner, &mine);
         if !clashes.is_empty() {
@@ -425,6 +477,10 @@ impl KubeDatastore {
     /// Removes the object of `kind` at `key`: from the cluster, from the claims (waking
     /// what it held back), and from the objects held back.
     fn remove(&mut self, kind: Kind, key: ObjectKey) {
+        if kind == Kind::ConfigMap && key == ObjectKey::new(CONFIG_NAMESPACE, CONFIG_NAME) {
+            // Whatever was refused of it is gone too: its defaults are what it says now.
+            self.config_refused = false;
+        }
         let owner = (kind, key);
         self.unwait(&owner);
         if self.claims.remove(&owner) {
@@ -442,6 +498,11 @@ impl KubeDatastore {
     /// good version.
     fn replace(&mut self, kind: Kind, list: Vec<Object>) {
         let listed: BTreeSet<ObjectKey> = list.iter().filter_map(Object::key).collect();
+        let config = ObjectKey::new(CONFIG_NAMESPACE, CONFIG_NAME);
+        if kind == Kind::ConfigMap && !listed.contains(&config) {
+            // Deleted while no watch saw it, maybe after a version that was refused.
+            self.remove(kind, config);
+        }
         for obj in list {
             self.apply(obj);
         }

@@ -84,16 +84,25 @@ pub(crate) fn check(obj: &Object) -> Vec<FieldError> {
         Object::Pod(o) => PodFields::parse(o).map(drop),
         Object::Service(o) => ServiceFields::parse(o).map(drop),
         Object::EndpointSlice(o) => SliceFields::parse(o).map(drop),
-        Object::ConfigMap(o) => {
-            let key = obj.key();
-            if key == Some(ObjectKey::new(CONFIG_NAMESPACE, CONFIG_NAME)) {
-                FerryConfig::from_config_map(o).map(drop)
-            } else {
-                Ok(())
-            }
-        }
+        Object::ConfigMap(o) if is_ferry_config(obj) => FerryConfig::from_config_map(o).map(drop),
+        Object::ConfigMap(_) => Ok(()),
     };
     r.err().unwrap_or_default()
+}
+
+/// What is left out of an object that enters the cluster, for a note: the unknown keys
+/// of the ferry-config ConfigMap. Every datastore reports them.
+pub(crate) fn notes(obj: &Object) -> Vec<FieldError> {
+    match obj {
+        Object::ConfigMap(o) if is_ferry_config(obj) => FerryConfig::unknown_keys(o),
+        _ => Vec::new(),
+    }
+}
+
+/// True for the ConfigMap `kube-system/ferry-config`.
+pub(crate) fn is_ferry_config(obj: &Object) -> bool {
+    matches!(obj, Object::ConfigMap(_))
+        && obj.key() == Some(ObjectKey::new(CONFIG_NAMESPACE, CONFIG_NAME))
 }
 
 /// What a datastore found when it looked again.

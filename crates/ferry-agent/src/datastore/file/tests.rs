@@ -302,6 +302,20 @@ fn ferry_config_keys_are_checked() {
 }
 
 #[test]
+fn an_unknown_ferry_config_key_is_left_out_with_a_note() {
+    let text = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: ferry-config, namespace: kube-system}\ndata: {vxlan-port: \"8472\", vxlan-mtu: \"1400\"}\n";
+    let (c, notes) = good(parse("cm.yaml", text));
+    let notes: Vec<String> = notes.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        notes,
+        [
+            "cm.yaml:1: ConfigMap kube-system/ferry-config: data.vxlan-mtu: unknown key, ignored (known: vxlan-vni, vxlan-port, encapsulation, external-snat)"
+        ]
+    );
+    assert_eq!(crate::config::FerryConfig::of(&c).unwrap().vxlan_port, 8472);
+}
+
+#[test]
 fn numeric_resource_quantities_are_accepted_as_kubectl_does() {
     let (c, _) = good(parse("n.yaml", NODE));
     let cap = c

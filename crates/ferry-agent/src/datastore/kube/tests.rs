@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 use super::mock::MockApi;
 use super::*;
+use crate::config::FerryConfig;
 use crate::datastore::file;
 
 // The example cluster (`examples/cluster`) as the API server sends it: list answers,
@@ -601,6 +602,102 @@ fn a_bad_ferry_config_keeps_the_last_good_one() {
     assert_eq!(cm.data.as_ref().unwrap()["encapsulation"], "cross-subnet");
 }
 
+/// The example's ferry-config with its `data` edited.
+fn ferry_config(edit: impl FnOnce(&mut Value)) -> Value {
+    let mut cm = item(CONFIG_MAPS, CONFIG_NAME);
+    edit(&mut cm["data"]);
+    cm
+}
+
+const HELD: &str = "kubernetes: state held back until ConfigMap kube-system/ferry-config is fixed or deleted: no good version of it is in force, and the defaults of its keys may not be what the other nodes use";
+
+#[test]
+fn a_bad_ferry_config_with_none_good_in_force_holds_the_state_back() {
+    let mut ds = KubeDatastore::new();
+    let bad = ferry_config(|d| d["vxlan-port"] = "8472x".into());
+    for (kind, objects) in served() {
+        let objects = match kind {
+            Kind::ConfigMap => vec![typed::<ConfigMap>(bad.clone())],
+            _ => objects,
+        };
+        list(&mut ds, kind, objects);
+    }
+    let u = ds.take_updates();
+    assert_eq!(
+        problems(&u),
+        [
+            "kubernetes: ConfigMap kube-system/ferry-config: data.vxlan-port: \"8472x\": expected a port 1-65535",
+            HELD
+        ]
+    );
+    assert_eq!(u.len(), 1, "no state with the defaults: {u:?}");
+    // Other changes wait too, and the hold is not told again.
+    let mut slice = item(SLICES, "web-x7h2k");
+    slice["endpoints"].as_array_mut().unwrap().pop();
+    ds.event(
+        Kind::EndpointSlice,
+        Event::Apply(typed::<EndpointSlice>(slice)),
+    );
+    assert!(ds.take_updates().is_empty());
+    // A good version lets the state go, with what changed meanwhile.
+    let good = ferry_config(|d| d["vxlan-port"] = "8472".into());
+    ds.event(Kind::ConfigMap, Event::Apply(typed::<ConfigMap>(good)));
+    let u = ds.take_updates();
+    assert!(problems(&u).is_empty(), "{u:?}");
+    let c = applied_cluster(&u);
+    assert_eq!(FerryConfig::of(&c).unwrap().vxlan_port, 8472);
+    assert_eq!(endpoints(&c, "web-x7h2k"), 2);
+}
+
+#[test]
+fn a_held_back_state_goes_with_the_defaults_once_the_bad_ferry_config_is_deleted() {
+    let mut ds = listed();
+    let cm = item(CONFIG_MAPS, CONFIG_NAME);
+    ds.event(Kind::ConfigMap, watch_event::<ConfigMap>("DELETED", &cm));
+    let c = applied_cluster(&ds.take_updates());
+    assert!(c.config_map(CONFIG_NAMESPACE, CONFIG_NAME).is_none());
+    // None in force: a bad one now is not a change of settings but unknown settings.
+    let bad = ferry_config(|d| d["encapsulation"] = "sometimes".into());
+    ds.event(Kind::ConfigMap, watch_event::<ConfigMap>("ADDED", &bad));
+    let u = ds.take_updates();
+    assert_eq!(problems(&u).len(), 2, "{u:?}");
+    assert_eq!(problems(&u)[1], HELD);
+    ds.event(Kind::ConfigMap, watch_event::<ConfigMap>("DELETED", &bad));
+    let u = ds.take_updates();
+    let [Update::Applied { cluster, .. }] = &u[..] else {
+        panic!("the state again, as news that it is whole: {u:?}");
+    };
+    assert!(Arc::ptr_eq(&c, cluster), "nothing changed");
+
+    // A relist that no longer has the bad one does the same.
+    ds.event(Kind::ConfigMap, watch_event::<ConfigMap>("ADDED", &bad));
+    assert_eq!(problems(&ds.take_updates()).len(), 2);
+    list(&mut ds, Kind::ConfigMap, Vec::new());
+    assert!(matches!(&ds.take_updates()[..], [Update::Applied { .. }]));
+}
+
+#[test]
+fn an_unknown_ferry_config_key_is_a_note_and_the_rest_applies() {
+    let mut ds = listed();
+    let cm = ferry_config(|d| {
+        d["vxlan-port"] = "8472".into();
+        d["vxlan-mtu"] = "1400".into();
+    });
+    ds.event(Kind::ConfigMap, Event::Apply(typed::<ConfigMap>(cm)));
+    let u = ds.take_updates();
+    let [Update::Applied { cluster, notes }] = &u[..] else {
+        panic!("{u:?}");
+    };
+    let notes: Vec<String> = notes.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        notes,
+        [
+            "kubernetes: ConfigMap kube-system/ferry-config: data.vxlan-mtu: unknown key, ignored (known: vxlan-vni, vxlan-port, encapsulation, external-snat)"
+        ]
+    );
+    assert_eq!(FerryConfig::of(cluster).unwrap().vxlan_port, 8472);
+}
+
 #[test]
 fn scopes_narrow_pods_to_the_node_and_config_maps_to_ferry_config() {
     let s = scopes("node-a");
@@ -847,6 +944,28 @@ fn an_unreachable_api_server_is_reported_and_the_state_in_force_stays() {
     assert_eq!(errors, 2);
     // The change made while it was away arrives when it resumes.
     assert_eq!(endpoints(&c, "web-x7h2k"), 2);
+}
+
+#[test]
+fn an_agent_starting_on_a_bad_ferry_config_waits_for_a_good_one() {
+    let api = example_api();
+    api.put(
+        "configmaps",
+        ferry_config(|d| d["vxlan-vni"] = "77777777".into()),
+    );
+    let w = start(&api);
+    let mut seen = Vec::new();
+    while !seen.iter().any(|p| p == HELD) {
+        seen.extend(refused(next(&w)));
+    }
+    assert_eq!(
+        seen[0],
+        "kubernetes: ConfigMap kube-system/ferry-config: data.vxlan-vni: \"77777777\": expected a number 0-16777215"
+    );
+    assert!(w.current().is_empty());
+    api.put("configmaps", ferry_config(|d| d["vxlan-vni"] = "77".into()));
+    let c = applied(next(&w));
+    assert_eq!(FerryConfig::of(&c).unwrap().vxlan_vni, 77);
 }
 
 #[test]
