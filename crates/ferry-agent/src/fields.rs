@@ -2,8 +2,15 @@
 //!
 //! Each `*Fields::parse` turns an API object into typed values (addresses, ports,
 //! policies) or says which fields are wrong, with the field path the API uses
-//! (`spec.ports[1].nodePort`). The file datastore calls them to refuse a bad manifest;
+//! (`spec.ports[1].nodePort`). The datastores call them to refuse a bad object;
 //! compilation calls them again to read the values, so both agree on what is valid.
+//!
+//! A few values the API server takes but ferry cannot use are skipped rather than
+//! refused, so that one of them does not keep a whole object (and its older version in
+//! force) out: an EndpointSlice port outside 1-65535 (kube-proxy skips it too), a Node
+//! address that is not an IP address, a bad `ferry.io/external-snat` annotation (the
+//! default applies). Each is named in the object's `warnings`, which compilation
+//! reports.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -127,6 +134,11 @@ fn parse_bool(s: &str, field: impl Into<String>) -> Result<bool, FieldError> {
     }
 }
 
+/// `e` as a warning: what is done instead of refusing the object.
+fn skipped(e: FieldError, instead: &str) -> FieldError {
+    FieldError::new(e.field, format!("{}; {instead}", e.message))
+}
+
 fn annotation_field(key: &str) -> String {
     format!("metadata.annotations[{key}]")
 }
@@ -191,6 +203,8 @@ pub struct NodeFields {
     pub ipv4_gateway: Option<IpAddr>,
     /// The `ferry.io/ipv6-gateway` annotation.
     pub ipv6_gateway: Option<IpAddr>,
+    /// What was skipped: InternalIP and ExternalIP addresses that are not IP addresses.
+    pub warnings: Vec<FieldError>,
 }
 
 impl NodeFields {
@@ -206,11 +220,11 @@ impl NodeFields {
                 // Hostname and DNS names are names, not addresses.
                 _ => continue,
             };
-            if let Some(ip) = e.take(parse_ip(
-                &a.address,
-                format!("status.addresses[{i}].address"),
-            )) {
-                list.push(ip);
+            // The API server takes any string here; one bad address must not keep the
+            // Node (this node, or a peer) out.
+            match parse_ip(&a.address, format!("status.addresses[{i}].address")) {
+                Ok(ip) => list.push(ip),
+                Err(w) => f.warnings.push(skipped(w, "skipped")),
             }
         }
         let spec = node.spec.as_ref();
@@ -380,6 +394,8 @@ pub struct ServiceFields {
     pub external_snat: Option<bool>,
     /// spec.loadBalancerSourceRanges, as written (not enforced: only warned about).
     pub source_ranges: Vec<String>,
+    /// What was skipped: a bad `ferry.io/external-snat` annotation.
+    pub warnings: Vec<FieldError>,
 }
 
 impl ServiceFields {
@@ -565,7 +581,11 @@ impl ServiceFields {
             .as_ref()
             .and_then(|a| a.get(ANNOTATION_EXTERNAL_SNAT))
         {
-            f.external_snat = e.take(parse_bool(s, annotation_field(ANNOTATION_EXTERNAL_SNAT)));
+            // Not the Service's fault as the API sees it: the default applies.
+            match parse_bool(s, annotation_field(ANNOTATION_EXTERNAL_SNAT)) {
+                Ok(b) => f.external_snat = Some(b),
+                Err(w) => f.warnings.push(skipped(w, "ignored, the default applies")),
+            }
         }
         e.finish(f)
     }
@@ -578,7 +598,8 @@ pub struct SlicePortFields {
     pub name: String,
     /// Its protocol.
     pub protocol: Protocol,
-    /// Its number; `None` means the port is not usable (kube-proxy skips it too).
+    /// Its number; `None` (unset, or outside 1-65535) means the port is not usable
+    /// (kube-proxy skips it too).
     pub port: Option<u16>,
 }
 
@@ -609,6 +630,8 @@ pub struct SliceFields {
     pub ports: Vec<SlicePortFields>,
     /// Its endpoints (empty for FQDN slices).
     pub endpoints: Vec<EndpointFields>,
+    /// What was skipped: ports outside 1-65535.
+    pub warnings: Vec<FieldError>,
 }
 
 impl SliceFields {
@@ -638,9 +661,14 @@ impl SliceFields {
                 p.protocol.as_deref(),
                 format!("ports[{i}].protocol"),
             ));
-            let port = match p.port {
+            // kube-proxy skips such a port and keeps the rest of the slice.
+            let port = match p.port.map(|n| parse_port(n, format!("ports[{i}].port"))) {
                 None => None,
-                Some(n) => e.take(parse_port(n, format!("ports[{i}].port"))),
+                Some(Ok(n)) => Some(n),
+                Some(Err(w)) => {
+                    f.warnings.push(skipped(w, "the port is left out"));
+                    None
+                }
             };
             if let Some(protocol) = protocol {
                 f.ports.push(SlicePortFields {
@@ -700,7 +728,7 @@ mod tests {
             r#"
 apiVersion: v1
 kind: Service
-metadata: {name: web, annotations: {ferry.io/external-snat: "yes"}}
+metadata: {name: web, annotations: {ferry.io/external-snat: "true"}}
 spec:
   type: NodePort
   clusterIP: 10.96.0.300
@@ -727,8 +755,41 @@ spec:
                 "spec.ports[2].name",
                 "spec.externalTrafficPolicy",
                 "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
-                "metadata.annotations[ferry.io/external-snat]",
             ]
+        );
+    }
+
+    #[test]
+    fn values_the_api_server_takes_are_skipped_with_a_warning_not_refused() {
+        let svc = service(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web, annotations: {ferry.io/external-snat: \"yes\"}}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}\n",
+        );
+        let f = ServiceFields::parse(&svc).unwrap();
+        assert_eq!(f.external_snat, None);
+        assert_eq!(
+            fields_of(f.warnings),
+            ["metadata.annotations[ferry.io/external-snat]"]
+        );
+
+        let slice: EndpointSlice = serde_saphyr::from_str(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s}\naddressType: IPv4\nports: [{name: a, port: 0}, {name: b, port: 8080}, {name: c, port: 65536}]\n",
+        )
+        .unwrap();
+        let f = SliceFields::parse(&slice).unwrap();
+        let ports: Vec<_> = f.ports.iter().map(|p| (p.name.as_str(), p.port)).collect();
+        assert_eq!(ports, [("a", None), ("b", Some(8080)), ("c", None)]);
+        assert_eq!(fields_of(f.warnings), ["ports[0].port", "ports[2].port"]);
+
+        let node: Node = serde_saphyr::from_str(
+            "apiVersion: v1\nkind: Node\nmetadata: {name: n}\nstatus:\n  addresses:\n  - {type: InternalIP, address: n.internal}\n  - {type: InternalIP, address: 192.168.1.10}\n  - {type: ExternalIP, address: \"\"}\n",
+        )
+        .unwrap();
+        let f = NodeFields::parse(&node).unwrap();
+        assert_eq!(f.internal_ips, ["192.168.1.10".parse::<IpAddr>().unwrap()]);
+        assert!(f.external_ips.is_empty());
+        assert_eq!(
+            fields_of(f.warnings),
+            ["status.addresses[0].address", "status.addresses[2].address"]
         );
     }
 

@@ -113,7 +113,11 @@ pub fn node_tables(
         .node(node)
         .ok_or_else(|| format!("no Node named {node:?} in the cluster"))?;
     let this_fields = read(NodeFields::parse(this), &format_args!("Node {node}"))?;
-    let mut warnings = Vec::new();
+    let mut warnings: Vec<String> = this_fields
+        .warnings
+        .iter()
+        .map(|w| format!("Node {node}: {w}"))
+        .collect();
     let mut tables = match base {
         Some(b) => b.clone(),
         None => {
@@ -241,6 +245,7 @@ fn add_peers(
             continue;
         }
         let f = read(NodeFields::parse(n), &format_args!("Node {key}"))?;
+        warnings.extend(f.warnings.iter().map(|w| format!("Node {key}: {w}")));
         let Some(address) = f.internal_ips.iter().copied().find(|a| has(a.is_ipv6())) else {
             warnings.push(format!(
                 "Node {key}: no InternalIP of a family node {node} has ({}): not reachable through the overlay",

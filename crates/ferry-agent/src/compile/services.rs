@@ -44,6 +44,11 @@ pub(super) fn compile(
             continue;
         };
         let f = read(SliceFields::parse(s), &format_args!("EndpointSlice {key}"))?;
+        out.warnings.extend(
+            f.warnings
+                .iter()
+                .map(|w| format!("EndpointSlice {key}: {w}")),
+        );
         by_service
             .entry((key.namespace.as_str(), service.as_str()))
             .or_default()
@@ -78,11 +83,15 @@ pub(super) fn compile_some(
         };
         let mut slices = Vec::new();
         for s in cluster.endpoint_slices_of(&key.namespace, &key.name) {
-            let name = s.metadata.name.as_deref().unwrap_or_default();
-            slices.push(read(
-                SliceFields::parse(s),
-                &format_args!("EndpointSlice {}/{name}", key.namespace),
-            )?);
+            let what = format!(
+                "EndpointSlice {}/{}",
+                key.namespace,
+                s.metadata.name.as_deref().unwrap_or_default()
+            );
+            let f = read(SliceFields::parse(s), &what)?;
+            out.warnings
+                .extend(f.warnings.iter().map(|w| format!("{what}: {w}")));
+            slices.push(f);
         }
         one(key, svc, &slices, node, config, opts, &mut out)?;
     }
@@ -100,6 +109,8 @@ fn one(
     out: &mut Out,
 ) -> Result<(), String> {
     let f = read(ServiceFields::parse(svc), &format_args!("Service {key}"))?;
+    out.warnings
+        .extend(f.warnings.iter().map(|w| format!("Service {key}: {w}")));
     // kube-proxy leaves both alone: an ExternalName Service is a DNS alias, a
     // headless one only gives its endpoints' addresses through DNS.
     if f.type_ == ServiceType::ExternalName || f.headless {

@@ -318,6 +318,29 @@ fn a_node_with_only_pod_cidr_gives_that_one() {
 }
 
 #[test]
+fn a_node_address_that_is_not_an_ip_is_skipped_with_a_warning() {
+    let text = two_nodes()
+        .replace(
+            "  - address: \"192.168.10.2\"\n",
+            "  - address: \"node-a.internal\"\n    type: InternalIP\n  - address: \"192.168.10.2\"\n",
+        )
+        .replace(
+            "  - address: \"192.168.20.2\"\n",
+            "  - address: \"192.168.20.x\"\n    type: ExternalIP\n  - address: \"192.168.20.2\"\n",
+        );
+    let out = compile(&cluster(&text), "node-a");
+    assert_eq!(out.tables.node.addresses, [ip("192.168.10.2")]);
+    assert_eq!(out.tables.nodes[0].address, ip("192.168.20.2"));
+    assert_eq!(
+        out.warnings,
+        [
+            "Node node-a: status.addresses[0].address: \"node-a.internal\" is not an IP address; skipped",
+            "Node node-b: status.addresses[0].address: \"192.168.20.x\" is not an IP address; skipped",
+        ]
+    );
+}
+
+#[test]
 fn a_node_without_an_address_of_this_nodes_family_is_left_out() {
     let text = two_nodes()
         + &node(
@@ -1012,6 +1035,48 @@ fn external_snat_annotation_then_config_map_then_option() {
     assert_eq!(snat("", true), [true, false, true]);
     let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: ferry-config, namespace: kube-system}\ndata: {external-snat: \"false\"}\n";
     assert_eq!(snat(cm, true), [false, false, true]);
+}
+
+#[test]
+fn a_bad_external_snat_annotation_falls_back_to_the_config_map_with_a_warning() {
+    let svc = service("web", "  clusterIP: 10.96.0.10\n  ports:\n  - {port: 80}\n").replace(
+        "  namespace: default\n",
+        "  namespace: default\n  annotations: {ferry.io/external-snat: \"yes\"}\n",
+    );
+    let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: ferry-config, namespace: kube-system}\ndata: {external-snat: \"true\"}\n";
+    let out = compile(&cluster(&(two_nodes() + &svc + cm)), "node-a");
+    assert!(by_name(&out.tables.services, "default/web:80").external_snat);
+    assert_eq!(
+        out.warnings,
+        [
+            "Service default/web: metadata.annotations[ferry.io/external-snat]: \"yes\": expected \"true\" or \"false\"; ignored, the default applies"
+        ]
+    );
+}
+
+#[test]
+fn a_slice_port_outside_1_65535_is_left_out_with_a_warning_and_the_rest_kept() {
+    let svc = service(
+        "web",
+        "  clusterIP: 10.96.0.10\n  ports:\n  - {name: http, port: 80}\n  - {name: dns, port: 53, protocol: UDP}\n  - {name: admin, port: 81}\n",
+    );
+    let ports = "- {name: http, port: 8080}\n- {name: dns, port: 0, protocol: UDP}\n- {name: admin, port: 70000}\n";
+    let eps = endpoint("10.244.1.5", "node-a", "ready: true");
+    let out = compile(
+        &cluster(&(two_nodes() + &svc + &slice("web-1", "web", "IPv4", ports, &eps))),
+        "node-a",
+    );
+    let s = &out.tables.services;
+    assert_eq!(by_name(s, "default/web:http").backends.len(), 1);
+    assert!(by_name(s, "default/web:dns").backends.is_empty());
+    assert!(by_name(s, "default/web:admin").backends.is_empty());
+    assert_eq!(
+        out.warnings,
+        [
+            "EndpointSlice default/web-1: ports[1].port: 0 is outside 1-65535; the port is left out",
+            "EndpointSlice default/web-1: ports[2].port: 70000 is outside 1-65535; the port is left out",
+        ]
+    );
 }
 
 #[test]

@@ -287,6 +287,21 @@ fn a_bad_object_is_refused_alone_and_its_last_good_version_stays() {
     );
 }
 
+#[test]
+fn a_slice_port_the_api_took_but_ferry_cannot_use_does_not_refuse_the_slice() {
+    let mut ds = listed();
+    let mut slice = item(SLICES, "web-x7h2k");
+    slice["ports"][0]["port"] = 0.into();
+    slice["endpoints"].as_array_mut().unwrap().pop();
+    ds.event(
+        Kind::EndpointSlice,
+        Event::Apply(typed::<EndpointSlice>(slice)),
+    );
+    let u = ds.take_updates();
+    assert!(problems(&u).is_empty(), "{u:?}");
+    assert_eq!(endpoints(&applied_cluster(&u), "web-x7h2k"), 2);
+}
+
 /// The Service `name` of the example with the external IP `ip`; renamed `as_name`
 /// (with a cluster IP of its own) when that differs.
 fn service_with_external_ip(name: &str, as_name: &str, ip: &str) -> Object {
