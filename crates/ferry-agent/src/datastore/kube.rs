@@ -28,8 +28,10 @@
 //! defaults may not be what the other nodes use. Watch errors (the API server
 //! unreachable, a watch expired with 410 Gone) are retried with the watcher's default
 //! backoff and reported the same way; the state in force stays. When a kind whose watch
-//! failed has been listed again, the state goes out again even if nothing changed, so
-//! that the agent knows it is whole again (`ferry status` shows the datastore synced).
+//! failed is followed again (listed again, or its watch resumed: an event of it came, or
+//! a watch request of it was answered, see [`KubeDatastore::watch_started`]), the state
+//! goes out again even if nothing changed, so that the agent knows it is whole again
+//! (`ferry status` shows the datastore synced).
 //!
 //! The agent is synchronous: the watches run on a thread of their own, on a
 //! current-thread tokio runtime, and hand updates over a std channel in a [`Watch`],
@@ -44,6 +46,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::Duration;
 
+use futures::channel::mpsc::{self as mpsc_async, UnboundedSender};
 use futures::future::{self, Either};
 use futures::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
@@ -186,8 +189,13 @@ pub struct KubeDatastore {
     config_refused: bool,
     /// The state being held back was reported.
     held_told: bool,
-    /// Kinds whose watch reported an error since their last complete list.
+    /// Kinds whose watch reported an error and has not been seen working since: no list
+    /// completed, no event, no watch started.
     erred: BTreeSet<Kind>,
+    /// Kinds whose watch reported an error in this batch.
+    erred_now: BTreeSet<Kind>,
+    /// Kinds whose watch started in this batch.
+    started: BTreeSet<Kind>,
     /// Who holds which frontend, node port and InternalIP, among the objects in force.
     claims: Claims,
     /// Objects held back because what they claim is held by others, by object.
@@ -227,6 +235,8 @@ impl KubeDatastore {
             config_refused: false,
             held_told: false,
             erred: BTreeSet::new(),
+            erred_now: BTreeSet::new(),
+            started: BTreeSet::new(),
             claims: Claims::default(),
             waiting: HashMap::new(),
             blocking: HashMap::new(),
@@ -285,14 +295,39 @@ impl KubeDatastore {
                     self.changed = true;
                 }
             }
-            Event::Apply(obj) => self.apply(strip(obj)),
-            Event::Delete(obj) => self.delete(&obj),
+            Event::Apply(obj) => {
+                self.working(kind);
+                self.apply(strip(obj));
+            }
+            Event::Delete(obj) => {
+                self.working(kind);
+                self.delete(&obj);
+            }
         }
+    }
+
+    /// The watch of `kind` delivered an event: after an error it follows the kind again
+    /// (the watcher resumed where it was), so the state goes out even if nothing changed.
+    fn working(&mut self, kind: Kind) {
+        if self.erred.remove(&kind) {
+            self.changed = true;
+        }
+    }
+
+    /// Says that a watch request of `kind` was answered: the watch (re)started. After
+    /// an error the watcher resumes from the last version it saw without a list, and
+    /// reports nothing when nothing changed; this is how the datastore learns that the
+    /// kind is followed again (the state then goes out, even unchanged). A start in the
+    /// batch of an error of the kind counts for nothing: that watch may have failed at
+    /// once.
+    pub fn watch_started(&mut self, kind: Kind) {
+        self.started.insert(kind);
     }
 
     /// Reports an error of the watch of `kind`; the watch retries by itself.
     pub fn watch_error(&mut self, kind: Kind, error: &dyn fmt::Display) {
         self.erred.insert(kind);
+        self.erred_now.insert(kind);
         let what = match kind {
             Kind::ConfigMap => format!("ConfigMap {CONFIG_NAMESPACE}/{CONFIG_NAME}"),
             k => format!("{k}s"),
@@ -328,6 +363,12 @@ impl KubeDatastore {
                 message: c.message.clone(),
             }));
         }
+        for kind in std::mem::take(&mut self.started) {
+            if !self.erred_now.contains(&kind) {
+                self.working(kind);
+            }
+        }
+        self.erred_now.clear();
         let held = self.held();
         if held && self.is_listed() && !self.held_told {
             self.held_told = true;
@@ -608,8 +649,14 @@ where
         .enable_all()
         .build()
         .map_err(KubeError::Runtime)?;
-    let client = rt.block_on(connect())?;
-    let events = stream::select_all(scopes(&node).iter().map(|s| watch_scope(&client, s)));
+    let scopes = scopes(&node);
+    let (started, starts) = mpsc_async::unbounded();
+    let client = rt.block_on(async {
+        let client = connect().await?;
+        Ok::<_, KubeError>(telling_watch_starts(client, &scopes, started))
+    })?;
+    let mut events = stream::select_all(scopes.iter().map(|s| watch_scope(&client, s)));
+    events.push(starts.map(|kind| (kind, Told::Started)).boxed());
     let current = Arc::new(Mutex::new(Arc::new(Cluster::default())));
     let (tx, updates) = mpsc::channel();
     let (stop, stopped) = oneshot::channel::<()>();
@@ -626,8 +673,68 @@ where
     Ok(Watch::new(updates, current, stop, thread))
 }
 
-/// One watch's events, tagged with its kind.
-type Tagged = (Kind, Result<Event<Object>, watcher::Error>);
+/// What the watches tell the datastore, each tagged with its kind.
+type Tagged = (Kind, Told);
+
+/// What a watch tells.
+// Moved once, from the watcher to the datastore: not worth an allocation per event.
+#[allow(clippy::large_enum_variant)]
+enum Told {
+    /// An event of its watcher.
+    Event(Event<Object>),
+    /// An error of its watcher, which retries by itself.
+    Error(watcher::Error),
+    /// A watch request was answered: the watch (re)started.
+    Started,
+}
+
+/// `client`, telling `started` the kind of each watch request of `scopes` that the API
+/// server answers with success. The watcher says nothing when it resumes a watch after
+/// an error (it lists only when it must), and nothing may change for a long time after:
+/// an answered watch request is how the datastore learns that the kind is followed
+/// again.
+fn telling_watch_starts(
+    client: Client,
+    scopes: &[Scope],
+    started: UnboundedSender<Kind>,
+) -> Client {
+    let resources: Vec<(&'static str, Kind)> =
+        scopes.iter().map(|s| (s.resource, s.kind)).collect();
+    let namespace = client.default_namespace().to_string();
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let kind = watch_of(req.uri(), &resources);
+        let client = client.clone();
+        let started = started.clone();
+        async move {
+            let r = client.send(req).await;
+            if let (Some(kind), Ok(answer)) = (kind, &r)
+                && answer.status().is_success()
+            {
+                let _ = started.unbounded_send(kind);
+            }
+            // Unwrapped, so that the client this one is wrapped in does not say
+            // "ServiceError" twice.
+            r.map_err(|e| match e {
+                kube::Error::Service(e) => e,
+                e => tower::BoxError::from(e),
+            })
+        }
+    });
+    Client::new(service, namespace)
+}
+
+/// The kind whose watch `uri` asks for, if it is a watch request of one of `resources`.
+fn watch_of(uri: &http::Uri, resources: &[(&'static str, Kind)]) -> Option<Kind> {
+    let watch = uri
+        .query()?
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1");
+    let resource = uri.path().rsplit('/').next()?;
+    resources
+        .iter()
+        .find(|(r, _)| watch && *r == resource)
+        .map(|(_, k)| *k)
+}
 
 /// The watcher of one scope, with the default backoff after errors.
 fn watch_scope(client: &Client, scope: &Scope) -> BoxStream<'static, Tagged> {
@@ -662,7 +769,13 @@ where
     let kind = scope.kind;
     watcher::watcher(api, config)
         .default_backoff()
-        .map(move |r| (kind, r.map(into_object)))
+        .map(move |r| {
+            let told = match r {
+                Ok(e) => Told::Event(into_object(e)),
+                Err(e) => Told::Error(e),
+            };
+            (kind, told)
+        })
         .boxed()
 }
 
@@ -685,9 +798,10 @@ async fn run(
     current: Arc<Mutex<Arc<Cluster>>>,
     mut stop: oneshot::Receiver<()>,
 ) {
-    let feed = |ds: &mut KubeDatastore, (kind, r): Tagged| match r {
-        Ok(e) => ds.event(kind, e),
-        Err(e) => ds.watch_error(kind, &e),
+    let feed = |ds: &mut KubeDatastore, (kind, told): Tagged| match told {
+        Told::Event(e) => ds.event(kind, e),
+        Told::Error(e) => ds.watch_error(kind, &e),
+        Told::Started => ds.watch_started(kind),
     };
     loop {
         let first = match future::select(&mut stop, events.next()).await {

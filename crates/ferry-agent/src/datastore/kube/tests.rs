@@ -600,6 +600,38 @@ fn a_relist_after_a_watch_error_says_the_state_is_whole_again() {
 }
 
 #[test]
+fn a_watch_that_resumes_after_an_error_says_the_state_is_whole_again() {
+    let mut ds = listed();
+    let before = ds.current();
+    ds.watch_error(Kind::EndpointSlice, &"connection reset");
+    assert_eq!(ds.take_updates().len(), 1);
+    // The watcher resumes where it was, without a list; nothing changed meanwhile.
+    ds.watch_started(Kind::EndpointSlice);
+    let u = ds.take_updates();
+    let [Update::Applied { cluster, .. }] = &u[..] else {
+        panic!("the same state again, as news that it is whole: {u:?}");
+    };
+    assert!(Arc::ptr_eq(&before, cluster), "nothing changed");
+    // Once only.
+    ds.watch_started(Kind::EndpointSlice);
+    assert!(ds.take_updates().is_empty());
+
+    // An event of the kind after the error says the same, even one that changes nothing.
+    ds.watch_error(Kind::Service, &"connection reset");
+    ds.take_updates();
+    let web = item(SERVICES, "web");
+    ds.event(Kind::Service, watch_event::<Service>("MODIFIED", &web));
+    assert!(matches!(&ds.take_updates()[..], [Update::Applied { .. }]));
+
+    // A watch answered in the batch of an error proves nothing: it may be the one that
+    // failed at once (410 Gone in its first line).
+    ds.watch_error(Kind::Pod, &"too old resource version");
+    ds.watch_started(Kind::Pod);
+    let u = ds.take_updates();
+    assert!(matches!(&u[..], [Update::Refused(_)]), "{u:?}");
+}
+
+#[test]
 fn a_bad_ferry_config_keeps_the_last_good_one() {
     let mut ds = listed();
     let mut cm = item(CONFIG_MAPS, CONFIG_NAME);
@@ -959,6 +991,32 @@ fn an_unreachable_api_server_is_reported_and_the_state_in_force_stays() {
     assert_eq!(errors, 2);
     // The change made while it was away arrives when it resumes.
     assert_eq!(endpoints(&c, "web-x7h2k"), 2);
+}
+
+#[test]
+fn a_watch_back_after_errors_without_a_change_says_the_state_is_whole_again() {
+    let api = example_api();
+    let w = start(&api);
+    let c = applied(next(&w));
+    // The EndpointSlice watch drops and cannot come back at once; nothing changes.
+    api.fail("endpointslices", 2);
+    api.close("endpointslices");
+    let mut errors = 0;
+    let again = loop {
+        match next(&w) {
+            Update::Refused(r) => errors += r.problems.len(),
+            Update::Applied { cluster, .. } => break cluster,
+        }
+    };
+    assert_eq!(errors, 2);
+    assert!(Arc::ptr_eq(&c, &again), "nothing changed");
+    // The watcher resumed: it did not list again.
+    let lists = api
+        .requests()
+        .iter()
+        .filter(|r| r.contains("endpointslices") && !r.contains("watch=true"))
+        .count();
+    assert_eq!(lists, 1);
 }
 
 #[test]
