@@ -77,6 +77,14 @@ pub const BATCH_QUIET: Duration = Duration::from_millis(5);
 /// steady stream of events still makes updates.
 pub const BATCH_MAX: Duration = Duration::from_millis(50);
 
+/// How long a request may wait for the API server to send anything: a list, the start
+/// of a watch, or a watch between events. The watcher asks the server to end each watch
+/// after 290 s, so past this the server is hung or the connection is gone (half-open
+/// after a network change, say): the request fails, and the watcher reports it and
+/// tries again. kube-client once had it as its default; without one, such a request
+/// waits forever and its kind is never followed again.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(295);
+
 /// How the datastore reaches the API server, and for which node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KubeOptions {
@@ -587,7 +595,7 @@ impl KubeDatastore {
         let url = Arc::new(Mutex::new(None));
         let found = Arc::clone(&url);
         let mut w = watch_with(opts.node, move || async move {
-            let (client, u) = connect(kubeconfig).await?;
+            let (client, u) = connect(kubeconfig, READ_TIMEOUT).await?;
             *found.lock().unwrap_or_else(PoisonError::into_inner) = Some(u);
             Ok(client)
         })?;
@@ -614,9 +622,13 @@ fn strip(mut obj: Object) -> Object {
 }
 
 /// The client for a kubeconfig file, or the inferred configuration, and the API
-/// server's URL.
-async fn connect(kubeconfig: Option<PathBuf>) -> Result<(Client, String), KubeError> {
-    let config = match kubeconfig {
+/// server's URL. A request fails when the server sends nothing for `read_timeout`
+/// ([`READ_TIMEOUT`]).
+async fn connect(
+    kubeconfig: Option<PathBuf>,
+    read_timeout: Duration,
+) -> Result<(Client, String), KubeError> {
+    let mut config = match kubeconfig {
         None => Config::infer()
             .await
             .map_err(|e| KubeError::Config(e.to_string()))?,
@@ -629,6 +641,9 @@ async fn connect(kubeconfig: Option<PathBuf>) -> Result<(Client, String), KubeEr
                 .map_err(|e| failed(&e))?
         }
     };
+    config.read_timeout = Some(read_timeout);
+    // Counted from the request, not from when its pooled connection last had news.
+    config.reset_reader_on_write = true;
     let url = config.cluster_url.to_string();
     Client::try_from(config)
         .map(|c| (c, url))
@@ -789,6 +804,22 @@ fn into_object<K: Into<Object>>(e: Event<K>) -> Event<Object> {
     }
 }
 
+/// `e` and what caused it, each once: the client's errors say little by themselves
+/// ("client error (SendRequest)"), their causes say what happened ("timed out",
+/// "connection refused").
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !s.contains(&text) {
+            s = format!("{s}: {text}");
+        }
+        cause = c.source();
+    }
+    s
+}
+
 /// Feeds the events to `ds` in batches and sends the updates, until `stop` fires or
 /// the receiver of the updates is gone.
 async fn run(
@@ -800,7 +831,7 @@ async fn run(
 ) {
     let feed = |ds: &mut KubeDatastore, (kind, told): Tagged| match told {
         Told::Event(e) => ds.event(kind, e),
-        Told::Error(e) => ds.watch_error(kind, &e),
+        Told::Error(e) => ds.watch_error(kind, &with_causes(&e)),
         Told::Started => ds.watch_started(kind),
     };
     loop {

@@ -1077,6 +1077,48 @@ current-context: x
 }
 
 #[test]
+fn a_server_that_takes_requests_and_never_answers_is_reported() {
+    // Connections complete in the listen queue; nothing reads or answers them.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {{server: 'http://{}'}}
+users:
+- name: u
+  user: {{token: abc}}
+contexts:
+- name: x
+  context: {{cluster: c, user: u}}
+current-context: x
+",
+            hung.local_addr().unwrap()
+        ),
+    )
+    .unwrap();
+    // READ_TIMEOUT, shortened to fit a test.
+    let timeout = Duration::from_millis(500);
+    let w = watch_with(NODE.into(), move || async move {
+        connect(Some(path), timeout).await.map(|(c, _)| c)
+    })
+    .unwrap();
+    let p = refused(next(&w));
+    assert!(
+        p.iter().all(|p| p.starts_with("kubernetes: watching ")),
+        "{p:?}"
+    );
+    assert!(p.iter().all(|p| p.contains("timed out")), "{p:?}");
+    assert!(w.current().is_empty());
+    drop(hung);
+}
+
+#[test]
 fn a_missing_kubeconfig_or_node_name_is_an_error_at_start() {
     let missing = PathBuf::from("/nonexistent/kubeconfig");
     let e = KubeDatastore::watch(KubeOptions {
