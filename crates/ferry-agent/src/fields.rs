@@ -613,8 +613,9 @@ pub struct EndpointFields {
     /// conditions.ready; absent means ready (an unknown state is taken as ready, as
     /// the API documents).
     pub ready: bool,
-    /// conditions.serving as given (absent: as `ready`).
-    pub serving: Option<bool>,
+    /// conditions.serving; absent means true, whatever `ready` says, as kube-proxy
+    /// reads it (the EndpointSlice controller always sets it; other writers may not).
+    pub serving: bool,
     /// conditions.terminating; absent means false.
     pub terminating: bool,
 }
@@ -702,7 +703,7 @@ impl SliceFields {
                 addresses,
                 node: ep.node_name.clone().filter(|n| !n.is_empty()),
                 ready,
-                serving: c.and_then(|c| c.serving),
+                serving: c.and_then(|c| c.serving).unwrap_or(true),
                 terminating: c.and_then(|c| c.terminating).unwrap_or(false),
             });
         }
@@ -911,7 +912,7 @@ ports: [{port: 8080}]
     }
 
     #[test]
-    fn endpoint_conditions_default_ready_and_not_terminating() {
+    fn endpoint_conditions_default_ready_serving_and_not_terminating() {
         let slice: EndpointSlice = serde_saphyr::from_str(
             r#"
 apiVersion: discovery.k8s.io/v1
@@ -922,25 +923,22 @@ endpoints:
 - addresses: [10.0.0.1]
 - addresses: [10.0.0.2]
   conditions: {ready: false, serving: true, terminating: true}
+- addresses: [10.0.0.3]
+  conditions: {ready: false}
 "#,
         )
         .unwrap();
         let f = SliceFields::parse(&slice).unwrap();
+        let conditions: Vec<_> = (f.endpoints.iter())
+            .map(|e| (e.ready, e.serving, e.terminating))
+            .collect();
         assert_eq!(
-            (
-                f.endpoints[0].ready,
-                f.endpoints[0].serving,
-                f.endpoints[0].terminating
-            ),
-            (true, None, false)
-        );
-        assert_eq!(
-            (
-                f.endpoints[1].ready,
-                f.endpoints[1].serving,
-                f.endpoints[1].terminating
-            ),
-            (false, Some(true), true)
+            conditions,
+            [
+                (true, true, false),
+                (false, true, true),
+                (false, true, false)
+            ]
         );
     }
 }

@@ -235,8 +235,8 @@ fn backends(
                     // as on this one (which a tables file's absent `node` means).
                     no_node: ep.node.is_none(),
                     ready,
-                    // Absent means "as ready": say it only when it differs.
-                    serving: ep.serving.filter(|s| *s != ready),
+                    // The tables' absent means "as ready": say it only when it differs.
+                    serving: Some(ep.serving).filter(|s| *s != ready),
                     terminating: ep.terminating,
                 });
             }

@@ -1157,23 +1157,44 @@ fn endpoint_conditions_map_to_backend_state() {
             "10.244.1.4",
             "node-a",
             "ready: true, serving: true, terminating: false",
+        )
+        + &endpoint("10.244.1.5", "node-a", "ready: false, terminating: true")
+        + &endpoint(
+            "10.244.1.6",
+            "node-a",
+            "ready: false, serving: false, terminating: true",
         );
     let spec = "  clusterIP: 10.96.0.10\n  ports:\n  - {name: http, port: 80}\n";
-    let s = services(&(service("web", spec) + &slice("web-1", "web", "IPv4", port, &eps)));
-    let b: Vec<(bool, Option<bool>, bool)> = by_name(&s, "default/web:http")
+    let out = compile(
+        &cluster(
+            &(two_nodes() + &service("web", spec) + &slice("web-1", "web", "IPv4", port, &eps)),
+        ),
+        "node-a",
+    );
+    let b: Vec<(bool, Option<bool>, bool)> = by_name(&out.tables.services, "default/web:http")
         .backends
         .iter()
         .map(|b| (b.ready, b.serving, b.terminating))
         .collect();
+    // Absent serving is true, whatever ready says, as kube-proxy reads it; the tables
+    // say it only where it differs from ready.
     assert_eq!(
         b,
         [
             (true, None, false),
-            (false, None, false),
+            (false, Some(true), false),
             (false, Some(true), true),
             (true, None, false),
+            (false, Some(true), true),
+            (false, None, true),
         ]
     );
+    let serving = |a: &str| {
+        let tcp = ferry_datapath::flow::proto::TCP;
+        out.compiled.services.has_serving_backend(tcp, ip(a), 8080)
+    };
+    assert!(serving("10.244.1.5"), "terminating, serving unset");
+    assert!(!serving("10.244.1.6"), "terminating, not serving");
     // publishNotReadyAddresses: every endpoint counts as ready.
     let spec = format!("{spec}  publishNotReadyAddresses: true\n");
     let s = services(&(service("web", &spec) + &slice("web-1", "web", "IPv4", port, &eps)));
