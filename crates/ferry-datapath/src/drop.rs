@@ -174,6 +174,9 @@ drop_reasons! {
     /// A packet waiting for its next hop's MAC was discarded at a table swap: its ingress
     /// or egress port went or has another index now, or its overlay node went.
     NeighQueuePortGone => "neigh_queue_port_gone",
+    /// The next hop has no neighbour entry and none could be made: the neighbour table is
+    /// full of entries in use (Linux's "neighbour table overflow").
+    NeighTableFull => "neigh_table_full",
     /// TTL or hop limit reached zero.
     TtlExceeded => "ttl_exceeded",
     /// Too big for the egress MTU with DF set (IPv4) or IPv6 not from reassembly.

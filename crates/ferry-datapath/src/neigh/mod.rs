@@ -3,11 +3,18 @@
 //!
 //! The table maps (port, IP) to a MAC with a state and an age, like Linux's neighbour
 //! cache reduced to what a router needs: INCOMPLETE (a probe went out, no answer yet),
-//! REACHABLE (confirmed within [`Config::reachable_ns`]) and STALE (older: still used,
-//! re-probed at most once per [`Config::probe_interval_ns`]). It is bounded: when full, the
-//! least recently updated entry goes, INCOMPLETE ones first. Entries are created only by
-//! the node's own probes and by messages addressed to the node, so unsolicited chatter on
-//! the segment cannot fill it. Time is passed in.
+//! REACHABLE (confirmed within [`Config::reachable_ns`]) and STALE (a MAC not confirmed:
+//! learned from a request, or confirmed long ago; still used, re-probed at most once per
+//! [`Config::probe_interval_ns`]).
+//!
+//! It is bounded, and what is in use stays: entries are created by packets to send (with
+//! a probe) and by requests addressed to the node, the latter only while there is room.
+//! When a packet needs an entry and the table is full, an entry neither used nor updated
+//! for [`Config::evict_after_ns`] goes (INCOMPLETE ones first, then the least recently
+//! active); if there is none, the packet is refused (`neigh_table_full`), as Linux refuses
+//! a new neighbour when its forced garbage collection finds nothing to remove ("neighbour
+//! table overflow"). So neither a flood of requests from made-up senders nor a scan evicts
+//! the gateway, or an entry that packets wait for. Time is passed in.
 //!
 //! Packets for a neighbour that has no MAC yet wait in a [`Queue`] until it answers.
 
@@ -20,6 +27,7 @@ pub use queue::Queue;
 use std::collections::HashMap;
 use std::net::IpAddr;
 
+use crate::drop::DropReason;
 use crate::packet::PortId;
 use crate::wire::parse::ethertype;
 
@@ -41,7 +49,8 @@ pub enum State {
     Incomplete,
     /// Confirmed recently.
     Reachable,
-    /// Confirmed long ago: used, and re-probed.
+    /// Not confirmed (learned from a request, or confirmed long ago): used, and
+    /// re-probed.
     Stale,
 }
 
@@ -63,10 +72,20 @@ pub struct Neighbour {
     pub mac: [u8; 6],
     /// Its state.
     pub state: State,
-    /// When the entry was created or last confirmed.
+    /// When the entry was created, last changed state or MAC, or was last confirmed
+    /// (Linux's `updated`).
     pub updated_ns: u64,
+    /// When a packet to send last looked it up (Linux's `used`).
+    pub used_ns: u64,
     /// When the last probe for it went out.
     pub probed_ns: Option<u64>,
+}
+
+impl Neighbour {
+    /// When it was last used or updated: an entry active recently is not evicted.
+    fn active_ns(&self) -> u64 {
+        self.updated_ns.max(self.used_ns)
+    }
 }
 
 /// Limits and timers, with Linux's defaults where it has one.
@@ -74,6 +93,11 @@ pub struct Neighbour {
 pub struct Config {
     /// Most entries (Linux's `gc_thresh3` is 1024).
     pub max_entries: usize,
+    /// An entry neither used nor updated for this long may be evicted to make room
+    /// (Linux's forced garbage collection spares entries updated in the last 5 s). At
+    /// least [`Config::unresolved_ns`]: packets wait for an entry no longer than that,
+    /// and each used it when it was queued, so an entry that packets wait for stays.
+    pub evict_after_ns: u64,
     /// A confirmation is trusted this long (Linux's `base_reachable_time`, 30 s).
     pub reachable_ns: u64,
     /// At most one probe per target this often (Linux's `retrans_time`, 1 s).
@@ -95,6 +119,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             max_entries: 1024,
+            evict_after_ns: 5_000_000_000,
             reachable_ns: 30_000_000_000,
             probe_interval_ns: 1_000_000_000,
             unresolved_ns: 3_000_000_000,
@@ -123,6 +148,9 @@ pub struct Stats {
     pub probes: u64,
     /// Entries evicted to make room.
     pub evicted: u64,
+    /// New entries refused because the table was full of entries in use (for a packet:
+    /// `neigh_table_full`; for a request: not learned from).
+    pub refused: u64,
 }
 
 /// The neighbour table.
@@ -130,6 +158,9 @@ pub struct Stats {
 pub struct Neighbours {
     config: Config,
     map: HashMap<(PortId, IpAddr), Neighbour, ahash::RandomState>,
+    /// A full table found no entry to evict: none can be before this time (entries only
+    /// grow more active), so none is looked for.
+    no_victim_until_ns: u64,
     stats: Stats,
 }
 
@@ -139,13 +170,20 @@ impl Neighbours {
         Neighbours {
             config,
             map: HashMap::default(),
+            no_victim_until_ns: 0,
             stats: Stats::default(),
         }
     }
 
     /// The MAC of `ip` on `port` for a packet about to be sent at `now_ns`, and whether
-    /// to probe. An unknown neighbour gets an INCOMPLETE entry and a probe.
-    pub fn resolve(&mut self, port: PortId, ip: IpAddr, now_ns: u64) -> Resolution {
+    /// to probe. An unknown neighbour gets an INCOMPLETE entry and a probe, or, when the
+    /// table is full of entries in use, `neigh_table_full`.
+    pub fn resolve(
+        &mut self,
+        port: PortId,
+        ip: IpAddr,
+        now_ns: u64,
+    ) -> Result<Resolution, DropReason> {
         let cfg = self.config;
         let due = |n: &Neighbour| {
             n.probed_ns
@@ -153,6 +191,7 @@ impl Neighbours {
         };
         let r = match self.map.get_mut(&(port, ip)) {
             Some(n) => {
+                n.used_ns = now_ns;
                 if n.state == State::Reachable
                     && now_ns.saturating_sub(n.updated_ns) >= cfg.reachable_ns
                 {
@@ -166,13 +205,17 @@ impl Neighbours {
                 Resolution { mac, probe }
             }
             None => {
-                self.insert(
-                    port,
-                    ip,
+                if !self.make_room(now_ns) {
+                    self.stats.refused += 1;
+                    return Err(DropReason::NeighTableFull);
+                }
+                self.map.insert(
+                    (port, ip),
                     Neighbour {
                         mac: [0; 6],
                         state: State::Incomplete,
                         updated_ns: now_ns,
+                        used_ns: now_ns,
                         probed_ns: Some(now_ns),
                     },
                 );
@@ -185,41 +228,86 @@ impl Neighbours {
         if r.probe {
             self.stats.probes += 1;
         }
-        r
+        Ok(r)
     }
 
-    /// Records that `ip` is at `mac` on `port`. An existing entry is confirmed; a new one
-    /// is created only when `create` (the message was addressed to this node, or packets
-    /// wait for it).
-    pub fn learn(&mut self, port: PortId, ip: IpAddr, mac: [u8; 6], now_ns: u64, create: bool) {
+    /// Records that `ip` is at `mac` on `port`, in `state`: REACHABLE for an answer to
+    /// the node's probe, STALE for a request (which says where its sender is, not that
+    /// it answers; RFC 4861 section 7.2.3, Linux's `neigh_event_ns`). STALE leaves the
+    /// state of an entry that has this MAC already as it is. An existing entry is
+    /// updated; a new one is created only when `create` (the message was addressed to
+    /// this node, or packets wait for it) and the table has room: nothing is evicted
+    /// for a message.
+    pub fn learn(
+        &mut self,
+        port: PortId,
+        ip: IpAddr,
+        mac: [u8; 6],
+        now_ns: u64,
+        state: State,
+        create: bool,
+    ) {
         let fresh = Neighbour {
             mac,
-            state: State::Reachable,
+            state,
             updated_ns: now_ns,
+            used_ns: 0,
             probed_ns: None,
         };
+        let room = self.map.len() < self.config.max_entries.max(1);
         match self.map.get_mut(&(port, ip)) {
-            Some(n) => *n = fresh,
-            None if create => self.insert(port, ip, fresh),
-            None => return,
+            Some(n) if state == State::Stale && n.state != State::Incomplete && n.mac == mac => {
+                return;
+            }
+            Some(n) => {
+                *n = Neighbour {
+                    used_ns: n.used_ns,
+                    ..fresh
+                }
+            }
+            None if create && room => {
+                self.map.insert((port, ip), fresh);
+            }
+            None => {
+                if create {
+                    self.stats.refused += 1;
+                }
+                return;
+            }
         }
         self.stats.learned += 1;
     }
 
-    fn insert(&mut self, port: PortId, ip: IpAddr, n: Neighbour) {
-        if self.map.len() >= self.config.max_entries.max(1) {
-            // A scan, but only when full, over a table bounded to a small size.
-            let victim = self
-                .map
-                .iter()
-                .min_by_key(|(_, n)| (n.state != State::Incomplete, n.updated_ns))
-                .map(|(k, _)| *k);
-            if let Some(k) = victim {
+    /// Makes room for one more entry at `now_ns`, evicting one if the table is full;
+    /// false when every entry is in use.
+    fn make_room(&mut self, now_ns: u64) -> bool {
+        if self.map.len() < self.config.max_entries.max(1) {
+            return true;
+        }
+        if now_ns < self.no_victim_until_ns {
+            return false;
+        }
+        let age = self.config.evict_after_ns.max(self.config.unresolved_ns);
+        // A scan, but only when full, over a table bounded to a small size, and not again
+        // before an entry can have become evictable.
+        let victim = self
+            .map
+            .iter()
+            .filter(|(_, n)| now_ns.saturating_sub(n.active_ns()) >= age)
+            .min_by_key(|(_, n)| (n.state != State::Incomplete, n.active_ns()))
+            .map(|(k, _)| *k);
+        match victim {
+            Some(k) => {
                 self.map.remove(&k);
                 self.stats.evicted += 1;
+                true
+            }
+            None => {
+                let first = self.map.values().map(Neighbour::active_ns).min();
+                self.no_victim_until_ns = first.map_or(0, |t| t.saturating_add(age));
+                false
             }
         }
-        self.map.insert((port, ip), n);
     }
 
     /// Keeps only the entries of ports for which `keep` is true (the others are for a
@@ -277,13 +365,13 @@ mod tests {
         let a = ip("192.168.50.1");
         assert_eq!(
             t.resolve(0, a, 0),
-            Resolution {
+            Ok(Resolution {
                 mac: None,
                 probe: true
-            }
+            })
         );
-        assert!(!t.resolve(0, a, SEC / 2).probe, "rate limited");
-        assert!(t.resolve(0, a, SEC).probe);
+        assert!(!t.resolve(0, a, SEC / 2).unwrap().probe, "rate limited");
+        assert!(t.resolve(0, a, SEC).unwrap().probe);
         assert_eq!(t.get(0, a).unwrap().state, State::Incomplete);
     }
 
@@ -291,27 +379,47 @@ mod tests {
     fn test_learned_neighbour_goes_stale_and_is_reprobed_but_used() {
         let mut t = Neighbours::new(Config::default());
         let a = ip("fd00::1");
-        t.learn(0, a, [2; 6], 0, false);
+        t.learn(0, a, [2; 6], 0, State::Reachable, false);
         assert!(t.is_empty(), "unsolicited messages create nothing");
-        t.learn(0, a, [2; 6], 0, true);
+        t.learn(0, a, [2; 6], 0, State::Reachable, true);
         assert_eq!(
             t.resolve(0, a, SEC),
-            Resolution {
+            Ok(Resolution {
                 mac: Some([2; 6]),
                 probe: false
-            }
+            })
         );
-        let r = t.resolve(0, a, 31 * SEC);
+        let r = t.resolve(0, a, 31 * SEC).unwrap();
         assert_eq!((r.mac, r.probe), (Some([2; 6]), true));
         assert_eq!(t.get(0, a).unwrap().state, State::Stale);
     }
 
     #[test]
+    fn test_a_request_teaches_a_stale_entry_and_does_not_undo_a_confirmation() {
+        let mut t = Neighbours::new(Config::default());
+        let a = ip("10.0.0.1");
+        t.learn(0, a, [1; 6], 0, State::Stale, true);
+        let n = *t.get(0, a).unwrap();
+        assert_eq!((n.mac, n.state), ([1; 6], State::Stale));
+        t.learn(0, a, [1; 6], SEC, State::Reachable, false);
+        t.learn(0, a, [1; 6], 2 * SEC, State::Stale, false);
+        let n = *t.get(0, a).unwrap();
+        assert_eq!(
+            (n.state, n.updated_ns),
+            (State::Reachable, SEC),
+            "the same MAC again says nothing new"
+        );
+        t.learn(0, a, [2; 6], 3 * SEC, State::Stale, false);
+        let n = *t.get(0, a).unwrap();
+        assert_eq!((n.mac, n.state), ([2; 6], State::Stale));
+    }
+
+    #[test]
     fn test_retain_ports_removes_only_the_other_ports_entries() {
         let mut t = Neighbours::new(Config::default());
-        t.learn(0, ip("10.0.0.1"), [1; 6], 0, true);
-        t.learn(1, ip("10.0.0.1"), [2; 6], 0, true);
-        t.resolve(2, ip("10.0.0.2"), 0);
+        t.learn(0, ip("10.0.0.1"), [1; 6], 0, State::Reachable, true);
+        t.learn(1, ip("10.0.0.1"), [2; 6], 0, State::Reachable, true);
+        t.resolve(2, ip("10.0.0.2"), 0).unwrap();
         assert_eq!(t.retain_ports(|p| p != 1), 1);
         assert_eq!(t.len(), 2);
         assert!(t.get(1, ip("10.0.0.1")).is_none());
@@ -320,17 +428,45 @@ mod tests {
     }
 
     #[test]
-    fn test_full_table_evicts_incomplete_first() {
+    fn test_full_table_evicts_only_what_is_idle_incomplete_first() {
         let mut t = Neighbours::new(Config {
             max_entries: 2,
             ..Config::default()
         });
-        t.learn(0, ip("10.0.0.1"), [1; 6], 0, true);
-        t.resolve(0, ip("10.0.0.2"), 5);
-        t.resolve(0, ip("10.0.0.3"), 6);
-        assert_eq!(t.len(), 2);
-        assert!(t.get(0, ip("10.0.0.1")).is_some());
-        assert!(t.get(0, ip("10.0.0.2")).is_none());
+        let (a, b, c, d) = (
+            ip("10.0.0.1"),
+            ip("10.0.0.2"),
+            ip("10.0.0.3"),
+            ip("10.0.0.4"),
+        );
+        t.learn(0, a, [1; 6], 0, State::Reachable, true);
+        t.resolve(0, b, 5).unwrap();
+        assert_eq!(
+            t.resolve(0, c, 6),
+            Err(DropReason::NeighTableFull),
+            "both in use"
+        );
+        assert_eq!(t.stats().refused, 1);
+        // Requests teach nothing to a full table.
+        t.learn(0, d, [4; 6], 7, State::Stale, true);
+        assert!(t.get(0, d).is_none());
+        // `a` is used: it stays, and the idle INCOMPLETE `b` goes.
+        t.resolve(0, a, 4 * SEC).unwrap();
+        assert_eq!(
+            t.resolve(0, c, 5 * SEC + 5),
+            Ok(Resolution {
+                mac: None,
+                probe: true
+            })
+        );
+        assert!(t.get(0, a).is_some());
+        assert!(t.get(0, b).is_none());
         assert_eq!(t.stats().evicted, 1);
+        // Nothing idle again until `a` is: refused without a look before then.
+        assert_eq!(t.resolve(0, d, 6 * SEC), Err(DropReason::NeighTableFull));
+        assert_eq!(t.no_victim_until_ns, 9 * SEC);
+        assert!(t.resolve(0, d, 9 * SEC).is_ok());
+        assert!(t.get(0, a).is_none());
+        assert!(t.get(0, c).is_some());
     }
 }

@@ -1695,7 +1695,7 @@ impl Pipeline {
         out: &mut Vec<(PortId, Packet)>,
         trace: &mut Trace,
     ) -> Result<[u8; 6], NoEgress> {
-        let r = self.neigh.resolve(port, ip, now);
+        let r = self.neigh.resolve(port, ip, now)?;
         if r.probe {
             let tables = Arc::clone(&self.tables);
             let p = &tables.ports[usize::from(port)];
@@ -1782,8 +1782,8 @@ impl Pipeline {
     }
 
     /// Records a neighbour's MAC learned from ARP or ND (see [`Neighbours::learn`]; an
-    /// entry that packets wait for is asked for, so created if missing) and sends the
-    /// packets that waited for it, oldest first.
+    /// entry that packets wait for is asked for, so created if missing and there is room)
+    /// and sends the packets that waited for it, oldest first.
     #[allow(clippy::too_many_arguments)]
     fn learned(
         &mut self,
@@ -1791,13 +1791,21 @@ impl Pipeline {
         ip: IpAddr,
         mac: [u8; 6],
         now: u64,
+        state: neigh::State,
         create: bool,
         out: &mut Vec<(PortId, Packet)>,
         trace: &mut Trace,
     ) {
         let waiting = self.parked.contains(port, ip);
-        self.neigh.learn(port, ip, mac, now, create || waiting);
-        if !waiting {
+        self.neigh
+            .learn(port, ip, mac, now, state, create || waiting);
+        // Not released without an entry that has the MAC (a full table): they would
+        // only be queued again.
+        let known = self
+            .neigh
+            .get(port, ip)
+            .is_some_and(|n| n.state != neigh::State::Incomplete);
+        if !waiting || !known {
             return;
         }
         let tables = Arc::clone(&self.tables);
@@ -1942,9 +1950,15 @@ impl Pipeline {
                 || (tables.overlay.as_ref().is_some_and(|o| o.uplink == in_id)
                     && tables.node.addresses.contains(&target));
             if !a.sender_ip.is_unspecified() {
-                // Create an entry only for a node that talks to us; refresh any.
-                let create = ours && a.op == arp::REQUEST;
-                self.learned(in_id, sender, a.sender_mac, now, create, out, trace);
+                // Create an entry only for a node that talks to us, and only STALE: a
+                // request says where its sender is, not that it answers. Refresh any.
+                let request = ours && a.op == arp::REQUEST;
+                let state = if request {
+                    neigh::State::Stale
+                } else {
+                    neigh::State::Reachable
+                };
+                self.learned(in_id, sender, a.sender_mac, now, state, request, out, trace);
             }
             ours && a.op == arp::REQUEST
         };
@@ -2012,7 +2026,8 @@ impl Pipeline {
                     && !src.is_unspecified()
                     && let Some(m) = slla
                 {
-                    self.learned(in_id, IpAddr::V6(src), m, now, ours, out, trace);
+                    let stale = neigh::State::Stale;
+                    self.learned(in_id, IpAddr::V6(src), m, now, stale, ours, out, trace);
                 }
                 if !ours || src.is_unspecified() {
                     trace.note("nd", || format!("solicitation for {target}: not answered"));
@@ -2024,7 +2039,17 @@ impl Pipeline {
             nd::Message::Advert { target, tlla, .. } => {
                 if !pod {
                     let mac = tlla.unwrap_or(src_mac);
-                    self.learned(in_id, IpAddr::V6(target), mac, now, false, out, trace);
+                    let state = neigh::State::Reachable;
+                    self.learned(
+                        in_id,
+                        IpAddr::V6(target),
+                        mac,
+                        now,
+                        state,
+                        false,
+                        out,
+                        trace,
+                    );
                 }
                 trace.note("nd", || format!("advertisement of {target}"));
                 return Verdict::Consumed;

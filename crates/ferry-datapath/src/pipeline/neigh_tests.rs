@@ -1,6 +1,6 @@
 //! Packets that wait for their next hop's MAC: queued when it is unknown, sent when the
 //! neighbour answers, dropped when it does not, pushed out by newer ones, or discarded at
-//! a table swap.
+//! a table swap. And the neighbour table under what others on the segment send.
 
 use super::test_support::*;
 use super::*;
@@ -26,6 +26,31 @@ fn payloads(out: &[(PortId, Packet)], tunnelled: bool) -> Vec<Vec<u8>> {
     out.iter()
         .map(|(_, f)| payload(&f.data, tunnelled))
         .collect()
+}
+
+/// A broadcast ARP request from `sender` at `mac` for `target`.
+fn arp_request(mac: [u8; 6], sender: &str, target: &str) -> Vec<u8> {
+    let (IpAddr::V4(s), IpAddr::V4(t)) = (ip(sender), ip(target)) else {
+        panic!()
+    };
+    arp::Repr {
+        op: arp::REQUEST,
+        sender_mac: mac,
+        sender_ip: s,
+        target_mac: [0; 6],
+        target_ip: t,
+    }
+    .frame([0xff; 6], mac, None)
+}
+
+/// A pipeline of node 1 whose neighbour table holds `max_entries`.
+fn small_table(max_entries: usize) -> Pipeline {
+    let (mut a, _) = nodes();
+    a.neigh = Neighbours::new(neigh::Config {
+        max_entries,
+        ..neigh::Config::default()
+    });
+    a
 }
 
 #[test]
@@ -208,24 +233,71 @@ fn test_ipv6_packets_wait_for_a_neighbour_advertisement() {
 }
 
 #[test]
-fn test_an_answer_to_a_neighbour_evicted_from_the_table_still_sends_what_waited() {
-    let (mut a, _) = nodes();
-    a.neigh = Neighbours::new(neigh::Config {
-        max_entries: 1,
-        ..neigh::Config::default()
-    });
+fn test_a_full_table_refuses_a_new_next_hop_rather_than_evict_one_packets_wait_for() {
+    let mut a = small_table(1);
     assert_eq!(
         run(&mut a, udp_to("8.8.8.8", b"1"), POD, 0).0,
         Verdict::Queued
     );
-    // Another neighbour takes the only entry.
+    let (v, out) = run(&mut a, udp_to("10.244.2.6", b"2"), POD, 1);
     assert_eq!(
-        run(&mut a, udp_to("10.244.2.6", b"2"), POD, 1).0,
-        Verdict::Queued
+        (v, out.len()),
+        (Verdict::Dropped(DropReason::NeighTableFull), 0)
     );
-    assert!(a.neighbours().get(UPLINK, ip(GW)).is_none());
+    assert_eq!(a.neighbours().stats().refused, 1);
     let (_, out) = run(&mut a, arp_reply(1, GW, GW_MAC), UPLINK, 2);
     assert_eq!(payloads(&out, false), [b"1"]);
+    // Once the gateway has been idle long enough, a new next hop takes its place.
+    let idle = neigh::Config::default().evict_after_ns;
+    let (v, out) = run(&mut a, udp_to("10.244.2.6", b"3"), POD, 2 + idle);
+    assert_eq!((v, out.len()), (Verdict::Queued, 1));
+    assert!(a.neighbours().get(UPLINK, ip(GW)).is_none());
+}
+
+#[test]
+fn test_requests_from_made_up_senders_evict_neither_the_gateway_nor_a_pending_entry() {
+    let mut a = small_table(4);
+    learn(&mut a, 1, GW, GW_MAC);
+    let (v, _) = run(&mut a, udp_to("8.8.8.8", b"1"), POD, SEC);
+    assert_eq!(v, Verdict::Forwarded);
+    let (v, _) = run(&mut a, udp_to("10.244.2.6", b"2"), POD, SEC);
+    assert_eq!(v, Verdict::Queued);
+    // A flood of requests for the node's address, each from a sender never seen: each
+    // is answered, and teaches the table only while it has room.
+    for i in 0..50u8 {
+        let sender = format!("192.168.50.{}", 100 + i);
+        let (v, out) = run(
+            &mut a,
+            arp_request([2, 0xbb, 0, 0, 0, i], &sender, "192.168.50.10"),
+            UPLINK,
+            SEC + u64::from(i),
+        );
+        assert_eq!((v, out.len()), (Verdict::Consumed, 1));
+        assert_eq!(arp_of(&out[0].1.data).op, arp::REPLY);
+    }
+    assert_eq!(a.neighbours().len(), 4);
+    let learned: Vec<_> = a
+        .neighbours()
+        .iter()
+        .filter(|(_, addr, _)| *addr != ip(GW) && *addr != ip(NODE2))
+        .map(|(_, _, n)| n.state)
+        .collect();
+    assert_eq!(
+        learned,
+        [neigh::State::Stale; 2],
+        "a request does not say its sender answers"
+    );
+    // The gateway is still known: the next packet goes at once, with no ARP request.
+    let (v, out) = run(&mut a, udp_to("8.8.8.8", b"3"), POD, 2 * SEC);
+    assert_eq!(
+        (v, payloads(&out, false)),
+        (Verdict::Forwarded, vec![b"3".to_vec()])
+    );
+    assert_eq!(&out[0].1.data[0..6], &GW_MAC);
+    // The entry still being resolved is there too, and its answer sends what waited.
+    let (_, out) = run(&mut a, arp_reply(1, NODE2, uplink_mac(2)), UPLINK, 2 * SEC);
+    assert_eq!(payloads(&out, true), [b"2"]);
+    assert_eq!(a.neighbours().stats().evicted, 0);
 }
 
 #[test]
