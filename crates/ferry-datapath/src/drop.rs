@@ -177,6 +177,10 @@ drop_reasons! {
     /// The next hop has no neighbour entry and none could be made: the neighbour table is
     /// full of entries in use (Linux's "neighbour table overflow").
     NeighTableFull => "neigh_table_full",
+    /// The next hop has no neighbour entry, and the node's probes (ARP requests,
+    /// neighbour solicitations) were used up: no entry is made, no probe sent. Traffic to
+    /// many addresses of an on-link subnet, a scan.
+    NeighProbeLimited => "neigh_probe_limited",
     /// TTL or hop limit reached zero.
     TtlExceeded => "ttl_exceeded",
     /// Too big for the egress MTU with DF set (IPv4) or IPv6 not from reassembly.

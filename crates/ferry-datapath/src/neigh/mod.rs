@@ -14,7 +14,8 @@
 //! active); if there is none, the packet is refused (`neigh_table_full`), as Linux refuses
 //! a new neighbour when its forced garbage collection finds nothing to remove ("neighbour
 //! table overflow"). So neither a flood of requests from made-up senders nor a scan evicts
-//! the gateway, or an entry that packets wait for. Time is passed in.
+//! the gateway, or an entry that packets wait for. Probes are limited for the whole
+//! table ([`Config::probes_per_second`]). Time is passed in.
 //!
 //! Packets for a neighbour that has no MAC yet wait in a [`Queue`] until it answers.
 
@@ -28,6 +29,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use crate::drop::DropReason;
+use crate::icmp::RateLimiter;
 use crate::packet::PortId;
 use crate::wire::parse::ethertype;
 
@@ -106,6 +108,13 @@ pub struct Config {
     /// neighbour FAILED after `mcast_solicit` = 3 unanswered probes `retrans_time` apart,
     /// 3 s, and drops what waited for it).
     pub unresolved_ns: u64,
+    /// Probes (ARP requests, neighbour solicitations) per second for the whole table, so
+    /// that traffic to many addresses (a scan of an on-link /64) does not make a probe of
+    /// each packet. Linux has no such limit: it keeps its probes in check with a timer
+    /// per neighbour, which ferry has not.
+    pub probes_per_second: u32,
+    /// Probes at once, at most, when the budget was not used for a while.
+    pub probe_burst: u32,
     /// Packets waiting per neighbour (Linux's `unres_qlen`, 3).
     pub queue_per_neighbour: usize,
     /// Packets waiting for all neighbours together.
@@ -123,6 +132,8 @@ impl Default for Config {
             reachable_ns: 30_000_000_000,
             probe_interval_ns: 1_000_000_000,
             unresolved_ns: 3_000_000_000,
+            probes_per_second: 100,
+            probe_burst: 20,
             queue_per_neighbour: 3,
             queue_max_packets: 256,
             queue_max_bytes: 4 << 20,
@@ -146,6 +157,9 @@ pub struct Stats {
     pub learned: u64,
     /// Probes asked for.
     pub probes: u64,
+    /// Probes not sent for want of budget ([`Config::probes_per_second`]); for a next hop
+    /// without an entry, the packet is refused (`neigh_probe_limited`).
+    pub probes_limited: u64,
     /// Entries evicted to make room.
     pub evicted: u64,
     /// New entries refused because the table was full of entries in use (for a packet:
@@ -161,6 +175,8 @@ pub struct Neighbours {
     /// A full table found no entry to evict: none can be before this time (entries only
     /// grow more active), so none is looked for.
     no_victim_until_ns: u64,
+    /// The budget of probes.
+    probe_limit: RateLimiter,
     stats: Stats,
 }
 
@@ -171,13 +187,15 @@ impl Neighbours {
             config,
             map: HashMap::default(),
             no_victim_until_ns: 0,
+            probe_limit: RateLimiter::new(config.probes_per_second, config.probe_burst),
             stats: Stats::default(),
         }
     }
 
     /// The MAC of `ip` on `port` for a packet about to be sent at `now_ns`, and whether
-    /// to probe. An unknown neighbour gets an INCOMPLETE entry and a probe, or, when the
-    /// table is full of entries in use, `neigh_table_full`.
+    /// to probe. An unknown neighbour gets an INCOMPLETE entry and a probe; or, when the
+    /// table is full of entries in use, `neigh_table_full`; or, when the probe budget is
+    /// spent, `neigh_probe_limited`.
     pub fn resolve(
         &mut self,
         port: PortId,
@@ -197,7 +215,12 @@ impl Neighbours {
                 {
                     n.state = State::Stale;
                 }
-                let probe = n.state != State::Reachable && due(n);
+                let mut probe = n.state != State::Reachable && due(n);
+                if probe && !self.probe_limit.allow(now_ns) {
+                    // Asked again by the next packet once there is budget.
+                    self.stats.probes_limited += 1;
+                    probe = false;
+                }
                 if probe {
                     n.probed_ns = Some(now_ns);
                 }
@@ -205,6 +228,17 @@ impl Neighbours {
                 Resolution { mac, probe }
             }
             None => {
+                let full = self.map.len() >= cfg.max_entries.max(1);
+                if full && now_ns < self.no_victim_until_ns {
+                    self.stats.refused += 1;
+                    return Err(DropReason::NeighTableFull);
+                }
+                // No entry without a probe: one would only hold packets that nothing asks
+                // for, and a scan would fill the table.
+                if !self.probe_limit.allow(now_ns) {
+                    self.stats.probes_limited += 1;
+                    return Err(DropReason::NeighProbeLimited);
+                }
                 if !self.make_room(now_ns) {
                     self.stats.refused += 1;
                     return Err(DropReason::NeighTableFull);
@@ -412,6 +446,44 @@ mod tests {
         t.learn(0, a, [2; 6], 3 * SEC, State::Stale, false);
         let n = *t.get(0, a).unwrap();
         assert_eq!((n.mac, n.state), ([2; 6], State::Stale));
+    }
+
+    #[test]
+    fn test_probes_have_a_budget_for_the_whole_table() {
+        let mut t = Neighbours::new(Config::default());
+        let addr = |i: u16| IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 1, i));
+        for i in 0..20 {
+            assert!(t.resolve(0, addr(i), 0).unwrap().probe);
+        }
+        assert_eq!(
+            t.resolve(0, addr(20), 0),
+            Err(DropReason::NeighProbeLimited)
+        );
+        assert!(t.get(0, addr(20)).is_none(), "no entry without a probe");
+        assert_eq!(t.len(), 20);
+        assert!(
+            t.resolve(0, addr(20), SEC / 100).unwrap().probe,
+            "100 a second"
+        );
+
+        // An entry due for another probe is asked again once there is budget.
+        let mut t = Neighbours::new(Config {
+            probe_burst: 2,
+            ..Config::default()
+        });
+        assert!(t.resolve(0, addr(0), 0).unwrap().probe);
+        assert!(t.resolve(0, addr(1), SEC).unwrap().probe);
+        assert!(t.resolve(0, addr(2), SEC).unwrap().probe);
+        assert_eq!(
+            t.resolve(0, addr(0), SEC),
+            Ok(Resolution {
+                mac: None,
+                probe: false
+            })
+        );
+        assert!(t.resolve(0, addr(0), SEC + SEC / 100).unwrap().probe);
+        let s = t.stats();
+        assert_eq!((s.probes, s.probes_limited), (4, 1));
     }
 
     #[test]

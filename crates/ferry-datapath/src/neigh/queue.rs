@@ -4,8 +4,11 @@
 //! (port, address), until the neighbour answers ([`Queue::take`]) or the wait is too
 //! long ([`Queue::expire`]). Bounded three ways: [`Config::queue_per_neighbour`] packets
 //! per neighbour, and [`Config::queue_max_packets`] packets and
-//! [`Config::queue_max_bytes`] bytes in all; a packet over a limit pushes out the oldest
-//! (of its neighbour, else of the whole queue). The queue holds any item: the pipeline
+//! [`Config::queue_max_bytes`] bytes in all. A packet over its neighbour's limit pushes
+//! out that neighbour's oldest; over a limit of the whole queue, it pushes out the oldest
+//! packet of the neighbour with the most waiting (the oldest of those, when several have
+//! as many), so that many packets for one neighbour, or for many (a scan), take no other
+//! neighbour's last packet while one has more. The queue holds any item: the pipeline
 //! parks a packet with what it needs to finish it.
 //!
 //! Every packet also has a ticket in one arrival-ordered list, which expiry and the
@@ -101,9 +104,9 @@ impl<T> Queue<T> {
             key,
             queued_ns: now_ns,
         });
-        // The packet just queued is the newest and fits alone: the oldest go first.
+        // The packet just queued is the newest of its neighbour and fits alone.
         while self.packets > self.max_packets || self.bytes > self.max_bytes {
-            if self.pop_oldest().is_none() {
+            if self.pop_from_longest().is_none() {
                 break;
             }
             pushed_out += 1;
@@ -207,15 +210,20 @@ impl<T> Queue<T> {
         }
     }
 
-    /// Drops the oldest waiting packet; None when there is none.
-    fn pop_oldest(&mut self) -> Option<()> {
-        while let Some(t) = self.tickets.pop_front() {
-            if self.is_live(&t) {
-                self.remove(&t);
-                return Some(());
-            }
-        }
-        None
+    /// Drops the oldest packet of a neighbour with the most waiting, of the oldest such
+    /// packets the oldest; None when none waits. Two scans of at most the packet limit
+    /// (a few hundred), and only when the queue is full.
+    fn pop_from_longest(&mut self) -> Option<()> {
+        let most = self.waiting.values().map(VecDeque::len).max()?;
+        let waiting = &self.waiting;
+        // A neighbour's first live ticket is its oldest packet; its ticket stays behind.
+        let t = *self.tickets.iter().find(|t| {
+            waiting
+                .get(&t.key)
+                .is_some_and(|q| q.len() == most && q.front().is_some_and(|w| w.seq == t.seq))
+        })?;
+        self.remove(&t);
+        Some(())
     }
 
     /// Forgets the tickets of packets that no longer wait.
@@ -291,6 +299,36 @@ mod tests {
         assert_eq!(q.push(0, ip("10.0.0.3"), 3, 100, 0), Ok(1));
         assert_eq!(q.bytes(), 200);
         assert_eq!(q.push(0, ip("10.0.0.3"), 4, 251, 0), Err(4), "never fits");
+    }
+
+    #[test]
+    fn test_a_full_queue_pushes_out_a_packet_of_the_neighbour_with_the_most_waiting() {
+        let mut q = queue(3, 5, 1 << 20);
+        let (gw, busy) = (ip("10.0.0.1"), ip("10.0.0.2"));
+        q.push(0, gw, 1, 10, 0).unwrap();
+        for i in 2..5 {
+            q.push(0, busy, i, 10, 0).unwrap();
+        }
+        q.push(0, ip("10.0.0.3"), 5, 10, 0).unwrap();
+        // A scan: each new address pushes out one of `busy`'s, oldest first, not the
+        // gateway's only packet, which is the oldest of all.
+        assert_eq!(q.push(0, ip("10.0.1.1"), 6, 10, 0), Ok(1));
+        assert_eq!(q.push(0, ip("10.0.1.2"), 7, 10, 0), Ok(1));
+        assert_eq!(q.waiting_for(0, busy), 1);
+        assert_eq!(q.take(0, busy).collect::<Vec<_>>(), [4]);
+        q.push(0, busy, 8, 10, 0).unwrap();
+        // One packet each: the oldest goes.
+        assert_eq!(q.push(0, ip("10.0.1.3"), 9, 10, 0), Ok(1));
+        assert!(!q.contains(0, gw));
+        assert_eq!(q.len(), 5);
+        // The byte limit the same way.
+        let mut q = queue(3, 256, 40);
+        q.push(0, gw, 1, 10, 0).unwrap();
+        q.push(0, busy, 2, 10, 0).unwrap();
+        q.push(0, busy, 3, 10, 0).unwrap();
+        assert_eq!(q.push(0, ip("10.0.1.1"), 4, 20, 0), Ok(1));
+        assert_eq!(q.take(0, busy).collect::<Vec<_>>(), [3]);
+        assert_eq!(q.take(0, gw).collect::<Vec<_>>(), [1]);
     }
 
     #[test]

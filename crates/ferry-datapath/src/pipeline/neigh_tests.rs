@@ -301,6 +301,50 @@ fn test_requests_from_made_up_senders_evict_neither_the_gateway_nor_a_pending_en
 }
 
 #[test]
+fn test_a_scan_of_an_on_link_subnet_makes_no_more_probes_than_the_budget() {
+    let (mut a, _) = nodes();
+    learn(&mut a, 1, GW, GW_MAC);
+    let mut probes = 0;
+    for i in 0..200u16 {
+        let dst = format!("fd00:50::1:{i:x}");
+        let f = build::udp(
+            ip("fd00:10:244:1::5"),
+            ip(&dst),
+            1,
+            2,
+            b"s",
+            &from_pod(1, 5),
+        );
+        let (v, out) = run(&mut a, f, POD, 0);
+        assert!(
+            matches!(
+                v,
+                Verdict::Queued | Verdict::Dropped(DropReason::NeighProbeLimited)
+            ),
+            "{v:?}"
+        );
+        probes += out.len();
+    }
+    let burst = neigh::Config::default().probe_burst as usize;
+    assert_eq!(probes, burst - 1, "one went to the gateway");
+    assert_eq!(a.stats().neigh_probes, burst as u64);
+    assert_eq!(
+        a.drops().get(DropReason::NeighProbeLimited),
+        (200 - probes) as u64
+    );
+    assert_eq!(a.neighbours().len(), burst);
+    // A neighbour that is known is not affected.
+    let (v, out) = run(&mut a, udp_to("8.8.8.8", b"1"), POD, 0);
+    assert_eq!(
+        (v, payloads(&out, false)),
+        (Verdict::Forwarded, vec![b"1".to_vec()])
+    );
+    // The budget comes back: 100 a second.
+    let (v, out) = run(&mut a, udp_to("192.168.50.33", b"2"), POD, SEC / 100);
+    assert_eq!((v, out.len()), (Verdict::Queued, 1));
+}
+
+#[test]
 fn test_a_table_swap_drops_what_waits_on_a_port_that_moved_and_keeps_the_rest() {
     let spec = node_spec(1, ModeSpec::Always, vec![peer(2, NODE2)]);
     let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
