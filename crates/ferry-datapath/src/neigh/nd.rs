@@ -29,6 +29,9 @@ pub const FLAG_SOLICITED: u8 = 0x40;
 /// Neighbour advertisement flag: override a cached link-layer address.
 pub const FLAG_OVERRIDE: u8 = 0x20;
 
+/// The all-nodes multicast address.
+pub const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+
 /// Option type: source link-layer address.
 const OPT_SLLA: u8 = 1;
 /// Option type: target link-layer address.
@@ -63,7 +66,8 @@ pub enum Message {
 
 /// Parses `frame` as a neighbour discovery message. `Ok(None)` when it is not one
 /// (not ICMPv6, or another ICMPv6 type); a malformed one (hop limit not 255, code not 0,
-/// bad checksum, truncated, bad options) is `nd_malformed`.
+/// bad checksum, truncated, bad options; a solicitation from the unspecified address not
+/// to a solicited-node group or with a source link-layer address) is `nd_malformed`.
 pub fn parse(frame: &[u8], parsed: &Parsed) -> Result<Option<Message>, DropReason> {
     if parsed.l3 != L3::Ipv6 || parsed.proto != proto::ICMPV6 || parsed.frag.is_some() {
         return Ok(None);
@@ -98,6 +102,14 @@ pub fn parse(frame: &[u8], parsed: &Parsed) -> Result<Option<Message>, DropReaso
         OPT_TLLA
     };
     let lla = link_layer_option(&body[NS_NA_LEN..], want)?;
+    // Duplicate address detection: to the target's group, without the sender's MAC
+    // (RFC 4861 section 7.1.1).
+    if ty == nd_type::NS
+        && src == [0; 16]
+        && (!is_solicited_node(&Ipv6Addr::from(dst)) || lla.is_some())
+    {
+        return Err(DropReason::NdMalformed);
+    }
     Ok(Some(if ty == nd_type::NS {
         Message::Solicit { target, slla: lla }
     } else {
@@ -193,6 +205,8 @@ pub fn advert(
 }
 
 /// A multicast neighbour solicitation for `target` from `src` (link-layer `src_mac`).
+/// From the unspecified address (duplicate address detection) it has no source
+/// link-layer address option (RFC 4861 section 4.3).
 pub fn solicit(src_mac: [u8; 6], vlan: Option<u16>, src: Ipv6Addr, target: Ipv6Addr) -> Vec<u8> {
     let group = solicited_node(target);
     let mut body = [0u8; NS_NA_LEN + 8];
@@ -201,7 +215,25 @@ pub fn solicit(src_mac: [u8; 6], vlan: Option<u16>, src: Ipv6Addr, target: Ipv6A
     body[24] = OPT_SLLA;
     body[25] = 1;
     body[26..32].copy_from_slice(&src_mac);
-    frame(multicast_mac(group), src_mac, vlan, src, group, &mut body)
+    let len = if src.is_unspecified() {
+        NS_NA_LEN
+    } else {
+        NS_NA_LEN + 8
+    };
+    frame(
+        multicast_mac(group),
+        src_mac,
+        vlan,
+        src,
+        group,
+        &mut body[..len],
+    )
+}
+
+/// True for a solicited-node multicast address (ff02::1:ff00:0/104).
+pub fn is_solicited_node(a: &Ipv6Addr) -> bool {
+    let o = a.octets();
+    o[..13] == solicited_node(Ipv6Addr::UNSPECIFIED).octets()[..13]
 }
 
 /// Ethernet + IPv6 (hop limit 255) + the ICMPv6 `body`, whose checksum is filled in.
@@ -262,6 +294,33 @@ mod tests {
                 slla: Some([2, 0, 0, 0, 0, 1])
             }))
         );
+    }
+
+    #[test]
+    fn test_duplicate_address_probe_parses_back_and_must_go_to_the_group() {
+        let target: Ipv6Addr = "fd00::2".parse().unwrap();
+        let f = solicit([2, 0, 0, 0, 0, 1], None, Ipv6Addr::UNSPECIFIED, target);
+        let p = parse(&f, 0).unwrap();
+        assert_eq!(
+            super::parse(&f, &p),
+            Ok(Some(Message::Solicit { target, slla: None }))
+        );
+        assert!(is_solicited_node(&solicited_node(target)));
+        assert!(!is_solicited_node(&"ff02::1".parse().unwrap()));
+        // To the target itself: not how a duplicate address probe is sent.
+        let mut body = [0u8; NS_NA_LEN];
+        body[0] = nd_type::NS;
+        body[8..24].copy_from_slice(&target.octets());
+        let f = frame(
+            [2; 6],
+            [4; 6],
+            None,
+            Ipv6Addr::UNSPECIFIED,
+            target,
+            &mut body,
+        );
+        let p = parse(&f, 0).unwrap();
+        assert_eq!(super::parse(&f, &p), Err(DropReason::NdMalformed));
     }
 
     #[test]

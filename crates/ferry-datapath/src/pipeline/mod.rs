@@ -1994,7 +1994,8 @@ impl Pipeline {
 
     /// Neighbour discovery: like ARP. A pod port answers every solicitation (router
     /// flag set) except for the pod's own addresses and duplicate address detection;
-    /// uplink and host ports answer for the node's addresses and learn.
+    /// uplink and host ports answer for the node's addresses (a duplicate address probe
+    /// for one to all nodes) and learn.
     fn nd(
         &mut self,
         pkt: &Packet,
@@ -2012,7 +2013,7 @@ impl Pipeline {
         };
         let src_mac = mac_at(&pkt.data, 6);
         let pod = port.kind == PortKind::Pod;
-        let (target, flags) = match msg {
+        let (target, flags, dst) = match msg {
             nd::Message::Solicit { target, slla } => {
                 let t = IpAddr::V6(target);
                 let ours = if pod {
@@ -2029,12 +2030,20 @@ impl Pipeline {
                     let stale = neigh::State::Stale;
                     self.learned(in_id, IpAddr::V6(src), m, now, stale, ours, out, trace);
                 }
-                if !ours || src.is_unspecified() {
+                if !ours || (pod && src.is_unspecified()) {
                     trace.note("nd", || format!("solicitation for {target}: not answered"));
                     return Verdict::Consumed;
                 }
-                let router = if pod { nd::FLAG_ROUTER } else { 0 };
-                (target, router | nd::FLAG_SOLICITED | nd::FLAG_OVERRIDE)
+                if src.is_unspecified() {
+                    // Another host probes for the node's address (duplicate address
+                    // detection): told to everyone, unsolicited, that it is taken (RFC
+                    // 4861 section 7.2.4, Linux's `ndisc_recv_ns`).
+                    (target, nd::FLAG_OVERRIDE, nd::ALL_NODES)
+                } else {
+                    let router = if pod { nd::FLAG_ROUTER } else { 0 };
+                    let flags = router | nd::FLAG_SOLICITED | nd::FLAG_OVERRIDE;
+                    (target, flags, src)
+                }
             }
             nd::Message::Advert { target, tlla, .. } => {
                 if !pod {
@@ -2059,19 +2068,24 @@ impl Pipeline {
                 return Verdict::Consumed;
             }
         };
+        let dst_mac = if dst.is_multicast() {
+            nd::multicast_mac(dst)
+        } else {
+            src_mac
+        };
         let na = nd::advert(
-            src_mac,
+            dst_mac,
             port.mac,
             parsed.vlan,
             target,
-            src,
+            dst,
             target,
             flags,
             port.mac,
         );
         self.stats.nd_answered += 1;
         trace.note("nd", || {
-            format!("{target} is at {} (answered to {src})", MacAddr(port.mac))
+            format!("{target} is at {} (answered to {dst})", MacAddr(port.mac))
         });
         self.send(in_id, Packet::new(na, in_id, now), out);
         Verdict::Consumed

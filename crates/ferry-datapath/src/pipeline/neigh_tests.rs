@@ -43,6 +43,17 @@ fn arp_request(mac: [u8; 6], sender: &str, target: &str) -> Vec<u8> {
     .frame([0xff; 6], mac, None)
 }
 
+fn v6(s: &str) -> Ipv6Addr {
+    s.parse().unwrap()
+}
+
+/// A neighbour discovery message in `frame`.
+fn nd_of(frame: &[u8]) -> nd::Message {
+    nd::parse(frame, &parse(frame, 0).unwrap())
+        .unwrap()
+        .unwrap()
+}
+
 /// A pipeline of node 1 whose neighbour table holds `max_entries`.
 fn small_table(max_entries: usize) -> Pipeline {
     let (mut a, _) = nodes();
@@ -461,4 +472,45 @@ fn test_the_trace_says_what_a_packet_waits_for_and_when_it_leaves() {
         "{}",
         t.events[0].detail
     );
+}
+
+#[test]
+fn test_a_duplicate_address_probe_for_the_nodes_address_is_told_it_is_taken() {
+    let (mut a, _) = nodes();
+    let other = [2, 0xbb, 0, 0, 0, 1];
+    let me = v6("fd00:50::10");
+    let dad = nd::solicit(other, None, Ipv6Addr::UNSPECIFIED, me);
+    let (v, out) = run(&mut a, dad, UPLINK, 0);
+    assert_eq!((v, out.len()), (Verdict::Consumed, 1));
+    let (port, f) = &out[0];
+    assert_eq!(*port, UPLINK);
+    assert_eq!(
+        (&f.data[0..6], &f.data[6..12]),
+        (&[0x33, 0x33, 0, 0, 0, 1][..], &uplink_mac(1)[..]),
+        "to all nodes"
+    );
+    let p = parse(&f.data, 0).unwrap();
+    assert_eq!(
+        (p.key.src.ip(), p.key.dst.ip()),
+        (ip("fd00:50::10"), ip("ff02::1"))
+    );
+    assert_eq!(
+        nd_of(&f.data),
+        nd::Message::Advert {
+            target: me,
+            flags: nd::FLAG_OVERRIDE,
+            tlla: Some(uplink_mac(1)),
+        },
+        "unsolicited, overriding"
+    );
+    assert!(a.neighbours().is_empty(), "a probe teaches nothing");
+    // Not the node's address: nothing to say.
+    let dad = nd::solicit(other, None, Ipv6Addr::UNSPECIFIED, v6("fd00:50::33"));
+    let (v, out) = run(&mut a, dad, UPLINK, 0);
+    assert_eq!((v, out.len()), (Verdict::Consumed, 0));
+    // A pod probing for its own address is left to have it.
+    let pod = v6("fd00:10:244:1::5");
+    let dad = nd::solicit(pod_mac(1, 5), None, Ipv6Addr::UNSPECIFIED, pod);
+    let (v, out) = run(&mut a, dad, POD, 0);
+    assert_eq!((v, out.len()), (Verdict::Consumed, 0));
 }
