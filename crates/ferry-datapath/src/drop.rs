@@ -48,9 +48,9 @@ drop_reasons! {
     /// on pod, uplink and host ports and never forwards it).
     ArpNotHandled => "arp_not_handled",
     /// An IPv6 neighbour discovery message with a hop limit other than 255, a code other
-    /// than 0, a bad checksum, or truncated or malformed options, or a solicitation from
-    /// the unspecified address not to a solicited-node group or with a link-layer address
-    /// (RFC 4861 section 7.1).
+    /// than 0, a bad checksum, or truncated or malformed options, a solicitation from the
+    /// unspecified address not to a solicited-node group or with a link-layer address, or
+    /// a solicited advertisement to a multicast address (RFC 4861 section 7.1).
     NdMalformed => "nd_malformed",
     // --- IPv4
     /// IPv4 header shorter than 20 bytes, IHL below 5, or version not 4.

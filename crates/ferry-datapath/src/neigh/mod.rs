@@ -88,6 +88,14 @@ impl Neighbour {
     fn active_ns(&self) -> u64 {
         self.updated_ns.max(self.used_ns)
     }
+
+    /// A REACHABLE entry not confirmed for `reachable_ns` is STALE at `now_ns`.
+    fn age(&mut self, now_ns: u64, reachable_ns: u64) {
+        if self.state == State::Reachable && now_ns.saturating_sub(self.updated_ns) >= reachable_ns
+        {
+            self.state = State::Stale;
+        }
+    }
 }
 
 /// Limits and timers, with Linux's defaults where it has one.
@@ -150,6 +158,22 @@ pub struct Resolution {
     pub probe: bool,
 }
 
+/// What a received ARP or ND message says of its neighbour, for [`Neighbours::learn`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Update {
+    /// REACHABLE for an answer to the node's probe (an ARP reply to the node's MAC, a
+    /// solicited advertisement); STALE for anything else, which says where the neighbour
+    /// is, not that it answers (a request, a broadcast or gratuitous ARP reply, an
+    /// unsolicited advertisement).
+    pub state: State,
+    /// The MAC given may replace another: any ARP, a solicitation, an advertisement
+    /// with the override flag.
+    pub override_mac: bool,
+    /// A missing entry is created (when the table has room): the message was addressed
+    /// to the node, or packets wait for the neighbour.
+    pub create: bool,
+}
+
 /// Neighbour table counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -210,11 +234,7 @@ impl Neighbours {
         let r = match self.map.get_mut(&(port, ip)) {
             Some(n) => {
                 n.used_ns = now_ns;
-                if n.state == State::Reachable
-                    && now_ns.saturating_sub(n.updated_ns) >= cfg.reachable_ns
-                {
-                    n.state = State::Stale;
-                }
+                n.age(now_ns, cfg.reachable_ns);
                 let mut probe = n.state != State::Reachable && due(n);
                 if probe && !self.probe_limit.allow(now_ns) {
                     // Asked again by the next packet once there is budget.
@@ -265,50 +285,68 @@ impl Neighbours {
         Ok(r)
     }
 
-    /// Records that `ip` is at `mac` on `port`, in `state`: REACHABLE for an answer to
-    /// the node's probe, STALE for a request (which says where its sender is, not that
-    /// it answers; RFC 4861 section 7.2.3, Linux's `neigh_event_ns`). STALE leaves the
-    /// state of an entry that has this MAC already as it is. An existing entry is
-    /// updated; a new one is created only when `create` (the message was addressed to
-    /// this node, or packets wait for it) and the table has room: nothing is evicted
-    /// for a message.
+    /// Records what an ARP or ND message says of `ip` on `port`: that it is at `mac`
+    /// (None: an advertisement without the option, which only confirms a MAC known
+    /// already), in the state and with the authority `update` gives. As Linux's
+    /// `neigh_update` does (RFC 4861 section 7.2.5):
+    ///
+    /// - an entry without a MAC takes the one given, in `update.state`;
+    /// - the MAC it has already: REACHABLE confirms it; STALE leaves the entry as it is;
+    /// - another MAC replaces it with `update.override_mac`; without, a REACHABLE entry
+    ///   goes STALE and keeps its MAC, any other is left as it is.
+    ///
+    /// A missing entry is created only when `update.create` and the table has room:
+    /// nothing is evicted for a message.
     pub fn learn(
         &mut self,
         port: PortId,
         ip: IpAddr,
-        mac: [u8; 6],
+        mac: Option<[u8; 6]>,
         now_ns: u64,
-        state: State,
-        create: bool,
+        update: Update,
     ) {
-        let fresh = Neighbour {
-            mac,
-            state,
-            updated_ns: now_ns,
-            used_ns: 0,
-            probed_ns: None,
-        };
         let room = self.map.len() < self.config.max_entries.max(1);
-        match self.map.get_mut(&(port, ip)) {
-            Some(n) if state == State::Stale && n.state != State::Incomplete && n.mac == mac => {
+        let Some(n) = self.map.get_mut(&(port, ip)) else {
+            let Some(mac) = mac else {
+                return;
+            };
+            if !update.create {
                 return;
             }
-            Some(n) => {
-                *n = Neighbour {
-                    used_ns: n.used_ns,
-                    ..fresh
-                }
-            }
-            None if create && room => {
-                self.map.insert((port, ip), fresh);
-            }
-            None => {
-                if create {
-                    self.stats.refused += 1;
-                }
+            if !room {
+                self.stats.refused += 1;
                 return;
             }
-        }
+            let n = Neighbour {
+                mac,
+                state: update.state,
+                updated_ns: now_ns,
+                used_ns: 0,
+                probed_ns: None,
+            };
+            self.map.insert((port, ip), n);
+            self.stats.learned += 1;
+            return;
+        };
+        n.age(now_ns, self.config.reachable_ns);
+        let (mac, state) = if n.state == State::Incomplete {
+            match mac {
+                Some(m) => (m, update.state),
+                None => return,
+            }
+        } else {
+            match mac.filter(|m| *m != n.mac) {
+                Some(m) if update.override_mac => (m, update.state),
+                Some(_) if n.state == State::Reachable => (n.mac, State::Stale),
+                Some(_) => return,
+                None if update.state == State::Reachable => (n.mac, State::Reachable),
+                None => return,
+            }
+        };
+        n.mac = mac;
+        n.state = state;
+        n.updated_ns = now_ns;
+        n.probed_ns = None;
         self.stats.learned += 1;
     }
 
@@ -393,6 +431,20 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// An answer to the node's probe: an ARP reply, a solicited advertisement that
+    /// overrides.
+    const ANSWER: Update = Update {
+        state: State::Reachable,
+        override_mac: true,
+        create: false,
+    };
+    /// A request addressed to the node.
+    const REQUEST: Update = Update {
+        state: State::Stale,
+        override_mac: true,
+        create: true,
+    };
+
     #[test]
     fn test_unknown_neighbour_is_probed_once_per_interval() {
         let mut t = Neighbours::new(Config::default());
@@ -413,9 +465,13 @@ mod tests {
     fn test_learned_neighbour_goes_stale_and_is_reprobed_but_used() {
         let mut t = Neighbours::new(Config::default());
         let a = ip("fd00::1");
-        t.learn(0, a, [2; 6], 0, State::Reachable, false);
+        t.learn(0, a, Some([2; 6]), 0, ANSWER);
         assert!(t.is_empty(), "unsolicited messages create nothing");
-        t.learn(0, a, [2; 6], 0, State::Reachable, true);
+        let create = Update {
+            create: true,
+            ..ANSWER
+        };
+        t.learn(0, a, Some([2; 6]), 0, create);
         assert_eq!(
             t.resolve(0, a, SEC),
             Ok(Resolution {
@@ -432,18 +488,18 @@ mod tests {
     fn test_a_request_teaches_a_stale_entry_and_does_not_undo_a_confirmation() {
         let mut t = Neighbours::new(Config::default());
         let a = ip("10.0.0.1");
-        t.learn(0, a, [1; 6], 0, State::Stale, true);
+        t.learn(0, a, Some([1; 6]), 0, REQUEST);
         let n = *t.get(0, a).unwrap();
         assert_eq!((n.mac, n.state), ([1; 6], State::Stale));
-        t.learn(0, a, [1; 6], SEC, State::Reachable, false);
-        t.learn(0, a, [1; 6], 2 * SEC, State::Stale, false);
+        t.learn(0, a, Some([1; 6]), SEC, ANSWER);
+        t.learn(0, a, Some([1; 6]), 2 * SEC, REQUEST);
         let n = *t.get(0, a).unwrap();
         assert_eq!(
             (n.state, n.updated_ns),
             (State::Reachable, SEC),
             "the same MAC again says nothing new"
         );
-        t.learn(0, a, [2; 6], 3 * SEC, State::Stale, false);
+        t.learn(0, a, Some([2; 6]), 3 * SEC, REQUEST);
         let n = *t.get(0, a).unwrap();
         assert_eq!((n.mac, n.state), ([2; 6], State::Stale));
     }
@@ -487,10 +543,59 @@ mod tests {
     }
 
     #[test]
+    fn test_an_advertisement_changes_a_mac_only_when_it_overrides() {
+        let mut t = Neighbours::new(Config::default());
+        let a = ip("fd00::1");
+        let (gw, other) = ([1; 6], [2; 6]);
+        t.resolve(0, a, 0).unwrap();
+        let unsolicited = Update {
+            state: State::Stale,
+            override_mac: false,
+            create: false,
+        };
+        let solicited = Update {
+            state: State::Reachable,
+            ..unsolicited
+        };
+        let state = |t: &Neighbours| {
+            let n = t.get(0, a).unwrap();
+            (n.mac, n.state)
+        };
+        // No MAC in it: nothing to complete an entry with.
+        t.learn(0, a, None, 1, ANSWER);
+        assert_eq!(state(&t), ([0; 6], State::Incomplete));
+        t.learn(0, a, Some(gw), 2, solicited);
+        assert_eq!(state(&t), (gw, State::Reachable));
+        // Another MAC without the override flag: kept, but no longer trusted.
+        t.learn(0, a, Some(other), 3, unsolicited);
+        assert_eq!(state(&t), (gw, State::Stale));
+        t.learn(0, a, Some(other), 4, solicited);
+        assert_eq!(state(&t), (gw, State::Stale), "ignored when not REACHABLE");
+        // Solicited without the option: confirms the MAC known.
+        t.learn(0, a, None, 5, solicited);
+        assert_eq!(state(&t), (gw, State::Reachable));
+        // Unsolicited, overriding: the new MAC, not confirmed.
+        let moved = Update {
+            override_mac: true,
+            ..unsolicited
+        };
+        t.learn(0, a, Some(other), 6, moved);
+        assert_eq!(state(&t), (other, State::Stale));
+        t.learn(0, a, None, 7, unsolicited);
+        assert_eq!(state(&t), (other, State::Stale));
+        assert!(t.get(0, ip("fd00::2")).is_none());
+        t.learn(0, ip("fd00::2"), None, 8, REQUEST);
+        assert!(
+            t.get(0, ip("fd00::2")).is_none(),
+            "nothing to create it with"
+        );
+    }
+
+    #[test]
     fn test_retain_ports_removes_only_the_other_ports_entries() {
         let mut t = Neighbours::new(Config::default());
-        t.learn(0, ip("10.0.0.1"), [1; 6], 0, State::Reachable, true);
-        t.learn(1, ip("10.0.0.1"), [2; 6], 0, State::Reachable, true);
+        t.learn(0, ip("10.0.0.1"), Some([1; 6]), 0, REQUEST);
+        t.learn(1, ip("10.0.0.1"), Some([2; 6]), 0, REQUEST);
         t.resolve(2, ip("10.0.0.2"), 0).unwrap();
         assert_eq!(t.retain_ports(|p| p != 1), 1);
         assert_eq!(t.len(), 2);
@@ -511,7 +616,7 @@ mod tests {
             ip("10.0.0.3"),
             ip("10.0.0.4"),
         );
-        t.learn(0, a, [1; 6], 0, State::Reachable, true);
+        t.learn(0, a, Some([1; 6]), 0, REQUEST);
         t.resolve(0, b, 5).unwrap();
         assert_eq!(
             t.resolve(0, c, 6),
@@ -520,7 +625,7 @@ mod tests {
         );
         assert_eq!(t.stats().refused, 1);
         // Requests teach nothing to a full table.
-        t.learn(0, d, [4; 6], 7, State::Stale, true);
+        t.learn(0, d, Some([4; 6]), 7, REQUEST);
         assert!(t.get(0, d).is_none());
         // `a` is used: it stays, and the idle INCOMPLETE `b` goes.
         t.resolve(0, a, 4 * SEC).unwrap();

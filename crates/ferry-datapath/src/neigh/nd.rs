@@ -67,7 +67,8 @@ pub enum Message {
 /// Parses `frame` as a neighbour discovery message. `Ok(None)` when it is not one
 /// (not ICMPv6, or another ICMPv6 type); a malformed one (hop limit not 255, code not 0,
 /// bad checksum, truncated, bad options; a solicitation from the unspecified address not
-/// to a solicited-node group or with a source link-layer address) is `nd_malformed`.
+/// to a solicited-node group or with a source link-layer address; a solicited
+/// advertisement to a multicast address) is `nd_malformed`.
 pub fn parse(frame: &[u8], parsed: &Parsed) -> Result<Option<Message>, DropReason> {
     if parsed.l3 != L3::Ipv6 || parsed.proto != proto::ICMPV6 || parsed.frag.is_some() {
         return Ok(None);
@@ -110,12 +111,17 @@ pub fn parse(frame: &[u8], parsed: &Parsed) -> Result<Option<Message>, DropReaso
     {
         return Err(DropReason::NdMalformed);
     }
+    let flags = body[4] & (FLAG_ROUTER | FLAG_SOLICITED | FLAG_OVERRIDE);
+    // An answer goes to whoever asked, never to a group (RFC 4861 section 7.1.2).
+    if ty == nd_type::NA && flags & FLAG_SOLICITED != 0 && dst[0] == 0xff {
+        return Err(DropReason::NdMalformed);
+    }
     Ok(Some(if ty == nd_type::NS {
         Message::Solicit { target, slla: lla }
     } else {
         Message::Advert {
             target,
-            flags: body[4] & (FLAG_ROUTER | FLAG_SOLICITED | FLAG_OVERRIDE),
+            flags,
             tlla: lla,
         }
     }))
@@ -182,7 +188,8 @@ pub fn is_link_local(a: &Ipv6Addr) -> bool {
     a.segments()[0] & 0xffc0 == 0xfe80
 }
 
-/// A neighbour advertisement frame: `target` is at `mac`.
+/// A neighbour advertisement frame: `target` is at `mac` (None: without the target
+/// link-layer address option).
 #[allow(clippy::too_many_arguments)]
 pub fn advert(
     dst_mac: [u8; 6],
@@ -192,16 +199,22 @@ pub fn advert(
     dst: Ipv6Addr,
     target: Ipv6Addr,
     flags: u8,
-    mac: [u8; 6],
+    mac: Option<[u8; 6]>,
 ) -> Vec<u8> {
     let mut body = [0u8; NS_NA_LEN + 8];
     body[0] = nd_type::NA;
     body[4] = flags;
     body[8..24].copy_from_slice(&target.octets());
-    body[24] = OPT_TLLA;
-    body[25] = 1;
-    body[26..32].copy_from_slice(&mac);
-    frame(dst_mac, src_mac, vlan, src, dst, &mut body)
+    let len = match mac {
+        Some(m) => {
+            body[24] = OPT_TLLA;
+            body[25] = 1;
+            body[26..32].copy_from_slice(&m);
+            NS_NA_LEN + 8
+        }
+        None => NS_NA_LEN,
+    };
+    frame(dst_mac, src_mac, vlan, src, dst, &mut body[..len])
 }
 
 /// A multicast neighbour solicitation for `target` from `src` (link-layer `src_mac`).
@@ -327,7 +340,7 @@ mod tests {
     fn test_advert_parses_back_and_bad_checksum_is_refused() {
         let a: Ipv6Addr = "fe80::1".parse().unwrap();
         let b: Ipv6Addr = "fe80::2".parse().unwrap();
-        let mut f = advert([2; 6], [4; 6], None, a, b, a, FLAG_ROUTER, [4; 6]);
+        let mut f = advert([2; 6], [4; 6], None, a, b, a, FLAG_ROUTER, Some([4; 6]));
         let p = parse(&f, 0).unwrap();
         assert_eq!(
             super::parse(&f, &p),
@@ -339,6 +352,20 @@ mod tests {
         );
         let last = f.len() - 1;
         f[last] ^= 1;
+        assert_eq!(super::parse(&f, &p), Err(DropReason::NdMalformed));
+        let f = advert([2; 6], [4; 6], None, a, b, a, FLAG_SOLICITED, None);
+        let p = parse(&f, 0).unwrap();
+        assert_eq!(
+            super::parse(&f, &p),
+            Ok(Some(Message::Advert {
+                target: a,
+                flags: FLAG_SOLICITED,
+                tlla: None
+            }))
+        );
+        // A solicited advertisement to a group answers nobody.
+        let f = advert([2; 6], [4; 6], None, a, ALL_NODES, a, FLAG_SOLICITED, None);
+        let p = parse(&f, 0).unwrap();
         assert_eq!(super::parse(&f, &p), Err(DropReason::NdMalformed));
     }
 

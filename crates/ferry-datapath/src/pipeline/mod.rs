@@ -1781,31 +1781,37 @@ impl Pipeline {
         Verdict::Queued
     }
 
-    /// Records a neighbour's MAC learned from ARP or ND (see [`Neighbours::learn`]; an
-    /// entry that packets wait for is asked for, so created if missing and there is room)
-    /// and sends the packets that waited for it, oldest first.
+    /// Records what ARP or ND says of a neighbour (see [`Neighbours::learn`]; an entry
+    /// that packets wait for is asked for, so created if missing and there is room) and,
+    /// once the entry has a MAC, sends the packets that waited for it, oldest first.
     #[allow(clippy::too_many_arguments)]
     fn learned(
         &mut self,
         port: PortId,
         ip: IpAddr,
-        mac: [u8; 6],
+        mac: Option<[u8; 6]>,
         now: u64,
-        state: neigh::State,
-        create: bool,
+        update: neigh::Update,
         out: &mut Vec<(PortId, Packet)>,
         trace: &mut Trace,
     ) {
         let waiting = self.parked.contains(port, ip);
-        self.neigh
-            .learn(port, ip, mac, now, state, create || waiting);
-        // Not released without an entry that has the MAC (a full table): they would
-        // only be queued again.
-        let known = self
+        let update = neigh::Update {
+            create: update.create || waiting,
+            ..update
+        };
+        self.neigh.learn(port, ip, mac, now, update);
+        // Not released without an entry that has a MAC (an advertisement without one, a
+        // full table): they would only be queued again.
+        let Some(mac) = self
             .neigh
             .get(port, ip)
-            .is_some_and(|n| n.state != neigh::State::Incomplete);
-        if !waiting || !known {
+            .filter(|n| n.state != neigh::State::Incomplete)
+            .map(|n| n.mac)
+        else {
+            return;
+        };
+        if !waiting {
             return;
         }
         let tables = Arc::clone(&self.tables);
@@ -1949,16 +1955,29 @@ impl Pipeline {
             let ours = port.addresses.contains(&target)
                 || (tables.overlay.as_ref().is_some_and(|o| o.uplink == in_id)
                     && tables.node.addresses.contains(&target));
+            if a.op != arp::REQUEST && a.op != arp::REPLY {
+                trace.note("arp", || format!("op {}: not acted on", a.op));
+                return Verdict::Consumed;
+            }
             if !a.sender_ip.is_unspecified() {
-                // Create an entry only for a node that talks to us, and only STALE: a
-                // request says where its sender is, not that it answers. Refresh any.
+                // Create an entry only for a node that talks to us; refresh any. Only a
+                // reply to this node's MAC (an answer to its probe) says the sender
+                // answers: a request, or a broadcast or gratuitous reply, says where it
+                // is, as Linux's `arp_process` has it.
                 let request = ours && a.op == arp::REQUEST;
-                let state = if request {
-                    neigh::State::Stale
-                } else {
-                    neigh::State::Reachable
+                let answer = a.op == arp::REPLY
+                    && mac_at(&pkt.data, 0) == port.mac
+                    && a.sender_ip != a.target_ip;
+                let update = neigh::Update {
+                    state: if answer {
+                        neigh::State::Reachable
+                    } else {
+                        neigh::State::Stale
+                    },
+                    override_mac: true,
+                    create: request,
                 };
-                self.learned(in_id, sender, a.sender_mac, now, state, request, out, trace);
+                self.learned(in_id, sender, Some(a.sender_mac), now, update, out, trace);
             }
             ours && a.op == arp::REQUEST
         };
@@ -2027,8 +2046,12 @@ impl Pipeline {
                     && !src.is_unspecified()
                     && let Some(m) = slla
                 {
-                    let stale = neigh::State::Stale;
-                    self.learned(in_id, IpAddr::V6(src), m, now, stale, ours, out, trace);
+                    let update = neigh::Update {
+                        state: neigh::State::Stale,
+                        override_mac: true,
+                        create: ours,
+                    };
+                    self.learned(in_id, IpAddr::V6(src), Some(m), now, update, out, trace);
                 }
                 if !ours || (pod && src.is_unspecified()) {
                     trace.note("nd", || format!("solicitation for {target}: not answered"));
@@ -2045,20 +2068,25 @@ impl Pipeline {
                     (target, flags, src)
                 }
             }
-            nd::Message::Advert { target, tlla, .. } => {
+            nd::Message::Advert {
+                target,
+                flags,
+                tlla,
+            } => {
                 if !pod {
-                    let mac = tlla.unwrap_or(src_mac);
-                    let state = neigh::State::Reachable;
-                    self.learned(
-                        in_id,
-                        IpAddr::V6(target),
-                        mac,
-                        now,
-                        state,
-                        false,
-                        out,
-                        trace,
-                    );
+                    // Only a solicited advertisement answers the node's probe; only one
+                    // with the override flag replaces a MAC (RFC 4861 section 7.2.5).
+                    let update = neigh::Update {
+                        state: if flags & nd::FLAG_SOLICITED != 0 {
+                            neigh::State::Reachable
+                        } else {
+                            neigh::State::Stale
+                        },
+                        override_mac: flags & nd::FLAG_OVERRIDE != 0,
+                        create: false,
+                    };
+                    let t = IpAddr::V6(target);
+                    self.learned(in_id, t, tlla, now, update, out, trace);
                 }
                 trace.note("nd", || format!("advertisement of {target}"));
                 return Verdict::Consumed;
@@ -2081,7 +2109,7 @@ impl Pipeline {
             dst,
             target,
             flags,
-            port.mac,
+            Some(port.mac),
         );
         self.stats.nd_answered += 1;
         trace.note("nd", || {

@@ -228,7 +228,7 @@ fn test_ipv6_packets_wait_for_a_neighbour_advertisement() {
         me,
         gw,
         nd::FLAG_SOLICITED | nd::FLAG_OVERRIDE,
-        GW_MAC,
+        Some(GW_MAC),
     );
     let (v, out) = run(&mut a, na, UPLINK, SEC / 100);
     assert_eq!((v, out.len()), (Verdict::Consumed, 1));
@@ -513,4 +513,137 @@ fn test_a_duplicate_address_probe_for_the_nodes_address_is_told_it_is_taken() {
     let dad = nd::solicit(pod_mac(1, 5), None, Ipv6Addr::UNSPECIFIED, pod);
     let (v, out) = run(&mut a, dad, POD, 0);
     assert_eq!((v, out.len()), (Verdict::Consumed, 0));
+}
+
+/// A neighbour advertisement of `target` at `mac` (None: without the option) with
+/// `flags`, from `from` to node 1's uplink address.
+fn na(target: &str, flags: u8, mac: Option<[u8; 6]>, from: [u8; 6]) -> Vec<u8> {
+    let t = v6(target);
+    let me = v6("fd00:50::10");
+    nd::advert(uplink_mac(1), from, None, t, me, t, flags, mac)
+}
+
+/// The frames of `out` that are not ARP or ND.
+fn sent(out: &[(PortId, Packet)]) -> Vec<&Packet> {
+    out.iter()
+        .map(|(_, p)| p)
+        .filter(|p| {
+            let q = parse(&p.data, 0).unwrap();
+            q.l3 != L3::Arp && !matches!(nd::parse(&p.data, &q), Ok(Some(_)))
+        })
+        .collect()
+}
+
+#[test]
+fn test_an_advertisement_moves_a_neighbour_only_with_the_override_flag() {
+    let (mut a, _) = nodes();
+    let gw = "fd00:50::1";
+    let (s, o) = (nd::FLAG_SOLICITED, nd::FLAG_OVERRIDE);
+    let other = [2, 0xee, 0, 0, 0, 1];
+    let to_gw = |n: u8| {
+        build::udp(
+            ip("fd00:10:244:1::5"),
+            ip("2001:db8::1"),
+            1,
+            2,
+            &[n],
+            &from_pod(1, 5),
+        )
+    };
+    let state = |a: &Pipeline| {
+        let n = a.neighbours().get(UPLINK, ip(gw)).unwrap();
+        (n.mac, n.state)
+    };
+    assert_eq!(run(&mut a, to_gw(1), POD, 0).0, Verdict::Queued);
+    // Without the target's MAC an advertisement completes nothing.
+    let (v, out) = run(&mut a, na(gw, s | o, None, GW_MAC), UPLINK, 1);
+    assert_eq!((v, out.len()), (Verdict::Consumed, 0));
+    assert_eq!(state(&a), ([0; 6], neigh::State::Incomplete));
+    let (_, out) = run(&mut a, na(gw, s | o, Some(GW_MAC), GW_MAC), UPLINK, 2);
+    assert_eq!(sent(&out).len(), 1, "what waited leaves");
+    assert_eq!(state(&a), (GW_MAC, neigh::State::Reachable));
+
+    // Unsolicited, not overriding, another MAC: the gateway stays where it is, and is
+    // asked again before it is trusted.
+    let (v, out) = run(&mut a, na(gw, 0, Some(other), other), UPLINK, 3);
+    assert_eq!((v, out.len()), (Verdict::Consumed, 0));
+    assert_eq!(state(&a), (GW_MAC, neigh::State::Stale));
+    let (v, out) = run(&mut a, to_gw(2), POD, 4);
+    assert_eq!(v, Verdict::Forwarded);
+    assert_eq!(&sent(&out)[0].data[0..6], &GW_MAC);
+    // Solicited now, still not overriding: no answer to the node moves it either.
+    run(&mut a, na(gw, s, Some(other), other), UPLINK, 5);
+    assert_eq!(state(&a), (GW_MAC, neigh::State::Stale));
+    // A solicited advertisement to all nodes is malformed.
+    let t = v6(gw);
+    let group = nd::advert(
+        nd::multicast_mac(nd::ALL_NODES),
+        other,
+        None,
+        t,
+        nd::ALL_NODES,
+        t,
+        s | o,
+        Some(other),
+    );
+    let (v, _) = run(&mut a, group, UPLINK, 6);
+    assert_eq!(v, Verdict::Dropped(DropReason::NdMalformed));
+    assert_eq!(state(&a), (GW_MAC, neigh::State::Stale));
+    // Solicited without the option: confirms the MAC known.
+    run(&mut a, na(gw, s, None, GW_MAC), UPLINK, 7);
+    assert_eq!(state(&a), (GW_MAC, neigh::State::Reachable));
+    // Overriding: the neighbour moved, as it says, but that is not an answer.
+    run(&mut a, na(gw, o, Some(other), other), UPLINK, 8);
+    assert_eq!(state(&a), (other, neigh::State::Stale));
+}
+
+#[test]
+fn test_only_an_arp_reply_to_the_node_confirms_a_neighbour() {
+    let (mut a, _) = nodes();
+    learn(&mut a, 1, GW, GW_MAC);
+    let state = |a: &Pipeline| {
+        let n = a.neighbours().get(UPLINK, ip(GW)).unwrap();
+        (n.mac, n.state)
+    };
+    assert_eq!(state(&a), (GW_MAC, neigh::State::Reachable));
+    let IpAddr::V4(gw) = ip(GW) else { panic!() };
+    let message = |op, mac, target_ip| arp::Repr {
+        op,
+        sender_mac: mac,
+        sender_ip: gw,
+        target_mac: [0xff; 6],
+        target_ip,
+    };
+    // A broadcast gratuitous reply: where it is, not that it answers. It confirms
+    // nothing (the entry is no longer confirmed 30 s on), and moves the entry, STALE.
+    let garp = |mac| message(arp::REPLY, mac, gw).frame([0xff; 6], mac, None);
+    run(&mut a, garp(GW_MAC), UPLINK, 31 * SEC);
+    assert_eq!(state(&a), (GW_MAC, neigh::State::Stale));
+    let moved = [2, 0, 0, 0, 0, 0xfd];
+    run(&mut a, garp(moved), UPLINK, 31 * SEC);
+    assert_eq!(state(&a), (moved, neigh::State::Stale));
+    run(&mut a, arp_reply(1, GW, GW_MAC), UPLINK, 32 * SEC);
+    assert_eq!(state(&a), (GW_MAC, neigh::State::Reachable));
+    // A request from it says nothing new of a MAC known.
+    let req = arp_request(GW_MAC, GW, "192.168.50.10");
+    assert_eq!(run(&mut a, req, UPLINK, 33 * SEC).1.len(), 1, "answered");
+    assert_eq!(state(&a), (GW_MAC, neigh::State::Reachable));
+    // Another operation (a RARP request, say) is not acted on.
+    let other = [2, 0xee, 0, 0, 0, 1];
+    let rarp = message(3, other, gw).frame(uplink_mac(1), other, None);
+    let (v, out) = run(&mut a, rarp, UPLINK, 34 * SEC);
+    assert_eq!((v, out.len()), (Verdict::Consumed, 0));
+    assert_eq!(state(&a), (GW_MAC, neigh::State::Reachable));
+    // A request from a neighbour being resolved completes it, STALE.
+    assert_eq!(
+        run(&mut a, udp_to("10.244.2.6", b"1"), POD, 35 * SEC).0,
+        Verdict::Queued
+    );
+    let req = arp_request(uplink_mac(2), NODE2, "192.168.50.10");
+    let (_, out) = run(&mut a, req, UPLINK, 36 * SEC);
+    let left = sent(&out);
+    assert_eq!(left.len(), 1);
+    assert_eq!(payload(&left[0].data, true), b"1");
+    let n = a.neighbours().get(UPLINK, ip(NODE2)).unwrap();
+    assert_eq!((n.mac, n.state), (uplink_mac(2), neigh::State::Stale));
 }
