@@ -810,7 +810,7 @@ fn round(
         } else {
             pipeline.process_batch(pkts, &mut bufs.out, trace);
         }
-        pipeline.tick(now);
+        pipeline.tick(now, &mut bufs.out);
         core.stats[w] = *stats;
     }
     for (egress, pkt) in bufs.out.drain(..) {

@@ -240,9 +240,12 @@ pub fn run(args: &Args) -> Result<Summary> {
     let packets = inputs.len();
     for input in inputs {
         let now = input.frame.time_ns;
-        pipeline.tick(now);
-        let mut trace = Trace::enabled();
         out.clear();
+        // What the clock sends (ICMP errors for packets whose neighbour did not answer)
+        // is written with this packet's time, and not counted as its output.
+        pipeline.tick(now, &mut out);
+        let ticked = out.len();
+        let mut trace = Trace::enabled();
         let verdict = pipeline.process(
             Packet::new(input.frame.data, input.port, now),
             &mut out,
@@ -250,10 +253,12 @@ pub fn run(args: &Args) -> Result<Summary> {
         );
         *counts.entry(verdict.name()).or_default() += 1;
         let mut per_port: Vec<(PortId, usize)> = Vec::new();
-        for (port, pkt) in &out {
-            match per_port.iter_mut().find(|(p, _)| p == port) {
-                Some((_, n)) => *n += 1,
-                None => per_port.push((*port, 1)),
+        for (i, (port, pkt)) in out.iter().enumerate() {
+            if i >= ticked {
+                match per_port.iter_mut().find(|(p, _)| p == port) {
+                    Some((_, n)) => *n += 1,
+                    None => per_port.push((*port, 1)),
+                }
             }
             let w = &mut writers[usize::from(*port)];
             if w.is_none() {

@@ -135,10 +135,10 @@ impl<T> Queue<T> {
         q.into_iter().map(|w| w.item)
     }
 
-    /// Drops the packets that have waited [`Config::unresolved_ns`] or longer at
-    /// `now_ns`, looking at no more than `budget` tickets; returns how many were dropped.
-    pub fn expire(&mut self, now_ns: u64, budget: usize) -> usize {
-        let mut expired = 0;
+    /// Removes the packets that have waited [`Config::unresolved_ns`] or longer at
+    /// `now_ns`, looking at no more than `budget` tickets; returns them, oldest first.
+    pub fn expire(&mut self, now_ns: u64, budget: usize) -> Vec<T> {
+        let mut expired = Vec::new();
         for _ in 0..budget {
             let Some(t) = self.tickets.front().copied() else {
                 break;
@@ -149,8 +149,7 @@ impl<T> Queue<T> {
             }
             self.tickets.pop_front();
             if live {
-                self.remove(&t);
-                expired += 1;
+                expired.extend(self.remove(&t));
             }
         }
         expired
@@ -195,19 +194,19 @@ impl<T> Queue<T> {
     }
 
     /// Removes the ticket's packet (the oldest of its neighbour: tickets are met in
-    /// arrival order).
-    fn remove(&mut self, t: &Ticket) {
-        let Some(q) = self.waiting.get_mut(&t.key) else {
-            return;
-        };
-        if let Some(i) = q.iter().position(|w| w.seq == t.seq) {
+    /// arrival order) and returns it.
+    fn remove(&mut self, t: &Ticket) -> Option<T> {
+        let q = self.waiting.get_mut(&t.key)?;
+        let item = q.iter().position(|w| w.seq == t.seq).map(|i| {
             let w = q.remove(i).expect("the position is in range");
             self.packets -= 1;
             self.bytes -= w.bytes;
-        }
+            w.item
+        });
         if q.is_empty() {
             self.waiting.remove(&t.key);
         }
+        item
     }
 
     /// Drops the oldest packet of a neighbour with the most waiting, of the oldest such
@@ -340,12 +339,15 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(q.len(), 3, "two pushed out, their tickets left behind");
-        assert_eq!(q.expire(timeout - 1, 64), 0);
+        assert!(q.expire(timeout - 1, 64).is_empty());
         // Two stale tickets, then one live packet, within a budget of 3.
-        assert_eq!(q.expire(timeout + SEC / 5, 3), 1);
-        assert_eq!(q.expire(timeout + SEC / 5, 64), 0, "the next is not due");
-        assert_eq!(q.expire(10 * timeout, 1), 1);
-        assert_eq!(q.expire(10 * timeout, 64), 1);
+        assert_eq!(q.expire(timeout + SEC / 5, 3), [2]);
+        assert!(
+            q.expire(timeout + SEC / 5, 64).is_empty(),
+            "the next is not due"
+        );
+        assert_eq!(q.expire(10 * timeout, 1), [3]);
+        assert_eq!(q.expire(10 * timeout, 64), [4]);
         assert!(q.is_empty());
         assert_eq!(q.tickets.len(), 0);
     }
@@ -376,6 +378,6 @@ mod tests {
         assert_eq!((removed, q.len(), q.bytes()), (1, 2, 20));
         assert_eq!(q.take(1, ip("10.0.0.1")).collect::<Vec<_>>(), [20, 30]);
         // Tickets of removed packets are skipped by expiry.
-        assert_eq!(q.expire(u64::MAX, 64), 0);
+        assert!(q.expire(u64::MAX, 64).is_empty());
     }
 }

@@ -347,6 +347,9 @@ struct Routing {
     /// The MTU that applies to the packet (inside the tunnel when tunnelled); it was
     /// found not too big for it.
     mtu: usize,
+    /// The node the packet came from through the overlay, if it did: an ICMP error
+    /// about it goes back there.
+    tunnel_peer: Option<IpAddr>,
 }
 
 /// A routed packet waiting in the neighbour queue: after NAT, TTL and MACs not
@@ -512,15 +515,35 @@ impl Pipeline {
     }
 
     /// Advances the pipeline's clock: expires fragments, connections and packets that
-    /// waited too long for their neighbour, with bounded work.
-    pub fn tick(&mut self, now_ns: u64) {
+    /// waited too long for their neighbour, with bounded work. Each of the latter is
+    /// answered with an ICMP host unreachable (ICMPv6 address unreachable, RFC 4861
+    /// section 7.2.2), within the ICMP rate limit, appended to `out` with its port, so
+    /// that its sender learns at once that the next hop does not answer.
+    pub fn tick(&mut self, now_ns: u64, out: &mut Vec<(PortId, Packet)>) {
         self.ipf.expire(now_ns, EXPIRE_BUDGET, &mut self.drops);
         self.ct.expire(now_ns, EXPIRE_BUDGET);
         let expired = self.parked.expire(now_ns, EXPIRE_BUDGET);
-        if expired > 0 {
-            self.drops.add(DropReason::NeighUnresolved, expired as u64);
-            self.stats.neigh_queue_expired += expired as u64;
+        if !expired.is_empty() {
+            let n = expired.len() as u64;
+            self.drops.add(DropReason::NeighUnresolved, n);
+            self.stats.neigh_queue_expired += n;
             self.stats.neigh_waiting = self.parked.len() as u64;
+        }
+        for mut routed in expired {
+            // Now, for the rate limit: the packet was received a while ago.
+            routed.pkt.meta.time_ns = now_ns;
+            let code = if routed.parsed.l3 == L3::Ipv4 { 1 } else { 3 };
+            // It may have been translated: its connection, committed when it was
+            // queued, translates the error back for its sender.
+            self.icmp_error(
+                &routed.pkt,
+                &routed.parsed,
+                ErrorKind::Unreachable { code },
+                true,
+                routed.routing.tunnel_peer,
+                out,
+                &mut Trace::disabled(),
+            );
         }
         if now_ns.saturating_sub(self.affinity_swept_ns) >= AFFINITY_SWEEP_NS {
             self.affinity_swept_ns = now_ns;
@@ -1266,6 +1289,7 @@ impl Pipeline {
             port: out_id,
             hop: next_hop,
             mtu,
+            tunnel_peer,
         };
         self.deliver(tables, pkt, &parsed, routing, pending, now, out, trace)
     }
@@ -1291,6 +1315,7 @@ impl Pipeline {
             port: out_id,
             hop,
             mtu,
+            ..
         } = routing;
         // Read where `resolve` wrote it: moved out, it would be copied in 16-byte moves
         // that wait for its narrower stores to reach the cache.

@@ -171,8 +171,29 @@ fn test_a_fourth_packet_for_a_neighbour_pushes_out_the_oldest() {
     assert!(out.iter().all(|(_, f)| f.data[0..6] == GW_MAC));
 }
 
+/// The ICMP error in `frame` (inside the VXLAN packet when `tunnelled`): its parse (the
+/// key's destination port is type << 8 | code), and the destination address and port of
+/// the packet it quotes.
+fn icmp_error(frame: &[u8], tunnelled: bool) -> (Parsed, IpAddr, u16) {
+    let mut pe = parse(frame, 0).unwrap();
+    let mut f = frame;
+    if tunnelled {
+        f = &frame[pe.l4_off + 8 + vxlan::LEN..pe.ip_end];
+        pe = parse(f, 0).unwrap();
+    }
+    let q = &f[pe.l4_off + 8..];
+    let (dst, l4) = if pe.l3 == L3::Ipv4 {
+        let d: [u8; 4] = q[16..20].try_into().unwrap();
+        (IpAddr::from(d), usize::from(q[0] & 15) * 4)
+    } else {
+        let d: [u8; 16] = q[24..40].try_into().unwrap();
+        (IpAddr::from(d), 40)
+    };
+    (pe, dst, u16::from_be_bytes([q[l4 + 2], q[l4 + 3]]))
+}
+
 #[test]
-fn test_packets_whose_neighbour_does_not_answer_expire() {
+fn test_packets_whose_neighbour_does_not_answer_expire_and_their_senders_are_told() {
     let (mut a, _) = nodes();
     assert_eq!(
         run(&mut a, udp_to("8.8.8.8", b"1"), POD, 0).0,
@@ -183,17 +204,66 @@ fn test_packets_whose_neighbour_does_not_answer_expire() {
         Verdict::Queued
     );
     let timeout = neigh::Config::default().unresolved_ns;
-    a.tick(timeout - 1);
+    let mut out = Vec::new();
+    a.tick(timeout - 1, &mut out);
     assert_eq!(a.stats().neigh_waiting, 2);
-    a.tick(timeout);
+    assert!(out.is_empty());
+    a.tick(timeout, &mut out);
     assert_eq!(a.stats().neigh_waiting, 1, "the first waited long enough");
-    a.tick(timeout + SEC);
+    a.tick(timeout + SEC, &mut out);
     let s = a.stats();
     assert_eq!((s.neigh_waiting, s.neigh_queue_expired), (0, 2));
     assert_eq!(a.drops().get(DropReason::NeighUnresolved), 2);
+    // Each is answered with a host unreachable, back to the pod.
+    assert_eq!(out.len(), 2);
+    for (port, f) in &out {
+        assert_eq!(*port, POD);
+        assert_eq!(&f.data[0..6], &pod_mac(1, 5));
+        let (pe, dst, dport) = icmp_error(&f.data, false);
+        assert_eq!(pe.key.proto, proto::ICMP);
+        assert_eq!(pe.key.dst_port, 3 << 8 | 1, "host unreachable");
+        assert_eq!(pe.key.dst.ip(), ip("10.244.1.5"));
+        assert_eq!((dst, dport), (ip("8.8.8.8"), 7000));
+    }
+    assert_eq!(a.stats().icmp_sent, 2);
     // An answer after that sends nothing.
     let (v, out) = run(&mut a, arp_reply(1, GW, GW_MAC), UPLINK, 5 * SEC);
     assert_eq!((v, out.len()), (Verdict::Consumed, 0));
+}
+
+#[test]
+fn test_a_packet_from_the_overlay_whose_neighbour_does_not_answer_is_answered_through_it() {
+    let (mut a, _) = nodes();
+    learn(&mut a, 1, NODE2, uplink_mac(2));
+    let inner = build::udp(
+        ip("fd00:10:244:2::5"),
+        ip("fd00:50::33"),
+        1,
+        2,
+        b"x",
+        &IpOpts::default(),
+    );
+    let o = overlay::Outer {
+        src_mac: uplink_mac(2),
+        dst_mac: uplink_mac(1),
+        src: ip(NODE2),
+        dst: ip("192.168.50.10"),
+        vni: 4096,
+        port: 4789,
+        hash: 1,
+        id: 0,
+    };
+    let (v, _) = run(&mut a, overlay::encapsulate(&inner, &o), UPLINK, 0);
+    assert_eq!(v, Verdict::Queued);
+    let mut out = Vec::new();
+    a.tick(neigh::Config::default().unresolved_ns, &mut out);
+    assert_eq!(out.len(), 1);
+    let (port, f) = &out[0];
+    assert_eq!((*port, &f.data[0..6]), (UPLINK, &uplink_mac(2)[..]));
+    let (pe, dst, dport) = icmp_error(&f.data, true);
+    assert_eq!(pe.key.dst_port, 1 << 8 | 3, "address unreachable");
+    assert_eq!(pe.key.dst.ip(), ip("fd00:10:244:2::5"));
+    assert_eq!((dst, dport), (ip("fd00:50::33"), 2));
 }
 
 #[test]

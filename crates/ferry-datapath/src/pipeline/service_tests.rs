@@ -1119,7 +1119,7 @@ fn test_session_affinity_keeps_a_client_on_its_endpoint_until_the_timeout() {
         assert_eq!(delivered_to(&out), first);
     }
     assert_eq!(a.affinity().len(), 1);
-    a.tick(30 * SEC);
+    a.tick(30 * SEC, &mut Vec::new());
     assert!(a.affinity().is_empty(), "expired records are swept");
 
     // Without affinity, the same client's connections spread.

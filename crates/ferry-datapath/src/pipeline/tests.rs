@@ -343,9 +343,9 @@ fn test_incomplete_datagram_expires_on_tick() {
     let first = frags(whole, 9, 1500).remove(0);
     assert_eq!(run(&mut p, first, UPLINK, 0).0, Verdict::Held);
     assert_eq!(p.reassembler().held_datagrams(), 1);
-    p.tick(29 * 1_000_000_000);
+    p.tick(29 * 1_000_000_000, &mut Vec::new());
     assert_eq!(p.reassembler().held_datagrams(), 1);
-    p.tick(31 * 1_000_000_000);
+    p.tick(31 * 1_000_000_000, &mut Vec::new());
     assert_eq!(p.reassembler().held_datagrams(), 0);
     assert_eq!(p.reassembler().held_bytes(), 0);
     assert_eq!(p.drops().get(DropReason::FragExpired), 1);
