@@ -3,9 +3,14 @@
 //!
 //! The table maps (port, IP) to a MAC with a state and an age, like Linux's neighbour
 //! cache reduced to what a router needs: INCOMPLETE (a probe went out, no answer yet),
-//! REACHABLE (confirmed within [`Config::reachable_ns`]) and STALE (a MAC not confirmed:
-//! learned from a request, or confirmed long ago; still used, re-probed at most once per
-//! [`Config::probe_interval_ns`]).
+//! REACHABLE (confirmed within [`Config::reachable_ns`]), STALE (a MAC not confirmed:
+//! learned from a request, or confirmed long ago), and, as Linux has them, DELAY and
+//! PROBE: a packet sent to a STALE neighbour makes it DELAY; one sent
+//! [`Config::delay_ns`] later makes it PROBE, asked with [`Config::unicast_probes`]
+//! probes to its MAC, [`Config::probe_interval_ns`] apart, while packets still go to that
+//! MAC. A neighbour that answers none has failed: the next packet finds it INCOMPLETE
+//! again, and asks everyone. The states move when packets look the entries up, not on
+//! timers: an entry no packet uses needs no probe.
 //!
 //! It is bounded, and what is in use stays: entries are created by packets to send (with
 //! a probe) and by requests addressed to the node, the latter only while there is room.
@@ -51,9 +56,15 @@ pub enum State {
     Incomplete,
     /// Confirmed recently.
     Reachable,
-    /// Not confirmed (learned from a request, or confirmed long ago): used, and
-    /// re-probed.
+    /// Not confirmed (learned from a request, or confirmed long ago): used; the next
+    /// packet makes it DELAY.
     Stale,
+    /// Used while STALE: packets go to its MAC; it is probed if not confirmed within
+    /// [`Config::delay_ns`].
+    Delay,
+    /// Being probed at its MAC, which packets still use; INCOMPLETE again when it
+    /// answers none of the probes.
+    Probe,
 }
 
 impl State {
@@ -63,6 +74,8 @@ impl State {
             State::Incomplete => "incomplete",
             State::Reachable => "reachable",
             State::Stale => "stale",
+            State::Delay => "delay",
+            State::Probe => "probe",
         }
     }
 }
@@ -81,12 +94,21 @@ pub struct Neighbour {
     pub used_ns: u64,
     /// When the last probe for it went out.
     pub probed_ns: Option<u64>,
+    /// Probes to its MAC sent in PROBE.
+    pub probes: u8,
 }
 
 impl Neighbour {
     /// When it was last used or updated: an entry active recently is not evicted.
     fn active_ns(&self) -> u64 {
         self.updated_ns.max(self.used_ns)
+    }
+
+    /// Moves it to `state` at `now_ns`, with no probe sent in that state yet.
+    fn set(&mut self, state: State, now_ns: u64) {
+        self.state = state;
+        self.updated_ns = now_ns;
+        self.probes = 0;
     }
 
     /// A REACHABLE entry not confirmed for `reachable_ns` is STALE at `now_ns`.
@@ -112,6 +134,12 @@ pub struct Config {
     pub reachable_ns: u64,
     /// At most one probe per target this often (Linux's `retrans_time`, 1 s).
     pub probe_interval_ns: u64,
+    /// A STALE entry that packets use is probed this long after the first of them, if
+    /// nothing confirmed it meanwhile (Linux's `delay_first_probe_time`, 5 s).
+    pub delay_ns: u64,
+    /// Probes to the cached MAC before a neighbour in PROBE has failed (Linux's
+    /// `ucast_solicit`, 3).
+    pub unicast_probes: u8,
     /// Packets wait for their neighbour's MAC this long at most (Linux declares a
     /// neighbour FAILED after `mcast_solicit` = 3 unanswered probes `retrans_time` apart,
     /// 3 s, and drops what waited for it).
@@ -139,6 +167,8 @@ impl Default for Config {
             evict_after_ns: 5_000_000_000,
             reachable_ns: 30_000_000_000,
             probe_interval_ns: 1_000_000_000,
+            delay_ns: 5_000_000_000,
+            unicast_probes: 3,
             unresolved_ns: 3_000_000_000,
             probes_per_second: 100,
             probe_burst: 20,
@@ -155,7 +185,17 @@ pub struct Resolution {
     /// The MAC to send to, when known.
     pub mac: Option<[u8; 6]>,
     /// Send a probe (ARP request / neighbour solicitation) now.
-    pub probe: bool,
+    pub probe: Option<Probe>,
+}
+
+/// Where a probe goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// To everyone: an ARP broadcast, a solicitation to the target's solicited-node
+    /// group.
+    Broadcast,
+    /// To the neighbour's cached MAC (and, for ND, its address): is it still there?
+    Unicast([u8; 6]),
 }
 
 /// What a received ARP or ND message says of its neighbour, for [`Neighbours::learn`].
@@ -227,22 +267,46 @@ impl Neighbours {
         now_ns: u64,
     ) -> Result<Resolution, DropReason> {
         let cfg = self.config;
-        let due = |n: &Neighbour| {
-            n.probed_ns
-                .is_none_or(|t| now_ns.saturating_sub(t) >= cfg.probe_interval_ns)
-        };
         let r = match self.map.get_mut(&(port, ip)) {
             Some(n) => {
                 n.used_ns = now_ns;
                 n.age(now_ns, cfg.reachable_ns);
-                let mut probe = n.state != State::Reachable && due(n);
-                if probe && !self.probe_limit.allow(now_ns) {
+                let due = n
+                    .probed_ns
+                    .is_none_or(|t| now_ns.saturating_sub(t) >= cfg.probe_interval_ns);
+                let mut want = None;
+                match n.state {
+                    State::Reachable => {}
+                    State::Stale => n.set(State::Delay, now_ns),
+                    State::Delay if now_ns.saturating_sub(n.updated_ns) < cfg.delay_ns => {}
+                    State::Delay => {
+                        n.set(State::Probe, now_ns);
+                        want = Some(Probe::Unicast(n.mac));
+                    }
+                    State::Probe if !due => {}
+                    State::Probe if n.probes < cfg.unicast_probes => {
+                        want = Some(Probe::Unicast(n.mac));
+                    }
+                    State::Probe => {
+                        // It answered none: failed, and asked for anew.
+                        n.mac = [0; 6];
+                        n.set(State::Incomplete, now_ns);
+                        want = Some(Probe::Broadcast);
+                    }
+                    State::Incomplete if due => want = Some(Probe::Broadcast),
+                    State::Incomplete => {}
+                }
+                let mut probe = want;
+                if probe.is_some() && !self.probe_limit.allow(now_ns) {
                     // Asked again by the next packet once there is budget.
                     self.stats.probes_limited += 1;
-                    probe = false;
+                    probe = None;
                 }
-                if probe {
+                if let Some(p) = probe {
                     n.probed_ns = Some(now_ns);
+                    if let Probe::Unicast(_) = p {
+                        n.probes += 1;
+                    }
                 }
                 let mac = (n.state != State::Incomplete).then_some(n.mac);
                 Resolution { mac, probe }
@@ -271,15 +335,16 @@ impl Neighbours {
                         updated_ns: now_ns,
                         used_ns: now_ns,
                         probed_ns: Some(now_ns),
+                        probes: 0,
                     },
                 );
                 Resolution {
                     mac: None,
-                    probe: true,
+                    probe: Some(Probe::Broadcast),
                 }
             }
         };
-        if r.probe {
+        if r.probe.is_some() {
             self.stats.probes += 1;
         }
         Ok(r)
@@ -323,6 +388,7 @@ impl Neighbours {
                 updated_ns: now_ns,
                 used_ns: 0,
                 probed_ns: None,
+                probes: 0,
             };
             self.map.insert((port, ip), n);
             self.stats.learned += 1;
@@ -344,8 +410,7 @@ impl Neighbours {
             }
         };
         n.mac = mac;
-        n.state = state;
-        n.updated_ns = now_ns;
+        n.set(state, now_ns);
         n.probed_ns = None;
         self.stats.learned += 1;
     }
@@ -453,35 +518,56 @@ mod tests {
             t.resolve(0, a, 0),
             Ok(Resolution {
                 mac: None,
-                probe: true
+                probe: Some(Probe::Broadcast)
             })
         );
-        assert!(!t.resolve(0, a, SEC / 2).unwrap().probe, "rate limited");
-        assert!(t.resolve(0, a, SEC).unwrap().probe);
+        assert_eq!(
+            t.resolve(0, a, SEC / 2).unwrap().probe,
+            None,
+            "rate limited"
+        );
+        assert!(t.resolve(0, a, SEC).unwrap().probe.is_some());
         assert_eq!(t.get(0, a).unwrap().state, State::Incomplete);
     }
 
     #[test]
-    fn test_learned_neighbour_goes_stale_and_is_reprobed_but_used() {
+    fn test_a_neighbour_not_confirmed_is_probed_at_its_mac_and_fails_when_it_does_not_answer() {
         let mut t = Neighbours::new(Config::default());
         let a = ip("fd00::1");
-        t.learn(0, a, Some([2; 6]), 0, ANSWER);
+        let m = [2; 6];
+        t.learn(0, a, Some(m), 0, ANSWER);
         assert!(t.is_empty(), "unsolicited messages create nothing");
         let create = Update {
             create: true,
             ..ANSWER
         };
-        t.learn(0, a, Some([2; 6]), 0, create);
-        assert_eq!(
-            t.resolve(0, a, SEC),
-            Ok(Resolution {
-                mac: Some([2; 6]),
-                probe: false
-            })
-        );
-        let r = t.resolve(0, a, 31 * SEC).unwrap();
-        assert_eq!((r.mac, r.probe), (Some([2; 6]), true));
-        assert_eq!(t.get(0, a).unwrap().state, State::Stale);
+        t.learn(0, a, Some(m), 0, create);
+        let r = |mac, probe| Ok(Resolution { mac, probe });
+        let state = |t: &Neighbours| t.get(0, a).unwrap().state;
+        assert_eq!(t.resolve(0, a, SEC), r(Some(m), None));
+        // 30 s on, no longer confirmed: used as it is, and probed only 5 s later.
+        assert_eq!(t.resolve(0, a, 31 * SEC), r(Some(m), None));
+        assert_eq!(state(&t), State::Delay);
+        assert_eq!(t.resolve(0, a, 35 * SEC), r(Some(m), None));
+        let unicast = Some(Probe::Unicast(m));
+        assert_eq!(t.resolve(0, a, 36 * SEC), r(Some(m), unicast));
+        assert_eq!(state(&t), State::Probe);
+        assert_eq!(t.resolve(0, a, 36 * SEC + 1), r(Some(m), None));
+        assert_eq!(t.resolve(0, a, 37 * SEC), r(Some(m), unicast));
+        assert_eq!(t.resolve(0, a, 38 * SEC), r(Some(m), unicast));
+        // Three unanswered: failed, and everyone is asked.
+        assert_eq!(t.resolve(0, a, 39 * SEC), r(None, Some(Probe::Broadcast)));
+        assert_eq!(state(&t), State::Incomplete);
+
+        // An answer while in PROBE confirms it.
+        t.learn(0, a, Some(m), 40 * SEC, ANSWER);
+        t.resolve(0, a, 70 * SEC).unwrap();
+        assert_eq!(t.resolve(0, a, 75 * SEC), r(Some(m), unicast));
+        t.learn(0, a, Some(m), 75 * SEC, REQUEST);
+        assert_eq!(state(&t), State::Probe, "a request confirms nothing");
+        t.learn(0, a, Some(m), 75 * SEC, ANSWER);
+        assert_eq!(state(&t), State::Reachable);
+        assert_eq!(t.resolve(0, a, 76 * SEC), r(Some(m), None));
     }
 
     #[test]
@@ -509,7 +595,7 @@ mod tests {
         let mut t = Neighbours::new(Config::default());
         let addr = |i: u16| IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 1, i));
         for i in 0..20 {
-            assert!(t.resolve(0, addr(i), 0).unwrap().probe);
+            assert!(t.resolve(0, addr(i), 0).unwrap().probe.is_some());
         }
         assert_eq!(
             t.resolve(0, addr(20), 0),
@@ -518,7 +604,7 @@ mod tests {
         assert!(t.get(0, addr(20)).is_none(), "no entry without a probe");
         assert_eq!(t.len(), 20);
         assert!(
-            t.resolve(0, addr(20), SEC / 100).unwrap().probe,
+            t.resolve(0, addr(20), SEC / 100).unwrap().probe.is_some(),
             "100 a second"
         );
 
@@ -527,17 +613,22 @@ mod tests {
             probe_burst: 2,
             ..Config::default()
         });
-        assert!(t.resolve(0, addr(0), 0).unwrap().probe);
-        assert!(t.resolve(0, addr(1), SEC).unwrap().probe);
-        assert!(t.resolve(0, addr(2), SEC).unwrap().probe);
+        assert!(t.resolve(0, addr(0), 0).unwrap().probe.is_some());
+        assert!(t.resolve(0, addr(1), SEC).unwrap().probe.is_some());
+        assert!(t.resolve(0, addr(2), SEC).unwrap().probe.is_some());
         assert_eq!(
             t.resolve(0, addr(0), SEC),
             Ok(Resolution {
                 mac: None,
-                probe: false
+                probe: None
             })
         );
-        assert!(t.resolve(0, addr(0), SEC + SEC / 100).unwrap().probe);
+        assert!(
+            t.resolve(0, addr(0), SEC + SEC / 100)
+                .unwrap()
+                .probe
+                .is_some()
+        );
         let s = t.stats();
         assert_eq!((s.probes, s.probes_limited), (4, 1));
     }
@@ -633,7 +724,7 @@ mod tests {
             t.resolve(0, c, 5 * SEC + 5),
             Ok(Resolution {
                 mac: None,
-                probe: true
+                probe: Some(Probe::Broadcast)
             })
         );
         assert!(t.get(0, a).is_some());

@@ -243,6 +243,25 @@ pub fn solicit(src_mac: [u8; 6], vlan: Option<u16>, src: Ipv6Addr, target: Ipv6A
     )
 }
 
+/// A neighbour solicitation for `target` sent to it, at `dst_mac`, from `src`
+/// (link-layer `src_mac`): a probe of a neighbour whose MAC is cached (RFC 4861 section
+/// 7.3.3).
+pub fn solicit_unicast(
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    vlan: Option<u16>,
+    src: Ipv6Addr,
+    target: Ipv6Addr,
+) -> Vec<u8> {
+    let mut body = [0u8; NS_NA_LEN + 8];
+    body[0] = nd_type::NS;
+    body[8..24].copy_from_slice(&target.octets());
+    body[24] = OPT_SLLA;
+    body[25] = 1;
+    body[26..32].copy_from_slice(&src_mac);
+    frame(dst_mac, src_mac, vlan, src, target, &mut body)
+}
+
 /// True for a solicited-node multicast address (ff02::1:ff00:0/104).
 pub fn is_solicited_node(a: &Ipv6Addr) -> bool {
     let o = a.octets();
@@ -305,6 +324,23 @@ mod tests {
             Ok(Some(Message::Solicit {
                 target,
                 slla: Some([2, 0, 0, 0, 0, 1])
+            }))
+        );
+    }
+
+    #[test]
+    fn test_unicast_solicit_goes_to_the_target() {
+        let src = "fd00::1".parse().unwrap();
+        let target = "fd00::2".parse().unwrap();
+        let f = solicit_unicast([2; 6], [4; 6], None, src, target);
+        let p = parse(&f, 0).unwrap();
+        assert_eq!(&f[0..6], &[2; 6]);
+        assert_eq!(p.key.dst, IpAddr::V6(target));
+        assert_eq!(
+            super::parse(&f, &p),
+            Ok(Some(Message::Solicit {
+                target,
+                slla: Some([4; 6])
             }))
         );
     }

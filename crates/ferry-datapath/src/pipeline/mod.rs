@@ -1721,9 +1721,13 @@ impl Pipeline {
         trace: &mut Trace,
     ) -> Result<[u8; 6], NoEgress> {
         let r = self.neigh.resolve(port, ip, now)?;
-        if r.probe {
+        if let Some(probe) = r.probe {
             let tables = Arc::clone(&self.tables);
             let p = &tables.ports[usize::from(port)];
+            let to = match probe {
+                neigh::Probe::Broadcast => None,
+                neigh::Probe::Unicast(m) => Some(m),
+            };
             let frame = match ip {
                 IpAddr::V4(target) => arp::Repr {
                     op: arp::REQUEST,
@@ -1735,19 +1739,28 @@ impl Pipeline {
                     target_mac: [0; 6],
                     target_ip: target,
                 }
-                .frame([0xff; 6], p.mac, None),
+                .frame(to.unwrap_or([0xff; 6]), p.mac, None),
                 IpAddr::V6(target) => {
                     let src = p
                         .own_addr(true)
                         .and_then(nd::v6)
                         .unwrap_or_else(|| nd::link_local(p.mac));
-                    nd::solicit(p.mac, None, src, target)
+                    match to {
+                        Some(m) => nd::solicit_unicast(m, p.mac, None, src, target),
+                        None => nd::solicit(p.mac, None, src, target),
+                    }
                 }
             };
             self.stats.neigh_probes += 1;
-            if r.mac.is_some() {
+            if let Some(m) = to {
                 // Unknown ones are noted with the packet queued for them.
-                trace.note("neigh", || format!("{ip} stale on {}: probe sent", p.name));
+                trace.note("neigh", || {
+                    format!(
+                        "{ip} not confirmed on {}: probe sent to {}",
+                        p.name,
+                        MacAddr(m)
+                    )
+                });
             }
             self.send(port, Packet::new(frame, port, now), out);
         }
@@ -1756,7 +1769,7 @@ impl Pipeline {
             None => Err(NoEgress::Unresolved {
                 port,
                 ip,
-                probed: r.probe,
+                probed: r.probe.is_some(),
             }),
         }
     }

@@ -641,9 +641,14 @@ fn test_an_advertisement_moves_a_neighbour_only_with_the_override_flag() {
     let (v, out) = run(&mut a, to_gw(2), POD, 4);
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(&sent(&out)[0].data[0..6], &GW_MAC);
+    assert_eq!(
+        state(&a),
+        (GW_MAC, neigh::State::Delay),
+        "used: probed soon"
+    );
     // Solicited now, still not overriding: no answer to the node moves it either.
     run(&mut a, na(gw, s, Some(other), other), UPLINK, 5);
-    assert_eq!(state(&a), (GW_MAC, neigh::State::Stale));
+    assert_eq!(state(&a), (GW_MAC, neigh::State::Delay));
     // A solicited advertisement to all nodes is malformed.
     let t = v6(gw);
     let group = nd::advert(
@@ -658,7 +663,7 @@ fn test_an_advertisement_moves_a_neighbour_only_with_the_override_flag() {
     );
     let (v, _) = run(&mut a, group, UPLINK, 6);
     assert_eq!(v, Verdict::Dropped(DropReason::NdMalformed));
-    assert_eq!(state(&a), (GW_MAC, neigh::State::Stale));
+    assert_eq!(state(&a), (GW_MAC, neigh::State::Delay));
     // Solicited without the option: confirms the MAC known.
     run(&mut a, na(gw, s, None, GW_MAC), UPLINK, 7);
     assert_eq!(state(&a), (GW_MAC, neigh::State::Reachable));
@@ -714,6 +719,102 @@ fn test_only_an_arp_reply_to_the_node_confirms_a_neighbour() {
     let left = sent(&out);
     assert_eq!(left.len(), 1);
     assert_eq!(payload(&left[0].data, true), b"1");
+    // STALE, and used at once by what waited: DELAY.
     let n = a.neighbours().get(UPLINK, ip(NODE2)).unwrap();
-    assert_eq!((n.mac, n.state), (uplink_mac(2), neigh::State::Stale));
+    assert_eq!((n.mac, n.state), (uplink_mac(2), neigh::State::Delay));
+}
+
+#[test]
+fn test_a_gateway_that_stops_answering_is_probed_at_its_mac_then_asked_for_anew() {
+    let (mut a, _) = nodes();
+    learn(&mut a, 1, GW, GW_MAC);
+    let send = |a: &mut Pipeline, t: u64| {
+        let (v, out) = run(a, udp_to("8.8.8.8", b"x"), POD, t);
+        let probes: Vec<_> = out
+            .iter()
+            .filter(|(_, p)| parse(&p.data, 0).unwrap().l3 == L3::Arp)
+            .map(|(_, p)| (<[u8; 6]>::try_from(&p.data[0..6]).unwrap(), arp_of(&p.data)))
+            .collect();
+        let to: Vec<_> = sent(&out).iter().map(|p| p.data[0..6].to_vec()).collect();
+        (v, probes, to)
+    };
+    // No longer confirmed 30 s on: still used, and not asked at once.
+    let (v, probes, to) = send(&mut a, 31 * SEC);
+    assert_eq!(
+        (v, probes.len(), to),
+        (Verdict::Forwarded, 0, vec![GW_MAC.to_vec()])
+    );
+    assert_eq!(send(&mut a, 33 * SEC).1.len(), 0);
+    // 5 s after it was first used so: asked at its own MAC, three times a second apart,
+    // while packets still go to it.
+    for t in [36, 37, 38] {
+        let (v, probes, to) = send(&mut a, t * SEC);
+        assert_eq!(
+            (v, to),
+            (Verdict::Forwarded, vec![GW_MAC.to_vec()]),
+            "at {t} s"
+        );
+        assert_eq!(probes.len(), 1, "at {t} s");
+        let (dst, r) = probes[0];
+        assert_eq!(dst, GW_MAC, "unicast");
+        assert_eq!((r.op, IpAddr::V4(r.target_ip)), (arp::REQUEST, ip(GW)));
+        assert_eq!(
+            a.neighbours().get(UPLINK, ip(GW)).unwrap().state,
+            neigh::State::Probe
+        );
+    }
+    // No answer: failed. The next packet waits, and everyone is asked.
+    let (v, probes, to) = send(&mut a, 39 * SEC);
+    assert_eq!((v, to.len()), (Verdict::Queued, 0));
+    assert_eq!(probes.len(), 1);
+    assert_eq!(probes[0].0, [0xff; 6], "broadcast");
+    assert_eq!(
+        a.neighbours().get(UPLINK, ip(GW)).unwrap().state,
+        neigh::State::Incomplete
+    );
+    // A gateway that answers its probe stays REACHABLE, and is not asked again.
+    let (mut b, _) = nodes();
+    learn(&mut b, 1, GW, GW_MAC);
+    send(&mut b, 31 * SEC);
+    assert_eq!(send(&mut b, 36 * SEC).1.len(), 1);
+    run(&mut b, arp_reply(1, GW, GW_MAC), UPLINK, 36 * SEC);
+    let (v, probes, _) = send(&mut b, 37 * SEC);
+    assert_eq!((v, probes.len()), (Verdict::Forwarded, 0));
+    assert_eq!(
+        b.neighbours().get(UPLINK, ip(GW)).unwrap().state,
+        neigh::State::Reachable
+    );
+}
+
+#[test]
+fn test_an_ipv6_neighbour_not_confirmed_is_solicited_at_its_address() {
+    let (mut a, _) = nodes();
+    let gw = "fd00:50::1";
+    let to_gw = || {
+        build::udp(
+            ip("fd00:10:244:1::5"),
+            ip("2001:db8::1"),
+            1,
+            2,
+            b"v6",
+            &from_pod(1, 5),
+        )
+    };
+    run(&mut a, to_gw(), POD, 0);
+    let (s, o) = (nd::FLAG_SOLICITED, nd::FLAG_OVERRIDE);
+    run(&mut a, na(gw, s | o, Some(GW_MAC), GW_MAC), UPLINK, 0);
+    run(&mut a, to_gw(), POD, 31 * SEC);
+    let (v, out) = run(&mut a, to_gw(), POD, 36 * SEC);
+    assert_eq!((v, out.len()), (Verdict::Forwarded, 2));
+    let (_, f) = &out[0];
+    assert_eq!(&f.data[0..6], &GW_MAC);
+    let p = parse(&f.data, 0).unwrap();
+    assert_eq!(p.key.dst.ip(), ip(gw), "to its address, not its group");
+    assert_eq!(
+        nd_of(&f.data),
+        nd::Message::Solicit {
+            target: v6(gw),
+            slla: Some(uplink_mac(1))
+        }
+    );
 }
