@@ -52,6 +52,9 @@ drop_reasons! {
     /// unspecified address not to a solicited-node group or with a link-layer address, or
     /// a solicited advertisement to a multicast address (RFC 4861 section 7.1).
     NdMalformed => "nd_malformed",
+    /// An IPv6 neighbour discovery message that came in fragments: ignored (RFC 6980
+    /// section 5), as Linux does; no node fragments one.
+    NdFragmented => "nd_fragmented",
     // --- IPv4
     /// IPv4 header shorter than 20 bytes, IHL below 5, or version not 4.
     Ipv4HeaderMalformed => "ipv4_header_malformed",

@@ -2052,7 +2052,7 @@ impl Pipeline {
     /// Neighbour discovery: like ARP. A pod port answers every solicitation (router
     /// flag set) except for the pod's own addresses and duplicate address detection;
     /// uplink and host ports answer for the node's addresses (a duplicate address probe
-    /// for one to all nodes) and learn.
+    /// for one to all nodes) and learn. A message that came in fragments is dropped.
     fn nd(
         &mut self,
         pkt: &Packet,
@@ -2061,6 +2061,11 @@ impl Pipeline {
         out: &mut Vec<(PortId, Packet)>,
         trace: &mut Trace,
     ) -> Verdict {
+        // Reassembled (no node fragments ND): fragments are how a message slips past
+        // filters that look at the first fragment only (RFC 6980 section 5).
+        if pkt.meta.mru != 0 {
+            return self.drop(DropReason::NdFragmented, trace);
+        }
         let tables = Arc::clone(&self.tables);
         let in_id = pkt.meta.in_port;
         let port = &tables.ports[usize::from(in_id)];

@@ -818,3 +818,51 @@ fn test_an_ipv6_neighbour_not_confirmed_is_solicited_at_its_address() {
         }
     );
 }
+
+/// A neighbour solicitation from `src` at `mac` for `target`, with an unknown option
+/// that pads it to `len` bytes of IPv6 payload (a receiver ignores such options).
+fn padded_solicit(mac: [u8; 6], src: &str, target: &str, len: usize) -> Vec<u8> {
+    let (src, target) = (v6(src), v6(target));
+    let dst = nd::solicited_node(target);
+    let mut body = vec![nd::nd_type::NS, 0, 0, 0, 0, 0, 0, 0];
+    body.extend_from_slice(&target.octets());
+    body.extend_from_slice(&[1, 1]);
+    body.extend_from_slice(&mac);
+    let pad = len - body.len();
+    body.extend_from_slice(&[0xfe, (pad / 8) as u8]);
+    body.resize(len, 0);
+    let sum = crate::wire::checksum::add(
+        &body,
+        crate::wire::checksum::pseudo_v6(&src.octets(), &dst.octets(), proto::ICMPV6, len as u32),
+    );
+    body[2..4].copy_from_slice(&crate::wire::checksum::finish(sum).to_be_bytes());
+    let mut f = Vec::new();
+    let ipv6 = crate::wire::parse::ethertype::IPV6;
+    neigh::eth_header(&mut f, nd::multicast_mac(dst), mac, None, ipv6);
+    f.extend_from_slice(&[0x60, 0, 0, 0]);
+    f.extend_from_slice(&(len as u16).to_be_bytes());
+    f.extend_from_slice(&[proto::ICMPV6, 255]);
+    f.extend_from_slice(&src.octets());
+    f.extend_from_slice(&dst.octets());
+    f.extend_from_slice(&body);
+    f
+}
+
+#[test]
+fn test_neighbour_discovery_that_came_in_fragments_is_ignored() {
+    let (mut a, _) = nodes();
+    let ns = padded_solicit(GW_MAC, "fd00:50::1", "fd00:50::10", 1400);
+    // Whole, it is a solicitation like any.
+    let (v, out) = run(&mut a, ns.clone(), UPLINK, 0);
+    assert_eq!((v, out.len()), (Verdict::Consumed, 1));
+    let (mut a, _) = nodes();
+    let pieces = frags(ns, 7, 1280);
+    assert_eq!(pieces.len(), 2);
+    assert_eq!(run(&mut a, pieces[0].clone(), UPLINK, 0).0, Verdict::Held);
+    let (v, out) = run(&mut a, pieces[1].clone(), UPLINK, 0);
+    assert_eq!(
+        (v, out.len()),
+        (Verdict::Dropped(DropReason::NdFragmented), 0)
+    );
+    assert!(a.neighbours().is_empty(), "nothing learned");
+}
