@@ -36,6 +36,7 @@ use std::net::IpAddr;
 use crate::drop::DropReason;
 use crate::icmp::RateLimiter;
 use crate::packet::PortId;
+use crate::tables::Port;
 use crate::wire::parse::ethertype;
 
 /// Appends an Ethernet header (with an 802.1Q tag when `vlan` is set) to `v`.
@@ -47,6 +48,21 @@ pub fn eth_header(v: &mut Vec<u8>, dst: [u8; 6], src: [u8; 6], vlan: Option<u16>
         v.extend_from_slice(&tci.to_be_bytes());
     }
     v.extend_from_slice(&etype.to_be_bytes());
+}
+
+/// The address of `port` to ask for `target` from: one in an on-link subnet of the port
+/// that holds `target`, so that the neighbour can answer it, else the port's first of
+/// the family (Linux's `inet_select_addr`).
+pub fn probe_source(port: &Port, target: IpAddr) -> Option<IpAddr> {
+    port.addresses
+        .iter()
+        .copied()
+        .find(|a| {
+            port.subnets
+                .iter()
+                .any(|n| n.contains(a) && n.contains(&target))
+        })
+        .or_else(|| port.own_addr(target.is_ipv6()))
 }
 
 /// State of a neighbour entry.

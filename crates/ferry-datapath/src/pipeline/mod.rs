@@ -1728,11 +1728,12 @@ impl Pipeline {
                 neigh::Probe::Broadcast => None,
                 neigh::Probe::Unicast(m) => Some(m),
             };
+            let source = neigh::probe_source(p, ip);
             let frame = match ip {
                 IpAddr::V4(target) => arp::Repr {
                     op: arp::REQUEST,
                     sender_mac: p.mac,
-                    sender_ip: match p.own_addr(false) {
+                    sender_ip: match source {
                         Some(IpAddr::V4(a)) => a,
                         _ => Ipv4Addr::UNSPECIFIED,
                     },
@@ -1741,8 +1742,7 @@ impl Pipeline {
                 }
                 .frame(to.unwrap_or([0xff; 6]), p.mac, None),
                 IpAddr::V6(target) => {
-                    let src = p
-                        .own_addr(true)
+                    let src = source
                         .and_then(nd::v6)
                         .unwrap_or_else(|| nd::link_local(p.mac));
                     match to {

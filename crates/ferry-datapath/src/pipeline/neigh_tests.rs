@@ -866,3 +866,47 @@ fn test_neighbour_discovery_that_came_in_fragments_is_ignored() {
     );
     assert!(a.neighbours().is_empty(), "nothing learned");
 }
+
+#[test]
+fn test_a_probe_is_sent_from_the_address_in_the_targets_subnet() {
+    let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, NODE2)]);
+    for a in ["192.168.70.10/24", "fd00:70::10/64"] {
+        spec.ports[0].addresses.push(a.parse().unwrap());
+    }
+    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    let (v, out) = run(&mut a, udp_to("192.168.70.33", b"1"), POD, 0);
+    assert_eq!((v, out.len()), (Verdict::Queued, 1));
+    let r = arp_of(&out[0].1.data);
+    assert_eq!(
+        (r.sender_ip, r.target_ip),
+        (
+            "192.168.70.10".parse().unwrap(),
+            "192.168.70.33".parse().unwrap()
+        )
+    );
+    // Off every subnet (the gateway is on the first): the first address.
+    let (_, out) = run(&mut a, udp_to("8.8.8.8", b"2"), POD, 0);
+    assert_eq!(
+        arp_of(&out[0].1.data).sender_ip,
+        Ipv4Addr::new(192, 168, 50, 10)
+    );
+    let f = build::udp(
+        ip("fd00:10:244:1::5"),
+        ip("fd00:70::33"),
+        1,
+        2,
+        b"3",
+        &from_pod(1, 5),
+    );
+    let (v, out) = run(&mut a, f, POD, 0);
+    assert_eq!((v, out.len()), (Verdict::Queued, 1));
+    let p = parse(&out[0].1.data, 0).unwrap();
+    assert_eq!(p.key.src.ip(), ip("fd00:70::10"));
+    assert_eq!(
+        nd_of(&out[0].1.data),
+        nd::Message::Solicit {
+            target: v6("fd00:70::33"),
+            slla: Some(uplink_mac(1))
+        }
+    );
+}
