@@ -61,8 +61,8 @@ fuzz_target!(|data: &[u8]| {
         pkt.meta.vnet.gso_type = h[1];
         pkt.meta.vnet.gso_size = u16::from_le_bytes([h[2], h[3]]);
         pkt.meta.vnet.flags = h[4];
-        p.tick(now);
         out.clear();
+        p.tick(now, &mut out);
         p.process(pkt, &mut out, &mut Trace::disabled());
         for (port, o) in &out {
             let port = &t.ports[usize::from(*port)];
