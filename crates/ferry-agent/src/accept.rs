@@ -3,9 +3,9 @@
 //! connection on, until the [`Acceptor`] is dropped.
 
 use std::io::{self, Read};
-use std::net::TcpStream;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::net::{IpAddr, Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -56,8 +56,13 @@ impl Drop for Acceptor {
 }
 
 /// Connections an HTTP server of the agent (a health check node port, metrics) serves at
-/// once; more are closed at once, so that slow or idle clients cannot pile up threads.
+/// once, each on a thread of its own ([`Limiter`]).
 pub(crate) const MAX_CONNECTIONS: usize = 16;
+
+/// Threads an HTTP server runs at most: its [`MAX_CONNECTIONS`] places, and the threads of
+/// connections it cut off that have not ended yet (each ends as soon as its read sees
+/// the shutdown).
+const MAX_THREADS: usize = 2 * MAX_CONNECTIONS;
 
 /// How long an HTTP client has to send its whole request head, however slowly it
 /// sends it.
@@ -66,34 +71,157 @@ pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest request head read; the rest is not read.
 pub(crate) const MAX_HEAD: usize = 8192;
 
-/// Runs `serve` on a thread of its own, named `name`, unless `busy` already counts
-/// [`MAX_CONNECTIONS`] running ones: then `serve` is dropped unrun (with the connection
-/// it holds, which closes) and the answer is false. The thread is not waited for by
-/// anyone: it ends when `serve` does, which the timeouts of [`read_head`] and
-/// [`write_timeout`] bound, so that stopping a server never waits on a client.
-pub(crate) fn serve_limited(
-    busy: &Arc<AtomicUsize>,
-    name: &str,
-    serve: impl FnOnce() + Send + 'static,
-) -> bool {
-    if busy.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-        busy.fetch_sub(1, Ordering::AcqRel);
-        return false;
-    }
-    struct Release(Arc<AtomicUsize>);
-    impl Drop for Release {
-        fn drop(&mut self) {
-            self.0.fetch_sub(1, Ordering::AcqRel);
+/// The connections one HTTP server serves, at most [`MAX_CONNECTIONS`] at once, each on a
+/// thread of its own that is waited for by no one: it ends when its connection is
+/// answered, which the timeouts of [`read_head`] and [`write_timeout`] bound, so that
+/// stopping a server never waits on a client.
+///
+/// A connection that finds every place taken does not simply lose: the oldest connection
+/// still sending its request head, of the source holding the most places, is shut down
+/// unanswered and gives its place. So idle or slow clients, however many, cannot keep a
+/// load balancer's probe from its answer: only connections being answered keep their
+/// places, and those end within [`HEAD_TIMEOUT`]. Taking places from the source holding
+/// the most first keeps one client from cutting off the others' probes.
+#[derive(Default)]
+pub(crate) struct Limiter {
+    places: Arc<Mutex<Places>>,
+}
+
+#[derive(Default)]
+struct Places {
+    /// The id of the next connection (ids grow with age).
+    next: u64,
+    /// The connections holding places, oldest first.
+    held: Vec<Place>,
+    /// Threads running, including those of connections shut down.
+    threads: usize,
+}
+
+struct Place {
+    id: u64,
+    source: IpAddr,
+    /// Its request head is read: it is being answered, and keeps its place.
+    answering: bool,
+    /// The connection, to shut it down while its head is still coming.
+    conn: TcpStream,
+}
+
+impl Places {
+    /// Marks connection `id` as being answered; false when it lost its place meanwhile.
+    fn answering(&mut self, id: u64) -> bool {
+        match self.held.iter_mut().find(|p| p.id == id) {
+            Some(p) => {
+                p.answering = true;
+                true
+            }
+            None => false,
         }
     }
-    let release = Release(Arc::clone(busy));
-    thread::Builder::new()
-        .name(name.to_string())
-        .spawn(move || {
-            let _release = release;
-            serve();
-        })
-        .is_ok()
+}
+
+/// Which of the connections `held` (their source, and whether they are being answered;
+/// oldest first) gives its place to a new one: the oldest not being answered of the
+/// source holding the most places; None when all are being answered.
+fn victim(held: &[(IpAddr, bool)]) -> Option<usize> {
+    let places_of = |src: IpAddr| held.iter().filter(|(s, _)| *s == src).count();
+    held.iter()
+        .enumerate()
+        .filter(|(_, (_, answering))| !answering)
+        // The first of the largest: max_by_key keeps the last of equals, hence the
+        // reversed index.
+        .max_by_key(|&(i, &(src, _))| (places_of(src), std::cmp::Reverse(i)))
+        .map(|(i, _)| i)
+}
+
+impl Limiter {
+    /// No connections yet.
+    pub(crate) fn new() -> Limiter {
+        Limiter::default()
+    }
+
+    /// Serves `conn` on a thread of its own named `name`: reads its request head
+    /// ([`read_head`]) and hands it to `answer` with the connection, whose writes
+    /// [`write_timeout`] bounds. When every place is taken, a connection still sending
+    /// its head gives its place (see [`Limiter`]); when all are being answered, or
+    /// [`MAX_THREADS`] threads still run, `conn` is closed unanswered and the result is
+    /// false.
+    pub(crate) fn serve(
+        &self,
+        conn: TcpStream,
+        name: &str,
+        answer: impl FnOnce(&TcpStream, &[u8]) -> io::Result<()> + Send + 'static,
+    ) -> bool {
+        let Ok(source) = conn.peer_addr().map(|a| a.ip().to_canonical()) else {
+            return false;
+        };
+        let Ok(handle) = conn.try_clone() else {
+            return false;
+        };
+        let id = {
+            let mut p = self.places.lock().unwrap_or_else(PoisonError::into_inner);
+            if p.threads >= MAX_THREADS {
+                return false;
+            }
+            if p.held.len() >= MAX_CONNECTIONS {
+                let held: Vec<(IpAddr, bool)> =
+                    p.held.iter().map(|h| (h.source, h.answering)).collect();
+                let Some(i) = victim(&held) else {
+                    return false;
+                };
+                // Its read returns at once; its thread ends without answering.
+                let _ = p.held.remove(i).conn.shutdown(Shutdown::Both);
+            }
+            let id = p.next;
+            p.next += 1;
+            p.held.push(Place {
+                id,
+                source,
+                answering: false,
+                conn: handle,
+            });
+            p.threads += 1;
+            id
+        };
+        /// Gives the place (when still held) and the thread back, also when the thread
+        /// did not start or panicked.
+        struct Release(Arc<Mutex<Places>>, u64);
+        impl Drop for Release {
+            fn drop(&mut self) {
+                let mut p = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+                p.held.retain(|h| h.id != self.1);
+                p.threads -= 1;
+            }
+        }
+        let release = Release(Arc::clone(&self.places), id);
+        thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || {
+                let Ok(head) = read_head(&conn) else {
+                    return;
+                };
+                let places = Arc::clone(&release.0);
+                if !places
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .answering(id)
+                {
+                    return;
+                }
+                let _ = write_timeout(&conn).and_then(|()| answer(&conn, &head));
+                drop(release);
+            })
+            .is_ok()
+    }
+
+    /// The connections holding places now.
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.places
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .held
+            .len()
+    }
 }
 
 /// Reads an HTTP request head from `conn`: up to the blank line that ends it, at most
@@ -208,24 +336,105 @@ mod tests {
         sender.join().unwrap();
     }
 
-    #[test]
-    fn at_most_max_connections_are_served_at_once() {
-        let busy = Arc::new(AtomicUsize::new(0));
-        let gate = Arc::new(std::sync::Barrier::new(MAX_CONNECTIONS + 1));
-        for _ in 0..MAX_CONNECTIONS {
-            let g = Arc::clone(&gate);
-            assert!(serve_limited(&busy, "t", move || {
-                g.wait();
-            }));
-        }
-        assert!(!serve_limited(&busy, "t", || panic!("not run")));
-        gate.wait();
-        // The threads end and give their places back.
+    /// A server on 127.0.0.1 answering `ok` to every head, through a [`Limiter`]; the
+    /// handler waits for `gate` before it answers, when there is one.
+    fn server(gate: Option<Arc<std::sync::Barrier>>) -> (Acceptor, Arc<Limiter>, u16) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        l.set_nonblocking(true).unwrap();
+        let limiter = Arc::new(Limiter::new());
+        let lim = Arc::clone(&limiter);
+        let acceptor = Acceptor::spawn(
+            "t".into(),
+            move || l.accept().map(|(c, _)| c),
+            move |conn| {
+                let gate = gate.clone();
+                lim.serve(conn, "t-conn", move |mut c, _| {
+                    if let Some(g) = gate {
+                        g.wait();
+                    }
+                    c.write_all(b"ok")
+                });
+            },
+        )
+        .unwrap();
+        (acceptor, limiter, port)
+    }
+
+    fn wait_held(limiter: &Limiter, n: usize) {
         let t0 = Instant::now();
-        while busy.load(Ordering::Acquire) != 0 {
-            assert!(t0.elapsed() < Duration::from_secs(5));
+        while limiter.held() != n {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "{} connections held, not {n}",
+                limiter.held()
+            );
             thread::sleep(Duration::from_millis(5));
         }
-        assert!(serve_limited(&busy, "t", || {}));
+    }
+
+    /// What the server sent on `c` until it closed, or the error.
+    fn answer(mut c: TcpStream) -> io::Result<String> {
+        c.set_read_timeout(Some(Duration::from_secs(3)))?;
+        let mut s = String::new();
+        c.read_to_string(&mut s)?;
+        Ok(s)
+    }
+
+    #[test]
+    fn idle_connections_give_their_places_oldest_first() {
+        let (_server, limiter, port) = server(None);
+        let idle: Vec<TcpStream> = (0..MAX_CONNECTIONS)
+            .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+            .collect();
+        wait_held(&limiter, MAX_CONNECTIONS);
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let t0 = Instant::now();
+        assert_eq!(answer(c).unwrap(), "ok");
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        // The oldest idle one was closed unanswered; the next one still has its place
+        // and is answered once it sends its head.
+        let mut idle = idle.into_iter();
+        assert_eq!(answer(idle.next().unwrap()).unwrap(), "");
+        let mut next = idle.next().unwrap();
+        next.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        assert_eq!(answer(next).unwrap(), "ok");
+    }
+
+    #[test]
+    fn connections_being_answered_keep_their_places() {
+        let gate = Arc::new(std::sync::Barrier::new(MAX_CONNECTIONS + 1));
+        let (_server, limiter, port) = server(Some(Arc::clone(&gate)));
+        let busy: Vec<TcpStream> = (0..MAX_CONNECTIONS)
+            .map(|_| {
+                let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                c.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+                c
+            })
+            .collect();
+        wait_held(&limiter, MAX_CONNECTIONS);
+        // Every place is being answered: one more is closed at once, unanswered.
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let _ = c.write_all(b"GET / HTTP/1.1\r\n\r\n");
+        assert!(answer(c).unwrap_or_default().is_empty());
+        gate.wait();
+        for c in busy {
+            assert_eq!(answer(c).unwrap(), "ok");
+        }
+        wait_held(&limiter, 0);
+    }
+
+    #[test]
+    fn the_source_holding_most_places_gives_one_first() {
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        // The oldest is a's, but b holds more.
+        assert_eq!(victim(&[(a, false), (b, false), (b, false)]), Some(1));
+        // Of equal holders, the oldest.
+        assert_eq!(victim(&[(b, false), (a, false)]), Some(0));
+        // Connections being answered keep theirs, whoever holds them.
+        assert_eq!(victim(&[(a, false), (b, true), (b, true)]), Some(0));
+        assert_eq!(victim(&[(a, true), (b, true)]), None);
+        assert_eq!(victim(&[]), None);
     }
 }

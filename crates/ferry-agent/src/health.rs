@@ -9,10 +9,9 @@
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::net::{Ipv6Addr, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::accept::{self, Acceptor};
+use crate::accept::{Acceptor, Limiter};
 use crate::compile::HealthCheck;
 
 /// What one port answers.
@@ -90,32 +89,31 @@ fn listen(port: u16, answers: Arc<Mutex<BTreeMap<u16, Answer>>>) -> io::Result<A
         .or_else(|_| TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))))?;
     sock.set_nonblocking(true)?;
     // Each connection on a thread of its own, a few at once, each bounded in time: a
-    // slow client neither delays the load balancer's probes nor, when the port goes,
-    // the agent that stops the server.
-    let busy = Arc::new(AtomicUsize::new(0));
+    // slow or idle client neither keeps the load balancer's probes from their answer
+    // nor, when the port goes, delays the agent that stops the server.
+    let limiter = Limiter::new();
     Acceptor::spawn(
         format!("health-{port}"),
         move || sock.accept().map(|(c, _)| c),
         move |conn| {
             let answers = Arc::clone(&answers);
-            accept::serve_limited(&busy, &format!("health-{port}-conn"), move || {
+            limiter.serve(conn, &format!("health-{port}-conn"), move |conn, _| {
                 let answer = answers
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .get(&port)
                     .cloned();
-                if let Some(a) = answer {
-                    let _ = serve(conn, &a);
+                match answer {
+                    Some(a) => respond(conn, &a),
+                    None => Ok(()),
                 }
             });
         },
     )
 }
 
-/// Reads the request head (whatever it asks) and answers.
-fn serve(conn: TcpStream, a: &Answer) -> io::Result<()> {
-    accept::read_head(&conn)?;
-    accept::write_timeout(&conn)?;
+/// Answers a request (whatever it asks).
+fn respond(conn: &TcpStream, a: &Answer) -> io::Result<()> {
     let body = format!(
         "{{\"service\": {{\"namespace\": {}, \"name\": {}}}, \"localEndpoints\": {}, \"serviceProxyHealthy\": true}}\n",
         json_string(&a.namespace),
@@ -127,7 +125,7 @@ fn serve(conn: TcpStream, a: &Answer) -> io::Result<()> {
     } else {
         "503 Service Unavailable"
     };
-    let mut w = &conn;
+    let mut w = conn;
     write!(
         w,
         "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nX-Content-Type-Options: nosniff\r\nX-Load-Balancing-Endpoint-Weight: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -139,4 +137,59 @@ fn serve(conn: TcpStream, a: &Answer) -> io::Result<()> {
 
 fn json_string(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::time::{Duration, Instant};
+
+    /// A port nothing listens on now.
+    fn free_port() -> u16 {
+        TcpListener::bind("[::]:0")
+            .or_else(|_| TcpListener::bind("0.0.0.0:0"))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    fn check(port: u16, local_endpoints: usize) -> HealthCheck {
+        HealthCheck {
+            service: "default/web".into(),
+            port,
+            local_endpoints,
+        }
+    }
+
+    /// The whole answer to a GET of `port` on 127.0.0.1, or what went wrong.
+    fn get(port: u16) -> io::Result<String> {
+        let mut c = TcpStream::connect(("127.0.0.1", port))?;
+        c.set_read_timeout(Some(Duration::from_secs(3)))?;
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: node\r\n\r\n")?;
+        let mut answer = String::new();
+        c.read_to_string(&mut answer)?;
+        Ok(answer)
+    }
+
+    /// Idle connections, as many as the port serves at once, do not keep a probe from
+    /// its answer: the oldest of them that has not sent its request yet gives way.
+    #[test]
+    fn idle_connections_do_not_starve_a_probe() {
+        let port = free_port();
+        let mut servers = HealthServers::new();
+        assert!(servers.set(&[check(port, 2)]).is_empty());
+        let idle: Vec<TcpStream> = (0..crate::accept::MAX_CONNECTIONS)
+            .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+            .collect();
+        // Each idle one is accepted and holds its place before the probe comes.
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        let answer = get(port).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer:?}");
+        assert!(answer.contains("\"localEndpoints\": 2"), "{answer}");
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        drop(idle);
+    }
 }

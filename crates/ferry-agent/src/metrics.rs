@@ -10,8 +10,6 @@ use std::fmt::Write as _;
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
 
 use ferry_api::{Counters, Request, Response};
 use prometheus_client::encoding::text::encode;
@@ -22,7 +20,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
-use crate::accept::{self, Acceptor};
+use crate::accept::{Acceptor, Limiter};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PortLabel {
@@ -475,14 +473,14 @@ impl MetricsServer {
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
         // Scrapes on threads of their own, a few at once, each bounded in time.
-        let busy = Arc::new(AtomicUsize::new(0));
+        let limiter = Limiter::new();
         let acceptor = Acceptor::spawn(
             "ferry-metrics".into(),
             move || listener.accept().map(|(c, _)| c),
             move |conn| {
                 let sock = api_socket.clone();
-                accept::serve_limited(&busy, "ferry-metrics-conn", move || {
-                    let _ = serve(conn, &sock);
+                limiter.serve(conn, "ferry-metrics-conn", move |conn, head| {
+                    respond(conn, head, &sock)
                 });
             },
         )?;
@@ -498,10 +496,9 @@ impl MetricsServer {
     }
 }
 
-fn serve(conn: TcpStream, api_socket: &std::path::Path) -> io::Result<()> {
-    let head = accept::read_head(&conn)?;
-    accept::write_timeout(&conn)?;
-    let head = String::from_utf8_lossy(&head);
+/// Answers the request whose head is `head`.
+fn respond(conn: &TcpStream, head: &[u8], api_socket: &std::path::Path) -> io::Result<()> {
+    let head = String::from_utf8_lossy(head);
     let first = head.lines().next().unwrap_or_default();
     let path = first.split_whitespace().nth(1).unwrap_or("/");
     let (status, ctype, body) = if path != "/metrics" {
@@ -521,7 +518,7 @@ fn serve(conn: TcpStream, api_socket: &std::path::Path) -> io::Result<()> {
             ),
         }
     };
-    let mut w = &conn;
+    let mut w = conn;
     write!(
         w,
         "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
