@@ -8,8 +8,10 @@
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
-use std::net::{Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv6Addr, SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex, PoisonError};
+
+use ferry_linux::tcp;
 
 use crate::accept::{Acceptor, Limiter};
 use crate::compile::HealthCheck;
@@ -83,10 +85,10 @@ impl HealthServers {
 }
 
 fn listen(port: u16, answers: Arc<Mutex<BTreeMap<u16, Answer>>>) -> io::Result<Acceptor> {
-    // The IPv6 wildcard takes IPv4 too (unless the host forbids dual-stack sockets, then
-    // IPv4 only).
-    let sock = TcpListener::bind(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)))
-        .or_else(|_| TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))))?;
+    // The IPv6 wildcard, which takes IPv4 too (also where the host makes IPv6 sockets
+    // IPv6-only by default); IPv4 only on a host without IPv6.
+    let sock = tcp::listen(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)))
+        .or_else(|_| tcp::listen(SocketAddr::from(([0, 0, 0, 0], port))))?;
     sock.set_nonblocking(true)?;
     // Each connection on a thread of its own, a few at once, each bounded in time: a
     // slow or idle client neither keeps the load balancer's probes from their answer
@@ -143,6 +145,7 @@ fn json_string(s: &str) -> String {
 mod tests {
     use super::*;
     use std::io::Read;
+    use std::net::TcpListener;
     use std::time::{Duration, Instant};
 
     /// A port nothing listens on now.
@@ -165,7 +168,12 @@ mod tests {
 
     /// The whole answer to a GET of `port` on 127.0.0.1, or what went wrong.
     fn get(port: u16) -> io::Result<String> {
-        let mut c = TcpStream::connect(("127.0.0.1", port))?;
+        get_at("127.0.0.1", port)
+    }
+
+    /// The whole answer to a GET of `port` at `addr`, or what went wrong.
+    fn get_at(addr: &str, port: u16) -> io::Result<String> {
+        let mut c = TcpStream::connect((addr, port))?;
         c.set_read_timeout(Some(Duration::from_secs(3)))?;
         c.write_all(b"GET /healthz HTTP/1.1\r\nHost: node\r\n\r\n")?;
         let mut answer = String::new();
@@ -191,5 +199,50 @@ mod tests {
         assert!(answer.contains("\"localEndpoints\": 2"), "{answer}");
         assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
         drop(idle);
+    }
+
+    /// A network namespace of one test, with its loopback up; deleted when dropped.
+    struct Netns(String);
+
+    impl Netns {
+        fn new(tag: &str) -> Netns {
+            let name = format!("ferry-{tag}-{}", std::process::id());
+            ferry_linux::link::ip(&["netns", "add", &name]).unwrap();
+            let ns = Netns(name);
+            ferry_linux::link::ip(&["-n", &ns.0, "link", "set", "lo", "up"]).unwrap();
+            ns
+        }
+    }
+
+    impl Drop for Netns {
+        fn drop(&mut self) {
+            let _ = ferry_linux::link::ip(&["netns", "delete", &self.0]);
+        }
+    }
+
+    /// Where the host makes IPv6 sockets IPv6-only by default (`net.ipv6.bindv6only=1`,
+    /// a setting of each network namespace), a port still answers probes over IPv4, as
+    /// over IPv6. Needs root and iproute2.
+    #[test]
+    fn ipv4_probes_are_answered_where_ipv6_sockets_are_ipv6_only_by_default() {
+        let ns = Netns::new("hc6");
+        let answers = ferry_linux::netns::spawn_in(&ns.0, || -> io::Result<[String; 2]> {
+            // This thread's namespace is the test's own.
+            std::fs::write("/proc/sys/net/ipv6/bindv6only", "1")?;
+            let port = 10256;
+            let mut servers = HealthServers::new();
+            if let Some((_, e)) = servers.set(&[check(port, 1)]).pop() {
+                return Err(e);
+            }
+            Ok([get_at("127.0.0.1", port)?, get_at("::1", port)?])
+        })
+        .unwrap()
+        .join()
+        .unwrap()
+        .unwrap()
+        .unwrap();
+        for a in answers {
+            assert!(a.starts_with("HTTP/1.1 200 OK\r\n"), "{a:?}");
+        }
     }
 }

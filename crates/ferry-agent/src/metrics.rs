@@ -8,7 +8,7 @@
 
 use std::fmt::Write as _;
 use std::io::{self, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 
 use ferry_api::{Counters, Request, Response};
@@ -469,7 +469,8 @@ pub struct MetricsServer {
 impl MetricsServer {
     /// Serves `/metrics` on `addr`, asking the agent at `api_socket` at each scrape.
     pub fn bind(addr: SocketAddr, api_socket: PathBuf) -> io::Result<MetricsServer> {
-        let listener = TcpListener::bind(addr)?;
+        // An IPv6 address takes IPv4 too, whatever the host's default.
+        let listener = ferry_linux::tcp::listen(addr)?;
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
         // Scrapes on threads of their own, a few at once, each bounded in time.

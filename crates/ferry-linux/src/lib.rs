@@ -1,5 +1,6 @@
 //! ferry's Linux side: the ports that move frames between the kernel and the datapath,
-//! and the namespace helpers that end-to-end tests and the lab use.
+//! the namespace helpers that end-to-end tests and the lab use, and the TCP listeners of
+//! the agent's HTTP servers.
 //!
 //! Every `unsafe` block of ferry lives in this crate, next to a `// SAFETY:` comment that
 //! says why it is sound; the types exported here are safe to use.
@@ -13,6 +14,7 @@ pub mod port;
 pub mod signal;
 pub mod tap;
 pub mod tc;
+pub mod tcp;
 pub mod worker;
 
 pub use af_packet::{AfPacketConfig, AfPacketPort};
