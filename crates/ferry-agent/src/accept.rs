@@ -3,11 +3,13 @@
 //! connection on, until the [`Acceptor`] is dropped.
 
 use std::io::{self, Read};
-use std::net::{IpAddr, Shutdown, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
+
+use ferry_linux::tcp;
 
 /// How long the loop waits when no connection is pending (bounds the time a drop
 /// waits for the thread).
@@ -53,6 +55,19 @@ impl Drop for Acceptor {
             let _ = t.join();
         }
     }
+}
+
+/// Listens on `addr` for an HTTP server of the agent: an IPv6 address takes IPv4 too,
+/// whatever the host's default ([`ferry_linux::tcp::listen`]); the IPv6 wildcard falls
+/// back to the IPv4 one on a host without IPv6 (the error is the IPv6 one when both
+/// fail).
+pub(crate) fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    tcp::listen(addr).or_else(|e| match addr.ip() {
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            tcp::listen(SocketAddr::from((Ipv4Addr::UNSPECIFIED, addr.port()))).map_err(|_| e)
+        }
+        _ => Err(e),
+    })
 }
 
 /// Connections an HTTP server of the agent (a health check node port, metrics) serves at
@@ -284,7 +299,6 @@ pub(crate) fn write_timeout(conn: &TcpStream) -> io::Result<()> {
 mod tests {
     use super::*;
     use std::io::Write;
-    use std::net::TcpListener;
 
     fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -11,9 +11,7 @@ use std::io::{self, Write};
 use std::net::{Ipv6Addr, SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use ferry_linux::tcp;
-
-use crate::accept::{Acceptor, Limiter};
+use crate::accept::{self, Acceptor, Limiter};
 use crate::compile::HealthCheck;
 
 /// What one port answers.
@@ -87,8 +85,7 @@ impl HealthServers {
 fn listen(port: u16, answers: Arc<Mutex<BTreeMap<u16, Answer>>>) -> io::Result<Acceptor> {
     // The IPv6 wildcard, which takes IPv4 too (also where the host makes IPv6 sockets
     // IPv6-only by default); IPv4 only on a host without IPv6.
-    let sock = tcp::listen(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)))
-        .or_else(|_| tcp::listen(SocketAddr::from(([0, 0, 0, 0], port))))?;
+    let sock = accept::listen(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)))?;
     sock.set_nonblocking(true)?;
     // Each connection on a thread of its own, a few at once, each bounded in time: a
     // slow or idle client neither keeps the load balancer's probes from their answer

@@ -10,6 +10,7 @@
 //!   the cluster;
 //! - [`run`]: the running agent, [`run::Agent`]: ports opened, tables swapped into the
 //!   worker as the cluster changes; [`health`]: health check node ports;
+//!   [`proxy_health`]: the agent's own health, kube-proxy's `/healthz` and `/livez`;
 //! - [`fields`] and [`config`]: what ferry reads of each object and of the
 //!   `kube-system/ferry-config` ConfigMap, checked in one place;
 //! - [`conntrack`], [`services`] and [`status`]: what the local API ([`api`]) and the
@@ -31,6 +32,7 @@ pub mod host_nat;
 pub mod leftovers;
 pub mod metrics;
 pub mod observe;
+pub mod proxy_health;
 pub mod run;
 pub mod services;
 pub mod state;

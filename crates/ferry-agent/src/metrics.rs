@@ -20,7 +20,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
-use crate::accept::{Acceptor, Limiter};
+use crate::accept::{self, Acceptor, Limiter};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PortLabel {
@@ -469,8 +469,7 @@ pub struct MetricsServer {
 impl MetricsServer {
     /// Serves `/metrics` on `addr`, asking the agent at `api_socket` at each scrape.
     pub fn bind(addr: SocketAddr, api_socket: PathBuf) -> io::Result<MetricsServer> {
-        // An IPv6 address takes IPv4 too, whatever the host's default.
-        let listener = ferry_linux::tcp::listen(addr)?;
+        let listener = accept::listen(addr)?;
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
         // Scrapes on threads of their own, a few at once, each bounded in time.

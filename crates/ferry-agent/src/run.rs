@@ -19,6 +19,7 @@
 //! are carried out first, so that a pod deleted meanwhile is not adopted.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -46,6 +47,7 @@ use crate::health::HealthServers;
 use crate::host_nat;
 use crate::leftovers;
 use crate::observe;
+use crate::proxy_health::{HealthzServer, ProxyHealth};
 use crate::state;
 use crate::status::{AgentStatus, ErrorKind};
 
@@ -86,6 +88,9 @@ pub struct Options {
     /// [`crate::del_queue`]): made at start, and its DELs carried out before the recorded
     /// attachments are adopted, then by [`Agent::carry_out_queued_dels`]. None: no queue.
     pub del_queue: Option<PathBuf>,
+    /// Where to serve kube-proxy's `/healthz` and `/livez` ([`crate::proxy_health`]);
+    /// None: nowhere.
+    pub healthz: Option<SocketAddr>,
 }
 
 /// What one applied cluster state did.
@@ -151,6 +156,15 @@ pub struct Agent {
     /// Pod ports the worker took out of service (their device gone), each reported once
     /// while the tables still have it.
     gone_ports: BTreeSet<String>,
+    /// The agent's own health, as `/healthz` and the health check node ports report it.
+    proxy: Arc<ProxyHealth>,
+    /// The `/healthz` server, once [`Options::healthz`] could be listened on.
+    healthz: Option<HealthzServer>,
+    /// Listening on [`Options::healthz`] failed (reported once until it works).
+    healthz_failing: bool,
+    /// When [`Agent::housekeeping`] tries again to listen on [`Options::healthz`]
+    /// ([`LISTEN_RETRY`]).
+    healthz_due: Instant,
 }
 
 /// A pod interface the CNI plugin asked for.
@@ -243,6 +257,11 @@ fn service_key(entry: &str) -> Option<ObjectKey> {
 /// dataplane ([`leftovers`]), after it did at start.
 pub const LEFTOVERS_EVERY: Duration = Duration::from_secs(30);
 
+/// How often the agent tries again to listen on an address it could not (another
+/// process holds the port: kube-proxy, still running while ferry replaces it), as
+/// kube-proxy does with its own health server.
+pub const LISTEN_RETRY: Duration = Duration::from_secs(5);
+
 impl Agent {
     /// Compiles the tables of `cluster`, opens every port, and starts the worker.
     pub fn start(opts: Options, cluster: Arc<Cluster>) -> Result<(Agent, Applied), String> {
@@ -270,6 +289,10 @@ impl Agent {
             made: Vec::new(),
             del_queue_failing: false,
             gone_ports: BTreeSet::new(),
+            proxy: Arc::new(ProxyHealth::new()),
+            healthz: None,
+            healthz_failing: false,
+            healthz_due: Instant::now(),
         };
         agent.adopt_recorded();
         let compiled = agent.compile(&cluster)?;
@@ -294,6 +317,9 @@ impl Agent {
             Arc::clone(&agent.failed),
         );
         let started = agent.started;
+        let proxy = Arc::clone(&agent.proxy);
+        // Before the worker runs, so that it is the last to say so when it stops at once.
+        proxy.set_running(true);
         let workers = Workers {
             count: agent.opts.workers.count.max(1),
             ..agent.opts.workers.clone()
@@ -312,6 +338,7 @@ impl Agent {
                 if let Err(e) = &r {
                     *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                 }
+                proxy.set_running(false);
                 // Dropping the ports here closes them: AF_PACKET sockets and ingress
                 // filters go, and so do the TAPs of `--pod` pods; the CNI plugin's pod
                 // TAPs are persistent and stay for the next agent to adopt.
@@ -323,6 +350,9 @@ impl Agent {
         agent.set_health(&compiled.health_checks);
         agent.set_host_nat(&tables);
         agent.check_leftovers(&tables);
+        agent.proxy.set_node(cluster.node(&agent.opts.node));
+        agent.proxy.updated();
+        agent.serve_healthz();
         agent.last = Some(Last::new(cluster, tables, &compiled));
         Ok((
             agent,
@@ -343,8 +373,30 @@ impl Agent {
     /// objects that differ from the state in force ([`Cluster::diff`]). When only
     /// Services and EndpointSlices changed, only the Services concerned are compiled and
     /// patched into the tables in force; otherwise the whole node is compiled again. On
-    /// an error nothing changed.
+    /// an error nothing changed, and the change stays pending for the agent's health
+    /// ([`crate::proxy_health`]) until a state is put in force.
     pub fn apply_changes(
+        &mut self,
+        cluster: Arc<Cluster>,
+        changed: &[(Kind, ObjectKey)],
+    ) -> Result<Applied, String> {
+        self.proxy.queued();
+        // The node's eligibility follows the newest state, in force or not.
+        self.proxy.set_node(cluster.node(&self.opts.node));
+        let r = self.apply_changed(cluster, changed);
+        if r.is_ok() {
+            self.proxy.updated();
+        }
+        r
+    }
+
+    /// The datastore's last state is the one in force (it changed nothing, or its
+    /// changes were undone): no change is pending.
+    pub fn up_to_date(&self) {
+        self.proxy.updated();
+    }
+
+    fn apply_changed(
         &mut self,
         cluster: Arc<Cluster>,
         changed: &[(Kind, ObjectKey)],
@@ -1140,6 +1192,39 @@ impl Agent {
         self.health.ports()
     }
 
+    /// The address `/healthz` is served on, once it is.
+    pub fn healthz_addr(&self) -> Option<SocketAddr> {
+        self.healthz.as_ref().map(HealthzServer::addr)
+    }
+
+    /// Listens on [`Options::healthz`] unless done already; a failure is logged, counted
+    /// ([`ErrorKind::Apply`]) the first time, and tried again every [`LISTEN_RETRY`].
+    fn serve_healthz(&mut self) {
+        let Some(addr) = self.opts.healthz else {
+            return;
+        };
+        if self.healthz.is_some() || Instant::now() < self.healthz_due {
+            return;
+        }
+        self.healthz_due = Instant::now() + LISTEN_RETRY;
+        match HealthzServer::bind(addr, Arc::clone(&self.proxy)) {
+            Ok(s) => {
+                if self.healthz_failing {
+                    tracing::info!(%addr, "/healthz served after all");
+                }
+                self.healthz_failing = false;
+                self.healthz = Some(s);
+            }
+            Err(e) if !self.healthz_failing => {
+                tracing::warn!(%addr, error = %e,
+                    "/healthz not served; trying again every {LISTEN_RETRY:?}");
+                self.status.count(ErrorKind::Apply);
+                self.healthz_failing = true;
+            }
+            Err(e) => tracing::debug!(%addr, error = %e, "/healthz still not served"),
+        }
+    }
+
     /// Why the worker stopped, when it stopped on an error.
     pub fn worker_error(&self) -> Option<String> {
         self.failed
@@ -1163,6 +1248,7 @@ impl Agent {
             );
         }
         self.report_gone_ports();
+        self.serve_healthz();
         if Instant::now() >= self.leftovers_due
             && let Some(tables) = self.last.as_ref().map(|l| Arc::clone(&l.tables))
         {

@@ -97,6 +97,26 @@ pub struct Args {
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 0.0.0.0:9250).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Serve kube-proxy's health endpoints, GET /healthz and /livez, at ADDR, which
+    /// cloud load balancers check (see docs/agent.md); `off` or empty: nowhere. The
+    /// default, [::]:10256, takes IPv4 too (kube-proxy's 0.0.0.0:10256 and [::]:10256).
+    #[arg(long, value_name = "ADDR|off", default_value = DEFAULT_HEALTHZ_ADDR)]
+    pub healthz_addr: String,
+}
+
+/// The default `--healthz-addr`: kube-proxy's health port on every address.
+pub const DEFAULT_HEALTHZ_ADDR: &str = "[::]:10256";
+
+/// The address of `--healthz-addr SPEC`; None for `off` or empty.
+fn parse_healthz_addr(spec: &str) -> Result<Option<std::net::SocketAddr>> {
+    match spec {
+        "" | "off" => Ok(None),
+        _ => spec.parse().map(Some).map_err(|_| {
+            anyhow!(
+                "--healthz-addr {spec:?}: expected ADDR:PORT ([::]:10256, 0.0.0.0:10256) or off"
+            )
+        }),
+    }
 }
 
 fn parse_pod(spec: &str) -> Result<(ObjectKey, String)> {
@@ -188,6 +208,7 @@ fn put_in_force(
     let diffed = t0.elapsed();
     if changed.is_empty() {
         retry.clear();
+        agent.up_to_date();
         agent.status_mut().datastore_applied();
         return;
     }
@@ -276,6 +297,7 @@ pub fn run(args: &Args) -> Result<()> {
         },
         state_dir: Some(args.state_dir.clone()),
         del_queue: Some(ferry_api::del_queue_dir(&args.api_socket)),
+        healthz: parse_healthz_addr(&args.healthz_addr)?,
     };
     let stop = ferry_linux::signal::stop_on_signals().context("installing signal handlers")?;
     let watch = open_datastore(&args.datastore, &args.node)?;
@@ -338,6 +360,7 @@ pub fn run(args: &Args) -> Result<()> {
         node = %args.node,
         ports = applied.opened.len(),
         health_ports = ?agent.health_ports(),
+        healthz = ?agent.healthz_addr(),
         "ferry agent running; stop with SIGINT, SIGTERM, SIGHUP or SIGQUIT"
     );
     let mut retry = Retry::default();
@@ -425,6 +448,24 @@ mod tests {
         ] {
             let e = parse_pod(bad).unwrap_err().to_string();
             assert!(e.contains("NAMESPACE/NAME=NETNS"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_healthz_address_is_an_address_and_port_or_off() {
+        assert_eq!(
+            parse_healthz_addr(DEFAULT_HEALTHZ_ADDR).unwrap(),
+            Some("[::]:10256".parse().unwrap())
+        );
+        assert_eq!(
+            parse_healthz_addr("0.0.0.0:10256").unwrap(),
+            Some("0.0.0.0:10256".parse().unwrap())
+        );
+        assert_eq!(parse_healthz_addr("off").unwrap(), None);
+        assert_eq!(parse_healthz_addr("").unwrap(), None);
+        for bad in ["10256", "0.0.0.0", "localhost:10256", "on"] {
+            let e = parse_healthz_addr(bad).unwrap_err().to_string();
+            assert!(e.contains("--healthz-addr"), "{bad}: {e}");
         }
     }
 

@@ -12,7 +12,7 @@ mod common;
 use std::fs;
 use std::path::Path;
 
-use common::two_nodes::{BAD_SERVICE, TwoNodes, WEB_ON_NODE2, slice};
+use common::two_nodes::{BAD_SERVICE, TwoNodes, WEB_ON_NODE2, node, slice};
 use ferry_agent::api::call;
 use ferry_api::{Request, Response};
 
@@ -60,6 +60,30 @@ fn services_and_the_node_port_path_across_nodes() {
     // And it comes back.
     write_slices(&c.manifest_dir(), WEB_ON_NODE2);
     c.wait_curl(10, "p1a", url, 0, "the endpoint back");
+
+    // The cluster autoscaler marks node 1 for deletion: its /healthz says 503 (not
+    // eligible), so that load balancers drain it; /livez and node 2 stay healthy.
+    let nodes = |taint: &str| {
+        let n1 = node(1).replace("spec:\n", &format!("spec:\n  taints: [{taint}]\n"));
+        format!("{n1}---{}", node(2))
+    };
+    let taint =
+        "{ key: ToBeDeletedByClusterAutoscaler, value: \"1700000000\", effect: NoSchedule }";
+    fs::write(c.manifest_dir().join("nodes.yaml"), nodes(taint)).unwrap();
+    c.lab.wait_for(10, "node 1's /healthz to say 503", |l| {
+        healthz(l, 1, "/healthz").ends_with(" 503")
+    });
+    let h1 = healthz(&c.lab, 1, "/healthz");
+    assert!(h1.contains("\"nodeEligible\": false"), "{h1}");
+    let l1 = healthz(&c.lab, 1, "/livez");
+    assert!(l1.ends_with(" 200"), "{l1}");
+    let h2 = healthz(&c.lab, 2, "/healthz");
+    assert!(h2.ends_with(" 200"), "{h2}");
+    fs::write(c.manifest_dir().join("nodes.yaml"), nodes("")).unwrap();
+    c.lab
+        .wait_for(10, "node 1's /healthz to say 200 again", |l| {
+            healthz(l, 1, "/healthz").ends_with(" 200")
+        });
     let log = c.lab.stop("ferry agent on node1");
     assert!(
         log.contains("zz-bad.yaml") && log.contains("spec.ports[0].port"),
@@ -426,6 +450,17 @@ fn a_node_port_connection_lives_through_table_swaps(c: &mut TwoNodes) {
     );
 }
 
+/// What the external client gets from node `n`'s kube-proxy health port (10256) at
+/// `path`: the body and the status code after a space.
+fn healthz(lab: &common::Lab, n: u8, path: &str) -> String {
+    let url = format!("http://192.168.77.{n}:10256{path}");
+    lab.run(
+        "ext",
+        10,
+        &["curl", "-s", "--max-time", "3", "-w", " %{http_code}", &url],
+    )
+}
+
 /// Cluster IPs and node ports, with and without a local endpoint, from pods, from
 /// outside and from the nodes themselves.
 fn services_and_node_ports(c: &TwoNodes) {
@@ -497,4 +532,19 @@ fn services_and_node_ports(c: &TwoNodes) {
         h1.ends_with(" 503") && h1.contains("\"localEndpoints\": 0"),
         "{h1}"
     );
+
+    // kube-proxy's own health port, which load balancers of externalTrafficPolicy
+    // Cluster Services check: both nodes run, with their state in force.
+    for n in [1, 2] {
+        let h = healthz(&c.lab, n, "/healthz");
+        assert!(
+            h.ends_with(" 200") && h.contains("\"nodeEligible\": true"),
+            "node {n}: {h}"
+        );
+        let l = healthz(&c.lab, n, "/livez");
+        assert!(
+            l.ends_with(" 200") && l.contains("\"lastUpdated\": \"20"),
+            "node {n}: {l}"
+        );
+    }
 }
