@@ -3,8 +3,10 @@
 //!
 //! As kube-proxy: for each such Service with `spec.healthCheckNodePort`, an HTTP server
 //! on that port of every node address answers any GET with 200 when this node has local
-//! endpoints of the Service and 503 when it has none, with a JSON body naming the
-//! Service and the count, and the count in `X-Load-Balancing-Endpoint-Weight`.
+//! endpoints of the Service and the proxy is healthy ([`crate::proxy_health`]: no cluster
+//! change waited too long to be put in force), else 503, with a JSON body naming the
+//! Service, the count and the proxy's health (`serviceProxyHealthy`), and the count in
+//! `X-Load-Balancing-Endpoint-Weight`.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
@@ -13,6 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::accept::{self, Acceptor, Limiter};
 use crate::compile::HealthCheck;
+use crate::proxy_health::ProxyHealth;
 
 /// What one port answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,20 +30,17 @@ struct Answer {
 pub struct HealthServers {
     answers: Arc<Mutex<BTreeMap<u16, Answer>>>,
     listeners: BTreeMap<u16, Acceptor>,
-}
-
-impl Default for HealthServers {
-    fn default() -> Self {
-        HealthServers::new()
-    }
+    proxy: Arc<ProxyHealth>,
 }
 
 impl HealthServers {
-    /// No servers yet.
-    pub fn new() -> HealthServers {
+    /// No servers yet; those to come answer for the Services and, as
+    /// `serviceProxyHealthy`, for `proxy`.
+    pub fn new(proxy: Arc<ProxyHealth>) -> HealthServers {
         HealthServers {
             answers: Arc::new(Mutex::new(BTreeMap::new())),
             listeners: BTreeMap::new(),
+            proxy,
         }
     }
 
@@ -70,7 +70,7 @@ impl HealthServers {
             if self.listeners.contains_key(&port) {
                 continue;
             }
-            match listen(port, Arc::clone(&self.answers)) {
+            match listen(port, Arc::clone(&self.answers), Arc::clone(&self.proxy)) {
                 Ok(l) => {
                     self.listeners.insert(port, l);
                 }
@@ -82,7 +82,11 @@ impl HealthServers {
     }
 }
 
-fn listen(port: u16, answers: Arc<Mutex<BTreeMap<u16, Answer>>>) -> io::Result<Acceptor> {
+fn listen(
+    port: u16,
+    answers: Arc<Mutex<BTreeMap<u16, Answer>>>,
+    proxy: Arc<ProxyHealth>,
+) -> io::Result<Acceptor> {
     // The IPv6 wildcard, which takes IPv4 too (also where the host makes IPv6 sockets
     // IPv6-only by default); IPv4 only on a host without IPv6.
     let sock = accept::listen(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)))?;
@@ -96,6 +100,7 @@ fn listen(port: u16, answers: Arc<Mutex<BTreeMap<u16, Answer>>>) -> io::Result<A
         move || sock.accept().map(|(c, _)| c),
         move |conn| {
             let answers = Arc::clone(&answers);
+            let proxy = Arc::clone(&proxy);
             limiter.serve(conn, &format!("health-{port}-conn"), move |conn, _| {
                 let answer = answers
                     .lock()
@@ -103,7 +108,7 @@ fn listen(port: u16, answers: Arc<Mutex<BTreeMap<u16, Answer>>>) -> io::Result<A
                     .get(&port)
                     .cloned();
                 match answer {
-                    Some(a) => respond(conn, &a),
+                    Some(a) => respond(conn, &a, proxy.status().healthy),
                     None => Ok(()),
                 }
             });
@@ -111,15 +116,15 @@ fn listen(port: u16, answers: Arc<Mutex<BTreeMap<u16, Answer>>>) -> io::Result<A
     )
 }
 
-/// Answers a request (whatever it asks).
-fn respond(conn: &TcpStream, a: &Answer) -> io::Result<()> {
+/// Answers a request (whatever it asks); `proxy_healthy` is the agent's own health.
+fn respond(conn: &TcpStream, a: &Answer, proxy_healthy: bool) -> io::Result<()> {
     let body = format!(
-        "{{\"service\": {{\"namespace\": {}, \"name\": {}}}, \"localEndpoints\": {}, \"serviceProxyHealthy\": true}}\n",
+        "{{\"service\": {{\"namespace\": {}, \"name\": {}}}, \"localEndpoints\": {}, \"serviceProxyHealthy\": {proxy_healthy}}}\n",
         json_string(&a.namespace),
         json_string(&a.name),
         a.local_endpoints
     );
-    let status = if a.local_endpoints > 0 {
+    let status = if a.local_endpoints > 0 && proxy_healthy {
         "200 OK"
     } else {
         "503 Service Unavailable"
@@ -141,6 +146,7 @@ fn json_string(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy_health::PENDING_LIMIT;
     use std::io::Read;
     use std::net::TcpListener;
     use std::time::{Duration, Instant};
@@ -153,6 +159,14 @@ mod tests {
             .local_addr()
             .unwrap()
             .port()
+    }
+
+    /// A proxy that runs with its state in force.
+    fn healthy() -> Arc<ProxyHealth> {
+        let p = Arc::new(ProxyHealth::new());
+        p.set_running(true);
+        p.updated();
+        p
     }
 
     fn check(port: u16, local_endpoints: usize) -> HealthCheck {
@@ -183,7 +197,7 @@ mod tests {
     #[test]
     fn idle_connections_do_not_starve_a_probe() {
         let port = free_port();
-        let mut servers = HealthServers::new();
+        let mut servers = HealthServers::new(healthy());
         assert!(servers.set(&[check(port, 2)]).is_empty());
         let idle: Vec<TcpStream> = (0..crate::accept::MAX_CONNECTIONS)
             .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
@@ -196,6 +210,30 @@ mod tests {
         assert!(answer.contains("\"localEndpoints\": 2"), "{answer}");
         assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
         drop(idle);
+    }
+
+    /// While a cluster change waits too long to be put in force, every port answers 503
+    /// and says the proxy is not healthy, local endpoints or not, as kube-proxy does: the
+    /// load balancer must not trust counts the dataplane may not follow.
+    #[test]
+    fn a_change_pending_too_long_fails_every_port() {
+        let port = free_port();
+        let proxy = healthy();
+        let mut servers = HealthServers::new(Arc::clone(&proxy));
+        assert!(servers.set(&[check(port, 2)]).is_empty());
+        let a = get(port).unwrap();
+        assert!(a.starts_with("HTTP/1.1 200 OK\r\n"), "{a}");
+        assert!(a.contains("\"serviceProxyHealthy\": true"), "{a}");
+        let past = Instant::now().checked_sub(PENDING_LIMIT).unwrap();
+        proxy.queued_at(past);
+        let a = get(port).unwrap();
+        assert!(a.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{a}");
+        assert!(a.contains("\"localEndpoints\": 2"), "{a}");
+        assert!(a.contains("\"serviceProxyHealthy\": false"), "{a}");
+        assert!(a.contains("X-Load-Balancing-Endpoint-Weight: 2\r\n"), "{a}");
+        // Put in force at last.
+        proxy.updated();
+        assert!(get(port).unwrap().starts_with("HTTP/1.1 200 OK\r\n"));
     }
 
     /// A network namespace of one test, with its loopback up; deleted when dropped.
@@ -227,7 +265,7 @@ mod tests {
             // This thread's namespace is the test's own.
             std::fs::write("/proc/sys/net/ipv6/bindv6only", "1")?;
             let port = 10256;
-            let mut servers = HealthServers::new();
+            let mut servers = HealthServers::new(healthy());
             if let Some((_, e)) = servers.set(&[check(port, 1)]).pop() {
                 return Err(e);
             }

@@ -6,7 +6,8 @@
 //! [`ProxyHealth::updated`], ...) and the servers' threads read it. The proxy is healthy
 //! while the dataplane runs and no cluster change has waited longer than
 //! [`PENDING_LIMIT`] to be put in force (kube-proxy: twice its sync period). `/livez`
-//! says that alone; `/healthz` also needs this node to be eligible for traffic: its Node
+//! says that alone, and so do the health check node ports ([`crate::health`], as
+//! `serviceProxyHealthy`); `/healthz` also needs this node to be eligible for traffic: its Node
 //! object neither being deleted nor tainted `ToBeDeletedByClusterAutoscaler`, so that a
 //! load balancer drains a node before it goes.
 
@@ -80,7 +81,7 @@ impl ProxyHealth {
         self.queued_at(Instant::now());
     }
 
-    fn queued_at(&self, at: Instant) {
+    pub(crate) fn queued_at(&self, at: Instant) {
         self.state().pending_since.get_or_insert(at);
     }
 

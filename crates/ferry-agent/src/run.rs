@@ -266,12 +266,13 @@ impl Agent {
     /// Compiles the tables of `cluster`, opens every port, and starts the worker.
     pub fn start(opts: Options, cluster: Arc<Cluster>) -> Result<(Agent, Applied), String> {
         let t0 = Instant::now();
+        let proxy = Arc::new(ProxyHealth::new());
         let mut agent = Agent {
             opts,
             control: Arc::new(Control::new()),
             stop: Arc::new(AtomicBool::new(false)),
             worker: None,
-            health: HealthServers::new(),
+            health: HealthServers::new(Arc::clone(&proxy)),
             open: BTreeSet::new(),
             taps: 0,
             generation: 1,
@@ -289,7 +290,7 @@ impl Agent {
             made: Vec::new(),
             del_queue_failing: false,
             gone_ports: BTreeSet::new(),
-            proxy: Arc::new(ProxyHealth::new()),
+            proxy,
             healthz: None,
             healthz_failing: false,
             healthz_due: Instant::now(),
