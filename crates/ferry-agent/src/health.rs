@@ -50,7 +50,8 @@ impl HealthServers {
     }
 
     /// Serves exactly `checks`: new ports start listening, gone ones stop, counts change
-    /// in place. Returns the ports that could not be opened, with the error.
+    /// in place. Returns the ports that could not be opened, with the error;
+    /// [`HealthServers::open_missing`] tries them again.
     pub fn set(&mut self, checks: &[HealthCheck]) -> Vec<(u16, io::Error)> {
         let mut answers = BTreeMap::new();
         for c in checks {
@@ -65,11 +66,24 @@ impl HealthServers {
             );
         }
         self.listeners.retain(|p, _| answers.contains_key(p));
+        *self.answers.lock().unwrap_or_else(PoisonError::into_inner) = answers;
+        self.open_missing()
+    }
+
+    /// Opens the ports of the checks served that have no listener yet (they could not
+    /// be opened before: another process held the port). Returns those that still
+    /// cannot be, with the error.
+    pub fn open_missing(&mut self) -> Vec<(u16, io::Error)> {
+        let ports: Vec<u16> = self
+            .answers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .copied()
+            .filter(|p| !self.listeners.contains_key(p))
+            .collect();
         let mut failed = Vec::new();
-        for &port in answers.keys() {
-            if self.listeners.contains_key(&port) {
-                continue;
-            }
+        for port in ports {
             match listen(port, Arc::clone(&self.answers), Arc::clone(&self.proxy)) {
                 Ok(l) => {
                     self.listeners.insert(port, l);
@@ -77,7 +91,6 @@ impl HealthServers {
                 Err(e) => failed.push((port, e)),
             }
         }
-        *self.answers.lock().unwrap_or_else(PoisonError::into_inner) = answers;
         failed
     }
 }
@@ -236,32 +249,12 @@ mod tests {
         assert!(get(port).unwrap().starts_with("HTTP/1.1 200 OK\r\n"));
     }
 
-    /// A network namespace of one test, with its loopback up; deleted when dropped.
-    struct Netns(String);
-
-    impl Netns {
-        fn new(tag: &str) -> Netns {
-            let name = format!("ferry-{tag}-{}", std::process::id());
-            ferry_linux::link::ip(&["netns", "add", &name]).unwrap();
-            let ns = Netns(name);
-            ferry_linux::link::ip(&["-n", &ns.0, "link", "set", "lo", "up"]).unwrap();
-            ns
-        }
-    }
-
-    impl Drop for Netns {
-        fn drop(&mut self) {
-            let _ = ferry_linux::link::ip(&["netns", "delete", &self.0]);
-        }
-    }
-
     /// Where the host makes IPv6 sockets IPv6-only by default (`net.ipv6.bindv6only=1`,
     /// a setting of each network namespace), a port still answers probes over IPv4, as
     /// over IPv6. Needs root and iproute2.
     #[test]
     fn ipv4_probes_are_answered_where_ipv6_sockets_are_ipv6_only_by_default() {
-        let ns = Netns::new("hc6");
-        let answers = ferry_linux::netns::spawn_in(&ns.0, || -> io::Result<[String; 2]> {
+        let answers = crate::testing::in_netns("hc6", || -> io::Result<[String; 2]> {
             // This thread's namespace is the test's own.
             std::fs::write("/proc/sys/net/ipv6/bindv6only", "1")?;
             let port = 10256;
@@ -271,10 +264,6 @@ mod tests {
             }
             Ok([get_at("127.0.0.1", port)?, get_at("::1", port)?])
         })
-        .unwrap()
-        .join()
-        .unwrap()
-        .unwrap()
         .unwrap();
         for a in answers {
             assert!(a.starts_with("HTTP/1.1 200 OK\r\n"), "{a:?}");

@@ -37,6 +37,8 @@ pub mod run;
 pub mod services;
 pub mod state;
 pub mod status;
+#[cfg(test)]
+mod testing;
 
 pub use cluster::{Cluster, Kind, Object, ObjectKey};
 pub use compile::{AttachedPod, CompileOptions, Compiled, HealthCheck, node_tables};

@@ -165,6 +165,11 @@ pub struct Agent {
     /// When [`Agent::housekeeping`] tries again to listen on [`Options::healthz`]
     /// ([`LISTEN_RETRY`]).
     healthz_due: Instant,
+    /// Health check node ports that could not be opened, each reported once until it
+    /// opens.
+    health_failing: BTreeSet<u16>,
+    /// When [`Agent::housekeeping`] tries them again ([`LISTEN_RETRY`]).
+    health_due: Instant,
 }
 
 /// A pod interface the CNI plugin asked for.
@@ -294,6 +299,8 @@ impl Agent {
             healthz: None,
             healthz_failing: false,
             healthz_due: Instant::now(),
+            health_failing: BTreeSet::new(),
+            health_due: Instant::now(),
         };
         agent.adopt_recorded();
         let compiled = agent.compile(&cluster)?;
@@ -1240,7 +1247,9 @@ impl Agent {
     }
 
     /// Periodic upkeep, called from the agent's loop: stops the live trace or capture of
-    /// a client that stopped reading it.
+    /// a client that stopped reading it, reports pod ports gone, tries again to listen
+    /// where it could not (`/healthz`, health check node ports) and looks for leftovers
+    /// of other dataplanes.
     pub fn housekeeping(&mut self) {
         for what in self.sessions.expire(&self.control, Instant::now()) {
             tracing::info!(
@@ -1250,6 +1259,7 @@ impl Agent {
         }
         self.report_gone_ports();
         self.serve_healthz();
+        self.retry_health();
         if Instant::now() >= self.leftovers_due
             && let Some(tables) = self.last.as_ref().map(|l| Arc::clone(&l.tables))
         {
@@ -1402,9 +1412,45 @@ impl Agent {
     }
 
     fn set_health(&mut self, checks: &[HealthCheck]) {
-        for (port, e) in self.health.set(checks) {
-            tracing::warn!(port, error = %e, "health check node port not served");
+        let failed = self.health.set(checks);
+        self.health_opened(failed);
+    }
+
+    /// Tries again, every [`LISTEN_RETRY`], the health check node ports that could not
+    /// be opened: in a quiet cluster no change would.
+    fn retry_health(&mut self) {
+        if self.health_failing.is_empty() || Instant::now() < self.health_due {
+            return;
         }
+        self.health_due = Instant::now() + LISTEN_RETRY;
+        let failed = self.health.open_missing();
+        self.health_opened(failed);
+    }
+
+    /// Reports the health check node ports that could not be opened (`failed`): a
+    /// warning and an [`ErrorKind::Apply`] error the first time, and a note when one
+    /// that failed opens.
+    fn health_opened(&mut self, failed: Vec<(u16, std::io::Error)>) {
+        let now: BTreeSet<u16> = failed.iter().map(|(p, _)| *p).collect();
+        for (port, e) in &failed {
+            if self.health_failing.contains(port) {
+                tracing::debug!(port, error = %e, "health check node port still not served");
+            } else {
+                tracing::warn!(port, error = %e,
+                    "health check node port not served; trying again every {LISTEN_RETRY:?}");
+                self.status.count(ErrorKind::Apply);
+            }
+        }
+        if self.health_failing.is_empty() && !now.is_empty() {
+            self.health_due = Instant::now() + LISTEN_RETRY;
+        }
+        let served = self.health.ports();
+        for port in self.health_failing.difference(&now) {
+            if served.contains(port) {
+                tracing::info!(port, "health check node port served after all");
+            }
+        }
+        self.health_failing = now;
     }
 
     /// Queues per port: one per worker.
@@ -1674,6 +1720,91 @@ fn api_error(code: u32, msg: impl Into<String>, details: impl Into<String>) -> A
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const NODE0: &str = "
+apiVersion: v1
+kind: Node
+metadata: { name: node0 }
+spec: { podCIDR: 10.244.0.0/24, podCIDRs: [10.244.0.0/24] }
+status: { addresses: [{ type: InternalIP, address: 192.168.77.1 }] }
+";
+
+    /// A LoadBalancer Service with externalTrafficPolicy Local (health check node port
+    /// 32000), and its EndpointSlice with `endpoints` (a YAML flow sequence).
+    fn local_service(endpoints: &str) -> String {
+        format!(
+            "
+apiVersion: v1
+kind: Service
+metadata: {{ name: web, namespace: default }}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.11
+  clusterIPs: [10.96.0.11]
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32000
+  ports: [{{ name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30081 }}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-abcde
+  namespace: default
+  labels: {{ kubernetes.io/service-name: web }}
+addressType: IPv4
+ports: [{{ name: http, protocol: TCP, port: 8080 }}]
+endpoints: {endpoints}
+"
+        )
+    }
+
+    /// The cluster of node `node0` and the objects of `yaml`.
+    fn cluster(yaml: &str) -> Arc<Cluster> {
+        let all = format!("{NODE0}---{yaml}");
+        let (c, _) =
+            crate::datastore::file::parse("test.yaml", &all).unwrap_or_else(|r| panic!("{r}"));
+        Arc::new(c)
+    }
+
+    /// An agent of node0 with a host port only (a TAP in the test's namespace).
+    fn options() -> Options {
+        let base = "ports:\n  - { name: host, kind: host, mac: \"02:fe:00:00:01:01\", addresses: [169.254.1.1] }\n";
+        Options {
+            node: "node0".into(),
+            base: Some(serde_saphyr::from_str(base).unwrap()),
+            host_tap: Some("fyhost".into()),
+            ..Options::default()
+        }
+    }
+
+    /// A health check node port that could not be opened (another process held it) is
+    /// opened by the agent's housekeeping once it can be, with no change of the cluster
+    /// to set it off; the failure is counted once. Needs root and iproute2.
+    #[test]
+    fn a_health_check_port_not_opened_is_tried_again_until_it_opens() {
+        crate::testing::in_netns("hcr", || {
+            let blocker = ferry_linux::tcp::listen("[::]:32000".parse().unwrap()).unwrap();
+            let local =
+                "[{ addresses: [10.244.0.5], conditions: { ready: true }, nodeName: node0 }]";
+            let (mut agent, _) = Agent::start(options(), cluster(&local_service(local))).unwrap();
+            assert!(agent.health_ports().is_empty());
+            assert_eq!(agent.counters().errors.apply, 1);
+            drop(blocker);
+            let t0 = Instant::now();
+            while agent.health_ports().is_empty() {
+                assert!(
+                    t0.elapsed() < 2 * LISTEN_RETRY,
+                    "port 32000 still not served after {:?}",
+                    t0.elapsed()
+                );
+                agent.housekeeping();
+                thread::sleep(Duration::from_millis(50));
+            }
+            assert_eq!(agent.health_ports(), [32000]);
+            assert_eq!(agent.counters().errors.apply, 1);
+            agent.stop().unwrap();
+        });
+    }
 
     #[test]
     fn netns_paths_give_a_name_or_a_pid() {

@@ -29,7 +29,8 @@ pub enum ErrorKind {
     /// open), a recorded pod attachment was not adopted at start (or its record was
     /// unreadable), a pod's port went out of service while its pod is in the cluster
     /// (its device gone: the pod's network namespace deleted), or the `/healthz` address
-    /// could not be listened on (counted once until it can).
+    /// or a health check node port could not be listened on (counted once until it
+    /// can).
     Apply,
     /// An API request was answered with an error (a DEL the CNI plugin queued
     /// included), or a file in the CNI plugin's DEL queue is not a DEL.
