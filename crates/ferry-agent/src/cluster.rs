@@ -344,6 +344,32 @@ impl Cluster {
         out
     }
 
+    /// `self` with the objects `changed` as `newer` has them: added, replaced, or
+    /// removed where `newer` has none; the rest as in `self`.
+    pub fn with_changes_of(&self, newer: &Cluster, changed: &[(Kind, ObjectKey)]) -> Cluster {
+        fn take<T: Clone>(
+            to: &mut BTreeMap<ObjectKey, T>,
+            from: &BTreeMap<ObjectKey, T>,
+            key: &ObjectKey,
+        ) {
+            match from.get(key) {
+                Some(o) => to.insert(key.clone(), o.clone()),
+                None => to.remove(key),
+            };
+        }
+        let mut c = self.clone();
+        for (kind, key) in changed {
+            match kind {
+                Kind::Node => take(&mut c.nodes, &newer.nodes, key),
+                Kind::Pod => take(&mut c.pods, &newer.pods, key),
+                Kind::Service => take(&mut c.services, &newer.services, key),
+                Kind::EndpointSlice => take(&mut c.endpoint_slices, &newer.endpoint_slices, key),
+                Kind::ConfigMap => take(&mut c.config_maps, &newer.config_maps, key),
+            }
+        }
+        c
+    }
+
     /// The Service an EndpointSlice belongs to (its namespace and
     /// `kubernetes.io/service-name` label), if it is in the model and labelled.
     pub fn service_of_slice(&self, slice: &ObjectKey) -> Option<ObjectKey> {
@@ -452,6 +478,43 @@ mod tests {
             .map(|s| s.metadata.name.clone().unwrap())
             .collect();
         assert_eq!(names, ["web-1", "web-2"]);
+    }
+
+    #[test]
+    fn with_changes_of_takes_only_the_changes_named() {
+        let svc = |name: &str, ip: &str| Service {
+            metadata: meta(Some("a"), name),
+            spec: Some(k8s_openapi::api::core::v1::ServiceSpec {
+                cluster_ip: Some(ip.into()),
+                ..Default::default()
+            }),
+            ..Service::default()
+        };
+        let mut old = Cluster::default();
+        old.apply(svc("web", "10.96.0.1")).unwrap();
+        old.apply(svc("gone", "10.96.0.2")).unwrap();
+        let mut new = old.clone();
+        new.apply(svc("web", "10.96.0.3")).unwrap();
+        new.delete(Kind::Service, "a", "gone");
+        new.apply(svc("added", "10.96.0.4")).unwrap();
+        new.apply(Pod {
+            metadata: meta(Some("a"), "p"),
+            ..Pod::default()
+        })
+        .unwrap();
+        let changed = old.diff(&new);
+        assert_eq!(changed.len(), 4);
+        let services: Vec<_> = changed
+            .iter()
+            .filter(|(k, _)| *k == Kind::Service)
+            .cloned()
+            .collect();
+        let part = old.with_changes_of(&new, &services);
+        assert_eq!(part.services, new.services);
+        assert!(part.pods.is_empty());
+        // What is left to change is what was not taken.
+        assert_eq!(part.diff(&new), [(Kind::Pod, ObjectKey::new("a", "p"))]);
+        assert_eq!(old.with_changes_of(&new, &changed), new);
     }
 
     #[test]

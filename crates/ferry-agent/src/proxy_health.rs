@@ -102,7 +102,7 @@ impl ProxyHealth {
         self.status_at(Instant::now())
     }
 
-    fn status_at(&self, now: Instant) -> Status {
+    pub(crate) fn status_at(&self, now: Instant) -> Status {
         let s = *self.state();
         let late = s
             .pending_since

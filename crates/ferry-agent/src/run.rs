@@ -398,6 +398,41 @@ impl Agent {
         r
     }
 
+    /// Puts in force, alone, the Service and EndpointSlice changes among `changed` (the
+    /// objects of `cluster` that differ from the state in force), after `cluster` as a
+    /// whole could not be ([`Agent::apply_changes`] failed): the state in force with those
+    /// objects as `cluster` has them, patched into the tables in force as a change of
+    /// Services only is. So a change the agent cannot put in force (a pod whose namespace
+    /// is not there yet, a Node that does not compile) does not hold back every later
+    /// endpoint change. The rest stays pending ([`crate::proxy_health`]).
+    ///
+    /// Returns that state (now the one in force) and what was done; None when `changed`
+    /// holds no such change, or nothing else.
+    pub fn apply_services_alone(
+        &mut self,
+        cluster: &Cluster,
+        changed: &[(Kind, ObjectKey)],
+    ) -> Option<Result<(Arc<Cluster>, Applied), String>> {
+        let services: Vec<(Kind, ObjectKey)> = changed
+            .iter()
+            .filter(|(k, _)| matches!(k, Kind::Service | Kind::EndpointSlice))
+            .cloned()
+            .collect();
+        if services.is_empty() || services.len() == changed.len() {
+            return None;
+        }
+        let part = Arc::new(
+            self.last
+                .as_ref()?
+                .cluster
+                .with_changes_of(cluster, &services),
+        );
+        Some(
+            self.apply_changed(Arc::clone(&part), &services)
+                .map(|a| (part, a)),
+        )
+    }
+
     /// The datastore's last state is the one in force (it changed nothing, or its
     /// changes were undone): no change is pending.
     pub fn up_to_date(&self) {
@@ -1775,6 +1810,71 @@ endpoints: {endpoints}
             host_tap: Some("fyhost".into()),
             ..Options::default()
         }
+    }
+
+    /// A running pod of node0 that the tests attach to a namespace that is not there.
+    const LATE_POD: &str = "
+apiVersion: v1
+kind: Pod
+metadata: { name: late, namespace: default }
+spec: { nodeName: node0, containers: [{ name: main, image: x }] }
+status: { phase: Running, podIP: 10.244.0.7, podIPs: [{ ip: 10.244.0.7 }] }
+";
+
+    /// The whole answer of health check node port 32000 on 127.0.0.1.
+    fn health_check() -> String {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", 32000)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).unwrap();
+        answer
+    }
+
+    /// A change the agent cannot put in force (a pod whose namespace is not there) does
+    /// not hold back the endpoint changes that come with it (or after it): those are put
+    /// in force alone, and the rest stays pending. Needs root and iproute2.
+    #[test]
+    fn endpoint_changes_go_in_force_while_another_change_cannot() {
+        crate::testing::in_netns("sva", || {
+            let mut opts = options();
+            let absent = format!("ferry-absent-{}", std::process::id());
+            opts.pods.insert(ObjectKey::new("default", "late"), absent);
+            let remote =
+                "[{ addresses: [10.244.9.5], conditions: { ready: true }, nodeName: node9 }]";
+            let local =
+                "[{ addresses: [10.244.0.5], conditions: { ready: true }, nodeName: node0 }]";
+            let in_force = cluster(&local_service(remote));
+            let (mut agent, _) = Agent::start(opts, Arc::clone(&in_force)).unwrap();
+            let a = health_check();
+            assert!(a.contains("\"localEndpoints\": 0"), "{a}");
+
+            let newer = cluster(&format!("{}---{LATE_POD}", local_service(local)));
+            let changed = in_force.diff(&newer);
+            assert_eq!(changed.len(), 2, "{changed:?}");
+            let e = agent
+                .apply_changes(Arc::clone(&newer), &changed)
+                .unwrap_err();
+            assert!(e.contains("late"), "{e}");
+            let (part, applied) = agent
+                .apply_services_alone(&newer, &changed)
+                .expect("an endpoint change to put in force alone")
+                .unwrap();
+            assert!(applied.incremental);
+            let a = health_check();
+            assert!(
+                a.starts_with("HTTP/1.1 200 OK\r\n") && a.contains("\"localEndpoints\": 1"),
+                "{a}"
+            );
+            // The pod is what is left, still pending.
+            let left = part.diff(&newer);
+            assert_eq!(left, [(Kind::Pod, ObjectKey::new("default", "late"))]);
+            assert!(agent.apply_services_alone(&newer, &left).is_none());
+            let later = Instant::now() + crate::proxy_health::PENDING_LIMIT;
+            assert!(!agent.proxy.status_at(later).healthy);
+            agent.stop().unwrap();
+        });
     }
 
     /// A health check node port that could not be opened (another process held it) is

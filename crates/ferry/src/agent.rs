@@ -2,7 +2,8 @@
 //! compiles the node's tables on every change and swaps them into the running worker;
 //! a bad change is reported (file, object, field) and the tables in force stay. A state
 //! the agent could not put in force (a pod's namespace not there yet) is tried again,
-//! with a growing delay, until it applies or a newer state replaces it.
+//! with a growing delay, until it applies or a newer state replaces it; meanwhile its
+//! changes of Services and EndpointSlices are put in force alone.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -196,7 +197,9 @@ impl Retry {
 }
 
 /// Puts `cluster` in force in `agent` (compiling what differs from `in_force`) and
-/// reports it; on an error, `retry` schedules it again.
+/// reports it; on an error, `retry` schedules it again, and its changes of Services and
+/// EndpointSlices alone are put in force (`in_force` becomes the state in force with
+/// them), so that a change the agent cannot put in force holds back no endpoint change.
 fn put_in_force(
     agent: &mut Agent,
     in_force: &mut Arc<Cluster>,
@@ -242,6 +245,22 @@ fn put_in_force(
                     failures,
                     "cluster state still not applied; trying again in {delay:?}: {e}"
                 );
+            }
+            // Its Services' and EndpointSlices' changes need not wait for the rest.
+            match agent.apply_services_alone(&cluster, &changed) {
+                Some(Ok((part, a))) => {
+                    tracing::info!(
+                        "the Services' changes of that state put in force alone; the rest waits"
+                    );
+                    report(&a);
+                    *in_force = part;
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(
+                        "the Services' changes of that state not put in force either: {e}"
+                    )
+                }
+                None => {}
             }
         }
     }

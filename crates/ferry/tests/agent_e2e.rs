@@ -12,7 +12,7 @@ mod common;
 use std::fs;
 use std::path::Path;
 
-use common::two_nodes::{BAD_SERVICE, TwoNodes, WEB_ON_NODE2, node, slice};
+use common::two_nodes::{BAD_SERVICE, TwoNodes, WEB_ON_NODE2, node, pod, slice};
 use ferry_agent::api::call;
 use ferry_api::{Request, Response};
 
@@ -88,6 +88,35 @@ fn services_and_the_node_port_path_across_nodes() {
     assert!(
         log.contains("zz-bad.yaml") && log.contains("spec.ports[0].port"),
         "the refusal names the file and field: {log}"
+    );
+}
+
+/// A change node 1's agent cannot put in force (a pod attached to a network namespace
+/// that is not there) does not hold back the endpoint changes that come with it and
+/// after it: those are put in force alone while the pod's change waits.
+#[test]
+fn endpoint_changes_apply_while_a_pod_cannot() {
+    let mut c = TwoNodes::new("ap");
+    let absent = format!("{}-absent", c.lab.prefix);
+    let late = format!("default/late={absent}");
+    c.start_file_datastore(&["--pod", &late], &[], &[]);
+    let url = "http://10.96.0.10/hostname";
+    assert_eq!(c.curl("p1a", url), "web");
+    let pods = format!(
+        "{}---{}---{}",
+        pod("client", 1, "10.244.1.5"),
+        pod("web", 2, "10.244.2.5"),
+        pod("late", 1, "10.244.1.7")
+    );
+    fs::write(c.manifest_dir().join("pods.yaml"), pods).unwrap();
+    write_slices(&c.manifest_dir(), "[]");
+    c.wait_curl(10, "p1a", url, 7, "the endpoint removal on node 1");
+    write_slices(&c.manifest_dir(), WEB_ON_NODE2);
+    c.wait_curl(10, "p1a", url, 0, "the endpoint back on node 1");
+    let log = c.lab.stop("ferry agent on node1");
+    assert!(
+        log.contains(&absent) && log.contains("put in force alone"),
+        "the pod's change fails, the Services' apply alone: {log}"
     );
 }
 
