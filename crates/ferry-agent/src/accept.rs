@@ -95,8 +95,9 @@ pub(crate) const MAX_HEAD: usize = 8192;
 /// still sending its request head, of the source holding the most places, is shut down
 /// unanswered and gives its place. So idle or slow clients, however many, cannot keep a
 /// load balancer's probe from its answer: only connections being answered keep their
-/// places, and those end within [`HEAD_TIMEOUT`]. Taking places from the source holding
-/// the most first keeps one client from cutting off the others' probes.
+/// places, and a health check's answer is written at once (each write bounded by
+/// [`write_timeout`]). Taking places from the source holding the most first keeps one
+/// client from cutting off the others' probes.
 #[derive(Default)]
 pub(crate) struct Limiter {
     places: Arc<Mutex<Places>>,
