@@ -100,43 +100,32 @@ impl<T> Fib<T> {
     /// The value of the longest prefix containing `addr`.
     #[inline]
     pub fn lookup(&self, addr: IpAddr) -> Option<&T> {
-        match addr {
-            IpAddr::V4(a) => {
-                let a = u32::from(a);
-                self.v4
-                    .by_len
-                    .iter()
-                    .find_map(|(len, m)| m.get(&mask4(a, *len)))
-            }
-            IpAddr::V6(a) => {
-                let a = u128::from(a);
-                self.v6
-                    .by_len
-                    .iter()
-                    .find_map(|(len, m)| m.get(&mask6(a, *len)))
-            }
-        }
+        self.longest_match(addr).map(|(_, v)| v)
     }
 
-    /// The length of the longest prefix containing `addr`, if any; not on the packet
-    /// path's hot side (one probe per length, as [`Fib::lookup`]).
+    /// The length of the longest prefix containing `addr`, if any.
     pub fn longest_match_len(&self, addr: IpAddr) -> Option<u8> {
+        self.longest_match(addr).map(|(len, _)| len)
+    }
+
+    /// The longest prefix containing `addr`: its length and value. One probe per
+    /// distinct length in use, longest first.
+    #[inline]
+    fn longest_match(&self, addr: IpAddr) -> Option<(u8, &T)> {
         match addr {
             IpAddr::V4(a) => {
                 let a = u32::from(a);
                 self.v4
                     .by_len
                     .iter()
-                    .find(|(len, m)| m.contains_key(&mask4(a, *len)))
-                    .map(|(len, _)| *len)
+                    .find_map(|(len, m)| m.get(&mask4(a, *len)).map(|v| (*len, v)))
             }
             IpAddr::V6(a) => {
                 let a = u128::from(a);
                 self.v6
                     .by_len
                     .iter()
-                    .find(|(len, m)| m.contains_key(&mask6(a, *len)))
-                    .map(|(len, _)| *len)
+                    .find_map(|(len, m)| m.get(&mask6(a, *len)).map(|v| (*len, v)))
             }
         }
     }

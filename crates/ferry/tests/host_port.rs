@@ -27,6 +27,39 @@ routes:
     )
 }
 
+/// The MAC of node 1's host TAP, as its kernel has it.
+const HOST_MAC: &str = "02:aa:00:00:00:01";
+
+/// Starts ferry on node 1 with `tables` (the uplink on up1, pod-a in p1a, the host port
+/// on a TAP) and gives the node's kernel its address on the host TAP, everything else
+/// through ferry.
+fn start_node1(lab: &mut Lab, dir: &std::path::Path, tables: &str) {
+    let tap = format!("{}h", lab.prefix);
+    let pod = lab.ns("p1a");
+    let attach = [
+        "uplink=af-packet:up1".to_string(),
+        format!("pod-a=pod:{pod}"),
+        format!("host=tap:{tap}"),
+    ];
+    lab.ferry_node("n1", dir, tables, &attach);
+    let tap_c = tap.clone();
+    lab.wait_for(10, "the host TAP", |l| {
+        l.exec("n1", 2, &["ip", "link", "show", &tap_c])
+            .status
+            .success()
+    });
+    lab.ip("n1", &["link", "set", &tap, "address", HOST_MAC, "up"]);
+    lab.ip("n1", &["addr", "add", "192.168.77.1/32", "dev", &tap]);
+    lab.ip(
+        "n1",
+        &["route", "add", "169.254.1.1", "dev", &tap, "scope", "link"],
+    );
+    lab.ip(
+        "n1",
+        &["route", "add", "default", "via", "169.254.1.1", "dev", &tap],
+    );
+}
+
 #[test]
 fn host_processes_reach_pods_and_are_reached_from_outside() {
     common::require(&[
@@ -50,32 +83,7 @@ fn host_processes_reach_pods_and_are_reached_from_outside() {
         &["route", "add", "10.244.1.0/24", "via", "192.168.77.1"],
     );
 
-    let tap = format!("{}h", lab.prefix);
-    let host_mac = "02:aa:00:00:00:01";
-    let pod = lab.ns("p1a");
-    let attach = [
-        "uplink=af-packet:up1".to_string(),
-        format!("pod-a=pod:{pod}"),
-        format!("host=tap:{tap}"),
-    ];
-    lab.ferry_node("n1", dir.path(), &tables(host_mac), &attach);
-    let tap_c = tap.clone();
-    lab.wait_for(10, "the host TAP", |l| {
-        l.exec("n1", 2, &["ip", "link", "show", &tap_c])
-            .status
-            .success()
-    });
-    // The node's kernel: its address on the host TAP, everything else through ferry.
-    lab.ip("n1", &["link", "set", &tap, "address", host_mac, "up"]);
-    lab.ip("n1", &["addr", "add", "192.168.77.1/32", "dev", &tap]);
-    lab.ip(
-        "n1",
-        &["route", "add", "169.254.1.1", "dev", &tap, "scope", "link"],
-    );
-    lab.ip(
-        "n1",
-        &["route", "add", "default", "via", "169.254.1.1", "dev", &tap],
-    );
+    start_node1(&mut lab, dir.path(), &tables(HOST_MAC));
 
     // Host to pod, pod to host, outside to host.
     lab.ping("n1", "10.244.1.5", 56, 3);
@@ -119,42 +127,18 @@ fn link_local_services_are_reached_through_the_routes_that_name_them() {
         lab.ip("ext", &["addr", "add", a, "dev", "eth0"]);
     }
 
-    let tap = format!("{}h", lab.prefix);
-    let host_mac = "02:aa:00:00:00:01";
     let tables = format!(
         r#"{}
   - {{ prefix: 0.0.0.0/0, port: uplink, via: 192.168.77.100 }}
   - {{ prefix: 169.254.169.254/32, port: uplink, via: 192.168.77.100 }}
-  - {{ prefix: 169.254.20.10/32, port: host, next_hop_mac: "{host_mac}" }}
+  - {{ prefix: 169.254.20.10/32, port: host, next_hop_mac: "{HOST_MAC}" }}
 nat:
   - match: {{ src: 10.244.1.0/24, dst: 169.254.169.254/32 }}
     masquerade: true
 "#,
-        tables(host_mac).trim_end()
+        tables(HOST_MAC).trim_end()
     );
-    let pod = lab.ns("p1a");
-    let attach = [
-        "uplink=af-packet:up1".to_string(),
-        format!("pod-a=pod:{pod}"),
-        format!("host=tap:{tap}"),
-    ];
-    lab.ferry_node("n1", dir.path(), &tables, &attach);
-    let tap_c = tap.clone();
-    lab.wait_for(10, "the host TAP", |l| {
-        l.exec("n1", 2, &["ip", "link", "show", &tap_c])
-            .status
-            .success()
-    });
-    lab.ip("n1", &["link", "set", &tap, "address", host_mac, "up"]);
-    lab.ip("n1", &["addr", "add", "192.168.77.1/32", "dev", &tap]);
-    lab.ip(
-        "n1",
-        &["route", "add", "169.254.1.1", "dev", &tap, "scope", "link"],
-    );
-    lab.ip(
-        "n1",
-        &["route", "add", "default", "via", "169.254.1.1", "dev", &tap],
-    );
+    start_node1(&mut lab, dir.path(), &tables);
     // The node-local cache's address, on the node's own stack (a dummy device on a
     // real node).
     lab.ip("n1", &["link", "set", "lo", "up"]);
