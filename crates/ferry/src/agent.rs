@@ -153,6 +153,10 @@ fn report(a: &Applied) {
 #[derive(Debug, Default)]
 struct Retry {
     pending: Option<Pending>,
+    /// When the first try that failed began, of the states not put in force since (a
+    /// newer state that replaces a failing one carries its change too): where the sync
+    /// latency of the state finally put in force starts.
+    since: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -165,9 +169,11 @@ struct Pending {
 }
 
 impl Retry {
-    /// `cluster` was not applied at `now`: it is tried again later. Returns the number
-    /// of failures of this state so far and the delay before the next try.
-    fn failed(&mut self, cluster: &Arc<Cluster>, now: Instant) -> (u32, Duration) {
+    /// `cluster` was not applied at `now`, in a try that began at `began`: it is tried
+    /// again later. Returns the number of failures of this state so far and the delay
+    /// before the next try.
+    fn failed(&mut self, cluster: &Arc<Cluster>, began: Instant, now: Instant) -> (u32, Duration) {
+        self.since.get_or_insert(began);
         let failures = match &self.pending {
             Some(p) if Arc::ptr_eq(&p.cluster, cluster) => p.failures + 1,
             _ => 1,
@@ -194,6 +200,17 @@ impl Retry {
     fn clear(&mut self) -> u32 {
         self.pending.take().map_or(0, |p| p.failures)
     }
+
+    /// A state was put in force at `now`, after a try that took `took` and began at
+    /// `began`: its sync latency, from the first try that failed since the last state
+    /// put in force (the change waited from then), else of this try alone.
+    fn in_force(&mut self, began: Instant, took: Duration, now: Instant) -> Duration {
+        self.clear();
+        match self.since.take() {
+            Some(s) if s < began => now.saturating_duration_since(s),
+            _ => took,
+        }
+    }
 }
 
 /// Puts `cluster` in force in `agent` (compiling what differs from `in_force`) and
@@ -211,15 +228,17 @@ fn put_in_force(
     let diffed = t0.elapsed();
     if changed.is_empty() {
         retry.clear();
+        retry.since = None;
         agent.up_to_date();
         agent.status_mut().datastore_applied();
         return;
     }
     match agent.apply_changes(Arc::clone(&cluster), &changed) {
         Ok(a) => {
-            let failures = retry.clear();
+            let failures = retry.pending.as_ref().map_or(0, |p| p.failures);
+            let latency = retry.in_force(t0, diffed + a.compile + a.swap, Instant::now());
             let status = agent.status_mut();
-            status.synced(diffed + a.compile + a.swap);
+            status.synced(latency);
             status.datastore_applied();
             if failures > 0 {
                 tracing::info!(failures, "cluster state applied on another try");
@@ -234,7 +253,7 @@ fn put_in_force(
         }
         Err(e) => {
             agent.status_mut().not_applied(&e);
-            let (failures, delay) = retry.failed(&cluster, Instant::now());
+            let (failures, delay) = retry.failed(&cluster, t0, Instant::now());
             // The first failure is news; the same again is not worth an error each time.
             if failures == 1 {
                 tracing::error!(
@@ -494,7 +513,7 @@ mod tests {
         let t0 = Instant::now();
         assert!(r.due(t0).is_none(), "nothing failed yet");
         let state = Arc::new(Cluster::default());
-        assert_eq!(r.failed(&state, t0), (1, Duration::from_secs(1)));
+        assert_eq!(r.failed(&state, t0, t0), (1, Duration::from_secs(1)));
         assert!(r.due(t0 + Duration::from_millis(999)).is_none());
         let due = r.due(t0 + Duration::from_secs(1)).expect("due after 1 s");
         assert!(Arc::ptr_eq(&due, &state));
@@ -503,7 +522,7 @@ mod tests {
         let delays: Vec<u64> = (0..7)
             .map(|_| {
                 now += Duration::from_secs(1);
-                r.failed(&state, now).1.as_secs()
+                r.failed(&state, now, now).1.as_secs()
             })
             .collect();
         assert_eq!(delays, [2, 4, 8, 16, 30, 30, 30]);
@@ -518,12 +537,12 @@ mod tests {
         let mut r = Retry::default();
         let t0 = Instant::now();
         let old = Arc::new(Cluster::default());
-        r.failed(&old, t0);
-        r.failed(&old, t0);
-        assert_eq!(r.failed(&old, t0).1, Duration::from_secs(4));
+        r.failed(&old, t0, t0);
+        r.failed(&old, t0, t0);
+        assert_eq!(r.failed(&old, t0, t0).1, Duration::from_secs(4));
         // A newer state (another Arc, even with the same objects) that fails too.
         let newer = Arc::new(Cluster::default());
-        assert_eq!(r.failed(&newer, t0), (1, Duration::from_secs(1)));
+        assert_eq!(r.failed(&newer, t0, t0), (1, Duration::from_secs(1)));
         let due = r.due(t0 + Duration::from_secs(1)).unwrap();
         assert!(
             Arc::ptr_eq(&due, &newer),
@@ -532,5 +551,27 @@ mod tests {
         assert_eq!(r.clear(), 1);
         assert!(r.due(t0 + Duration::from_secs(3600)).is_none());
         assert_eq!(r.clear(), 0);
+    }
+
+    #[test]
+    fn the_sync_latency_of_a_state_put_in_force_after_failures_counts_from_the_first() {
+        let mut r = Retry::default();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // Put in force at the first try: that try's time.
+        assert_eq!(r.in_force(t0, ms(3), t0 + ms(3)), ms(3));
+        // A state failing at t0 and again, replaced by a newer one that applies 40 s on:
+        // the change waited from t0.
+        let old = Arc::new(Cluster::default());
+        r.failed(&old, t0, t0 + ms(2));
+        r.failed(&old, t0 + ms(1000), t0 + ms(1002));
+        r.clear();
+        let newer = Arc::new(Cluster::default());
+        r.failed(&newer, t0 + ms(5000), t0 + ms(5002));
+        let done = t0 + ms(40_000);
+        assert_eq!(r.in_force(done - ms(4), ms(4), done), ms(40_000));
+        // And the next state starts afresh.
+        assert_eq!(r.in_force(done + ms(10), ms(2), done + ms(12)), ms(2));
+        assert!(r.due(done + ms(3_600_000)).is_none());
     }
 }
