@@ -5,12 +5,15 @@
 //! event). Maps are ordered, so everything compiled from a cluster comes out in the same
 //! order every time.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::fields::Protocol;
 
 /// The namespace of a namespaced object whose manifest gives none (as `kubectl apply`
 /// does with the default context).
@@ -205,6 +208,9 @@ macro_rules! object_from {
 }
 object_from!(Node, Pod, Service, EndpointSlice, ConfigMap);
 
+/// A Service frontend: the protocol, address and port it answers on.
+pub type Frontend = (Protocol, IpAddr, u16);
+
 /// The objects ferry reads, by kind, each map keyed by namespace and name.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Cluster {
@@ -218,6 +224,10 @@ pub struct Cluster {
     pub endpoint_slices: BTreeMap<ObjectKey, EndpointSlice>,
     /// ConfigMaps.
     pub config_maps: BTreeMap<ObjectKey, ConfigMap>,
+    /// The frontends of Services that another Service wins (an external IP on another
+    /// Service's cluster IP and port, say), by Service: they are left out of its tables.
+    /// The Kubernetes datastore decides them ([`Cluster::set_left_out`]).
+    left_out: BTreeMap<ObjectKey, BTreeSet<Frontend>>,
 }
 
 /// Why [`Cluster::apply`] refused an object.
@@ -258,10 +268,38 @@ impl Cluster {
         match kind {
             Kind::Node => self.nodes.remove(&key).map(Object::from),
             Kind::Pod => self.pods.remove(&key).map(Object::from),
-            Kind::Service => self.services.remove(&key).map(Object::from),
+            Kind::Service => {
+                self.left_out.remove(&key);
+                self.services.remove(&key).map(Object::from)
+            }
             Kind::EndpointSlice => self.endpoint_slices.remove(&key).map(Object::from),
             Kind::ConfigMap => self.config_maps.remove(&key).map(Object::from),
         }
+    }
+
+    /// The frontends of the Service `key` left out of its tables: another Service wins
+    /// them.
+    pub fn left_out(&self, key: &ObjectKey) -> Option<&BTreeSet<Frontend>> {
+        self.left_out.get(key)
+    }
+
+    /// Says which frontends of the Service `key` are left out of its tables (none:
+    /// empty); true when that changed. The Service may come later: deleting it forgets
+    /// them.
+    pub fn set_left_out(&mut self, key: &ObjectKey, frontends: BTreeSet<Frontend>) -> bool {
+        if self
+            .left_out
+            .get(key)
+            .map_or(frontends.is_empty(), |f| *f == frontends)
+        {
+            return false;
+        }
+        if frontends.is_empty() {
+            self.left_out.remove(key);
+        } else {
+            self.left_out.insert(key.clone(), frontends);
+        }
+        true
     }
 
     /// True when an object of `kind` has `key`.
@@ -341,11 +379,25 @@ impl Cluster {
             &newer.config_maps,
             &mut out,
         );
+        // A Service that wins or loses a frontend changed too.
+        let mut frontends = Vec::new();
+        walk(
+            Kind::Service,
+            &self.left_out,
+            &newer.left_out,
+            &mut frontends,
+        );
+        for f in frontends {
+            if !out.contains(&f) {
+                out.push(f);
+            }
+        }
         out
     }
 
     /// `self` with the objects `changed` as `newer` has them: added, replaced, or
-    /// removed where `newer` has none; the rest as in `self`.
+    /// removed where `newer` has none (a Service with its frontends left out); the rest
+    /// as in `self`.
     pub fn with_changes_of(&self, newer: &Cluster, changed: &[(Kind, ObjectKey)]) -> Cluster {
         fn take<T: Clone>(
             to: &mut BTreeMap<ObjectKey, T>,
@@ -362,7 +414,10 @@ impl Cluster {
             match kind {
                 Kind::Node => take(&mut c.nodes, &newer.nodes, key),
                 Kind::Pod => take(&mut c.pods, &newer.pods, key),
-                Kind::Service => take(&mut c.services, &newer.services, key),
+                Kind::Service => {
+                    take(&mut c.services, &newer.services, key);
+                    take(&mut c.left_out, &newer.left_out, key);
+                }
                 Kind::EndpointSlice => take(&mut c.endpoint_slices, &newer.endpoint_slices, key),
                 Kind::ConfigMap => take(&mut c.config_maps, &newer.config_maps, key),
             }

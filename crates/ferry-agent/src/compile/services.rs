@@ -6,8 +6,6 @@ use std::net::IpAddr;
 
 use ferry_datapath::lb::{BackendSpec, Policy, ServiceSpec};
 
-use k8s_openapi::api::core::v1::Service;
-
 use crate::cluster::{Cluster, ObjectKey, SERVICE_NAME_LABEL};
 use crate::config::FerryConfig;
 use crate::fields::{Protocol, ServiceFields, ServicePortFields, ServiceType, SliceFields};
@@ -54,11 +52,11 @@ pub(super) fn compile(
             .or_default()
             .push(f);
     }
-    for (key, svc) in &cluster.services {
+    for key in cluster.services.keys() {
         let slices = by_service
             .get(&(key.namespace.as_str(), key.name.as_str()))
             .map_or(&[][..], Vec::as_slice);
-        one(key, svc, slices, node, config, opts, &mut out)?;
+        one(cluster, key, slices, node, config, opts, &mut out)?;
     }
     Ok(out)
 }
@@ -78,9 +76,9 @@ pub(super) fn compile_some(
         warnings: Vec::new(),
     };
     for key in keys {
-        let Some(svc) = cluster.services.get(key) else {
+        if !cluster.services.contains_key(key) {
             continue;
-        };
+        }
         let mut slices = Vec::new();
         for s in cluster.endpoint_slices_of(&key.namespace, &key.name) {
             let what = format!(
@@ -93,22 +91,28 @@ pub(super) fn compile_some(
                 .extend(f.warnings.iter().map(|w| format!("{what}: {w}")));
             slices.push(f);
         }
-        one(key, svc, &slices, node, config, opts, &mut out)?;
+        one(cluster, key, &slices, node, config, opts, &mut out)?;
     }
     Ok(out)
 }
 
-/// Compiles one Service: its ports' tables entries, and its health check node port.
+/// Compiles the Service `key` of `cluster`: its ports' tables entries (without the
+/// frontends another Service wins, [`Cluster::left_out`]), and its health check node
+/// port.
 fn one(
+    cluster: &Cluster,
     key: &ObjectKey,
-    svc: &Service,
     slices: &[SliceFields],
     node: &str,
     config: &FerryConfig,
     opts: &CompileOptions,
     out: &mut Out,
 ) -> Result<(), String> {
-    let f = read(ServiceFields::parse(svc), &format_args!("Service {key}"))?;
+    let f = read(
+        ServiceFields::parse(&cluster.services[key]),
+        &format_args!("Service {key}"),
+    )?;
+    let left_out = cluster.left_out(key);
     out.warnings
         .extend(f.warnings.iter().map(|w| format!("Service {key}: {w}")));
     // kube-proxy leaves both alone: an ExternalName Service is a DNS alias, a
@@ -154,14 +158,20 @@ fn one(
                 .filter(|b| b.ready && b.node.as_deref() == Some(node))
                 .map(|b| b.addr),
         );
+        let kept = |ips: &[IpAddr]| -> Vec<IpAddr> {
+            ips.iter()
+                .filter(|ip| !left_out.is_some_and(|l| l.contains(&(p.protocol, **ip, p.port))))
+                .copied()
+                .collect()
+        };
         let spec = ServiceSpec {
             name: format!("{key}:{port_name}"),
             proto: p.protocol.tables_name().to_string(),
             port: p.port,
             cluster_ips: f.cluster_ips.clone(),
             node_port: p.node_port.filter(|_| node_ports),
-            external_ips: f.external_ips.clone(),
-            load_balancer_ips: f.load_balancer_ips.clone(),
+            external_ips: kept(&f.external_ips),
+            load_balancer_ips: kept(&f.load_balancer_ips),
             external_policy: if external {
                 f.external_policy
             } else {

@@ -1,27 +1,40 @@
-//! What an object claims that no other object may: a Service's cluster IPs, its
-//! frontends (each cluster, external and load balancer IP on each of its ports) and its
-//! node ports; a Node's InternalIPs.
+//! What an object claims: a Service's cluster IPs, its frontends (each cluster,
+//! external and load balancer IP on each of its ports) and its node ports; a Node's
+//! InternalIPs.
 //!
 //! Two objects claiming one of these make tables the datapath refuses (one frontend
 //! or node port serves one Service; one underlay address is one peer), and the API
-//! server lets most such pairs through: it allocates cluster IPs and node ports, but
-//! takes any external IP, any load balancer status and any Node address. So both
-//! datastores check every Service and Node against the claims of the others before it
-//! enters the cluster: the file datastore refuses the directory, naming both objects;
-//! the Kubernetes datastore refuses the object that came second and keeps what is in
-//! force. [`Claims`] is the index of who holds what, kept up to date object by object,
-//! so that checking one object costs the same however many there are.
+//! server lets some such pairs through: it allocates cluster IPs and node ports, but
+//! takes any external IP, any load balancer status and any Node address.
 //!
-//! One object naming an address twice (an external IP that is also its own load
-//! balancer IP) is not a clash: it is one Service.
+//! A cluster IP, a node port and a Node's InternalIP are held by one object: the
+//! Kubernetes datastore holds back the object that comes second until the holder
+//! changes or goes (the API server's allocators keep Services apart; two Nodes with one
+//! address are a replacement VM registering early), the file datastore refuses the
+//! directory, naming both objects.
+//!
+//! A frontend is contested instead: of the Services that claim it, one wins, the same
+//! on every node whatever order they came in, and the others leave that frontend out
+//! (and only that one: their cluster IPs and other frontends stay in force). A frontend
+//! of a cluster IP, which the API server allocated, wins over an external or load
+//! balancer IP, which any user can set; so a Service cannot take another's traffic by
+//! naming its cluster IP (CVE-2020-8554). Between two of the same standing the older
+//! Service (`metadata.creationTimestamp`) wins, then the one whose namespace and name
+//! sort first.
+//!
+//! [`Claims`] is the index of who holds what, kept up to date object by object, so
+//! that checking one object costs the same however many there are. One object naming
+//! an address twice (an external IP that is also its own load balancer IP) is not a
+//! clash: it is one Service.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::cluster::{Kind, Object, ObjectKey};
+use crate::cluster::{Frontend, Kind, Object, ObjectKey};
 use crate::fields::{Protocol, ServiceFields, ServiceType};
 
 /// One thing an object claims.
@@ -29,12 +42,27 @@ use crate::fields::{Protocol, ServiceFields, ServiceType};
 enum Claim {
     /// A Service's cluster IP: the API server gives each to one Service.
     ClusterIp(IpAddr),
-    /// An address and port a Service answers on, by protocol.
-    Frontend(Protocol, IpAddr, u16),
+    /// An address and port a Service answers on, by protocol: contested (see
+    /// [`Rank`]).
+    Frontend(Frontend),
     /// A node port, by protocol.
     NodePort(Protocol, u16),
     /// A Node's InternalIP: the underlay address of one overlay peer.
     NodeAddress(IpAddr),
+}
+
+/// How a claim of a frontend ranks against the other claims of it: the least wins
+/// (with the owner's key last, so that two never tie).
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+struct Rank {
+    /// An external or load balancer IP (anyone may set one), not a cluster IP (the
+    /// API server allocated it).
+    user_set: bool,
+    /// The object has no `metadata.creationTimestamp` (the API server always sets one;
+    /// a manifest may lack it): it counts as newer than any that has one.
+    undated: bool,
+    /// `metadata.creationTimestamp`.
+    created: Option<Time>,
 }
 
 /// A claim and the field of the object that makes it (`spec.externalIPs[0]`).
@@ -42,6 +70,7 @@ enum Claim {
 pub(crate) struct Claimed {
     claim: Claim,
     field: String,
+    rank: Rank,
 }
 
 /// An object, by kind and key.
@@ -55,6 +84,18 @@ pub(crate) struct Clash {
     /// The object that holds the claim.
     pub holder: Owner,
     /// What is claimed twice, naming the holder (and its field, where that helps).
+    pub message: String,
+}
+
+/// A frontend of a Service that another Service wins: left out of the first one's
+/// tables.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LeftOut {
+    /// The frontend.
+    pub frontend: Frontend,
+    /// The field of the Service that loses it.
+    pub field: String,
+    /// Why, naming the winner and its field.
     pub message: String,
 }
 
@@ -82,12 +123,19 @@ pub(crate) fn of_service(svc: &Service) -> Vec<Claimed> {
         .iter()
         .filter(|p| p.protocol != Protocol::Sctp)
         .collect();
+    let created = svc.metadata.creation_timestamp.clone();
+    let rank = |user_set| Rank {
+        user_set,
+        undated: created.is_none(),
+        created: created.clone(),
+    };
     let mut out = Vec::new();
-    let frontends = |out: &mut Vec<Claimed>, ip: IpAddr, field: String| {
+    let frontends = |out: &mut Vec<Claimed>, ip: IpAddr, field: String, user_set: bool| {
         for p in &ports {
             out.push(Claimed {
-                claim: Claim::Frontend(p.protocol, ip, p.port),
+                claim: Claim::Frontend((p.protocol, ip, p.port)),
                 field: field.clone(),
+                rank: rank(user_set),
             });
         }
     };
@@ -96,14 +144,15 @@ pub(crate) fn of_service(svc: &Service) -> Vec<Claimed> {
         out.push(Claimed {
             claim: Claim::ClusterIp(*ip),
             field: field.clone(),
+            rank: Rank::default(),
         });
-        frontends(&mut out, *ip, field);
+        frontends(&mut out, *ip, field, false);
     }
     for (i, ip) in f.external_ips.iter().enumerate() {
-        frontends(&mut out, *ip, format!("spec.externalIPs[{i}]"));
+        frontends(&mut out, *ip, format!("spec.externalIPs[{i}]"), true);
     }
     for ip in &f.load_balancer_ips {
-        frontends(&mut out, *ip, ingress_field(svc, *ip));
+        frontends(&mut out, *ip, ingress_field(svc, *ip), true);
     }
     if matches!(f.type_, ServiceType::NodePort | ServiceType::LoadBalancer) {
         for p in &ports {
@@ -111,6 +160,7 @@ pub(crate) fn of_service(svc: &Service) -> Vec<Claimed> {
                 out.push(Claimed {
                     claim: Claim::NodePort(p.protocol, np),
                     field: format!("spec.ports[{}].nodePort", p.index),
+                    rank: Rank::default(),
                 });
             }
         }
@@ -147,6 +197,7 @@ pub(crate) fn of_node(node: &Node) -> Vec<Claimed> {
             Some(Claimed {
                 claim: Claim::NodeAddress(a.address.parse().ok()?),
                 field: format!("status.addresses[{i}].address"),
+                rank: Rank::default(),
             })
         })
         .collect()
@@ -155,13 +206,17 @@ pub(crate) fn of_node(node: &Node) -> Vec<Claimed> {
 /// Who holds what: every claim of the objects in force, and each object's claims.
 #[derive(Debug, Default)]
 pub(crate) struct Claims {
+    /// Claims held by one object: cluster IPs, node ports, Node addresses.
     held: HashMap<Claim, (Owner, String)>,
+    /// Each frontend's claims, best first: the first one wins it.
+    frontends: HashMap<Frontend, BTreeSet<(Rank, Owner, String)>>,
     by_owner: HashMap<Owner, Vec<Claimed>>,
 }
 
 impl Claims {
-    /// The claims of `owner` that another object holds: at most one per field (a
-    /// cluster IP held by another Service is one clash, not one per port as well).
+    /// The claims of `owner` that another object holds, among those only one object
+    /// may hold (frontends are contested instead: see [`Claims::left_out`]): at most
+    /// one per field.
     pub(crate) fn clashes(&self, owner: &Owner, claims: &[Claimed]) -> Vec<Clash> {
         let mut out: Vec<Clash> = Vec::new();
         for c in claims {
@@ -182,7 +237,8 @@ impl Claims {
 
     /// Puts `claims` in force as `owner`'s, in place of its earlier ones (which the
     /// caller checked with [`Claims::clashes`]). True when they differ from the earlier
-    /// ones: what `owner` frees may let another object in.
+    /// ones: what `owner` frees may let another object in, and the frontends it claims
+    /// or gives up may change hands ([`Claims::rivals`]).
     pub(crate) fn set(&mut self, owner: Owner, claims: Vec<Claimed>) -> bool {
         if self
             .by_owner
@@ -193,7 +249,15 @@ impl Claims {
         }
         self.remove(&owner);
         for c in &claims {
-            self.held.insert(c.claim, (owner.clone(), c.field.clone()));
+            match c.claim {
+                Claim::Frontend(fe) => {
+                    let key = (c.rank.clone(), owner.clone(), c.field.clone());
+                    self.frontends.entry(fe).or_default().insert(key);
+                }
+                claim => {
+                    self.held.insert(claim, (owner.clone(), c.field.clone()));
+                }
+            }
         }
         if !claims.is_empty() {
             self.by_owner.insert(owner, claims);
@@ -207,11 +271,70 @@ impl Claims {
             return false;
         };
         for c in old {
-            if self.held.get(&c.claim).is_some_and(|(h, _)| h == owner) {
-                self.held.remove(&c.claim);
+            match c.claim {
+                Claim::Frontend(fe) => {
+                    if let Some(claims) = self.frontends.get_mut(&fe) {
+                        claims.retain(|(_, o, _)| o != owner);
+                        if claims.is_empty() {
+                            self.frontends.remove(&fe);
+                        }
+                    }
+                }
+                claim => {
+                    if self.held.get(&claim).is_some_and(|(h, _)| h == owner) {
+                        self.held.remove(&claim);
+                    }
+                }
             }
         }
         true
+    }
+
+    /// The other objects that claim a frontend `owner` claims: whose frontends may
+    /// change hands when `owner`'s claims change.
+    pub(crate) fn rivals(&self, owner: &Owner) -> BTreeSet<Owner> {
+        let mut out = BTreeSet::new();
+        for c in self.by_owner.get(owner).into_iter().flatten() {
+            let Claim::Frontend(fe) = c.claim else {
+                continue;
+            };
+            out.extend(
+                self.frontends[&fe]
+                    .iter()
+                    .map(|(_, o, _)| o)
+                    .filter(|o| *o != owner)
+                    .cloned(),
+            );
+        }
+        out
+    }
+
+    /// The frontends `owner` claims that another object wins, each with the field that
+    /// claims it, in the order of its claims.
+    pub(crate) fn left_out(&self, owner: &Owner) -> Vec<LeftOut> {
+        let mut out = Vec::new();
+        for c in self.by_owner.get(owner).into_iter().flatten() {
+            let Claim::Frontend(fe) = c.claim else {
+                continue;
+            };
+            let Some((_, winner, their_field)) = self.frontends[&fe].first() else {
+                continue;
+            };
+            if winner == owner {
+                continue;
+            }
+            out.push(LeftOut {
+                frontend: fe,
+                field: c.field.clone(),
+                message: format!(
+                    "{} {} is a frontend of {} (its {their_field}); left out",
+                    fe.0.api_name(),
+                    SocketAddr::new(fe.1, fe.2),
+                    Named(winner)
+                ),
+            });
+        }
+        out
     }
 }
 
@@ -220,7 +343,7 @@ fn describe(claim: Claim, holder: &Owner, their_field: &str) -> String {
     let other = Named(holder);
     match claim {
         Claim::ClusterIp(ip) => format!("{ip} is also the cluster IP of {other}"),
-        Claim::Frontend(proto, ip, port) => format!(
+        Claim::Frontend((proto, ip, port)) => format!(
             "{} {} is also a frontend of {other} (its {their_field})",
             proto.api_name(),
             SocketAddr::new(ip, port)
@@ -342,40 +465,120 @@ mod tests {
             .collect()
     }
 
+    fn created(mut obj: Object, at: &str) -> Object {
+        obj.metadata_mut().creation_timestamp = Some(Time(at.parse().unwrap()));
+        obj
+    }
+
+    /// Puts `obj`'s claims in force (it clashes with nothing held alone).
+    fn put(claims: &mut Claims, obj: &Object) {
+        assert!(claims.clashes(&owner(obj), &of(obj)).is_empty());
+        claims.set(owner(obj), of(obj));
+    }
+
+    /// The frontends of `obj` that another object wins, as `field: message`.
+    fn left_out(claims: &Claims, obj: &Object) -> Vec<String> {
+        (claims.left_out(&owner(obj)).into_iter())
+            .map(|l| format!("{}: {}", l.field, l.message))
+            .collect()
+    }
+
     #[test]
-    fn an_external_or_load_balancer_ip_on_another_services_frontend_clashes() {
-        let mut claims = Claims::default();
-        let web = with_external_ip(
+    fn a_cluster_ip_wins_its_frontend_over_an_external_or_load_balancer_ip_in_any_order() {
+        let web = created(
             service("web", "ClusterIP", "10.96.0.10", &[(80, None)]),
-            "192.0.2.10",
+            "2026-02-01T00:00:00Z",
         );
-        assert!(check(&mut claims, &web).is_empty());
-        let by_cluster_ip = with_external_ip(
-            service("a", "ClusterIP", "10.96.0.11", &[(80, None)]),
+        // Older than web, and first in: it still loses web's frontend, and only that.
+        let evil = created(
+            with_external_ip(
+                service(
+                    "evil",
+                    "ClusterIP",
+                    "10.96.0.11",
+                    &[(80, None), (443, None)],
+                ),
+                "10.96.0.10",
+            ),
+            "2026-01-01T00:00:00Z",
+        );
+        let lb = with_lb_ip(
+            service("lb", "LoadBalancer", "10.96.0.12", &[(80, Some(30080))]),
             "10.96.0.10",
         );
-        assert_eq!(
-            check(&mut claims, &by_cluster_ip),
-            [
-                "spec.externalIPs[0]: TCP 10.96.0.10:80 is also a frontend of Service default/web (its spec.clusterIPs[0])"
-            ]
+        for order in [[&evil, &lb, &web], [&web, &lb, &evil]] {
+            let mut claims = Claims::default();
+            for obj in order {
+                put(&mut claims, obj);
+            }
+            assert!(left_out(&claims, &web).is_empty());
+            assert_eq!(
+                left_out(&claims, &evil),
+                [
+                    "spec.externalIPs[0]: TCP 10.96.0.10:80 is a frontend of Service default/web (its spec.clusterIPs[0]); left out"
+                ]
+            );
+            assert_eq!(
+                left_out(&claims, &lb),
+                [
+                    "status.loadBalancer.ingress[0].ip: TCP 10.96.0.10:80 is a frontend of Service default/web (its spec.clusterIPs[0]); left out"
+                ]
+            );
+            assert_eq!(
+                claims.rivals(&owner(&web)),
+                BTreeSet::from([owner(&evil), owner(&lb)])
+            );
+        }
+    }
+
+    #[test]
+    fn the_older_of_two_external_or_load_balancer_ips_wins_and_a_freed_frontend_returns() {
+        let old = created(
+            with_external_ip(
+                service("old", "ClusterIP", "10.96.0.10", &[(80, None)]),
+                "192.0.2.10",
+            ),
+            "2026-01-01T00:00:00Z",
         );
-        let by_external_ip = with_lb_ip(
-            service("b", "LoadBalancer", "10.96.0.12", &[(80, Some(30080))]),
-            "192.0.2.10",
+        let new = created(
+            with_lb_ip(
+                service("a-new", "LoadBalancer", "10.96.0.11", &[(80, Some(30080))]),
+                "192.0.2.10",
+            ),
+            "2026-02-01T00:00:00Z",
         );
-        assert_eq!(
-            check(&mut claims, &by_external_ip),
-            [
-                "status.loadBalancer.ingress[0].ip: TCP 192.0.2.10:80 is also a frontend of Service default/web (its spec.externalIPs[0])"
-            ]
-        );
-        // The same address on another port, or another protocol, is another frontend.
-        let other_port = with_external_ip(
-            service("c", "ClusterIP", "10.96.0.13", &[(443, None)]),
-            "10.96.0.10",
-        );
-        assert!(check(&mut claims, &other_port).is_empty());
+        for order in [[&old, &new], [&new, &old]] {
+            let mut claims = Claims::default();
+            for obj in order {
+                put(&mut claims, obj);
+            }
+            assert!(left_out(&claims, &old).is_empty());
+            assert_eq!(
+                left_out(&claims, &new),
+                [
+                    "status.loadBalancer.ingress[0].ip: TCP 192.0.2.10:80 is a frontend of Service default/old (its spec.externalIPs[0]); left out"
+                ]
+            );
+            // The winner goes: the frontend is the other's again.
+            assert!(claims.remove(&owner(&old)));
+            assert!(left_out(&claims, &new).is_empty());
+        }
+        // Of the same age (or none), the namespace and name that sort first win.
+        let undated = |obj: &Object| {
+            let mut obj = obj.clone();
+            obj.metadata_mut().creation_timestamp = None;
+            obj
+        };
+        let mut claims = Claims::default();
+        put(&mut claims, &undated(&old));
+        put(&mut claims, &undated(&new));
+        assert_eq!(left_out(&claims, &undated(&old)).len(), 1);
+        assert!(left_out(&claims, &undated(&new)).is_empty());
+        // One with a creation time is older than one without.
+        let mut claims = Claims::default();
+        put(&mut claims, &undated(&new));
+        put(&mut claims, &old);
+        assert!(left_out(&claims, &old).is_empty());
     }
 
     #[test]

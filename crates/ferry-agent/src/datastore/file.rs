@@ -9,9 +9,12 @@
 //!
 //! A state is all or nothing: one problem anywhere (YAML syntax, a field of the wrong
 //! type, an unknown field, a bad address or port, the same object in two places, two
-//! objects claiming one address or port: a cluster IP, a Service frontend, a node port,
-//! a Node's InternalIP; see [`super::claims`]) refuses it whole, with every problem
-//! named by file, object and field; the watcher keeps the last good state in force.
+//! objects claiming one address or port: a cluster IP, a node port, a Node's
+//! InternalIP; see [`super::claims`]) refuses it whole, with every problem named by
+//! file, object and field; the watcher keeps the last good state in force. A Service
+//! frontend two Services claim (an external IP on another's cluster IP and port) is
+//! not refused: as in the Kubernetes datastore, one of them wins it, the same whatever
+//! the order of the files, and the other leaves it out, with a note.
 
 use std::collections::HashMap;
 use std::fs;
@@ -290,21 +293,24 @@ impl Loader {
             origins.insert((obj.kind(), key), origin);
             cluster.apply(obj).expect("named: checked when read");
         }
-        self.clashes(&cluster, &origins, claiming);
+        self.clashes(&mut cluster, &origins, claiming);
         cluster
     }
 
-    /// Two objects must not claim one cluster IP, frontend, node port or node address
+    /// Two objects must not claim one cluster IP, node port or node address
     /// ([`claims`]): one of them would silently lose its traffic, or the tables would
     /// not compile. `claiming` lists the Services and Nodes in the order they were read:
-    /// of two that clash, the one read later is named.
+    /// of two that clash, the one read later is named. A frontend two Services claim
+    /// goes to one of them, as in the Kubernetes datastore, whatever the order: the
+    /// other leaves it out, with a note.
     fn clashes(
         &mut self,
-        cluster: &Cluster,
+        cluster: &mut Cluster,
         origins: &HashMap<(Kind, ObjectKey), Origin>,
         claiming: Vec<(Kind, ObjectKey)>,
     ) {
         let mut held = Claims::default();
+        let mut services = Vec::new();
         for (kind, key) in claiming {
             let mine = match kind {
                 Kind::Service => claims::of_service(&cluster.services[&key]),
@@ -313,6 +319,9 @@ impl Loader {
             let owner = (kind, key.clone());
             let clashes = held.clashes(&owner, &mine);
             if clashes.is_empty() {
+                if kind == Kind::Service {
+                    services.push(owner.clone());
+                }
                 held.set(owner, mine);
                 continue;
             }
@@ -324,6 +333,19 @@ impl Loader {
                     c.message,
                 ));
             }
+        }
+        for owner in services {
+            let left_out = held.left_out(&owner);
+            let origin = &origins[&owner];
+            let (kind, key) = &owner;
+            for l in &left_out {
+                self.notes.push(origin.problem(
+                    Some(format!("{kind} {key}")),
+                    Some(l.field.clone()),
+                    l.message.clone(),
+                ));
+            }
+            cluster.set_left_out(key, left_out.into_iter().map(|l| l.frontend).collect());
         }
     }
 }

@@ -63,7 +63,7 @@ use tokio::time::Instant;
 
 use super::claims::{self, Claims, Clash, Owner};
 use super::{Problem, Refused, Update, Watch, check, is_ferry_config, notes};
-use crate::cluster::{Cluster, Kind, Object, ObjectKey};
+use crate::cluster::{Cluster, Frontend, Kind, Object, ObjectKey};
 use crate::config::{CONFIG_NAME, CONFIG_NAMESPACE};
 use crate::fields::FieldError;
 
@@ -212,6 +212,10 @@ pub struct KubeDatastore {
     blocking: HashMap<Owner, BTreeSet<Owner>>,
     /// Objects held back to try again: one they clashed with changed or went.
     woken: BTreeSet<Owner>,
+    /// Services whose frontends may have changed hands in this batch.
+    contested: BTreeSet<ObjectKey>,
+    /// The frontends of each Service left out in the last state sent: what was told.
+    told_left_out: HashMap<ObjectKey, BTreeSet<Frontend>>,
 }
 
 /// An object held back by a clash, until the objects it clashed with change or go.
@@ -249,6 +253,8 @@ impl KubeDatastore {
             waiting: HashMap::new(),
             blocking: HashMap::new(),
             woken: BTreeSet::new(),
+            contested: BTreeSet::new(),
+            told_left_out: HashMap::new(),
         }
     }
 
@@ -396,6 +402,7 @@ impl KubeDatastore {
         }
         if self.changed && self.is_listed() && !held {
             self.changed = false;
+            self.tell_left_out();
             out.push(Update::Applied {
                 cluster: self.current(),
                 notes: std::mem::take(&mut self.notes),
@@ -443,14 +450,65 @@ impl KubeDatastore {
             self.wait(owner, obj, clashes, earlier);
             return;
         }
+        let mut rivals = self.claims.rivals(&owner);
         if self.claims.set(owner.clone(), mine) {
             self.wake(&owner);
+            rivals.extend(self.claims.rivals(&owner));
         }
         // Copies the cluster only when an update still shares it: once per batch.
         Arc::make_mut(&mut self.cluster)
             .apply(obj)
             .expect("named: checked above");
         self.changed = true;
+        rivals.insert(owner);
+        self.contest(rivals);
+    }
+
+    /// Decides again which frontends of the Services `owners` are left out: those
+    /// another Service wins ([`Claims::left_out`]).
+    fn contest(&mut self, owners: BTreeSet<Owner>) {
+        for (kind, key) in owners {
+            if kind != Kind::Service || !self.cluster.contains(kind, &key) {
+                continue;
+            }
+            let owner = (kind, key);
+            let left_out: BTreeSet<Frontend> = (self.claims.left_out(&owner).into_iter())
+                .map(|l| l.frontend)
+                .collect();
+            let key = owner.1;
+            let same =
+                (self.cluster.left_out(&key)).map_or(left_out.is_empty(), |l| *l == left_out);
+            if !same {
+                Arc::make_mut(&mut self.cluster).set_left_out(&key, left_out);
+                self.changed = true;
+            }
+            self.contested.insert(key);
+        }
+    }
+
+    /// Notes the frontends left out since the last state sent, once the batch is over:
+    /// one that a later event of the same batch gave back (a list that moves an address
+    /// from one Service to another) is no news.
+    fn tell_left_out(&mut self) {
+        for key in std::mem::take(&mut self.contested) {
+            let now = self.cluster.left_out(&key).cloned().unwrap_or_default();
+            let told = self.told_left_out.remove(&key).unwrap_or_default();
+            let owner = (Kind::Service, key);
+            for l in self.claims.left_out(&owner) {
+                if now.contains(&l.frontend) && !told.contains(&l.frontend) {
+                    self.notes.push(Problem {
+                        file: ORIGIN.into(),
+                        line: None,
+                        object: Some(format!("Service {}", owner.1)),
+                        field: Some(l.field),
+                        message: l.message,
+                    });
+                }
+            }
+            if !now.is_empty() {
+                self.told_left_out.insert(owner.1, now);
+            }
+        }
     }
 
     /// Reports the field errors of `obj`, which is left out.
@@ -532,6 +590,7 @@ impl KubeDatastore {
         }
         let owner = (kind, key);
         self.unwait(&owner);
+        let rivals = self.claims.rivals(&owner);
         if self.claims.remove(&owner) {
             self.wake(&owner);
         }
@@ -540,6 +599,10 @@ impl KubeDatastore {
             Arc::make_mut(&mut self.cluster).delete(kind, &key.namespace, &key.name);
             self.changed = true;
         }
+        if kind == Kind::Service {
+            self.contested.insert(key);
+        }
+        self.contest(rivals);
     }
 
     /// A complete list of `kind`: its objects replace the kind's, and objects it lacks

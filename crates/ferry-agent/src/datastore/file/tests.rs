@@ -1,6 +1,8 @@
+use std::collections::BTreeSet;
 use std::time::Instant;
 
 use super::*;
+use crate::fields::Protocol;
 
 /// A Service as `kubectl get service -o yaml` prints it, with the fields ferry ignores.
 const WEB: &str = r#"apiVersion: v1
@@ -225,7 +227,7 @@ fn two_services_with_one_cluster_ip_or_node_port_are_refused() {
 }
 
 #[test]
-fn an_external_or_load_balancer_ip_on_another_services_frontend_is_refused() {
+fn an_external_or_load_balancer_ip_on_another_services_frontend_is_left_out_with_a_note() {
     let by_external_ip = WEB
         .replace("name: web\n", "name: edge\n")
         .replace("10.96.0.10", "10.96.0.20")
@@ -238,16 +240,31 @@ fn an_external_or_load_balancer_ip_on_another_services_frontend_is_refused() {
             "  loadBalancer: {}",
             "  loadBalancer:\n    ingress:\n    - ip: 10.96.0.10",
         );
-    let p = problems(parse(
+    // web read last still wins its cluster IP's frontend.
+    let (c, notes) = good(parse(
         "s.yaml",
-        &format!("{WEB}---\n{by_external_ip}---\n{by_lb_ip}"),
+        &format!("{by_external_ip}---\n{by_lb_ip}---\n{WEB}"),
     ));
+    let notes: Vec<String> = notes.iter().map(ToString::to_string).collect();
     assert_eq!(
-        p,
+        notes,
         [
-            "s.yaml:45: Service default/edge: spec.externalIPs[0]: TCP 10.96.0.10:80 is also a frontend of Service default/web (its spec.clusterIPs[0])",
-            "s.yaml:91: Service default/lb: status.loadBalancer.ingress[0].ip: TCP 10.96.0.10:80 is also a frontend of Service default/web (its spec.clusterIPs[0])",
+            "s.yaml:1: Service default/edge: spec.externalIPs[0]: TCP 10.96.0.10:80 is a frontend of Service default/web (its spec.clusterIPs[0]); left out",
+            "s.yaml:1: Service default/edge: spec.externalIPs[0]: TCP 10.96.0.10:443 is a frontend of Service default/web (its spec.clusterIPs[0]); left out",
+            "s.yaml:47: Service default/lb: status.loadBalancer.ingress[0].ip: TCP 10.96.0.10:80 is a frontend of Service default/web (its spec.clusterIPs[0]); left out",
+            "s.yaml:47: Service default/lb: status.loadBalancer.ingress[0].ip: TCP 10.96.0.10:443 is a frontend of Service default/web (its spec.clusterIPs[0]); left out",
         ]
+    );
+    let web = ObjectKey::new("default", "web");
+    assert_eq!(c.left_out(&web), None);
+    let edge = ObjectKey::new("default", "edge");
+    let ip = "10.96.0.10".parse().unwrap();
+    assert_eq!(
+        c.left_out(&edge),
+        Some(&BTreeSet::from([
+            (Protocol::Tcp, ip, 80),
+            (Protocol::Tcp, ip, 443)
+        ]))
     );
     // One Service naming an address twice is one Service.
     let twice = by_lb_ip.replace("  selector:", "  externalIPs:\n  - 10.96.0.10\n  selector:");

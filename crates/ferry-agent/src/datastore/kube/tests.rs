@@ -322,100 +322,165 @@ fn applied_cluster(u: &[Update]) -> Arc<Cluster> {
     }
 }
 
+fn notes(u: &[Update]) -> Vec<String> {
+    u.iter()
+        .filter_map(|u| match u {
+            Update::Applied { notes, .. } => Some(notes.iter().map(ToString::to_string)),
+            Update::Refused(_) => None,
+        })
+        .flatten()
+        .collect()
+}
+
+/// The frontends `cluster` compiles to for the Service `namespace/name`: each tables
+/// entry's name with its cluster, external and load balancer IPs.
+fn frontends(cluster: &Cluster, namespace: &str, name: &str) -> Vec<String> {
+    let keys = BTreeSet::from([ObjectKey::new(namespace, name)]);
+    let opts = crate::compile::CompileOptions::default();
+    let st = crate::compile::service_tables(cluster, NODE, &keys, &opts).unwrap();
+    st.specs
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {:?} {:?} {:?}",
+                s.name, s.cluster_ips, s.external_ips, s.load_balancer_ips
+            )
+        })
+        .collect()
+}
+
 #[test]
-fn a_service_claiming_another_services_frontend_waits_until_that_one_goes() {
-    let mut ds = listed();
-    let edge = ObjectKey::new("default", "edge");
-    // web's cluster IP, on web's port, as an external IP: the API server takes it.
-    ds.event(
-        Kind::Service,
-        Event::Apply(service_with_external_ip("sticky", "edge", "10.96.0.10")),
-    );
-    // A good change in the same batch still applies.
-    let mut slice = item(SLICES, "web-x7h2k");
-    slice["endpoints"].as_array_mut().unwrap().pop();
-    ds.event(
-        Kind::EndpointSlice,
-        Event::Apply(typed::<EndpointSlice>(slice)),
-    );
+fn an_external_ip_on_another_services_cluster_ip_is_left_out_of_it_alone() {
+    // a/evil, older than everything, lists before default/web and names web's cluster
+    // IP as an external IP on web's port, and on a port of its own.
+    let mut evil = item(SERVICES, "sticky");
+    evil["metadata"]["namespace"] = "a".into();
+    evil["metadata"]["name"] = "evil".into();
+    evil["metadata"]["creationTimestamp"] = "2020-01-01T00:00:00Z".into();
+    evil["spec"]["clusterIP"] = "10.96.0.99".into();
+    evil["spec"]["clusterIPs"] = json!(["10.96.0.99"]);
+    evil["spec"]["externalIPs"] = json!(["10.96.0.10"]);
+    let mut other = evil["spec"]["ports"][0].clone();
+    other["name"] = "other".into();
+    other["port"] = 81.into();
+    evil["spec"]["ports"][0]["name"] = "http".into();
+    evil["spec"]["ports"].as_array_mut().unwrap().push(other);
+    let mut services = items::<Service>(SERVICES);
+    services.insert(0, typed::<Service>(evil));
+    let mut ds = KubeDatastore::new();
+    for (kind, objects) in served() {
+        let objects = if kind == Kind::Service {
+            services.clone()
+        } else {
+            objects
+        };
+        list(&mut ds, kind, objects);
+    }
     let u = ds.take_updates();
+    assert!(problems(&u).is_empty(), "{u:?}");
     assert_eq!(
-        problems(&u),
+        notes(&u),
         [
-            "kubernetes: Service default/edge: spec.externalIPs[0]: TCP 10.96.0.10:80 is also a frontend of Service default/web (its spec.clusterIPs[0])"
+            "kubernetes: Service a/evil: spec.externalIPs[0]: TCP 10.96.0.10:80 is a frontend of Service default/web (its spec.clusterIPs[0]); left out"
         ]
     );
     let cluster = applied_cluster(&u);
-    assert!(!cluster.services.contains_key(&edge));
-    assert_eq!(endpoints(&cluster, "web-x7h2k"), 2);
-    // What is in force still compiles: the node is not stuck on the clash.
+    assert_eq!(
+        frontends(&cluster, "default", "web"),
+        ["default/web:http [10.96.0.10, fd00:10:96::10] [] []"]
+    );
+    assert_eq!(
+        frontends(&cluster, "a", "evil"),
+        [
+            "a/evil:http [10.96.0.99] [] []",
+            "a/evil:other [10.96.0.99] [10.96.0.10] []",
+        ]
+    );
+    // The whole node compiles: no frontend is in the tables twice.
     let opts = crate::compile::CompileOptions::default();
     crate::compile::node_tables(&cluster, NODE, None, &[], &opts).unwrap();
 
-    // Nothing more is said while it waits, even when it is listed again.
-    let mut services = items::<Service>(SERVICES);
-    services.push(service_with_external_ip("sticky", "edge", "10.96.0.10"));
+    // Listed again, nothing changed and nothing is told again.
     list(&mut ds, Kind::Service, services);
     assert!(ds.take_updates().is_empty());
 
-    // web goes: edge gets in.
+    // web goes: evil has its frontend back.
     ds.event(
         Kind::Service,
         watch_event::<Service>("DELETED", &item(SERVICES, "web")),
     );
     let u = ds.take_updates();
-    assert!(problems(&u).is_empty(), "{u:?}");
+    assert!(problems(&u).is_empty() && notes(&u).is_empty(), "{u:?}");
     let cluster = applied_cluster(&u);
-    assert!(
-        !cluster
-            .services
-            .contains_key(&ObjectKey::new("default", "web"))
+    assert_eq!(
+        frontends(&cluster, "a", "evil"),
+        [
+            "a/evil:http [10.96.0.99] [10.96.0.10] []",
+            "a/evil:other [10.96.0.99] [10.96.0.10] []",
+        ]
     );
-    assert!(cluster.services.contains_key(&edge));
     crate::compile::node_tables(&cluster, NODE, None, &[], &opts).unwrap();
 }
 
 #[test]
-fn a_refused_change_keeps_the_last_good_version_until_the_holder_moves() {
-    let mut ds = listed();
-    let sticky = ObjectKey::new("default", "sticky");
-    let before = ds.current().services[&sticky].clone();
-    // sticky takes web-lb's load balancer IP on port 80.
-    ds.event(
-        Kind::Service,
-        Event::Apply(service_with_external_ip("sticky", "sticky", "203.0.113.10")),
-    );
-    let u = ds.take_updates();
-    assert_eq!(
-        problems(&u),
-        [
-            "kubernetes: Service default/sticky: spec.externalIPs[0]: TCP 203.0.113.10:80 is also a frontend of Service default/web-lb (its status.loadBalancer.ingress[0].ip)"
-        ]
-    );
-    assert_eq!(u.len(), 1, "nothing changed: {u:?}");
-    assert_eq!(ds.current().services[&sticky], before);
+fn of_two_external_or_load_balancer_ips_the_older_service_wins_in_any_order() {
+    // sticky (created after web-lb) takes web-lb's load balancer IP on port 80.
+    let sticky = service_with_external_ip("sticky", "sticky", "203.0.113.10");
+    let taken = "kubernetes: Service default/sticky: spec.externalIPs[0]: TCP 203.0.113.10:80 is a frontend of Service default/web-lb (its status.loadBalancer.ingress[0].ip); left out";
+    // As an event after web-lb, and listed before it (after a restart).
+    let mut by_event = listed();
+    by_event.event(Kind::Service, Event::Apply(sticky.clone()));
+    let mut services = items::<Service>(SERVICES);
+    services.retain(|o| o.key().unwrap().name != "sticky");
+    services.insert(0, sticky);
+    let mut by_list = KubeDatastore::new();
+    for (kind, objects) in served() {
+        let objects = if kind == Kind::Service {
+            services.clone()
+        } else {
+            objects
+        };
+        list(&mut by_list, kind, objects);
+    }
+    for ds in [&mut by_event, &mut by_list] {
+        let u = ds.take_updates();
+        assert!(problems(&u).is_empty(), "{u:?}");
+        assert_eq!(notes(&u), [taken]);
+        let c = applied_cluster(&u);
+        assert_eq!(
+            frontends(&c, "default", "sticky"),
+            ["default/sticky:http [10.96.0.13] [] []"]
+        );
+        assert_eq!(
+            frontends(&c, "default", "web-lb"),
+            [
+                "default/web-lb:http [10.96.0.12] [] [203.0.113.10]",
+                "default/web-lb:http-alt [10.96.0.12] [] [203.0.113.10]",
+            ]
+        );
+    }
 
-    // web-lb changes without freeing the address: still refused, not told again.
+    // web-lb changes without freeing the address: sticky still leaves it out, and
+    // nothing is told again.
     let mut lb = item(SERVICES, "web-lb");
     lb["metadata"]["labels"] = json!({"tier": "edge"});
-    ds.event(Kind::Service, Event::Apply(typed::<Service>(lb.clone())));
-    let u = ds.take_updates();
-    assert!(problems(&u).is_empty(), "{u:?}");
-    assert_eq!(applied_cluster(&u).services[&sticky], before);
+    by_event.event(Kind::Service, Event::Apply(typed::<Service>(lb.clone())));
+    let u = by_event.take_updates();
+    assert!(problems(&u).is_empty() && notes(&u).is_empty(), "{u:?}");
+    assert_eq!(
+        frontends(&applied_cluster(&u), "default", "sticky"),
+        ["default/sticky:http [10.96.0.13] [] []"]
+    );
 
-    // web-lb gets another address: sticky's change applies.
+    // web-lb gets another address: sticky has the frontend.
     lb["status"]["loadBalancer"]["ingress"][0]["ip"] = "203.0.113.11".into();
-    ds.event(Kind::Service, Event::Apply(typed::<Service>(lb)));
-    let u = ds.take_updates();
-    assert!(problems(&u).is_empty(), "{u:?}");
-    let c = applied_cluster(&u);
-    let ips = c.services[&sticky]
-        .spec
-        .as_ref()
-        .unwrap()
-        .external_ips
-        .clone();
-    assert_eq!(ips, Some(vec!["203.0.113.10".to_string()]));
+    by_event.event(Kind::Service, Event::Apply(typed::<Service>(lb)));
+    let u = by_event.take_updates();
+    assert!(problems(&u).is_empty() && notes(&u).is_empty(), "{u:?}");
+    assert_eq!(
+        frontends(&applied_cluster(&u), "default", "sticky"),
+        ["default/sticky:http [10.96.0.13] [203.0.113.10] []"]
+    );
 }
 
 #[test]
