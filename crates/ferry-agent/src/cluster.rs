@@ -573,6 +573,28 @@ mod tests {
     }
 
     #[test]
+    fn a_service_that_loses_or_wins_back_a_frontend_is_a_change() {
+        let mut old = Cluster::default();
+        old.apply(Service {
+            metadata: meta(Some("a"), "evil"),
+            ..Service::default()
+        })
+        .unwrap();
+        let mut new = old.clone();
+        let evil = ObjectKey::new("a", "evil");
+        let frontend = (Protocol::Tcp, "10.96.0.10".parse().unwrap(), 80);
+        assert!(new.set_left_out(&evil, BTreeSet::from([frontend])));
+        assert!(!new.set_left_out(&evil, BTreeSet::from([frontend])));
+        assert_eq!(old.diff(&new), [(Kind::Service, evil.clone())]);
+        let part = old.with_changes_of(&new, &old.diff(&new));
+        assert_eq!(part, new);
+        assert_eq!(new.diff(&old), [(Kind::Service, evil.clone())]);
+        // Deleting the Service forgets them.
+        new.delete(Kind::Service, "a", "evil");
+        assert_eq!(new.left_out(&evil), None);
+    }
+
+    #[test]
     fn kind_from_type_needs_the_right_api_version() {
         assert_eq!(
             Kind::from_type("discovery.k8s.io/v1", "EndpointSlice"),

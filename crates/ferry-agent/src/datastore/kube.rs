@@ -20,10 +20,12 @@
 //! server has already accepted it and other objects keep changing around it. The object
 //! is left out (its last good version, if any, stays in force) and reported in an
 //! [`Update::Refused`] naming the object and field. The same goes for a Service or Node
-//! that claims what another object in force holds (a frontend, a node port, an
+//! that claims what another object in force holds (a cluster IP, a node port, an
 //! InternalIP: see [`super::claims`]): the object in force keeps it, the newcomer is
 //! held back and tried again whenever an object it clashed with changes or goes, so
-//! that deleting the one lets the other in. Only a bad ferry-config ConfigMap with no
+//! that deleting the one lets the other in. A frontend two Services claim is not held
+//! back: it goes to the cluster IP, else the older Service, whatever the order, and
+//! the other Service leaves that frontend out (with a note) and keeps the rest. Only a bad ferry-config ConfigMap with no
 //! good version in force holds the whole state back ([`KubeDatastore::held`]): its
 //! defaults may not be what the other nodes use. Watch errors (the API server
 //! unreachable, a watch expired with 410 Gone) are retried with the watcher's default
