@@ -846,17 +846,18 @@ impl Pipeline {
         // counts those offered since it was last emptied.
         let mut run = gro::Coalescer::default();
         let mut segments = 0;
-        // The outer header, and so its ECN field, is every datagram's.
+        // The outer header, and so its ECN field and UDP checksum, is every datagram's.
         let outer_ecn = overlay::ecn_of(&pkt.data[parsed.l3_off..]);
+        let outer_csum = outer_udp_checksum(&pkt, parsed);
         for start in (payload..parsed.ip_end).step_by(size) {
             let end = (start + size).min(parsed.ip_end);
-            let decapped = self
-                .decap_inner(&pkt, start, end, ov)
-                .and_then(|(at, ip, m)| {
-                    let l3 = at + ip.l3_off;
-                    decap_ecn(outer_ecn, &mut pkt.data[l3..at + ip.ip_end])?;
-                    Ok((at, ip, m))
-                });
+            let decapped =
+                self.decap_inner(&pkt, start, end, outer_csum, ov)
+                    .and_then(|(at, ip, m)| {
+                        let l3 = at + ip.l3_off;
+                        decap_ecn(outer_ecn, &mut pkt.data[l3..at + ip.ip_end])?;
+                        Ok((at, ip, m))
+                    });
             let (at, inner_parsed, meta) = match decapped {
                 Ok(i) => i,
                 Err(r) => {
@@ -1567,16 +1568,24 @@ impl Pipeline {
         if ov.peer_index(parsed.key.src.ip()).is_none() {
             return Err(DropReason::VxlanUnknownPeer);
         }
-        self.decap_inner(pkt, vx_off, parsed.ip_end, ov)
+        self.decap_inner(
+            pkt,
+            vx_off,
+            parsed.ip_end,
+            outer_udp_checksum(pkt, parsed),
+            ov,
+        )
     }
 
     /// [`Pipeline::decap_view`] once the outer source is known to be a peer: the VXLAN
-    /// datagram whose header starts at `vx_off` and which ends at `ip_end`.
+    /// datagram whose header starts at `vx_off` and which ends at `ip_end`, its outer
+    /// UDP checksum field `outer_csum`.
     fn decap_inner(
         &self,
         pkt: &Packet,
         vx_off: usize,
         ip_end: usize,
+        outer_csum: u16,
         ov: &crate::tables::Overlay,
     ) -> Result<(usize, Parsed, Meta), DropReason> {
         let vx = vxlan::Repr::parse(pkt.data.get(vx_off..ip_end).unwrap_or(&[]))?;
@@ -1592,6 +1601,9 @@ impl Pipeline {
         // A partial outer checksum says the frame never left this host's memory (a
         // sender on the same host, through a veth): as Linux does for such a frame, its
         // contents count as verified, so coalescing does not sum the inner segments again.
+        // Not when the outer UDP checksum is 0: the host's UDP GRO also leaves datagrams
+        // it received from the wire and merged partial, and with no outer checksum
+        // nothing verified what they carry.
         let v = pkt.meta.vnet;
         let vnet = if v.needs_csum() && usize::from(v.csum_start) >= start {
             VnetHdr {
@@ -1600,7 +1612,7 @@ impl Pipeline {
                 csum_offset: v.csum_offset,
                 ..VnetHdr::default()
             }
-        } else if v.needs_csum() {
+        } else if v.needs_csum() && outer_csum != 0 {
             VnetHdr {
                 flags: VnetHdr::F_DATA_VALID,
                 ..VnetHdr::default()
@@ -2394,6 +2406,12 @@ fn inner_partial_checksum(pkt: &Packet, parsed: &Parsed) -> bool {
         && parsed.l4_complete
         && usize::from(v.csum_start) >= parsed.l4_off + 8 + vxlan::LEN
         && usize::from(v.csum_start) < parsed.ip_end
+}
+
+/// The UDP checksum field of a VXLAN frame's outer header (0: none).
+fn outer_udp_checksum(pkt: &Packet, parsed: &Parsed) -> u16 {
+    let at = parsed.l4_off + 6;
+    u16::from_be_bytes([pkt.data[at], pkt.data[at + 1]])
 }
 
 /// The ECN field of a decapsulated packet (RFC 6040 section 4.2, as Linux's

@@ -1441,3 +1441,54 @@ fn test_frames_for_another_hosts_mac_are_not_the_nodes() {
     assert_eq!((v, out.len()), (Verdict::Consumed, 1));
     assert_eq!(a.drops().get(DropReason::OtherHost), 2);
 }
+
+/// Whether the TCP checksum of an IPv4 frame verifies.
+fn tcp4_checksum_ok(data: &[u8]) -> bool {
+    let p = parse(data, 0).unwrap();
+    let ip = &data[p.l3_off..];
+    let t = &data[p.l4_off..p.ip_end];
+    let pseudo = checksum::pseudo_v4(
+        ip[12..16].try_into().unwrap(),
+        ip[16..20].try_into().unwrap(),
+        proto::TCP,
+        t.len() as u16,
+    );
+    checksum::verify(t, pseudo)
+}
+
+/// A UDP GSO super-frame whose outer checksum is partial counts as never having left the
+/// host's memory, so its inner segments are coalesced without being summed again. Not
+/// when its outer UDP checksum is 0: the host's UDP GRO leaves datagrams merged from the
+/// wire partial too, and nothing verified them. A segment corrupted on the wire then is
+/// not coalesced into a packet whose checksum would be made anew, which would hide it:
+/// it reaches the pod as it came, and its kernel drops it.
+#[test]
+fn test_a_super_frame_without_outer_checksum_has_its_segments_verified() {
+    let (mut a, _) = nodes_with_uplink_gso();
+    learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
+    let mut out = Vec::new();
+    a.process(gso_from_pod(20000), &mut out, &mut Trace::disabled());
+    let (_, mut frame) = out.swap_remove(0);
+    assert!(frame.meta.vnet.needs_csum() && frame.meta.vnet.is_gso());
+    let o = parse(&frame.data, 0).unwrap();
+    // The third datagram's inner TCP payload has one byte changed.
+    let size = usize::from(frame.meta.vnet.gso_size);
+    let third = o.l4_off + 8 + 2 * size;
+    frame.data[third + 200] ^= 0x55;
+    for (zero_outer_csum, bad_delivered) in [(false, 0), (true, 1)] {
+        let mut f = frame.clone();
+        if zero_outer_csum {
+            f.data[o.l4_off + 6..o.l4_off + 8].copy_from_slice(&[0, 0]);
+        }
+        f.meta.in_port = UPLINK;
+        let (_, mut b) = nodes_with_uplink_gso();
+        let mut got = Vec::new();
+        b.process(f, &mut got, &mut Trace::disabled());
+        assert!(!got.is_empty());
+        let bad = got
+            .iter()
+            .filter(|(port, d)| *port == POD2 && !tcp4_checksum_ok(&d.data))
+            .count();
+        assert_eq!(bad, bad_delivered, "outer checksum 0: {zero_outer_csum}");
+    }
+}
