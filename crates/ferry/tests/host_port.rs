@@ -27,6 +27,22 @@ routes:
     )
 }
 
+/// A lab tagged `tag`: node 1, the outside `ext` on a veth wire from node 1's uplink
+/// (up1, with the uplink port's MAC), and pod a's namespace.
+fn wired(tag: &str) -> (Lab, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lab = Lab::new(tag);
+    for ns in ["n1", "ext", "p1a"] {
+        lab.add_ns(ns);
+    }
+    lab.veth("n1", "up1", "ext", "eth0");
+    lab.ip(
+        "n1",
+        &["link", "set", "up1", "address", "02:fe:00:00:00:01"],
+    );
+    (lab, dir)
+}
+
 /// The MAC of node 1's host TAP, as its kernel has it.
 const HOST_MAC: &str = "02:aa:00:00:00:01";
 
@@ -67,16 +83,7 @@ fn host_processes_reach_pods_and_are_reached_from_outside() {
         ("ping", "iputils-ping"),
         ("nc", "netcat-openbsd"),
     ]);
-    let dir = tempfile::tempdir().unwrap();
-    let mut lab = Lab::new("hp");
-    for ns in ["n1", "ext", "p1a"] {
-        lab.add_ns(ns);
-    }
-    lab.veth("n1", "up1", "ext", "eth0");
-    lab.ip(
-        "n1",
-        &["link", "set", "up1", "address", "02:fe:00:00:00:01"],
-    );
+    let (mut lab, dir) = wired("hp");
     lab.ip("ext", &["addr", "add", "192.168.77.100/24", "dev", "eth0"]);
     lab.ip(
         "ext",
@@ -106,16 +113,7 @@ fn link_local_services_are_reached_through_the_routes_that_name_them() {
         ("nc", "netcat-openbsd"),
         ("python3", "python3"),
     ]);
-    let dir = tempfile::tempdir().unwrap();
-    let mut lab = Lab::new("ll");
-    for ns in ["n1", "ext", "p1a"] {
-        lab.add_ns(ns);
-    }
-    lab.veth("n1", "up1", "ext", "eth0");
-    lab.ip(
-        "n1",
-        &["link", "set", "up1", "address", "02:fe:00:00:00:01"],
-    );
+    let (mut lab, dir) = wired("ll");
     // The gateway, which also serves the metadata address and holds another link-local
     // address that no route of node 1 names. No route back to the pods: their
     // connections must come masqueraded.
