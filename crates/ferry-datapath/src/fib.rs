@@ -4,7 +4,7 @@
 //! cost one probe per distinct length in use, whatever the number of routes.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 
@@ -139,6 +139,65 @@ impl<T> Fib<T> {
     /// True when the table has no routes.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// The IPv4 link-local broadcast address, never forwarded.
+const LINK_LOCAL_BROADCAST: Ipv4Addr = Ipv4Addr::new(169, 254, 255, 255);
+
+impl<T> Fib<T> {
+    /// False for what a router never forwards: link-local and multicast destinations,
+    /// link-local and unspecified sources, IPv4 broadcast; and the martians Linux drops
+    /// (RFC 1812 section 5.3.7, RFC 4291): loopback addresses either way, multicast and
+    /// broadcast sources, 0/8 destinations, IPv4 class E (240/4) either way, the IPv6
+    /// unspecified destination. An IPv4 link-local address that the table routes
+    /// explicitly ([`Fib::routes_link_local`]) is forwarded either way, unless it is
+    /// `gateway` (the pods' link-local gateway).
+    #[inline]
+    pub fn forwardable(&self, src: IpAddr, dst: IpAddr, gateway: IpAddr) -> bool {
+        match (src, dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                let class_e = |a: Ipv4Addr| a.octets()[0] >= 240;
+                let link_local = |a: Ipv4Addr| {
+                    a.is_link_local() && !(IpAddr::V4(a) != gateway && self.routes_link_local(a))
+                };
+                !(link_local(s)
+                    || s.is_unspecified()
+                    || s.is_loopback()
+                    || s.is_multicast()
+                    || class_e(s)
+                    || link_local(d)
+                    || d.is_multicast()
+                    || d.is_loopback()
+                    || d.octets()[0] == 0
+                    || class_e(d))
+            }
+            (IpAddr::V6(s), IpAddr::V6(d)) => {
+                let link_local = |a: Ipv6Addr| a.segments()[0] & 0xffc0 == 0xfe80;
+                !(link_local(s)
+                    || s.is_unspecified()
+                    || s.is_loopback()
+                    || s.is_multicast()
+                    || link_local(d)
+                    || d.is_multicast()
+                    || d.is_loopback()
+                    || d.is_unspecified())
+            }
+            _ => false,
+        }
+    }
+
+    /// True for an IPv4 link-local address (169.254/16) that a route names explicitly:
+    /// its longest match is a prefix of 16 bits or more, one within 169.254/16 (a
+    /// cloud's metadata service through the uplink's gateway, a node-local DNS cache
+    /// through the host port). The default route and other short prefixes never carry
+    /// link-local traffic (RFC 3927 section 7); the link-local broadcast address is
+    /// never forwarded.
+    pub fn routes_link_local(&self, a: Ipv4Addr) -> bool {
+        a != LINK_LOCAL_BROADCAST
+            && self
+                .longest_match_len(IpAddr::V4(a))
+                .is_some_and(|len| len >= 16)
     }
 }
 

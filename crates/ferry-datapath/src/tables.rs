@@ -694,6 +694,21 @@ impl Overlay {
     }
 }
 
+/// The Service choice asks the tables what the node and its overlay reach.
+impl crate::lb::Cluster for Tables {
+    #[inline]
+    fn tunnel_reaches(&self, a: IpAddr) -> bool {
+        self.overlay
+            .as_ref()
+            .is_some_and(|ov| ov.peer_for_endpoint(a).is_some())
+    }
+
+    #[inline]
+    fn node_addr(&self, v6: bool) -> Option<IpAddr> {
+        self.node.addr(v6)
+    }
+}
+
 /// The compiled, immutable tables the pipeline reads.
 #[derive(Clone, Debug)]
 pub struct Tables {

@@ -276,6 +276,25 @@ impl CtResult {
     }
 }
 
+/// What the first half of tracking ([`Conntrack::begin`]) made of a packet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Begin {
+    /// Decided: a packet of a tracked connection (translated), RELATED, INVALID or
+    /// untracked.
+    Tracked(CtResult),
+    /// The packet can start a connection: its NAT is to be decided, then given to
+    /// [`Conntrack::start`].
+    Starts(Start),
+}
+
+/// A packet that can start a connection, between [`Conntrack::begin`] and
+/// [`Conntrack::start`]: its protocol state and the hash of its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Start {
+    state: ProtoState,
+    hash: u64,
+}
+
 /// NAT to apply when a connection is created (a Service's backend, masquerade...).
 ///
 /// Its addresses are [`Addr`]s, for the reason given there: a NAT is copied on the way
@@ -397,7 +416,9 @@ impl Conntrack {
         self.table.clear_hints();
     }
 
-    /// Tracks one packet: a whole datagram (never a fragment). See the module documentation.
+    /// Tracks one packet: a whole datagram (never a fragment), with `nat` applied if it
+    /// starts a connection ([`Conntrack::begin`] and [`Conntrack::start`] in one). See
+    /// the module documentation.
     pub fn process(
         &mut self,
         pkt: &mut Packet,
@@ -405,46 +426,44 @@ impl Conntrack {
         nat: Option<&Nat>,
         now_ns: u64,
     ) -> Result<CtResult, DropReason> {
-        self.process_with(pkt, parsed, now_ns, |_, to| {
-            *to = nat.copied();
-            Ok(())
-        })
+        match self.begin(pkt, parsed, now_ns)? {
+            Begin::Tracked(r) => Ok(r),
+            Begin::Starts(s) => self.start(s, pkt, parsed, nat, now_ns),
+        }
     }
 
-    /// As [`Conntrack::process`], with the NAT decided only when the packet starts a
-    /// connection: `nat` is called at most once, with the packet's key, and only then
-    /// (a Service's backend choice is not made for packets of known connections, nor for
-    /// a packet that cannot start one, such as a TCP RST or SYN-ACK of no connection). It
-    /// writes the NAT to apply, if any, into the place it is given (`None` there at the
-    /// call). An error from it refuses the packet with that reason and creates nothing.
+    /// The first half of tracking a packet: it belongs to a tracked connection (or is
+    /// RELATED, INVALID or untracked), and is translated as its connection says; or it
+    /// can start a connection, whose NAT the caller then decides (a Service's endpoint
+    /// choice, a static rule) and hands to [`Conntrack::start`]. A packet that cannot
+    /// start one (a TCP RST or SYN-ACK of no connection, an echo reply) is INVALID here,
+    /// so that no Service endpoint is ever chosen for it.
     ///
-    /// The NAT is written into a place rather than returned in a `Result`: the compiler
-    /// copies a `Result<Option<Nat>, _>` around the byte its error shares with the
-    /// first address, in moves at odd offsets, and reading back such a copy waits for
-    /// the stores to reach the cache.
-    pub fn process_with(
+    /// Callers read the result where it was returned, by reference: moved out, it would
+    /// be copied whole (its pending connection's room included), in moves that wait for
+    /// this function's narrower stores to reach the cache.
+    pub fn begin(
         &mut self,
         pkt: &mut Packet,
         parsed: &mut Parsed,
         now_ns: u64,
-        nat: impl FnOnce(&FlowKey, &mut Option<Nat>) -> Result<(), DropReason>,
-    ) -> Result<CtResult, DropReason> {
+    ) -> Result<Begin, DropReason> {
         if !parsed.is_ip() {
             self.stats.untracked += 1;
-            return Ok(CtResult::plain(CtState::Untracked));
+            return Ok(Begin::Tracked(CtResult::plain(CtState::Untracked)));
         }
         if parsed.frag.is_some() || !parsed.l4_complete || parsed.ip_end > pkt.data.len() {
             self.stats.invalid += 1;
-            return Ok(CtResult::plain(CtState::Invalid));
+            return Ok(Begin::Tracked(CtResult::plain(CtState::Invalid)));
         }
         let key = &parsed.key;
         if matches!(key.proto, proto::ICMP | proto::ICMPV6) {
             match icmp::kind(key.proto, (key.dst_port >> 8) as u8) {
                 Kind::Untracked => {
                     self.stats.untracked += 1;
-                    return Ok(CtResult::plain(CtState::Untracked));
+                    return Ok(Begin::Tracked(CtResult::plain(CtState::Untracked)));
                 }
-                Kind::Error => return self.related(pkt, parsed, now_ns),
+                Kind::Error => return self.related(pkt, parsed, now_ns).map(Begin::Tracked),
                 Kind::Request | Kind::Reply => {}
             }
         }
@@ -455,21 +474,37 @@ impl Conntrack {
                 .get(id)
                 .map_or(0, |e| e.deadline_ns(&self.config.timeouts));
             if deadline_ns > now_ns {
-                return self.update(id, dir, deadline_ns, hash, pkt, parsed, nat, now_ns);
+                return self.update(id, dir, deadline_ns, hash, pkt, parsed, now_ns);
             }
             // Expired but not yet reaped: gone for this packet.
             self.table.remove(id);
             self.stats.expired += 1;
         }
-        // Whether the packet can start a connection is decided before the NAT: a packet
-        // that cannot (an RST or SYN-ACK of no connection) must not have a Service
-        // endpoint chosen for it.
-        let Some(ps) = self.first_state(pkt, parsed) else {
-            return Ok(self.invalid());
-        };
-        let mut to = None;
-        nat(&parsed.key, &mut to)?;
-        self.create(pkt, parsed, ps, to.as_ref(), hash, now_ns)
+        Ok(self.starts(pkt, parsed, hash))
+    }
+
+    /// The second half of tracking a packet that can start a connection
+    /// ([`Begin::Starts`]): decides the connection with `nat` (a free reply tuple, a
+    /// NAT port) and translates the packet; the connection is inserted only by
+    /// [`Conntrack::commit`]. `parsed` must be the packet's as `begin` left it.
+    pub fn start(
+        &mut self,
+        start: Start,
+        pkt: &mut Packet,
+        parsed: &mut Parsed,
+        nat: Option<&Nat>,
+        now_ns: u64,
+    ) -> Result<CtResult, DropReason> {
+        self.create(pkt, parsed, start.state, nat, start.hash, now_ns)
+    }
+
+    /// Whether a packet of no tracked connection can start one ([`Begin::Starts`]), or
+    /// is INVALID. `hash` is the hash of its key.
+    fn starts(&mut self, pkt: &Packet, parsed: &Parsed, hash: u64) -> Begin {
+        match self.first_state(pkt, parsed) {
+            Some(state) => Begin::Starts(Start { state, hash }),
+            None => Begin::Tracked(self.invalid()),
+        }
     }
 
     /// A packet of a tracked connection, whose deadline is `before_ns`; `hash` is the
@@ -484,9 +519,8 @@ impl Conntrack {
         hash: u64,
         pkt: &mut Packet,
         parsed: &mut Parsed,
-        nat: impl FnOnce(&FlowKey, &mut Option<Nat>) -> Result<(), DropReason>,
         now_ns: u64,
-    ) -> Result<CtResult, DropReason> {
+    ) -> Result<Begin, DropReason> {
         let reply = dir == REPLY;
         let invalid = CtResult {
             state: CtState::Invalid,
@@ -496,14 +530,14 @@ impl Conntrack {
         };
         let Some(e) = self.table.get_mut(id) else {
             self.stats.invalid += 1;
-            return Ok(CtResult::plain(CtState::Invalid));
+            return Ok(Begin::Tracked(CtResult::plain(CtState::Invalid)));
         };
         let mut refresh = true;
         let tcp = matches!(e.proto_state, ProtoState::Tcp(_));
         if let ProtoState::Tcp(c) = &mut e.proto_state {
             let Some(seg) = Segment::read(pkt, parsed) else {
                 self.stats.invalid += 1;
-                return Ok(invalid);
+                return Ok(Begin::Tracked(invalid));
             };
             match c.packet(dir, &seg) {
                 // An RST off the exact sequence number keeps the connection as it was,
@@ -522,12 +556,12 @@ impl Conntrack {
                     if let Some(to) = to {
                         translate(pkt, parsed, &to)?;
                     }
-                    return Ok(CtResult {
+                    return Ok(Begin::Tracked(CtResult {
                         state: CtState::Established,
                         reply,
                         entry: Some(id),
                         pending: None,
-                    });
+                    }));
                 }
                 // Not before a reply (as Linux): a client or NAT reusing the port would
                 // keep the entry, and its NAT, alive for ever.
@@ -545,17 +579,12 @@ impl Conntrack {
                 Verdict::Reset => {}
                 Verdict::Invalid => {
                     self.stats.invalid += 1;
-                    return Ok(invalid);
+                    return Ok(Begin::Tracked(invalid));
                 }
                 Verdict::Reopen => {
                     self.table.remove(id);
                     self.stats.deleted += 1;
-                    let Some(ps) = self.first_state(pkt, parsed) else {
-                        return Ok(self.invalid());
-                    };
-                    let mut to = None;
-                    nat(&parsed.key, &mut to)?;
-                    return self.create(pkt, parsed, ps, to.as_ref(), hash, now_ns);
+                    return Ok(self.starts(pkt, parsed, hash));
                 }
             }
         }
@@ -566,7 +595,7 @@ impl Conntrack {
             self.table.set_replied(id);
             match self.table.get_mut(id) {
                 Some(e) => e,
-                None => return Ok(invalid),
+                None => return Ok(Begin::Tracked(invalid)),
             }
         } else {
             e
@@ -610,12 +639,12 @@ impl Conntrack {
         if let Some(to) = to {
             translate(pkt, parsed, &to)?;
         }
-        Ok(CtResult {
+        Ok(Begin::Tracked(CtResult {
             state: CtState::Established,
             reply,
             entry: Some(id),
             pending: None,
-        })
+        }))
     }
 
     /// The protocol state of the connection a packet of no tracked connection would

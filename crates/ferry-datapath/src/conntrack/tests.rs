@@ -135,26 +135,20 @@ fn nat_is_not_decided_for_a_packet_that_cannot_start_a_connection() {
             tcp_pickup: pickup,
             ..Config::default()
         });
-        let mut asked = false;
-        let r = ct
-            .process_with(&mut p.pkt, &mut p.parsed, 0, |_, _| {
-                asked = true;
-                Ok(())
-            })
-            .unwrap();
-        assert_eq!(r.state, CtState::Invalid);
-        assert!(!asked, "{:?}", p.parsed.key);
+        let r = ct.begin(&mut p.pkt, &mut p.parsed, 0).unwrap();
+        assert!(
+            matches!(&r, Begin::Tracked(r) if r.state == CtState::Invalid),
+            "{:?}: {r:?}",
+            p.parsed.key
+        );
     }
     let mut ct = ct();
     let mut p = tcp("10.0.0.1", 4000, "10.0.0.2", 80, 1, 0, SYN, 0);
-    let mut asked = false;
-    let r = ct
-        .process_with(&mut p.pkt, &mut p.parsed, 0, |_, _| {
-            asked = true;
-            Ok(())
-        })
-        .unwrap();
-    assert_eq!((r.state, asked), (CtState::New, true));
+    let Begin::Starts(s) = ct.begin(&mut p.pkt, &mut p.parsed, 0).unwrap() else {
+        panic!("a SYN can start a connection");
+    };
+    let r = ct.start(s, &mut p.pkt, &mut p.parsed, None, 0).unwrap();
+    assert_eq!(r.state, CtState::New);
 }
 
 #[test]

@@ -352,5 +352,39 @@ impl Coalescer {
     }
 }
 
+/// Marks an oversized TCP packet from a GRO port, whose MTU is `mtu`, as the
+/// super-packet it is, the way the kernel hands one over: the segment size is what the
+/// MTU carries with these headers, and the checksum is left partial (pseudo-header sum,
+/// NEEDS_CSUM) for whoever segments it or receives it whole.
+pub fn mark_coalesced(pkt: &mut Packet, parsed: &Parsed, mtu: u16) {
+    let headers = crate::gso::headers_len(&pkt.data, parsed);
+    let mss = usize::from(mtu).saturating_sub(headers).max(8);
+    let l4_len = parsed.ip_end - parsed.l4_off;
+    let pseudo = match (parsed.key.src.ip(), parsed.key.dst.ip()) {
+        (std::net::IpAddr::V4(s), std::net::IpAddr::V4(d)) => {
+            checksum::pseudo_v4(s.octets(), d.octets(), proto::TCP, l4_len as u16)
+        }
+        (s, d) => checksum::pseudo_v6(
+            &parse::v6_octets(s),
+            &parse::v6_octets(d),
+            proto::TCP,
+            l4_len as u32,
+        ),
+    };
+    let field = parsed.l4_off + 16;
+    pkt.data[field..field + 2].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
+    let v = &mut pkt.meta.vnet;
+    v.gso_type = if parsed.l3 == L3::Ipv4 {
+        VnetHdr::GSO_TCPV4
+    } else {
+        VnetHdr::GSO_TCPV6
+    };
+    v.gso_size = mss as u16;
+    v.hdr_len = (parsed.l3_off + headers) as u16;
+    v.flags |= VnetHdr::F_NEEDS_CSUM;
+    v.csum_start = parsed.l4_off as u16;
+    v.csum_offset = 16;
+}
+
 #[cfg(test)]
 mod tests;

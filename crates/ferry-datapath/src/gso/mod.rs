@@ -453,5 +453,68 @@ fn pseudo_header_dst_v6(ip: &[u8]) -> Result<[u8; 16], DropReason> {
     Ok(dst)
 }
 
+/// Checks the offload state a port reported against the packet: a partial checksum must
+/// start at the transport header and name its checksum field, so that completing it can
+/// never write elsewhere (after routing and other checks); a GSO request must match the
+/// packet ([`check_request`]: family, protocol, headers, a segment size; never a
+/// fragment), whether it is cut here later or handed on whole to a port that takes GSO.
+#[inline]
+pub fn check_offload(data: &[u8], v: &VnetHdr, parsed: &Parsed) -> Result<(), DropReason> {
+    if v.needs_csum() {
+        let field = match parsed.proto {
+            proto::TCP => 16,
+            proto::UDP => 6,
+            proto::ICMP | proto::ICMPV6 => 2,
+            _ => return Err(DropReason::CsumOffloadInvalid),
+        };
+        if parsed.frag.is_some()
+            || !parsed.l4_complete
+            || usize::from(v.csum_start) != parsed.l4_off
+            || usize::from(v.csum_offset) != field
+            || parsed.l4_off + field + 2 > parsed.ip_end
+        {
+            return Err(DropReason::CsumOffloadInvalid);
+        }
+    }
+    if v.is_gso() {
+        // Checked here, whether the packet is cut later or handed on whole.
+        check_request(data, parsed, v)?;
+    } else if v.gso_type != VnetHdr::GSO_NONE {
+        // The ECN bit alone: no GSO type to go with it, which Linux refuses
+        // (`virtio_net_hdr_to_skb`), so that no port would take the packet.
+        return Err(DropReason::GsoUnsupported);
+    }
+    Ok(())
+}
+
+/// The bytes of IP and transport headers copied into every segment of a GSO packet.
+#[inline]
+pub fn headers_len(data: &[u8], parsed: &Parsed) -> usize {
+    let l4 = if parsed.proto == proto::TCP {
+        data.get(parsed.l4_off + 12)
+            .map_or(20, |b| usize::from(b >> 4) * 4)
+    } else {
+        8
+    };
+    parsed.l4_off - parsed.l3_off + l4
+}
+
+/// The IP length of the largest datagram a USO packet becomes: its headers and at most
+/// `gso_size` bytes of payload. A packet whose payload is no longer than `gso_size` is a
+/// single datagram of its own length, as Linux takes it ("too small packets are not
+/// really GSO ones", `virtio_net_hdr_to_skb`).
+#[inline]
+pub fn largest_datagram(pkt: &Packet, parsed: &Parsed) -> usize {
+    let headers = headers_len(&pkt.data, parsed);
+    let payload = (parsed.ip_end - parsed.l3_off).saturating_sub(headers);
+    headers + payload.min(usize::from(pkt.meta.vnet.gso_size))
+}
+
+/// True for a packet that asks for UDP segmentation (USO), the ECN bit aside.
+#[inline]
+pub fn is_uso(v: &VnetHdr) -> bool {
+    v.gso_type & !VnetHdr::GSO_ECN == VnetHdr::GSO_UDP_L4
+}
+
 #[cfg(test)]
 mod tests;

@@ -17,6 +17,7 @@
 //! - `affinity_timeout_s` pins a client address to its endpoint until that many seconds
 //!   pass without a new connection from it ([`Affinity`]).
 
+mod balance;
 pub mod reject;
 mod spec;
 
@@ -28,6 +29,7 @@ use ahash::RandomState;
 
 use crate::flow::{FlowKey, proto};
 
+pub use balance::{Balanced, Cluster, Source, balance};
 pub use spec::{BackendSpec, Policy, ServiceSpec};
 
 /// Conntrack mark bit: the connection was load balanced to a Service endpoint by this

@@ -395,6 +395,25 @@ pub fn set_ecn(ip: &mut [u8], e: u8) {
     }
 }
 
+/// The ECN field of a decapsulated packet (RFC 6040 section 4.2, as Linux's
+/// `INET_ECN_decapsulate`): an outer CE marks an ECN-capable inner packet CE, and drops
+/// one that is not ECN-capable (`vxlan_ce_not_ect`); any other outer field changes
+/// nothing. `outer` is the outer header's field; `ip` is the inner IP header onwards,
+/// parsed whole.
+pub fn decap_ecn(outer: u8, ip: &mut [u8]) -> Result<(), crate::drop::DropReason> {
+    if outer != ecn::CE {
+        return Ok(());
+    }
+    match ecn_of(ip) {
+        ecn::NOT_ECT => Err(crate::drop::DropReason::VxlanCeNotEct),
+        ecn::CE => Ok(()),
+        _ => {
+            set_ecn(ip, ecn::CE);
+            Ok(())
+        }
+    }
+}
+
 /// Where the IP header of the Ethernet frame `f` starts, past up to two VLAN tags.
 fn inner_l3(f: &[u8]) -> Option<usize> {
     let mut at = 12;

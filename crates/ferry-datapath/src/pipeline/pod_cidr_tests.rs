@@ -223,7 +223,7 @@ fn test_no_error_about_an_error_to_a_pod_that_went() {
     // about an error.
     let ps = parse(&sent, 0).unwrap();
     let kind = ErrorKind::Unreachable { code: 3 };
-    let err = icmp::build_error(&sent, &ps, kind, ip("192.168.60.7"), GW_MAC).unwrap();
+    let err = crate::icmp::build_error(&sent, &ps, kind, ip("192.168.60.7"), GW_MAC).unwrap();
     let (sent_before, suppressed) = (a.stats().icmp_sent, a.stats().icmp_suppressed);
     let (v, out) = run(&mut a, err, UPLINK, SEC);
     assert_eq!(v, Verdict::Dropped(DropReason::NoSuchPod));

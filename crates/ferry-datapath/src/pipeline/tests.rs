@@ -558,7 +558,7 @@ fn test_invalid_is_dropped_unless_configured_to_pass() {
         &IpOpts::default(),
     );
     let pb = parse(&bogus, 0).unwrap();
-    let err = icmp::build_error(
+    let err = crate::icmp::build_error(
         &bogus,
         &pb,
         ErrorKind::Unreachable { code: 3 },

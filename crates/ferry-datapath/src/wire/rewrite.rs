@@ -544,6 +544,31 @@ pub fn rewrite_icmp_error(
     Ok(())
 }
 
+/// Decrements the TTL (IPv4, with an incremental header checksum update) or hop limit
+/// of a parsed packet whose TTL is above 1 (the caller checked).
+#[inline]
+pub fn decrement_ttl(data: &mut [u8], parsed: &Parsed) {
+    let o = parsed.l3_off;
+    match parsed.l3 {
+        L3::Ipv4 => {
+            let old = u16::from_be_bytes([data[o + 8], data[o + 9]]);
+            data[o + 8] -= 1;
+            let new = u16::from_be_bytes([data[o + 8], data[o + 9]]);
+            let c = u16::from_be_bytes([data[o + 10], data[o + 11]]);
+            data[o + 10..o + 12].copy_from_slice(&checksum::update16(c, old, new).to_be_bytes());
+        }
+        L3::Ipv6 => data[o + 7] -= 1,
+        L3::Arp => {}
+    }
+}
+
+/// Sets a frame's Ethernet destination and source (the frame is at least a header).
+#[inline]
+pub fn set_macs(frame: &mut [u8], dst: [u8; 6], src: [u8; 6]) {
+    frame[0..6].copy_from_slice(&dst);
+    frame[6..12].copy_from_slice(&src);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
