@@ -319,6 +319,28 @@ impl Default for RateLimiter {
     }
 }
 
+/// ICMP error rate limit (node-wide token bucket).
+#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct IcmpSpec {
+    /// Errors per second (default 1000).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_second: Option<u32>,
+    /// Burst size (default 50).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+}
+
+impl IcmpSpec {
+    /// The error rate and burst asked for, defaults where nothing is said.
+    pub fn limits(&self) -> (u32, u32) {
+        (
+            self.per_second.unwrap_or(RateLimiter::DEFAULT_PER_SECOND),
+            self.burst.unwrap_or(RateLimiter::DEFAULT_BURST),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

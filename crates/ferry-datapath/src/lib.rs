@@ -14,6 +14,7 @@ pub mod gso;
 pub mod icmp;
 pub mod ipf;
 pub mod lb;
+pub mod nat;
 pub mod neigh;
 pub mod overlay;
 pub mod packet;

@@ -13,8 +13,14 @@ use ipnet::IpNet;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::fib::Fib;
-use crate::flow::{FlowKey, proto};
+
 use crate::packet::PortId;
+
+pub use crate::conntrack::CtSpec;
+pub use crate::icmp::IcmpSpec;
+pub use crate::ipf::{IpfSpec, MIN_FRAGMENT};
+pub use crate::nat::{MatchSpec, NatRule, NatRuleSpec, Snat};
+pub use crate::overlay::{ModeSpec, OverlaySpec, PeerSpec};
 
 /// An Ethernet address, written `02:00:00:00:00:01`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -251,100 +257,6 @@ pub struct NodeSpec {
     pub pod_cidrs: Vec<IpNet>,
 }
 
-/// Overlay mode as written: `always`, `cross-subnet` or `never`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ModeSpec {
-    /// Encapsulate all traffic to other nodes' pods.
-    #[default]
-    Always,
-    /// Only to nodes outside the uplink's subnet.
-    CrossSubnet,
-    /// Never.
-    Never,
-}
-
-fn default_vni() -> u32 {
-    crate::overlay::DEFAULT_VNI
-}
-
-fn default_vxlan_port() -> u16 {
-    crate::overlay::DEFAULT_PORT
-}
-
-/// The VXLAN overlay, as the tables file describes it.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct OverlaySpec {
-    /// VXLAN network identifier (default 4096, as Calico).
-    #[serde(default = "default_vni")]
-    pub vni: u32,
-    /// UDP port (default 4789).
-    #[serde(default = "default_vxlan_port")]
-    pub port: u16,
-    /// When to encapsulate (default `always`).
-    #[serde(default)]
-    pub mode: ModeSpec,
-    /// The port the underlay is reached through.
-    pub uplink: String,
-    /// This node's VTEP MAC: inner source MAC (default derived from the node's first
-    /// address, see [`crate::overlay::vtep_mac`]).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mac: Option<MacAddr>,
-}
-
-/// Another node, as the tables file describes it.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct PeerSpec {
-    /// Its name.
-    pub name: String,
-    /// Its underlay address.
-    pub address: IpAddr,
-    /// Its pods' prefixes: routed to it.
-    #[serde(default)]
-    pub pod_cidrs: Vec<IpNet>,
-    /// Its VTEP MAC: inner destination MAC (default derived from `address`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mac: Option<MacAddr>,
-}
-
-/// Fragment-handling limits; every field optional, defaults documented in `ipf`.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct IpfSpec {
-    /// Incomplete datagrams are dropped after this many milliseconds.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub timeout_ms: Option<u64>,
-    /// Most datagrams being reassembled at once.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_datagrams: Option<usize>,
-    /// Most datagrams being reassembled at once from one source.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_datagrams_per_source: Option<usize>,
-    /// Most bytes held for reassembly.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_bytes: Option<usize>,
-    /// Smallest non-final IPv4 fragment accepted (whole IP packet, bytes).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_fragment_v4: Option<u16>,
-    /// Smallest non-final IPv6 fragment accepted (whole IP packet, bytes).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_fragment_v6: Option<u16>,
-}
-
-/// ICMP error rate limit (node-wide token bucket).
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct IcmpSpec {
-    /// Errors per second (default 1000).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub per_second: Option<u32>,
-    /// Burst size (default 50).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub burst: Option<u32>,
-}
-
 /// The whole tables file.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -380,160 +292,9 @@ pub struct TablesSpec {
     pub services: Vec<crate::lb::ServiceSpec>,
 }
 
-/// Connection tracking settings; every field optional.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct CtSpec {
-    /// Most connections tracked at once (default 262144).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_entries: Option<usize>,
-    /// Let packets that conntrack finds INVALID through instead of dropping them
-    /// (default false, as kube-proxy's `ctstate INVALID -j DROP`).
-    #[serde(default)]
-    pub pass_invalid: bool,
-    /// Pick up TCP connections mid-stream, e.g. after a restart (default true).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tcp_pickup: Option<bool>,
-}
-
-/// What a NAT rule matches; every field optional, all given fields must match.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct MatchSpec {
-    /// The port the packet arrived on.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub in_port: Option<String>,
-    /// `tcp`, `udp`, `icmp`, `icmpv6`, or a protocol number.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub proto: Option<String>,
-    /// Source prefix.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub src: Option<IpNet>,
-    /// Destination prefix.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dst: Option<IpNet>,
-    /// Source port.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub src_port: Option<u16>,
-    /// Destination port.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dst_port: Option<u16>,
-}
-
-/// A static NAT rule as the tables file describes it.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct NatRuleSpec {
-    /// What the first packet of a connection must look like.
-    #[serde(rename = "match", default)]
-    pub matches: MatchSpec,
-    /// Destination NAT: `ADDR`, `ADDR:PORT` or `[V6ADDR]:PORT`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dnat: Option<String>,
-    /// Source NAT: `ADDR`, `ADDR:LO-HI` or `[V6ADDR]:LO-HI`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub snat: Option<String>,
-    /// Source NAT to the egress port's address of the packet's family.
-    #[serde(default)]
-    pub masquerade: bool,
-}
-
-/// Source NAT of a compiled rule.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Snat {
-    /// No source NAT.
-    None,
-    /// To this address, with a source port from the range when given.
-    To(IpAddr, Option<(u16, u16)>),
-    /// To the egress port's address.
-    Masquerade,
-}
-
-/// A compiled NAT rule.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NatRule {
-    /// Ingress port to match.
-    pub in_port: Option<PortId>,
-    /// Protocol to match.
-    pub proto: Option<u8>,
-    /// Source prefix to match.
-    pub src: Option<IpNet>,
-    /// Destination prefix to match.
-    pub dst: Option<IpNet>,
-    /// Source port to match.
-    pub src_port: Option<u16>,
-    /// Destination port to match.
-    pub dst_port: Option<u16>,
-    /// Destination NAT: address and optional port.
-    pub dnat: Option<(IpAddr, Option<u16>)>,
-    /// Source NAT.
-    pub snat: Snat,
-}
-
-impl NatRule {
-    /// True when a packet with `key` received on `in_port` matches.
-    pub fn matches(&self, in_port: PortId, key: &FlowKey) -> bool {
-        self.in_port.is_none_or(|p| p == in_port)
-            && self.proto.is_none_or(|p| p == key.proto)
-            && self.src.is_none_or(|n| n.contains(&key.src.ip()))
-            && self.dst.is_none_or(|n| n.contains(&key.dst.ip()))
-            && self.src_port.is_none_or(|p| p == key.src_port)
-            && self.dst_port.is_none_or(|p| p == key.dst_port)
-    }
-}
-
 /// True when the two prefixes share an address.
 fn overlap(a: &IpNet, b: &IpNet) -> bool {
     a.contains(b) || b.contains(a)
-}
-
-fn parse_proto(s: &str) -> Result<u8, String> {
-    match s {
-        "tcp" => Ok(proto::TCP),
-        "udp" => Ok(proto::UDP),
-        "icmp" => Ok(proto::ICMP),
-        "icmpv6" => Ok(proto::ICMPV6),
-        n => n
-            .parse()
-            .map_err(|_| format!("proto {s:?}: expected tcp, udp, icmp, icmpv6 or a number")),
-    }
-}
-
-/// Splits `ADDR`, `ADDR:REST` or `[V6]:REST` into the address and what follows the colon.
-fn split_addr(s: &str) -> Result<(IpAddr, Option<&str>), String> {
-    if let Some(rest) = s.strip_prefix('[') {
-        let (a, tail) = rest
-            .split_once(']')
-            .ok_or_else(|| format!("{s:?}: missing ']'"))?;
-        let a: IpAddr = a.parse().map_err(|_| format!("{s:?}: bad IPv6 address"))?;
-        return match tail {
-            "" => Ok((a, None)),
-            t => Ok((
-                a,
-                Some(
-                    t.strip_prefix(':')
-                        .ok_or_else(|| format!("{s:?}: expected ':' after ']'"))?,
-                ),
-            )),
-        };
-    }
-    if let Ok(a) = s.parse::<IpAddr>() {
-        return Ok((a, None));
-    }
-    let (a, p) = s
-        .rsplit_once(':')
-        .ok_or_else(|| format!("{s:?}: not an address"))?;
-    let a: IpAddr = a
-        .parse()
-        .map_err(|_| format!("{s:?}: bad address (IPv6 with a port is written [ADDR]:PORT)"))?;
-    Ok((a, Some(p)))
-}
-
-fn parse_port(s: &str, whole: &str) -> Result<u16, String> {
-    match s.parse::<u16>() {
-        Ok(p) if p != 0 => Ok(p),
-        _ => Err(format!("{whole:?}: bad port {s:?} (1-65535)")),
-    }
 }
 
 /// A compiled port.
@@ -736,8 +497,6 @@ pub struct Tables {
     pub pod_mtu: u16,
 }
 
-/// The smallest `ipf.min_fragment_*` accepted: IPv4's minimum MTU (RFC 791).
-pub const MIN_FRAGMENT: u16 = 68;
 /// The smallest MTU a port may have: IPv6's minimum link MTU.
 pub const MIN_MTU: u16 = 1280;
 /// The largest MTU a port may have.
@@ -1008,29 +767,11 @@ impl TablesSpec {
         }
         let mut nat = Vec::with_capacity(self.nat.len());
         for (i, r) in self.nat.iter().enumerate() {
-            nat.push(self.compile_nat(r).map_err(|e| format!("nat[{i}]: {e}"))?);
+            let port = |n: &str| port_id(n).map(|i| i as PortId);
+            nat.push(r.compile(port).map_err(|e| format!("nat[{i}]: {e}"))?);
         }
-        // Smaller fragments would let a datagram be cut into thousands of pieces.
-        if self.ipf.min_fragment_v4.is_some_and(|v| v < MIN_FRAGMENT)
-            || self.ipf.min_fragment_v6.is_some_and(|v| v < MIN_FRAGMENT)
-        {
-            return Err(format!(
-                "ipf: min_fragment_v4 and min_fragment_v6 must be at least {MIN_FRAGMENT}"
-            ));
-        }
-        if self.ipf.max_datagrams == Some(0)
-            || self.ipf.max_datagrams_per_source == Some(0)
-            || self.ipf.max_bytes == Some(0)
-            || self.ipf.timeout_ms == Some(0)
-        {
-            return Err(
-                "ipf: max_datagrams, max_datagrams_per_source, max_bytes and timeout_ms must be positive"
-                    .into(),
-            );
-        }
-        if self.ct.max_entries == Some(0) {
-            return Err("ct: max_entries must be at least 1".into());
-        }
+        self.ipf.check()?;
+        self.ct.check()?;
         let local_addrs = node.addresses.iter().copied().chain(
             ports
                 .iter()
@@ -1167,100 +908,6 @@ impl TablesSpec {
             by_addr,
         })
     }
-
-    fn compile_nat(&self, r: &NatRuleSpec) -> Result<NatRule, String> {
-        let m = &r.matches;
-        let in_port = match &m.in_port {
-            None => None,
-            Some(n) => Some(
-                self.ports
-                    .iter()
-                    .position(|p| &p.name == n)
-                    .ok_or_else(|| format!("match.in_port: no port named {n:?}"))?
-                    as PortId,
-            ),
-        };
-        let proto = m
-            .proto
-            .as_deref()
-            .map(parse_proto)
-            .transpose()
-            .map_err(|e| format!("match.{e}"))?;
-        if (m.src_port.is_some() || m.dst_port.is_some())
-            && !matches!(proto, Some(proto::TCP | proto::UDP))
-        {
-            return Err("match: ports need proto tcp or udp".into());
-        }
-        let dnat = match &r.dnat {
-            None => None,
-            Some(s) => {
-                let (a, p) = split_addr(s).map_err(|e| format!("dnat {e}"))?;
-                let port = p
-                    .map(|p| parse_port(p, s))
-                    .transpose()
-                    .map_err(|e| format!("dnat {e}"))?;
-                if port.is_some() && !matches!(proto, Some(proto::TCP | proto::UDP)) {
-                    return Err(format!("dnat {s:?}: a port needs match.proto tcp or udp"));
-                }
-                Some((a, port))
-            }
-        };
-        let snat = match (&r.snat, r.masquerade) {
-            (Some(_), true) => return Err("snat and masquerade exclude each other".into()),
-            (None, true) => Snat::Masquerade,
-            (None, false) => Snat::None,
-            (Some(s), false) => {
-                let (a, range) = split_addr(s).map_err(|e| format!("snat {e}"))?;
-                let range = match range {
-                    None => None,
-                    Some(t) => {
-                        let (lo, hi) = t.split_once('-').unwrap_or((t, t));
-                        let (lo, hi) = (parse_port(lo, s), parse_port(hi, s));
-                        let (lo, hi) = (
-                            lo.map_err(|e| format!("snat {e}"))?,
-                            hi.map_err(|e| format!("snat {e}"))?,
-                        );
-                        if lo > hi {
-                            return Err(format!("snat {s:?}: empty port range"));
-                        }
-                        Some((lo, hi))
-                    }
-                };
-                Snat::To(a, range)
-            }
-        };
-        if dnat.is_none() && snat == Snat::None {
-            return Err("a rule needs dnat, snat or masquerade".into());
-        }
-        // Every address of a rule must be of one family.
-        let mut families = [
-            m.src.map(|n| n.addr()),
-            m.dst.map(|n| n.addr()),
-            dnat.map(|d| d.0),
-        ]
-        .into_iter()
-        .flatten()
-        .chain(match snat {
-            Snat::To(a, _) => Some(a),
-            _ => None,
-        })
-        .map(|a| a.is_ipv4());
-        if let Some(first) = families.next()
-            && families.any(|f| f != first)
-        {
-            return Err("addresses of one rule must all be IPv4 or all IPv6".into());
-        }
-        Ok(NatRule {
-            in_port,
-            proto,
-            src: m.src.map(|n| n.trunc()),
-            dst: m.dst.map(|n| n.trunc()),
-            src_port: m.src_port,
-            dst_port: m.dst_port,
-            dnat,
-            snat,
-        })
-    }
 }
 
 impl Tables {
@@ -1276,6 +923,7 @@ impl Tables {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flow::{FlowKey, proto};
 
     fn spec(ports: &[(&str, u16)], routes: &[(&str, &str)]) -> TablesSpec {
         TablesSpec {

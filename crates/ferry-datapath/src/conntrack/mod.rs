@@ -41,15 +41,18 @@ mod nat_tests;
 #[cfg(test)]
 mod proptests;
 mod resync;
+mod spec;
 mod table;
 mod tcp;
 #[cfg(test)]
 mod tests;
 
+pub use crate::nat::Nat;
 pub use dump::Filter;
 pub use entry::{Entry, Line, ORIGINAL, ProtoState, REPLY, Status};
 pub use icmp::reverse;
 pub use nat::{SNAT_PORTS, SNAT_PRIVILEGED_PORTS};
+pub use spec::CtSpec;
 pub use tcp::{TcpConn, TcpState};
 
 use self::icmp::Kind;
@@ -57,7 +60,7 @@ use self::resync::Resync;
 use self::table::Table;
 use self::tcp::{Segment, Verdict};
 use crate::drop::DropReason;
-use crate::flow::{Addr, FlowKey, proto};
+use crate::flow::{FlowKey, proto};
 use crate::packet::Packet;
 use crate::wire::Parsed;
 use crate::wire::icmp_error;
@@ -293,21 +296,6 @@ pub enum Begin {
 pub struct Start {
     state: ProtoState,
     hash: u64,
-}
-
-/// NAT to apply when a connection is created (a Service's backend, masquerade...).
-///
-/// Its addresses are [`Addr`]s, for the reason given there: a NAT is copied on the way
-/// to the connection it creates.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Nat {
-    /// Destination address, and port (TCP/UDP) when it changes.
-    pub dnat: Option<(Addr, Option<u16>)>,
-    /// Source address, and the range of ports (TCP/UDP) or ICMP echo identifiers to
-    /// choose from, inclusive. Without a range the source port is kept when free, else
-    /// one of the same class is chosen ([`SNAT_PORTS`], or [`SNAT_PRIVILEGED_PORTS`] for
-    /// a port below 1024; any identifier).
-    pub snat: Option<(Addr, Option<(u16, u16)>)>,
 }
 
 /// Conntrack counters.

@@ -3,6 +3,7 @@
 
 use super::tests::{S, ip, ping, pkt_in, pong, run, tcp, udp};
 use super::*;
+use crate::flow::Addr;
 use crate::icmp::{ErrorKind, build_error};
 use crate::wire::build::tcp_flags::*;
 use crate::wire::checksum::{add, checksum, finish, pseudo_v4, pseudo_v6};

@@ -4,6 +4,7 @@
 use std::net::IpAddr;
 
 use super::*;
+use crate::flow::Addr;
 use crate::packet::Packet;
 use crate::wire::build::{self, IpOpts, tcp_flags::*};
 use crate::wire::parse;

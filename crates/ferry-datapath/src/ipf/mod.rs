@@ -26,11 +26,13 @@
 mod ranges;
 mod reassembly;
 mod refragment;
+mod spec;
 #[cfg(test)]
 mod tests;
 
 pub use reassembly::Reassembler;
 pub use refragment::refragment;
+pub use spec::{IpfSpec, MIN_FRAGMENT};
 
 use crate::drop::DropReason;
 use crate::packet::Packet;

@@ -11,6 +11,10 @@
 //! GSO packet may leave together as a UDP GSO super-frame ([`encapsulate_run`]) for the
 //! kernel or the NIC to cut into such datagrams (their UDP checksum then computed).
 
+mod spec;
+
+pub use spec::{ModeSpec, OverlaySpec, PeerSpec};
+
 use std::net::IpAddr;
 
 use crate::flow::{FlowKey, proto};

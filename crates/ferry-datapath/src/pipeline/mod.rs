@@ -136,10 +136,10 @@ const AFFINITY_SWEEP_NS: u64 = 1_000_000_000;
 impl Pipeline {
     /// A pipeline over `tables`, with fragment and ICMP limits from them.
     pub fn new(tables: Arc<Tables>) -> Pipeline {
-        let cfg = swap::ipf_config(&tables.ipf);
-        let (per_second, burst) = swap::icmp_limits(&tables.icmp);
+        let cfg = tables.ipf.config();
+        let (per_second, burst) = tables.icmp.limits();
         let icmp = RateLimiter::new(per_second, burst);
-        let ct = swap::ct_config(&tables.ct);
+        let ct = tables.ct.config();
         let neigh = neigh::Config::default();
         Pipeline {
             ports: vec![PortStats::default(); tables.ports.len()],

@@ -52,11 +52,9 @@ use super::{Pipeline, PortStats};
 use crate::conntrack;
 use crate::drop::{DropCounters, DropReason};
 use crate::flow::proto;
-use crate::icmp::RateLimiter;
-use crate::ipf;
 use crate::lb::MARK_SERVICE;
 use crate::packet::PortId;
-use crate::tables::{CtSpec, IcmpSpec, IpfSpec, NextHop, Tables};
+use crate::tables::{NextHop, Tables};
 
 #[cfg(test)]
 #[path = "swap_tests.rs"]
@@ -194,49 +192,14 @@ impl Pipeline {
             })
         };
 
-        self.ipf.set_config(ipf_config(&new.ipf));
-        let (per_second, burst) = icmp_limits(&new.icmp);
+        self.ipf.set_config(new.ipf.config());
+        let (per_second, burst) = new.icmp.limits();
         self.icmp.set_limits(per_second, burst);
-        let ct = ct_config(&new.ct);
+        let ct = new.ct.config();
         self.ct.set_tcp_pickup(ct.tcp_pickup);
         if ct.max_entries.min(conntrack::Config::MAX_ENTRIES) != self.ct.config().max_entries {
             report.not_applied.push("ct.max_entries");
         }
         report
-    }
-}
-
-/// The reassembler limits the tables ask for (defaults where they say nothing).
-pub(super) fn ipf_config(s: &IpfSpec) -> ipf::Config {
-    let d = ipf::Config::default();
-    ipf::Config {
-        timeout_ns: s
-            .timeout_ms
-            .map_or(d.timeout_ns, |ms| ms.saturating_mul(1_000_000)),
-        max_datagrams: s.max_datagrams.unwrap_or(d.max_datagrams),
-        max_datagrams_per_source: s
-            .max_datagrams_per_source
-            .unwrap_or(d.max_datagrams_per_source),
-        max_bytes: s.max_bytes.unwrap_or(d.max_bytes),
-        min_fragment_v4: s.min_fragment_v4.unwrap_or(d.min_fragment_v4),
-        min_fragment_v6: s.min_fragment_v6.unwrap_or(d.min_fragment_v6),
-    }
-}
-
-/// The ICMP error rate and burst the tables ask for.
-pub(super) fn icmp_limits(s: &IcmpSpec) -> (u32, u32) {
-    (
-        s.per_second.unwrap_or(RateLimiter::DEFAULT_PER_SECOND),
-        s.burst.unwrap_or(RateLimiter::DEFAULT_BURST),
-    )
-}
-
-/// The conntrack configuration the tables ask for.
-pub(super) fn ct_config(s: &CtSpec) -> conntrack::Config {
-    let d = conntrack::Config::default();
-    conntrack::Config {
-        max_entries: s.max_entries.unwrap_or(d.max_entries),
-        tcp_pickup: s.tcp_pickup.unwrap_or(d.tcp_pickup),
-        ..d
     }
 }

@@ -11,8 +11,9 @@ use crate::conntrack::{CtResult, CtState, Nat, Pending, Start};
 use crate::drop::DropReason;
 use crate::flow::FlowKey;
 use crate::lb::{self, Balanced, Frontend, Source};
+use crate::nat;
 use crate::packet::{Packet, PortId};
-use crate::tables::{PortKind, Snat, Tables};
+use crate::tables::{PortKind, Tables};
 use crate::wire::Parsed;
 
 /// What was decided for a packet that starts a connection, for the stages after
@@ -215,28 +216,17 @@ impl Pipeline {
     }
 
     /// The NAT of the first static rule matching a packet with `key` that starts a
-    /// connection to no Service frontend. Masquerade takes the address the egress port
-    /// has for the packet's family (after DNAT); without one, no source NAT.
+    /// connection to no Service frontend ([`nat::first_match`]): masquerade takes the
+    /// address the egress port has for the packet's family (after DNAT).
     fn nat_for(tables: &Tables, in_port: PortId, key: &FlowKey) -> Option<Nat> {
-        let rule = tables.nat.iter().find(|r| r.matches(in_port, key))?;
-        let snat = match rule.snat {
-            Snat::None => None,
-            Snat::To(addr, range) => Some((addr.into(), range)),
-            Snat::Masquerade => {
-                let dst = rule.dnat.map_or(key.dst, |d| d.0.into());
-                let route = tables.fib.lookup(dst.ip())?.route()?;
-                let port = &tables.ports[usize::from(route.port)];
-                let addr = if dst.is_ipv4() {
-                    port.addr_v4
-                } else {
-                    port.addr_v6
-                };
-                addr.map(|a| (a.into(), None))
-            }
-        };
-        Some(Nat {
-            dnat: rule.dnat.map(|(a, p)| (a.into(), p)),
-            snat,
+        nat::first_match(&tables.nat, in_port, key, |dst| {
+            let route = tables.fib.lookup(dst.ip())?.route()?;
+            let port = &tables.ports[usize::from(route.port)];
+            Some(if dst.is_ipv4() {
+                port.addr_v4
+            } else {
+                port.addr_v6
+            })
         })
     }
 }

@@ -1,0 +1,27 @@
+//! NAT: the translation a connection is created with ([`Nat`]), and the static rules
+//! that give it to connections that reach no Service (`rules`). A Service's translation
+//! comes from [`crate::lb::balance`]. Conntrack applies a [`Nat`] when it creates a
+//! connection: it picks the ports that keep every reply tuple unique
+//! (`conntrack/nat.rs`, which needs its table) and translates every packet of the
+//! connection both ways ([`crate::wire::rewrite`]).
+
+mod rules;
+
+pub use rules::{MatchSpec, NatRule, NatRuleSpec, Snat, first_match};
+
+use crate::flow::Addr;
+
+/// NAT to apply when a connection is created (a Service's backend, masquerade...).
+///
+/// Its addresses are [`Addr`]s, for the reason given there: a NAT is copied on the way
+/// to the connection it creates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Nat {
+    /// Destination address, and port (TCP/UDP) when it changes.
+    pub dnat: Option<(Addr, Option<u16>)>,
+    /// Source address, and the range of ports (TCP/UDP) or ICMP echo identifiers to
+    /// choose from, inclusive. Without a range the source port is kept when free, else
+    /// one of the same class is chosen ([`crate::conntrack::SNAT_PORTS`], or [`crate::conntrack::SNAT_PRIVILEGED_PORTS`] for
+    /// a port below 1024; any identifier).
+    pub snat: Option<(Addr, Option<(u16, u16)>)>,
+}
