@@ -11,9 +11,9 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::flow::proto;
-use crate::wire::checksum;
-use crate::wire::icmp_error;
+use crate::wire::icmp::{self, v4, v6};
 use crate::wire::parse::{ETH_LEN, IPV6_LEN, L3, Parsed, ethertype};
+use crate::wire::{checksum, ethernet, ipv4, ipv6};
 
 /// Largest IPv4 ICMP error datagram (RFC 1812 section 4.3.2.3: at most 576 bytes).
 pub const V4_ERROR_MAX: usize = 576;
@@ -21,28 +21,13 @@ pub const V4_ERROR_MAX: usize = 576;
 pub const V6_ERROR_MAX: usize = 1280;
 
 /// IPv4 header length of a built error (no options).
-const V4_HDR: usize = 20;
+const V4_HDR: usize = ipv4::HEADER_LEN;
 /// ICMP/ICMPv6 header length: type, code, checksum and four type-specific bytes.
-const ICMP_HDR: usize = 8;
+const ICMP_HDR: usize = icmp::HEADER_LEN;
 /// TTL / hop limit of a built error.
 const HOP_LIMIT: u8 = 64;
 /// IPv4 TOS of a built error: precedence "internetwork control", as routers use.
 const TOS_INTERNETWORK_CONTROL: u8 = 0xc0;
-
-/// ICMP (IPv4) message types ferry sends.
-mod v4type {
-    pub const DEST_UNREACHABLE: u8 = 3;
-    pub const TIME_EXCEEDED: u8 = 11;
-    /// Code of DEST_UNREACHABLE: fragmentation needed and DF set.
-    pub const CODE_FRAG_NEEDED: u8 = 4;
-}
-
-/// ICMPv6 message types ferry sends.
-mod v6type {
-    pub const DEST_UNREACHABLE: u8 = 1;
-    pub const PACKET_TOO_BIG: u8 = 2;
-    pub const TIME_EXCEEDED: u8 = 3;
-}
 
 /// The ICMP error to send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,100 +108,90 @@ pub fn build_error(
         return None;
     }
     let quoted = &orig[parsed.l3_off..parsed.ip_end];
-    match (parsed.key.src.ip(), src_ip) {
-        (IpAddr::V4(to), IpAddr::V4(from)) => {
-            let (ty, code, rest) = match kind {
-                ErrorKind::TooBig { mtu } => {
-                    let mtu = mtu.min(u32::from(u16::MAX)) as u16;
-                    let m = mtu.to_be_bytes();
-                    (
-                        v4type::DEST_UNREACHABLE,
-                        v4type::CODE_FRAG_NEEDED,
-                        [0, 0, m[0], m[1]],
-                    )
-                }
-                ErrorKind::TimeExceeded => (v4type::TIME_EXCEEDED, 0, [0; 4]),
-                ErrorKind::Unreachable { code } => (v4type::DEST_UNREACHABLE, code, [0; 4]),
-            };
-            let quote = &quoted[..quoted.len().min(V4_ERROR_MAX - V4_HDR - ICMP_HDR)];
-            let mut f = ethernet(
-                orig,
-                parsed,
-                src_mac,
-                ethertype::IPV4,
-                V4_HDR + ICMP_HDR + quote.len(),
-            );
-            let ip_off = f.len();
-            let total = (V4_HDR + ICMP_HDR + quote.len()) as u16;
-            f.extend_from_slice(&[0x45, TOS_INTERNETWORK_CONTROL]);
-            f.extend_from_slice(&total.to_be_bytes());
+    let (to, from) = (parsed.key.src.ip(), src_ip);
+    let v6 = to.is_ipv6();
+    let (ty, code, rest) = message(kind, v6);
+    let (ip_hdr, max, etype) = if v6 {
+        (IPV6_LEN, V6_ERROR_MAX, ethertype::IPV6)
+    } else {
+        (V4_HDR, V4_ERROR_MAX, ethertype::IPV4)
+    };
+    let quote = &quoted[..quoted.len().min(max - ip_hdr - ICMP_HDR)];
+    let icmp_len = ICMP_HDR + quote.len();
+    let mut f = Vec::with_capacity(parsed.l3_off + ip_hdr + icmp_len);
+    ethernet::Repr::reply(orig, src_mac, etype).emit(&mut f);
+    match (to, from) {
+        (IpAddr::V4(to), IpAddr::V4(from)) => ipv4::Repr {
+            src: from,
+            dst: to,
+            protocol: proto::ICMP,
+            payload_len: icmp_len,
+            ttl: HOP_LIMIT,
+            tos: TOS_INTERNETWORK_CONTROL,
             // Identification 0 with DF: an atomic datagram (RFC 6864).
-            f.extend_from_slice(&[0, 0, 0x40, 0, HOP_LIMIT, proto::ICMP, 0, 0]);
-            f.extend_from_slice(&from.octets());
-            f.extend_from_slice(&to.octets());
-            checksum::set_ipv4_header(&mut f[ip_off..]);
-            let icmp_off = f.len();
-            f.extend_from_slice(&[ty, code, 0, 0]);
-            f.extend_from_slice(&rest);
-            f.extend_from_slice(quote);
-            let c = checksum::checksum(&f[icmp_off..]);
-            f[icmp_off + 2..icmp_off + 4].copy_from_slice(&c.to_be_bytes());
-            Some(f)
+            id: 0,
+            dont_fragment: true,
         }
-        (IpAddr::V6(to), IpAddr::V6(from)) => {
-            let (ty, code, rest) = match kind {
-                ErrorKind::TooBig { mtu } => (v6type::PACKET_TOO_BIG, 0, mtu.to_be_bytes()),
-                ErrorKind::TimeExceeded => (v6type::TIME_EXCEEDED, 0, [0; 4]),
-                ErrorKind::Unreachable { code } => (v6type::DEST_UNREACHABLE, code, [0; 4]),
-            };
-            let quote = &quoted[..quoted.len().min(V6_ERROR_MAX - IPV6_LEN - ICMP_HDR)];
-            let icmp_len = ICMP_HDR + quote.len();
-            let mut f = ethernet(orig, parsed, src_mac, ethertype::IPV6, IPV6_LEN + icmp_len);
-            f.extend_from_slice(&[0x60, 0, 0, 0]);
-            f.extend_from_slice(&(icmp_len as u16).to_be_bytes());
-            f.extend_from_slice(&[proto::ICMPV6, HOP_LIMIT]);
-            f.extend_from_slice(&from.octets());
-            f.extend_from_slice(&to.octets());
-            let icmp_off = f.len();
-            f.extend_from_slice(&[ty, code, 0, 0]);
-            f.extend_from_slice(&rest);
-            f.extend_from_slice(quote);
-            let pseudo =
-                checksum::pseudo_v6(&from.octets(), &to.octets(), proto::ICMPV6, icmp_len as u32);
-            let c = checksum::finish(checksum::add(&f[icmp_off..], pseudo));
-            f[icmp_off + 2..icmp_off + 4].copy_from_slice(&c.to_be_bytes());
-            Some(f)
+        .emit(&mut f),
+        (IpAddr::V6(to), IpAddr::V6(from)) => ipv6::Repr {
+            src: from,
+            dst: to,
+            next_header: proto::ICMPV6,
+            payload_len: icmp_len,
+            hop_limit: HOP_LIMIT,
+            traffic_class: 0,
+            flow_label: 0,
         }
-        _ => None,
+        .emit(&mut f),
+        _ => return None,
     }
+    let icmp_off = f.len();
+    f.extend_from_slice(&[ty, code, 0, 0]);
+    f.extend_from_slice(&rest);
+    f.extend_from_slice(quote);
+    // ICMPv6 sums a pseudo-header too; ICMP does not.
+    let pseudo = if v6 {
+        checksum::pseudo(from, to, proto::ICMPV6, icmp_len)
+    } else {
+        0
+    };
+    let c = checksum::finish(checksum::add(&f[icmp_off..], pseudo));
+    f[icmp_off + 2..icmp_off + 4].copy_from_slice(&c.to_be_bytes());
+    Some(f)
 }
 
-/// The Ethernet header (and VLAN tag) of a reply to `orig`, with room for `ip_len` bytes.
-fn ethernet(orig: &[u8], parsed: &Parsed, src_mac: [u8; 6], etype: u16, ip_len: usize) -> Vec<u8> {
-    let mut f = Vec::with_capacity(parsed.l3_off + ip_len);
-    f.extend_from_slice(&orig[6..12]);
-    f.extend_from_slice(&src_mac);
-    if parsed.vlan.is_some() {
-        // Tag protocol identifier and tag control information, as received.
-        f.extend_from_slice(&orig[12..16]);
+/// Type, code and the four type-specific bytes of the error `kind`, for ICMPv6 when `v6`.
+fn message(kind: ErrorKind, v6: bool) -> (u8, u8, [u8; 4]) {
+    match (kind, v6) {
+        (ErrorKind::TooBig { mtu }, false) => {
+            let m = (mtu.min(u32::from(u16::MAX)) as u16).to_be_bytes();
+            (
+                v4::DEST_UNREACHABLE,
+                v4::CODE_FRAG_NEEDED,
+                [0, 0, m[0], m[1]],
+            )
+        }
+        (ErrorKind::TooBig { mtu }, true) => (v6::PACKET_TOO_BIG, 0, mtu.to_be_bytes()),
+        (ErrorKind::TimeExceeded, false) => (v4::TIME_EXCEEDED, 0, [0; 4]),
+        (ErrorKind::TimeExceeded, true) => (v6::TIME_EXCEEDED, 0, [0; 4]),
+        (ErrorKind::Unreachable { code }, false) => (v4::DEST_UNREACHABLE, code, [0; 4]),
+        (ErrorKind::Unreachable { code }, true) => (v6::DEST_UNREACHABLE, code, [0; 4]),
     }
-    f.extend_from_slice(&etype.to_be_bytes());
-    f
 }
 
 /// True when the packet is an ICMP error message, or might be one (header unreadable).
 fn is_icmp_error(orig: &[u8], p: &Parsed) -> bool {
-    let icmp = match p.l3 {
+    let icmp_proto = match p.l3 {
         L3::Ipv4 => proto::ICMP,
         _ => proto::ICMPV6,
     };
-    if p.proto != icmp {
+    if p.proto != icmp_proto {
         return false;
     }
     let Some(&ty) = orig.get(p.l4_off).filter(|_| p.l4_complete) else {
         return true;
     };
-    icmp_error::is_error(icmp, ty)
+    icmp::is_error(icmp_proto, ty)
 }
 
 /// An IPv4 address that names one host (RFC 1122 section 3.2.2).

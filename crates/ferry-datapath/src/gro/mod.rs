@@ -360,17 +360,7 @@ pub fn mark_coalesced(pkt: &mut Packet, parsed: &Parsed, mtu: u16) {
     let headers = crate::gso::headers_len(&pkt.data, parsed);
     let mss = usize::from(mtu).saturating_sub(headers).max(8);
     let l4_len = parsed.ip_end - parsed.l4_off;
-    let pseudo = match (parsed.key.src.ip(), parsed.key.dst.ip()) {
-        (std::net::IpAddr::V4(s), std::net::IpAddr::V4(d)) => {
-            checksum::pseudo_v4(s.octets(), d.octets(), proto::TCP, l4_len as u16)
-        }
-        (s, d) => checksum::pseudo_v6(
-            &parse::v6_octets(s),
-            &parse::v6_octets(d),
-            proto::TCP,
-            l4_len as u32,
-        ),
-    };
+    let pseudo = checksum::pseudo(parsed.key.src.ip(), parsed.key.dst.ip(), proto::TCP, l4_len);
     let field = parsed.l4_off + 16;
     pkt.data[field..field + 2].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
     let v = &mut pkt.meta.vnet;

@@ -18,6 +18,7 @@ use crate::packet::{Meta, Packet, VnetHdr};
 use crate::wire::Parsed;
 use crate::wire::build::tcp_flags;
 use crate::wire::checksum;
+use crate::wire::ipv6_ext::{self, routing_type};
 use crate::wire::parse::{IPV6_LEN, L3};
 
 /// TCP header length without options.
@@ -61,18 +62,6 @@ struct Layout {
     /// IPv6: the destination address of the transport pseudo-header, which is the final
     /// destination when a routing header has segments left.
     v6_dst: [u8; 16],
-}
-
-/// IPv6 extension headers that matter when walking to the transport header.
-mod ext {
-    pub const HOP_BY_HOP: u8 = 0;
-    pub const ROUTING: u8 = 43;
-    pub const AUTH: u8 = 51;
-    pub const DEST_OPTS: u8 = 60;
-    /// Mobile IPv6 type 2 routing header (RFC 6275): one address, the final destination.
-    pub const ROUTING_TYPE_2: u8 = 2;
-    /// Segment Routing Header (RFC 8754): the final destination is Segment List[0].
-    pub const ROUTING_SRH: u8 = 4;
 }
 
 /// Cuts a GSO super-packet (`pkt.meta.vnet.is_gso()`) into segments, appending them to
@@ -386,7 +375,7 @@ fn check(data: &[u8], p: &Parsed, vnet: &VnetHdr) -> Result<Layout, DropReason> 
     }
     let v6_dst = match p.l3 {
         L3::Ipv4 => [0; 16],
-        _ => pseudo_header_dst_v6(&data[p.l3_off..p.l4_off])?,
+        _ => pseudo_header_dst_v6(data, p)?,
     };
     Ok(Layout {
         kind,
@@ -399,56 +388,43 @@ fn check(data: &[u8], p: &Parsed, vnet: &VnetHdr) -> Result<Layout, DropReason> 
     })
 }
 
-/// The destination address for the transport checksum of an IPv6 packet whose headers,
-/// up to the transport header, are `ip` (RFC 8200 section 8.1): the address in the IPv6
-/// header, unless a routing header still has segments left, in which case the final
-/// destination. That is the one address of a type 2 routing header (Mobile IPv6's home
-/// address), and Segment List[0] of a Segment Routing Header. Other routing types with segments left (RPL's
-/// compressed addresses, the deprecated type 0) are refused rather than guessed at, as
-/// are two routing headers.
-fn pseudo_header_dst_v6(ip: &[u8]) -> Result<[u8; 16], DropReason> {
+/// The destination address for the transport checksum of the IPv6 packet `p` in `data`
+/// (RFC 8200 section 8.1): the address in the IPv6 header, unless a routing header still
+/// has segments left, in which case the final destination. That is the one address of a
+/// type 2 routing header (Mobile IPv6's home address), and Segment List[0] of a Segment
+/// Routing Header. Other routing types with segments left (RPL's compressed addresses,
+/// the deprecated type 0) are refused rather than guessed at, as are two routing headers.
+/// The parser found the routing header ([`Parsed::routing_off`]).
+fn pseudo_header_dst_v6(data: &[u8], p: &Parsed) -> Result<[u8; 16], DropReason> {
+    let ip = &data[p.l3_off..p.l4_off];
     let mut dst = [0u8; 16];
     dst.copy_from_slice(ip.get(24..IPV6_LEN).ok_or(DropReason::GsoMalformed)?);
-    let mut nh = ip[6];
-    let mut off = IPV6_LEN;
-    let mut routed = false;
-    while off < ip.len() {
-        let h = ip
-            .get(off..)
-            .filter(|h| h.len() >= 8)
-            .ok_or(DropReason::GsoMalformed)?;
-        let len = match nh {
-            ext::AUTH => (usize::from(h[1]) + 2) * 4,
-            ext::HOP_BY_HOP | ext::ROUTING | ext::DEST_OPTS => (usize::from(h[1]) + 1) * 8,
-            // The parser stops at anything else, so `p.l4_off` cannot be past it.
-            _ => return Err(DropReason::GsoMalformed),
-        };
-        let h = h.get(..len).ok_or(DropReason::GsoMalformed)?;
-        if nh == ext::ROUTING {
-            if routed {
-                return Err(DropReason::GsoMalformed);
-            }
-            routed = true;
-            let (kind, segments_left) = (h[2], h[3]);
-            if segments_left > 0 {
-                // Type 2 holds exactly one address, SRH at least one (Segment List[0]);
-                // both from byte 8.
-                let readable = match kind {
-                    ext::ROUTING_TYPE_2 => len == 24,
-                    ext::ROUTING_SRH => len >= 24,
-                    _ => false,
-                };
-                if !readable {
-                    return Err(DropReason::GsoMalformed);
-                }
-                dst.copy_from_slice(&h[8..24]);
-            }
-        }
-        nh = h[0];
-        off += len;
+    match p.routing_headers {
+        0 => return Ok(dst),
+        1 => {}
+        _ => return Err(DropReason::GsoMalformed),
     }
-    if off != ip.len() {
-        return Err(DropReason::GsoMalformed);
+    // `p` comes from the caller: the header must lie within the extension headers.
+    let h = p
+        .routing_off
+        .checked_sub(p.l3_off)
+        .filter(|&at| at >= IPV6_LEN)
+        .and_then(|at| ip.get(at..))
+        .ok_or(DropReason::GsoMalformed)?;
+    let len = ipv6_ext::header_len(ipv6_ext::ROUTING, h).ok_or(DropReason::GsoMalformed)?;
+    let (kind, segments_left) = (h[2], h[3]);
+    if segments_left > 0 {
+        // Type 2 holds exactly one address, SRH at least one (Segment List[0]); both
+        // from byte 8.
+        let readable = match kind {
+            routing_type::TYPE_2 => len == 24,
+            routing_type::SRH => len >= 24,
+            _ => false,
+        };
+        if !readable {
+            return Err(DropReason::GsoMalformed);
+        }
+        dst.copy_from_slice(&h[8..24]);
     }
     Ok(dst)
 }

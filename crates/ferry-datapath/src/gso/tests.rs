@@ -4,8 +4,8 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::wire::build::{self, IpOpts};
-use crate::wire::checksum::{add, finish, pseudo_v4, pseudo_v6};
-use crate::wire::parse::{self, v4_octets, v6_octets};
+use crate::wire::checksum::{add, finish, pseudo, pseudo_v6};
+use crate::wire::parse::{self, v6_octets};
 
 const SEQ0: u32 = 0xffff_f000; // close to wrapping, so the wrap is exercised
 const ID0: u16 = 0xfffe;
@@ -95,20 +95,7 @@ fn verify(seg: &Packet) -> (Parsed, Vec<u8>) {
     let p = parse::parse(&seg.data, seg.meta.zone).expect("segment parses");
     assert_eq!(p.ip_end, seg.data.len(), "no bytes past the IP packet");
     let l4 = &seg.data[p.l4_off..p.ip_end];
-    let pseudo = match p.l3 {
-        L3::Ipv4 => pseudo_v4(
-            v4_octets(p.key.src),
-            v4_octets(p.key.dst),
-            p.proto,
-            l4.len() as u16,
-        ),
-        _ => pseudo_v6(
-            &v6_octets(p.key.src),
-            &v6_octets(p.key.dst),
-            p.proto,
-            l4.len() as u32,
-        ),
-    };
+    let pseudo = pseudo(p.key.src.ip(), p.key.dst.ip(), p.proto, l4.len());
     assert_eq!(finish(add(l4, pseudo)), 0, "transport checksum verifies");
     let hdr = match p.proto {
         proto::TCP => usize::from(l4[12] >> 4) * 4,

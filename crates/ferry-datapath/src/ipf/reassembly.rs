@@ -32,6 +32,7 @@ use crate::drop::{DropCounters, DropReason};
 use crate::flow::{Addr, proto};
 use crate::packet::{Packet, VnetHdr};
 use crate::wire::checksum::set_ipv4_header;
+use crate::wire::ipv6_ext;
 use crate::wire::{L3, Parsed, parse};
 
 /// The end of the list.
@@ -75,11 +76,6 @@ fn combine_ecn(seen: u8) -> Ecn {
     }
 }
 
-/// IPv6 extension headers that can precede the fragment header.
-mod ext {
-    pub const AUTH: u8 = 51;
-}
-
 /// What identifies a datagram. IPv6 has no protocol in it (`proto` is 0), as in Linux:
 /// RFC 8200 section 4.5 lets the fragment headers' next header differ between
 /// fragments, and only the offset-zero fragment's is used.
@@ -100,6 +96,8 @@ struct First {
     /// IPv6: the next header of the fragment header, which becomes the next header of the
     /// header before it.
     frag_nh: u8,
+    /// IPv6: offset in the frame of that header's next-header field.
+    frag_nh_at: usize,
 }
 
 /// A datagram being reassembled.
@@ -185,6 +183,8 @@ struct FragInfo {
     hdr_len: usize,
     /// Offset of the IP header in the frame.
     l3_off: usize,
+    /// IPv6: offset of the next-header field that names the fragment header.
+    frag_nh_at: usize,
     ip_len: usize,
     /// The ECN field (RFC 3168) of the fragment's IP header.
     ecn: u8,
@@ -593,6 +593,7 @@ impl Reassembler {
             dg.first = Some(First {
                 l3_off: f.l3_off,
                 frag_nh,
+                frag_nh_at: f.frag_nh_at,
             });
         }
 
@@ -775,7 +776,12 @@ fn fragment_info(pkt: &Packet, parsed: &Parsed) -> Result<FragInfo, DropReason> 
     let (v6, data_start, hdr_len) = match parsed.l3 {
         L3::Ipv4 => (false, parsed.l4_off, parsed.l4_off),
         L3::Ipv6 => {
-            if parsed.frag_hdr_off == 0 {
+            // The header before the fragment header names it (the parser recorded where).
+            let nh = parsed.unfrag_nh;
+            if parsed.frag_hdr_off == 0
+                || nh < parsed.l3_off + ipv6_ext::FIXED_NEXT_HEADER
+                || nh >= parsed.frag_hdr_off
+            {
                 return Err(DropReason::Ipv6ExtHeaderMalformed);
             }
             (true, parsed.frag_hdr_off + 8, parsed.frag_hdr_off)
@@ -803,6 +809,7 @@ fn fragment_info(pkt: &Packet, parsed: &Parsed) -> Result<FragInfo, DropReason> 
         data_start,
         hdr_len,
         l3_off: parsed.l3_off,
+        frag_nh_at: parsed.unfrag_nh,
         ip_len: parsed.ip_len(),
         ecn,
         df,
@@ -835,26 +842,8 @@ fn build_frame(dg: Datagram, v6: bool) -> Result<Vec<u8>, DropReason> {
         if payload > MAX_DATA {
             return Err(DropReason::FragDatagramTooBig);
         }
-        // Find the header whose next-header field named the fragment header: the base
-        // header, or the last extension header before the fragment header.
-        let mut nh_at = l3 + 6;
-        let mut off = l3 + crate::wire::parse::IPV6_LEN;
-        while off < hdr_len {
-            let kind = buf[nh_at];
-            let len_byte =
-                usize::from(*buf.get(off + 1).ok_or(DropReason::Ipv6ExtHeaderMalformed)?);
-            let len = if kind == ext::AUTH {
-                (len_byte + 2) * 4
-            } else {
-                (len_byte + 1) * 8
-            };
-            nh_at = off;
-            off += len;
-        }
-        if off != hdr_len {
-            return Err(DropReason::Ipv6ExtHeaderMalformed);
-        }
-        buf[nh_at] = first.frag_nh;
+        // The header that named the fragment header now names what followed it.
+        buf[first.frag_nh_at] = first.frag_nh;
         buf[l3 + 4..l3 + 6].copy_from_slice(&(payload as u16).to_be_bytes());
         if ecn == Ecn::SetCe {
             buf[l3 + 1] |= ECN_CE << 4;

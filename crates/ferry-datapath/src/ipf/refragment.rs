@@ -8,17 +8,9 @@
 use crate::drop::DropReason;
 use crate::packet::{Meta, Packet};
 use crate::wire::checksum::set_ipv4_header;
+use crate::wire::ipv6_ext::{self, Fragment};
 use crate::wire::parse::IPV6_LEN;
 use crate::wire::{L3, Parsed};
-
-/// IPv6 extension headers that matter for the unfragmentable part.
-mod ext {
-    pub const HOP_BY_HOP: u8 = 0;
-    pub const ROUTING: u8 = 43;
-    pub const FRAGMENT: u8 = 44;
-    pub const AUTH: u8 = 51;
-    pub const DEST_OPTS: u8 = 60;
-}
 
 /// Cuts a (reassembled, or never-fragmented IPv4 without DF) IP packet into fragments
 /// whose whole IP packet length is <= `max_ip_len`, appending frames to `out`.
@@ -37,7 +29,7 @@ mod ext {
 /// IPv6 inserts a fragment header after the unfragmentable part, which is the base header
 /// through the last hop-by-hop or routing header (so destination options before a
 /// routing header stay too, and those after it travel in the first fragment), as RFC 8200
-/// section 4.5 says. The identification is `pkt.meta.frag_id` (set by reassembly); when
+/// section 4.5 says; the parser found it ([`Parsed::unfrag_end`]). The identification is `pkt.meta.frag_id` (set by reassembly); when
 /// that is zero, one is derived from a hash of the IP packet, so that the same packet is
 /// always cut the same way and replays stay reproducible. A packet that is itself a
 /// fragment (or an atomic fragment) keeps its fragment header's identification and offset.
@@ -188,12 +180,14 @@ fn refragment_v6(
         let mut f = Vec::with_capacity(l3 + unfrag.len() + 8 + n);
         f.extend_from_slice(&b[..l3]);
         f.extend_from_slice(unfrag);
-        f[l3 + nh_at] = ext::FRAGMENT;
-        let off_word = ((base + pos) as u16 & !7) | u16::from(more);
-        f.push(split.frag_nh);
-        f.push(0);
-        f.extend_from_slice(&off_word.to_be_bytes());
-        f.extend_from_slice(&id.to_be_bytes());
+        f[l3 + nh_at] = ipv6_ext::FRAGMENT;
+        Fragment {
+            next_header: split.frag_nh,
+            offset: (base + pos) as u16,
+            more,
+            id,
+        }
+        .emit(&mut f);
         f.extend_from_slice(&data[pos..pos + n]);
         let payload = (unfrag.len() - IPV6_LEN + 8 + n) as u16;
         f[l3 + 4..l3 + 6].copy_from_slice(&payload.to_be_bytes());
@@ -217,47 +211,30 @@ struct SplitV6 {
     existing: Option<(u32, u16, bool)>,
 }
 
+/// The split as the parser recorded it, checked against the packet's bytes `b` so that
+/// nothing indexes out of them whatever `parsed` says.
 fn split_v6(b: &[u8], l3: usize, parsed: &Parsed) -> Result<SplitV6, DropReason> {
     let bad = DropReason::Ipv6ExtHeaderMalformed;
-    let mut nh_at = l3 + 6;
-    let mut off = l3 + IPV6_LEN;
+    let (unfrag_end, nh_at) = (parsed.unfrag_end, parsed.unfrag_nh);
+    if nh_at < l3 + ipv6_ext::FIXED_NEXT_HEADER || nh_at >= unfrag_end || unfrag_end > b.len() {
+        return Err(bad);
+    }
     if parsed.frag_hdr_off != 0 {
         // Already has a fragment header: what precedes it is the unfragmentable part.
         let fh = parsed.frag_hdr_off;
-        while off < fh {
-            let kind = b[nh_at];
-            nh_at = off;
-            off += ext_len(b, off, kind)?;
-        }
-        if off != fh || fh + 8 > b.len() {
-            return Err(bad);
-        }
-        let id = u32::from_be_bytes([b[fh + 4], b[fh + 5], b[fh + 6], b[fh + 7]]);
-        let word = u16::from_be_bytes([b[fh + 2], b[fh + 3]]);
+        let frag = b
+            .get(fh..)
+            .and_then(Fragment::parse)
+            .filter(|_| fh == unfrag_end)
+            .ok_or(bad)?;
         return Ok(SplitV6 {
-            unfrag_end: fh,
+            unfrag_end,
             nh_at,
-            frag_nh: b[fh],
-            data_start: fh + 8,
-            existing: Some((id, word & !7, word & 1 != 0)),
+            frag_nh: frag.next_header,
+            data_start: fh + ipv6_ext::FRAGMENT_LEN,
+            existing: Some((frag.id, frag.offset, frag.more)),
         });
     }
-    // Walk hop-by-hop, routing and destination options; the unfragmentable part ends
-    // after the last hop-by-hop or routing header.
-    let mut split = (off, nh_at);
-    loop {
-        let kind = b[nh_at];
-        if !matches!(kind, ext::HOP_BY_HOP | ext::ROUTING | ext::DEST_OPTS) || off >= b.len() {
-            break;
-        }
-        let len = ext_len(b, off, kind)?;
-        nh_at = off;
-        off += len;
-        if kind != ext::DEST_OPTS {
-            split = (off, nh_at);
-        }
-    }
-    let (unfrag_end, nh_at) = split;
     Ok(SplitV6 {
         unfrag_end,
         nh_at,
@@ -265,20 +242,6 @@ fn split_v6(b: &[u8], l3: usize, parsed: &Parsed) -> Result<SplitV6, DropReason>
         data_start: unfrag_end,
         existing: None,
     })
-}
-
-/// Length of the extension header of type `kind` at `off`, checked against the packet.
-fn ext_len(b: &[u8], off: usize, kind: u8) -> Result<usize, DropReason> {
-    let unit = usize::from(*b.get(off + 1).ok_or(DropReason::Ipv6ExtHeaderMalformed)?);
-    let len = if kind == ext::AUTH {
-        (unit + 2) * 4
-    } else {
-        (unit + 1) * 8
-    };
-    if off + len > b.len() {
-        return Err(DropReason::Ipv6ExtHeaderMalformed);
-    }
-    Ok(len)
 }
 
 /// A fragment identification from the packet's bytes (FNV-1a), never zero: used only

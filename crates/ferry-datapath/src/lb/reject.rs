@@ -6,11 +6,9 @@ use std::net::IpAddr;
 use crate::flow::proto;
 use crate::wire::build::tcp_flags;
 use crate::wire::parse::ethertype;
-use crate::wire::{Parsed, checksum};
+use crate::wire::{Parsed, checksum, ethernet, ipv4, ipv6};
 
 const TCP_HDR: usize = 20;
-const V4_HDR: usize = 20;
-const V6_HDR: usize = 40;
 const HOP_LIMIT: u8 = 64;
 
 /// The reset answering the TCP segment `orig` (parsed as `parsed`), from its destination
@@ -54,35 +52,39 @@ pub fn tcp_reset(orig: &[u8], parsed: &Parsed, src_mac: [u8; 6]) -> Option<Vec<u
     tcp[12] = (TCP_HDR as u8 / 4) << 4;
     tcp[13] = out_flags;
 
-    let mut f = Vec::with_capacity(parsed.l3_off + V6_HDR + TCP_HDR);
-    f.extend_from_slice(&orig[6..12]);
-    f.extend_from_slice(&src_mac);
-    if parsed.vlan.is_some() {
-        f.extend_from_slice(&orig[12..16]);
-    }
-    let pseudo = match (k.dst.ip(), k.src.ip()) {
+    let mut f = Vec::with_capacity(parsed.l3_off + ipv6::HEADER_LEN + TCP_HDR);
+    let (from, to) = (k.dst.ip(), k.src.ip());
+    match (from, to) {
         (IpAddr::V4(from), IpAddr::V4(to)) => {
-            f.extend_from_slice(&ethertype::IPV4.to_be_bytes());
-            let ip = f.len();
-            f.extend_from_slice(&[0x45, 0]);
-            f.extend_from_slice(&((V4_HDR + TCP_HDR) as u16).to_be_bytes());
-            f.extend_from_slice(&[0, 0, 0x40, 0, HOP_LIMIT, proto::TCP, 0, 0]);
-            f.extend_from_slice(&from.octets());
-            f.extend_from_slice(&to.octets());
-            checksum::set_ipv4_header(&mut f[ip..]);
-            checksum::pseudo_v4(from.octets(), to.octets(), proto::TCP, TCP_HDR as u16)
+            ethernet::Repr::reply(orig, src_mac, ethertype::IPV4).emit(&mut f);
+            ipv4::Repr {
+                src: from,
+                dst: to,
+                protocol: proto::TCP,
+                payload_len: TCP_HDR,
+                ttl: HOP_LIMIT,
+                tos: 0,
+                id: 0,
+                dont_fragment: true,
+            }
+            .emit(&mut f);
         }
         (IpAddr::V6(from), IpAddr::V6(to)) => {
-            f.extend_from_slice(&ethertype::IPV6.to_be_bytes());
-            f.extend_from_slice(&[0x60, 0, 0, 0]);
-            f.extend_from_slice(&(TCP_HDR as u16).to_be_bytes());
-            f.extend_from_slice(&[proto::TCP, HOP_LIMIT]);
-            f.extend_from_slice(&from.octets());
-            f.extend_from_slice(&to.octets());
-            checksum::pseudo_v6(&from.octets(), &to.octets(), proto::TCP, TCP_HDR as u32)
+            ethernet::Repr::reply(orig, src_mac, ethertype::IPV6).emit(&mut f);
+            ipv6::Repr {
+                src: from,
+                dst: to,
+                next_header: proto::TCP,
+                payload_len: TCP_HDR,
+                hop_limit: HOP_LIMIT,
+                traffic_class: 0,
+                flow_label: 0,
+            }
+            .emit(&mut f);
         }
         _ => return None,
-    };
+    }
+    let pseudo = checksum::pseudo(from, to, proto::TCP, TCP_HDR);
     let c = checksum::finish(checksum::add(&tcp, pseudo));
     tcp[16..18].copy_from_slice(&c.to_be_bytes());
     f.extend_from_slice(&tcp);

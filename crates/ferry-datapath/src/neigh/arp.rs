@@ -3,7 +3,7 @@
 use std::net::Ipv4Addr;
 
 use crate::drop::DropReason;
-use crate::wire::parse::ethertype;
+use crate::wire::ethernet::{self, Tag, ethertype};
 
 /// Length of an Ethernet/IPv4 ARP body.
 pub const LEN: usize = 28;
@@ -63,8 +63,14 @@ impl Repr {
 
     /// The whole Ethernet frame carrying this message.
     pub fn frame(&self, dst_mac: [u8; 6], src_mac: [u8; 6], vlan: Option<u16>) -> Vec<u8> {
-        let mut v = Vec::with_capacity(18 + LEN);
-        super::eth_header(&mut v, dst_mac, src_mac, vlan, ethertype::ARP);
+        let eth = ethernet::Repr {
+            dst: dst_mac,
+            src: src_mac,
+            tag: vlan.map(Tag::dot1q),
+            ethertype: ethertype::ARP,
+        };
+        let mut v = Vec::with_capacity(eth.header_len() + LEN);
+        eth.emit(&mut v);
         self.emit(&mut v);
         v
     }

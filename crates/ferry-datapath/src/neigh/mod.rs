@@ -37,18 +37,6 @@ use crate::drop::DropReason;
 use crate::icmp::RateLimiter;
 use crate::packet::PortId;
 use crate::tables::Port;
-use crate::wire::parse::ethertype;
-
-/// Appends an Ethernet header (with an 802.1Q tag when `vlan` is set) to `v`.
-pub fn eth_header(v: &mut Vec<u8>, dst: [u8; 6], src: [u8; 6], vlan: Option<u16>, etype: u16) {
-    v.extend_from_slice(&dst);
-    v.extend_from_slice(&src);
-    if let Some(tci) = vlan {
-        v.extend_from_slice(&ethertype::VLAN.to_be_bytes());
-        v.extend_from_slice(&tci.to_be_bytes());
-    }
-    v.extend_from_slice(&etype.to_be_bytes());
-}
 
 /// The address of `port` to ask for `target` from: one in an on-link subnet of the port
 /// that holds `target`, so that the neighbour can answer it, else the port's first of

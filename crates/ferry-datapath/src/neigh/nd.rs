@@ -5,8 +5,9 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use crate::drop::DropReason;
 use crate::flow::proto;
-use crate::wire::checksum;
-use crate::wire::parse::{IPV6_LEN, L3, Parsed, ethertype};
+use crate::wire::ethernet::{self, Tag};
+use crate::wire::parse::{L3, Parsed, ethertype};
+use crate::wire::{checksum, ipv6};
 
 /// ICMPv6 types of neighbour discovery.
 pub mod nd_type {
@@ -287,13 +288,24 @@ fn frame(
         ),
     );
     body[2..4].copy_from_slice(&checksum::finish(sum).to_be_bytes());
-    let mut v = Vec::with_capacity(18 + IPV6_LEN + body.len());
-    super::eth_header(&mut v, dst_mac, src_mac, vlan, ethertype::IPV6);
-    v.extend_from_slice(&[0x60, 0, 0, 0]);
-    v.extend_from_slice(&(body.len() as u16).to_be_bytes());
-    v.extend_from_slice(&[proto::ICMPV6, HOP_LIMIT]);
-    v.extend_from_slice(&src.octets());
-    v.extend_from_slice(&dst.octets());
+    let eth = ethernet::Repr {
+        dst: dst_mac,
+        src: src_mac,
+        tag: vlan.map(Tag::dot1q),
+        ethertype: ethertype::IPV6,
+    };
+    let mut v = Vec::with_capacity(eth.header_len() + ipv6::HEADER_LEN + body.len());
+    eth.emit(&mut v);
+    ipv6::Repr {
+        src,
+        dst,
+        next_header: proto::ICMPV6,
+        payload_len: body.len(),
+        hop_limit: HOP_LIMIT,
+        traffic_class: 0,
+        flow_label: 0,
+    }
+    .emit(&mut v);
     v.extend_from_slice(body);
     v
 }

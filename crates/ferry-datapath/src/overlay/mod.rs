@@ -15,14 +15,13 @@ mod spec;
 
 pub use spec::{ModeSpec, OverlaySpec, PeerSpec};
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 
 use crate::flow::{FlowKey, proto};
 use crate::gso;
 use crate::packet::VnetHdr;
-use crate::wire::checksum;
 use crate::wire::parse::{ETH_LEN, IPV6_LEN, ethertype};
-use crate::wire::vxlan;
+use crate::wire::{checksum, ethernet, ipv4, ipv6, vxlan};
 
 /// Default VNI: Calico's, so that a ferry node and a Calico VXLAN node agree unconfigured.
 pub const DEFAULT_VNI: u32 = 4096;
@@ -293,48 +292,47 @@ fn ip_header_len(o: &Outer) -> usize {
 
 /// The UDP pseudo-header sum of an outer datagram of `udp_len` bytes.
 fn pseudo(o: &Outer, udp_len: usize) -> u64 {
-    match (o.src, o.dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            checksum::pseudo_v4(s.octets(), d.octets(), proto::UDP, udp_len as u16)
-        }
-        (s, d) => checksum::pseudo_v6(
-            &crate::wire::parse::v6_octets(s),
-            &crate::wire::parse::v6_octets(d),
-            proto::UDP,
-            udp_len as u32,
-        ),
-    }
+    checksum::pseudo(o.src, o.dst, proto::UDP, udp_len)
 }
 
 /// Writes the outer Ethernet, IP and UDP headers (checksum 0) of a datagram with
 /// `udp_len` bytes of UDP, IPv4 identification `id`; returns where the UDP header starts.
-/// The ECN field and the IPv4 header checksum are left to [`finish_outer`].
+/// The ECN field is left to [`finish_outer`], which sums the IPv4 header again.
 fn outer_headers(v: &mut Vec<u8>, o: &Outer, udp_len: usize, id: u16) -> usize {
     let etype = if o.dst.is_ipv6() {
         ethertype::IPV6
     } else {
         ethertype::IPV4
     };
-    crate::neigh::eth_header(v, o.dst_mac, o.src_mac, None, etype);
+    ethernet::Repr {
+        dst: o.dst_mac,
+        src: o.src_mac,
+        tag: None,
+        ethertype: etype,
+    }
+    .emit(v);
     match (o.src, o.dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let total = (20 + udp_len) as u16;
-            v.extend_from_slice(&[0x45, 0]);
-            v.extend_from_slice(&total.to_be_bytes());
-            // DF clear, no fragment offset.
-            v.extend_from_slice(&id.to_be_bytes());
-            v.extend_from_slice(&[0, 0, OUTER_TTL, proto::UDP, 0, 0]);
-            v.extend_from_slice(&s.octets());
-            v.extend_from_slice(&d.octets());
+        (IpAddr::V4(s), IpAddr::V4(d)) => ipv4::Repr {
+            src: s,
+            dst: d,
+            protocol: proto::UDP,
+            payload_len: udp_len,
+            ttl: OUTER_TTL,
+            tos: 0,
+            id,
+            dont_fragment: false,
         }
-        (s, d) => {
-            let label = o.hash & 0x000f_ffff;
-            v.extend_from_slice(&(0x6000_0000 | label).to_be_bytes());
-            v.extend_from_slice(&(udp_len as u16).to_be_bytes());
-            v.extend_from_slice(&[proto::UDP, OUTER_TTL]);
-            v.extend_from_slice(&crate::wire::parse::v6_octets(s));
-            v.extend_from_slice(&crate::wire::parse::v6_octets(d));
+        .emit(v),
+        (s, d) => ipv6::Repr {
+            src: Ipv6Addr::from(crate::wire::parse::v6_octets(s)),
+            dst: Ipv6Addr::from(crate::wire::parse::v6_octets(d)),
+            next_header: proto::UDP,
+            payload_len: udp_len,
+            hop_limit: OUTER_TTL,
+            traffic_class: 0,
+            flow_label: o.hash,
         }
+        .emit(v),
     }
     let udp = v.len();
     v.extend_from_slice(&source_port(o.hash).to_be_bytes());
@@ -488,15 +486,7 @@ mod tests {
         let p = parse(&f, 0).unwrap();
         assert_eq!(p.key.dst_port, 4789);
         let l4 = &f[p.l4_off..p.ip_end];
-        let sum = checksum::add(
-            l4,
-            checksum::pseudo_v6(
-                &parse::v6_octets(o.src),
-                &parse::v6_octets(o.dst),
-                17,
-                l4.len() as u32,
-            ),
-        );
+        let sum = checksum::add(l4, checksum::pseudo(o.src, o.dst, 17, l4.len()));
         assert_eq!(checksum::fold(sum), 0xffff);
         assert_eq!(&f[p.l4_off + 16..], &inner[..]);
         assert_eq!(f.len() - inner.len(), 14 + 70 - 14);
@@ -550,17 +540,7 @@ mod tests {
     fn udp_checksum_ok(f: &[u8]) -> bool {
         let p = parse(f, 0).unwrap();
         let l4 = &f[p.l4_off..p.ip_end];
-        let pseudo = match (p.key.src.ip(), p.key.dst.ip()) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => {
-                checksum::pseudo_v4(s.octets(), d.octets(), 17, l4.len() as u16)
-            }
-            (s, d) => checksum::pseudo_v6(
-                &parse::v6_octets(s),
-                &parse::v6_octets(d),
-                17,
-                l4.len() as u32,
-            ),
-        };
+        let pseudo = checksum::pseudo(p.key.src.ip(), p.key.dst.ip(), 17, l4.len());
         checksum::fold(checksum::add(l4, pseudo)) == 0xffff
     }
 

@@ -838,7 +838,13 @@ fn padded_solicit(mac: [u8; 6], src: &str, target: &str, len: usize) -> Vec<u8> 
     body[2..4].copy_from_slice(&crate::wire::checksum::finish(sum).to_be_bytes());
     let mut f = Vec::new();
     let ipv6 = crate::wire::parse::ethertype::IPV6;
-    neigh::eth_header(&mut f, nd::multicast_mac(dst), mac, None, ipv6);
+    crate::wire::ethernet::Repr {
+        dst: nd::multicast_mac(dst),
+        src: mac,
+        tag: None,
+        ethertype: ipv6,
+    }
+    .emit(&mut f);
     f.extend_from_slice(&[0x60, 0, 0, 0]);
     f.extend_from_slice(&(len as u16).to_be_bytes());
     f.extend_from_slice(&[proto::ICMPV6, 255]);

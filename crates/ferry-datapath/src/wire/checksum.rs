@@ -4,6 +4,8 @@
 //! This is the only checksum code in ferry. Sums are carried unfolded in a `u64` so that
 //! pieces (pseudo-header, header, payload) can be added before one final [`finish`].
 
+use std::net::IpAddr;
+
 use crate::drop::DropReason;
 
 /// Adds `data` to a running sum, as big-endian 16-bit words. Only the last piece added
@@ -114,6 +116,25 @@ pub fn pseudo_v6(src: &[u8; 16], dst: &[u8; 16], next_header: u8, l4_len: u32) -
         + u64::from(next_header)
         + u64::from(l4_len >> 16)
         + u64::from(l4_len & 0xffff)
+}
+
+/// The pseudo-header sum for a transport segment of `l4_len` bytes and protocol `proto`
+/// from `src` to `dst`, for either family: IPv4's when both addresses are IPv4, else
+/// IPv6's (RFC 8200 section 8.1), an IPv4 address taken in its IPv4-mapped form.
+#[inline]
+pub fn pseudo(src: IpAddr, dst: IpAddr, proto: u8, l4_len: usize) -> u64 {
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => pseudo_v4(s.octets(), d.octets(), proto, l4_len as u16),
+        (s, d) => pseudo_v6(&v6_octets(s), &v6_octets(d), proto, l4_len as u32),
+    }
+}
+
+/// The 16 bytes of `a`, IPv4 in its IPv4-mapped form.
+fn v6_octets(a: IpAddr) -> [u8; 16] {
+    match a {
+        IpAddr::V4(v) => v.to_ipv6_mapped().octets(),
+        IpAddr::V6(v) => v.octets(),
+    }
 }
 
 /// The pseudo-header sum for a transport segment of `l4_len` bytes and protocol `proto`,
@@ -343,6 +364,8 @@ mod tests {
             let len = p.ip_end - p.l4_off;
             let pseudo = pseudo_header(&f[p.l3_off..], p.l3 == L3::Ipv6, 6, len);
             assert!(verify(&f[p.l4_off..p.ip_end], pseudo), "{src}");
+            let by_address = super::pseudo(p.key.src.ip(), p.key.dst.ip(), 6, len);
+            assert_eq!(by_address, pseudo, "{src}");
             f[p.ip_end - 1] ^= 1;
             assert!(!verify(&f[p.l4_off..p.ip_end], pseudo), "{src}");
         }

@@ -11,24 +11,19 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::drop::DropReason;
 use crate::flow::{Addr, FlowKey, proto};
+use crate::wire::icmp::{self, v6};
+use crate::wire::ipv6_ext::{self, Walker};
 use crate::wire::parse::{IPV6_LEN, L3, Parsed};
 
+pub use crate::wire::icmp::{is_echo, is_error};
+
 /// Length of the ICMP/ICMPv6 header before the quote: type, code, checksum, 4 bytes.
-pub const ICMP_HDR: usize = 8;
+pub const ICMP_HDR: usize = icmp::HEADER_LEN;
 /// Bytes of the quoted transport header that RFC 792 and RFC 4443 guarantee.
 pub const QUOTED_L4_MIN: usize = 8;
 
 /// IPv4 header length without options.
-const IPV4_MIN: usize = 20;
-
-/// IPv6 extension headers walked in a quote.
-mod ext {
-    pub const HOP_BY_HOP: u8 = 0;
-    pub const ROUTING: u8 = 43;
-    pub const FRAGMENT: u8 = 44;
-    pub const AUTH: u8 = 51;
-    pub const DEST_OPTS: u8 = 60;
-}
+const IPV4_MIN: usize = crate::wire::ipv4::HEADER_LEN;
 
 /// The packet an ICMP/ICMPv6 error quotes, as the original sender sent it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,59 +39,12 @@ pub struct Embedded {
     pub len: usize,
 }
 
-/// ICMP (IPv4) and ICMPv6 message types that this module names.
-mod ty {
-    pub const V4_ECHO_REPLY: u8 = 0;
-    pub const V4_DEST_UNREACHABLE: u8 = 3;
-    pub const V4_SOURCE_QUENCH: u8 = 4;
-    pub const V4_REDIRECT: u8 = 5;
-    pub const V4_ECHO_REQUEST: u8 = 8;
-    pub const V4_TIME_EXCEEDED: u8 = 11;
-    pub const V4_PARAMETER_PROBLEM: u8 = 12;
-    pub const V6_DEST_UNREACHABLE: u8 = 1;
-    pub const V6_PARAMETER_PROBLEM: u8 = 4;
-    /// ICMPv6 types below this are errors (RFC 4443 section 2.1).
-    pub const V6_ECHO_REQUEST: u8 = 128;
-    pub const V6_ECHO_REPLY: u8 = 129;
-}
-
-/// True when an ICMP (`icmp_proto` = [`proto::ICMP`]) or ICMPv6 ([`proto::ICMPV6`])
-/// message of type `t` is an error: the one definition the datapath uses, so that no
-/// error is answered with an error, and conntrack relates errors rather than tracking them.
-///
-/// ICMP: destination unreachable, source quench, redirect, time exceeded and parameter
-/// problem (3, 4, 5, 11, 12). ICMPv6: every type from 0 to 127 (RFC 4443 section 2.1),
-/// including those not assigned yet; only types 1 to 4 are read by [`embedded`].
-pub fn is_error(icmp_proto: u8, t: u8) -> bool {
-    match icmp_proto {
-        proto::ICMP => matches!(
-            t,
-            ty::V4_DEST_UNREACHABLE
-                | ty::V4_SOURCE_QUENCH
-                | ty::V4_REDIRECT
-                | ty::V4_TIME_EXCEEDED
-                | ty::V4_PARAMETER_PROBLEM
-        ),
-        proto::ICMPV6 => t < ty::V6_ECHO_REQUEST,
-        _ => false,
-    }
-}
-
-/// True for an ICMP/ICMPv6 echo request or reply, whose identifier is part of the key.
-pub fn is_echo(icmp_proto: u8, t: u8) -> bool {
-    match icmp_proto {
-        proto::ICMP => matches!(t, ty::V4_ECHO_REPLY | ty::V4_ECHO_REQUEST),
-        proto::ICMPV6 => matches!(t, ty::V6_ECHO_REQUEST | ty::V6_ECHO_REPLY),
-        _ => false,
-    }
-}
-
 /// True for the error types whose quote [`embedded`] reads: every ICMP error (RFC 792
 /// gives them all the same layout), and the ICMPv6 errors RFC 4443 defines (destination
 /// unreachable, packet too big, time exceeded, parameter problem).
 fn has_known_quote(icmp_proto: u8, t: u8) -> bool {
     match icmp_proto {
-        proto::ICMPV6 => (ty::V6_DEST_UNREACHABLE..=ty::V6_PARAMETER_PROBLEM).contains(&t),
+        proto::ICMPV6 => (v6::DEST_UNREACHABLE..=v6::PARAMETER_PROBLEM).contains(&t),
         _ => is_error(icmp_proto, t),
     }
 }
@@ -204,30 +152,21 @@ fn quoted_v6(q: &[u8]) -> Result<(IpAddr, IpAddr, u8, usize), DropReason> {
     if Addr::v6(src).is_ipv4() || Addr::v6(dst).is_ipv4() {
         return Err(DropReason::Ipv6V4MappedAddress);
     }
-    let mut nh = h[6];
-    let mut off = IPV6_LEN;
-    let mut first = true;
-    loop {
-        // Every extension header starts with next header and a length byte.
-        let e = q.get(off..off + 2).ok_or(DropReason::IcmpMalformed)?;
-        let len = match nh {
-            ext::HOP_BY_HOP if !first => return Err(DropReason::IcmpMalformed),
-            ext::HOP_BY_HOP | ext::ROUTING | ext::DEST_OPTS => (usize::from(e[1]) + 1) * 8,
-            ext::AUTH => (usize::from(e[1]) + 2) * 4,
-            ext::FRAGMENT => {
-                let f = q.get(off..off + 8).ok_or(DropReason::IcmpMalformed)?;
-                if u16::from_be_bytes([f[2], f[3]]) >> 3 != 0 {
-                    return Err(DropReason::IcmpMalformed);
-                }
-                8
-            }
-            _ => break,
-        };
-        nh = e[0];
-        off += len;
-        first = false;
+    let mut walk = Walker::new(q);
+    while let Some(e) = walk.step().map_err(|_| DropReason::IcmpMalformed)? {
+        // A quoted fragment that is not the first has no transport header to read.
+        if e.kind == ipv6_ext::FRAGMENT
+            && ipv6_ext::Fragment::parse(&q[e.off..]).is_some_and(|f| f.offset != 0)
+        {
+            return Err(DropReason::IcmpMalformed);
+        }
     }
-    Ok((IpAddr::V6(src), IpAddr::V6(dst), nh, off))
+    Ok((
+        IpAddr::V6(src),
+        IpAddr::V6(dst),
+        walk.next_header(),
+        walk.offset(),
+    ))
 }
 
 #[cfg(test)]
@@ -322,21 +261,6 @@ pub(crate) mod tests {
             let emb = embedded(&e, &p).unwrap().unwrap();
             assert_eq!(emb.key, parse(&echo, 3).unwrap().key);
             assert_eq!((emb.key.src_port, emb.key.dst_port), (0x4242, ty << 8));
-        }
-    }
-
-    #[test]
-    fn test_error_and_echo_types_per_rfc() {
-        for t in 0..=255u8 {
-            assert_eq!(
-                is_error(proto::ICMP, t),
-                [3, 4, 5, 11, 12].contains(&t),
-                "v4 {t}"
-            );
-            assert_eq!(is_error(proto::ICMPV6, t), t < 128, "v6 {t}");
-            assert_eq!(is_echo(proto::ICMP, t), t == 0 || t == 8, "v4 {t}");
-            assert_eq!(is_echo(proto::ICMPV6, t), t == 128 || t == 129, "v6 {t}");
-            assert!(!is_error(proto::UDP, t) && !is_echo(proto::TCP, t));
         }
     }
 
@@ -450,9 +374,26 @@ pub(crate) mod tests {
             &IpOpts::default(),
         );
         let mut q = u[14..54].to_vec();
-        q[6] = ext::HOP_BY_HOP;
-        q.extend_from_slice(&[ext::DEST_OPTS, 0, 1, 4, 0, 0, 0, 0]);
-        q.extend_from_slice(&[ext::FRAGMENT, 1, 1, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        q[6] = ipv6_ext::HOP_BY_HOP;
+        q.extend_from_slice(&[ipv6_ext::DEST_OPTS, 0, 1, 4, 0, 0, 0, 0]);
+        q.extend_from_slice(&[
+            ipv6_ext::FRAGMENT,
+            1,
+            1,
+            12,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ]);
         q.extend_from_slice(&[proto::UDP, 0, 0, 1, 0, 0, 0, 9]);
         let chain = q.len();
         q.extend_from_slice(&u[54..]);

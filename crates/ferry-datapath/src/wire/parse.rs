@@ -2,47 +2,28 @@
 //! its extension-header chain, and the TCP/UDP/ICMP/ICMPv6 header that yields the flow key.
 //!
 //! Individual headers are read through etherparse's header slices, which validate lengths
-//! and versions. The chain walk is ferry's own because it must be fragment-aware: in a
-//! fragment that is not the first, the bytes after the IPv6 fragment header are data, not
-//! headers, whatever the fragment header's next-header field says.
+//! and versions. The IPv6 chain is walked with [`ipv6_ext::Walker`], once: in a fragment
+//! that is not the first, the bytes after the fragment header are data, not headers,
+//! whatever its next-header field says; and what later stages need of the chain (the
+//! fragment header, the end of the unfragmentable part, the routing header) is recorded
+//! in [`Parsed`] so that none of them walks it again.
 
 use etherparse::{
-    ArpPacketSlice, Ethernet2HeaderSlice, IpAuthHeaderSlice, Ipv4HeaderSlice,
-    Ipv6FragmentHeaderSlice, Ipv6HeaderSlice, Ipv6RawExtHeaderSlice, SingleVlanHeaderSlice,
+    ArpPacketSlice, Ethernet2HeaderSlice, Ipv4HeaderSlice, Ipv6HeaderSlice, SingleVlanHeaderSlice,
     TcpHeaderSlice, UdpHeaderSlice,
 };
 
 use crate::drop::DropReason;
 use crate::flow::{Addr, FlowKey, proto};
-use crate::wire::icmp_error;
+use crate::wire::ipv6_ext::{self, Walker};
+use crate::wire::{ethernet, icmp, ipv6};
 
-/// EtherTypes ferry understands.
-pub mod ethertype {
-    /// IPv4.
-    pub const IPV4: u16 = 0x0800;
-    /// ARP.
-    pub const ARP: u16 = 0x0806;
-    /// 802.1Q VLAN tag.
-    pub const VLAN: u16 = 0x8100;
-    /// 802.1ad service tag.
-    pub const QINQ: u16 = 0x88a8;
-    /// IPv6.
-    pub const IPV6: u16 = 0x86dd;
-}
+pub use crate::wire::ethernet::ethertype;
 
-/// IPv6 extension header numbers walked by the parser.
-mod ext {
-    pub const HOP_BY_HOP: u8 = 0;
-    pub const ROUTING: u8 = 43;
-    pub const FRAGMENT: u8 = 44;
-    pub const AUTH: u8 = 51;
-    pub const DEST_OPTS: u8 = 60;
-}
-
-/// Length of an Ethernet header without a tag.
-pub const ETH_LEN: usize = 14;
-/// Length of an IPv6 fixed header.
-pub const IPV6_LEN: usize = 40;
+/// Length of an Ethernet header without a tag ([`ethernet::HEADER_LEN`]).
+pub const ETH_LEN: usize = ethernet::HEADER_LEN;
+/// Length of an IPv6 fixed header ([`ipv6::HEADER_LEN`]).
+pub const IPV6_LEN: usize = ipv6::HEADER_LEN;
 
 /// The network layer of a frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,6 +60,22 @@ pub struct Parsed {
     pub ip_end: usize,
     /// IPv6: offset of the fragment header, or 0 when there is none.
     pub frag_hdr_off: usize,
+    /// Where the unfragmentable part ends (RFC 8200 section 4.5): where a fragment header
+    /// is inserted to fragment the packet, or where it is. For IPv6 without one: after
+    /// the last hop-by-hop or routing header among the hop-by-hop, routing and
+    /// destination-options headers that lead the chain, else after the fixed header
+    /// (destination options after them travel in the fragmentable part), as Linux's
+    /// `ip6_find_1stfragopt` finds it. For IPv4, the end of the header; for ARP, 0.
+    pub unfrag_end: usize,
+    /// The next-header field that names the header at [`Self::unfrag_end`] (the one a
+    /// fragment header inserted there takes over): in the fixed IPv6 header or the last
+    /// header of the unfragmentable part. For IPv4, the protocol field; for ARP, 0.
+    pub unfrag_nh: usize,
+    /// IPv6: offset of the (first) routing header before the upper-layer header, or 0.
+    pub routing_off: usize,
+    /// IPv6: how many routing headers there are before the upper-layer header (at most
+    /// 255 counted).
+    pub routing_headers: u8,
     /// Offset of the upper-layer header; for a fragment that is not the first, the
     /// offset of its fragment data.
     pub l4_off: usize,
@@ -150,6 +147,10 @@ pub fn parse(frame: &[u8], zone: u16) -> Result<Parsed, DropReason> {
                 l3_off,
                 ip_end: l3_off + arp.slice().len(),
                 frag_hdr_off: 0,
+                unfrag_end: 0,
+                unfrag_nh: 0,
+                routing_off: 0,
+                routing_headers: 0,
                 l4_off: l3_off + arp.slice().len(),
                 proto: 0,
                 frag: None,
@@ -171,6 +172,9 @@ pub fn parse(frame: &[u8], zone: u16) -> Result<Parsed, DropReason> {
         _ => Err(DropReason::UnsupportedEthertype),
     }
 }
+
+/// Offset of the protocol field in the IPv4 header.
+const IPV4_PROTOCOL: usize = 9;
 
 fn parse_ipv4(b: &[u8], l3_off: usize, vlan: Option<u16>, zone: u16) -> Result<Parsed, DropReason> {
     let h = Ipv4HeaderSlice::from_slice(b).map_err(|_| DropReason::Ipv4HeaderMalformed)?;
@@ -203,6 +207,10 @@ fn parse_ipv4(b: &[u8], l3_off: usize, vlan: Option<u16>, zone: u16) -> Result<P
         l3_off,
         ip_end: l3_off + total,
         frag_hdr_off: 0,
+        unfrag_end: l3_off + hlen,
+        unfrag_nh: l3_off + IPV4_PROTOCOL,
+        routing_off: 0,
+        routing_headers: 0,
         l4_off: l3_off + hlen,
         proto: protocol,
         frag,
@@ -238,68 +246,71 @@ fn parse_ipv6(b: &[u8], l3_off: usize, vlan: Option<u16>, zone: u16) -> Result<P
         return Err(DropReason::Ipv6V4MappedAddress);
     }
     // As for IPv4, the walk works on locals and `Parsed` is built once at the end.
-    let mut nh = h.next_header().0;
-    let mut off = IPV6_LEN;
+    let mut walk = Walker::new(d);
     let mut frag = None;
     let mut frag_hdr_off = 0;
     let mut chain_complete = true;
-    let mut first = true;
+    // The unfragmentable part, and whether the headers walked so far all lead the chain.
+    let (mut unfrag_end, mut unfrag_nh) = (IPV6_LEN, ipv6_ext::FIXED_NEXT_HEADER);
+    let mut leading = true;
+    // The next-header field that named the header being looked at.
+    let mut named_at = ipv6_ext::FIXED_NEXT_HEADER;
+    let (mut routing_off, mut routing_headers) = (0, 0u8);
     loop {
-        // A header that does not fit: malformed, except in a first fragment, whose chain
-        // may legitimately run past its end (ipf refuses that, RFC 7112).
-        let ext_len = match nh {
-            ext::HOP_BY_HOP | ext::ROUTING | ext::DEST_OPTS => {
-                if nh == ext::HOP_BY_HOP && !first {
-                    return Err(DropReason::Ipv6ExtHeaderMalformed);
-                }
-                Ipv6RawExtHeaderSlice::from_slice(&d[off..])
-                    .map(|e| (e.next_header().0, e.slice().len()))
-                    .ok()
-            }
-            ext::AUTH => IpAuthHeaderSlice::from_slice(&d[off..])
-                .map(|e| (e.next_header().0, e.slice().len()))
-                .ok(),
-            ext::FRAGMENT => {
-                if frag_hdr_off != 0 {
-                    return Err(DropReason::Ipv6ExtHeaderMalformed);
-                }
-                let f = Ipv6FragmentHeaderSlice::from_slice(&d[off..])
-                    .map_err(|_| DropReason::Ipv6ExtHeaderMalformed)?;
-                let offset = f.fragment_offset().value() * 8;
-                let more = f.more_fragments();
-                frag_hdr_off = l3_off + off;
-                // An atomic fragment (offset 0, no more) is processed as a whole packet (RFC 6946).
-                if offset != 0 || more {
-                    frag = Some(Frag {
-                        id: f.identification(),
-                        offset,
-                        more,
-                    });
-                }
-                nh = f.next_header().0;
-                off += 8;
-                if offset != 0 {
-                    // What follows is fragment data, not headers.
-                    break;
-                }
-                first = false;
-                continue;
-            }
-            _ => break,
-        };
-        match ext_len {
-            Some((next, len)) => {
-                nh = next;
-                off += len;
-            }
-            None if frag.is_some() => {
+        let h = match walk.step() {
+            Ok(Some(h)) => h,
+            Ok(None) => break,
+            // A header that does not fit: malformed, except in a first fragment, whose
+            // chain may legitimately run past its end (ipf refuses that, RFC 7112); a
+            // second fragment header is malformed whether it fits or not.
+            Err(ipv6_ext::Error::Truncated)
+                if frag.is_some() && walk.next_header() != ipv6_ext::FRAGMENT =>
+            {
                 chain_complete = false;
                 break;
             }
-            None => return Err(DropReason::Ipv6ExtHeaderMalformed),
+            Err(_) => return Err(DropReason::Ipv6ExtHeaderMalformed),
+        };
+        match h.kind {
+            ipv6_ext::FRAGMENT => {
+                if frag_hdr_off != 0 {
+                    return Err(DropReason::Ipv6ExtHeaderMalformed);
+                }
+                let f = ipv6_ext::Fragment::parse(&d[h.off..])
+                    .ok_or(DropReason::Ipv6ExtHeaderMalformed)?;
+                frag_hdr_off = l3_off + h.off;
+                (unfrag_end, unfrag_nh) = (h.off, named_at);
+                leading = false;
+                // An atomic fragment (offset 0, no more) is processed as a whole packet (RFC 6946).
+                if f.offset != 0 || f.more {
+                    frag = Some(Frag {
+                        id: f.id,
+                        offset: f.offset,
+                        more: f.more,
+                    });
+                }
+                if f.offset != 0 {
+                    // What follows is fragment data, not headers.
+                    break;
+                }
+            }
+            ipv6_ext::HOP_BY_HOP | ipv6_ext::ROUTING => {
+                if h.kind == ipv6_ext::ROUTING {
+                    if routing_headers == 0 {
+                        routing_off = l3_off + h.off;
+                    }
+                    routing_headers = routing_headers.saturating_add(1);
+                }
+                if leading {
+                    (unfrag_end, unfrag_nh) = (h.off + h.len, h.off);
+                }
+            }
+            ipv6_ext::DEST_OPTS => {}
+            _ => leading = false,
         }
-        first = false;
+        named_at = h.off;
     }
+    let (nh, off) = (walk.next_header(), walk.offset());
     let later_fragment = frag.is_some_and(|f: Frag| f.offset != 0);
     let l4 = if chain_complete && !later_fragment {
         parse_l4(nh, frag.is_some(), &d[off..])?
@@ -312,6 +323,10 @@ fn parse_ipv6(b: &[u8], l3_off: usize, vlan: Option<u16>, zone: u16) -> Result<P
         l3_off,
         ip_end: l3_off + d.len(),
         frag_hdr_off,
+        unfrag_end: l3_off + unfrag_end,
+        unfrag_nh: l3_off + unfrag_nh,
+        routing_off,
+        routing_headers,
         l4_off: l3_off + off,
         proto: nh,
         frag,
@@ -383,7 +398,7 @@ fn parse_l4(proto: u8, fragment: bool, l4: &[u8]) -> Result<L4, DropReason> {
             }
             let (ty, code) = (l4[0], l4[1]);
             Ok(L4 {
-                src_port: if icmp_error::is_echo(proto, ty) {
+                src_port: if icmp::is_echo(proto, ty) {
                     u16::from_be_bytes([l4[4], l4[5]])
                 } else {
                     0
@@ -607,6 +622,132 @@ mod tests {
         assert_eq!(p.l4_off, 14 + 48);
         assert_eq!(p.proto, 60);
         assert_eq!((p.key.src_port, p.key.dst_port), (0, 0));
+    }
+
+    /// Extension headers: type, and the body after the next-header and length bytes.
+    type Chain<'a> = &'a [(u8, &'a [u8])];
+
+    /// A UDP packet over IPv6 with the extension headers `chain` between the fixed header
+    /// and UDP.
+    fn v6_with_chain(chain: Chain) -> Vec<u8> {
+        let f = build::udp(
+            v4("fd00::1"),
+            v4("fd00::2"),
+            1,
+            2,
+            b"data",
+            &IpOpts::default(),
+        );
+        let mut g = f[..14 + 40].to_vec();
+        let mut named_at = 14 + 6;
+        for (kind, body) in chain {
+            g[named_at] = *kind;
+            named_at = g.len();
+            let units = if *kind == ipv6_ext::AUTH {
+                (body.len() + 2) / 4 - 2
+            } else {
+                (body.len() + 2) / 8 - 1
+            };
+            g.extend_from_slice(&[0, units as u8]);
+            g.extend_from_slice(body);
+        }
+        g[named_at] = proto::UDP;
+        g.extend_from_slice(&f[14 + 40..]);
+        let plen = (g.len() - 14 - 40) as u16;
+        g[14 + 4..14 + 6].copy_from_slice(&plen.to_be_bytes());
+        g
+    }
+
+    #[test]
+    fn test_parse_v6_records_the_unfragmentable_part_and_routing_header() {
+        use ipv6_ext::{AUTH, DEST_OPTS, FRAGMENT, HOP_BY_HOP, ROUTING};
+        let (o6, o14) = (&[0u8; 6][..], &[0u8; 14][..]);
+        let base = 14 + 40;
+        // (chain, unfrag_end, unfrag_nh, routing_off, routing headers)
+        let cases: [(Chain, usize, usize, usize, u8); 6] = [
+            (&[], base, 14 + 6, 0, 0),
+            // Destination options alone travel in the fragmentable part.
+            (&[(DEST_OPTS, o6)], base, 14 + 6, 0, 0),
+            (&[(HOP_BY_HOP, o6), (DEST_OPTS, o6)], base + 8, base, 0, 0),
+            // Through the routing header, destination options before it included.
+            (
+                &[
+                    (HOP_BY_HOP, o6),
+                    (DEST_OPTS, o6),
+                    (ROUTING, o14),
+                    (DEST_OPTS, o6),
+                ],
+                base + 32,
+                base + 16,
+                base + 16,
+                1,
+            ),
+            // The run ends at an authentication header; its routing header still counts.
+            (
+                &[
+                    (HOP_BY_HOP, o6),
+                    (AUTH, &[0; 10]),
+                    (ROUTING, o6),
+                    (ROUTING, o6),
+                ],
+                base + 8,
+                base,
+                base + 20,
+                2,
+            ),
+            // A fragment header is where the unfragmentable part ends.
+            (
+                &[(HOP_BY_HOP, o6), (DEST_OPTS, o6), (FRAGMENT, o6)],
+                base + 16,
+                base + 8,
+                0,
+                0,
+            ),
+        ];
+        for (chain, end, nh, routing, count) in cases {
+            let f = v6_with_chain(chain);
+            let p = parse(&f, 0).unwrap();
+            assert_eq!(
+                (p.unfrag_end, p.unfrag_nh, p.routing_off, p.routing_headers),
+                (end, nh, routing, count),
+                "{chain:?}"
+            );
+            assert_eq!((p.proto, p.key.dst_port), (proto::UDP, 2));
+        }
+        let f = build::udp(
+            v4("10.0.0.1"),
+            v4("10.0.0.2"),
+            1,
+            2,
+            b"",
+            &IpOpts::default(),
+        );
+        let p = parse(&f, 0).unwrap();
+        assert_eq!((p.unfrag_end, p.unfrag_nh), (14 + 20, 14 + 9));
+    }
+
+    #[test]
+    fn test_parse_v6_chain_errors() {
+        use ipv6_ext::{DEST_OPTS, FRAGMENT, HOP_BY_HOP};
+        let o6 = &[0u8; 6][..];
+        // Hop-by-hop must come first; one fragment header at most.
+        for chain in [
+            &[(DEST_OPTS, o6), (HOP_BY_HOP, o6)][..],
+            &[(FRAGMENT, o6), (FRAGMENT, o6)][..],
+        ] {
+            let f = v6_with_chain(chain);
+            assert_eq!(parse(&f, 0), Err(DropReason::Ipv6ExtHeaderMalformed));
+        }
+        // A header running past the packet: malformed, but in a first fragment the
+        // chain is only incomplete.
+        let mut f = v6_with_chain(&[(DEST_OPTS, o6)]);
+        f[14 + 41] = 9;
+        assert_eq!(parse(&f, 0), Err(DropReason::Ipv6ExtHeaderMalformed));
+        let mut f = v6_with_chain(&[(FRAGMENT, &[0, 1, 0, 0, 0, 7]), (DEST_OPTS, o6)]);
+        f[14 + 49] = 9;
+        let p = parse(&f, 0).unwrap();
+        assert!(!p.chain_complete && !p.l4_complete);
+        assert_eq!(p.frag.map(|f| (f.id, f.more)), Some((7, true)));
     }
 
     #[test]
