@@ -21,56 +21,7 @@ pub use crate::icmp::IcmpSpec;
 pub use crate::ipf::{IpfSpec, MIN_FRAGMENT};
 pub use crate::nat::{MatchSpec, NatRule, NatRuleSpec, Snat};
 pub use crate::overlay::{ModeSpec, OverlaySpec, PeerSpec};
-
-/// An Ethernet address, written `02:00:00:00:00:01`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct MacAddr(pub [u8; 6]);
-
-impl FromStr for MacAddr {
-    type Err = String;
-    fn from_str(s: &str) -> Result<MacAddr, String> {
-        let mut m = [0u8; 6];
-        let mut parts = s.split(':');
-        for b in m.iter_mut() {
-            let p = parts
-                .next()
-                .ok_or_else(|| format!("MAC address {s:?} has fewer than 6 octets"))?;
-            if p.is_empty() || p.len() > 2 {
-                return Err(format!("MAC address {s:?}: bad octet {p:?}"));
-            }
-            *b = u8::from_str_radix(p, 16)
-                .map_err(|_| format!("MAC address {s:?}: bad octet {p:?}"))?;
-        }
-        if parts.next().is_some() {
-            return Err(format!("MAC address {s:?} has more than 6 octets"));
-        }
-        Ok(MacAddr(m))
-    }
-}
-
-impl fmt::Display for MacAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let m = self.0;
-        write!(
-            f,
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            m[0], m[1], m[2], m[3], m[4], m[5]
-        )
-    }
-}
-
-impl Serialize for MacAddr {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for MacAddr {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<MacAddr, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+pub use crate::wire::ethernet::MacAddr;
 
 /// The MTU of a port when the tables do not give one and no overlay derives it.
 pub const DEFAULT_MTU: u16 = 1500;
@@ -290,6 +241,35 @@ pub struct TablesSpec {
     /// Service ports and their endpoints.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<crate::lb::ServiceSpec>,
+}
+
+/// Connected routes: an `IP/LEN` address of a non-pod port puts its subnet on-link
+/// there, unless a route for that very prefix says otherwise; and this node's pod CIDRs:
+/// what no pod and no more specific route takes is no such pod (a route given for that
+/// very prefix wins).
+fn connect(ports: &[Port], node: &Node, fib: &mut Fib<Target>) {
+    for (i, p) in ports.iter().enumerate() {
+        if p.kind == PortKind::Pod {
+            continue;
+        }
+        for n in &p.subnets {
+            let n = n.trunc();
+            if fib.get_exact(n).is_none() {
+                fib.insert(
+                    n,
+                    Target::Route(Route {
+                        port: i as PortId,
+                        next_hop: NextHop::Direct,
+                    }),
+                );
+            }
+        }
+    }
+    for c in &node.pod_cidrs {
+        if fib.get_exact(*c).is_none() {
+            fib.insert(*c, Target::NoSuchPod);
+        }
+    }
 }
 
 /// True when the two prefixes share an address.
@@ -541,29 +521,7 @@ impl TablesSpec {
             return Err(format!("ports: at most {} ports", PortId::MAX));
         }
         let port_id = |n: &str| self.ports.iter().position(|p| p.name == n);
-        let uplink = match &self.overlay {
-            Some(o) => {
-                let u = port_id(&o.uplink)
-                    .ok_or_else(|| format!("overlay: uplink: no port named {:?}", o.uplink))?;
-                if self.ports[u].kind != PortKind::Uplink {
-                    return Err(format!(
-                        "overlay: uplink: port {:?} is not of kind uplink",
-                        o.uplink
-                    ));
-                }
-                if o.vni > crate::overlay::MAX_VNI {
-                    return Err(format!("overlay: vni {} does not fit 24 bits", o.vni));
-                }
-                if o.port == 0 {
-                    return Err("overlay: port must be 1-65535".into());
-                }
-                Some(u)
-            }
-            None if !self.nodes.is_empty() => {
-                return Err("nodes: other nodes need an overlay section".into());
-            }
-            None => None,
-        };
+        let uplink = self.overlay_uplink()?;
         let node = Node {
             name: self.node.name.clone(),
             addresses: match (self.node.addresses.is_empty(), uplink) {
@@ -592,81 +550,161 @@ impl TablesSpec {
         };
         let mut ports = Vec::with_capacity(self.ports.len());
         for (i, p) in self.ports.iter().enumerate() {
-            let what = || format!("ports[{i}] ({:?})", p.name);
-            if p.name.is_empty()
-                || !p
-                    .name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            {
-                return Err(format!(
-                    "{}: name must be non-empty letters, digits, '-', '_' or '.'",
-                    what()
-                ));
-            }
-            if self.ports[..i].iter().any(|q| q.name == p.name) {
-                return Err(format!("{}: duplicate port name", what()));
-            }
-            let mtu = match p.mtu {
-                Some(m) => m,
-                None if p.kind == PortKind::Pod => pod_mtu,
-                None => DEFAULT_MTU,
-            };
-            if mtu < MIN_MTU {
-                return Err(format!(
-                    "{}: mtu {mtu} is below the minimum {MIN_MTU}{}",
-                    what(),
-                    if p.mtu.is_none() {
-                        " (derived from the uplink MTU and the overlay overhead)"
-                    } else {
-                        ""
-                    }
-                ));
-            }
-            let pod = p.kind == PortKind::Pod;
-            if pod && p.peer_mac.is_none() {
-                return Err(format!("{}: a pod port needs peer_mac", what()));
-            }
-            if !pod && p.peer_mac.is_some() {
-                return Err(format!("{}: peer_mac is only for pod ports", what()));
-            }
-            let addresses: Vec<IpAddr> = p.addresses.iter().map(|a| a.addr).collect();
-            let mut subnets = Vec::new();
-            for a in &p.addresses {
-                if let Some(len) = a.prefix_len {
-                    subnets.push(
-                        IpNet::new(a.addr, len)
-                            .map_err(|_| format!("{}: bad prefix length", what()))?
-                            .trunc(),
-                    );
-                }
-            }
-            let (addr_v4, addr_v6) = if pod {
-                (
-                    Some(node.addr(false).unwrap_or(GATEWAY_V4)),
-                    Some(node.addr(true).unwrap_or(GATEWAY_V6)),
-                )
-            } else {
-                (
-                    addresses.iter().copied().find(IpAddr::is_ipv4),
-                    addresses.iter().copied().find(IpAddr::is_ipv6),
-                )
-            };
-            ports.push(Port {
-                name: p.name.clone(),
-                kind: p.kind,
-                mac: p.mac.0,
-                mtu,
-                zone: p.zone,
-                addr_v4,
-                addr_v6,
-                addresses,
-                subnets,
-                peer_mac: p.peer_mac.map(|m| m.0),
-                gro: p.gro,
-                gso: p.gso,
-            });
+            ports.push(self.compile_port(i, p, pod_mtu, &node)?);
         }
+        let mut fib = self.compile_routes(&ports)?;
+        let overlay = match (&self.overlay, uplink) {
+            (Some(o), Some(u)) => Some(self.compile_overlay(o, u, &node, &ports, &mut fib)?),
+            _ => None,
+        };
+        connect(&ports, &node, &mut fib);
+        let mut nat = Vec::with_capacity(self.nat.len());
+        for (i, r) in self.nat.iter().enumerate() {
+            let port = |n: &str| port_id(n).map(|i| i as PortId);
+            nat.push(r.compile(port).map_err(|e| format!("nat[{i}]: {e}"))?);
+        }
+        self.ipf.check()?;
+        self.ct.check()?;
+        let local_addrs = node.addresses.iter().copied().chain(
+            ports
+                .iter()
+                .filter(|p| matches!(p.kind, PortKind::Uplink | PortKind::Host))
+                .flat_map(|p| p.addresses.iter().copied())
+                .filter(|a| *a != GATEWAY_V4 && *a != GATEWAY_V6),
+        );
+        let services = crate::lb::Services::compile(&self.services, &node.name, local_addrs)?;
+        Ok(Tables {
+            ports,
+            fib,
+            ipf: self.ipf.clone(),
+            icmp: self.icmp.clone(),
+            ct: self.ct.clone(),
+            nat,
+            node,
+            overlay,
+            services,
+            pod_mtu,
+        })
+    }
+
+    /// The overlay's uplink port, checked with the overlay's settings; None without an
+    /// overlay (then there may be no other nodes).
+    fn overlay_uplink(&self) -> Result<Option<usize>, String> {
+        let port_id = |n: &str| self.ports.iter().position(|p| p.name == n);
+        Ok(match &self.overlay {
+            Some(o) => {
+                let u = port_id(&o.uplink)
+                    .ok_or_else(|| format!("overlay: uplink: no port named {:?}", o.uplink))?;
+                if self.ports[u].kind != PortKind::Uplink {
+                    return Err(format!(
+                        "overlay: uplink: port {:?} is not of kind uplink",
+                        o.uplink
+                    ));
+                }
+                if o.vni > crate::overlay::MAX_VNI {
+                    return Err(format!("overlay: vni {} does not fit 24 bits", o.vni));
+                }
+                if o.port == 0 {
+                    return Err("overlay: port must be 1-65535".into());
+                }
+                Some(u)
+            }
+            None if !self.nodes.is_empty() => {
+                return Err("nodes: other nodes need an overlay section".into());
+            }
+            None => None,
+        })
+    }
+
+    /// Port `i`, `p`, compiled: a pod port without an MTU takes `pod_mtu`; a pod port's
+    /// addresses for ICMP errors are the node's (else the pods' gateways).
+    fn compile_port(
+        &self,
+        i: usize,
+        p: &PortSpec,
+        pod_mtu: u16,
+        node: &Node,
+    ) -> Result<Port, String> {
+        let what = || format!("ports[{i}] ({:?})", p.name);
+        if p.name.is_empty()
+            || !p
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(format!(
+                "{}: name must be non-empty letters, digits, '-', '_' or '.'",
+                what()
+            ));
+        }
+        if self.ports[..i].iter().any(|q| q.name == p.name) {
+            return Err(format!("{}: duplicate port name", what()));
+        }
+        let mtu = match p.mtu {
+            Some(m) => m,
+            None if p.kind == PortKind::Pod => pod_mtu,
+            None => DEFAULT_MTU,
+        };
+        if mtu < MIN_MTU {
+            return Err(format!(
+                "{}: mtu {mtu} is below the minimum {MIN_MTU}{}",
+                what(),
+                if p.mtu.is_none() {
+                    " (derived from the uplink MTU and the overlay overhead)"
+                } else {
+                    ""
+                }
+            ));
+        }
+        let pod = p.kind == PortKind::Pod;
+        if pod && p.peer_mac.is_none() {
+            return Err(format!("{}: a pod port needs peer_mac", what()));
+        }
+        if !pod && p.peer_mac.is_some() {
+            return Err(format!("{}: peer_mac is only for pod ports", what()));
+        }
+        let addresses: Vec<IpAddr> = p.addresses.iter().map(|a| a.addr).collect();
+        let mut subnets = Vec::new();
+        for a in &p.addresses {
+            if let Some(len) = a.prefix_len {
+                subnets.push(
+                    IpNet::new(a.addr, len)
+                        .map_err(|_| format!("{}: bad prefix length", what()))?
+                        .trunc(),
+                );
+            }
+        }
+        let (addr_v4, addr_v6) = if pod {
+            (
+                Some(node.addr(false).unwrap_or(GATEWAY_V4)),
+                Some(node.addr(true).unwrap_or(GATEWAY_V6)),
+            )
+        } else {
+            (
+                addresses.iter().copied().find(IpAddr::is_ipv4),
+                addresses.iter().copied().find(IpAddr::is_ipv6),
+            )
+        };
+        Ok(Port {
+            name: p.name.clone(),
+            kind: p.kind,
+            mac: p.mac.0,
+            mtu,
+            zone: p.zone,
+            addr_v4,
+            addr_v6,
+            addresses,
+            subnets,
+            peer_mac: p.peer_mac.map(|m| m.0),
+            gro: p.gro,
+            gso: p.gso,
+        })
+    }
+
+    /// The routes of the tables file, and each pod's own addresses to it unless a route
+    /// says otherwise.
+    fn compile_routes(&self, ports: &[Port]) -> Result<Fib<Target>, String> {
+        let port_id = |n: &str| self.ports.iter().position(|p| p.name == n);
         let mut fib = Fib::new();
         for (i, r) in self.routes.iter().enumerate() {
             let what = || format!("routes[{i}] ({})", r.prefix);
@@ -735,63 +773,7 @@ impl TablesSpec {
                 }
             }
         }
-        let overlay = match (&self.overlay, uplink) {
-            (Some(o), Some(u)) => Some(self.compile_overlay(o, u, &node, &ports, &mut fib)?),
-            _ => None,
-        };
-        // Connected routes: an `IP/LEN` address of a non-pod port puts its subnet on-link
-        // there, unless a route for that very prefix says otherwise.
-        for (i, p) in ports.iter().enumerate() {
-            if p.kind == PortKind::Pod {
-                continue;
-            }
-            for n in &p.subnets {
-                let n = n.trunc();
-                if fib.get_exact(n).is_none() {
-                    fib.insert(
-                        n,
-                        Target::Route(Route {
-                            port: i as PortId,
-                            next_hop: NextHop::Direct,
-                        }),
-                    );
-                }
-            }
-        }
-        // This node's pod CIDRs: what no pod and no more specific route takes is no such
-        // pod. A route given for that very prefix wins.
-        for c in &node.pod_cidrs {
-            if fib.get_exact(*c).is_none() {
-                fib.insert(*c, Target::NoSuchPod);
-            }
-        }
-        let mut nat = Vec::with_capacity(self.nat.len());
-        for (i, r) in self.nat.iter().enumerate() {
-            let port = |n: &str| port_id(n).map(|i| i as PortId);
-            nat.push(r.compile(port).map_err(|e| format!("nat[{i}]: {e}"))?);
-        }
-        self.ipf.check()?;
-        self.ct.check()?;
-        let local_addrs = node.addresses.iter().copied().chain(
-            ports
-                .iter()
-                .filter(|p| matches!(p.kind, PortKind::Uplink | PortKind::Host))
-                .flat_map(|p| p.addresses.iter().copied())
-                .filter(|a| *a != GATEWAY_V4 && *a != GATEWAY_V6),
-        );
-        let services = crate::lb::Services::compile(&self.services, &node.name, local_addrs)?;
-        Ok(Tables {
-            ports,
-            fib,
-            ipf: self.ipf.clone(),
-            icmp: self.icmp.clone(),
-            ct: self.ct.clone(),
-            nat,
-            node,
-            overlay,
-            services,
-            pod_mtu,
-        })
+        Ok(fib)
     }
 
     /// Compiles the overlay and adds the routes to the other nodes' pods.

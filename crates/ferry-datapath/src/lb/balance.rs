@@ -4,9 +4,9 @@
 use std::net::IpAddr;
 
 use super::{Affinity, Frontend, MARK_SERVICE, MARK_TUNNEL, Miss, Scope, Services};
-use crate::conntrack::Nat;
 use crate::drop::DropReason;
 use crate::flow::FlowKey;
+use crate::nat::Nat;
 
 /// Where a new connection to a Service came from, for the endpoint choice and its NAT.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 //! NAT: the translation a connection is created with ([`Nat`]), and the static rules
 //! that give it to connections that reach no Service (`rules`). A Service's translation
-//! comes from [`crate::lb::balance`]. Conntrack applies a [`Nat`] when it creates a
+//! comes from the Service choice (`lb::balance`). Conntrack applies a [`Nat`] when it creates a
 //! connection: it picks the ports that keep every reply tuple unique
 //! (`conntrack/nat.rs`, which needs its table) and translates every packet of the
 //! connection both ways ([`crate::wire::rewrite`]).
@@ -21,7 +21,7 @@ pub struct Nat {
     pub dnat: Option<(Addr, Option<u16>)>,
     /// Source address, and the range of ports (TCP/UDP) or ICMP echo identifiers to
     /// choose from, inclusive. Without a range the source port is kept when free, else
-    /// one of the same class is chosen ([`crate::conntrack::SNAT_PORTS`], or [`crate::conntrack::SNAT_PRIVILEGED_PORTS`] for
+    /// one of the same class is chosen (conntrack's `SNAT_PORTS`, or `SNAT_PRIVILEGED_PORTS` for
     /// a port below 1024; any identifier).
     pub snat: Option<(Addr, Option<(u16, u16)>)>,
 }

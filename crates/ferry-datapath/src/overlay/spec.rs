@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use crate::tables::MacAddr;
+use crate::wire::ethernet::MacAddr;
 
 /// Overlay mode as written: `always`, `cross-subnet` or `never`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]

@@ -1,6 +1,61 @@
 //! Ethernet II headers with at most one 802.1Q (or 802.1ad) tag: the EtherTypes ferry
 //! knows, and the header every frame ferry builds starts with.
 
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// An Ethernet address, written `02:00:00:00:00:01`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl FromStr for MacAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<MacAddr, String> {
+        let mut m = [0u8; 6];
+        let mut parts = s.split(':');
+        for b in m.iter_mut() {
+            let p = parts
+                .next()
+                .ok_or_else(|| format!("MAC address {s:?} has fewer than 6 octets"))?;
+            if p.is_empty() || p.len() > 2 {
+                return Err(format!("MAC address {s:?}: bad octet {p:?}"));
+            }
+            *b = u8::from_str_radix(p, 16)
+                .map_err(|_| format!("MAC address {s:?}: bad octet {p:?}"))?;
+        }
+        if parts.next().is_some() {
+            return Err(format!("MAC address {s:?} has more than 6 octets"));
+        }
+        Ok(MacAddr(m))
+    }
+}
+
+impl fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
+}
+
+impl Serialize for MacAddr {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for MacAddr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<MacAddr, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// Length of an Ethernet header without a tag.
 pub const HEADER_LEN: usize = 14;
 /// Length of one VLAN tag.
