@@ -397,6 +397,9 @@ pub use trace::{TraceOut, TracePass, TraceReport, TraceStage, summarize, trace};
 mod trace_tests;
 
 #[cfg(test)]
+mod events_tests;
+
+#[cfg(test)]
 mod tests;
 
 /// Two nodes on one underlay subnet, each with two pods, through the overlay.
