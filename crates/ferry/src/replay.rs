@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use ferry_datapath::DropReason;
 use ferry_datapath::conntrack::Filter;
 use ferry_datapath::packet::{Packet, PortId};
-use ferry_datapath::pipeline::{Pipeline, PortStats, Stats, Trace, Verdict};
+use ferry_datapath::pipeline::{Pipeline, PortStats, Stats, Trace, TraceEvent, Verdict};
 use ferry_datapath::tables::{Tables, TablesSpec};
 use serde::Serialize;
 
@@ -80,10 +80,12 @@ struct Output<'a> {
     packets: usize,
 }
 
+/// A trace event: its stage and text as before, and its fields (tagged by `kind`).
 #[derive(Serialize)]
 struct Event<'a> {
-    stage: &'a str,
-    detail: &'a str,
+    stage: &'static str,
+    detail: String,
+    event: &'a TraceEvent,
 }
 
 #[derive(Serialize)]
@@ -293,8 +295,9 @@ pub fn run(args: &Args) -> Result<Summary> {
                 .events
                 .iter()
                 .map(|e| Event {
-                    stage: e.stage,
-                    detail: &e.detail,
+                    stage: e.stage().name(),
+                    detail: e.to_string(),
+                    event: e,
                 })
                 .collect(),
         };

@@ -234,6 +234,10 @@ fn demo_verdicts_name_every_outcome() {
             .contains("192.168.50.1:40000 -> 10.244.1.5:8080"),
         "rebuilt key: {ipf}"
     );
+    // The same event as fields.
+    assert_eq!(ipf["event"]["kind"], "ipf_reassembled", "{ipf}");
+    assert_eq!(ipf["event"]["key"]["src_port"], 40000, "{ipf}");
+    assert_eq!(ipf["event"]["key"]["dst"], "10.244.1.5", "{ipf}");
 }
 
 #[test]

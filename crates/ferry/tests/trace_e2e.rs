@@ -90,6 +90,11 @@ fn trace_names_the_tunnel_peer_and_the_way_back_and_changes_nothing() {
     let json: serde_json::Value = serde_json::from_str(&ferry(&args)).unwrap();
     assert_eq!(json["passes"].as_array().unwrap().len(), 2, "{json}");
     assert_eq!(json["passes"][1]["ct"], "reply", "{json}");
+    let stages = json["passes"][0]["stages"].as_array().unwrap();
+    assert!(
+        stages.iter().all(|s| s["event"]["kind"].is_string()),
+        "every stage has its fields: {json}"
+    );
 
     // Nothing was sent or tracked: the node's connection count did not move.
     std::thread::sleep(Duration::from_millis(300));

@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use super::{Pipeline, Trace, Verdict, combine};
+use super::{Pipeline, Trace, TraceEvent, Verdict, combine};
 use crate::drop::DropReason;
 use crate::flow::proto;
 use crate::gro;
@@ -48,8 +48,10 @@ impl Pipeline {
         }
         self.stats.decap_gso_frames += 1;
         let peer = parsed.key.src;
-        trace.note("decap", || {
-            format!("UDP GSO super-frame from node {peer}: {datagrams} datagrams of {size} bytes")
+        trace.note(|| TraceEvent::DecapGso {
+            peer: peer.ip(),
+            datagrams,
+            size,
         });
         let mut verdict = Verdict::Dropped(DropReason::GsoMalformed);
         // The datagrams share the outer headers: the peer is checked once, each datagram
@@ -140,11 +142,9 @@ impl Pipeline {
     ) -> Verdict {
         let merged = run.finish();
         self.stats.decap_coalesced += (segments - merged.len()) as u64;
-        trace.note("gro", || {
-            format!(
-                "{segments} TCP segments coalesced into {} packets",
-                merged.len()
-            )
+        trace.note(|| TraceEvent::GroCoalesced {
+            segments,
+            packets: merged.len(),
         });
         let mut verdict = Verdict::Dropped(DropReason::GsoMalformed);
         for p in merged {

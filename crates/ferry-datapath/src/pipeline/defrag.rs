@@ -1,7 +1,7 @@
 //! The defrag stage: a fragment is held for reassembly, or completes its datagram,
 //! whose key is rebuilt from the whole ([`crate::ipf`]).
 
-use super::{Pipeline, Trace, Verdict};
+use super::{Pipeline, Trace, TraceEvent, Verdict};
 use crate::ipf;
 use crate::packet::Packet;
 use crate::wire::Parsed;
@@ -21,29 +21,23 @@ impl Pipeline {
         }
         match self.ipf.process(pkt, &parsed, &mut self.drops) {
             ipf::Outcome::Held => {
-                trace.note("ipf", || {
-                    format!(
-                        "held for reassembly ({} datagrams, {} bytes in flight)",
-                        self.ipf.held_datagrams(),
-                        self.ipf.held_bytes()
-                    )
+                trace.note(|| TraceEvent::IpfHeld {
+                    datagrams: self.ipf.held_datagrams(),
+                    bytes: self.ipf.held_bytes(),
                 });
                 Err(Verdict::Held)
             }
             ipf::Outcome::Complete(p, pp) => {
                 self.stats.reassembled += 1;
-                trace.note("ipf", || {
-                    format!(
-                        "reassembled {} bytes, mru {}, key rebuilt: {}",
-                        pp.ip_len(),
-                        p.meta.mru,
-                        pp.key
-                    )
+                trace.note(|| TraceEvent::IpfReassembled {
+                    bytes: pp.ip_len(),
+                    mru: p.meta.mru,
+                    key: pp.key,
                 });
                 Ok((p, pp))
             }
             ipf::Outcome::Dropped(r) => {
-                trace.note("ipf", || format!("refused: {r}"));
+                trace.note(|| TraceEvent::IpfRefused { reason: r });
                 Err(self.drop(r, trace))
             }
         }

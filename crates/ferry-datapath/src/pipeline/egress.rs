@@ -8,7 +8,7 @@ use std::net::IpAddr;
 
 use super::resolve::{Egress, NoEgress};
 use super::route::{Routed, Routing};
-use super::{Pipeline, Trace, Verdict};
+use super::{MtuFit, MtuLength, Pipeline, Trace, TraceEvent, Verdict};
 use crate::conntrack::Pending;
 use crate::drop::DropReason;
 use crate::gso;
@@ -67,27 +67,35 @@ impl Pipeline {
         } else {
             parsed.ip_len() > mtu && !may_fragment
         };
-        trace.note("mtu", || {
-            let len = if gso {
-                format!("GSO packet, segment size {}", pkt.meta.vnet.gso_size)
+        trace.note(|| {
+            let length = if gso {
+                MtuLength::Gso {
+                    segment: pkt.meta.vnet.gso_size,
+                }
             } else if mru != 0 {
-                format!("{} bytes reassembled, mru {mru}", parsed.ip_len())
+                MtuLength::Reassembled {
+                    bytes: parsed.ip_len(),
+                    mru: pkt.meta.mru,
+                }
             } else {
-                format!("{} bytes", parsed.ip_len())
+                MtuLength::Plain {
+                    bytes: parsed.ip_len(),
+                }
             };
-            let what = if too_big {
-                "too big, and may not be fragmented"
+            let fit = if too_big {
+                MtuFit::TooBig
             } else if gso || parsed.ip_len() <= mtu.min(if mru != 0 { mru } else { mtu }) {
-                "fits"
+                MtuFit::Fits
             } else {
-                "to be cut to fit"
+                MtuFit::Cut
             };
-            let inner = if matches!(hop, NextHop::Tunnel(_)) {
-                " (inside the tunnel)"
-            } else {
-                ""
-            };
-            format!("mtu {mtu}{inner} on {}: {len}, {what}", out_port.name)
+            TraceEvent::Mtu {
+                mtu,
+                tunnel: matches!(hop, NextHop::Tunnel(_)),
+                port: out_port.name.clone(),
+                length,
+                fit,
+            }
         });
         if too_big {
             // The connection is kept although this packet is not sent, so that the error,
@@ -153,19 +161,17 @@ impl Pipeline {
         rewrite::decrement_ttl(&mut pkt.data, parsed);
         rewrite::set_macs(&mut pkt.data, egress.dst_mac, egress.src_mac);
         if let Some(o) = &egress.tunnel {
-            trace.note("encap", || {
-                let node = tables
+            trace.note(|| TraceEvent::Encap {
+                vni: o.vni,
+                node: tables
                     .overlay
                     .as_ref()
                     .and_then(|ov| ov.peer_index(o.dst).map(|i| &ov.peers[usize::from(i)]))
-                    .map_or(String::new(), |p| format!(" to node {}", p.name));
-                format!(
-                    "VXLAN vni {}{node}: {} -> {}, udp source port {}, inner mtu {mtu}",
-                    o.vni,
-                    o.src,
-                    o.dst,
-                    overlay::source_port(o.hash)
-                )
+                    .map(|p| p.name.clone()),
+                src: o.src,
+                dst: o.dst,
+                udp_src_port: overlay::source_port(o.hash),
+                mtu,
             });
         }
         // For trace notes only: not looked up otherwise.
@@ -209,12 +215,9 @@ impl Pipeline {
                 }
                 pkt.meta.vnet.gso_size = max as u16;
             }
-            trace.note("egress", || {
-                format!(
-                    "GSO packet sent whole to {}, segment size {}",
-                    out_name(),
-                    pkt.meta.vnet.gso_size
-                )
+            trace.note(|| TraceEvent::SentGso {
+                port: out_name().to_string(),
+                segment: pkt.meta.vnet.gso_size,
             });
             self.emit(egress, pkt, out);
             return Verdict::Forwarded;
@@ -238,12 +241,10 @@ impl Pipeline {
         }
         self.stats.segmented += 1;
         self.stats.segments_out += segs.len() as u64;
-        trace.note("egress", || {
-            format!(
-                "segmented into {} packets for mtu {mtu} on {}",
-                segs.len(),
-                out_name()
-            )
+        trace.note(|| TraceEvent::Segmented {
+            packets: segs.len(),
+            mtu,
+            port: out_name().to_string(),
         });
         let mut frags = Vec::new();
         for seg in segs.drain(..) {
@@ -300,7 +301,9 @@ impl Pipeline {
         }
 
         if !fragment {
-            trace.note("egress", || format!("sent to {}", out_name()));
+            trace.note(|| TraceEvent::Sent {
+                port: out_name().to_string(),
+            });
             self.emit(egress, pkt, out);
             return Verdict::Forwarded;
         }
@@ -312,13 +315,12 @@ impl Pipeline {
             return self.drop(r, trace);
         }
         self.stats.fragments_out += frags.len() as u64;
-        trace.note("egress", || {
-            let why = if mru != 0 {
-                format!("refragmented to min(mru {mru}, mtu {mtu}) = {limit}")
-            } else {
-                format!("fragmented to mtu {mtu}")
-            };
-            format!("{why}: {} fragments to {}", frags.len(), out_name())
+        trace.note(|| TraceEvent::Fragmented {
+            mru: (mru != 0).then_some(pkt.meta.mru),
+            mtu,
+            limit,
+            fragments: frags.len(),
+            port: out_name().to_string(),
         });
         for f in frags.drain(..) {
             self.emit(egress, f, out);
@@ -348,8 +350,10 @@ impl Pipeline {
         let n = cut.count();
         self.stats.segmented += 1;
         self.stats.segments_out += n as u64;
-        trace.note("egress", || {
-            format!("segmented into {n} packets for mtu {mtu} on {out_name}")
+        trace.note(|| TraceEvent::Segmented {
+            packets: n,
+            mtu,
+            port: out_name.to_string(),
         });
         let mut frames = Vec::new();
         let o = overlay::Outer {
@@ -360,11 +364,11 @@ impl Pipeline {
         self.stats.encapsulated += n as u64;
         let supers = frames.iter().filter(|(_, v)| v.is_gso()).count();
         self.stats.encap_gso_frames += supers as u64;
-        trace.note("encap", || {
-            format!(
-                "{n} datagrams in {} frames, {supers} of them UDP GSO super-frames for {out_name} to cut",
-                frames.len()
-            )
+        trace.note(|| TraceEvent::EncapSuperFrames {
+            datagrams: n,
+            frames: frames.len(),
+            super_frames: supers,
+            port: out_name.to_string(),
         });
         let meta = Meta {
             vnet: VnetHdr::default(),

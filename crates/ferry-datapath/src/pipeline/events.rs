@@ -1,20 +1,973 @@
-//! What a packet's trace records: one event per stage, when tracing is on.
+//! What a packet's trace records: one typed event per step of a stage, when tracing
+//! is on.
+//!
+//! A [`TraceEvent`] holds the values a stage looked at (keys, addresses, ports, sizes,
+//! names, reasons); its [`Display`](fmt::Display) is the one-line text `ferry trace`
+//! prints and `verdicts.jsonl` records as `detail`, and its serde form (tagged by
+//! `kind`) is the structured record next to it.
 
-use std::net::IpAddr;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use serde::{Deserialize, Serialize};
 
 use crate::conntrack::CtState;
-use crate::flow::FlowKey;
+use crate::drop::DropReason;
+use crate::flow::{Addr, FlowKey};
+use crate::icmp::ErrorKind;
+use crate::lb::Scope;
 use crate::packet::PortId;
+use crate::tables::MacAddr;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TraceEvent {
-    /// Stage name (`parse`, `ipf`, `route`, ...).
-    pub stage: &'static str,
-    /// What the stage did.
-    pub detail: String,
+/// The stage of the pipeline an event belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// The frame was parsed.
+    Parse,
+    /// TCP coalescing (GRO).
+    Gro,
+    /// Fragment reassembly.
+    Ipf,
+    /// VXLAN decapsulation.
+    Decap,
+    /// The source check of a pod's packet.
+    Source,
+    /// The Service (load balancer) choice.
+    Service,
+    /// A static NAT rule.
+    Nat,
+    /// Connection tracking.
+    Ct,
+    /// A new connection entered the table.
+    Commit,
+    /// The route lookup.
+    Route,
+    /// The MTU check.
+    Mtu,
+    /// The link-layer addresses chosen.
+    L2,
+    /// Neighbour resolution (probes, the queue).
+    Neigh,
+    /// VXLAN encapsulation.
+    Encap,
+    /// The packet left (whole, segmented or fragmented).
+    Egress,
+    /// ICMP errors.
+    Icmp,
+    /// ARP answers.
+    Arp,
+    /// Neighbour discovery answers.
+    Nd,
+    /// The packet was dropped.
+    Drop,
 }
 
-/// A packet's trace: one event per stage, recorded only when enabled.
+impl Stage {
+    /// The stage's name, as traces print it (`parse`, `ct`, `l2`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Parse => "parse",
+            Stage::Gro => "gro",
+            Stage::Ipf => "ipf",
+            Stage::Decap => "decap",
+            Stage::Source => "source",
+            Stage::Service => "service",
+            Stage::Nat => "nat",
+            Stage::Ct => "ct",
+            Stage::Commit => "commit",
+            Stage::Route => "route",
+            Stage::Mtu => "mtu",
+            Stage::L2 => "l2",
+            Stage::Neigh => "neigh",
+            Stage::Encap => "encap",
+            Stage::Egress => "egress",
+            Stage::Icmp => "icmp",
+            Stage::Arp => "arp",
+            Stage::Nd => "nd",
+            Stage::Drop => "drop",
+        }
+    }
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A fragment's header fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fragment {
+    /// Identification.
+    pub id: u32,
+    /// Offset of its data in the datagram, in bytes.
+    pub offset: u16,
+    /// More fragments follow.
+    pub more: bool,
+}
+
+/// How long a packet is, as the MTU check measured it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum MtuLength {
+    /// A GSO packet, measured by its segment size.
+    Gso {
+        /// Segment size.
+        segment: u16,
+    },
+    /// A reassembled datagram and the largest fragment it came in.
+    Reassembled {
+        /// IP length.
+        bytes: usize,
+        /// Largest fragment received.
+        mru: u16,
+    },
+    /// A plain packet.
+    Plain {
+        /// IP length.
+        bytes: usize,
+    },
+}
+
+/// What the MTU check concluded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MtuFit {
+    /// It fits as it is.
+    Fits,
+    /// It is segmented or fragmented to fit.
+    Cut,
+    /// Too big, and may not be fragmented: an ICMP error answers.
+    TooBig,
+}
+
+/// How the next hop's MAC was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum L2Hop {
+    /// The route gives the MAC.
+    RouteMac,
+    /// Through a gateway.
+    Gateway {
+        /// The gateway's address.
+        addr: IpAddr,
+    },
+    /// The destination is on the link.
+    OnLink {
+        /// The destination address.
+        addr: IpAddr,
+    },
+}
+
+/// What a queued packet's neighbour was asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Asked {
+    /// A probe went out for it (or would, in a dry run).
+    Probed {
+        /// A dry run: nothing is sent.
+        dry_run: bool,
+    },
+    /// A probe was out already.
+    Already,
+}
+
+/// How a Service's new connection reaches its endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ServicePath {
+    /// Straight, the client's address kept.
+    Direct,
+    /// Source NAT to this node's address.
+    Snat {
+        /// The address.
+        addr: IpAddr,
+        /// The client is its own endpoint.
+        hairpin: bool,
+    },
+    /// The client's address kept, through the tunnel so that replies return here.
+    Tunnel,
+}
+
+/// One step of a stage, with the values it was made of.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TraceEvent {
+    /// The frame parsed.
+    Parse {
+        /// Its key.
+        #[serde(with = "FlowKeyDef")]
+        key: FlowKey,
+        /// IP length.
+        bytes: usize,
+        /// When it is a fragment.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        frag: Option<Fragment>,
+    },
+    /// A TCP packet above the port's MTU was marked as coalesced (GRO).
+    GroMarked {
+        /// The segment size given.
+        segment: u16,
+    },
+    /// Decapsulated TCP segments were coalesced.
+    GroCoalesced {
+        /// Segments in.
+        segments: usize,
+        /// Packets out.
+        packets: usize,
+    },
+    /// A fragment was held for reassembly.
+    IpfHeld {
+        /// Datagrams being reassembled.
+        datagrams: usize,
+        /// Bytes held.
+        bytes: usize,
+    },
+    /// A datagram was reassembled.
+    IpfReassembled {
+        /// IP length.
+        bytes: usize,
+        /// Largest fragment received.
+        mru: u16,
+        /// The datagram's key.
+        #[serde(with = "FlowKeyDef")]
+        key: FlowKey,
+    },
+    /// Reassembly refused a fragment.
+    IpfRefused {
+        /// Why.
+        #[serde(with = "reason")]
+        reason: DropReason,
+    },
+    /// A VXLAN packet was decapsulated.
+    Decap {
+        /// Its VNI.
+        vni: u32,
+        /// The node it came from.
+        peer: IpAddr,
+        /// The inner packet's key.
+        #[serde(with = "FlowKeyDef")]
+        inner: FlowKey,
+    },
+    /// A UDP GSO super-frame of VXLAN datagrams arrived.
+    DecapGso {
+        /// The node it came from.
+        peer: IpAddr,
+        /// Datagrams in it.
+        datagrams: usize,
+        /// Their size.
+        size: usize,
+    },
+    /// A pod's packet has the pod's own MAC and address.
+    SourceOk,
+    /// A Service without endpoints refused a TCP connection with a reset.
+    ServiceReset,
+    /// A Service has no endpoint for a new connection.
+    ServiceNoEndpoint {
+        /// The Service.
+        service: String,
+        /// Where its frontend is reached from.
+        #[serde(with = "ScopeDef")]
+        scope: Scope,
+        /// The packet's key.
+        #[serde(with = "FlowKeyDef")]
+        key: FlowKey,
+    },
+    /// A Service's connection must leave from a node address of a family it lacks.
+    ServiceNoNodeAddress {
+        /// The Service.
+        service: String,
+        /// Where its frontend is reached from.
+        #[serde(with = "ScopeDef")]
+        scope: Scope,
+        /// The packet's key.
+        #[serde(with = "FlowKeyDef")]
+        key: FlowKey,
+    },
+    /// A Service chose an endpoint for a new connection.
+    ServiceBalanced {
+        /// The Service.
+        service: String,
+        /// Where its frontend is reached from.
+        #[serde(with = "ScopeDef")]
+        scope: Scope,
+        /// The frontend's address.
+        frontend: IpAddr,
+        /// The frontend's port.
+        frontend_port: u16,
+        /// The endpoint's address.
+        endpoint: IpAddr,
+        /// The endpoint's port.
+        endpoint_port: u16,
+        /// The node the endpoint is on, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node: Option<String>,
+        /// How the connection reaches it.
+        path: ServicePath,
+    },
+    /// A static NAT rule gave a new connection its translation.
+    StaticNat {
+        /// New destination address.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dnat: Option<IpAddr>,
+        /// New destination port.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dnat_port: Option<u16>,
+        /// New source address.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        snat: Option<IpAddr>,
+        /// The source ports to choose from, inclusive.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        snat_ports: Option<(u16, u16)>,
+    },
+    /// What conntrack made of the packet.
+    Ct {
+        /// Its state.
+        #[serde(with = "CtStateDef")]
+        state: CtState,
+        /// It goes in the reply direction.
+        reply: bool,
+        /// Its key after conntrack (and NAT).
+        #[serde(with = "FlowKeyDef")]
+        key: FlowKey,
+        /// NAT changed the key.
+        translated: bool,
+    },
+    /// A new connection entered the table.
+    Committed,
+    /// A packet to this node's pod CIDRs for which no pod exists.
+    RouteNoPod {
+        /// Its destination.
+        dst: IpAddr,
+    },
+    /// Routed through the overlay.
+    RouteTunnel {
+        /// Destination address.
+        dst: IpAddr,
+        /// The node it goes to.
+        node: String,
+    },
+    /// Routed to a port.
+    RoutePort {
+        /// Destination address.
+        dst: IpAddr,
+        /// The port.
+        port: String,
+    },
+    /// The MTU check.
+    Mtu {
+        /// The MTU that applies.
+        mtu: usize,
+        /// It is the tunnel's inner MTU.
+        tunnel: bool,
+        /// The port it leaves by.
+        port: String,
+        /// What was measured.
+        length: MtuLength,
+        /// What was concluded.
+        fit: MtuFit,
+    },
+    /// The MACs for a packet that leaves by a port.
+    L2 {
+        /// How the next hop's MAC was found.
+        hop: L2Hop,
+        /// Destination MAC.
+        #[serde(with = "mac")]
+        dst_mac: [u8; 6],
+        /// Source MAC.
+        #[serde(with = "mac")]
+        src_mac: [u8; 6],
+        /// The port.
+        port: String,
+    },
+    /// The MACs for a packet that goes through the overlay.
+    L2Tunnel {
+        /// Inner source MAC (this node's VTEP).
+        #[serde(with = "mac")]
+        inner_src: [u8; 6],
+        /// Inner destination MAC (the peer's VTEP).
+        #[serde(with = "mac")]
+        inner_dst: [u8; 6],
+        /// Outer destination MAC.
+        #[serde(with = "mac")]
+        outer_dst: [u8; 6],
+        /// The peer node's address.
+        peer: IpAddr,
+        /// Outer source MAC.
+        #[serde(with = "mac")]
+        outer_src: [u8; 6],
+        /// The uplink.
+        port: String,
+    },
+    /// A neighbour that is not confirmed was probed.
+    NeighProbe {
+        /// The neighbour.
+        ip: IpAddr,
+        /// The port.
+        port: String,
+        /// Where the probe went.
+        #[serde(with = "mac")]
+        mac: [u8; 6],
+    },
+    /// The packet was queued for an unresolved next hop.
+    NeighQueued {
+        /// The next hop.
+        ip: IpAddr,
+        /// The port.
+        port: String,
+        /// What was asked of it.
+        asked: Asked,
+        /// Packets waiting for it.
+        waiting: usize,
+        /// Older packets pushed out of the queue.
+        pushed_out: u64,
+    },
+    /// A packet that waited for a neighbour is sent.
+    NeighReleased {
+        /// The neighbour.
+        ip: IpAddr,
+        /// Its MAC.
+        #[serde(with = "mac")]
+        mac: [u8; 6],
+        /// The packet's key.
+        #[serde(with = "FlowKeyDef")]
+        key: FlowKey,
+    },
+    /// A packet was encapsulated in VXLAN.
+    Encap {
+        /// The VNI.
+        vni: u32,
+        /// The node it goes to, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node: Option<String>,
+        /// Outer source address.
+        src: IpAddr,
+        /// Outer destination address.
+        dst: IpAddr,
+        /// Outer UDP source port.
+        udp_src_port: u16,
+        /// The tunnel's inner MTU.
+        mtu: usize,
+    },
+    /// Segments were encapsulated into frames, some of them UDP GSO super-frames.
+    EncapSuperFrames {
+        /// Datagrams.
+        datagrams: usize,
+        /// Frames.
+        frames: usize,
+        /// Super-frames among them.
+        super_frames: usize,
+        /// The port that cuts them.
+        port: String,
+    },
+    /// A GSO packet left whole.
+    SentGso {
+        /// The port.
+        port: String,
+        /// Its segment size.
+        segment: u16,
+    },
+    /// A GSO packet was segmented.
+    Segmented {
+        /// Packets out.
+        packets: usize,
+        /// The MTU.
+        mtu: usize,
+        /// The port.
+        port: String,
+    },
+    /// The packet left as it is.
+    Sent {
+        /// The port.
+        port: String,
+    },
+    /// The packet was fragmented (or a reassembled one refragmented).
+    Fragmented {
+        /// The largest fragment received, for a reassembled datagram.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mru: Option<u16>,
+        /// The MTU.
+        mtu: usize,
+        /// The fragment size limit applied.
+        limit: usize,
+        /// Fragments out.
+        fragments: usize,
+        /// The port.
+        port: String,
+    },
+    /// No ICMP error: the port has no address of the packet's family.
+    IcmpNoAddress {
+        /// The error.
+        #[serde(with = "ErrorKindDef")]
+        error: ErrorKind,
+        /// The port.
+        port: String,
+    },
+    /// No ICMP error: not allowed for this packet.
+    IcmpNotAllowed {
+        /// The error.
+        #[serde(with = "ErrorKindDef")]
+        error: ErrorKind,
+    },
+    /// No ICMP error: rate limited.
+    IcmpRateLimited {
+        /// The error.
+        #[serde(with = "ErrorKindDef")]
+        error: ErrorKind,
+    },
+    /// No ICMP error: conntrack could not relate it to the connection.
+    IcmpUnrelated {
+        /// The error.
+        #[serde(with = "ErrorKindDef")]
+        error: ErrorKind,
+    },
+    /// No ICMP error: it could not go back through the overlay.
+    IcmpNoPath {
+        /// The error.
+        #[serde(with = "ErrorKindDef")]
+        error: ErrorKind,
+        /// Why.
+        #[serde(with = "reason")]
+        reason: DropReason,
+        /// The node it was for.
+        peer: IpAddr,
+    },
+    /// An ICMP error was sent.
+    IcmpSent {
+        /// The error.
+        #[serde(with = "ErrorKindDef")]
+        error: ErrorKind,
+        /// Its source.
+        src: IpAddr,
+        /// Its destination (the packet's sender).
+        dst: IpAddr,
+        /// The port.
+        port: String,
+    },
+    /// An ARP operation other than request and reply.
+    ArpIgnored {
+        /// The operation.
+        op: u16,
+    },
+    /// An ARP message not answered.
+    ArpNotAnswered {
+        /// The operation.
+        op: u16,
+        /// Sender address.
+        sender: Ipv4Addr,
+        /// Target address.
+        target: Ipv4Addr,
+    },
+    /// An ARP request answered.
+    ArpAnswered {
+        /// The address asked for.
+        target: Ipv4Addr,
+        /// The MAC given.
+        #[serde(with = "mac")]
+        mac: [u8; 6],
+        /// Who asked.
+        sender: Ipv4Addr,
+    },
+    /// A neighbour solicitation not answered.
+    NdNotAnswered {
+        /// The address asked for.
+        target: Ipv6Addr,
+    },
+    /// A neighbour advertisement.
+    NdAdvert {
+        /// The address advertised.
+        target: Ipv6Addr,
+    },
+    /// Another ICMPv6 message on a port that answers ND.
+    NdIgnored {
+        /// Its type.
+        icmp_type: u8,
+    },
+    /// A neighbour solicitation answered.
+    NdAnswered {
+        /// The address asked for.
+        target: Ipv6Addr,
+        /// The MAC given.
+        #[serde(with = "mac")]
+        mac: [u8; 6],
+        /// Where the advertisement went.
+        dst: Ipv6Addr,
+    },
+    /// The packet was dropped.
+    Drop {
+        /// Why.
+        #[serde(with = "reason")]
+        reason: DropReason,
+    },
+}
+
+impl TraceEvent {
+    /// The stage the event belongs to.
+    pub fn stage(&self) -> Stage {
+        use TraceEvent::*;
+        match self {
+            Parse { .. } => Stage::Parse,
+            GroMarked { .. } | GroCoalesced { .. } => Stage::Gro,
+            IpfHeld { .. } | IpfReassembled { .. } | IpfRefused { .. } => Stage::Ipf,
+            Decap { .. } | DecapGso { .. } => Stage::Decap,
+            SourceOk => Stage::Source,
+            ServiceReset
+            | ServiceNoEndpoint { .. }
+            | ServiceNoNodeAddress { .. }
+            | ServiceBalanced { .. } => Stage::Service,
+            StaticNat { .. } => Stage::Nat,
+            Ct { .. } => Stage::Ct,
+            Committed => Stage::Commit,
+            RouteNoPod { .. } | RouteTunnel { .. } | RoutePort { .. } => Stage::Route,
+            Mtu { .. } => Stage::Mtu,
+            L2 { .. } | L2Tunnel { .. } => Stage::L2,
+            NeighProbe { .. } | NeighQueued { .. } | NeighReleased { .. } => Stage::Neigh,
+            Encap { .. } | EncapSuperFrames { .. } => Stage::Encap,
+            SentGso { .. } | Segmented { .. } | Sent { .. } | Fragmented { .. } => Stage::Egress,
+            IcmpNoAddress { .. }
+            | IcmpNotAllowed { .. }
+            | IcmpRateLimited { .. }
+            | IcmpUnrelated { .. }
+            | IcmpNoPath { .. }
+            | IcmpSent { .. } => Stage::Icmp,
+            ArpIgnored { .. } | ArpNotAnswered { .. } | ArpAnswered { .. } => Stage::Arp,
+            NdNotAnswered { .. } | NdAdvert { .. } | NdIgnored { .. } | NdAnswered { .. } => {
+                Stage::Nd
+            }
+            Drop { .. } => Stage::Drop,
+        }
+    }
+}
+
+fn scope_name(scope: Scope) -> &'static str {
+    match scope {
+        Scope::Internal => "cluster IP",
+        Scope::External => "external",
+    }
+}
+
+impl fmt::Display for TraceEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use TraceEvent::*;
+        match self {
+            Parse { key, bytes, frag } => {
+                write!(f, "{key}, {bytes} bytes")?;
+                if let Some(g) = frag {
+                    write!(
+                        f,
+                        " fragment id {} offset {} more {}",
+                        g.id, g.offset, g.more
+                    )?;
+                }
+                Ok(())
+            }
+            GroMarked { segment } => {
+                write!(f, "coalesced TCP super-packet, segment size {segment}")
+            }
+            GroCoalesced { segments, packets } => {
+                write!(
+                    f,
+                    "{segments} TCP segments coalesced into {packets} packets"
+                )
+            }
+            IpfHeld { datagrams, bytes } => write!(
+                f,
+                "held for reassembly ({datagrams} datagrams, {bytes} bytes in flight)"
+            ),
+            IpfReassembled { bytes, mru, key } => {
+                write!(
+                    f,
+                    "reassembled {bytes} bytes, mru {mru}, key rebuilt: {key}"
+                )
+            }
+            IpfRefused { reason } => write!(f, "refused: {reason}"),
+            Decap { vni, peer, inner } => write!(f, "VXLAN vni {vni} from node {peer}: {inner}"),
+            DecapGso {
+                peer,
+                datagrams,
+                size,
+            } => write!(
+                f,
+                "UDP GSO super-frame from node {peer}: {datagrams} datagrams of {size} bytes"
+            ),
+            SourceOk => f.write_str("pod's own MAC and address"),
+            ServiceReset => f.write_str("refused with a TCP reset"),
+            ServiceNoEndpoint {
+                service,
+                scope,
+                key,
+            } => write!(f, "{service} ({scope:?}): no endpoint to send {key} to"),
+            ServiceNoNodeAddress {
+                service,
+                scope,
+                key,
+            } => write!(
+                f,
+                "{service} ({scope:?}): {key} must leave from this node's address, and it has none of the family"
+            ),
+            ServiceBalanced {
+                service,
+                scope,
+                frontend,
+                frontend_port,
+                endpoint,
+                endpoint_port,
+                node,
+                path,
+            } => {
+                write!(
+                    f,
+                    "{service} ({} frontend {}) -> endpoint {}",
+                    scope_name(*scope),
+                    SockAddr(*frontend, *frontend_port),
+                    SockAddr(*endpoint, *endpoint_port)
+                )?;
+                if let Some(n) = node {
+                    write!(f, " on node {n}")?;
+                }
+                match path {
+                    ServicePath::Snat { addr, hairpin: true } => {
+                        write!(f, ", hairpin: source NAT to {addr}")
+                    }
+                    ServicePath::Snat { addr, .. } => write!(f, ", source NAT to {addr}"),
+                    ServicePath::Tunnel => f.write_str(
+                        ", client address kept, through the tunnel so that replies return through this node",
+                    ),
+                    ServicePath::Direct => Ok(()),
+                }
+            }
+            StaticNat {
+                dnat,
+                dnat_port,
+                snat,
+                snat_ports,
+            } => {
+                f.write_str("static rule: ")?;
+                if let Some(a) = dnat {
+                    match dnat_port {
+                        Some(p) => write!(f, "destination to {}", SockAddr(*a, *p))?,
+                        None => write!(f, "destination to {a}")?,
+                    }
+                }
+                if let Some(a) = snat {
+                    if dnat.is_some() {
+                        f.write_str(", ")?;
+                    }
+                    match snat_ports {
+                        Some((lo, hi)) => write!(f, "source to {a} ports {lo}-{hi}")?,
+                        None => write!(f, "source to {a}")?,
+                    }
+                }
+                if dnat.is_none() && snat.is_none() {
+                    f.write_str("no translation")?;
+                }
+                Ok(())
+            }
+            Ct {
+                state,
+                reply,
+                key,
+                translated,
+            } => {
+                f.write_str(state.name())?;
+                if *reply {
+                    f.write_str(" reply")?;
+                }
+                if *translated {
+                    write!(f, ", translated to {key}")?;
+                }
+                Ok(())
+            }
+            Committed => f.write_str("connection committed"),
+            RouteNoPod { dst } => write!(
+                f,
+                "{dst} -> nowhere: in this node's pod CIDRs, and no pod has it"
+            ),
+            RouteTunnel { dst, node } => write!(f, "{dst} -> node {node} through the overlay"),
+            RoutePort { dst, port } => write!(f, "{dst} -> port {port}"),
+            Mtu {
+                mtu,
+                tunnel,
+                port,
+                length,
+                fit,
+            } => {
+                let inner = if *tunnel { " (inside the tunnel)" } else { "" };
+                write!(f, "mtu {mtu}{inner} on {port}: ")?;
+                match length {
+                    MtuLength::Gso { segment } => write!(f, "GSO packet, segment size {segment}")?,
+                    MtuLength::Reassembled { bytes, mru } => {
+                        write!(f, "{bytes} bytes reassembled, mru {mru}")?
+                    }
+                    MtuLength::Plain { bytes } => write!(f, "{bytes} bytes")?,
+                }
+                f.write_str(match fit {
+                    MtuFit::TooBig => ", too big, and may not be fragmented",
+                    MtuFit::Fits => ", fits",
+                    MtuFit::Cut => ", to be cut to fit",
+                })
+            }
+            L2 {
+                hop,
+                dst_mac,
+                src_mac,
+                port,
+            } => {
+                match hop {
+                    L2Hop::RouteMac => f.write_str("route's next hop MAC")?,
+                    L2Hop::Gateway { addr } => write!(f, "gateway {addr}")?,
+                    L2Hop::OnLink { addr } => write!(f, "{addr} on-link")?,
+                }
+                write!(
+                    f,
+                    ": to {} from {} on {port}",
+                    MacAddr(*dst_mac),
+                    MacAddr(*src_mac)
+                )
+            }
+            L2Tunnel {
+                inner_src,
+                inner_dst,
+                outer_dst,
+                peer,
+                outer_src,
+                port,
+            } => write!(
+                f,
+                "inner {} -> {}; outer to {} ({peer}) from {} on {port}",
+                MacAddr(*inner_src),
+                MacAddr(*inner_dst),
+                MacAddr(*outer_dst),
+                MacAddr(*outer_src)
+            ),
+            NeighProbe { ip, port, mac } => write!(
+                f,
+                "{ip} not confirmed on {port}: probe sent to {}",
+                MacAddr(*mac)
+            ),
+            NeighQueued {
+                ip,
+                port,
+                asked,
+                waiting,
+                pushed_out,
+            } => {
+                let asked = match (asked, ip) {
+                    (Asked::Probed { dry_run: true }, IpAddr::V4(_)) => {
+                        "an ARP request would be sent"
+                    }
+                    (Asked::Probed { dry_run: true }, IpAddr::V6(_)) => {
+                        "a neighbour solicitation would be sent"
+                    }
+                    (Asked::Probed { .. }, IpAddr::V4(_)) => "ARP request sent",
+                    (Asked::Probed { .. }, IpAddr::V6(_)) => "neighbour solicitation sent",
+                    (Asked::Already, _) => "asked already",
+                };
+                write!(
+                    f,
+                    "queued: next hop {ip} unresolved on {port} ({asked}); {waiting} waiting for it"
+                )?;
+                if *pushed_out > 0 {
+                    write!(f, ", {pushed_out} older pushed out")?;
+                }
+                Ok(())
+            }
+            NeighReleased { ip, mac, key } => write!(
+                f,
+                "{ip} is at {}: sending {key} that waited for it",
+                MacAddr(*mac)
+            ),
+            Encap {
+                vni,
+                node,
+                src,
+                dst,
+                udp_src_port,
+                mtu,
+            } => {
+                write!(f, "VXLAN vni {vni}")?;
+                if let Some(n) = node {
+                    write!(f, " to node {n}")?;
+                }
+                write!(
+                    f,
+                    ": {src} -> {dst}, udp source port {udp_src_port}, inner mtu {mtu}"
+                )
+            }
+            EncapSuperFrames {
+                datagrams,
+                frames,
+                super_frames,
+                port,
+            } => write!(
+                f,
+                "{datagrams} datagrams in {frames} frames, {super_frames} of them UDP GSO super-frames for {port} to cut"
+            ),
+            SentGso { port, segment } => {
+                write!(f, "GSO packet sent whole to {port}, segment size {segment}")
+            }
+            Segmented { packets, mtu, port } => {
+                write!(
+                    f,
+                    "segmented into {packets} packets for mtu {mtu} on {port}"
+                )
+            }
+            Sent { port } => write!(f, "sent to {port}"),
+            Fragmented {
+                mru,
+                mtu,
+                limit,
+                fragments,
+                port,
+            } => {
+                match mru {
+                    Some(mru) => write!(f, "refragmented to min(mru {mru}, mtu {mtu}) = {limit}")?,
+                    None => write!(f, "fragmented to mtu {mtu}")?,
+                }
+                write!(f, ": {fragments} fragments to {port}")
+            }
+            IcmpNoAddress { error, port } => write!(
+                f,
+                "no {error:?} sent: port {port} has no address of this family"
+            ),
+            IcmpNotAllowed { error } => write!(f, "no {error:?} sent: not allowed for this packet"),
+            IcmpRateLimited { error } => write!(f, "no {error:?} sent: rate limited"),
+            IcmpUnrelated { error } => {
+                write!(f, "no {error:?} sent: conntrack could not relate it")
+            }
+            IcmpNoPath {
+                error,
+                reason,
+                peer,
+            } => write!(f, "no {error:?} sent: {reason} towards node {peer}"),
+            IcmpSent {
+                error,
+                src,
+                dst,
+                port,
+            } => write!(f, "{error:?} sent from {src} to {dst} via {port}"),
+            ArpIgnored { op } => write!(f, "op {op}: not acted on"),
+            ArpNotAnswered { op, sender, target } => {
+                write!(f, "op {op} {sender} -> {target}: not answered")
+            }
+            ArpAnswered {
+                target,
+                mac,
+                sender,
+            } => write!(f, "{target} is at {} (answered to {sender})", MacAddr(*mac)),
+            NdNotAnswered { target } => write!(f, "solicitation for {target}: not answered"),
+            NdAdvert { target } => write!(f, "advertisement of {target}"),
+            NdIgnored { icmp_type } => write!(f, "ICMPv6 type {icmp_type}: not acted on"),
+            NdAnswered { target, mac, dst } => {
+                write!(f, "{target} is at {} (answered to {dst})", MacAddr(*mac))
+            }
+            Drop { reason } => f.write_str(reason.name()),
+        }
+    }
+}
+
+/// A packet's trace: one event per step, recorded only when enabled.
 #[derive(Clone, Debug, Default)]
 pub struct Trace {
     pub(super) enabled: bool,
@@ -48,14 +1001,11 @@ impl Trace {
         Trace::default()
     }
 
-    /// Records an event; `detail` is only evaluated when tracing is on.
+    /// Records an event; `event` is only called when tracing is on.
     #[inline]
-    pub fn note(&mut self, stage: &'static str, detail: impl FnOnce() -> String) {
+    pub fn note(&mut self, event: impl FnOnce() -> TraceEvent) {
         if self.enabled {
-            self.events.push(TraceEvent {
-                stage,
-                detail: detail(),
-            });
+            self.events.push(event());
         }
     }
 
@@ -80,11 +1030,96 @@ impl Trace {
 /// `addr:port`, with brackets for IPv6.
 pub(super) struct SockAddr(pub(super) IpAddr, pub(super) u16);
 
-impl std::fmt::Display for SockAddr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Display for SockAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
             IpAddr::V4(a) => write!(f, "{a}:{}", self.1),
             IpAddr::V6(a) => write!(f, "[{a}]:{}", self.1),
         }
+    }
+}
+
+// The serde forms of the datapath's own types, kept here so that those types stay free
+// of the trace's needs.
+
+/// A flow key: addresses, ports, protocol number and zone.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "FlowKey")]
+struct FlowKeyDef {
+    #[serde(with = "addr")]
+    src: Addr,
+    src_port: u16,
+    #[serde(with = "addr")]
+    dst: Addr,
+    dst_port: u16,
+    proto: u8,
+    zone: u16,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "Scope", rename_all = "snake_case")]
+enum ScopeDef {
+    Internal,
+    External,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "CtState", rename_all = "snake_case")]
+enum CtStateDef {
+    New,
+    Established,
+    Related,
+    Invalid,
+    Untracked,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "ErrorKind", tag = "type", rename_all = "snake_case")]
+enum ErrorKindDef {
+    TooBig { mtu: u32 },
+    TimeExceeded,
+    Unreachable { code: u8 },
+}
+
+mod addr {
+    use super::*;
+    use serde::{Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(a: &Addr, s: S) -> Result<S::Ok, S::Error> {
+        a.ip().serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Addr, D::Error> {
+        IpAddr::deserialize(d).map(Addr::from)
+    }
+}
+
+/// A MAC as `02:00:00:00:00:01`.
+mod mac {
+    use super::*;
+    use serde::{Deserializer, Serializer, de::Error};
+
+    pub(super) fn serialize<S: Serializer>(m: &[u8; 6], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&MacAddr(*m))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 6], D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse::<MacAddr>().map(|m| m.0).map_err(D::Error::custom)
+    }
+}
+
+/// A drop reason by its stable name.
+mod reason {
+    use super::*;
+    use serde::{Deserializer, Serializer, de::Error};
+
+    pub(super) fn serialize<S: Serializer>(r: &DropReason, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(r.name())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DropReason, D::Error> {
+        let s = String::deserialize(d)?;
+        DropReason::from_name(&s).ok_or_else(|| D::Error::custom(format!("no drop reason {s}")))
     }
 }

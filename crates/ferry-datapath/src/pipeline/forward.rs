@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use super::route::Routing;
 use super::track::Opening;
-use super::{Pipeline, Trace, Verdict};
+use super::{Pipeline, Trace, TraceEvent, Verdict};
 use crate::conntrack::Begin;
 use crate::drop::DropReason;
 use crate::icmp::ErrorKind;
@@ -132,7 +132,7 @@ impl Pipeline {
             if !super::ingress::source_is_pods(in_port, pkt, parsed) {
                 return Err(self.drop(DropReason::SourceSpoofed, trace));
             }
-            trace.note("source", || "pod's own MAC and address".to_string());
+            trace.note(|| TraceEvent::SourceOk);
         }
         if tunnel_peer.is_none() && in_port.kind != PortKind::Plain {
             match nd::parse(&pkt.data, parsed) {

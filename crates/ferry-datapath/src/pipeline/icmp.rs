@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::{Pipeline, Stats, Trace};
+use super::{Pipeline, Stats, Trace, TraceEvent};
 use crate::conntrack::CtState;
 use crate::icmp::{self, ErrorKind};
 use crate::packet::{Packet, PortId};
@@ -38,11 +38,9 @@ impl Pipeline {
         };
         let Some(src) = src else {
             self.stats.icmp_suppressed += 1;
-            trace.note("icmp", || {
-                format!(
-                    "no {kind:?} sent: port {} has no address of this family",
-                    in_port.name
-                )
+            trace.note(|| TraceEvent::IcmpNoAddress {
+                error: kind,
+                port: in_port.name.clone(),
             });
             return;
         };
@@ -50,22 +48,18 @@ impl Pipeline {
         // error must not cost an error's construction each.
         if !icmp::eligible(&pkt.data, parsed, kind, src) {
             self.stats.icmp_suppressed += 1;
-            trace.note("icmp", || {
-                format!("no {kind:?} sent: not allowed for this packet")
-            });
+            trace.note(|| TraceEvent::IcmpNotAllowed { error: kind });
             return;
         }
         let now = pkt.meta.time_ns;
         if !self.icmp.allow(now) {
             self.stats.icmp_rate_limited += 1;
-            trace.note("icmp", || format!("no {kind:?} sent: rate limited"));
+            trace.note(|| TraceEvent::IcmpRateLimited { error: kind });
             return;
         }
         let Some(frame) = icmp::build_error(&pkt.data, parsed, kind, src, in_port.mac) else {
             self.stats.icmp_suppressed += 1;
-            trace.note("icmp", || {
-                format!("no {kind:?} sent: not allowed for this packet")
-            });
+            trace.note(|| TraceEvent::IcmpNotAllowed { error: kind });
             return;
         };
         let in_id = pkt.meta.in_port;
@@ -79,19 +73,17 @@ impl Pipeline {
             });
             if related.is_none() {
                 self.stats.icmp_suppressed += 1;
-                trace.note("icmp", || {
-                    format!("no {kind:?} sent: conntrack could not relate it")
-                });
+                trace.note(|| TraceEvent::IcmpUnrelated { error: kind });
                 return;
             }
         }
         let sent = |stats: &mut Stats, trace: &mut Trace| {
             stats.icmp_sent += 1;
-            trace.note("icmp", || {
-                format!(
-                    "{kind:?} sent from {src} to {} via {}",
-                    parsed.key.src, in_port.name
-                )
+            trace.note(|| TraceEvent::IcmpSent {
+                error: kind,
+                src,
+                dst: parsed.key.src.ip(),
+                port: in_port.name.clone(),
             });
         };
         // About a packet that came through the overlay: back through the same node.
@@ -111,8 +103,10 @@ impl Pipeline {
                 // Not a drop: the packet the error is about is counted as dropped already.
                 Err(e) => {
                     self.stats.icmp_suppressed += 1;
-                    trace.note("icmp", || {
-                        format!("no {kind:?} sent: {} towards node {peer}", e.reason())
+                    trace.note(|| TraceEvent::IcmpNoPath {
+                        error: kind,
+                        reason: e.reason(),
+                        peer,
                     });
                 }
             }

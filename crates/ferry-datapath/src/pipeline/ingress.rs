@@ -5,7 +5,7 @@
 
 use std::net::IpAddr;
 
-use super::{Pipeline, Trace, Verdict, decap, mac_at};
+use super::{Fragment, Pipeline, Trace, TraceEvent, Verdict, decap, mac_at};
 use crate::drop::DropReason;
 use crate::flow::proto;
 use crate::gro;
@@ -58,12 +58,14 @@ impl Pipeline {
         }
         // Ethernet padding is not part of the packet and must not reach checksums.
         pkt.data.truncate(parsed.ip_end);
-        trace.note("parse", || {
-            let frag = match parsed.frag {
-                Some(f) => format!(" fragment id {} offset {} more {}", f.id, f.offset, f.more),
-                None => String::new(),
-            };
-            format!("{}, {} bytes{frag}", parsed.key, parsed.ip_len())
+        trace.note(|| TraceEvent::Parse {
+            key: parsed.key,
+            bytes: parsed.ip_len(),
+            frag: parsed.frag.map(|f| Fragment {
+                id: f.id,
+                offset: f.offset,
+                more: f.more,
+            }),
         });
         // A pod's fragment is checked on its own, before it meets others in reassembly
         // (whose key has no port): a pod must not plant fragments of another's
@@ -92,11 +94,8 @@ impl Pipeline {
         {
             gro::mark_coalesced(&mut pkt, &parsed, in_port.mtu);
             self.stats.gro_marked += 1;
-            trace.note("gro", || {
-                format!(
-                    "coalesced TCP super-packet, segment size {}",
-                    pkt.meta.vnet.gso_size
-                )
+            trace.note(|| TraceEvent::GroMarked {
+                segment: pkt.meta.vnet.gso_size,
             });
         }
 
@@ -130,11 +129,10 @@ impl Pipeline {
                 Err(r) => return self.drop(r, trace),
             };
             self.stats.decapsulated += 1;
-            trace.note("decap", || {
-                format!(
-                    "VXLAN vni {} from node {peer}: {}",
-                    ov.vni, inner_parsed.key
-                )
+            trace.note(|| TraceEvent::Decap {
+                vni: ov.vni,
+                peer: peer.ip(),
+                inner: inner_parsed.key,
             });
             if let Err(r) = gso::check_offload(&inner.data, &inner.meta.vnet, &inner_parsed) {
                 return self.drop(r, trace);

@@ -5,11 +5,11 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::{Pipeline, Trace, Verdict, mac_at};
+use super::{Pipeline, Trace, TraceEvent, Verdict, mac_at};
 use crate::drop::DropReason;
 use crate::neigh::{self, arp, nd};
 use crate::packet::{Packet, PortId};
-use crate::tables::{MacAddr, PortKind};
+use crate::tables::PortKind;
 use crate::wire::Parsed;
 
 impl Pipeline {
@@ -52,7 +52,7 @@ impl Pipeline {
                 || (tables.overlay.as_ref().is_some_and(|o| o.uplink == in_id)
                     && tables.node.addresses.contains(&target));
             if a.op != arp::REQUEST && a.op != arp::REPLY {
-                trace.note("arp", || format!("op {}: not acted on", a.op));
+                trace.note(|| TraceEvent::ArpIgnored { op: a.op });
                 return Verdict::Consumed;
             }
             if !a.sender_ip.is_unspecified() {
@@ -78,11 +78,10 @@ impl Pipeline {
             ours && a.op == arp::REQUEST
         };
         if !answer {
-            trace.note("arp", || {
-                format!(
-                    "op {} {} -> {}: not answered",
-                    a.op, a.sender_ip, a.target_ip
-                )
+            trace.note(|| TraceEvent::ArpNotAnswered {
+                op: a.op,
+                sender: a.sender_ip,
+                target: a.target_ip,
             });
             return Verdict::Consumed;
         }
@@ -95,13 +94,10 @@ impl Pipeline {
         }
         .frame(a.sender_mac, port.mac, parsed.vlan);
         self.stats.arp_answered += 1;
-        trace.note("arp", || {
-            format!(
-                "{} is at {} (answered to {})",
-                a.target_ip,
-                MacAddr(port.mac),
-                a.sender_ip
-            )
+        trace.note(|| TraceEvent::ArpAnswered {
+            target: a.target_ip,
+            mac: port.mac,
+            sender: a.sender_ip,
         });
         self.send(in_id, Packet::new(reply, in_id, now), out);
         Verdict::Consumed
@@ -155,7 +151,7 @@ impl Pipeline {
                     self.learned(in_id, IpAddr::V6(src), Some(m), now, update, out, trace);
                 }
                 if !ours || (pod && src.is_unspecified()) {
-                    trace.note("nd", || format!("solicitation for {target}: not answered"));
+                    trace.note(|| TraceEvent::NdNotAnswered { target });
                     return Verdict::Consumed;
                 }
                 if src.is_unspecified() {
@@ -189,11 +185,11 @@ impl Pipeline {
                     let t = IpAddr::V6(target);
                     self.learned(in_id, t, tlla, now, update, out, trace);
                 }
-                trace.note("nd", || format!("advertisement of {target}"));
+                trace.note(|| TraceEvent::NdAdvert { target });
                 return Verdict::Consumed;
             }
             nd::Message::Other(ty) => {
-                trace.note("nd", || format!("ICMPv6 type {ty}: not acted on"));
+                trace.note(|| TraceEvent::NdIgnored { icmp_type: ty });
                 return Verdict::Consumed;
             }
         };
@@ -213,8 +209,10 @@ impl Pipeline {
             Some(port.mac),
         );
         self.stats.nd_answered += 1;
-        trace.note("nd", || {
-            format!("{target} is at {} (answered to {dst})", MacAddr(port.mac))
+        trace.note(|| TraceEvent::NdAnswered {
+            target,
+            mac: port.mac,
+            dst,
         });
         self.send(in_id, Packet::new(na, in_id, now), out);
         Verdict::Consumed

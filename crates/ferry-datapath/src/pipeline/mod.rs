@@ -52,7 +52,9 @@ mod service;
 mod stats;
 mod track;
 
-pub use events::{Trace, TraceEvent};
+pub use events::{
+    Asked, Fragment, L2Hop, MtuFit, MtuLength, ServicePath, Stage, Trace, TraceEvent,
+};
 pub use stats::{PortStats, Stats};
 
 use events::SockAddr;
@@ -260,7 +262,7 @@ impl Pipeline {
             s.drops += 1;
             d.count(reason);
         }
-        trace.note("drop", || reason.name().to_string());
+        trace.note(|| TraceEvent::Drop { reason });
         Verdict::Dropped(reason)
     }
 
@@ -393,6 +395,9 @@ pub use trace::{TraceOut, TracePass, TraceReport, TraceStage, summarize, trace};
 
 #[cfg(test)]
 mod trace_tests;
+
+#[cfg(test)]
+mod events_tests;
 
 #[cfg(test)]
 mod tests;

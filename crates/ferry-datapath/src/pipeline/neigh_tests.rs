@@ -521,26 +521,30 @@ fn test_the_trace_says_what_a_packet_waits_for_and_when_it_leaves() {
     let pkt = Packet::new(udp_to("8.8.8.8", b"1"), POD, 0);
     assert_eq!(a.process(pkt, &mut out, &mut t), Verdict::Queued);
     assert_eq!(t.waiting_for, Some((UPLINK, ip(GW))));
-    let neigh = t.events.iter().find(|e| e.stage == "neigh").unwrap();
+    let neigh = t
+        .events
+        .iter()
+        .find(|e| e.stage().name() == "neigh")
+        .unwrap();
     assert_eq!(
-        neigh.detail,
+        neigh.to_string(),
         "queued: next hop 192.168.50.1 unresolved on eth0 (ARP request sent); 1 waiting for it"
     );
-    assert!(t.events.iter().any(|e| e.stage == "commit"));
-    assert!(!t.events.iter().any(|e| e.stage == "egress"));
+    assert!(t.events.iter().any(|e| e.stage().name() == "commit"));
+    assert!(!t.events.iter().any(|e| e.stage().name() == "egress"));
 
     let mut t = Trace::enabled();
     out.clear();
     let reply = Packet::new(arp_reply(1, GW, GW_MAC), UPLINK, 1);
     assert_eq!(a.process(reply, &mut out, &mut t), Verdict::Consumed);
-    let stages: Vec<&str> = t.events.iter().map(|e| e.stage).collect();
+    let stages: Vec<&str> = t.events.iter().map(|e| e.stage().name()).collect();
     assert_eq!(stages, ["neigh", "l2", "egress", "arp"], "{:?}", t.events);
     assert!(
         t.events[0]
-            .detail
+            .to_string()
             .starts_with("192.168.50.1 is at 02:00:00:00:00:fe: sending"),
         "{}",
-        t.events[0].detail
+        t.events[0].to_string()
     );
 }
 

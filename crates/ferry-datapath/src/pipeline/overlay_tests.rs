@@ -87,7 +87,7 @@ fn test_pod_to_remote_pod_is_vxlan_encapsulated_and_delivered_by_the_peer() {
         (ip("10.244.1.5").into(), ip("10.244.2.6").into(), 62)
     );
     assert_eq!(&d.data[dp.l4_off + 8..dp.ip_end], &payload[..]);
-    let stages: Vec<&str> = t.events.iter().map(|e| e.stage).collect();
+    let stages: Vec<&str> = t.events.iter().map(|e| e.stage().name()).collect();
     assert_eq!(
         stages,
         [
@@ -778,7 +778,7 @@ fn test_icmp_error_towards_an_unresolved_node_is_suppressed_not_dropped() {
     assert!(
         t.events
             .iter()
-            .any(|e| e.stage == "icmp" && e.detail.contains("neigh_unresolved")),
+            .any(|e| e.stage().name() == "icmp" && e.to_string().contains("neigh_unresolved")),
         "{:?}",
         t.events
     );
@@ -1088,7 +1088,7 @@ fn test_gso_packet_to_a_remote_pod_leaves_as_udp_gso_super_frames_when_the_uplin
     assert!(
         t.events
             .iter()
-            .any(|e| e.stage == "encap" && e.detail.contains("super-frames")),
+            .any(|e| e.stage().name() == "encap" && e.to_string().contains("super-frames")),
         "{:?}",
         t.events
     );

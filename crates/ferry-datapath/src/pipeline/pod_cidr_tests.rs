@@ -73,7 +73,7 @@ fn test_an_address_of_the_pod_cidr_that_no_pod_has_is_dropped_and_answered() {
     assert!(
         t.events
             .iter()
-            .any(|e| e.stage == "route" && e.detail.contains("pod CIDRs")),
+            .any(|e| e.stage().name() == "route" && e.to_string().contains("pod CIDRs")),
         "{:?}",
         t.events
     );

@@ -7,12 +7,12 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use super::route::Routed;
-use super::{Pipeline, Trace, Verdict};
+use super::{Asked, L2Hop, Pipeline, Trace, TraceEvent, Verdict};
 use crate::drop::DropReason;
 use crate::neigh::{self, arp, nd};
 use crate::overlay;
 use crate::packet::{Packet, PortId};
-use crate::tables::{MacAddr, NextHop, Tables};
+use crate::tables::{NextHop, Tables};
 use crate::wire::Parsed;
 
 /// Where one routed packet leaves, resolved: link-layer addresses, offloads, and the
@@ -81,29 +81,28 @@ impl Pipeline {
             uso: false,
             tunnel: None,
         };
-        let l2 = |how: String, m: [u8; 6]| {
-            move || {
-                format!(
-                    "{how}: to {} from {} on {}",
-                    MacAddr(m),
-                    MacAddr(p.mac),
-                    p.name
-                )
+        let l2 = |hop: L2Hop, m: [u8; 6]| {
+            move || TraceEvent::L2 {
+                hop,
+                dst_mac: m,
+                src_mac: p.mac,
+                port: p.name.clone(),
             }
         };
         match hop {
             NextHop::Mac(m) => {
-                trace.note("l2", l2("route's next hop MAC".into(), m));
+                trace.note(l2(L2Hop::RouteMac, m));
                 Ok(plain(m))
             }
             NextHop::Via(a) => {
                 let m = self.neighbour(port, a, now, out, trace)?;
-                trace.note("l2", l2(format!("gateway {a}"), m));
+                trace.note(l2(L2Hop::Gateway { addr: a }, m));
                 Ok(plain(m))
             }
             NextHop::Direct => {
                 let m = self.neighbour(port, parsed.key.dst.ip(), now, out, trace)?;
-                trace.note("l2", l2(format!("{} on-link", parsed.key.dst), m));
+                let addr = parsed.key.dst.ip();
+                trace.note(l2(L2Hop::OnLink { addr }, m));
                 Ok(plain(m))
             }
             NextHop::Tunnel(i) => {
@@ -119,16 +118,13 @@ impl Pipeline {
                     .node
                     .addr(peer.address.is_ipv6())
                     .ok_or(DropReason::NoRoute)?;
-                trace.note("l2", || {
-                    format!(
-                        "inner {} -> {}; outer to {} ({}) from {} on {}",
-                        MacAddr(ov.vtep_mac),
-                        MacAddr(peer.vtep_mac),
-                        MacAddr(outer_mac),
-                        peer.address,
-                        MacAddr(tables.ports[usize::from(up)].mac),
-                        tables.ports[usize::from(up)].name
-                    )
+                trace.note(|| TraceEvent::L2Tunnel {
+                    inner_src: ov.vtep_mac,
+                    inner_dst: peer.vtep_mac,
+                    outer_dst: outer_mac,
+                    peer: peer.address,
+                    outer_src: tables.ports[usize::from(up)].mac,
+                    port: tables.ports[usize::from(up)].name.clone(),
                 });
                 Ok(Egress {
                     port: up,
@@ -195,12 +191,10 @@ impl Pipeline {
             self.stats.neigh_probes += 1;
             if let Some(m) = to {
                 // Unknown ones are noted with the packet queued for them.
-                trace.note("neigh", || {
-                    format!(
-                        "{ip} not confirmed on {}: probe sent to {}",
-                        p.name,
-                        MacAddr(m)
-                    )
+                trace.note(|| TraceEvent::NeighProbe {
+                    ip,
+                    port: p.name.clone(),
+                    mac: m,
                 });
             }
             self.send(port, Packet::new(frame, port, now), out);
@@ -238,24 +232,18 @@ impl Pipeline {
         if trace.enabled {
             trace.waiting_for = Some((port, ip));
         }
-        trace.note("neigh", || {
-            let asked = match (probed, ip) {
-                (true, IpAddr::V4(_)) if self.dry_run => "an ARP request would be sent",
-                (true, IpAddr::V6(_)) if self.dry_run => "a neighbour solicitation would be sent",
-                (true, IpAddr::V4(_)) => "ARP request sent",
-                (true, IpAddr::V6(_)) => "neighbour solicitation sent",
-                (false, _) => "asked already",
-            };
-            let pushed = if pushed_out > 0 {
-                format!(", {pushed_out} older pushed out")
+        trace.note(|| TraceEvent::NeighQueued {
+            ip,
+            port: self.tables.ports[usize::from(port)].name.clone(),
+            asked: if probed {
+                Asked::Probed {
+                    dry_run: self.dry_run,
+                }
             } else {
-                String::new()
-            };
-            format!(
-                "queued: next hop {ip} unresolved on {} ({asked}); {} waiting for it{pushed}",
-                self.tables.ports[usize::from(port)].name,
-                self.parked.waiting_for(port, ip)
-            )
+                Asked::Already
+            },
+            waiting: self.parked.waiting_for(port, ip),
+            pushed_out,
         });
         Verdict::Queued
     }
@@ -301,12 +289,10 @@ impl Pipeline {
             self.stats.neigh_released += 1;
             // Drops on the way are the packet's, counted against the port it came in on.
             self.rx_port = usize::from(routed.pkt.meta.in_port);
-            trace.note("neigh", || {
-                format!(
-                    "{ip} is at {}: sending {} that waited for it",
-                    MacAddr(mac),
-                    routed.parsed.key
-                )
+            trace.note(|| TraceEvent::NeighReleased {
+                ip,
+                mac,
+                key: routed.parsed.key,
             });
             let Routed {
                 pkt,

@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 
 use super::track::Conn;
-use super::{Pipeline, Trace, Verdict};
+use super::{Pipeline, Trace, TraceEvent, Verdict};
 use crate::conntrack::Pending;
 use crate::drop::DropReason;
 use crate::flow::FlowKey;
@@ -87,11 +87,8 @@ impl Pipeline {
             next_hop,
         }) = route
         else {
-            trace.note("route", || {
-                format!(
-                    "{} -> nowhere: in this node's pod CIDRs, and no pod has it",
-                    parsed.key.dst.ip()
-                )
+            trace.note(|| TraceEvent::RouteNoPod {
+                dst: parsed.key.dst.ip(),
             });
             // As for "too big": a connection translated on its way here is kept, so that
             // the error, quoting the translated packet, is translated back for the
@@ -107,20 +104,19 @@ impl Pipeline {
             self.icmp_error(pkt, parsed, kind, translated, tunnel_peer, out, trace);
             return Err(self.drop(DropReason::NoSuchPod, trace));
         };
-        trace.note("route", || match next_hop {
-            NextHop::Tunnel(i) => format!(
-                "{} -> node {} through the overlay",
-                parsed.key.dst,
-                tables
+        trace.note(|| match next_hop {
+            NextHop::Tunnel(i) => TraceEvent::RouteTunnel {
+                dst: parsed.key.dst.ip(),
+                node: tables
                     .overlay
                     .as_ref()
                     .map_or("?", |o| &o.peers[usize::from(i)].name)
-            ),
-            _ => format!(
-                "{} -> port {}",
-                parsed.key.dst,
-                tables.ports[usize::from(out_id)].name
-            ),
+                    .to_string(),
+            },
+            _ => TraceEvent::RoutePort {
+                dst: parsed.key.dst.ip(),
+                port: tables.ports[usize::from(out_id)].name.clone(),
+            },
         });
         Ok((out_id, next_hop))
     }

@@ -2,13 +2,12 @@
 //! refusal, and the immediate refusal of a new connection to a Service without
 //! endpoints. The choice itself is [`crate::lb::balance`], called from `track`.
 
-use super::events::SockAddr;
-use super::{Pipeline, Trace};
+use super::{Pipeline, ServicePath, Trace, TraceEvent};
 use crate::conntrack::Nat;
 use crate::drop::DropReason;
 use crate::flow::{FlowKey, proto};
 use crate::icmp::ErrorKind;
-use crate::lb::{self, Balanced, Frontend, Scope};
+use crate::lb::{self, Balanced, Frontend};
 use crate::packet::{Packet, PortId};
 use crate::tables::Tables;
 use crate::wire::{L3, Parsed};
@@ -31,7 +30,7 @@ impl Pipeline {
                     return;
                 };
                 self.stats.service_rejected += 1;
-                trace.note("service", || "refused with a TCP reset".to_string());
+                trace.note(|| TraceEvent::ServiceReset);
                 let rst = Packet::new(frame, in_id, pkt.meta.time_ns);
                 self.send(in_id, rst, out);
             }
@@ -62,21 +61,17 @@ impl Pipeline {
             DropReason::ServiceNoEndpoints | DropReason::ServiceNoLocalEndpoints
         );
         if no_endpoint {
-            trace.note("service", || {
-                let svc = &tables.services.services[f.service as usize];
-                format!(
-                    "{} ({:?}): no endpoint to send {} to",
-                    svc.name, f.scope, before
-                )
+            trace.note(|| TraceEvent::ServiceNoEndpoint {
+                service: tables.services.services[f.service as usize].name.clone(),
+                scope: f.scope,
+                key: *before,
             });
         }
         if r == DropReason::ServiceNoNodeAddress {
-            trace.note("service", || {
-                let svc = &tables.services.services[f.service as usize];
-                format!(
-                    "{} ({:?}): {} must leave from this node's address, and it has none of the family",
-                    svc.name, f.scope, before
-                )
+            trace.note(|| TraceEvent::ServiceNoNodeAddress {
+                service: tables.services.services[f.service as usize].name.clone(),
+                scope: f.scope,
+                key: *before,
             });
         }
     }
@@ -89,49 +84,37 @@ impl Pipeline {
         before: &FlowKey,
         trace: &mut Trace,
     ) {
-        trace.note("service", || {
+        trace.note(|| {
             let svc = &tables.services.services[f.service as usize];
-            let how = match (b.nat.snat, b.mark & lb::MARK_TUNNEL != 0) {
-                (Some((a, _)), _) if b.hairpin => format!(", hairpin: source NAT to {a}"),
-                (Some((a, _)), _) => format!(", source NAT to {a}"),
-                (None, true) => ", client address kept, through the tunnel so that replies return through this node".to_string(),
-                (None, false) => String::new(),
+            let path = match (b.nat.snat, b.mark & lb::MARK_TUNNEL != 0) {
+                (Some((a, _)), _) => ServicePath::Snat {
+                    addr: a.ip(),
+                    hairpin: b.hairpin,
+                },
+                (None, true) => ServicePath::Tunnel,
+                (None, false) => ServicePath::Direct,
             };
             let be = &svc.backends[b.backend];
-            let node = be.node.as_deref().map_or(String::new(), |n| format!(" on node {n}"));
-            format!(
-                "{} ({} frontend {}) -> endpoint {}{node}{how}",
-                svc.name,
-                match f.scope {
-                    Scope::Internal => "cluster IP",
-                    Scope::External => "external",
-                },
-                SockAddr(before.dst.ip(), before.dst_port),
-                SockAddr(be.addr, be.port)
-            )
+            TraceEvent::ServiceBalanced {
+                service: svc.name.clone(),
+                scope: f.scope,
+                frontend: before.dst.ip(),
+                frontend_port: before.dst_port,
+                endpoint: be.addr,
+                endpoint_port: be.port,
+                node: be.node.clone(),
+                path,
+            }
         });
     }
 
     /// Notes the translation a static NAT rule gave a new connection.
     pub(super) fn note_static_nat(n: &Nat, trace: &mut Trace) {
-        trace.note("nat", || {
-            let mut v = Vec::new();
-            if let Some((a, p)) = n.dnat {
-                v.push(match p {
-                    Some(p) => format!("destination to {}", SockAddr(a.ip(), p)),
-                    None => format!("destination to {a}"),
-                });
-            }
-            if let Some((a, r)) = n.snat {
-                v.push(match r {
-                    Some((lo, hi)) => format!("source to {a} ports {lo}-{hi}"),
-                    None => format!("source to {a}"),
-                });
-            }
-            if v.is_empty() {
-                v.push("no translation".into());
-            }
-            format!("static rule: {}", v.join(", "))
+        trace.note(|| TraceEvent::StaticNat {
+            dnat: n.dnat.map(|(a, _)| a.ip()),
+            dnat_port: n.dnat.and_then(|(_, p)| p),
+            snat: n.snat.map(|(a, _)| a.ip()),
+            snat_ports: n.snat.and_then(|(_, r)| r),
         });
     }
 }

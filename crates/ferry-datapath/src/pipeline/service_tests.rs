@@ -170,12 +170,13 @@ fn test_cluster_ip_is_translated_to_an_endpoint_and_replies_back() {
     let note = tr
         .events
         .iter()
-        .find(|e| e.stage == "service")
+        .find(|e| e.stage().name() == "service")
         .expect("a service event");
     assert!(
-        note.detail.contains("default/web:http") && note.detail.contains("10.244.1.6:8080"),
+        note.to_string().contains("default/web:http")
+            && note.to_string().contains("10.244.1.6:8080"),
         "{}",
-        note.detail
+        note.to_string()
     );
     let original = FlowKey {
         dst: Addr::from(ip("10.96.0.10")),
@@ -351,12 +352,16 @@ fn test_a_frontend_goes_only_to_endpoints_of_its_family() {
     );
     let mut t = Trace::enabled();
     a.process(Packet::new(q, POD, SEC), &mut Vec::new(), &mut t);
-    let note = t.events.iter().find(|e| e.stage == "service").unwrap();
+    let note = t
+        .events
+        .iter()
+        .find(|e| e.stage().name() == "service")
+        .unwrap();
     assert!(
-        note.detail.contains("frontend [fd00:96::11]:53)")
-            && note.detail.contains("endpoint [fd00:10:244:1::6]:53"),
+        note.to_string().contains("frontend [fd00:96::11]:53)")
+            && note.to_string().contains("endpoint [fd00:10:244:1::6]:53"),
         "{}",
-        note.detail
+        note.to_string()
     );
 }
 
@@ -766,11 +771,15 @@ fn test_node_port_to_another_nodes_endpoint_returns_through_the_ingress_node() {
         (ip(CLIENT).into(), ip("10.244.2.5").into(), 8080),
         "client address kept"
     );
-    let note = tr.events.iter().find(|e| e.stage == "service").unwrap();
+    let note = tr
+        .events
+        .iter()
+        .find(|e| e.stage().name() == "service")
+        .unwrap();
     assert!(
-        note.detail.contains("node2") && note.detail.contains("tunnel"),
+        note.to_string().contains("node2") && note.to_string().contains("tunnel"),
         "{}",
-        note.detail
+        note.to_string()
     );
 
     let (v, got) = run(&mut b, out[0].1.data.clone(), UPLINK, SEC);
@@ -956,8 +965,12 @@ fn test_node_port_to_a_host_network_endpoint_on_another_node_goes_through_the_tu
         (ip(CLIENT).into(), ip("192.168.50.20").into(), 8443),
         "client address kept"
     );
-    let route = tr.events.iter().find(|e| e.stage == "route").unwrap();
-    assert!(route.detail.contains("node2"), "{}", route.detail);
+    let route = tr
+        .events
+        .iter()
+        .find(|e| e.stage().name() == "route")
+        .unwrap();
+    assert!(route.to_string().contains("node2"), "{}", route.to_string());
 }
 
 /// An endpoint the tunnel does not reach (on no node this one knows: a machine outside
@@ -983,11 +996,15 @@ fn test_node_port_to_an_endpoint_the_tunnel_does_not_reach_is_source_translated(
         (k.src, k.dst, k.dst_port),
         (ip(NODE1).into(), ip("192.168.30.50").into(), 80)
     );
-    let note = tr.events.iter().find(|e| e.stage == "service").unwrap();
+    let note = tr
+        .events
+        .iter()
+        .find(|e| e.stage().name() == "service")
+        .unwrap();
     assert!(
-        note.detail.contains("source NAT") && !note.detail.contains("tunnel"),
+        note.to_string().contains("source NAT") && !note.to_string().contains("tunnel"),
         "{}",
-        note.detail
+        note.to_string()
     );
     reply_reaches_the_client(&mut a, ("192.168.30.50", 80), GW_MAC, k.src_port);
 }
@@ -1442,7 +1459,7 @@ fn test_a_service_frontend_takes_precedence_over_a_matching_static_nat_rule() {
     );
     assert_eq!(a.stats().service_balanced, 1);
     assert!(
-        tr.events.iter().all(|e| e.stage != "nat"),
+        tr.events.iter().all(|e| e.stage().name() != "nat"),
         "no static rule applied: {:?}",
         tr.events
     );
@@ -1497,7 +1514,7 @@ fn test_a_connection_needing_the_node_address_of_a_family_the_node_lacks_is_drop
     assert!(
         tr.events
             .iter()
-            .any(|e| e.stage == "service" && e.detail.contains("none of the family")),
+            .any(|e| e.stage().name() == "service" && e.to_string().contains("none of the family")),
         "{:?}",
         tr.events
     );

@@ -365,7 +365,7 @@ fn test_trace_records_each_stage() {
     let mut t = Trace::enabled();
     let mut out = Vec::new();
     p.process(Packet::new(f, UPLINK, 0), &mut out, &mut t);
-    let stages: Vec<&str> = t.events.iter().map(|e| e.stage).collect();
+    let stages: Vec<&str> = t.events.iter().map(|e| e.stage().name()).collect();
     assert_eq!(
         stages,
         ["parse", "ct", "route", "mtu", "l2", "commit", "egress"]

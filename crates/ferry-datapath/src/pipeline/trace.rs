@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Pipeline, SockAddr, Trace, Verdict};
+use super::{Pipeline, SockAddr, Trace, TraceEvent, Verdict};
 use crate::conntrack::{Conntrack, Entry, ORIGINAL, ProtoState, REPLY, TcpState, reverse};
 use crate::describe::{self, Described, Transport};
 use crate::flow::{FlowKey, proto};
@@ -72,8 +72,11 @@ pub struct TracePass {
 pub struct TraceStage {
     /// The stage (`parse`, `decap`, `service`, `ct`, `route`, `encap`, ...).
     pub stage: String,
-    /// What it did.
+    /// What it did, as text.
     pub detail: String,
+    /// What it did, as fields (tagged by `kind`); absent from an older agent's report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<TraceEvent>,
 }
 
 /// A packet the pipeline emitted.
@@ -198,8 +201,9 @@ fn run_pass(
             .events
             .iter()
             .map(|e| TraceStage {
-                stage: e.stage.to_string(),
-                detail: e.detail.clone(),
+                stage: e.stage().name().to_string(),
+                detail: e.to_string(),
+                event: Some(e.clone()),
             })
             .collect(),
         verdict: match verdict {

@@ -205,10 +205,25 @@ fn test_the_report_crosses_json_with_the_agreed_field_names() {
         assert!(pass.get(k).is_some(), "no {k} in {pass}");
     }
     assert!(pass["stages"][0].get("stage").is_some() && pass["stages"][0].get("detail").is_some());
+    // Each stage carries its event's fields too, tagged by kind.
+    let ct = pass["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage"] == "ct")
+        .unwrap();
+    assert_eq!(ct["event"]["kind"], "ct", "{ct}");
+    assert_eq!(ct["event"]["state"], "new", "{ct}");
+    assert_eq!(ct["event"]["reply"], false, "{ct}");
+    assert_eq!(ct["event"]["key"]["dst"], "10.244.2.6", "{ct}");
+    assert_eq!(ct["event"]["key"]["dst_port"], 53, "{ct}");
     assert!(pass["out"][0].get("port").is_some() && pass["out"][0].get("summary").is_some());
     assert!(v.get("reverse").is_some());
     let back: TraceReport = serde_json::from_value(v).unwrap();
     assert_eq!(back, r);
+    // A report from an agent whose stages have no fields still reads.
+    let old: TraceStage = serde_json::from_str(r#"{"stage":"ct","detail":"new"}"#).unwrap();
+    assert_eq!(old.event, None);
     // Pod to a pod of another node: the reply comes back through the tunnel.
     assert_eq!(r.passes.len(), 2);
     assert_eq!(r.passes[1].ct.as_deref(), Some("reply"));

@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 
-use super::{Pipeline, Trace, Verdict};
+use super::{Pipeline, Trace, TraceEvent, Verdict};
 use crate::conntrack::{CtResult, CtState, Nat, Pending, Start};
 use crate::drop::DropReason;
 use crate::flow::FlowKey;
@@ -150,14 +150,11 @@ impl Pipeline {
         if let (Some(n), Some(_)) = (&opening.static_nat, &ct.pending) {
             Self::note_static_nat(n, trace);
         }
-        trace.note("ct", || {
-            let dir = if ct.reply { " reply" } else { "" };
-            let nat = if *before != parsed.key {
-                format!(", translated to {}", parsed.key)
-            } else {
-                String::new()
-            };
-            format!("{}{dir}{nat}", ct.state.name())
+        trace.note(|| TraceEvent::Ct {
+            state: ct.state,
+            reply: ct.reply,
+            key: parsed.key,
+            translated: *before != parsed.key,
         });
         if ct.state == CtState::Invalid && !tables.ct.pass_invalid {
             return Err(DropReason::CtInvalid);
@@ -210,7 +207,7 @@ impl Pipeline {
     ) -> Result<(), DropReason> {
         if let Some(p) = pending.take() {
             self.ct.commit(p, now)?;
-            trace.note("commit", || "connection committed".to_string());
+            trace.note(|| TraceEvent::Committed);
         }
         Ok(())
     }

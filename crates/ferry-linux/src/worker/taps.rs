@@ -279,7 +279,7 @@ impl Taps {
                 stages: t
                     .events
                     .iter()
-                    .map(|e| (e.stage.to_string(), e.detail.clone()))
+                    .map(|e| (e.stage().name().to_string(), e.to_string()))
                     .collect(),
                 verdict: match verdict {
                     Verdict::Dropped(r) => format!("dropped: {}", r.name()),
