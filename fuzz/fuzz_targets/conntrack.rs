@@ -3,6 +3,7 @@
 //! entry is found from both its tuples, the table's size is what it lists, and it never
 //! holds more than its limit.
 #![no_main]
+#![forbid(unsafe_code)]
 
 use std::net::IpAddr;
 

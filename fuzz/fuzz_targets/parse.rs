@@ -1,5 +1,6 @@
 //! Any bytes as a frame: parsing never panics, and what it accepts is self-consistent.
 #![no_main]
+#![forbid(unsafe_code)]
 
 use ferry_datapath::wire::parse;
 use libfuzzer_sys::fuzz_target;

@@ -3,6 +3,7 @@
 //! apart): it never panics, nothing plain it sends exceeds the egress MTU, and every
 //! segment a GSO packet it sends would be cut into fits it.
 #![no_main]
+#![forbid(unsafe_code)]
 
 use std::sync::{Arc, OnceLock};
 

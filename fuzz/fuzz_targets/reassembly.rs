@@ -1,6 +1,7 @@
 //! A stream of arbitrary frames through the reassembler, with a clock that moves: it never
 //! panics, memory stays within its limits, and every completed datagram parses.
 #![no_main]
+#![forbid(unsafe_code)]
 
 use ferry_datapath::DropCounters;
 use ferry_datapath::ipf::{Config, Outcome, Reassembler, refragment};

@@ -2,6 +2,7 @@
 //! segment it produces parses; TCP segments fit the MTU, UDP ones carry at most gso_size
 //! bytes (USO is cut at gso_size whatever the MTU).
 #![no_main]
+#![forbid(unsafe_code)]
 
 use ferry_datapath::gso::segment;
 use ferry_datapath::packet::Packet;

@@ -16,11 +16,11 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::io::{self, Write as _};
+use std::io;
 use std::net::IpAddr;
-use std::process::{Command, Stdio};
 
 use ferry_datapath::tables::Tables;
+use ferry_linux::cmd::Cmd;
 
 /// The nftables table ferry owns (one per family).
 pub const TABLE: &str = "ferry_host";
@@ -112,23 +112,7 @@ pub fn script(node_addrs: &[IpAddr], rules: &BTreeSet<Rule>) -> String {
 
 /// Runs `nft -f -` with `script`.
 pub fn apply(script: &str) -> io::Result<()> {
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| io::Error::new(e.kind(), format!("nft: {e} (install nftables)")))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(script.as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        return Err(io::Error::other(format!(
-            "nft: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
+    Cmd::new("nft").args(["-f", "-"]).stdin(script).run()?;
     Ok(())
 }
 
@@ -231,23 +215,12 @@ mod tests {
             "fd00:77::1".parse().unwrap(),
             "192.168.77.1".parse().unwrap(),
         ];
-        let mut child = Command::new("nft")
+        if let Err(e) = Cmd::new("nft")
             .args(["-c", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("nft (nftables) is installed");
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(script(&addrs, &rules).as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+            .stdin(script(&addrs, &rules))
+            .run()
+        {
+            panic!("nft (nftables, which the test suite installs) refused the script: {e}");
+        }
     }
 }

@@ -24,9 +24,9 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::process::Command;
 
 use ferry_datapath::tables::{PortKind, Tables};
+use ferry_linux::cmd;
 use ipnet::IpNet;
 use serde::Deserialize;
 
@@ -146,17 +146,8 @@ pub fn kernel_routes() -> Result<Vec<String>, String> {
     ["-4", "-6"]
         .iter()
         .map(|family| {
-            let out = Command::new("ip")
-                .args([*family, "-json", "route", "show", "table", "all"])
-                .output()
-                .map_err(|e| format!("running `ip route`: {e}"))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "`ip {family} -json route show table all`: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
-            }
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+            cmd::run("ip", &[family, "-json", "route", "show", "table", "all"])
+                .map_err(|e| e.to_string())
         })
         .collect()
 }
@@ -222,17 +213,7 @@ pub fn rule_leftovers(json: &str) -> Result<Vec<String>, String> {
 
 /// nftables' chains, as `nft --json list chains` prints them.
 pub fn kernel_chains() -> Result<String, String> {
-    let out = Command::new("nft")
-        .args(["--json", "list", "chains"])
-        .output()
-        .map_err(|e| format!("running `nft`: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "`nft --json list chains`: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    cmd::run("nft", &["--json", "list", "chains"]).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

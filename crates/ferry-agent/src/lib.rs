@@ -17,6 +17,7 @@
 //!   metrics ([`metrics`]) show of the running node.
 //!
 //! `docs/agent.md` documents the mapping from Kubernetes fields to tables fields.
+#![forbid(unsafe_code)]
 
 mod accept;
 pub mod api;

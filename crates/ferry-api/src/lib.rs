@@ -8,6 +8,7 @@
 //!
 //! Every request and answer is small and self-contained so that a client written in any
 //! language (a shell with `socat`, for instance) can use it.
+#![forbid(unsafe_code)]
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};

@@ -11,6 +11,7 @@
 //! node.
 //!
 //! `docs/cni.md` describes the plugin for its users.
+#![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod config;

@@ -1,5 +1,6 @@
 //! `ferry-cni`: a CNI plugin when run without arguments (as container runtimes run
 //! it), `ferry-cni install ...` to put itself and its configuration in place.
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

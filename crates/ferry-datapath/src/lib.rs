@@ -2,6 +2,7 @@
 //!
 //! Pure by design: no syscalls, no threads, no clock reads (time is passed in with each
 //! packet), so every behaviour can be unit-tested and replayed from pcap files.
+#![forbid(unsafe_code)]
 
 pub mod conntrack;
 pub mod describe;

@@ -5,10 +5,11 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use ferry_linux::cmd::Cmd;
 
 use crate::plan::{CLIENT_IP, CLIENT_IP6, Plan, VIP_CROSS_ZONE, cluster_ip, lb_port, node_port};
 use crate::state::State;
@@ -482,10 +483,10 @@ fn large_tcp_no_fragments(c: &mut Ctx) -> Result<()> {
         let pcap = c.dir.join("large-tcp.pcap");
         let _ = std::fs::remove_file(&pcap);
         let p = pcap.display().to_string();
-        let mut tshark = Command::new("ip")
-            .args([
-                "netns", "exec", &fabric, "tshark", "-q", "-i", &port, "-w", &p,
-            ])
+        let mut tshark = Cmd::new("tshark")
+            .args(["-q", "-i", &port, "-w", &p])
+            .netns(&fabric)
+            .command()
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -593,18 +594,10 @@ fn udp_pod_replaced(c: &mut Ctx) -> Result<()> {
     let node = if old.node == 1 { c.plan().nodes } else { 1 };
     let ferry = c.state.ferry.display().to_string();
     let to = format!("{}:53", cluster_ip::ECHO);
-    let stream = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &c.ns("a")?,
-            &ferry,
-            "lab",
-            "probe-udp",
-            "--stream",
-            "8",
-            &to,
-        ])
+    let stream = Cmd::new(&ferry)
+        .args(["lab", "probe-udp", "--stream", "8", &to])
+        .netns(c.ns("a")?)
+        .command()
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;

@@ -16,6 +16,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use ferry_linux::cmd::Cmd;
 
 use crate::plan::{Plan, VIP_CROSS_ZONE, lb_port, node_port};
 
@@ -124,17 +125,11 @@ pub fn ruleset(plan: &Plan, healthy: &[u8]) -> String {
 
 /// Applies a ruleset in the current namespace.
 fn apply(rules: &str) -> Result<()> {
-    let mut child = std::process::Command::new("nft")
+    Cmd::new("nft")
         .args(["-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .context("running nft")?;
-    child
-        .stdin
-        .take()
-        .context("nft's stdin")?
-        .write_all(rules.as_bytes())?;
-    anyhow::ensure!(child.wait()?.success(), "nft refused:\n{rules}");
+        .stdin(rules)
+        .run()
+        .with_context(|| format!("nft refused:\n{rules}"))?;
     Ok(())
 }
 

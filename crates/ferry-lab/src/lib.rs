@@ -7,6 +7,7 @@
 //! - [`cni`]: pods made through the CNI plugin as a kubelet would;
 //! - [`lb`]: the load balancer and its health checks; [`check`]: the scenarios;
 //! - [`probe`]: small UDP clients the checks run inside the namespaces.
+#![forbid(unsafe_code)]
 
 pub mod check;
 pub mod cluster;

@@ -4,62 +4,40 @@
 use std::fs::File;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use ferry_linux::cmd::Cmd;
 
 /// Runs a command; an error carries its output.
 pub fn run(args: &[&str]) -> Result<String> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running {}", args[0]))?;
-    if !out.status.success() {
-        bail!(
-            "{} failed ({}): {}{}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stdout).trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    let (program, args) = args.split_first().context("no command to run")?;
+    Ok(Cmd::new(*program).args(args).run()?)
+}
+
+/// `cmd` to run in namespace `ns` (full name) under `timeout SECS`.
+fn timed_in(ns: &str, secs: u32, cmd: &[&str]) -> Cmd {
+    Cmd::new("timeout")
+        .arg(secs.to_string())
+        .args(cmd)
+        .netns(ns)
 }
 
 /// Runs `cmd` in namespace `ns` (full name) under `timeout SECS`, whatever its exit.
 pub fn exec_in(ns: &str, secs: u32, cmd: &[&str]) -> Result<Output> {
-    let limit = secs.to_string();
-    Command::new("ip")
-        .args(["netns", "exec", ns, "timeout", &limit])
-        .args(cmd)
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running {cmd:?} in {ns}"))
+    Ok(timed_in(ns, secs, cmd).output()?)
 }
 
 /// Like [`exec_in`], an error unless it succeeds; returns standard output.
 pub fn run_in(ns: &str, secs: u32, cmd: &[&str]) -> Result<String> {
-    let out = exec_in(ns, secs, cmd)?;
-    if !out.status.success() {
-        bail!(
-            "in {ns}: {} failed ({}): {}{}",
-            cmd.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stdout).trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    Ok(timed_in(ns, secs, cmd).run()?)
 }
 
 /// Runs `ip -n NS args...`.
 pub fn ip(ns: &str, args: &[&str]) -> Result<String> {
-    let mut all = vec!["ip", "-n", ns];
-    all.extend_from_slice(args);
-    run(&all)
+    Ok(Cmd::new("ip").args(["-n", ns]).args(args).run()?)
 }
 
 /// Starts `cmd` in namespace `ns`, in a process group of its own (a terminal's ^C for
@@ -68,9 +46,11 @@ pub fn ip(ns: &str, args: &[&str]) -> Result<String> {
 pub fn start_in(ns: &str, log: &Path, cmd: &[&str]) -> Result<u32> {
     let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let err = out.try_clone()?;
-    let child = Command::new("ip")
-        .args(["netns", "exec", ns])
-        .args(cmd)
+    let (program, args) = cmd.split_first().context("no command to start")?;
+    let child = Cmd::new(*program)
+        .args(args)
+        .netns(ns)
+        .command()
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
@@ -93,10 +73,10 @@ pub fn alive(pid: u32) -> bool {
 
 /// Sends `signal` (`TERM`, `KILL`) to `pid`, ignoring a process already gone.
 pub fn signal(pid: u32, signal: &str) {
-    let _ = Command::new("kill")
-        .args([&format!("-{signal}"), &pid.to_string()])
-        .stderr(Stdio::null())
-        .status();
+    let _ = Cmd::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .output();
 }
 
 /// Stops processes: TERM, up to 3 s to exit, then KILL.

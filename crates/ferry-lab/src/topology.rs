@@ -15,6 +15,7 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use ferry_linux::cmd::Cmd;
 
 use crate::plan::{
     CLIENT_IP, CLIENT_IP6, CLIENT_SUBNET, CLIENT_SUBNET6, LB_CLIENT_SIDE_IP, LB_CLIENT_SIDE_IP6,
@@ -224,19 +225,12 @@ fn network(plan: &Plan) -> Result<()> {
     )?;
     // The load balancer starts with its Cluster listeners and no Local target.
     let rules = crate::lb::ruleset(plan, &[]);
-    let mut nft = std::process::Command::new("ip")
-        .args(["netns", "exec", &lb, "nft", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .context("running nft in the load balancer's namespace (apt-get install nftables)")?;
-    nft.stdin
-        .take()
-        .context("nft stdin")?
-        .write_all(rules.as_bytes())?;
-    anyhow::ensure!(
-        nft.wait()?.success(),
-        "nft refused the load balancer's rules"
-    );
+    Cmd::new("nft")
+        .args(["-f", "-"])
+        .stdin(rules)
+        .netns(&lb)
+        .run()
+        .context("the load balancer's rules (nft: apt-get install nftables)")?;
     Ok(())
 }
 
@@ -473,9 +467,11 @@ pub fn exec(dir: &Path, target: &str, cmd: &[String]) -> Result<i32> {
             s.plan.ns(target)
         }
     };
-    let status = std::process::Command::new("ip")
-        .args(["netns", "exec", &ns])
-        .args(cmd)
+    let (program, args) = cmd.split_first().context("no command to run")?;
+    let status = Cmd::new(program)
+        .args(args)
+        .netns(&ns)
+        .command()
         .status()
         .with_context(|| format!("running {cmd:?} in {ns}"))?;
     Ok(status.code().unwrap_or(1))

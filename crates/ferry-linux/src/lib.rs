@@ -6,6 +6,7 @@
 //! says why it is sound; the types exported here are safe to use.
 
 pub mod af_packet;
+pub mod cmd;
 pub mod cpu;
 pub mod link;
 pub mod memory;

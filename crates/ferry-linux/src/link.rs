@@ -6,32 +6,15 @@
 //! does the same over netlink; nothing on the packet path calls them.
 
 use std::io;
-use std::process::Command;
 
 use ipnet::IpNet;
 
-/// Runs `ip args...` and returns its standard output. The error names the command and
-/// carries its standard error (or says to install iproute2 when `ip` is missing).
-pub fn ip(args: &[&str]) -> io::Result<String> {
-    run("ip", "iproute2", args)
-}
+use crate::cmd;
 
-/// Runs `program args...`; `package` is named when the program is missing.
-pub(crate) fn run(program: &str, package: &str, args: &[&str]) -> io::Result<String> {
-    let out = Command::new(program).args(args).output().map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("cannot run `{program}` (install package {package}): {e}"),
-        )
-    })?;
-    if !out.status.success() {
-        return Err(io::Error::other(format!(
-            "`{program} {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+/// Runs `ip args...` and returns its standard output. The error names the command, its
+/// exit status and its standard error (or says to install iproute2 when `ip` is missing).
+pub fn ip(args: &[&str]) -> io::Result<String> {
+    Ok(cmd::run("ip", args)?)
 }
 
 /// How a pod's interface is set up inside its namespace.

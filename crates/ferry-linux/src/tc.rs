@@ -33,7 +33,7 @@ use std::io;
 
 use serde_json::Value;
 
-use crate::link::run;
+use crate::cmd;
 use crate::netns;
 
 /// The filter's preference (priority) on the ingress hook: 254, low enough to run before
@@ -56,7 +56,7 @@ pub struct IngressDrop {
 }
 
 fn tc(args: &[&str]) -> io::Result<String> {
-    run("tc", "iproute2", args)
+    Ok(cmd::run("tc", args)?)
 }
 
 /// The index of device `dev` in the calling thread's network namespace.

@@ -1,4 +1,5 @@
 //! The `ferry` command.
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

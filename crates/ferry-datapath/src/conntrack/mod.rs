@@ -226,7 +226,7 @@ pub struct Pending {
     /// The hashes of the entry's two tuples, computed by `process`, so that commit does
     /// not hash them again: valid in the table whose stamp is `stamp`.
     hashes: [u64; 2],
-    stamp: u64,
+    stamp: std::sync::Weak<table::Stamp>,
     /// The table's count of insertions and removals when `process` found both tuples
     /// free: while it is unchanged they still are, and commit need not look them up again.
     changes: u64,
@@ -771,7 +771,7 @@ impl Conntrack {
     pub fn commit(&mut self, pending: Pending, now_ns: u64) -> Result<EntryId, DropReason> {
         // The entry is read where it lies and moved once, into the table: taken apart
         // into locals it would be copied first.
-        let same_table = pending.stamp == self.table.stamp();
+        let same_table = self.table.has_stamp(&pending.stamp);
         let hashes = if same_table {
             pending.hashes
         } else {

@@ -19,7 +19,7 @@
 //! more for a second allocation. The expiry wheel is a fixed 16 KiB on top.
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 use ahash::RandomState;
 
@@ -111,7 +111,7 @@ pub(crate) struct Table {
     prefetch: Option<Prefetch>,
     /// Tells this table from every other in the process, so that hashes computed by one
     /// are not used in another (see `Pending`).
-    stamp: u64,
+    stamp: Arc<Stamp>,
     /// Insertions and removals so far: while it stays the same, a tuple found free stays
     /// free (see `Pending`).
     changes: u64,
@@ -126,8 +126,11 @@ struct Hint {
     first: u32,
 }
 
-/// The stamp of the next table.
-static NEXT_STAMP: AtomicU64 = AtomicU64::new(1);
+/// The identity of a table: the allocation itself, which a pending connection's [`Weak`]
+/// to it keeps from being reused by a newer table, so that no process-wide counter is
+/// needed to tell tables apart.
+#[derive(Debug)]
+pub(crate) struct Stamp;
 
 /// True for an entry whose source NAT took a port (or ICMP echo identifier) of its
 /// translated address: SNAT of a protocol with ports (also a connection without SNAT that
@@ -168,7 +171,7 @@ impl Table {
             hints: Vec::new(),
             next_hint: 0,
             prefetch: None,
-            stamp: NEXT_STAMP.fetch_add(1, Ordering::Relaxed),
+            stamp: Arc::new(Stamp),
             changes: 0,
         }
     }
@@ -199,10 +202,18 @@ impl Table {
         self.hash(k)
     }
 
-    /// This table's stamp, unique in the process.
+    /// This table's stamp, for a pending connection to carry: unique among the tables
+    /// alive while it is held.
     #[inline]
-    pub(crate) fn stamp(&self) -> u64 {
-        self.stamp
+    pub(crate) fn stamp(&self) -> Weak<Stamp> {
+        Arc::downgrade(&self.stamp)
+    }
+
+    /// True when `stamp` is this table's.
+    #[inline]
+    pub(crate) fn has_stamp(&self, stamp: &Weak<Stamp>) -> bool {
+        // The address of the allocation a held Weak points to is not reused.
+        std::ptr::eq(stamp.as_ptr(), Arc::as_ptr(&self.stamp))
     }
 
     /// Insertions and removals so far (wrapping): equal counts mean the same entries.

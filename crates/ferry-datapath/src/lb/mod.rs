@@ -23,7 +23,7 @@ mod spec;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use ahash::RandomState;
 
@@ -166,11 +166,11 @@ pub struct Services {
     node: String,
     /// Service ports in force (not emptied slots).
     live: usize,
-    /// Identifies this value (0: none, e.g. the default); see
+    /// Identifies this value and its clones (none for the default); see
     /// [`Services::endpoints_gone_since`].
-    id: u64,
+    id: Option<Arc<Lineage>>,
     /// The value [`Services::update`] made this one from.
-    parent: u64,
+    parent: Weak<Lineage>,
     /// Endpoints that update took away (no Service port has them any more) or that
     /// stopped serving (no Service port has them serving any more).
     gone: Vec<(u8, IpAddr, u16)>,
@@ -179,11 +179,17 @@ pub struct Services {
     udp_frontends_added: bool,
 }
 
-/// Gives every compiled or updated [`Services`] its own id.
-static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+/// The identity of one compiled or updated [`Services`], shared by its clones: the
+/// allocation itself, which a [`Weak`] to it keeps from being reused, so that a value
+/// knows the one it was made from without a process-wide counter.
+#[derive(Debug)]
+struct Lineage;
 
-fn next_id() -> u64 {
-    NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+impl Lineage {
+    /// A new identity, unlike that of any value alive or any a value alive was made from.
+    fn fresh() -> Option<Arc<Lineage>> {
+        Some(Arc::new(Lineage))
+    }
 }
 
 /// Why a Service gives no backend.
@@ -234,7 +240,7 @@ impl Services {
         let mut s = Services {
             local_addrs: local_addrs.into_iter().collect(),
             node: node.to_string(),
-            id: next_id(),
+            id: Lineage::fresh(),
             ..Services::default()
         };
         let mut names = HashSet::with_capacity(specs.len());
@@ -255,8 +261,8 @@ impl Services {
     /// Services there are. Unknown names in `removed` are ignored.
     pub fn update(&self, removed: &[&str], added: &[ServiceSpec]) -> Result<Services, String> {
         let mut s = self.clone();
-        s.id = next_id();
-        s.parent = self.id;
+        s.id = Lineage::fresh();
+        s.parent = self.lineage();
         s.gone.clear();
         s.udp_frontends_added = added
             .iter()
@@ -289,7 +295,7 @@ impl Services {
                 .collect();
             let node = std::mem::take(&mut s.node);
             let mut c = Services::compile(&live, &node, s.local_addrs.iter().copied())?;
-            c.parent = self.id;
+            c.parent = self.lineage();
             c.gone = s.gone;
             c.udp_frontends_added = s.udp_frontends_added;
             return Ok(c);
@@ -305,7 +311,7 @@ impl Services {
     /// (then any endpoint may have gone). A table swap uses it to visit the connection
     /// table only when an endpoint went away or stopped serving.
     pub fn endpoints_gone_since(&self, older: &Services) -> Option<&[(u8, IpAddr, u16)]> {
-        (older.id != 0 && self.parent == older.id).then_some(self.gone.as_slice())
+        self.made_from(older).then_some(self.gone.as_slice())
     }
 
     /// Whether a UDP frontend (an address and port, or a node port) came in since
@@ -313,7 +319,20 @@ impl Services {
     /// they were not (then any may have). A table swap uses it to visit the connection
     /// table only when a UDP flow may have started to an address that is a frontend now.
     pub fn udp_frontends_added_since(&self, older: &Services) -> Option<bool> {
-        (older.id != 0 && self.parent == older.id).then_some(self.udp_frontends_added)
+        self.made_from(older).then_some(self.udp_frontends_added)
+    }
+
+    /// A reference to this value's identity, for the values made from it.
+    fn lineage(&self) -> Weak<Lineage> {
+        self.id.as_ref().map(Arc::downgrade).unwrap_or_default()
+    }
+
+    /// True when [`Services::update`] made these Services from `older` (or a clone of it).
+    fn made_from(&self, older: &Services) -> bool {
+        older
+            .id
+            .as_ref()
+            .is_some_and(|id| Weak::ptr_eq(&self.parent, &Arc::downgrade(id)))
     }
 
     /// True when `spec`, over protocol `proto`, has a frontend these Services do not.
