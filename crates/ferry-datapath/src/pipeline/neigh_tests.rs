@@ -28,21 +28,6 @@ fn payloads(out: &[(PortId, Packet)], tunnelled: bool) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// A broadcast ARP request from `sender` at `mac` for `target`.
-fn arp_request(mac: [u8; 6], sender: &str, target: &str) -> Vec<u8> {
-    let (IpAddr::V4(s), IpAddr::V4(t)) = (ip(sender), ip(target)) else {
-        panic!()
-    };
-    arp::Repr {
-        op: arp::REQUEST,
-        sender_mac: mac,
-        sender_ip: s,
-        target_mac: [0; 6],
-        target_ip: t,
-    }
-    .frame([0xff; 6], mac, None)
-}
-
 fn v6(s: &str) -> Ipv6Addr {
     s.parse().unwrap()
 }

@@ -469,20 +469,6 @@ fn test_link_local_addresses_routed_explicitly_are_forwarded() {
     }
 }
 
-fn arp_request(sender_mac: [u8; 6], sender: &str, target: &str) -> Vec<u8> {
-    let (IpAddr::V4(s), IpAddr::V4(t)) = (ip(sender), ip(target)) else {
-        panic!()
-    };
-    arp::Repr {
-        op: arp::REQUEST,
-        sender_mac,
-        sender_ip: s,
-        target_mac: [0; 6],
-        target_ip: t,
-    }
-    .frame([0xff; 6], sender_mac, None)
-}
-
 #[test]
 fn test_pod_arp_is_answered_from_the_port_mac_for_any_address() {
     let (mut a, _) = nodes();

@@ -10,18 +10,6 @@ const CLIENT: &str = "192.168.60.7";
 const NODE1: &str = "192.168.50.10";
 const GW: &str = "192.168.50.1";
 
-fn be(addr: &str, port: u16, node: u8) -> BackendSpec {
-    BackendSpec {
-        addr: ip(addr),
-        port,
-        node: Some(format!("node{node}")),
-        no_node: false,
-        ready: true,
-        serving: None,
-        terminating: false,
-    }
-}
-
 fn web(backends: Vec<BackendSpec>) -> ServiceSpec {
     ServiceSpec {
         name: "default/web:http".into(),
@@ -34,27 +22,6 @@ fn web(backends: Vec<BackendSpec>) -> ServiceSpec {
         backends,
         ..ServiceSpec::default()
     }
-}
-
-/// Node `n` of the two-node tables with `services`; node 2 is on the uplink subnet, so
-/// cross-subnet mode routes to its pods without encapsulation.
-fn node(n: u8, mode: ModeSpec, services: Vec<ServiceSpec>) -> Pipeline {
-    let other = 3 - n;
-    let mut spec = node_spec(
-        n,
-        mode,
-        vec![peer(other, &format!("192.168.50.{}", other * 10))],
-    );
-    spec.services = services;
-    let mut p = Pipeline::new(Arc::new(spec.compile().unwrap()));
-    learn(&mut p, n, GW, GW_MAC);
-    learn(
-        &mut p,
-        n,
-        &format!("192.168.50.{}", other * 10),
-        uplink_mac(other),
-    );
-    p
 }
 
 fn tcp_from_pod(last: u8, dst: &str, sport: u16, dport: u16, flags: u8) -> Vec<u8> {

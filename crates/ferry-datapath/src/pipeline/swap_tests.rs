@@ -1,13 +1,12 @@
 //! Table swap tests: what a running pipeline keeps, moves and drops when its tables are
 //! replaced.
 
-use std::net::IpAddr;
-
 use super::*;
 use crate::conntrack::{EntryId, Filter};
 use crate::drop::DropReason;
 use crate::lb::{BackendSpec, ServiceSpec};
 use crate::packet::{Packet, PortId};
+use crate::pipeline::test_support::ip;
 use crate::pipeline::{Trace, Verdict};
 use crate::tables::{
     CtSpec, IcmpSpec, IpfSpec, MacAddr, MatchSpec, NatRuleSpec, PortKind, PortSpec, RouteSpec,
@@ -19,10 +18,6 @@ use crate::wire::parse;
 const CLIENT: &str = "192.168.50.1";
 const VIP: &str = "10.96.0.10";
 const NEXT_HOP: [u8; 6] = [2, 0, 0, 0, 0, 0xfe];
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
 
 fn port(name: &str, last: u8, kind: PortKind, addresses: &[&str]) -> PortSpec {
     PortSpec {

@@ -3,6 +3,7 @@
 pub(super) use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::*;
+pub(super) use crate::lb::{BackendSpec, ServiceSpec};
 pub(super) use crate::tables::{
     MacAddr, ModeSpec, NodeSpec, OverlaySpec, PeerSpec, PortSpec, RouteSpec, TablesSpec,
 };
@@ -194,4 +195,53 @@ pub(super) fn arp_of(frame: &[u8]) -> arp::Repr {
     let p = parse(frame, 0).unwrap();
     assert_eq!(p.l3, L3::Arp);
     arp::Repr::parse(&frame[p.l3_off..]).unwrap()
+}
+
+/// An endpoint on node `node`, ready.
+pub(super) fn be(addr: &str, port: u16, node: u8) -> BackendSpec {
+    BackendSpec {
+        addr: ip(addr),
+        port,
+        node: Some(format!("node{node}")),
+        no_node: false,
+        ready: true,
+        serving: None,
+        terminating: false,
+    }
+}
+
+/// Node `n` of the two-node tables with `services`; node 2 is on the uplink subnet, so
+/// cross-subnet mode routes to its pods without encapsulation.
+pub(super) fn node(n: u8, mode: ModeSpec, services: Vec<ServiceSpec>) -> Pipeline {
+    let other = 3 - n;
+    let mut spec = node_spec(
+        n,
+        mode,
+        vec![peer(other, &format!("192.168.50.{}", other * 10))],
+    );
+    spec.services = services;
+    let mut p = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    learn(&mut p, n, "192.168.50.1", GW_MAC);
+    learn(
+        &mut p,
+        n,
+        &format!("192.168.50.{}", other * 10),
+        uplink_mac(other),
+    );
+    p
+}
+
+/// A broadcast ARP request from `sender` at `mac` for `target`.
+pub(super) fn arp_request(mac: [u8; 6], sender: &str, target: &str) -> Vec<u8> {
+    let (IpAddr::V4(s), IpAddr::V4(t)) = (ip(sender), ip(target)) else {
+        panic!()
+    };
+    arp::Repr {
+        op: arp::REQUEST,
+        sender_mac: mac,
+        sender_ip: s,
+        target_mac: [0; 6],
+        target_ip: t,
+    }
+    .frame([0xff; 6], mac, None)
 }

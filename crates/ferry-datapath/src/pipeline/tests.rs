@@ -1,8 +1,6 @@
 //! Pipeline tests: forwarding, fragments, GSO, conntrack and NAT, offload checks.
 
-use std::net::IpAddr;
-
-use super::test_support::frags;
+use super::test_support::{frags, ip, run};
 use super::*;
 use crate::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
 use crate::wire::build::{self, IpOpts, tcp_flags};
@@ -12,10 +10,6 @@ const UPLINK: PortId = 0;
 const POD: PortId = 1;
 const BIG: PortId = 2;
 const POD_MAC: [u8; 6] = [0x0a, 0x58, 0, 0, 0, 5];
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
 
 fn port(name: &str, last: u8, mtu: u16, addrs: &[&str], gro: bool, gso: bool) -> PortSpec {
     PortSpec {
@@ -63,16 +57,6 @@ fn pipeline() -> Pipeline {
         ..TablesSpec::default()
     };
     Pipeline::new(Arc::new(spec.compile().unwrap()))
-}
-
-fn run(p: &mut Pipeline, frame: Vec<u8>, port: PortId, t: u64) -> (Verdict, Vec<(PortId, Packet)>) {
-    let mut out = Vec::new();
-    let v = p.process(
-        Packet::new(frame, port, t),
-        &mut out,
-        &mut Trace::disabled(),
-    );
-    (v, out)
 }
 
 #[test]

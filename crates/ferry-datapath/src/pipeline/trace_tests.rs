@@ -7,18 +7,6 @@ use crate::lb::{BackendSpec, ServiceSpec};
 
 const GW: &str = "192.168.50.1";
 
-fn be(addr: &str, port: u16, node: u8) -> BackendSpec {
-    BackendSpec {
-        addr: ip(addr),
-        port,
-        node: Some(format!("node{node}")),
-        no_node: false,
-        ready: true,
-        serving: None,
-        terminating: false,
-    }
-}
-
 fn web(backends: Vec<BackendSpec>) -> ServiceSpec {
     ServiceSpec {
         name: "default/web:http".into(),
@@ -29,27 +17,6 @@ fn web(backends: Vec<BackendSpec>) -> ServiceSpec {
         backends,
         ..ServiceSpec::default()
     }
-}
-
-/// Node `n` of the two-node tables with `services`, its gateway and the other node
-/// known as neighbours.
-fn node(n: u8, mode: ModeSpec, services: Vec<ServiceSpec>) -> Pipeline {
-    let other = 3 - n;
-    let mut spec = node_spec(
-        n,
-        mode,
-        vec![peer(other, &format!("192.168.50.{}", other * 10))],
-    );
-    spec.services = services;
-    let mut p = Pipeline::new(Arc::new(spec.compile().unwrap()));
-    learn(&mut p, n, GW, GW_MAC);
-    learn(
-        &mut p,
-        n,
-        &format!("192.168.50.{}", other * 10),
-        uplink_mac(other),
-    );
-    p
 }
 
 fn described(p: &Pipeline, s: &str, port: PortId) -> Vec<u8> {
