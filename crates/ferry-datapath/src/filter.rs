@@ -18,7 +18,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::flow::proto;
-use crate::wire::parse::ethertype;
+use crate::wire::ethernet::ethertype;
 use crate::wire::{L3, Parsed, parse, vxlan};
 
 /// Deepest nesting of `not`, parentheses and alternating `and`/`or` that a filter may

@@ -11,8 +11,9 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::flow::proto;
+use crate::wire::ethernet::ethertype;
 use crate::wire::icmp::{self, v4, v6};
-use crate::wire::parse::{ETH_LEN, IPV6_LEN, L3, Parsed, ethertype};
+use crate::wire::parse::{ETH_LEN, IPV6_LEN, L3, Parsed};
 use crate::wire::{checksum, ethernet, ipv4, ipv6};
 
 /// Largest IPv4 ICMP error datagram (RFC 1812 section 4.3.2.3: at most 576 bytes).

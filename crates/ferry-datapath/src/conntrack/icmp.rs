@@ -6,7 +6,7 @@
 //! identifier stays in `src_port` and the type changes, unlike ports which swap.
 
 use crate::flow::{FlowKey, proto};
-use crate::wire::icmp_error;
+use crate::wire::icmp as wire_icmp;
 
 /// What an ICMP message is to conntrack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,7 +17,7 @@ pub(crate) enum Kind {
     Reply,
     /// An error quoting the packet it is about (RELATED), or INVALID when it relates to no
     /// connection, including ICMPv6 error types whose quote is not read (see
-    /// [`icmp_error::embedded`]).
+    /// [`crate::wire::icmp_error::embedded`]).
     Error,
     /// Anything else (neighbour discovery, router advertisements, ...): not tracked.
     Untracked,
@@ -35,14 +35,14 @@ mod v6 {
     pub const ECHO_REPLY: u8 = 129;
 }
 
-/// Classifies an ICMP/ICMPv6 message type. Errors are what [`icmp_error::is_error`] says,
+/// Classifies an ICMP/ICMPv6 message type. Errors are what [`crate::wire::icmp::is_error`] says,
 /// so every ICMPv6 type below 128 is one (RFC 4443 section 2.1) and never starts a
 /// connection.
 pub(crate) fn kind(protocol: u8, ty: u8) -> Kind {
     match (protocol, ty) {
         (proto::ICMP, v4::ECHO_REQUEST) | (proto::ICMPV6, v6::ECHO_REQUEST) => Kind::Request,
         (proto::ICMP, v4::ECHO_REPLY) | (proto::ICMPV6, v6::ECHO_REPLY) => Kind::Reply,
-        _ if icmp_error::is_error(protocol, ty) => Kind::Error,
+        _ if wire_icmp::is_error(protocol, ty) => Kind::Error,
         _ => Kind::Untracked,
     }
 }

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use crate::flow::proto;
 use crate::wire::build::tcp_flags;
-use crate::wire::parse::ethertype;
+use crate::wire::ethernet::ethertype;
 use crate::wire::{Parsed, checksum, ethernet, ipv4, ipv6};
 
 const TCP_HDR: usize = 20;

@@ -5,8 +5,9 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use crate::drop::DropReason;
 use crate::flow::proto;
+use crate::wire::ethernet::ethertype;
 use crate::wire::ethernet::{self, Tag};
-use crate::wire::parse::{L3, Parsed, ethertype};
+use crate::wire::parse::{L3, Parsed};
 use crate::wire::{checksum, ipv6};
 
 /// ICMPv6 types of neighbour discovery.

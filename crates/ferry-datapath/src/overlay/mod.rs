@@ -20,7 +20,8 @@ use std::net::{IpAddr, Ipv6Addr};
 use crate::flow::{FlowKey, proto};
 use crate::gso;
 use crate::packet::VnetHdr;
-use crate::wire::parse::{ETH_LEN, IPV6_LEN, ethertype};
+use crate::wire::ethernet::ethertype;
+use crate::wire::parse::{ETH_LEN, IPV6_LEN};
 use crate::wire::{checksum, ethernet, ipv4, ipv6, vxlan};
 
 /// Default VNI: Calico's, so that a ferry node and a Calico VXLAN node agree unconfigured.

@@ -826,7 +826,7 @@ fn padded_solicit(mac: [u8; 6], src: &str, target: &str, len: usize) -> Vec<u8> 
     );
     body[2..4].copy_from_slice(&crate::wire::checksum::finish(sum).to_be_bytes());
     let mut f = Vec::new();
-    let ipv6 = crate::wire::parse::ethertype::IPV6;
+    let ipv6 = crate::wire::ethernet::ethertype::IPV6;
     crate::wire::ethernet::Repr {
         dst: nd::multicast_mac(dst),
         src: mac,

@@ -15,8 +15,6 @@ use crate::wire::icmp::{self, v6};
 use crate::wire::ipv6_ext::{self, Walker};
 use crate::wire::parse::{IPV6_LEN, L3, Parsed};
 
-pub use crate::wire::icmp::{is_echo, is_error};
-
 /// Length of the ICMP/ICMPv6 header before the quote: type, code, checksum, 4 bytes.
 pub const ICMP_HDR: usize = icmp::HEADER_LEN;
 /// Bytes of the quoted transport header that RFC 792 and RFC 4443 guarantee.
@@ -45,7 +43,7 @@ pub struct Embedded {
 fn has_known_quote(icmp_proto: u8, t: u8) -> bool {
     match icmp_proto {
         proto::ICMPV6 => (v6::DEST_UNREACHABLE..=v6::PARAMETER_PROBLEM).contains(&t),
-        _ => is_error(icmp_proto, t),
+        _ => icmp::is_error(icmp_proto, t),
     }
 }
 
@@ -97,7 +95,7 @@ pub fn embedded(frame: &[u8], parsed: &Parsed) -> Result<Option<Embedded>, DropR
             u16::from_be_bytes([l4[2], l4[3]]),
         ),
         p @ (proto::ICMP | proto::ICMPV6) => {
-            let id = if is_echo(p, l4[0]) {
+            let id = if icmp::is_echo(p, l4[0]) {
                 u16::from_be_bytes([l4[4], l4[5]])
             } else {
                 0

@@ -15,10 +15,9 @@ use etherparse::{
 
 use crate::drop::DropReason;
 use crate::flow::{Addr, FlowKey, proto};
+use crate::wire::ethernet::ethertype;
 use crate::wire::ipv6_ext::{self, Walker};
 use crate::wire::{ethernet, icmp, ipv6};
-
-pub use crate::wire::ethernet::ethertype;
 
 /// Length of an Ethernet header without a tag ([`ethernet::HEADER_LEN`]).
 pub const ETH_LEN: usize = ethernet::HEADER_LEN;

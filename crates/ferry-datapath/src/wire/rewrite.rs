@@ -9,7 +9,8 @@
 use crate::drop::DropReason;
 use crate::flow::{Addr, FlowKey, proto};
 use crate::wire::checksum;
-use crate::wire::icmp_error::{Embedded, ICMP_HDR, QUOTED_L4_MIN, is_echo};
+use crate::wire::icmp::is_echo;
+use crate::wire::icmp_error::{Embedded, ICMP_HDR, QUOTED_L4_MIN};
 use crate::wire::parse::{L3, Parsed};
 
 /// Where an address family keeps its addresses, relative to the IP header.
