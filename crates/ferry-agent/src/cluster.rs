@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::fields::Protocol;
+use crate::fields::{Protocol, SERVICE_NAME_LABEL};
 
 /// The namespace of a namespaced object whose manifest gives none (as `kubectl apply`
 /// does with the default context).
@@ -447,9 +447,6 @@ impl Cluster {
         self.len() == 0
     }
 }
-
-/// The label that ties an EndpointSlice to its Service.
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 #[cfg(test)]
 mod tests {

@@ -20,7 +20,8 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use crate::cluster::SERVICE_NAME_LABEL;
+/// The label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// Node annotation: this node's IPv4 address with its prefix length, `ADDR/LEN` (as
 /// Calico's `projectcalico.org/IPv4Address`), for the on-link subnet of the uplink.

@@ -21,7 +21,7 @@ use ferry_agent::{KubeDatastore, KubeOptions};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::replay::read_tables_spec;
+use crate::tables::read_tables_spec;
 
 /// How often the manifest directory is looked at.
 const POLL: Duration = Duration::from_millis(100);

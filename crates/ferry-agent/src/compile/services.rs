@@ -6,9 +6,11 @@ use std::net::IpAddr;
 
 use ferry_datapath::lb::{BackendSpec, Policy, ServiceSpec};
 
-use crate::cluster::{Cluster, ObjectKey, SERVICE_NAME_LABEL};
+use crate::cluster::{Cluster, ObjectKey};
 use crate::config::FerryConfig;
-use crate::fields::{Protocol, ServiceFields, ServicePortFields, ServiceType, SliceFields};
+use crate::fields::{
+    Protocol, SERVICE_NAME_LABEL, ServiceFields, ServicePortFields, ServiceType, SliceFields,
+};
 
 use super::{CompileOptions, HealthCheck, read};
 
