@@ -174,17 +174,20 @@ impl fmt::Display for Refused {
 impl std::error::Error for Refused {}
 
 /// The semantic checks of an object: the fields ferry reads must make sense. Every
-/// datastore runs them before an object enters the cluster.
-pub(crate) fn check(obj: &Object) -> Vec<FieldError> {
-    let r = match obj {
-        Object::Node(o) => NodeFields::parse(o).map(drop),
-        Object::Pod(o) => PodFields::parse(o).map(drop),
-        Object::Service(o) => ServiceFields::parse(o).map(drop),
-        Object::EndpointSlice(o) => SliceFields::parse(o).map(drop),
-        Object::ConfigMap(o) if is_ferry_config(obj) => FerryConfig::from_config_map(o).map(drop),
-        Object::ConfigMap(_) => Ok(()),
-    };
-    r.err().unwrap_or_default()
+/// datastore runs them before an object enters the cluster. A Service's fields are
+/// returned, to be kept with it ([`Cluster::apply_checked`]): its claims and its tables
+/// read them instead of parsing them again.
+pub(crate) fn check(obj: &Object) -> Result<Option<Arc<ServiceFields>>, Vec<FieldError>> {
+    match obj {
+        Object::Node(o) => NodeFields::parse(o).map(|_| None),
+        Object::Pod(o) => PodFields::parse(o).map(|_| None),
+        Object::Service(o) => ServiceFields::parse(o).map(|f| Some(Arc::new(f))),
+        Object::EndpointSlice(o) => SliceFields::parse(o).map(|_| None),
+        Object::ConfigMap(o) if is_ferry_config(obj) => {
+            FerryConfig::from_config_map(o).map(|_| None)
+        }
+        Object::ConfigMap(_) => Ok(None),
+    }
 }
 
 /// What is left out of an object that enters the cluster, for a note: the unknown keys
