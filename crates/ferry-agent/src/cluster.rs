@@ -8,12 +8,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::fields::Protocol;
+use crate::fields::{FieldError, Protocol, SERVICE_NAME_LABEL, ServiceFields};
 
 /// The namespace of a namespaced object whose manifest gives none (as `kubectl apply`
 /// does with the default context).
@@ -218,7 +219,8 @@ pub struct Cluster {
     pub nodes: BTreeMap<ObjectKey, Node>,
     /// Pods.
     pub pods: BTreeMap<ObjectKey, Pod>,
-    /// Services.
+    /// Services. Change them through [`Cluster::apply`] and [`Cluster::delete`], which
+    /// keep their fields ([`Cluster::service_fields`]) with them.
     pub services: BTreeMap<ObjectKey, Service>,
     /// EndpointSlices.
     pub endpoint_slices: BTreeMap<ObjectKey, EndpointSlice>,
@@ -228,7 +230,13 @@ pub struct Cluster {
     /// Service's cluster IP and port, say), by Service: they are left out of its tables.
     /// The Kubernetes datastore decides them ([`Cluster::set_left_out`]).
     left_out: BTreeMap<ObjectKey, BTreeSet<Frontend>>,
+    /// What ferry reads of each Service, parsed once as it came in: the datastores'
+    /// claims and the tables read them here.
+    service_fields: BTreeMap<ObjectKey, Parsed<ServiceFields>>,
 }
+
+/// An object's fields as parsed when it came in, or what is wrong with them.
+type Parsed<T> = Result<Arc<T>, Vec<FieldError>>;
 
 /// Why [`Cluster::apply`] refused an object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -246,8 +254,19 @@ impl Cluster {
     /// Adds `obj`, or replaces the object of the same kind and key; returns the one it
     /// replaced. A namespaced object without a namespace goes to [`DEFAULT_NAMESPACE`]
     /// (and says so in its metadata, so every reader sees the same key).
+    /// A Service's fields are parsed here ([`ServiceFields`]), once.
     pub fn apply(&mut self, obj: impl Into<Object>) -> Result<Option<Object>, NoName> {
-        let mut obj = obj.into();
+        self.apply_checked(obj.into(), None)
+    }
+
+    /// [`Cluster::apply`] of an object whose fields the datastore checked already: a
+    /// Service comes with its fields (`fields`), which are kept instead of parsed
+    /// again.
+    pub(crate) fn apply_checked(
+        &mut self,
+        mut obj: Object,
+        fields: Option<Arc<ServiceFields>>,
+    ) -> Result<Option<Object>, NoName> {
         let key = obj.key().ok_or(NoName(obj.kind()))?;
         if obj.kind().namespaced() {
             obj.metadata_mut().namespace = Some(key.namespace.clone());
@@ -255,7 +274,14 @@ impl Cluster {
         Ok(match obj {
             Object::Node(o) => self.nodes.insert(key, o).map(Object::from),
             Object::Pod(o) => self.pods.insert(key, o).map(Object::from),
-            Object::Service(o) => self.services.insert(key, o).map(Object::from),
+            Object::Service(o) => {
+                let fields = match fields {
+                    Some(f) => Ok(f),
+                    None => ServiceFields::parse(&o).map(Arc::new),
+                };
+                self.service_fields.insert(key.clone(), fields);
+                self.services.insert(key, o).map(Object::from)
+            }
             Object::EndpointSlice(o) => self.endpoint_slices.insert(key, o).map(Object::from),
             Object::ConfigMap(o) => self.config_maps.insert(key, o).map(Object::from),
         })
@@ -270,6 +296,7 @@ impl Cluster {
             Kind::Pod => self.pods.remove(&key).map(Object::from),
             Kind::Service => {
                 self.left_out.remove(&key);
+                self.service_fields.remove(&key);
                 self.services.remove(&key).map(Object::from)
             }
             Kind::EndpointSlice => self.endpoint_slices.remove(&key).map(Object::from),
@@ -300,6 +327,15 @@ impl Cluster {
             self.left_out.insert(key.clone(), frontends);
         }
         true
+    }
+
+    /// What ferry reads of the Service `key`, parsed when it came in, or what is wrong
+    /// with its fields; None without that Service.
+    pub fn service_fields(&self, key: &ObjectKey) -> Option<Result<&ServiceFields, &[FieldError]>> {
+        self.service_fields.get(key).map(|r| match r {
+            Ok(f) => Ok(&**f),
+            Err(e) => Err(e.as_slice()),
+        })
     }
 
     /// True when an object of `kind` has `key`.
@@ -416,6 +452,7 @@ impl Cluster {
                 Kind::Pod => take(&mut c.pods, &newer.pods, key),
                 Kind::Service => {
                     take(&mut c.services, &newer.services, key);
+                    take(&mut c.service_fields, &newer.service_fields, key);
                     take(&mut c.left_out, &newer.left_out, key);
                 }
                 Kind::EndpointSlice => take(&mut c.endpoint_slices, &newer.endpoint_slices, key),
@@ -447,9 +484,6 @@ impl Cluster {
         self.len() == 0
     }
 }
-
-/// The label that ties an EndpointSlice to its Service.
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 #[cfg(test)]
 mod tests {
@@ -485,6 +519,42 @@ mod tests {
         assert!(c.delete(Kind::Service, "prod", "web").is_some());
         assert!(c.delete(Kind::Service, "prod", "web").is_none());
         assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn a_services_fields_are_kept_with_it_until_it_goes() {
+        let mut c = Cluster::default();
+        let key = ObjectKey::new("prod", "web");
+        let svc = |port: i32| Service {
+            metadata: meta(Some("prod"), "web"),
+            spec: Some(k8s_openapi::api::core::v1::ServiceSpec {
+                cluster_ip: Some("10.96.0.10".into()),
+                ports: Some(vec![k8s_openapi::api::core::v1::ServicePort {
+                    port,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Service::default()
+        };
+        c.apply(svc(80)).unwrap();
+        let f = c.service_fields(&key).unwrap().unwrap();
+        assert_eq!(f.cluster_ips, ["10.96.0.10".parse::<IpAddr>().unwrap()]);
+        assert_eq!(f.ports[0].port, 80);
+        // A state with the Service's change takes its fields along.
+        let mut newer = c.clone();
+        newer.apply(svc(0)).unwrap();
+        let errors = newer.service_fields(&key).unwrap().unwrap_err();
+        assert_eq!(errors[0].field, "spec.ports[0].port");
+        let both = c.with_changes_of(&newer, &[(Kind::Service, key.clone())]);
+        assert!(both.service_fields(&key).unwrap().is_err());
+        assert!(
+            c.service_fields(&key).unwrap().is_ok(),
+            "the older state keeps its own"
+        );
+        c.delete(Kind::Service, "prod", "web");
+        assert!(c.service_fields(&key).is_none());
+        assert_eq!(c, Cluster::default());
     }
 
     #[test]

@@ -2,8 +2,11 @@
 //!
 //! Each `*Fields::parse` turns an API object into typed values (addresses, ports,
 //! policies) or says which fields are wrong, with the field path the API uses
-//! (`spec.ports[1].nodePort`). The datastores call them to refuse a bad object;
-//! compilation calls them again to read the values, so both agree on what is valid.
+//! (`spec.ports[1].nodePort`). The datastores call them to refuse a bad object, so that
+//! compilation and the datastores agree on what is valid. A Service's fields are parsed
+//! once, by its datastore's checks, and kept with it in the cluster
+//! ([`crate::Cluster::service_fields`]) for its claims and its tables; compilation reads
+//! the other kinds' fields again.
 //!
 //! A few values the API server takes but ferry cannot use are skipped rather than
 //! refused, so that one of them does not keep a whole object (and its older version in
@@ -17,10 +20,11 @@ use std::net::IpAddr;
 
 use ferry_datapath::lb::Policy;
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use crate::cluster::SERVICE_NAME_LABEL;
+/// The label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// Node annotation: this node's IPv4 address with its prefix length, `ADDR/LEN` (as
 /// Calico's `projectcalico.org/IPv4Address`), for the on-link subnet of the uplink.
@@ -419,98 +423,13 @@ impl ServiceFields {
                 ServiceType::ClusterIp
             }
         };
-        let cluster_ip = spec.cluster_ip.as_deref().filter(|s| !s.is_empty());
-        let cluster_ips = spec.cluster_ips.as_deref().unwrap_or_default();
-        if let (Some(ip), Some(first)) = (cluster_ip, cluster_ips.first())
-            && ip != first
-        {
-            e.push(
-                "spec.clusterIPs[0]",
-                format!("{first:?} differs from spec.clusterIP {ip:?}"),
-            );
-        }
-        let (list, base): (Vec<&str>, &str) = if cluster_ips.is_empty() {
-            (cluster_ip.into_iter().collect(), "spec.clusterIP")
-        } else {
-            (
-                cluster_ips.iter().map(String::as_str).collect(),
-                "spec.clusterIPs",
-            )
-        };
-        for (i, s) in list.iter().enumerate() {
-            let field = if cluster_ips.is_empty() {
-                base.to_string()
-            } else {
-                format!("{base}[{i}]")
-            };
-            if *s == "None" {
-                if i > 0 {
-                    e.push(field, "\"None\" is only valid as the only cluster IP");
-                }
-                f.headless = true;
-            } else {
-                f.cluster_ips.extend(e.take(parse_ip(s, field)));
-            }
-        }
+        cluster_ips(spec, &mut e, &mut f);
         f.source_ranges = spec.load_balancer_source_ranges.clone().unwrap_or_default();
         for (i, s) in spec.external_ips.iter().flatten().enumerate() {
             f.external_ips
                 .extend(e.take(parse_ip(s, format!("spec.externalIPs[{i}]"))));
         }
-        let ports = spec.ports.as_deref().unwrap_or_default();
-        for (i, p) in ports.iter().enumerate() {
-            let name = p.name.clone().unwrap_or_default();
-            if ports.len() > 1 && name.is_empty() {
-                e.push(
-                    format!("spec.ports[{i}].name"),
-                    "required when a Service has more than one port",
-                );
-            }
-            if !name.is_empty() && ports[..i].iter().any(|q| q.name.as_ref() == Some(&name)) {
-                e.push(
-                    format!("spec.ports[{i}].name"),
-                    format!("duplicate port name {name:?}"),
-                );
-            }
-            let protocol = e.take(Protocol::parse(
-                p.protocol.as_deref(),
-                format!("spec.ports[{i}].protocol"),
-            ));
-            let port = e.take(parse_port(p.port, format!("spec.ports[{i}].port")));
-            let node_port = match p.node_port {
-                None => None,
-                // As the API refuses it: a node port would be silently ignored.
-                Some(_)
-                    if matches!(f.type_, ServiceType::ClusterIp | ServiceType::ExternalName) =>
-                {
-                    e.push(
-                        format!("spec.ports[{i}].nodePort"),
-                        "only for type NodePort or LoadBalancer",
-                    );
-                    None
-                }
-                Some(n) => e.take(parse_port(n, format!("spec.ports[{i}].nodePort"))),
-            };
-            let (Some(protocol), Some(port)) = (protocol, port) else {
-                continue;
-            };
-            if f.ports
-                .iter()
-                .any(|q| q.port == port && q.protocol == protocol)
-            {
-                e.push(
-                    format!("spec.ports[{i}]"),
-                    format!("duplicate port {} {port}", protocol.api_name()),
-                );
-            }
-            f.ports.push(ServicePortFields {
-                index: i,
-                name,
-                protocol,
-                port,
-                node_port,
-            });
-        }
+        ports(spec, &mut e, &mut f);
         f.external_policy = e
             .take(parse_policy(
                 spec.external_traffic_policy.as_deref(),
@@ -523,33 +442,7 @@ impl ServiceFields {
                 "spec.internalTrafficPolicy",
             ))
             .unwrap_or_default();
-        match spec.session_affinity.as_deref() {
-            None | Some("None") => {}
-            Some("ClientIP") => {
-                let t = spec
-                    .session_affinity_config
-                    .as_ref()
-                    .and_then(|c| c.client_ip.as_ref())
-                    .and_then(|c| c.timeout_seconds);
-                f.affinity_timeout_s = match t {
-                    None => Some(DEFAULT_AFFINITY_TIMEOUT_S),
-                    Some(t) => match u32::try_from(t) {
-                        Ok(t) if (1..=MAX_AFFINITY_TIMEOUT_S).contains(&t) => Some(t),
-                        _ => {
-                            e.push(
-                                "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
-                                format!("{t} is outside 1-{MAX_AFFINITY_TIMEOUT_S}"),
-                            );
-                            None
-                        }
-                    },
-                };
-            }
-            Some(o) => e.push(
-                "spec.sessionAffinity",
-                format!("{o:?}: expected None or ClientIP"),
-            ),
-        }
+        f.affinity_timeout_s = affinity(spec, &mut e);
         if let Some(n) = spec.health_check_node_port {
             f.health_check_node_port = e.take(parse_port(n, "spec.healthCheckNodePort"));
             if f.type_ != ServiceType::LoadBalancer || f.external_policy != Policy::Local {
@@ -560,21 +453,7 @@ impl ServiceFields {
             }
         }
         f.publish_not_ready = spec.publish_not_ready_addresses.unwrap_or(false);
-        let ingress = svc
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|l| l.ingress.as_deref())
-            .unwrap_or_default();
-        for (i, ing) in ingress.iter().enumerate() {
-            let Some(ip) = ing.ip.as_deref() else {
-                continue;
-            };
-            let ip = e.take(parse_ip(ip, format!("status.loadBalancer.ingress[{i}].ip")));
-            if f.type_ == ServiceType::LoadBalancer && ing.ip_mode.as_deref() != Some("Proxy") {
-                f.load_balancer_ips.extend(ip);
-            }
-        }
+        load_balancer_ips(svc, &mut e, &mut f);
         if let Some(s) = svc
             .metadata
             .annotations
@@ -588,6 +467,152 @@ impl ServiceFields {
             }
         }
         e.finish(f)
+    }
+}
+
+/// spec.clusterIP and spec.clusterIPs of a Service into `f` (`None`: headless).
+fn cluster_ips(spec: &ServiceSpec, e: &mut Errors, f: &mut ServiceFields) {
+    let cluster_ip = spec.cluster_ip.as_deref().filter(|s| !s.is_empty());
+    let cluster_ips = spec.cluster_ips.as_deref().unwrap_or_default();
+    if let (Some(ip), Some(first)) = (cluster_ip, cluster_ips.first())
+        && ip != first
+    {
+        e.push(
+            "spec.clusterIPs[0]",
+            format!("{first:?} differs from spec.clusterIP {ip:?}"),
+        );
+    }
+    let (list, base): (Vec<&str>, &str) = if cluster_ips.is_empty() {
+        (cluster_ip.into_iter().collect(), "spec.clusterIP")
+    } else {
+        (
+            cluster_ips.iter().map(String::as_str).collect(),
+            "spec.clusterIPs",
+        )
+    };
+    for (i, s) in list.iter().enumerate() {
+        let field = if cluster_ips.is_empty() {
+            base.to_string()
+        } else {
+            format!("{base}[{i}]")
+        };
+        if *s == "None" {
+            if i > 0 {
+                e.push(field, "\"None\" is only valid as the only cluster IP");
+            }
+            f.headless = true;
+        } else {
+            f.cluster_ips.extend(e.take(parse_ip(s, field)));
+        }
+    }
+}
+
+/// spec.ports of a Service into `f`, after its type.
+fn ports(spec: &ServiceSpec, e: &mut Errors, f: &mut ServiceFields) {
+    let ports = spec.ports.as_deref().unwrap_or_default();
+    for (i, p) in ports.iter().enumerate() {
+        let name = p.name.clone().unwrap_or_default();
+        if ports.len() > 1 && name.is_empty() {
+            e.push(
+                format!("spec.ports[{i}].name"),
+                "required when a Service has more than one port",
+            );
+        }
+        if !name.is_empty() && ports[..i].iter().any(|q| q.name.as_ref() == Some(&name)) {
+            e.push(
+                format!("spec.ports[{i}].name"),
+                format!("duplicate port name {name:?}"),
+            );
+        }
+        let protocol = e.take(Protocol::parse(
+            p.protocol.as_deref(),
+            format!("spec.ports[{i}].protocol"),
+        ));
+        let port = e.take(parse_port(p.port, format!("spec.ports[{i}].port")));
+        let node_port = match p.node_port {
+            None => None,
+            // As the API refuses it: a node port would be silently ignored.
+            Some(_) if matches!(f.type_, ServiceType::ClusterIp | ServiceType::ExternalName) => {
+                e.push(
+                    format!("spec.ports[{i}].nodePort"),
+                    "only for type NodePort or LoadBalancer",
+                );
+                None
+            }
+            Some(n) => e.take(parse_port(n, format!("spec.ports[{i}].nodePort"))),
+        };
+        let (Some(protocol), Some(port)) = (protocol, port) else {
+            continue;
+        };
+        if f.ports
+            .iter()
+            .any(|q| q.port == port && q.protocol == protocol)
+        {
+            e.push(
+                format!("spec.ports[{i}]"),
+                format!("duplicate port {} {port}", protocol.api_name()),
+            );
+        }
+        f.ports.push(ServicePortFields {
+            index: i,
+            name,
+            protocol,
+            port,
+            node_port,
+        });
+    }
+}
+
+/// spec.sessionAffinity ClientIP: its timeout.
+fn affinity(spec: &ServiceSpec, e: &mut Errors) -> Option<u32> {
+    match spec.session_affinity.as_deref() {
+        None | Some("None") => None,
+        Some("ClientIP") => {
+            let t = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            match t {
+                None => Some(DEFAULT_AFFINITY_TIMEOUT_S),
+                Some(t) => match u32::try_from(t) {
+                    Ok(t) if (1..=MAX_AFFINITY_TIMEOUT_S).contains(&t) => Some(t),
+                    _ => {
+                        e.push(
+                            "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                            format!("{t} is outside 1-{MAX_AFFINITY_TIMEOUT_S}"),
+                        );
+                        None
+                    }
+                },
+            }
+        }
+        Some(o) => {
+            e.push(
+                "spec.sessionAffinity",
+                format!("{o:?}: expected None or ClientIP"),
+            );
+            None
+        }
+    }
+}
+
+/// status.loadBalancer.ingress[].ip of a Service into `f`, after its type.
+fn load_balancer_ips(svc: &Service, e: &mut Errors, f: &mut ServiceFields) {
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|l| l.ingress.as_deref())
+        .unwrap_or_default();
+    for (i, ing) in ingress.iter().enumerate() {
+        let Some(ip) = ing.ip.as_deref() else {
+            continue;
+        };
+        let ip = e.take(parse_ip(ip, format!("status.loadBalancer.ingress[{i}].ip")));
+        if f.type_ == ServiceType::LoadBalancer && ing.ip_mode.as_deref() != Some("Proxy") {
+            f.load_balancer_ips.extend(ip);
+        }
     }
 }
 

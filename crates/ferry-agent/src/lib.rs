@@ -8,8 +8,9 @@
 //!   server;
 //! - [`compile`]: [`node_tables`], a node's tables (ports, overlay peers, Services) from
 //!   the cluster;
-//! - [`run`]: the running agent, [`run::Agent`]: ports opened, tables swapped into the
-//!   worker as the cluster changes; [`health`]: health check node ports;
+//! - [`control_loop`]: the agent's loop, from the datastore's states to the tables in
+//!   force, with retries; [`run`]: the running agent, [`run::Agent`]: ports opened,
+//!   tables swapped into the worker as the cluster changes; [`health`]: health check node ports;
 //!   [`proxy_health`]: the agent's own health, kube-proxy's `/healthz` and `/livez`;
 //! - [`fields`] and [`config`]: what ferry reads of each object and of the
 //!   `kube-system/ferry-config` ConfigMap, checked in one place;
@@ -25,6 +26,7 @@ pub mod cluster;
 pub mod compile;
 pub mod config;
 pub mod conntrack;
+pub mod control_loop;
 pub mod datastore;
 pub mod del_queue;
 pub mod fields;

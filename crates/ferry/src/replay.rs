@@ -12,10 +12,11 @@ use ferry_datapath::DropReason;
 use ferry_datapath::conntrack::Filter;
 use ferry_datapath::packet::{Packet, PortId};
 use ferry_datapath::pipeline::{Pipeline, PortStats, Stats, Trace, TraceEvent, Verdict};
-use ferry_datapath::tables::{Tables, TablesSpec};
+use ferry_datapath::tables::Tables;
 use serde::Serialize;
 
 use crate::pcap;
+use crate::tables::{compile_cluster, read_tables_spec};
 
 /// Arguments of `ferry replay`.
 #[derive(clap::Args, Debug)]
@@ -39,13 +40,6 @@ pub struct Args {
     pub out: PathBuf,
 }
 
-/// Reads a tables file without compiling it; errors name the file.
-pub fn read_tables_spec(path: &Path) -> Result<TablesSpec> {
-    let text =
-        fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
-    serde_saphyr::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
-}
-
 /// Reads and compiles a tables file; errors name the file and the problem.
 pub fn load_tables(path: &Path) -> Result<Tables> {
     read_tables_spec(path)?
@@ -58,7 +52,7 @@ pub fn load_tables(path: &Path) -> Result<Tables> {
 fn tables_of(args: &Args) -> Result<(Tables, String)> {
     match (&args.cluster, &args.node) {
         (Some(dir), Some(node)) => {
-            let c = crate::tables::compile_cluster(dir, node, args.tables.as_deref(), None)?;
+            let c = compile_cluster(dir, node, args.tables.as_deref(), None)?;
             let t = c
                 .tables
                 .compile()

@@ -1,14 +1,14 @@
 //! `ferry tables`: one node's tables, compiled from a directory of Kubernetes manifests.
 
 use std::fmt::Write as _;
+use std::fs;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Result, anyhow};
+use anyhow::{Context, Result, anyhow};
 use ferry_agent::compile::{AttachedPod, CompileOptions, Compiled, node_tables};
 use ferry_agent::datastore::file;
 use ferry_agent::{Cluster, Problem};
-
-use crate::replay::read_tables_spec;
+use ferry_datapath::tables::TablesSpec;
 
 /// Arguments of `ferry tables`.
 #[derive(clap::Args, Debug)]
@@ -52,6 +52,13 @@ pub fn run(args: &Args) -> Result<()> {
         .map_err(|e| anyhow!("cannot write the tables as YAML: {e}"))?;
     print!("{yaml}");
     Ok(())
+}
+
+/// Reads a tables file without compiling it; errors name the file.
+pub fn read_tables_spec(path: &Path) -> Result<TablesSpec> {
+    let text =
+        fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    serde_saphyr::from_str(&text).map_err(|e| anyhow!("{}: {e}", path.display()))
 }
 
 /// Reads the cluster in `dir` and compiles the tables of `node`, on `base` (a tables

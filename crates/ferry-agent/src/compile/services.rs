@@ -6,9 +6,11 @@ use std::net::IpAddr;
 
 use ferry_datapath::lb::{BackendSpec, Policy, ServiceSpec};
 
-use crate::cluster::{Cluster, ObjectKey, SERVICE_NAME_LABEL};
+use crate::cluster::{Cluster, ObjectKey};
 use crate::config::FerryConfig;
-use crate::fields::{Protocol, ServiceFields, ServicePortFields, ServiceType, SliceFields};
+use crate::fields::{
+    Protocol, SERVICE_NAME_LABEL, ServicePortFields, ServiceType, SliceFields, describe,
+};
 
 use super::{CompileOptions, HealthCheck, read};
 
@@ -108,10 +110,11 @@ fn one(
     opts: &CompileOptions,
     out: &mut Out,
 ) -> Result<(), String> {
-    let f = read(
-        ServiceFields::parse(&cluster.services[key]),
-        &format_args!("Service {key}"),
-    )?;
+    // Parsed as the Service came in; refused by its datastore unless it parses.
+    let Some(f) = cluster.service_fields(key) else {
+        return Ok(());
+    };
+    let f = f.map_err(|e| describe(&format_args!("Service {key}"), e))?;
     let left_out = cluster.left_out(key);
     out.warnings
         .extend(f.warnings.iter().map(|w| format!("Service {key}: {w}")));

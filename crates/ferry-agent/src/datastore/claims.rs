@@ -99,22 +99,20 @@ pub(crate) struct LeftOut {
     pub message: String,
 }
 
-/// The claims of `obj`: none for kinds that claim nothing, and none when its fields do
-/// not parse (the field checks refuse it). Only what compilation turns into tables is
-/// claimed: an ExternalName or headless Service and an SCTP port have no frontends.
-pub(crate) fn of(obj: &Object) -> Vec<Claimed> {
+/// The claims of `obj`, a Service with its `fields` as the checks parsed them: none for
+/// kinds that claim nothing, and none for a Service whose fields do not parse (the field
+/// checks refuse it). Only what compilation turns into tables is claimed: an
+/// ExternalName or headless Service and an SCTP port have no frontends.
+pub(crate) fn of(obj: &Object, fields: Option<&ServiceFields>) -> Vec<Claimed> {
     match obj {
-        Object::Service(s) => of_service(s),
+        Object::Service(s) => fields.map_or_else(Vec::new, |f| of_service(s, f)),
         Object::Node(n) => of_node(n),
         Object::Pod(_) | Object::EndpointSlice(_) | Object::ConfigMap(_) => Vec::new(),
     }
 }
 
-/// The claims of a Service (see [`of`]).
-pub(crate) fn of_service(svc: &Service) -> Vec<Claimed> {
-    let Ok(f) = ServiceFields::parse(svc) else {
-        return Vec::new();
-    };
+/// The claims of a Service with its fields `f` (see [`of`]).
+pub(crate) fn of_service(svc: &Service, f: &ServiceFields) -> Vec<Claimed> {
     if f.type_ == ServiceType::ExternalName || f.headless {
         return Vec::new();
     }
@@ -447,6 +445,15 @@ mod tests {
         })
     }
 
+    /// The claims of `obj`, its fields parsed as the checks do.
+    fn claims_of(obj: &Object) -> Vec<Claimed> {
+        let fields = match obj {
+            Object::Service(s) => ServiceFields::parse(s).ok(),
+            _ => None,
+        };
+        of(obj, fields.as_ref())
+    }
+
     fn owner(obj: &Object) -> Owner {
         (obj.kind(), obj.key().unwrap())
     }
@@ -454,7 +461,7 @@ mod tests {
     /// `obj` checked against `claims`, then put in force when nothing clashes: the
     /// clashes as `field: message`.
     fn check(claims: &mut Claims, obj: &Object) -> Vec<String> {
-        let mine = of(obj);
+        let mine = claims_of(obj);
         let clashes = claims.clashes(&owner(obj), &mine);
         if clashes.is_empty() {
             claims.set(owner(obj), mine);
@@ -472,8 +479,8 @@ mod tests {
 
     /// Puts `obj`'s claims in force (it clashes with nothing held alone).
     fn put(claims: &mut Claims, obj: &Object) {
-        assert!(claims.clashes(&owner(obj), &of(obj)).is_empty());
-        claims.set(owner(obj), of(obj));
+        assert!(claims.clashes(&owner(obj), &claims_of(obj)).is_empty());
+        claims.set(owner(obj), claims_of(obj));
     }
 
     /// The frontends of `obj` that another object wins, as `field: message`.
@@ -630,16 +637,16 @@ mod tests {
     fn set_says_whether_the_claims_changed() {
         let mut claims = Claims::default();
         let web = service("web", "ClusterIP", "10.96.0.10", &[(80, None)]);
-        assert!(claims.set(owner(&web), of(&web)));
-        assert!(!claims.set(owner(&web), of(&web)));
+        assert!(claims.set(owner(&web), claims_of(&web)));
+        assert!(!claims.set(owner(&web), claims_of(&web)));
         let moved = service("web", "ClusterIP", "10.96.0.20", &[(80, None)]);
-        assert!(claims.set(owner(&moved), of(&moved)));
+        assert!(claims.set(owner(&moved), claims_of(&moved)));
         // The old address is free again.
         let next = service("next", "ClusterIP", "10.96.0.10", &[(80, None)]);
         assert!(check(&mut claims, &next).is_empty());
         // A headless Service claims nothing.
         let headless = service("dns", "ClusterIP", "None", &[(53, None)]);
-        assert!(of(&headless).is_empty());
-        assert!(!claims.set(owner(&headless), of(&headless)));
+        assert!(claims_of(&headless).is_empty());
+        assert!(!claims.set(owner(&headless), claims_of(&headless)));
     }
 }

@@ -31,7 +31,7 @@ use serde_json::Value;
 use super::claims::{self, Claims};
 use super::{Problem, Refused, check, notes};
 use crate::cluster::{Cluster, DEFAULT_NAMESPACE, Kind, Object, ObjectKey};
-use crate::fields::FieldError;
+use crate::fields::{FieldError, ServiceFields};
 
 // Shared with the Kubernetes datastore; re-exported where they were first defined.
 pub use super::{Update, Watch};
@@ -58,7 +58,9 @@ impl Origin {
 /// What reading the files gathers.
 #[derive(Default)]
 struct Loader {
-    objects: Vec<(Object, Origin)>,
+    /// The objects that passed their checks, each with the fields kept with it
+    /// ([`check`]).
+    objects: Vec<(Object, Option<Arc<ServiceFields>>, Origin)>,
     problems: Vec<Problem>,
     notes: Vec<Problem>,
 }
@@ -234,9 +236,8 @@ impl Loader {
         };
         let errors = match decoded {
             Ok(_) if name.is_none() => vec![FieldError::new("metadata.name", "required")],
-            Ok(obj) => {
-                let errors = check(&obj);
-                if errors.is_empty() {
+            Ok(obj) => match check(&obj) {
+                Ok(fields) => {
                     for n in notes(&obj) {
                         self.notes.push(origin.problem(
                             Some(what.clone()),
@@ -244,10 +245,11 @@ impl Loader {
                             n.message,
                         ));
                     }
-                    self.objects.push((obj, origin.clone()));
+                    self.objects.push((obj, fields, origin.clone()));
+                    Vec::new()
                 }
-                errors
-            }
+                Err(errors) => errors,
+            },
             Err(errors) => errors,
         };
         for e in errors {
@@ -276,7 +278,7 @@ impl Loader {
         let mut cluster = Cluster::default();
         let mut origins: HashMap<(Kind, ObjectKey), Origin> = HashMap::new();
         let mut claiming = Vec::new();
-        for (obj, origin) in std::mem::take(&mut self.objects) {
+        for (obj, fields, origin) in std::mem::take(&mut self.objects) {
             let key = obj.key().expect("named: checked when read");
             let what = format!("{} {key}", obj.kind());
             if let Some(first) = origins.get(&(obj.kind(), key.clone())) {
@@ -291,7 +293,9 @@ impl Loader {
                 claiming.push((obj.kind(), key.clone()));
             }
             origins.insert((obj.kind(), key), origin);
-            cluster.apply(obj).expect("named: checked when read");
+            cluster
+                .apply_checked(obj, fields)
+                .expect("named: checked when read");
         }
         self.clashes(&mut cluster, &origins, claiming);
         cluster
@@ -313,7 +317,11 @@ impl Loader {
         let mut services = Vec::new();
         for (kind, key) in claiming {
             let mine = match kind {
-                Kind::Service => claims::of_service(&cluster.services[&key]),
+                Kind::Service => match cluster.service_fields(&key) {
+                    Some(Ok(f)) => claims::of_service(&cluster.services[&key], f),
+                    // Refused when read: not in the cluster.
+                    _ => Vec::new(),
+                },
                 _ => claims::of_node(&cluster.nodes[&key]),
             };
             let owner = (kind, key.clone());

@@ -419,7 +419,10 @@ impl KubeDatastore {
     }
 
     fn apply(&mut self, obj: Object) {
-        let mut errors = check(&obj);
+        let (mut errors, fields) = match check(&obj) {
+            Ok(fields) => (Vec::new(), fields),
+            Err(errors) => (errors, None),
+        };
         let owner = obj.key().map(|k| (obj.kind(), k));
         // This version replaces any that was held back.
         let earlier = owner.as_ref().and_then(|o| self.unwait(o));
@@ -446,7 +449,7 @@ impl KubeDatastore {
             field: Some(n.field),
             message: n.message,
         }));
-        let mine = claims::of(&obj);
+        let mine = claims::of(&obj, fields.as_deref());
         let clashes = self.claims.clashes(&owner, &mine);
         if !clashes.is_empty() {
             self.wait(owner, obj, clashes, earlier);
@@ -459,7 +462,7 @@ impl KubeDatastore {
         }
         // Copies the cluster only when an update still shares it: once per batch.
         Arc::make_mut(&mut self.cluster)
-            .apply(obj)
+            .apply_checked(obj, fields)
             .expect("named: checked above");
         self.changed = true;
         rivals.insert(owner);

@@ -11,6 +11,7 @@ mod claims;
 
 use std::any::Any;
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -19,6 +20,102 @@ use std::time::Duration;
 use crate::cluster::{Cluster, Object, ObjectKey};
 use crate::config::{CONFIG_NAME, CONFIG_NAMESPACE, FerryConfig};
 use crate::fields::{FieldError, NodeFields, PodFields, ServiceFields, SliceFields};
+
+use self::file::FileDatastore;
+use self::kube::{KubeDatastore, KubeError, KubeOptions};
+
+/// Where the cluster state comes from, as `ferry agent --datastore` names it:
+/// `file:DIR`, `kubernetes` or `kubernetes:KUBECONFIG`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// `file:DIR`: a directory of Kubernetes manifests, watched ([`file`](mod@file)).
+    File(PathBuf),
+    /// `kubernetes[:KUBECONFIG]`: an API server ([`kube`]), of the in-cluster
+    /// configuration or the usual kubeconfig when `kubeconfig` is None.
+    Kubernetes {
+        /// The kubeconfig file given.
+        kubeconfig: Option<PathBuf>,
+    },
+}
+
+impl Source {
+    /// The source `spec` names; the error says what was expected.
+    pub fn parse(spec: &str) -> Result<Source, String> {
+        if let Some(dir) = spec.strip_prefix("file:") {
+            if dir.is_empty() {
+                return Err("the directory is missing: expected file:DIR".into());
+            }
+            return Ok(Source::File(PathBuf::from(dir)));
+        }
+        match spec {
+            "kubernetes" => Ok(Source::Kubernetes { kubeconfig: None }),
+            _ => match spec.strip_prefix("kubernetes:") {
+                Some(path) if !path.is_empty() => Ok(Source::Kubernetes {
+                    kubeconfig: Some(PathBuf::from(path)),
+                }),
+                _ => Err("expected file:DIR, kubernetes or kubernetes:KUBECONFIG".into()),
+            },
+        }
+    }
+
+    /// `file` or `kubernetes`, as the agent's status names the datastore.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Source::File(_) => "file",
+            Source::Kubernetes { .. } => "kubernetes",
+        }
+    }
+
+    /// Starts watching the source for node `node`; a directory is looked at every
+    /// `poll`.
+    pub fn open(&self, node: &str, poll: Duration) -> Result<Watch, OpenError> {
+        match self {
+            Source::File(dir) => {
+                FileDatastore::watch(dir, poll).map_err(|r| OpenError::Refused(dir.clone(), r))
+            }
+            Source::Kubernetes { kubeconfig } => KubeDatastore::watch(KubeOptions {
+                node: node.to_string(),
+                kubeconfig: kubeconfig.clone(),
+            })
+            .map_err(OpenError::Kube),
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    /// As [`Source::parse`] reads it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::File(dir) => write!(f, "file:{}", dir.display()),
+            Source::Kubernetes { kubeconfig: None } => f.write_str("kubernetes"),
+            Source::Kubernetes {
+                kubeconfig: Some(k),
+            } => write!(f, "kubernetes:{}", k.display()),
+        }
+    }
+}
+
+/// Why [`Source::open`] failed.
+#[derive(Debug)]
+pub enum OpenError {
+    /// The directory's state is refused (the file datastore needs a good one to start).
+    Refused(PathBuf, Refused),
+    /// The Kubernetes client cannot be set up.
+    Kube(KubeError),
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenError::Refused(dir, r) => {
+                write!(f, "{}: the cluster state is refused:\n{r}", dir.display())
+            }
+            OpenError::Kube(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
 
 /// Something wrong with (or left out of) the manifests, naming where: the file, the line
 /// of its document, the object and the field.
@@ -77,17 +174,20 @@ impl fmt::Display for Refused {
 impl std::error::Error for Refused {}
 
 /// The semantic checks of an object: the fields ferry reads must make sense. Every
-/// datastore runs them before an object enters the cluster.
-pub(crate) fn check(obj: &Object) -> Vec<FieldError> {
-    let r = match obj {
-        Object::Node(o) => NodeFields::parse(o).map(drop),
-        Object::Pod(o) => PodFields::parse(o).map(drop),
-        Object::Service(o) => ServiceFields::parse(o).map(drop),
-        Object::EndpointSlice(o) => SliceFields::parse(o).map(drop),
-        Object::ConfigMap(o) if is_ferry_config(obj) => FerryConfig::from_config_map(o).map(drop),
-        Object::ConfigMap(_) => Ok(()),
-    };
-    r.err().unwrap_or_default()
+/// datastore runs them before an object enters the cluster. A Service's fields are
+/// returned, to be kept with it ([`Cluster::apply_checked`]): its claims and its tables
+/// read them instead of parsing them again.
+pub(crate) fn check(obj: &Object) -> Result<Option<Arc<ServiceFields>>, Vec<FieldError>> {
+    match obj {
+        Object::Node(o) => NodeFields::parse(o).map(|_| None),
+        Object::Pod(o) => PodFields::parse(o).map(|_| None),
+        Object::Service(o) => ServiceFields::parse(o).map(|f| Some(Arc::new(f))),
+        Object::EndpointSlice(o) => SliceFields::parse(o).map(|_| None),
+        Object::ConfigMap(o) if is_ferry_config(obj) => {
+            FerryConfig::from_config_map(o).map(|_| None)
+        }
+        Object::ConfigMap(_) => Ok(None),
+    }
 }
 
 /// What is left out of an object that enters the cluster, for a note: the unknown keys
