@@ -5,7 +5,7 @@
 
 use ferry_datapath::DropCounters;
 use ferry_datapath::ipf::{Config, Outcome, Reassembler, refragment};
-use ferry_datapath::packet::Packet;
+use ferry_datapath::Packet;
 use ferry_datapath::wire::parse;
 use libfuzzer_sys::fuzz_target;
 

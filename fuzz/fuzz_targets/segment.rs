@@ -5,7 +5,7 @@
 #![forbid(unsafe_code)]
 
 use ferry_datapath::gso::segment;
-use ferry_datapath::packet::Packet;
+use ferry_datapath::Packet;
 use ferry_datapath::wire::parse;
 use libfuzzer_sys::fuzz_target;
 

@@ -8,7 +8,7 @@
 
 use ferry_api::{CtAnswer, CtEntry, CtFilter, CtTuple, ERR_BAD_REQUEST, ERR_WORKER, Response};
 use ferry_datapath::conntrack::{Entry, Filter, ORIGINAL, REPLY, Status, TcpState, Timeouts};
-use ferry_datapath::flow::{FlowKey, proto, proto_name};
+use ferry_datapath::{FlowKey, proto, proto_name};
 use ferry_linux::worker::{Control, JobError};
 
 use crate::observe::JOB_TIMEOUT;

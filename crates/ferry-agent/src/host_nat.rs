@@ -51,8 +51,8 @@ pub fn rules(tables: &Tables) -> (Vec<IpAddr>, BTreeSet<Rule>) {
     {
         let Some(np) = s.spec.node_port else { continue };
         let proto = match s.proto {
-            ferry_datapath::flow::proto::TCP => "tcp",
-            ferry_datapath::flow::proto::UDP => "udp",
+            ferry_datapath::proto::TCP => "tcp",
+            ferry_datapath::proto::UDP => "udp",
             _ => continue,
         };
         for ip in &s.spec.cluster_ips {

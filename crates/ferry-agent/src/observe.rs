@@ -14,9 +14,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ferry_datapath::describe::Described;
+use ferry_datapath::Described;
+use ferry_datapath::PortId;
 use ferry_datapath::filter::Match;
-use ferry_datapath::packet::PortId;
 use ferry_datapath::pipeline::{self, TraceReport};
 use ferry_datapath::tables::Tables;
 use ferry_linux::worker::{Captured, Control, Direction, TracedPacket};

@@ -12,9 +12,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use ferry_datapath::Addr;
+use ferry_datapath::Packet;
 use ferry_datapath::conntrack::{Config, Conntrack, CtState, Nat};
-use ferry_datapath::flow::Addr;
-use ferry_datapath::packet::Packet;
 use ferry_datapath::wire::build::{self, IpOpts};
 use ferry_datapath::wire::{Parsed, parse};
 

@@ -8,12 +8,12 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use ferry_datapath::drop::DropCounters;
+use ferry_datapath::DropCounters;
 use ferry_datapath::ipf::{self, Reassembler};
-use ferry_datapath::packet::{Packet, VnetHdr};
 use ferry_datapath::pipeline::{Pipeline, Trace};
 use ferry_datapath::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
 use ferry_datapath::wire::build::{self, IpOpts, tcp_flags};
+use ferry_datapath::{Packet, VnetHdr};
 use ferry_datapath::{gso, wire};
 
 fn ip(s: &str) -> IpAddr {

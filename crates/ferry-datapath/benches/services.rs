@@ -10,8 +10,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use ferry_datapath::Packet;
 use ferry_datapath::lb::{BackendSpec, ServiceSpec, Services};
-use ferry_datapath::packet::Packet;
 use ferry_datapath::pipeline::{Pipeline, Trace, Verdict};
 use ferry_datapath::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
 use ferry_datapath::wire::build::{self, IpOpts};

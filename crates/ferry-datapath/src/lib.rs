@@ -4,25 +4,31 @@
 //! packet), so every behaviour can be unit-tested and replayed from pcap files.
 #![forbid(unsafe_code)]
 
+// Modules whose types other crates name (the tables file, Services, connection
+// tracking, fragments, the wire format and its builders, segmentation, capture filters)
+// are public; the rest are private, and what of them other crates use is re-exported
+// below.
 pub mod conntrack;
-pub mod describe;
-pub mod drop;
-pub mod fib;
+mod describe;
+mod drop;
+mod fib;
 pub mod filter;
-pub mod flow;
+mod flow;
 pub mod gro;
 pub mod gso;
 pub mod icmp;
 pub mod ipf;
 pub mod lb;
-pub mod nat;
-pub mod neigh;
+mod nat;
+mod neigh;
 pub mod overlay;
-pub mod packet;
+mod packet;
 pub mod pipeline;
 pub mod tables;
 pub mod wire;
 
+pub use describe::{Described, Transport};
 pub use drop::{DropCounters, DropReason};
-pub use flow::FlowKey;
+pub use fib::Fib;
+pub use flow::{Addr, FlowKey, proto, proto_name};
 pub use packet::{Meta, Packet, PortId, VnetHdr};

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use ferry_datapath::Packet;
 use ferry_datapath::conntrack::{Config, Conntrack, CtState, Nat};
-use ferry_datapath::packet::Packet;
 use ferry_datapath::pipeline::{Pipeline, Trace};
 use ferry_datapath::tables::{CtSpec, MacAddr, PortSpec, RouteSpec, TablesSpec};
 use ferry_datapath::wire::build::{self, IpOpts};

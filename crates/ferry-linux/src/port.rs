@@ -12,7 +12,7 @@
 use std::io;
 use std::os::fd::RawFd;
 
-use ferry_datapath::packet::VnetHdr;
+use ferry_datapath::VnetHdr;
 
 /// Received frames at least this long are handed over in the buffer the kernel wrote
 /// them into, and a fresh buffer takes its place; shorter ones are copied out, so that

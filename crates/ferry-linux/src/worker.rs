@@ -140,9 +140,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ferry_datapath::gro;
-use ferry_datapath::packet::{Packet, PortId, VnetHdr};
 use ferry_datapath::pipeline::{Pipeline, SwapReport, Trace};
 use ferry_datapath::tables::{PortKind, Tables};
+use ferry_datapath::{Packet, PortId, VnetHdr};
 
 use crate::port::{Frame, Port, PortCounters};
 

@@ -12,8 +12,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{Netns, mac_str, ping, require_root_and_ip};
-use ferry_datapath::flow::proto;
-use ferry_datapath::packet::VnetHdr;
+use ferry_datapath::VnetHdr;
+use ferry_datapath::proto;
 use ferry_datapath::wire::build::{self, IpOpts};
 use ferry_datapath::wire::parse;
 use ferry_linux::af_packet::RxMode;

@@ -17,11 +17,11 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ferry_datapath::flow::proto;
 use ferry_datapath::gso;
-use ferry_datapath::packet::{Packet, VnetHdr};
+use ferry_datapath::proto;
 use ferry_datapath::wire::build::{self, IpOpts, tcp_flags};
 use ferry_datapath::wire::parse::{self, Parsed};
+use ferry_datapath::{Packet, VnetHdr};
 use ferry_linux::{Tap, netns};
 
 const SERVER_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0xc7, 0x00, 0x01];

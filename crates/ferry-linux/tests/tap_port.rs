@@ -11,8 +11,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{Netns, dev_name, mac_str, require_root_and_ip};
-use ferry_datapath::flow::proto;
-use ferry_datapath::packet::VnetHdr;
+use ferry_datapath::VnetHdr;
+use ferry_datapath::proto;
 use ferry_datapath::wire::build::{self, IpOpts, tcp_flags};
 use ferry_datapath::wire::checksum;
 use ferry_datapath::wire::parse::{self, Parsed};

@@ -7,8 +7,8 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use ferry_datapath::Packet;
 use ferry_datapath::ipf;
-use ferry_datapath::packet::Packet;
 use ferry_datapath::wire::build::{self, IpOpts, tcp_flags};
 use ferry_datapath::wire::{checksum, parse};
 

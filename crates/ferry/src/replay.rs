@@ -10,9 +10,9 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use ferry_datapath::DropReason;
 use ferry_datapath::conntrack::Filter;
-use ferry_datapath::packet::{Packet, PortId};
 use ferry_datapath::pipeline::{Pipeline, PortStats, Stats, Trace, TraceEvent, Verdict};
 use ferry_datapath::tables::Tables;
+use ferry_datapath::{Packet, PortId};
 use serde::Serialize;
 
 use crate::pcap;

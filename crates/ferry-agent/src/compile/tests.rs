@@ -1190,7 +1190,7 @@ fn endpoint_conditions_map_to_backend_state() {
         ]
     );
     let serving = |a: &str| {
-        let tcp = ferry_datapath::flow::proto::TCP;
+        let tcp = ferry_datapath::proto::TCP;
         out.compiled.services.has_serving_backend(tcp, ip(a), 8080)
     };
     assert!(serving("10.244.1.5"), "terminating, serving unset");

@@ -14,8 +14,6 @@ use crate::wire::{checksum, ipv6};
 pub mod nd_type {
     /// Router solicitation.
     pub const RS: u8 = 133;
-    /// Router advertisement.
-    pub const RA: u8 = 134;
     /// Neighbour solicitation.
     pub const NS: u8 = 135;
     /// Neighbour advertisement.

@@ -177,11 +177,13 @@ impl<T> Queue<T> {
     }
 
     /// True when no packet waits.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.packets == 0
     }
 
     /// Bytes of the packets waiting.
+    #[cfg(test)]
     pub fn bytes(&self) -> usize {
         self.bytes
     }

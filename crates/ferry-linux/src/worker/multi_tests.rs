@@ -9,7 +9,7 @@ use super::tests::{
     spec_with_pod_b, tables, wait_gone,
 };
 use super::*;
-use ferry_datapath::flow::Addr;
+use ferry_datapath::Addr;
 use ferry_datapath::tables::{MatchSpec, NatRuleSpec};
 use ferry_datapath::wire::build::{self, IpOpts};
 use ferry_datapath::wire::parse;

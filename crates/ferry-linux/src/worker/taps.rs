@@ -18,9 +18,9 @@
 use serde::{Deserialize, Serialize};
 
 use ferry_datapath::filter::Match;
-use ferry_datapath::packet::{Packet, PortId};
 use ferry_datapath::pipeline::{Pipeline, Trace, Verdict, summarize};
 use ferry_datapath::tables::Tables;
+use ferry_datapath::{Packet, PortId};
 
 /// Most packets one live trace records ([`Taps::start_trace`] asks for fewer).
 pub const MAX_TRACE_COUNT: usize = 10_000;
