@@ -291,7 +291,9 @@ pub enum Begin {
 }
 
 /// A packet that can start a connection, between [`Conntrack::begin`] and
-/// [`Conntrack::start`]: its protocol state and the hash of its key.
+/// [`Conntrack::start`]: its protocol state and the hash of its key. The hash is the
+/// table's, so it is handed to `start` of the tracker that gave it, with no other call
+/// on that tracker in between.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Start {
     state: ProtoState,
@@ -407,6 +409,7 @@ impl Conntrack {
     /// Tracks one packet: a whole datagram (never a fragment), with `nat` applied if it
     /// starts a connection ([`Conntrack::begin`] and [`Conntrack::start`] in one). See
     /// the module documentation.
+    #[inline]
     pub fn process(
         &mut self,
         pkt: &mut Packet,
@@ -430,6 +433,7 @@ impl Conntrack {
     /// Callers read the result where it was returned, by reference: moved out, it would
     /// be copied whole (its pending connection's room included), in moves that wait for
     /// this function's narrower stores to reach the cache.
+    #[inline]
     pub fn begin(
         &mut self,
         pkt: &mut Packet,
@@ -475,6 +479,7 @@ impl Conntrack {
     /// ([`Begin::Starts`]): decides the connection with `nat` (a free reply tuple, a
     /// NAT port) and translates the packet; the connection is inserted only by
     /// [`Conntrack::commit`]. `parsed` must be the packet's as `begin` left it.
+    #[inline]
     pub fn start(
         &mut self,
         start: Start,

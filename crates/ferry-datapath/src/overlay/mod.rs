@@ -298,7 +298,7 @@ fn pseudo(o: &Outer, udp_len: usize) -> u64 {
 
 /// Writes the outer Ethernet, IP and UDP headers (checksum 0) of a datagram with
 /// `udp_len` bytes of UDP, IPv4 identification `id`; returns where the UDP header starts.
-/// The ECN field is left to [`finish_outer`], which sums the IPv4 header again.
+/// The ECN field is left to [`finish_outer`], which updates the IPv4 header checksum.
 fn outer_headers(v: &mut Vec<u8>, o: &Outer, udp_len: usize, id: u16) -> usize {
     let etype = if o.dst.is_ipv6() {
         ethertype::IPV6
@@ -345,8 +345,8 @@ fn outer_headers(v: &mut Vec<u8>, o: &Outer, udp_len: usize, id: u16) -> usize {
 
 /// Completes the outer IP header of `v`, whose first inner frame (after the UDP header
 /// at `udp` and the VXLAN header) is written: the ECN field copied from the inner packet
-/// (RFC 6040 section 4.1, normal mode, as Linux's tunnels do: CE as ECT(0)), and the
-/// IPv4 header checksum.
+/// (RFC 6040 section 4.1, normal mode, as Linux's tunnels do: CE as ECT(0)), the IPv4
+/// header checksum updated for it.
 fn finish_outer(v: &mut [u8], o: &Outer, udp: usize) {
     let inner = &v[udp + 8 + vxlan::LEN..];
     let ecn = match inner_l3(inner).map_or(ecn::NOT_ECT, |l3| ecn_of(&inner[l3..])) {
@@ -355,9 +355,14 @@ fn finish_outer(v: &mut [u8], o: &Outer, udp: usize) {
     };
     if o.dst.is_ipv6() {
         v[ETH_LEN + 1] |= ecn << 4;
-    } else {
-        v[ETH_LEN + 1] = ecn;
-        checksum::set_ipv4_header(&mut v[ETH_LEN..ETH_LEN + 20]);
+    } else if ecn != ecn::NOT_ECT {
+        // The emitter summed the header with TOS 0: updated for the new first word.
+        let h = &mut v[ETH_LEN..ETH_LEN + 20];
+        let old = u16::from_be_bytes([h[0], h[1]]);
+        h[1] = ecn;
+        let new = u16::from_be_bytes([h[0], h[1]]);
+        let c = u16::from_be_bytes([h[10], h[11]]);
+        h[10..12].copy_from_slice(&checksum::update16(c, old, new).to_be_bytes());
     }
 }
 

@@ -27,6 +27,7 @@ impl Pipeline {
     /// and may not be fragmented is answered with ICMP "fragmentation needed" / "packet
     /// too big" and dropped: `Err` carries its verdict.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(super) fn fits(
         &mut self,
         tables: &Tables,
@@ -275,6 +276,7 @@ impl Pipeline {
     /// was reassembled (fragmented to the MTU when it may be), its partial checksum
     /// completed unless the port takes it as it is.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     fn send_whole<'t>(
         &mut self,
         egress: &Egress,
@@ -394,6 +396,7 @@ impl Pipeline {
     }
 
     /// Sends a packet as the egress says: encapsulated when it goes through the overlay.
+    #[inline]
     pub(super) fn emit(
         &mut self,
         egress: &Egress,

@@ -20,6 +20,7 @@ impl Pipeline {
     /// The stages after decapsulation: admission, Services and conntrack with NAT,
     /// policy, routing, MTU, then [`Pipeline::deliver`]. `tunnel_peer` is the node the
     /// packet came from through the overlay, if it did.
+    #[inline]
     pub(super) fn forward(
         &mut self,
         tables: &Tables,
@@ -118,6 +119,7 @@ impl Pipeline {
     /// from the pod's own MAC and address; neighbour discovery is answered here (never
     /// forwarded); martians are dropped; a packet whose TTL runs out is answered with an
     /// ICMP time exceeded. `Err` carries the verdict of a packet that goes no further.
+    #[inline]
     fn admit(
         &mut self,
         tables: &Tables,

@@ -17,6 +17,7 @@ use crate::wire::{L3, Parsed};
 
 impl Pipeline {
     /// [`Pipeline::process`] after the packet was parsed.
+    #[inline]
     pub(super) fn process_parsed(
         &mut self,
         tables: &Tables,

@@ -62,6 +62,7 @@ impl Pipeline {
     /// neighbour table, or, for the overlay, the peer's VTEP with the outer headers to
     /// add). An unknown neighbour is probed (rate limited) and named in the error.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(super) fn resolve(
         &mut self,
         tables: &Tables,

@@ -42,6 +42,7 @@ impl Pipeline {
     /// an ICMP host (address) unreachable; `Err` carries the verdict of a packet that
     /// goes no further.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(super) fn route(
         &mut self,
         tables: &Tables,

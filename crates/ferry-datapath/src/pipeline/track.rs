@@ -44,6 +44,7 @@ impl Pipeline {
     /// reaches (the endpoint choice), else from the first static rule that matches (a
     /// pod egress masquerade rule must not turn Services off); then conntrack decides the
     /// connection with it. What was decided is left in `opening`.
+    #[inline]
     pub(super) fn open(
         &mut self,
         tables: &Tables,
@@ -124,6 +125,7 @@ impl Pipeline {
     /// pending connection marked, the tunnel peer remembered so that replies return
     /// through the node the original direction came through (which undoes its NAT).
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(super) fn tracked(
         &mut self,
         tables: &Tables,
