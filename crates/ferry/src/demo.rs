@@ -63,19 +63,53 @@ struct Scenario {
     frames: Vec<Vec<u8>>,
 }
 
+/// The addresses of the demo's client and pod, and the IP options of a datagram with
+/// IPv4 identification `id`.
+struct Ends {
+    client: IpAddr,
+    pod: IpAddr,
+    client6: IpAddr,
+    pod6: IpAddr,
+}
+
+impl Ends {
+    fn new() -> Ends {
+        Ends {
+            client: ip("192.168.50.1"),
+            pod: ip("10.244.1.5"),
+            client6: ip("fd00:50::1"),
+            pod6: ip("fd00:10:244:1::5"),
+        }
+    }
+
+    /// Each datagram its own IPv4 identification (kept through reassembly and
+    /// refragmentation); IPv6 carries it in the fragment header instead.
+    fn opts(id: u16, dont_fragment: bool) -> IpOpts {
+        IpOpts {
+            dst_mac: [0x02, 0xfe, 0, 0, 0, 1],
+            id,
+            dont_fragment,
+            ..IpOpts::default()
+        }
+    }
+}
+
 fn scenarios() -> Vec<Scenario> {
-    let client = ip("192.168.50.1");
-    let pod = ip("10.244.1.5");
-    let client6 = ip("fd00:50::1");
-    let pod6 = ip("fd00:10:244:1::5");
-    // Each datagram its own IPv4 identification (kept through reassembly and
-    // refragmentation); IPv6 carries it in the fragment header instead.
-    let o = |id: u16, dont_fragment: bool| IpOpts {
-        dst_mac: [0x02, 0xfe, 0, 0, 0, 1],
-        id,
-        dont_fragment,
-        ..IpOpts::default()
-    };
+    let mut v = reassembly();
+    v.extend(refusals());
+    v.extend(service());
+    v
+}
+
+/// Fragments reassembled and refragmented, a coalesced TCP packet segmented, and DF meeting a smaller MTU.
+fn reassembly() -> Vec<Scenario> {
+    let Ends {
+        client,
+        pod,
+        client6,
+        pod6,
+    } = Ends::new();
+    let o = Ends::opts;
     let mut v = Vec::new();
 
     let mut f = fragments(
@@ -154,6 +188,14 @@ fn scenarios() -> Vec<Scenario> {
         frames: vec![df],
     });
 
+    v
+}
+
+/// What is refused: overlapping and tiny fragments, a bad checksum, a datagram that never completes.
+fn refusals() -> Vec<Scenario> {
+    let Ends { client, pod, .. } = Ends::new();
+    let o = Ends::opts;
+    let mut v = Vec::new();
     let mut f = fragments(
         build::udp(
             client,
@@ -232,6 +274,14 @@ fn scenarios() -> Vec<Scenario> {
         frames: vec![lone[0].clone()],
     });
 
+    v
+}
+
+/// A Service reached by fragments, the fragmented answer translated back, and a ping after the fragment timeout.
+fn service() -> Vec<Scenario> {
+    let Ends { client, pod, .. } = Ends::new();
+    let o = Ends::opts;
+    let mut v = Vec::new();
     let vip = ip("10.96.0.10");
     let mut f = fragments(
         build::udp(

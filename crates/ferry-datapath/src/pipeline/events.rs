@@ -786,6 +786,16 @@ impl fmt::Display for TraceEvent {
             ),
             RouteTunnel { dst, node } => write!(f, "{dst} -> node {node} through the overlay"),
             RoutePort { dst, port } => write!(f, "{dst} -> port {port}"),
+            _ => self.fmt_egress(f),
+        }
+    }
+}
+
+impl TraceEvent {
+    /// The text of the events from the MTU check on (`fmt` writes the others).
+    fn fmt_egress(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use TraceEvent::*;
+        match self {
             Mtu {
                 mtu,
                 tunnel,
@@ -904,6 +914,15 @@ impl fmt::Display for TraceEvent {
                 f,
                 "{datagrams} datagrams in {frames} frames, {super_frames} of them UDP GSO super-frames for {port} to cut"
             ),
+            _ => self.fmt_sent(f),
+        }
+    }
+
+    /// The text of the events from sending on (`fmt` and `fmt_egress` write the
+    /// others).
+    fn fmt_sent(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use TraceEvent::*;
+        match self {
             SentGso { port, segment } => {
                 write!(f, "GSO packet sent whole to {port}, segment size {segment}")
             }
@@ -963,6 +982,8 @@ impl fmt::Display for TraceEvent {
                 write!(f, "{target} is at {} (answered to {dst})", MacAddr(*mac))
             }
             Drop { reason } => f.write_str(reason.name()),
+            // Written by `fmt` and `fmt_egress`.
+            _ => Ok(()),
         }
     }
 }
