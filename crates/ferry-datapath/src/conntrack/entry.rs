@@ -28,9 +28,9 @@ impl Status {
     /// UDP seen both ways and still active after 2 s); it is never evicted to make room.
     pub const ASSURED: u8 = 2;
     /// The destination of the original direction is translated.
-    pub const DNAT: u8 = 4;
+    pub const DNAT: u8 = crate::nat::ports::DNAT;
     /// The source of the original direction is translated.
-    pub const SNAT: u8 = 8;
+    pub const SNAT: u8 = crate::nat::ports::SNAT;
 
     /// True when every bit of `bits` is set.
     #[inline]

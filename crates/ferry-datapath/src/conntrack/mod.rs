@@ -35,7 +35,6 @@ mod entry;
 mod expiry;
 mod icmp;
 mod index;
-mod nat;
 #[cfg(test)]
 mod nat_tests;
 #[cfg(test)]
@@ -48,10 +47,10 @@ mod tcp;
 mod tests;
 
 pub use crate::nat::Nat;
+pub use crate::nat::{SNAT_PORTS, SNAT_PRIVILEGED_PORTS};
 pub use dump::Filter;
 pub use entry::{Entry, Line, ORIGINAL, ProtoState, REPLY, Status};
 pub use icmp::reverse;
-pub use nat::{SNAT_PORTS, SNAT_PRIVILEGED_PORTS};
 pub use spec::CtSpec;
 pub use tcp::{TcpConn, TcpState};
 
@@ -61,6 +60,7 @@ use self::table::Table;
 use self::tcp::{Segment, Verdict};
 use crate::drop::DropReason;
 use crate::flow::{FlowKey, proto};
+use crate::nat::ports as nat;
 use crate::packet::Packet;
 use crate::wire::Parsed;
 use crate::wire::icmp_error;

@@ -138,7 +138,7 @@ pub(crate) struct Stamp;
 /// while an entry is in the table, so counting at insert and removal stays exact.
 #[inline]
 fn holds_nat_port(e: &Entry) -> bool {
-    e.status.has(Status::SNAT) && super::nat::allocates(&e.original())
+    e.status.has(Status::SNAT) && crate::nat::ports::allocates(&e.original())
 }
 
 #[inline]
@@ -748,5 +748,15 @@ impl Table {
             .map(|(id, _)| id)
             .collect();
         assert_eq!(fifo, unreplied, "fifo holds exactly the unreplied entries");
+    }
+}
+
+/// The NAT decision asks the table which reply tuples are free.
+impl crate::nat::ports::ReplyTuples for Table {
+    #[inline]
+    fn free(&self, post: &FlowKey) -> Option<u64> {
+        let reply = super::icmp::reverse(post);
+        let h = self.hash_key(&reply);
+        self.lookup_hashed(&reply, h).is_none().then_some(h)
     }
 }

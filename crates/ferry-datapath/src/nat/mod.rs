@@ -1,12 +1,15 @@
-//! NAT: the translation a connection is created with ([`Nat`]), and the static rules
-//! that give it to connections that reach no Service (`rules`). A Service's translation
-//! comes from the Service choice (`lb::balance`). Conntrack applies a [`Nat`] when it creates a
-//! connection: it picks the ports that keep every reply tuple unique
-//! (`conntrack/nat.rs`, which needs its table) and translates every packet of the
-//! connection both ways ([`crate::wire::rewrite`]).
+//! NAT: the translation a connection is created with ([`Nat`]), the static rules that
+//! give it to connections that reach no Service (`rules`), and the choice of the
+//! translated tuple with the ports that keep every reply tuple unique (`ports`, which
+//! asks the connection table which tuples are free). A Service's translation comes from
+//! the Service choice (`lb::balance`). Conntrack decides a connection's tuple here when
+//! it creates it, and translates every packet of the connection both ways
+//! ([`crate::wire::rewrite`]).
 
+pub(crate) mod ports;
 mod rules;
 
+pub use ports::{SNAT_PORTS, SNAT_PRIVILEGED_PORTS};
 pub use rules::{MatchSpec, NatRule, NatRuleSpec, Snat, first_match};
 
 use crate::flow::Addr;

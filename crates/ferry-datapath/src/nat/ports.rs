@@ -1,5 +1,6 @@
 //! NAT decisions: the translated tuple of a new connection, and the port allocation that
-//! keeps every reply tuple unique.
+//! keeps every reply tuple unique. Which tuples are free is the connection table's to
+//! say ([`ReplyTuples`]); conntrack asks here when it creates a connection.
 //!
 //! A connection's reply tuple is the reverse of its translated original tuple, and it is
 //! what identifies replies, so no two entries may share it. DNAT takes the address (and
@@ -15,10 +16,20 @@
 //! binding. Only a protocol without ports to choose is refused as a clash.
 
 use super::Nat;
-use super::entry::Status;
-use super::icmp::{Kind, kind, reverse};
-use super::table::Table;
 use crate::flow::{Addr, FlowKey, proto};
+use crate::wire::icmp::{v4, v6};
+
+/// Status bit of a decision: the destination of the original direction is translated.
+pub(crate) const DNAT: u8 = 4;
+/// Status bit of a decision: its source is translated.
+pub(crate) const SNAT: u8 = 8;
+
+/// What the connection table knows of the tuples in use.
+pub(crate) trait ReplyTuples {
+    /// The hash of the reply tuple of a connection whose translated original tuple is
+    /// `post`, if no connection has that reply tuple.
+    fn free(&self, post: &FlowKey) -> Option<u64>;
+}
 
 /// Most ports tried for one new connection, so that allocation is bounded work even in a
 /// large, nearly full range.
@@ -39,7 +50,10 @@ pub(crate) enum Refusal {
 pub(crate) fn allocates(k: &FlowKey) -> bool {
     match k.proto {
         proto::TCP | proto::UDP => true,
-        proto::ICMP | proto::ICMPV6 => kind(k.proto, (k.dst_port >> 8) as u8) == Kind::Request,
+        proto::ICMP | proto::ICMPV6 => matches!(
+            (k.proto, (k.dst_port >> 8) as u8),
+            (proto::ICMP, v4::ECHO_REQUEST) | (proto::ICMPV6, v6::ECHO_REQUEST)
+        ),
         _ => false,
     }
 }
@@ -65,7 +79,7 @@ pub const SNAT_PRIVILEGED_PORTS: (u16, u16) = (1, 1023);
 /// is `hash`), the status bits (DNAT, SNAT) it gets, and the hash of its reply tuple,
 /// `reverse(result)`.
 pub(crate) fn decide(
-    table: &Table,
+    table: &impl ReplyTuples,
     key: &FlowKey,
     hash: u64,
     nat: Option<&Nat>,
@@ -82,7 +96,7 @@ pub(crate) fn decide(
             post.dst_port = port.unwrap_or(key.dst_port);
         }
         if post != *key {
-            status |= Status::DNAT;
+            status |= DNAT;
         }
     }
     let Some((addr, range)) = nat.snat else {
@@ -91,7 +105,7 @@ pub(crate) fn decide(
     post.src = addr;
     same_family(key.src, whole(&post.src))?;
     if post.src != key.src {
-        status |= Status::SNAT;
+        status |= SNAT;
     }
     if !allocates(key) {
         return match free(table, &post) {
@@ -113,7 +127,7 @@ pub(crate) fn decide(
 /// free, tried from a point that depends on the connection's `hash`, at most
 /// [`MAX_ATTEMPTS`] of them; SNAT is added to `status` when it is not `key`'s.
 fn search(
-    table: &Table,
+    table: &impl ReplyTuples,
     key: &FlowKey,
     mut post: FlowKey,
     mut status: u8,
@@ -126,7 +140,7 @@ fn search(
         post.src_port = lo + ((start + i) % size) as u16;
         if let Some(h) = free(table, &post) {
             if post.src_port != key.src_port {
-                status |= Status::SNAT;
+                status |= SNAT;
             }
             return Ok((post, status, h));
         }
@@ -136,17 +150,15 @@ fn search(
 
 /// The hash of the reply tuple of `post`, if that tuple is free.
 #[inline]
-fn free(table: &Table, post: &FlowKey) -> Option<u64> {
-    let reply = reverse(post);
-    let h = table.hash_key(&reply);
-    table.lookup_hashed(&reply, h).is_none().then_some(h)
+fn free(table: &impl ReplyTuples, post: &FlowKey) -> Option<u64> {
+    table.free(post)
 }
 
 /// `post`, of a connection without SNAT, if its reply tuple is free; else `post` with
 /// another source port from the class of `key`'s ([`default_range`]), the address kept
 /// (Linux's null binding). A clash when the protocol has no port to choose.
 fn unique(
-    table: &Table,
+    table: &impl ReplyTuples,
     key: &FlowKey,
     post: FlowKey,
     status: u8,
