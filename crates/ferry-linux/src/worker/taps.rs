@@ -18,7 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 use ferry_datapath::filter::Match;
-use ferry_datapath::pipeline::{Pipeline, Trace, Verdict, summarize};
+use ferry_datapath::pipeline::{Pipeline, Trace, TraceEvent, Verdict, summarize};
 use ferry_datapath::tables::Tables;
 use ferry_datapath::{Packet, PortId};
 
@@ -36,6 +36,10 @@ pub struct TracedPacket {
     pub summary: String,
     /// `(stage, detail)` for each stage the packet went through, in order.
     pub stages: Vec<(String, String)>,
+    /// The same stages as typed events, with their fields (`kind`-tagged in JSON); empty
+    /// in a record of an agent that had none.
+    #[serde(default)]
+    pub events: Vec<TraceEvent>,
     /// `forwarded`, `held`, `consumed` or `dropped: REASON` (the drop reason's name).
     pub verdict: String,
     /// What conntrack made of it (`new`, `established`, `reply`, ...), if it got there.
@@ -281,6 +285,7 @@ impl Taps {
                     .iter()
                     .map(|e| (e.stage().name().to_string(), e.to_string()))
                     .collect(),
+                events: t.events.clone(),
                 verdict: match verdict {
                     Verdict::Dropped(r) => format!("dropped: {}", r.name()),
                     v => v.name().to_string(),

@@ -94,6 +94,15 @@ fn test_live_trace_records_the_matching_packets_then_stops() {
             stages.contains(&"parse") && stages.contains(&"route"),
             "{stages:?}"
         );
+        // The typed events are the same stages, with the same text.
+        let typed: Vec<(String, String)> = p
+            .events
+            .iter()
+            .map(|e| (e.stage().name().to_string(), e.to_string()))
+            .collect();
+        assert_eq!(typed, p.stages);
+        let json = serde_json::to_value(p).unwrap();
+        assert_eq!(json["events"][0]["kind"], "parse", "{json}");
         assert_eq!(p.out.len(), 1);
         assert_eq!(p.out[0].0, "b");
         assert!(p.out[0].1.starts_with(&p.summary[..20]), "{:?}", p.out);
