@@ -277,6 +277,16 @@ impl Drop for Lab {
             let _ = c.wait();
         }
         for ns in self.namespaces.iter().rev() {
+            // What the children started in turn (a shell's `nc`, say) is not their child
+            // any more once they are gone: every process still in the namespace ends
+            // with it, as deleting a namespace does not end them.
+            if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
+                let pids = String::from_utf8_lossy(&out.stdout);
+                let pids: Vec<&str> = pids.split_whitespace().collect();
+                if !pids.is_empty() {
+                    let _ = Command::new("kill").arg("-KILL").args(&pids).status();
+                }
+            }
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
     }
