@@ -459,6 +459,17 @@ pub struct ApiError {
     pub details: String,
 }
 
+impl ApiError {
+    /// An error with `code`, a short message and what exactly went wrong.
+    pub fn new(code: u32, msg: impl Into<String>, details: impl Into<String>) -> ApiError {
+        ApiError {
+            code,
+            msg: msg.into(),
+            details: details.into(),
+        }
+    }
+}
+
 /// A successful answer; which fields are set depends on the request. Unknown fields are
 /// refused, so that an error answer that does not decode as [`ApiError`] is not taken
 /// for a success.
@@ -721,11 +732,7 @@ pub struct EndpointInfo {
 impl Response {
     /// An error answer.
     pub fn error(code: u32, msg: impl Into<String>, details: impl Into<String>) -> Response {
-        Response::Error(ApiError {
-            code,
-            msg: msg.into(),
-            details: details.into(),
-        })
+        Response::Error(ApiError::new(code, msg, details))
     }
 }
 

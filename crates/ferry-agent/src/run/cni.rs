@@ -490,7 +490,7 @@ fn check_add(
     addresses: &[String],
 ) -> Result<(Vec<IpNet>, Netns), ApiError> {
     if container_id.is_empty() || ifname.is_empty() || ifname.len() > 15 {
-        return Err(api_error(
+        return Err(ApiError::new(
             4,
             "CNI_CONTAINERID and CNI_IFNAME (at most 15 bytes) are required",
             format!("{container_id:?} {ifname:?}"),
@@ -501,7 +501,7 @@ fn check_add(
         match a.parse::<IpNet>() {
             Ok(n) => addrs.push(n),
             Err(_) => {
-                return Err(api_error(
+                return Err(ApiError::new(
                     ERR_BAD_REQUEST,
                     "a pod address is not ADDR/LEN",
                     a.clone(),
@@ -510,31 +510,22 @@ fn check_add(
         }
     }
     if addrs.is_empty() {
-        return Err(api_error(
+        return Err(ApiError::new(
             ERR_BAD_REQUEST,
             "the pod has no address",
             container_id.to_string(),
         ));
     }
     let ns = netns_name(netns)
-        .map_err(|e| api_error(4, "CNI_NETNS: the network namespace cannot be used", e))?;
+        .map_err(|e| ApiError::new(4, "CNI_NETNS: the network namespace cannot be used", e))?;
     if !std::path::Path::new(netns).exists() {
-        return Err(api_error(
+        return Err(ApiError::new(
             4,
             "CNI_NETNS: the network namespace does not exist",
             netns.to_string(),
         ));
     }
     Ok((addrs, ns))
-}
-
-/// An error answer's contents.
-pub(super) fn api_error(code: u32, msg: impl Into<String>, details: impl Into<String>) -> ApiError {
-    ApiError {
-        code,
-        msg: msg.into(),
-        details: details.into(),
-    }
 }
 
 #[cfg(test)]
