@@ -76,6 +76,8 @@ drop_reasons! {
     TcpHeaderMalformed => "tcp_header_malformed",
     /// UDP header truncated or its length field invalid.
     UdpHeaderMalformed => "udp_header_malformed",
+    /// SCTP packet shorter than its 12-byte common header.
+    SctpHeaderMalformed => "sctp_header_malformed",
     /// ICMP/ICMPv6 message shorter than its header.
     IcmpMalformed => "icmp_malformed",
     /// VXLAN header truncated or without the valid-VNI flag.
@@ -146,6 +148,10 @@ drop_reasons! {
     /// the tunnel's reach) when the node has no address of its family: refused, since
     /// with the client address kept the replies would not come back to be translated.
     ServiceNoNodeAddress => "service_no_node_address",
+    // --- policy
+    /// A new connection that NetworkPolicy or ClusterNetworkPolicy does not allow: a
+    /// rule denied it, or policies isolate the pod and none of their rules matched.
+    PolicyDenied => "policy_denied",
     // --- forwarding
     /// The packet arrived on a port that the tables do not know.
     UnknownPort => "unknown_port",

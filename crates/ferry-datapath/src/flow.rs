@@ -13,6 +13,8 @@ pub mod proto {
     pub const UDP: u8 = 17;
     /// ICMPv6.
     pub const ICMPV6: u8 = 58;
+    /// SCTP.
+    pub const SCTP: u8 = 132;
 }
 
 /// An IP address of either family in one fixed layout: 16 bytes aligned to 16, an IPv4
@@ -206,6 +208,7 @@ pub fn proto_name(p: u8) -> &'static str {
         proto::TCP => "tcp",
         proto::UDP => "udp",
         proto::ICMPV6 => "icmpv6",
+        proto::SCTP => "sctp",
         _ => "ip",
     }
 }
@@ -225,7 +228,7 @@ impl fmt::Display for FlowKey {
                 self.dst_port & 0xff,
                 self.src_port
             ),
-            proto::TCP | proto::UDP => {
+            proto::TCP | proto::UDP | proto::SCTP => {
                 let (s, d) = (self.src.ip(), self.dst.ip());
                 let fmt_ep = |a: IpAddr, port: u16| match a {
                     IpAddr::V4(v) => format!("{v}:{port}"),

@@ -24,6 +24,7 @@ mod neigh;
 pub mod overlay;
 mod packet;
 pub mod pipeline;
+pub mod policy;
 pub mod tables;
 pub mod wire;
 

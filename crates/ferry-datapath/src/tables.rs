@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -241,6 +242,9 @@ pub struct TablesSpec {
     /// Service ports and their endpoints.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<crate::lb::ServiceSpec>,
+    /// NetworkPolicy and ClusterNetworkPolicy for this node's pods.
+    #[serde(default, skip_serializing_if = "crate::policy::PolicySpec::is_default")]
+    pub policy: crate::policy::PolicySpec,
 }
 
 /// Connected routes: an `IP/LEN` address of a non-pod port puts its subnet on-link
@@ -471,6 +475,8 @@ pub struct Tables {
     pub overlay: Option<Overlay>,
     /// Services.
     pub services: crate::lb::Services,
+    /// NetworkPolicy for this node's pods.
+    pub policy: Arc<crate::policy::Policy>,
     /// The MTU of a pod port that the tables give none: with the overlay, the uplink's
     /// less the encapsulation's overhead ([`crate::overlay::pod_mtu`]; none in mode
     /// `never`), else [`DEFAULT_MTU`]. What a pod's interface is given when it is made.
@@ -506,6 +512,7 @@ impl Tables {
             nat: self.nat.clone(),
             node: self.node.clone(),
             overlay: self.overlay.clone(),
+            policy: self.policy.clone(),
             pod_mtu: self.pod_mtu,
         })
     }
@@ -573,6 +580,11 @@ impl TablesSpec {
                 .filter(|a| *a != GATEWAY_V4 && *a != GATEWAY_V6),
         );
         let services = crate::lb::Services::compile(&self.services, &node.name, local_addrs)?;
+        let names: Vec<(&str, bool)> = ports
+            .iter()
+            .map(|p| (p.name.as_str(), p.kind == PortKind::Pod))
+            .collect();
+        let policy = Arc::new(self.policy.compile(&names)?);
         Ok(Tables {
             ports,
             fib,
@@ -583,6 +595,7 @@ impl TablesSpec {
             node,
             overlay,
             services,
+            policy,
             pod_mtu,
         })
     }

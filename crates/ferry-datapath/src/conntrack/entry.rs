@@ -673,7 +673,9 @@ pub struct Line<'a> {
 fn write_tuple(f: &mut fmt::Formatter<'_>, k: &FlowKey) -> fmt::Result {
     write!(f, "src={} dst={}", k.src, k.dst)?;
     match k.proto {
-        proto::TCP | proto::UDP => write!(f, " sport={} dport={}", k.src_port, k.dst_port),
+        proto::TCP | proto::UDP | proto::SCTP => {
+            write!(f, " sport={} dport={}", k.src_port, k.dst_port)
+        }
         proto::ICMP | proto::ICMPV6 => write!(
             f,
             " type={} code={} id={}",

@@ -17,6 +17,7 @@ use crate::flow::{Addr, FlowKey};
 use crate::icmp::ErrorKind;
 use crate::lb::Scope;
 use crate::packet::PortId;
+use crate::policy::{Direction, Tier};
 use crate::tables::MacAddr;
 
 /// The stage of the pipeline an event belongs to.
@@ -39,6 +40,8 @@ pub enum Stage {
     Nat,
     /// Connection tracking.
     Ct,
+    /// NetworkPolicy and ClusterNetworkPolicy.
+    Policy,
     /// A new connection entered the table.
     Commit,
     /// The route lookup.
@@ -75,6 +78,7 @@ impl Stage {
             Stage::Service => "service",
             Stage::Nat => "nat",
             Stage::Ct => "ct",
+            Stage::Policy => "policy",
             Stage::Commit => "commit",
             Stage::Route => "route",
             Stage::Mtu => "mtu",
@@ -188,6 +192,28 @@ pub enum ServicePath {
     },
     /// The client's address kept, through the tunnel so that replies return here.
     Tunnel,
+}
+
+/// What decided a direction of a new connection (see [`crate::policy::DecidedBy`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum PolicyBy {
+    /// A rule.
+    Rule {
+        /// Its tier.
+        tier: Tier,
+        /// Its policy's name and its own.
+        rule: String,
+    },
+    /// These NetworkPolicies isolate the pod, and no rule of theirs matched.
+    Isolated {
+        /// Their names.
+        policies: Vec<String>,
+    },
+    /// No policy applies.
+    Default,
+    /// From the node's own stack, allowed to its pods.
+    Host,
 }
 
 /// One step of a stage, with the values it was made of.
@@ -333,6 +359,19 @@ pub enum TraceEvent {
         key: FlowKey,
         /// NAT changed the key.
         translated: bool,
+    },
+    /// A direction of a new connection decided by policy.
+    Policy {
+        /// Ingress (to the pod) or egress (from it).
+        direction: Direction,
+        /// The pod's port.
+        port: String,
+        /// The other end, as the policy saw it.
+        peer: IpAddr,
+        /// The connection may go on.
+        allowed: bool,
+        /// What decided.
+        by: PolicyBy,
     },
     /// A new connection entered the table.
     Committed,
@@ -618,6 +657,7 @@ impl TraceEvent {
             | ServiceBalanced { .. } => Stage::Service,
             StaticNat { .. } => Stage::Nat,
             Ct { .. } => Stage::Ct,
+            Policy { .. } => Stage::Policy,
             Committed => Stage::Commit,
             RouteNoPod { .. } | RouteTunnel { .. } | RoutePort { .. } => Stage::Route,
             Mtu { .. } => Stage::Mtu,
@@ -778,6 +818,43 @@ impl fmt::Display for TraceEvent {
                     write!(f, ", translated to {key}")?;
                 }
                 Ok(())
+            }
+            Policy {
+                direction,
+                port,
+                peer,
+                allowed,
+                by,
+            } => {
+                let (to, verdict) = (
+                    match direction {
+                        Direction::Ingress => "to",
+                        Direction::Egress => "from",
+                    },
+                    if *allowed { "allowed" } else { "denied" },
+                );
+                write!(
+                    f,
+                    "{} {to} {port} (peer {peer}): {verdict}",
+                    direction.name()
+                )?;
+                match by {
+                    PolicyBy::Rule { tier, rule } => {
+                        write!(f, " by {rule}")?;
+                        match tier {
+                            Tier::Admin => f.write_str(" (admin tier)"),
+                            Tier::Baseline => f.write_str(" (baseline tier)"),
+                            Tier::NetworkPolicy => Ok(()),
+                        }
+                    }
+                    PolicyBy::Isolated { policies } => write!(
+                        f,
+                        ": isolated by {}, and no rule of theirs matched",
+                        policies.join(", ")
+                    ),
+                    PolicyBy::Default => f.write_str(": no policy applies"),
+                    PolicyBy::Host => f.write_str(" from the node's own stack"),
+                }
             }
             Committed => f.write_str("connection committed"),
             RouteNoPod { dst } => write!(

@@ -53,8 +53,9 @@ mod stats;
 mod track;
 
 pub use events::{
-    Asked, Fragment, L2Hop, MtuFit, MtuLength, ServicePath, Stage, Trace, TraceEvent,
+    Asked, Fragment, L2Hop, MtuFit, MtuLength, PolicyBy, ServicePath, Stage, Trace, TraceEvent,
 };
+pub use policy::PolicyCount;
 pub use stats::{PortStats, Stats};
 
 use events::SockAddr;
@@ -127,6 +128,8 @@ pub struct Pipeline {
     /// A scratch pipeline of a dry run ([`trace`]): what it emits is never sent, and
     /// its notes say so.
     dry_run: bool,
+    /// Connections decided per policy, indexed like the tables' policies.
+    policy_counts: Vec<PolicyCount>,
     /// The IPv4 identification of the next outer datagram through the overlay (see
     /// [`overlay::Outer::id`]).
     outer_id: u16,
@@ -161,6 +164,7 @@ impl Pipeline {
             batch: Vec::new(),
             batch_keys: Vec::new(),
             dry_run: false,
+            policy_counts: Vec::new(),
             outer_id: 0,
         }
     }
@@ -408,6 +412,9 @@ mod overlay_tests;
 
 #[cfg(test)]
 mod service_tests;
+
+#[cfg(test)]
+mod policy_tests;
 
 /// Addresses of this node's pod CIDRs that no pod has.
 #[cfg(test)]

@@ -73,4 +73,9 @@ pub struct Stats {
     /// New connections to a Service refused at once (no endpoint: TCP reset or ICMP port
     /// unreachable sent).
     pub service_rejected: u64,
+    /// Directions of new connections that a policy rule allowed (egress from a pod of
+    /// this node, ingress to one; a direction no policy applies to is not counted).
+    pub policy_allowed: u64,
+    /// Directions of new connections that policy denied (`policy_denied`).
+    pub policy_denied: u64,
 }

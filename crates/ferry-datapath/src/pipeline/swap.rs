@@ -118,6 +118,26 @@ impl Pipeline {
         }
         self.ports = ports;
         self.port_drops = port_drops;
+        // Policy counters follow policies by name, as port counters follow ports.
+        let old_policies: HashMap<&str, usize> = old
+            .policy
+            .policies()
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (&**p, i))
+            .collect();
+        self.policy_counts = new
+            .policy
+            .policies()
+            .iter()
+            .map(|p| {
+                old_policies
+                    .get(&**p)
+                    .and_then(|i| self.policy_counts.get(*i))
+                    .copied()
+                    .unwrap_or_default()
+            })
+            .collect();
         let new_names: HashSet<&str> = new.ports.iter().map(|p| p.name.as_str()).collect();
         report.ports_removed = old
             .ports

@@ -391,6 +391,17 @@ fn parse_l4(proto: u8, fragment: bool, l4: &[u8]) -> Result<L4, DropReason> {
             }
             Err(_) => short(DropReason::UdpHeaderMalformed),
         },
+        // The common header: source and destination ports, verification tag, checksum
+        // (RFC 9260 section 3.1). Its ports key the flow like TCP's and UDP's.
+        proto::SCTP => match l4 {
+            [s0, s1, d0, d1, _, _, _, _, _, _, _, _, ..] => Ok(L4 {
+                src_port: u16::from_be_bytes([*s0, *s1]),
+                dst_port: u16::from_be_bytes([*d0, *d1]),
+                tcp_flags: 0,
+                complete: true,
+            }),
+            _ => short(DropReason::SctpHeaderMalformed),
+        },
         proto::ICMP | proto::ICMPV6 => {
             if l4.len() < 8 {
                 return short(DropReason::IcmpMalformed);
@@ -432,6 +443,34 @@ mod tests {
 
     fn v4(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    /// An Ethernet frame with an IPv4 SCTP packet of `l4` bytes (header and chunks).
+    fn sctp_frame(l4: &[u8]) -> Vec<u8> {
+        let b = etherparse::PacketBuilder::ethernet2([2; 6], [4; 6]).ipv4(
+            [10, 0, 0, 1],
+            [10, 0, 0, 2],
+            64,
+        );
+        let mut v = Vec::new();
+        b.write(&mut v, etherparse::IpNumber(proto::SCTP), l4)
+            .unwrap();
+        v
+    }
+
+    #[test]
+    fn test_sctp_ports_key_the_flow_and_a_short_header_is_refused() {
+        let mut l4 = vec![0x9c, 0x40, 0x00, 0x50];
+        l4.extend_from_slice(&[0; 12]);
+        let p = parse(&sctp_frame(&l4), 0).unwrap();
+        assert_eq!(
+            (p.key.proto, p.key.src_port, p.key.dst_port),
+            (proto::SCTP, 40000, 80)
+        );
+        assert_eq!(
+            parse(&sctp_frame(&l4[..11]), 0).unwrap_err(),
+            DropReason::SctpHeaderMalformed
+        );
     }
 
     #[test]
