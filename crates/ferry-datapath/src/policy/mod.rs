@@ -19,10 +19,11 @@
 //! on as the connection itself (a denied connection is never tracked), so packets of
 //! established connections and their replies pay nothing.
 //!
-//! A NetworkPolicy direction is compiled into one index over all its rules ([`Grants`]):
-//! single ports and whole protocols are hash lookups, peers a longest-prefix match over
-//! the union of the rules' blocks, so the cost of a decision barely grows with the
-//! number of rules. Tier rules are ordered and checked one after the other.
+//! Each list of rules (a tier's, in priority order, or a direction's NetworkPolicy rules)
+//! is compiled into one index ([`Index`]): single ports and whole protocols are hash
+//! lookups, peers a longest-prefix match over the union of the rules' blocks in which
+//! every prefix holds the first rule matching it, so that a decision costs a few
+//! lookups however many rules there are, and still finds the first rule in order.
 
 mod spec;
 
@@ -164,50 +165,71 @@ struct Set {
     lookup: Fib<()>,
 }
 
-/// Peers of an index bucket: every peer, or those in the prefixes, each with the first
-/// rule that allowed it.
-#[derive(Clone, Debug)]
-enum Peers {
-    Any(u32),
-    Some(Fib<u32>),
+/// The peers of one bucket of an [`Index`], each with the first position (in the
+/// list the index was built from) of a rule that matches them.
+#[derive(Clone, Debug, Default)]
+struct Peers {
+    /// The first position whose rule matches every peer.
+    any: Option<u32>,
+    /// Prefixes, each with the first position matching some prefix that contains it
+    /// (pushed down when built), so that the longest prefix holding an address gives
+    /// the first position for that address.
+    prefixes: Fib<u32>,
 }
 
 impl Peers {
+    #[inline]
     fn lookup(&self, a: IpAddr) -> Option<u32> {
-        match self {
-            Peers::Any(r) => Some(*r),
-            Peers::Some(f) => f.lookup(a).copied(),
-        }
+        let p = if self.prefixes.is_empty() {
+            None
+        } else {
+            self.prefixes.lookup(a).copied()
+        };
+        min(self.any, p)
     }
 
-    fn add(slot: &mut Option<Peers>, rule: u32, prefixes: Option<&[IpNet]>) {
-        match (slot.as_mut(), prefixes) {
-            (Some(Peers::Any(_)), _) => {}
-            (_, None) => *slot = Some(Peers::Any(rule)),
-            (None, Some(p)) => {
-                let mut f = Fib::new();
-                for n in p {
-                    f.insert(*n, rule);
-                }
-                *slot = Some(Peers::Some(f));
-            }
-            (Some(Peers::Some(f)), Some(p)) => {
-                for n in p {
-                    if f.get_exact(*n).is_none() {
-                        f.insert(*n, rule);
-                    }
+    /// From (prefix or every peer, position) pairs.
+    fn build(mut entries: Vec<(Option<IpNet>, u32)>) -> Peers {
+        let any = entries
+            .iter()
+            .filter(|(n, _)| n.is_none())
+            .map(|(_, p)| *p)
+            .min();
+        // Shorter prefixes first, so that each finds the positions of those holding it
+        // already in place; none later than `any` matters.
+        entries.retain(|(n, p)| n.is_some() && any.is_none_or(|a| *p < a));
+        entries.sort_by_key(|(n, p)| (n.map(|n| n.prefix_len()), *p));
+        let mut prefixes = Fib::new();
+        for (n, pos) in entries {
+            let n = n.expect("kept prefixes only");
+            let held = prefixes.lookup(n.addr()).copied();
+            let v = min(Some(pos), held).expect("pos is some");
+            match prefixes.get_exact(n) {
+                Some(old) if *old <= v => {}
+                _ => {
+                    prefixes.insert(n, v);
                 }
             }
         }
+        Peers { any, prefixes }
     }
 }
 
-/// The union of a direction's NetworkPolicy rules, indexed by port: a query is looked
-/// up in the buckets its protocol and port fall in.
+fn min(a: Option<u32>, b: Option<u32>) -> Option<u32> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
+/// A list of rules (a tier in priority order, or a direction's NetworkPolicy rules),
+/// indexed by port: a query is looked up in the buckets its protocol and port fall in,
+/// and the smallest position found is the first rule of the list that matches.
 #[derive(Clone, Debug, Default)]
-struct Grants {
+struct Index {
     /// Rules with no ports.
-    all_ports: Option<Peers>,
+    all_ports: Peers,
     /// Rules naming a whole protocol, by protocol.
     protos: Vec<(u8, Peers)>,
     /// Rules naming one port, by protocol and port.
@@ -216,105 +238,122 @@ struct Grants {
     ranges: Vec<(PortRange, Peers)>,
 }
 
-impl Grants {
+type Entries = Vec<(Option<IpNet>, u32)>;
+
+impl Index {
+    /// The position of the first rule of the list that matches `q`.
+    #[inline]
     fn lookup(&self, q: &Query) -> Option<u32> {
-        if let Some(r) = self.all_ports.as_ref().and_then(|p| p.lookup(q.peer)) {
-            return Some(r);
-        }
+        let mut first = self.all_ports.lookup(q.peer);
         if !matches!(q.proto, proto::TCP | proto::UDP | proto::SCTP) {
-            return None;
+            return first;
         }
-        if let Some(r) = self
-            .protos
-            .iter()
-            .find(|(p, _)| *p == q.proto)
-            .and_then(|(_, peers)| peers.lookup(q.peer))
-        {
-            return Some(r);
+        if let Some((_, p)) = self.protos.iter().find(|(p, _)| *p == q.proto) {
+            first = min(first, p.lookup(q.peer));
         }
-        if let Some(r) = self
-            .ports
-            .get(&(q.proto, q.port))
-            .and_then(|p| p.lookup(q.peer))
-        {
-            return Some(r);
+        if let Some(p) = self.ports.get(&(q.proto, q.port)) {
+            first = min(first, p.lookup(q.peer));
         }
-        self.ranges
-            .iter()
-            .filter(|(range, _)| range.contains(q))
-            .find_map(|(_, peers)| peers.lookup(q.peer))
+        for (range, p) in &self.ranges {
+            if range.contains(q) {
+                first = min(first, p.lookup(q.peer));
+            }
+        }
+        first
     }
 
-    fn build(allow: &[u32], rules: &[Rule], sets: &[Set]) -> Grants {
-        let mut g = Grants::default();
-        let mut protos: Vec<(u8, Option<Peers>)> = Vec::new();
-        let mut ports: HashMap<(u8, u16), Option<Peers>, ahash::RandomState> = HashMap::default();
-        let mut ranges: Vec<(PortRange, Option<Peers>)> = Vec::new();
-        for &r in allow {
+    fn build(list: &[u32], rules: &[Rule], sets: &[Set]) -> Index {
+        let mut all: Entries = Vec::new();
+        let mut protos: Vec<(u8, Entries)> = Vec::new();
+        let mut ports: HashMap<(u8, u16), Entries> = HashMap::new();
+        let mut ranges: Vec<(PortRange, Entries)> = Vec::new();
+        for (pos, &r) in list.iter().enumerate() {
+            let pos = pos as u32;
             for m in &rules[r as usize].matches {
-                let union: Option<Vec<IpNet>> = m.peers.as_ref().map(|ids| {
-                    ids.iter()
-                        .flat_map(|&s| sets[s as usize].prefixes.iter().copied())
-                        .collect()
-                });
-                let peers = union.as_deref();
+                let peers: Vec<Option<IpNet>> = match &m.peers {
+                    None => vec![None],
+                    Some(ids) => ids
+                        .iter()
+                        .flat_map(|&s| sets[s as usize].prefixes.iter().map(|n| Some(*n)))
+                        .collect(),
+                };
+                let put = |bucket: &mut Entries| bucket.extend(peers.iter().map(|n| (*n, pos)));
                 if m.ports.is_empty() {
-                    Peers::add(&mut g.all_ports, r, peers);
+                    put(&mut all);
                 }
                 for p in &m.ports {
-                    let slot = if p.lo == 0 && p.hi == u16::MAX {
-                        match protos.iter().position(|(q, _)| *q == p.proto) {
-                            Some(i) => &mut protos[i].1,
+                    if p.lo == 0 && p.hi == u16::MAX {
+                        match protos.iter_mut().find(|(q, _)| *q == p.proto) {
+                            Some((_, b)) => put(b),
                             None => {
-                                protos.push((p.proto, None));
-                                &mut protos.last_mut().expect("just pushed").1
+                                let mut b = Vec::new();
+                                put(&mut b);
+                                protos.push((p.proto, b));
                             }
                         }
                     } else if p.lo == p.hi {
-                        ports.entry((p.proto, p.lo)).or_default()
+                        put(ports.entry((p.proto, p.lo)).or_default());
                     } else {
-                        match ranges.iter().position(|(q, _)| q == p) {
-                            Some(i) => &mut ranges[i].1,
+                        match ranges.iter_mut().find(|(q, _)| q == p) {
+                            Some((_, b)) => put(b),
                             None => {
-                                ranges.push((*p, None));
-                                &mut ranges.last_mut().expect("just pushed").1
+                                let mut b = Vec::new();
+                                put(&mut b);
+                                ranges.push((*p, b));
                             }
                         }
-                    };
-                    Peers::add(slot, r, peers);
+                    }
                 }
             }
         }
-        g.protos = protos
-            .into_iter()
-            .filter_map(|(p, s)| s.map(|s| (p, s)))
-            .collect();
-        g.ports = ports
-            .into_iter()
-            .filter_map(|(k, s)| s.map(|s| (k, s)))
-            .collect();
-        g.ranges = ranges
-            .into_iter()
-            .filter_map(|(k, s)| s.map(|s| (k, s)))
-            .collect();
-        g
+        Index {
+            all_ports: Peers::build(all),
+            protos: protos
+                .into_iter()
+                .map(|(p, b)| (p, Peers::build(b)))
+                .collect(),
+            ports: ports
+                .into_iter()
+                .map(|(k, b)| (k, Peers::build(b)))
+                .collect(),
+            ranges: ranges
+                .into_iter()
+                .map(|(k, b)| (k, Peers::build(b)))
+                .collect(),
+        }
+    }
+}
+
+/// A list of rules and its index.
+#[derive(Clone, Debug, Default)]
+struct Rules {
+    list: Vec<u32>,
+    index: Arc<Index>,
+}
+
+impl Rules {
+    /// The first rule of the list that matches `q`.
+    #[inline]
+    fn first(&self, q: &Query) -> Option<u32> {
+        if self.list.is_empty() {
+            return None;
+        }
+        self.index.lookup(q).map(|pos| self.list[pos as usize])
     }
 }
 
 /// One direction of a pod, compiled.
 #[derive(Clone, Debug, Default)]
 struct Dir {
-    admin: Vec<u32>,
+    admin: Rules,
     isolated_by: Vec<u32>,
-    allow: Arc<Grants>,
-    /// The NetworkPolicy rules, for explanations.
-    allow_rules: Vec<u32>,
-    baseline: Vec<u32>,
+    allow: Rules,
+    baseline: Rules,
 }
 
 impl Dir {
     fn is_open(&self) -> bool {
-        self.admin.is_empty() && self.isolated_by.is_empty() && self.baseline.is_empty()
+        self.admin.list.is_empty() && self.isolated_by.is_empty() && self.baseline.list.is_empty()
     }
 }
 
@@ -403,7 +442,7 @@ impl PolicySpec {
             pods: vec![None; port_names.len()],
             host_to_pods: self.host_to_pods,
         };
-        let mut grants: HashMap<Vec<u32>, Arc<Grants>> = HashMap::new();
+        let mut indexes: HashMap<Vec<u32>, Arc<Index>> = HashMap::new();
         let mut dirs: HashMap<DirectionSpec, Arc<Dir>> = HashMap::new();
         for (i, p) in self.pods.iter().enumerate() {
             let what = || format!("policy.pods[{i}] ({})", p.port);
@@ -423,7 +462,7 @@ impl PolicySpec {
                 (Direction::Egress, &p.egress),
             ] {
                 let dir = policy
-                    .compile_dir(spec, &mut grants, &mut dirs)
+                    .compile_dir(spec, &mut indexes, &mut dirs)
                     .map_err(|e| format!("{}: {}: {e}", what(), d.name()))?;
                 pod.dirs[d.index()] = dir;
             }
@@ -497,7 +536,7 @@ impl Policy {
     fn compile_dir(
         &self,
         spec: &DirectionSpec,
-        grants: &mut HashMap<Vec<u32>, Arc<Grants>>,
+        indexes: &mut HashMap<Vec<u32>, Arc<Index>>,
         dirs: &mut HashMap<DirectionSpec, Arc<Dir>>,
     ) -> Result<Arc<Dir>, String> {
         if let Some(d) = dirs.get(spec) {
@@ -536,16 +575,18 @@ impl Policy {
         if spec.isolated_by.is_empty() && !spec.allow.is_empty() {
             return Err("allow: rules without a policy isolating the pod".into());
         }
-        let allow = grants
-            .entry(spec.allow.clone())
-            .or_insert_with(|| Arc::new(Grants::build(&spec.allow, &self.rules, &self.sets)))
-            .clone();
+        let mut rules = |list: &[u32]| Rules {
+            list: list.to_vec(),
+            index: indexes
+                .entry(list.to_vec())
+                .or_insert_with(|| Arc::new(Index::build(list, &self.rules, &self.sets)))
+                .clone(),
+        };
         let d = Arc::new(Dir {
-            admin: spec.admin.clone(),
+            admin: rules(&spec.admin),
             isolated_by: spec.isolated_by.clone(),
-            allow,
-            allow_rules: spec.allow.clone(),
-            baseline: spec.baseline.clone(),
+            allow: rules(&spec.allow),
+            baseline: rules(&spec.baseline),
         });
         dirs.insert(spec.clone(), d.clone());
         Ok(d)
@@ -583,11 +624,10 @@ impl Policy {
         })
     }
 
-    /// The first rule of `list` that matches, with its action.
-    fn first(&self, list: &[u32], q: &Query) -> Option<(u32, ActionSpec)> {
-        list.iter()
-            .find(|r| self.matches(**r, q))
-            .map(|r| (*r, self.rules[*r as usize].action))
+    /// The first rule of `rules` that matches, with its action.
+    #[inline]
+    fn first(&self, rules: &Rules, q: &Query) -> Option<(u32, ActionSpec)> {
+        rules.first(q).map(|r| (r, self.rules[r as usize].action))
     }
 
     /// Decides direction `d` of a new connection for the pod of `port`.
@@ -605,7 +645,7 @@ impl Policy {
             Some((r, a)) => return decided(Tier::Admin, r, a),
         }
         if !dir.isolated_by.is_empty() {
-            return match dir.allow.lookup(q) {
+            return match dir.allow.first(q) {
                 Some(r) => decided(Tier::NetworkPolicy, r, ActionSpec::Accept),
                 None => Decision {
                     allowed: false,
@@ -624,7 +664,8 @@ impl Policy {
     pub fn allowing(&self, port: PortId, d: Direction, q: &Query) -> Vec<u32> {
         self.dir(port, d)
             .map(|dir| {
-                dir.allow_rules
+                dir.allow
+                    .list
                     .iter()
                     .copied()
                     .filter(|r| self.matches(*r, q))

@@ -425,3 +425,94 @@ fn the_spec_reads_and_writes_the_tables_file_form() {
     let e = serde_json::from_str::<PolicySpec>(r#"{"pod": []}"#).unwrap_err();
     assert!(e.to_string().contains("unknown field"), "{e}");
 }
+
+mod index {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A prefix of 10.0.0.0/16 at length 16, 24, 28 or 32.
+    fn prefix() -> impl Strategy<Value = String> {
+        (
+            prop_oneof![Just(16u8), Just(24), Just(28), Just(32)],
+            0u8..4,
+            0u8..32,
+        )
+            .prop_map(|(len, c, d)| format!("10.0.{c}.{}/{len}", d * 8))
+    }
+
+    fn ports() -> impl Strategy<Value = Vec<PortRangeSpec>> {
+        let one = prop_oneof![
+            Just(("tcp", Some(80u16), None)),
+            Just(("tcp", Some(70), Some(90))),
+            Just(("udp", None, None)),
+            Just(("sctp", Some(80), None)),
+        ]
+        .prop_map(|(p, port, end)| PortRangeSpec {
+            proto: p.into(),
+            port,
+            end,
+        });
+        prop::collection::vec(one, 0..3)
+    }
+
+    fn matches() -> impl Strategy<Value = MatchSpec> {
+        (
+            prop::option::of(prop::collection::vec(0u32..6, 0..3)),
+            ports(),
+        )
+            .prop_map(|(peers, ports)| MatchSpec { peers, ports })
+    }
+
+    proptest! {
+        /// The index finds the first rule of the list in order that matches, as a walk
+        /// through the rules one by one does.
+        #[test]
+        fn the_index_finds_the_first_matching_rule(
+            sets in prop::collection::vec(prop::collection::vec((prefix(), prop::option::of(prefix())), 1..3), 6),
+            rules in prop::collection::vec(prop::collection::vec(matches(), 1..3), 1..12),
+            queries in prop::collection::vec((0u8..4, 0u8..=255, prop_oneof![Just(proto::TCP), Just(proto::UDP), Just(proto::SCTP), Just(proto::ICMP)], 60u16..100), 32),
+        ) {
+            let spec = PolicySpec {
+                policies: vec!["p".into()],
+                sets: sets
+                    .iter()
+                    .map(|blocks| SetSpec {
+                        name: String::new(),
+                        blocks: blocks
+                            .iter()
+                            .map(|(c, e)| {
+                                let cidr = net(c);
+                                let except = e.iter().map(|e| net(e)).filter(|e| cidr.trunc().contains(e) && *e != cidr.trunc()).collect();
+                                BlockSpec { cidr, except }
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+                rules: rules
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, matches)| RuleSpec {
+                        name: format!("r{i}"),
+                        policy: 0,
+                        action: ActionSpec::Deny,
+                        matches,
+                    })
+                    .collect(),
+                ..PolicySpec::default()
+            };
+            let list: Vec<u32> = (0..spec.rules.len() as u32).rev().collect();
+            let mut spec = spec;
+            spec.pods = vec![pod("a", DirectionSpec { admin: list.clone(), ..DirectionSpec::default() }, DirectionSpec::default())];
+            let p = spec.compile(&PORTS).unwrap();
+            for (c, d, proto, port) in queries {
+                let q = Query { peer: IpAddr::V4(std::net::Ipv4Addr::new(10, 0, c, d)), proto, port };
+                let walked = list.iter().copied().find(|r| p.matches(*r, &q));
+                let got = match p.decide(1, Direction::Ingress, &q).by {
+                    DecidedBy::Rule(Tier::Admin, r) => Some(r),
+                    _ => None,
+                };
+                prop_assert_eq!(got, walked, "{:?}", q);
+            }
+        }
+    }
+}
