@@ -39,6 +39,13 @@ struct PortReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabel {
+    policy: String,
+    direction: &'static str,
+    verdict: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WorkerLabel {
     worker: String,
 }
@@ -187,6 +194,7 @@ pub fn render(c: &Counters) -> String {
         c.generation as i64,
     );
     render_fragments(&mut reg, c);
+    render_policies(&mut reg, c);
     gauge(
         &mut reg,
         "nat_ports_in_use",
@@ -245,6 +253,47 @@ fn render_workers(reg: &mut Registry, c: &Counters) {
                 worker: i.to_string(),
             };
             family.get_or_create(&l).inc_by(count(w));
+        }
+    }
+}
+
+/// Policy decisions: totals, and per policy, direction and verdict.
+fn render_policies(reg: &mut Registry, c: &Counters) {
+    for (name, help, v) in [
+        (
+            "policy_allowed_connections",
+            "Directions of new connections a policy rule allowed",
+            c.policy_allowed,
+        ),
+        (
+            "policy_denied_connections",
+            "Directions of new connections policy denied",
+            c.policy_denied,
+        ),
+    ] {
+        let n = Counter::<u64>::default();
+        n.inc_by(v);
+        reg.register(name, help, n);
+    }
+    let family = Family::<PolicyLabel, Counter>::default();
+    reg.register(
+        "policy_connections",
+        "New connections decided per policy, by direction and verdict",
+        family.clone(),
+    );
+    for (policy, p) in &c.policies {
+        for (direction, verdict, n) in [
+            ("ingress", "allowed", p.ingress_allowed),
+            ("ingress", "denied", p.ingress_denied),
+            ("egress", "allowed", p.egress_allowed),
+            ("egress", "denied", p.egress_denied),
+        ] {
+            let l = PolicyLabel {
+                policy: policy.clone(),
+                direction,
+                verdict,
+            };
+            family.get_or_create(&l).inc_by(n);
         }
     }
 }

@@ -264,6 +264,19 @@ impl CtFilter {
     }
 }
 
+/// New connections one policy decided, by direction and verdict.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyCounters {
+    /// New connections to its pods that a rule of it allowed.
+    pub ingress_allowed: u64,
+    /// New connections to its pods that it denied (a rule of it, or its isolation).
+    pub ingress_denied: u64,
+    /// New connections from its pods that a rule of it allowed.
+    pub egress_allowed: u64,
+    /// New connections from its pods that it denied.
+    pub egress_denied: u64,
+}
+
 /// What the node's dataplane has counted (as of its last snapshot, at most 100 ms old).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -312,6 +325,16 @@ pub struct Counters {
     /// Per worker thread, by worker number.
     #[serde(default)]
     pub workers: Vec<WorkerCounters>,
+    /// Directions of new connections that a policy rule allowed.
+    #[serde(default)]
+    pub policy_allowed: u64,
+    /// Directions of new connections that policy denied.
+    #[serde(default)]
+    pub policy_denied: u64,
+    /// New connections decided per policy (`NetworkPolicy NS/NAME` or
+    /// `ClusterNetworkPolicy NAME`), those of policies this node's pods have met.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub policies: std::collections::BTreeMap<String, PolicyCounters>,
     /// Where the cluster state comes from, and whether it is in force.
     #[serde(default)]
     pub datastore: DatastoreHealth,

@@ -1088,6 +1088,10 @@ fn publish(control: &Control, now: u64, layout: &Layout, core: &Core<'_>) {
         conntrack: *pipeline.conntrack().stats(),
         ct_entries: pipeline.conntrack().len(),
         reassembly: *pipeline.reassembler().stats(),
+        policies: pipeline
+            .policy_counts()
+            .map(|(n, c)| (n.to_string(), c))
+            .collect(),
         ports: layout
             .slots
             .iter()

@@ -88,6 +88,18 @@ fn render(c: &Counters) -> String {
     );
     let _ = writeln!(
         s,
+        "policy: {} connection directions allowed by a rule, {} denied",
+        c.policy_allowed, c.policy_denied
+    );
+    for (name, p) in &c.policies {
+        let _ = writeln!(
+            s,
+            "  {name}: ingress {} allowed {} denied, egress {} allowed {} denied",
+            p.ingress_allowed, p.ingress_denied, p.egress_allowed, p.egress_denied
+        );
+    }
+    let _ = writeln!(
+        s,
         "neighbours: {} packets waiting for a next hop's MAC now, {} waited since start",
         c.neigh_waiting, c.neigh_queued
     );

@@ -200,6 +200,21 @@ impl Agent {
             reassembled: snap.pipeline.reassembled,
             service_balanced: snap.pipeline.service_balanced,
             service_rejected: snap.pipeline.service_rejected,
+            policy_allowed: snap.pipeline.policy_allowed,
+            policy_denied: snap.pipeline.policy_denied,
+            policies: snap
+                .policies
+                .iter()
+                .map(|(n, c)| {
+                    let c = ferry_api::PolicyCounters {
+                        ingress_allowed: c.ingress_allowed,
+                        ingress_denied: c.ingress_denied,
+                        egress_allowed: c.egress_allowed,
+                        egress_denied: c.egress_denied,
+                    };
+                    (n.clone(), c)
+                })
+                .collect(),
             neigh_waiting: snap.pipeline.neigh_waiting,
             neigh_queued: snap.pipeline.neigh_queued,
             fragments_held: held.0,

@@ -158,6 +158,8 @@ pub struct Snapshot {
     pub reassembly: ipf::Stats,
     /// Per port, in table order.
     pub ports: Vec<PortSnapshot>,
+    /// New connections decided per policy, by policy name.
+    pub policies: Vec<(String, pipeline::PolicyCount)>,
 }
 
 /// What a job sees of the worker: its pipeline (tables, connections, counters), the
