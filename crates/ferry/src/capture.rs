@@ -12,7 +12,7 @@ use crate::pcap::{NgWriter, Way};
 /// Arguments of `ferry capture`.
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "The file is pcapng: one interface per port, each frame marked inbound or outbound with a comment saying whether it is as received or as ferry sent it (tshark: -T fields -e frame.comment -e frame.interface_name)."
+    after_help = "The file is pcapng: one interface per port, each frame marked inbound or outbound with a comment saying whether it is as received or as ferry sent it, and why ferry dropped a received frame it dropped (tshark: -T fields -e frame.comment -e frame.interface_name)."
 )]
 pub struct Args {
     /// The port: a port name (`ferry status` lists them), or `pod NAMESPACE/NAME`.

@@ -18,7 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 use ferry_datapath::filter::Match;
-use ferry_datapath::pipeline::{Pipeline, Trace, TraceEvent, Verdict, summarize};
+use ferry_datapath::pipeline::{Pipeline, Stage, Trace, TraceEvent, Verdict, summarize};
 use ferry_datapath::tables::Tables;
 use ferry_datapath::{Packet, PortId};
 
@@ -257,15 +257,21 @@ impl Taps {
             }
             _ => None,
         };
+        // Where the received frame's record is, to add to its comment why it was
+        // dropped, if it is.
+        let mut in_record = None;
         if let Some(max) = captured_in {
             let port = self.name(in_id).to_string();
             let note = format!("received on {port}");
+            let before = self.captured.len();
             self.record(max, now, Direction::In, port, note, &pkt.data);
+            in_record = (self.captured.len() > before).then_some(before);
         }
         let captured_in = captured_in.is_some();
         let in_summary = traced.then(|| summarize(pipeline.tables(), in_id, &pkt.data));
         let first = out.len();
-        let trace = if traced {
+        // A captured frame is traced too (quietly), so that a drop can say why.
+        let trace = if traced || in_record.is_some() {
             &mut self.recording
         } else {
             &mut self.silent
@@ -273,6 +279,19 @@ impl Taps {
         trace.clear();
         let verdict = pipeline.process(pkt, out, trace);
         let sent = &out[first..];
+        if let (Some(i), Verdict::Dropped(r)) = (in_record, verdict) {
+            let note = &mut self.captured[i].note;
+            note.push_str(&format!("; dropped: {}", r.name()));
+            // A policy denial names what denied it.
+            if let Some(e) = trace
+                .events
+                .iter()
+                .rev()
+                .find(|e| e.stage() == Stage::Policy)
+            {
+                note.push_str(&format!(" ({e})"));
+            }
+        }
 
         if let Some(summary) = in_summary {
             let t = &self.recording;

@@ -347,3 +347,26 @@ fn test_forwarding_is_the_same_with_taps_on_and_off() {
     let (_, _, r) = w.finish();
     assert_eq!(r.unwrap().tx_dropped, 0);
 }
+
+#[test]
+fn test_capture_says_why_a_received_frame_was_dropped() {
+    let (pa, wa) = fake("a");
+    let (pb, wb) = fake("b");
+    let w = Running::start(tables(&["a", "b"]), vec![pa, pb]);
+    let f = filter("udp");
+    job(&w, move |t| t.start_capture("a".into(), f, 100, usize::MAX));
+    // Nowhere to go, then a frame that goes through (processed after the first).
+    wa.send_frame(&udp("10.99.0.1", 1));
+    wa.send_frame(&udp("10.0.2.5", 2));
+    assert_eq!(sport(&next(&wb)), 2);
+    let (captured, _) = job(&w, |t| t.take_captured());
+    let notes: Vec<&str> = captured.iter().map(|c| c.note.as_str()).collect();
+    assert_eq!(
+        notes,
+        [
+            "received on a; dropped: no_route",
+            "received on a",
+            "after ferry: to b (received on a)"
+        ]
+    );
+}
