@@ -55,7 +55,7 @@ mod track;
 pub use events::{
     Asked, Fragment, L2Hop, MtuFit, MtuLength, PolicyBy, ServicePath, Stage, Trace, TraceEvent,
 };
-pub use policy::PolicyCount;
+pub use policy::{PolicyCount, PolicyCut};
 pub use stats::{PortStats, Stats};
 
 use events::SockAddr;

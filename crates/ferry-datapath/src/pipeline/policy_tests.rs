@@ -340,3 +340,98 @@ fn counters_follow_policies_by_name_across_a_swap() {
     assert_eq!(counts[1].0, "NetworkPolicy x/b");
     assert_eq!(counts[1].1.ingress_denied, 1);
 }
+
+/// Node 1's tables with `policy`, no peers.
+fn tables_with(policy: PolicySpec) -> Arc<Tables> {
+    let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    spec.policy = policy;
+    Arc::new(spec.compile().unwrap())
+}
+
+#[test]
+fn a_policy_change_keeps_tracked_connections_unless_told_to_reevaluate() {
+    for reevaluate in [false, true] {
+        // Allowed from pod-a on 80 at first; then nothing is allowed to pod-b.
+        let mut p = node_with(1, vec![], ingress_to_b("10.244.1.5/32", Some(80)));
+        assert_eq!(
+            run(&mut p, syn(1, 5, POD_B, 80), POD, SEC).0,
+            Verdict::Forwarded
+        );
+        assert_eq!(p.conntrack().len(), 1);
+        let mut stricter = ingress_to_b("10.244.1.5/32", None);
+        stricter.reevaluate = reevaluate;
+        let new = tables_with(stricter);
+        // The preview names the connection either way, with the denial.
+        let cuts = p.policy_cuts(&new);
+        assert_eq!(cuts.len(), 1);
+        assert_eq!(cuts[0].original.dst_port, 80);
+        assert!(
+            cuts[0]
+                .denial
+                .to_string()
+                .starts_with("ingress to pod-b (peer 10.244.1.5): denied"),
+            "{}",
+            cuts[0].denial
+        );
+        let report = p.set_tables(new);
+        assert_eq!(report.policy_cut, usize::from(reevaluate));
+        assert_eq!(p.conntrack().len(), usize::from(!reevaluate));
+    }
+}
+
+#[test]
+fn reevaluation_judges_the_translated_connection_and_spares_the_nodes_own() {
+    let svc = ServiceSpec {
+        name: "x/web:http".into(),
+        proto: "tcp".into(),
+        port: 80,
+        cluster_ips: vec![ip("10.96.0.10")],
+        backends: vec![be(POD_B, 8080, 1)],
+        ..ServiceSpec::default()
+    };
+    let mut spec = node_spec(1, ModeSpec::Always, vec![]);
+    spec.ports.push(PortSpec {
+        name: "host".into(),
+        kind: PortKind::Host,
+        mac: MacAddr([2, 0xfe, 0, 0, 0, 0xfe]),
+        addresses: vec![ip("169.254.1.1").into()],
+        ..PortSpec::default()
+    });
+    spec.services = vec![svc];
+    let mut p = Pipeline::new(Arc::new(spec.clone().compile().unwrap()));
+    // Through the cluster IP from pod-a, and a probe from the node's stack.
+    assert_eq!(
+        run(&mut p, syn(1, 5, "10.96.0.10", 80), POD, SEC).0,
+        Verdict::Forwarded
+    );
+    let o = IpOpts {
+        src_mac: [2, 0xaa, 0, 0, 0, 1],
+        dst_mac: [2, 0xfe, 0, 0, 0, 0xfe],
+        ..IpOpts::default()
+    };
+    let probe = build::tcp(
+        ip("192.168.50.10"),
+        ip(POD_B),
+        50000,
+        8080,
+        1,
+        0,
+        tcp_flags::SYN,
+        &[],
+        &o,
+    );
+    assert_eq!(run(&mut p, probe, 3, SEC).0, Verdict::Forwarded);
+    assert_eq!(p.conntrack().len(), 2);
+    // Only 8080 from pod-a: the Service connection (80 to the cluster IP, 8080 to the
+    // endpoint) stays; the node's probe stays too (from the host).
+    spec.policy = ingress_to_b("10.244.1.5/32", Some(8080));
+    spec.policy.reevaluate = true;
+    let report = p.set_tables(Arc::new(spec.clone().compile().unwrap()));
+    assert_eq!(report.policy_cut, 0);
+    // Only 80: the Service connection goes, the probe stays.
+    spec.policy = ingress_to_b("10.244.1.5/32", Some(80));
+    spec.policy.reevaluate = true;
+    let report = p.set_tables(Arc::new(spec.compile().unwrap()));
+    assert_eq!(report.policy_cut, 1);
+    assert_eq!(p.conntrack().len(), 1);
+}

@@ -20,6 +20,11 @@
 //!   UDP entries to a new Service's addresses and node ports. The connection table is
 //!   visited only when an endpoint may have gone or a UDP frontend may have come
 //!   ([`Services::endpoints_gone_since`], [`Services::udp_frontends_added_since`]).
+//! - **Connections and policy**: a policy change meets new connections only, unless the
+//!   new tables' `policy.reevaluate` is on: then every tracked connection is judged as if
+//!   it started now (on its translated tuple; one the node's own stack started is still
+//!   from the host) and those the new policy denies are deleted
+//!   ([`SwapReport::policy_cut`]).
 //! - **Per-port counters** (drops by reason included) follow ports by name: a port that keeps its name keeps its
 //!   counters at its new index; new ports start at zero; removed ports' counters go.
 //! - **Neighbours** are kept for ports whose name is at the same index in both tables
@@ -78,6 +83,9 @@ pub struct SwapReport {
     pub ports_removed: Vec<String>,
     /// Ports in both tables at a different index, by name.
     pub ports_moved: Vec<String>,
+    /// Tracked connections ended because the new tables' policy does not allow them
+    /// (with `policy.reevaluate` on).
+    pub policy_cut: usize,
     /// Settings that differ from those in force but only apply when a pipeline is
     /// created (`ct.max_entries`).
     pub not_applied: Vec<&'static str>,
@@ -219,6 +227,9 @@ impl Pipeline {
         self.ct.set_tcp_pickup(ct.tcp_pickup);
         if ct.max_entries.min(conntrack::Config::MAX_ENTRIES) != self.ct.config().max_entries {
             report.not_applied.push("ct.max_entries");
+        }
+        if new.policy.reevaluate() && !Arc::ptr_eq(&old.policy, &new.policy) {
+            report.policy_cut = self.cut_denied();
         }
         report
     }

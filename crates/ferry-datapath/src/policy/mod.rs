@@ -45,6 +45,11 @@ pub use spec::{
     RuleSpec, SetSpec,
 };
 
+/// The mark of a connection the node's own stack started to one of its pods (from the
+/// host port), which [`PolicySpec::host_to_pods`] lets through: a re-evaluation of the
+/// tracked connections needs to know where one came from.
+pub const MARK_FROM_HOST: u32 = 1 << 2;
+
 /// A direction of a connection, seen from the pod it is decided for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -372,6 +377,7 @@ pub struct Policy {
     /// By port id; None for a port no policy applies to.
     pods: Vec<Option<PodPolicy>>,
     host_to_pods: bool,
+    reevaluate: bool,
 }
 
 impl Default for Policy {
@@ -382,6 +388,7 @@ impl Default for Policy {
             sets: Vec::new(),
             pods: Vec::new(),
             host_to_pods: true,
+            reevaluate: false,
         }
     }
 }
@@ -441,6 +448,7 @@ impl PolicySpec {
             sets,
             pods: vec![None; port_names.len()],
             host_to_pods: self.host_to_pods,
+            reevaluate: self.reevaluate,
         };
         let mut indexes: HashMap<Vec<u32>, Arc<Index>> = HashMap::new();
         let mut dirs: HashMap<DirectionSpec, Arc<Dir>> = HashMap::new();
@@ -600,6 +608,12 @@ impl Policy {
     /// True when the node's own stack reaches its pods whatever their ingress policy.
     pub fn host_to_pods(&self) -> bool {
         self.host_to_pods
+    }
+
+    /// True when a change of tables ends the tracked connections the new policy would
+    /// not allow ([`PolicySpec::reevaluate`]).
+    pub fn reevaluate(&self) -> bool {
+        self.reevaluate
     }
 
     /// True when some tier or NetworkPolicy applies to `port` in direction `d`.

@@ -28,6 +28,11 @@ pub struct PolicySpec {
     /// pods) reaches its pods whatever their ingress policy. Default true.
     #[serde(default = "yes")]
     pub host_to_pods: bool,
+    /// When the tables change, tracked connections that the new policy would not allow
+    /// are ended (as Cilium does). Default false: they are kept until they end (as
+    /// Calico and Antrea do), and only new connections meet the new policy.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reevaluate: bool,
 }
 
 fn yes() -> bool {
@@ -42,6 +47,7 @@ impl Default for PolicySpec {
             rules: Vec::new(),
             pods: Vec::new(),
             host_to_pods: true,
+            reevaluate: false,
         }
     }
 }
