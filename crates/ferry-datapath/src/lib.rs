@@ -25,6 +25,8 @@ pub mod overlay;
 mod packet;
 pub mod pipeline;
 pub mod tables;
+#[cfg(test)]
+mod test_frames;
 pub mod wire;
 
 pub use describe::{Described, Transport};

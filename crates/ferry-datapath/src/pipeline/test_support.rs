@@ -7,6 +7,7 @@ pub(super) use crate::lb::{BackendSpec, ServiceSpec};
 pub(super) use crate::tables::{
     MacAddr, ModeSpec, NodeSpec, OverlaySpec, PeerSpec, PortSpec, RouteSpec, TablesSpec,
 };
+pub(super) use crate::test_frames::{ip, tcp, udp};
 pub(super) use crate::wire::build::{self, IpOpts, tcp_flags};
 
 pub(super) const UPLINK: PortId = 0;
@@ -14,10 +15,6 @@ pub(super) const POD: PortId = 1;
 pub(super) const POD2: PortId = 2;
 pub(super) const GW_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xfe];
 pub(super) const SEC: u64 = 1_000_000_000;
-
-pub(super) fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
 
 /// The fragments of `frame`, at most `max` bytes of IP each, identification `id`.
 pub(super) fn frags(frame: Vec<u8>, id: u32, max: usize) -> Vec<Vec<u8>> {
@@ -118,13 +115,31 @@ pub(super) fn run(
     port: PortId,
     t: u64,
 ) -> (Verdict, Vec<(PortId, Packet)>) {
+    run_packet(p, Packet::new(frame, port, t))
+}
+
+/// Runs a packet that carries more than its frame (an offload request) through `p`.
+pub(super) fn run_packet(p: &mut Pipeline, pkt: Packet) -> (Verdict, Vec<(PortId, Packet)>) {
     let mut out = Vec::new();
-    let v = p.process(
-        Packet::new(frame, port, t),
-        &mut out,
-        &mut Trace::disabled(),
-    );
+    let v = p.process(pkt, &mut out, &mut Trace::disabled());
     (v, out)
+}
+
+/// `frame` arriving on `port` at time 0 with a GSO request of `gso_type` and `gso_size`.
+pub(super) fn gso_packet(frame: Vec<u8>, port: PortId, gso_type: u8, gso_size: u16) -> Packet {
+    let mut pkt = Packet::new(frame, port, 0);
+    pkt.meta.vnet.gso_type = gso_type;
+    pkt.meta.vnet.gso_size = gso_size;
+    pkt
+}
+
+/// The sum of a transport segment `l4` with its IPv4 pseudo-header, folded: 0xffff when
+/// its checksum is right.
+pub(super) fn l4_sum_v4(l4: &[u8], src: [u8; 4], dst: [u8; 4], proto: u8) -> u16 {
+    checksum::fold(checksum::add(
+        l4,
+        checksum::pseudo_v4(src, dst, proto, l4.len() as u16),
+    ))
 }
 
 /// Options for a frame sent by pod `last` of node `n` to its gateway.
@@ -139,21 +154,12 @@ pub(super) fn from_pod(n: u8, last: u8) -> IpOpts {
 /// A TCP GSO super-packet of `payload` bytes (segment size 1460) from pod 10.244.1.5 of
 /// node 1 to 10.244.2.6 on node 2.
 pub(super) fn gso_from_pod(payload: usize) -> Packet {
-    let f = build::tcp(
-        ip("10.244.1.5"),
-        ip("10.244.2.6"),
-        33000,
-        80,
-        1,
-        1,
-        tcp_flags::ACK,
-        &build::pattern(payload, 1),
-        &from_pod(1, 5),
-    );
-    let mut pkt = Packet::new(f, POD, 0);
-    pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV4;
-    pkt.meta.vnet.gso_size = 1460;
-    pkt
+    let f = tcp("10.244.1.5", "10.244.2.6", 33000, 80)
+        .seq(1, 1)
+        .flags(tcp_flags::ACK)
+        .opts(&from_pod(1, 5))
+        .frame(&build::pattern(payload, 1));
+    gso_packet(f, POD, VnetHdr::GSO_TCPV4, 1460)
 }
 
 pub(super) fn udp_from_pod(dst: &str, sport: u16, payload: &[u8]) -> Vec<u8> {
