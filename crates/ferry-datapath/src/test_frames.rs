@@ -1,10 +1,11 @@
 //! Frames the tests send, written from address strings: UDP of either family with the
 //! default IP options, TCP segments through a small builder (so that a test names only
-//! what it sets).
+//! what it sets), and the inner frame of a VXLAN packet.
 
 use std::net::IpAddr;
 
 use crate::wire::build::{self, IpOpts};
+use crate::wire::parse;
 
 /// An address of either family, written as a test writes it.
 pub(crate) fn ip(s: &str) -> IpAddr {
@@ -77,4 +78,10 @@ impl Tcp<'_> {
             &self.opts,
         )
     }
+}
+/// The inner frame of a VXLAN packet (over IPv4 or IPv6 UDP to port 4789).
+pub(crate) fn vxlan_inner(frame: &[u8]) -> &[u8] {
+    let o = parse(frame, 0).unwrap();
+    assert_eq!(o.key.dst_port, 4789, "not VXLAN: {:?}", o.key);
+    &frame[o.l4_off + 16..]
 }

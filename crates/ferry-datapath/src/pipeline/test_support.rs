@@ -3,11 +3,12 @@
 pub(super) use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::*;
+pub(super) use crate::flow::FlowKey;
 pub(super) use crate::lb::{BackendSpec, ServiceSpec};
 pub(super) use crate::tables::{
     MacAddr, ModeSpec, NodeSpec, OverlaySpec, PeerSpec, PortSpec, RouteSpec, TablesSpec,
 };
-pub(super) use crate::test_frames::{ip, tcp, udp};
+pub(super) use crate::test_frames::{Tcp, ip, tcp, udp, vxlan_inner};
 pub(super) use crate::wire::build::{self, IpOpts, tcp_flags};
 
 pub(super) const UPLINK: PortId = 0;
@@ -118,6 +119,24 @@ pub(super) fn run(
     run_packet(p, Packet::new(frame, port, t))
 }
 
+/// [`run`], with a trace.
+pub(super) fn traced(
+    p: &mut Pipeline,
+    frame: Vec<u8>,
+    port: PortId,
+    t: u64,
+) -> (Verdict, Vec<(PortId, Packet)>, Trace) {
+    let mut out = Vec::new();
+    let mut tr = Trace::enabled();
+    let v = p.process(Packet::new(frame, port, t), &mut out, &mut tr);
+    (v, out, tr)
+}
+
+/// The flow key of a frame.
+pub(super) fn key_of(frame: &[u8]) -> FlowKey {
+    parse(frame, 0).unwrap().key
+}
+
 /// Runs a packet that carries more than its frame (an offload request) through `p`.
 pub(super) fn run_packet(p: &mut Pipeline, pkt: Packet) -> (Verdict, Vec<(PortId, Packet)>) {
     let mut out = Vec::new();
@@ -216,9 +235,8 @@ pub(super) fn be(addr: &str, port: u16, node: u8) -> BackendSpec {
     }
 }
 
-/// Node `n` of the two-node tables with `services`; node 2 is on the uplink subnet, so
-/// cross-subnet mode routes to its pods without encapsulation.
-pub(super) fn node(n: u8, mode: ModeSpec, services: Vec<ServiceSpec>) -> Pipeline {
+/// Tables of node `n` of the two nodes with `services` (for [`node`], or a swap).
+pub(super) fn node_tables(n: u8, mode: ModeSpec, services: Vec<ServiceSpec>) -> Arc<Tables> {
     let other = 3 - n;
     let mut spec = node_spec(
         n,
@@ -226,7 +244,14 @@ pub(super) fn node(n: u8, mode: ModeSpec, services: Vec<ServiceSpec>) -> Pipelin
         vec![peer(other, &format!("192.168.50.{}", other * 10))],
     );
     spec.services = services;
-    let mut p = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    Arc::new(spec.compile().unwrap())
+}
+
+/// Node `n` of the two-node tables with `services`; node 2 is on the uplink subnet, so
+/// cross-subnet mode routes to its pods without encapsulation.
+pub(super) fn node(n: u8, mode: ModeSpec, services: Vec<ServiceSpec>) -> Pipeline {
+    let other = 3 - n;
+    let mut p = Pipeline::new(node_tables(n, mode, services));
     learn(&mut p, n, "192.168.50.1", GW_MAC);
     learn(
         &mut p,
