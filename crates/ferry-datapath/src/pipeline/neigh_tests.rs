@@ -166,15 +166,8 @@ fn icmp_error(frame: &[u8], tunnelled: bool) -> (Parsed, IpAddr, u16) {
         f = &frame[pe.l4_off + 8 + vxlan::LEN..pe.ip_end];
         pe = parse(f, 0).unwrap();
     }
-    let q = &f[pe.l4_off + 8..];
-    let (dst, l4) = if pe.l3 == L3::Ipv4 {
-        let d: [u8; 4] = q[16..20].try_into().unwrap();
-        (IpAddr::from(d), usize::from(q[0] & 15) * 4)
-    } else {
-        let d: [u8; 16] = q[24..40].try_into().unwrap();
-        (IpAddr::from(d), 40)
-    };
-    (pe, dst, u16::from_be_bytes([q[l4 + 2], q[l4 + 3]]))
+    let (dst, port) = quoted(f, &pe);
+    (pe, dst, port)
 }
 
 #[test]
@@ -220,24 +213,8 @@ fn test_packets_whose_neighbour_does_not_answer_expire_and_their_senders_are_tol
 fn test_a_packet_from_the_overlay_whose_neighbour_does_not_answer_is_answered_through_it() {
     let (mut a, _) = nodes();
     learn(&mut a, 1, NODE2, uplink_mac(2));
-    let inner = build::udp(
-        ip("fd00:10:244:2::5"),
-        ip("fd00:50::33"),
-        1,
-        2,
-        b"x",
-        &IpOpts::default(),
-    );
-    let o = overlay::Outer {
-        src_mac: uplink_mac(2),
-        dst_mac: uplink_mac(1),
-        src: ip(NODE2),
-        dst: ip("192.168.50.10"),
-        vni: 4096,
-        port: 4789,
-        hash: 1,
-        id: 0,
-    };
+    let inner = udp("fd00:10:244:2::5", "fd00:50::33", 1, 2, b"x");
+    let o = tunnel(2, 1, 1);
     let (v, _) = run(&mut a, overlay::encapsulate(&inner, &o), UPLINK, 0);
     assert_eq!(v, Verdict::Queued);
     let mut out = Vec::new();
@@ -410,14 +387,20 @@ fn test_a_scan_of_an_on_link_subnet_makes_no_more_probes_than_the_budget() {
     assert_eq!((v, out.len()), (Verdict::Queued, 1));
 }
 
-#[test]
-fn test_a_table_swap_drops_what_waits_on_a_port_that_moved_and_keeps_the_rest() {
-    let spec = node_spec(1, ModeSpec::Always, vec![peer(2, NODE2)]);
-    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+/// Node 1 of `spec` with one packet to 8.8.8.8 queued for the gateway's MAC.
+fn waiting_for_the_gateway(spec: &TablesSpec) -> Pipeline {
+    let mut a = compiled(spec);
     assert_eq!(
         run(&mut a, udp_to("8.8.8.8", b"1"), POD, 0).0,
         Verdict::Queued
     );
+    a
+}
+
+#[test]
+fn test_a_table_swap_drops_what_waits_on_a_port_that_moved_and_keeps_the_rest() {
+    let spec = node1_spec();
+    let mut a = waiting_for_the_gateway(&spec);
 
     // The same tables again: nothing moved, the packet still waits.
     let r = a.set_tables(Arc::new(spec.compile().unwrap()));
@@ -439,12 +422,8 @@ fn test_a_table_swap_drops_what_waits_on_a_port_that_moved_and_keeps_the_rest() 
 
 #[test]
 fn test_a_table_swap_drops_what_waits_from_a_pod_that_went() {
-    let spec = node_spec(1, ModeSpec::Always, vec![peer(2, NODE2)]);
-    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
-    assert_eq!(
-        run(&mut a, udp_to("8.8.8.8", b"1"), POD, 0).0,
-        Verdict::Queued
-    );
+    let spec = node1_spec();
+    let mut a = waiting_for_the_gateway(&spec);
     let mut gone = spec.clone();
     gone.ports.truncate(1);
     let r = a.set_tables(Arc::new(gone.compile().unwrap()));
@@ -455,8 +434,8 @@ fn test_a_table_swap_drops_what_waits_from_a_pod_that_went() {
 
 #[test]
 fn test_what_waits_for_the_overlay_follows_its_node_across_a_table_swap() {
-    let spec = node_spec(1, ModeSpec::Always, vec![peer(2, NODE2)]);
-    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    let spec = node1_spec();
+    let mut a = compiled(&spec);
     assert_eq!(
         run(&mut a, udp_to("10.244.2.6", b"1"), POD, 0).0,
         Verdict::Queued
@@ -864,11 +843,11 @@ fn test_neighbour_discovery_that_came_in_fragments_is_ignored() {
 
 #[test]
 fn test_a_probe_is_sent_from_the_address_in_the_targets_subnet() {
-    let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, NODE2)]);
+    let mut spec = node1_spec();
     for a in ["192.168.70.10/24", "fd00:70::10/64"] {
         spec.ports[0].addresses.push(a.parse().unwrap());
     }
-    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    let mut a = compiled(&spec);
     let (v, out) = run(&mut a, udp_to("192.168.70.33", b"1"), POD, 0);
     assert_eq!((v, out.len()), (Verdict::Queued, 1));
     let r = arp_of(&out[0].1.data);

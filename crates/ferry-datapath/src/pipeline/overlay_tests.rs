@@ -108,42 +108,16 @@ fn test_reply_returns_through_the_node_the_connection_came_from() {
     // forwarded; the reply goes back to node 1 encapsulated, not to the gateway.
     let (_, mut b) = nodes();
     learn(&mut b, 2, "192.168.50.10", uplink_mac(1));
-    let inner = build::tcp(
-        ip("192.168.60.7"),
-        ip("10.244.2.5"),
-        5555,
-        80,
-        1,
-        0,
-        tcp_flags::SYN,
-        b"",
-        &IpOpts::default(),
-    );
-    let outer = overlay::encapsulate(
-        &inner,
-        &overlay::Outer {
-            src_mac: uplink_mac(1),
-            dst_mac: uplink_mac(2),
-            src: ip("192.168.50.10"),
-            dst: ip("192.168.50.20"),
-            vni: 4096,
-            port: 4789,
-            hash: 9,
-            id: 0,
-        },
-    );
+    let inner = tcp("192.168.60.7", "10.244.2.5", 5555, 80)
+        .flags(tcp_flags::SYN)
+        .frame(b"");
+    let outer = overlay::encapsulate(&inner, &tunnel(1, 2, 9));
     assert_eq!(run(&mut b, outer, UPLINK, 0).0, Verdict::Forwarded);
-    let reply = build::tcp(
-        ip("10.244.2.5"),
-        ip("192.168.60.7"),
-        80,
-        5555,
-        9,
-        2,
-        tcp_flags::SYN | tcp_flags::ACK,
-        b"",
-        &from_pod(2, 5),
-    );
+    let reply = tcp("10.244.2.5", "192.168.60.7", 80, 5555)
+        .seq(9, 2)
+        .flags(tcp_flags::SYN | tcp_flags::ACK)
+        .opts(&from_pod(2, 5))
+        .frame(b"");
     let (v, out) = run(&mut b, reply, POD, 1);
     assert_eq!(v, Verdict::Forwarded);
     let o = parse(&out[0].1.data, 0).unwrap();
@@ -374,7 +348,7 @@ fn test_martian_and_link_local_addresses_are_not_forwarded() {
 #[test]
 fn test_link_local_addresses_routed_explicitly_are_forwarded() {
     use crate::tables::{MatchSpec, NatRuleSpec, RouteSpec};
-    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let mut s = node1_spec();
     s.routes.push(RouteSpec {
         prefix: "169.254.169.254/32".parse().unwrap(),
         port: "eth0".into(),
@@ -391,7 +365,7 @@ fn test_link_local_addresses_routed_explicitly_are_forwarded() {
         snat: None,
         masquerade: true,
     }];
-    let mut a = Pipeline::new(Arc::new(s.compile().unwrap()));
+    let mut a = compiled(&s);
     learn(&mut a, 1, "192.168.50.1", GW_MAC);
     let to = |dst: &str| {
         let syn = build::tcp_flags::SYN;
@@ -418,21 +392,15 @@ fn test_link_local_addresses_routed_explicitly_are_forwarded() {
     assert_eq!(p.key.dst.ip(), ip("169.254.169.254"));
     let sport = p.key.src_port;
     // The answer, from the link-local address, reaches the pod translated back.
-    let answer = build::tcp(
-        ip("169.254.169.254"),
-        ip("192.168.50.10"),
-        80,
-        sport,
-        7,
-        2,
-        build::tcp_flags::SYN | build::tcp_flags::ACK,
-        b"",
-        &IpOpts {
+    let answer = tcp("169.254.169.254", "192.168.50.10", 80, sport)
+        .seq(7, 2)
+        .flags(build::tcp_flags::SYN | build::tcp_flags::ACK)
+        .opts(&IpOpts {
             src_mac: GW_MAC,
             dst_mac: uplink_mac(1),
             ..IpOpts::default()
-        },
-    );
+        })
+        .frame(b"");
     let (v, out) = run(&mut a, answer, UPLINK, 0);
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out[0].0, POD);
@@ -457,7 +425,7 @@ fn test_link_local_addresses_routed_explicitly_are_forwarded() {
         ("169.254.200.1", false),
         ("169.254.1.2", true),
     ] {
-        let mut a = Pipeline::new(Arc::new(s.compile().unwrap()));
+        let mut a = compiled(&s);
         learn(&mut a, 1, "192.168.50.1", GW_MAC);
         let (v, _) = run(&mut a, to(dst), POD, 0);
         let want = if routed {
@@ -695,25 +663,14 @@ fn test_unknown_next_hop_is_probed_and_traffic_flows_once_it_answers() {
 }
 
 fn vxlan_from(src: &str, vni: u32) -> Vec<u8> {
-    let inner = build::udp(
-        ip("10.244.9.9"),
-        ip("10.244.1.5"),
-        1,
-        2,
-        b"x",
-        &IpOpts::default(),
-    );
+    let inner = udp("10.244.9.9", "10.244.1.5", 1, 2, b"x");
     overlay::encapsulate(
         &inner,
         &overlay::Outer {
             src_mac: [2, 9, 9, 9, 9, 9],
-            dst_mac: uplink_mac(1),
             src: ip(src),
-            dst: ip("192.168.50.10"),
             vni,
-            port: 4789,
-            hash: 1,
-            id: 0,
+            ..tunnel(2, 1, 1)
         },
     )
 }
@@ -735,16 +692,7 @@ fn test_icmp_error_towards_an_unresolved_node_is_suppressed_not_dropped() {
             ..IpOpts::default()
         },
     );
-    let o = overlay::Outer {
-        src_mac: uplink_mac(2),
-        dst_mac: uplink_mac(1),
-        src: ip("192.168.50.20"),
-        dst: ip("192.168.50.10"),
-        vni: 4096,
-        port: 4789,
-        hash: 1,
-        id: 0,
-    };
+    let o = tunnel(2, 1, 1);
     let mut t = Trace::enabled();
     let mut out = Vec::new();
     let v = a.process(
@@ -788,27 +736,8 @@ fn test_vxlan_from_an_unknown_node_or_with_another_vni_is_dropped() {
 #[test]
 fn test_outer_fragments_are_reassembled_before_decap() {
     let (mut a, _) = nodes();
-    let inner = build::udp(
-        ip("10.244.2.9"),
-        ip("10.244.1.5"),
-        1,
-        2,
-        &build::pattern(1400, 3),
-        &IpOpts::default(),
-    );
-    let outer = overlay::encapsulate(
-        &inner,
-        &overlay::Outer {
-            src_mac: uplink_mac(2),
-            dst_mac: uplink_mac(1),
-            src: ip("192.168.50.20"),
-            dst: ip("192.168.50.10"),
-            vni: 4096,
-            port: 4789,
-            hash: 1,
-            id: 0,
-        },
-    );
+    let inner = udp("10.244.2.9", "10.244.1.5", 1, 2, &build::pattern(1400, 3));
+    let outer = overlay::encapsulate(&inner, &tunnel(2, 1, 1));
     let parsed = parse(&outer, 0).unwrap();
     let mut fr = Vec::new();
     ipf::refragment(&Packet::new(outer, 0, 0), &parsed, 1000, &mut fr).unwrap();
@@ -978,9 +907,7 @@ fn test_cross_subnet_encapsulates_only_peers_outside_the_uplink_subnet() {
 
 #[test]
 fn test_pod_mtu_is_derived_from_the_uplink_unless_given() {
-    let t = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")])
-        .compile()
-        .unwrap();
+    let t = node1_spec().compile().unwrap();
     assert_eq!(t.ports[usize::from(POD)].mtu, 1450);
     assert_eq!(t.ports[usize::from(UPLINK)].mtu, 1500);
     let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "fd00:50::20")]);
@@ -1005,24 +932,24 @@ fn test_pod_mtu_is_derived_from_the_uplink_unless_given() {
 
 #[test]
 fn test_overlay_tables_errors_name_the_entry() {
-    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let mut s = node1_spec();
     s.ports[1].peer_mac = None;
     let e = s.compile().unwrap_err();
     assert!(e.contains("ports[1]") && e.contains("peer_mac"), "{e}");
-    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let mut s = node1_spec();
     s.overlay.as_mut().unwrap().uplink = "pod-a".into();
     assert!(s.compile().unwrap_err().contains("not of kind uplink"));
-    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let mut s = node1_spec();
     s.overlay = None;
     assert!(s.compile().unwrap_err().contains("nodes"));
-    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let mut s = node1_spec();
     s.nodes[0].pod_cidrs.push("10.244.1.5/32".parse().unwrap());
     let e = s.compile().unwrap_err();
     assert!(
         e.contains("nodes[0] (\"node2\")") && e.contains("duplicates"),
         "{e}"
     );
-    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let mut s = node1_spec();
     s.routes.clear();
     s.nodes[0].address = ip("10.1.1.1");
     assert!(s.compile().unwrap_err().contains("no route to 10.1.1.1"));
@@ -1033,7 +960,7 @@ fn nodes_with_uplink_gso() -> (Pipeline, Pipeline) {
     let spec = |n: u8, peer_n: u8, peer_addr: &str| {
         let mut s = node_spec(n, ModeSpec::Always, vec![peer(peer_n, peer_addr)]);
         s.ports[0].gso = true;
-        Pipeline::new(Arc::new(s.compile().unwrap()))
+        compiled(&s)
     };
     (spec(1, 2, "192.168.50.20"), spec(2, 1, "192.168.50.10"))
 }
@@ -1188,23 +1115,10 @@ fn udp_super_frame() -> (Vec<u8>, VnetHdr) {
 
 /// [`udp_super_frame`] with the outer source address `src`.
 fn udp_super_frame_from(src: &str) -> (Vec<u8>, VnetHdr) {
-    let inner = build::udp(
-        ip("10.244.1.5"),
-        ip("10.244.2.6"),
-        1,
-        2,
-        &build::pattern(100, 3),
-        &IpOpts::default(),
-    );
+    let inner = udp("10.244.1.5", "10.244.2.6", 1, 2, &build::pattern(100, 3));
     let o = overlay::Outer {
-        src_mac: uplink_mac(1),
-        dst_mac: uplink_mac(2),
         src: ip(src),
-        dst: ip("192.168.50.20"),
-        vni: 4096,
-        port: 4789,
-        hash: 9,
-        id: 0,
+        ..tunnel(1, 2, 9)
     };
     let mut frames = Vec::new();
     overlay::encapsulate_run(&[&inner, &inner][..], &o, &mut frames);
@@ -1342,26 +1256,10 @@ fn test_ecn_crosses_the_overlay_both_ways() {
 fn test_ecn_of_a_udp_gso_super_frame_marks_each_datagram() {
     let (_, mut b) = nodes_with_uplink_gso();
     let inner = |e: u8| {
-        let f = build::udp(
-            ip("10.244.1.5"),
-            ip("10.244.2.6"),
-            1,
-            2,
-            &build::pattern(100, 3),
-            &IpOpts::default(),
-        );
+        let f = udp("10.244.1.5", "10.244.2.6", 1, 2, &build::pattern(100, 3));
         with_ecn(f, 14, e)
     };
-    let o = overlay::Outer {
-        src_mac: uplink_mac(1),
-        dst_mac: uplink_mac(2),
-        src: ip("192.168.50.10"),
-        dst: ip("192.168.50.20"),
-        vni: 4096,
-        port: 4789,
-        hash: 9,
-        id: 0,
-    };
+    let o = tunnel(1, 2, 9);
     for (e, want) in [(1, Some(3)), (0, None)] {
         let mut frames = Vec::new();
         overlay::encapsulate_run(&[inner(e), inner(e)][..], &o, &mut frames);

@@ -414,7 +414,7 @@ fn test_external_policy_local_drops_without_a_local_endpoint_but_not_for_local_p
 
 /// Node 1 with a host port (port 3) for its own stack, which has the node's address.
 fn node_with_host_port(services: Vec<ServiceSpec>) -> Pipeline {
-    let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let mut spec = node1_spec();
     spec.ports.push(PortSpec {
         name: "host".into(),
         kind: PortKind::Host,
@@ -423,7 +423,7 @@ fn node_with_host_port(services: Vec<ServiceSpec>) -> Pipeline {
         ..PortSpec::default()
     });
     spec.services = services;
-    let mut p = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    let mut p = compiled(&spec);
     learn(&mut p, 1, GW, GW_MAC);
     learn(&mut p, 1, "192.168.50.20", uplink_mac(2));
     p
@@ -1092,10 +1092,10 @@ fn test_a_segment_that_cannot_start_a_connection_is_not_balanced() {
             affinity_timeout_s: Some(10),
             ..web(vec![be("10.244.1.6", 8080, 1)])
         };
-        let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+        let mut spec = node1_spec();
         spec.services = vec![svc];
         spec.ct.pass_invalid = pass_invalid;
-        let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+        let mut a = compiled(&spec);
         learn(&mut a, 1, GW, GW_MAC);
         for flags in [tcp_flags::RST, tcp_flags::SYN | tcp_flags::ACK] {
             let (v, out) = run(
@@ -1190,7 +1190,7 @@ fn test_a_udp_flow_to_a_port_that_becomes_a_node_port_is_balanced_after_the_swap
 #[test]
 fn test_a_service_frontend_takes_precedence_over_a_matching_static_nat_rule() {
     use crate::tables::{MatchSpec, NatRuleSpec};
-    let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let mut spec = node1_spec();
     spec.services = vec![web(vec![be("10.244.1.6", 8080, 1)])];
     spec.nat = vec![NatRuleSpec {
         matches: MatchSpec {
@@ -1201,7 +1201,7 @@ fn test_a_service_frontend_takes_precedence_over_a_matching_static_nat_rule() {
         snat: None,
         masquerade: true,
     }];
-    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    let mut a = compiled(&spec);
     learn(&mut a, 1, GW, GW_MAC);
     let (v, out, tr) = traced(&mut a, pod_syn("10.96.0.10", 40000, 80), POD, SEC);
     assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
@@ -1237,11 +1237,11 @@ fn test_a_connection_needing_the_node_address_of_a_family_the_node_lacks_is_drop
             be("fd00:10:244:2::5", 8080, 2),
         ])
     };
-    let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let mut spec = node1_spec();
     spec.ports[0].addresses.retain(|a| a.addr.is_ipv4());
     spec.routes.retain(|r| r.prefix.addr().is_ipv4());
     spec.services = vec![svc];
-    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    let mut a = compiled(&spec);
     learn(&mut a, 1, GW, GW_MAC);
     learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
     let o = IpOpts {

@@ -80,6 +80,16 @@ pub(super) fn node_spec(n: u8, mode: ModeSpec, peers: Vec<PeerSpec>) -> TablesSp
     }
 }
 
+/// Node 1's tables, encapsulating always, with node 2 as its peer.
+pub(super) fn node1_spec() -> TablesSpec {
+    node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")])
+}
+
+/// A pipeline with the tables of `spec`.
+pub(super) fn compiled(spec: &TablesSpec) -> Pipeline {
+    Pipeline::new(Arc::new(spec.compile().unwrap()))
+}
+
 pub(super) fn peer(n: u8, address: &str) -> PeerSpec {
     PeerSpec {
         name: format!("node{n}"),
@@ -275,4 +285,33 @@ pub(super) fn arp_request(mac: [u8; 6], sender: &str, target: &str) -> Vec<u8> {
         target_ip: t,
     }
     .frame([0xff; 6], mac, None)
+}
+
+/// The outer headers of a VXLAN packet from node `from`'s uplink to node `to`'s (1 or
+/// 2), with the tests' VNI and port, flow hash `hash` and identification 0.
+pub(super) fn tunnel(from: u8, to: u8, hash: u32) -> overlay::Outer {
+    overlay::Outer {
+        src_mac: uplink_mac(from),
+        dst_mac: uplink_mac(to),
+        src: ip(&format!("192.168.50.{}", from * 10)),
+        dst: ip(&format!("192.168.50.{}", to * 10)),
+        vni: 4096,
+        port: 4789,
+        hash,
+        id: 0,
+    }
+}
+
+/// What the ICMP error `frame` (parsed as `pe`) quotes: the destination address and
+/// port of the packet it is about.
+pub(super) fn quoted(frame: &[u8], pe: &Parsed) -> (IpAddr, u16) {
+    let q = &frame[pe.l4_off + 8..];
+    let (dst, l4) = if pe.l3 == L3::Ipv4 {
+        let d: [u8; 4] = q[16..20].try_into().unwrap();
+        (IpAddr::from(d), usize::from(q[0] & 15) * 4)
+    } else {
+        let d: [u8; 16] = q[24..40].try_into().unwrap();
+        (IpAddr::from(d), 40)
+    };
+    (dst, u16::from_be_bytes([q[l4 + 2], q[l4 + 3]]))
 }

@@ -1,6 +1,6 @@
 //! Pipeline tests: forwarding, fragments, GSO, conntrack and NAT, offload checks.
 
-use super::test_support::{frags, gso_packet, ip, l4_sum_v4, run, run_packet, tcp, udp};
+use super::test_support::{compiled, frags, gso_packet, ip, l4_sum_v4, run, run_packet, tcp, udp};
 use super::*;
 use crate::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
 use crate::wire::build::{self, IpOpts, tcp_flags};
@@ -72,7 +72,7 @@ fn pipeline() -> Pipeline {
         ],
         ..TablesSpec::default()
     };
-    Pipeline::new(Arc::new(spec.compile().unwrap()))
+    compiled(&spec)
 }
 
 #[test]
@@ -105,7 +105,7 @@ fn test_unknown_port_no_route_and_arp_are_counted() {
         routes: vec![],
         ..TablesSpec::default()
     };
-    let mut q = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    let mut q = compiled(&spec);
     assert_eq!(
         run(&mut q, f, 0, 0).0,
         Verdict::Dropped(DropReason::NoRoute)
@@ -341,7 +341,7 @@ fn nat_pipeline(pass_invalid: bool) -> Pipeline {
         pass_invalid,
         ..CtSpec::default()
     };
-    Pipeline::new(Arc::new(spec.compile().unwrap()))
+    compiled(&spec)
 }
 
 #[test]
@@ -581,7 +581,7 @@ fn test_gso_to_a_gso_port_never_exceeds_its_mtu() {
         routes: vec![route("10.0.0.0/8", "small", POD_MAC)],
         ..TablesSpec::default()
     };
-    let mut p = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    let mut p = compiled(&spec);
     let f = tcp("192.168.0.1", "10.0.0.1", 1, 2)
         .seq(1, 1)
         .flags(tcp_flags::ACK)
@@ -789,7 +789,7 @@ fn pipeline_with_small_gso_port() -> Pipeline {
         ],
         ..TablesSpec::default()
     };
-    Pipeline::new(Arc::new(spec.compile().unwrap()))
+    compiled(&spec)
 }
 
 /// A GSO packet handed on whole gets a segment size that fits the port's MTU; when its
