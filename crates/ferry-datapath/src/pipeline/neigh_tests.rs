@@ -231,14 +231,7 @@ fn test_a_packet_from_the_overlay_whose_neighbour_does_not_answer_is_answered_th
 #[test]
 fn test_ipv6_packets_wait_for_a_neighbour_advertisement() {
     let (mut a, _) = nodes();
-    let f = build::udp(
-        ip("fd00:10:244:1::5"),
-        ip("2001:db8::1"),
-        1,
-        2,
-        b"v6",
-        &from_pod(1, 5),
-    );
+    let f = pod_udp("fd00:10:244:1::5", "2001:db8::1", b"v6");
     let (v, out) = run(&mut a, f, POD, 0);
     assert_eq!(v, Verdict::Queued);
     let p = parse(&out[0].1.data, 0).unwrap();
@@ -350,14 +343,7 @@ fn test_a_scan_of_an_on_link_subnet_makes_no_more_probes_than_the_budget() {
     let mut probes = 0;
     for i in 0..200u16 {
         let dst = format!("fd00:50::1:{i:x}");
-        let f = build::udp(
-            ip("fd00:10:244:1::5"),
-            ip(&dst),
-            1,
-            2,
-            b"s",
-            &from_pod(1, 5),
-        );
+        let f = pod_udp("fd00:10:244:1::5", &dst, b"s");
         let (v, out) = run(&mut a, f, POD, 0);
         assert!(
             matches!(
@@ -578,16 +564,7 @@ fn test_an_advertisement_moves_a_neighbour_only_with_the_override_flag() {
     let gw = "fd00:50::1";
     let (s, o) = (nd::FLAG_SOLICITED, nd::FLAG_OVERRIDE);
     let other = [2, 0xee, 0, 0, 0, 1];
-    let to_gw = |n: u8| {
-        build::udp(
-            ip("fd00:10:244:1::5"),
-            ip("2001:db8::1"),
-            1,
-            2,
-            &[n],
-            &from_pod(1, 5),
-        )
-    };
+    let to_gw = |n: u8| pod_udp("fd00:10:244:1::5", "2001:db8::1", &[n]);
     let state = |a: &Pipeline| {
         let n = a.neighbours().get(UPLINK, ip(gw)).unwrap();
         (n.mac, n.state)
@@ -758,16 +735,7 @@ fn test_a_gateway_that_stops_answering_is_probed_at_its_mac_then_asked_for_anew(
 fn test_an_ipv6_neighbour_not_confirmed_is_solicited_at_its_address() {
     let (mut a, _) = nodes();
     let gw = "fd00:50::1";
-    let to_gw = || {
-        build::udp(
-            ip("fd00:10:244:1::5"),
-            ip("2001:db8::1"),
-            1,
-            2,
-            b"v6",
-            &from_pod(1, 5),
-        )
-    };
+    let to_gw = || pod_udp("fd00:10:244:1::5", "2001:db8::1", b"v6");
     run(&mut a, to_gw(), POD, 0);
     let (s, o) = (nd::FLAG_SOLICITED, nd::FLAG_OVERRIDE);
     run(&mut a, na(gw, s | o, Some(GW_MAC), GW_MAC), UPLINK, 0);
@@ -864,14 +832,7 @@ fn test_a_probe_is_sent_from_the_address_in_the_targets_subnet() {
         arp_of(&out[0].1.data).sender_ip,
         Ipv4Addr::new(192, 168, 50, 10)
     );
-    let f = build::udp(
-        ip("fd00:10:244:1::5"),
-        ip("fd00:70::33"),
-        1,
-        2,
-        b"3",
-        &from_pod(1, 5),
-    );
+    let f = pod_udp("fd00:10:244:1::5", "fd00:70::33", b"3");
     let (v, out) = run(&mut a, f, POD, 0);
     assert_eq!((v, out.len()), (Verdict::Queued, 1));
     let p = parse(&out[0].1.data, 0).unwrap();

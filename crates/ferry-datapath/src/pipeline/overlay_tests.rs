@@ -130,14 +130,7 @@ fn test_reply_returns_through_the_node_the_connection_came_from() {
 #[test]
 fn test_source_check_drops_a_pod_sending_as_someone_else() {
     let (mut a, _) = nodes();
-    let other_ip = build::udp(
-        ip("10.244.1.99"),
-        ip("10.244.1.6"),
-        1,
-        2,
-        b"x",
-        &from_pod(1, 5),
-    );
+    let other_ip = pod_udp("10.244.1.99", "10.244.1.6", b"x");
     assert_eq!(
         run(&mut a, other_ip, POD, 0).0,
         Verdict::Dropped(DropReason::SourceSpoofed)
@@ -157,14 +150,7 @@ fn test_source_check_drops_a_pod_sending_as_someone_else() {
         run(&mut a, other_mac, POD, 0).0,
         Verdict::Dropped(DropReason::SourceSpoofed)
     );
-    let v6 = build::udp(
-        ip("fd00:10:244:1::6"),
-        ip("fd00:10:244:1::5"),
-        1,
-        2,
-        b"x",
-        &from_pod(1, 5),
-    );
+    let v6 = pod_udp("fd00:10:244:1::6", "fd00:10:244:1::5", b"x");
     assert_eq!(
         run(&mut a, v6, POD, 0).0,
         Verdict::Dropped(DropReason::SourceSpoofed)
@@ -280,7 +266,7 @@ fn test_martian_and_link_local_addresses_are_not_forwarded() {
         } else {
             "10.244.1.5"
         };
-        build::udp(ip(src), ip(dst), 1, 2, b"x", &from_pod(1, 5))
+        pod_udp(src, dst, b"x")
     };
     for dst in [
         "169.254.1.1",
@@ -347,7 +333,7 @@ fn test_martian_and_link_local_addresses_are_not_forwarded() {
 /// link-local broadcast address.
 #[test]
 fn test_link_local_addresses_routed_explicitly_are_forwarded() {
-    use crate::tables::{MatchSpec, NatRuleSpec, RouteSpec};
+    use crate::tables::{MatchSpec, RouteSpec};
     let mut s = node1_spec();
     s.routes.push(RouteSpec {
         prefix: "169.254.169.254/32".parse().unwrap(),
@@ -355,16 +341,11 @@ fn test_link_local_addresses_routed_explicitly_are_forwarded() {
         next_hop_mac: None,
         via: Some(ip("192.168.50.1")),
     });
-    s.nat = vec![NatRuleSpec {
-        matches: MatchSpec {
-            src: Some("10.244.0.0/16".parse().unwrap()),
-            dst: Some("169.254.0.0/16".parse().unwrap()),
-            ..MatchSpec::default()
-        },
-        dnat: None,
-        snat: None,
-        masquerade: true,
-    }];
+    s.nat = vec![masquerade(MatchSpec {
+        src: Some("10.244.0.0/16".parse().unwrap()),
+        dst: Some("169.254.0.0/16".parse().unwrap()),
+        ..MatchSpec::default()
+    })];
     let mut a = compiled(&s);
     learn(&mut a, 1, "192.168.50.1", GW_MAC);
     let to = |dst: &str| {
@@ -638,14 +619,7 @@ fn test_unknown_next_hop_is_probed_and_traffic_flows_once_it_answers() {
     assert_eq!(&out[0].1.data[6..12], &uplink_mac(1));
 
     // IPv6: a neighbour solicitation to the solicited-node group.
-    let f = build::udp(
-        ip("fd00:10:244:1::5"),
-        ip("2001:db8::1"),
-        1,
-        2,
-        b"q",
-        &from_pod(1, 5),
-    );
+    let f = pod_udp("fd00:10:244:1::5", "2001:db8::1", b"q");
     let (v, out) = run(&mut a, f, POD, 0);
     assert_eq!(v, Verdict::Queued);
     let p = parse(&out[0].1.data, 0).unwrap();
@@ -709,13 +683,7 @@ fn test_icmp_error_towards_an_unresolved_node_is_suppressed_not_dropped() {
     assert_eq!(a.drops().total(), 1, "{:?}", a.drops());
     assert_eq!(a.stats().icmp_suppressed, 1);
     assert_eq!(a.stats().icmp_sent, 0);
-    assert!(
-        t.events
-            .iter()
-            .any(|e| e.stage().name() == "icmp" && e.to_string().contains("neigh_unresolved")),
-        "{:?}",
-        t.events
-    );
+    assert!(has_event(&t, "icmp", "neigh_unresolved"), "{:?}", t.events);
 }
 
 #[test]
@@ -784,14 +752,7 @@ fn test_df_too_big_across_the_overlay_gets_icmp_with_the_inner_mtu() {
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out[0].1.data.len(), 14 + 1500);
     // IPv6: packet too big with the same MTU (the underlay is IPv4).
-    let f = build::udp(
-        ip("fd00:10:244:1::5"),
-        ip("fd00:10:244:2::6"),
-        1,
-        2,
-        &[0; 1452],
-        &from_pod(1, 5),
-    );
+    let f = pod_udp("fd00:10:244:1::5", "fd00:10:244:2::6", &[0; 1452]);
     let (v, out) = run(&mut a, f, POD, 0);
     assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
     let pe = parse(&out[0].1.data, 0).unwrap();
@@ -998,13 +959,7 @@ fn test_gso_packet_to_a_remote_pod_leaves_as_udp_gso_super_frames_when_the_uplin
         a.process(gso_from_pod(65000), &mut out, &mut t),
         Verdict::Forwarded
     );
-    assert!(
-        t.events
-            .iter()
-            .any(|e| e.stage().name() == "encap" && e.to_string().contains("super-frames")),
-        "{:?}",
-        t.events
-    );
+    assert!(has_event(&t, "encap", "super-frames"), "{:?}", t.events);
     // 65 000 bytes in 1410-byte segments do not fit one 64 KiB super-frame.
     assert_eq!(out.len(), 2);
     assert_eq!(a.stats().encap_gso_frames, 2);

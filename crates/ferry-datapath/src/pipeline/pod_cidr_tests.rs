@@ -58,13 +58,7 @@ fn test_an_address_of_the_pod_cidr_that_no_pod_has_is_dropped_and_answered() {
     assert_eq!((dst, port), (ip("10.244.1.77"), 53));
     assert_eq!(a.drops().get(DropReason::NoSuchPod), 1);
     assert_eq!(a.stats().icmp_sent, 1);
-    assert!(
-        t.events
-            .iter()
-            .any(|e| e.stage().name() == "route" && e.to_string().contains("pod CIDRs")),
-        "{:?}",
-        t.events
-    );
+    assert!(has_event(&t, "route", "pod CIDRs"), "{:?}", t.events);
     // Nothing is kept of it.
     assert!(a.conntrack().lookup(&parse(&f, 0).unwrap().key).is_none());
     assert_eq!(a.conntrack().len(), 0);

@@ -1189,18 +1189,13 @@ fn test_a_udp_flow_to_a_port_that_becomes_a_node_port_is_balanced_after_the_swap
 /// the rule applies to the pod's other connections.
 #[test]
 fn test_a_service_frontend_takes_precedence_over_a_matching_static_nat_rule() {
-    use crate::tables::{MatchSpec, NatRuleSpec};
+    use crate::tables::MatchSpec;
     let mut spec = node1_spec();
     spec.services = vec![web(vec![be("10.244.1.6", 8080, 1)])];
-    spec.nat = vec![NatRuleSpec {
-        matches: MatchSpec {
-            src: Some("10.244.0.0/16".parse().unwrap()),
-            ..MatchSpec::default()
-        },
-        dnat: None,
-        snat: None,
-        masquerade: true,
-    }];
+    spec.nat = vec![masquerade(MatchSpec {
+        src: Some("10.244.0.0/16".parse().unwrap()),
+        ..MatchSpec::default()
+    })];
     let mut a = compiled(&spec);
     learn(&mut a, 1, GW, GW_MAC);
     let (v, out, tr) = traced(&mut a, pod_syn("10.96.0.10", 40000, 80), POD, SEC);
@@ -1261,9 +1256,7 @@ fn test_a_connection_needing_the_node_address_of_a_family_the_node_lacks_is_drop
     );
     assert!(out.is_empty());
     assert!(
-        tr.events
-            .iter()
-            .any(|e| e.stage().name() == "service" && e.to_string().contains("none of the family")),
+        has_event(&tr, "service", "none of the family"),
         "{:?}",
         tr.events
     );

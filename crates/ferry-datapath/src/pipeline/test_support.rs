@@ -142,6 +142,23 @@ pub(super) fn traced(
     (v, out, tr)
 }
 
+/// Whether the trace has an event of `stage` whose text contains `text`.
+pub(super) fn has_event(tr: &Trace, stage: &str, text: &str) -> bool {
+    tr.events
+        .iter()
+        .any(|e| e.stage().name() == stage && e.to_string().contains(text))
+}
+
+/// A static rule masquerading what `matches`.
+pub(super) fn masquerade(matches: crate::tables::MatchSpec) -> crate::tables::NatRuleSpec {
+    crate::tables::NatRuleSpec {
+        matches,
+        dnat: None,
+        snat: None,
+        masquerade: true,
+    }
+}
+
 /// The flow key of a frame.
 pub(super) fn key_of(frame: &[u8]) -> FlowKey {
     parse(frame, 0).unwrap().key
@@ -189,6 +206,12 @@ pub(super) fn gso_from_pod(payload: usize) -> Packet {
         .opts(&from_pod(1, 5))
         .frame(&build::pattern(payload, 1));
     gso_packet(f, POD, VnetHdr::GSO_TCPV4, 1460)
+}
+
+/// A UDP datagram from port 1 to port 2 that pod 10.244.1.5 of node 1 sends (through
+/// its link, so with its MACs) with `src` as its source address, of either family.
+pub(super) fn pod_udp(src: &str, dst: &str, payload: &[u8]) -> Vec<u8> {
+    build::udp(ip(src), ip(dst), 1, 2, payload, &from_pod(1, 5))
 }
 
 pub(super) fn udp_from_pod(dst: &str, sport: u16, payload: &[u8]) -> Vec<u8> {

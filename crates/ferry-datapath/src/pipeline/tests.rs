@@ -1,6 +1,8 @@
 //! Pipeline tests: forwarding, fragments, GSO, conntrack and NAT, offload checks.
 
-use super::test_support::{compiled, frags, gso_packet, ip, l4_sum_v4, run, run_packet, tcp, udp};
+use super::test_support::{
+    compiled, frags, gso_packet, ip, l4_sum_v4, masquerade, run, run_packet, tcp, udp,
+};
 use super::*;
 use crate::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
 use crate::wire::build::{self, IpOpts, tcp_flags};
@@ -327,16 +329,11 @@ fn nat_pipeline(pass_invalid: bool) -> Pipeline {
             masquerade: false,
         });
     }
-    spec.nat.push(NatRuleSpec {
-        matches: MatchSpec {
-            in_port: Some("pod".into()),
-            dst: Some("192.168.60.0/24".parse().unwrap()),
-            ..MatchSpec::default()
-        },
-        dnat: None,
-        snat: None,
-        masquerade: true,
-    });
+    spec.nat.push(masquerade(MatchSpec {
+        in_port: Some("pod".into()),
+        dst: Some("192.168.60.0/24".parse().unwrap()),
+        ..MatchSpec::default()
+    }));
     spec.ct = CtSpec {
         pass_invalid,
         ..CtSpec::default()
