@@ -100,6 +100,14 @@ pub(super) fn step(ct: &mut Conntrack, mut p: Pkt, now: u64) -> CtResult {
     run(ct, &mut p, None, now)
 }
 
+/// A table with the default configuration but for its timeouts.
+pub(super) fn with_timeouts(timeouts: Timeouts) -> Conntrack {
+    Conntrack::new(Config {
+        timeouts,
+        ..Config::default()
+    })
+}
+
 fn ct() -> Conntrack {
     Conntrack::new(Config::default())
 }
@@ -199,10 +207,7 @@ fn udp_unreplied_replied_assured_have_their_own_timeouts() {
         udp_assured_ns: 300 * S,
         ..Timeouts::default()
     };
-    let mut ct = Conntrack::new(Config {
-        timeouts: t,
-        ..Config::default()
-    });
+    let mut ct = with_timeouts(t);
     let id = step(&mut ct, udp("10.0.0.1", 1, "10.0.0.2", 2), 0)
         .entry
         .unwrap();
@@ -227,10 +232,7 @@ fn udp_dns_exchange_within_two_seconds_is_not_assured() {
         udp_assured_ns: 300 * S,
         ..Timeouts::default()
     };
-    let mut ct = Conntrack::new(Config {
-        timeouts: t,
-        ..Config::default()
-    });
+    let mut ct = with_timeouts(t);
     let ms = S / 1000;
     let id = step(&mut ct, udp("10.0.0.1", 41000, "10.0.0.9", 53), 0)
         .entry
@@ -257,10 +259,7 @@ fn udp_stream_active_after_two_seconds_is_assured() {
         udp_assured_ns: 300 * S,
         ..Timeouts::default()
     };
-    let mut ct = Conntrack::new(Config {
-        timeouts: t,
-        ..Config::default()
-    });
+    let mut ct = with_timeouts(t);
     let id = step(&mut ct, udp("10.0.0.1", 5000, "10.0.0.2", 6000), 0)
         .entry
         .unwrap();
