@@ -268,11 +268,7 @@ fn test_reassembles_v6_in_order_out_of_order_and_last_first() {
 fn test_key_has_real_ports_whichever_fragment_arrives_last() {
     for v6 in [false, true] {
         let whole = udp_frame(v6, 4000, 5);
-        let frags = if v6 {
-            cut_v6(&whole, 0, &pieces(4008, 1400), 77)
-        } else {
-            cut_v4(&whole, &pieces(4008, 1400), false)
-        };
+        let frags = cut(v6, &whole, &pieces(4008, 1400), 77);
         // Fragments other than the first carry no ports.
         assert_eq!(parse(&frags[2], 0).unwrap().key.src_port, 0);
         // The first, the middle, then the last fragment arrives last.
@@ -428,11 +424,7 @@ fn test_first_fragment_too_short_for_transport_header_is_refused() {
     // Needs minimums below a TCP header's worth, so that the size check does not fire first.
     for v6 in [false, true] {
         let whole = tcp_frame(v6, 100);
-        let frags = if v6 {
-            cut_v6(&whole, 0, &[(0, 16), (16, 120)], 1)
-        } else {
-            cut_v4(&whole, &[(0, 16), (16, 120)], false)
-        };
+        let frags = cut(v6, &whole, &[(0, 16), (16, 120)], 1);
         let (mut r, mut d) = reassembler(small_min());
         assert_eq!(
             dropped(feed(&mut r, &frags[0], 0, 0, &mut d)),
@@ -445,11 +437,7 @@ fn test_first_fragment_too_short_for_transport_header_is_refused() {
 fn test_tcp_fragment_at_offset_8_is_refused() {
     for v6 in [false, true] {
         let whole = tcp_frame(v6, 100);
-        let frags = if v6 {
-            cut_v6(&whole, 0, &[(0, 8), (8, 120)], 1)
-        } else {
-            cut_v4(&whole, &[(0, 8), (8, 120)], false)
-        };
+        let frags = cut(v6, &whole, &[(0, 8), (8, 120)], 1);
         let (mut r, mut d) = reassembler(small_min());
         assert_eq!(
             dropped(feed(&mut r, &frags[1], 0, 0, &mut d)),
@@ -741,11 +729,7 @@ fn test_one_source_cannot_take_the_whole_table() {
 fn test_fragment_past_the_per_datagram_limit_fails_the_datagram() {
     for v6 in [false, true] {
         let whole = udp_frame(v6, 2000, 4);
-        let frags = if v6 {
-            cut_v6(&whole, 0, &pieces(2008, 8), 6)
-        } else {
-            cut_v4(&whole, &pieces(2008, 8), false)
-        };
+        let frags = cut(v6, &whole, &pieces(2008, 8), 6);
         let limit = Config::MAX_FRAGMENTS_PER_DATAGRAM;
         assert!(frags.len() > limit + 1);
         let (mut r, mut d) = reassembler(small_min());
@@ -1396,11 +1380,7 @@ mod props {
             let a = rng.below(total.div_ceil(8)) * 8;
             let b = (a + 8 * (1 + rng.below(400))).min(total);
             prop_assume!(a < b && !ranges.contains(&(a, b)) && (a, b) != (0, total));
-            let evil = if v6 {
-                cut_v6(&whole, 0, &[(a, b)], 0x0102_0304)
-            } else {
-                cut_v4(&whole, &[(a, b)], false)
-            };
+            let evil = cut(v6, &whole, &[(a, b)], 0x0102_0304);
             let mut order = shuffled(frags.len(), &mut rng);
             let at = rng.below(order.len());
             order.insert(at, usize::MAX);
