@@ -200,11 +200,7 @@ fn test_a_pods_fragments_are_source_checked_before_reassembly() {
     assert_eq!(a.drops().get(DropReason::SourceSpoofed), n as u64 + 1);
     assert_eq!(a.drops().get(DropReason::FragOverlap), 0);
     // Pod 6's own datagram with the same identification goes through whole.
-    let mut last = Verdict::Held;
-    let mut out = Vec::new();
-    for f in with_its_mac {
-        (last, out) = run(&mut a, f, POD2, 0);
-    }
+    let (last, out) = run_each(&mut a, with_its_mac, POD2, 0);
     assert_eq!(last, Verdict::Forwarded, "{:?}", a.drops());
     assert_eq!(a.stats().reassembled, 1);
     assert!(!out.is_empty());
@@ -710,16 +706,7 @@ fn test_outer_fragments_are_reassembled_before_decap() {
     let mut fr = Vec::new();
     ipf::refragment(&Packet::new(outer, 0, 0), &parsed, 1000, &mut fr).unwrap();
     assert_eq!(fr.len(), 2);
-    let mut last = Verdict::Held;
-    let mut out = Vec::new();
-    for f in fr {
-        out.clear();
-        last = a.process(
-            Packet::new(f.data, UPLINK, 0),
-            &mut out,
-            &mut Trace::disabled(),
-        );
-    }
+    let (last, out) = run_each(&mut a, fr.into_iter().map(|f| f.data), UPLINK, 0);
     assert_eq!(last, Verdict::Forwarded);
     let d = parse(&out[0].1.data, 0).unwrap();
     assert_eq!(
@@ -807,16 +794,7 @@ fn test_reassembled_datagram_is_refragmented_to_the_inner_mtu_before_encapsulati
     let parsed = parse(&whole, 0).unwrap();
     let mut fr = Vec::new();
     ipf::refragment(&Packet::new(whole, 0, 0), &parsed, 1500, &mut fr).unwrap();
-    let mut out = Vec::new();
-    let mut last = Verdict::Held;
-    for f in fr {
-        out.clear();
-        last = a.process(
-            Packet::new(f.data, UPLINK, 0),
-            &mut out,
-            &mut Trace::disabled(),
-        );
-    }
+    let (last, out) = run_each(&mut a, fr.into_iter().map(|f| f.data), UPLINK, 0);
     assert_eq!(last, Verdict::Forwarded);
     assert!(out.len() >= 3);
     let mut r = ipf::Reassembler::new(ipf::Config::default());

@@ -164,6 +164,21 @@ pub(super) fn key_of(frame: &[u8]) -> FlowKey {
     parse(frame, 0).unwrap().key
 }
 
+/// Runs `frames` (the fragments of a datagram, say) through `p` one after another: the
+/// last one's verdict and output.
+pub(super) fn run_each(
+    p: &mut Pipeline,
+    frames: impl IntoIterator<Item = Vec<u8>>,
+    port: PortId,
+    t: u64,
+) -> (Verdict, Vec<(PortId, Packet)>) {
+    let mut last = (Verdict::Held, Vec::new());
+    for f in frames {
+        last = run(p, f, port, t);
+    }
+    last
+}
+
 /// Runs a packet that carries more than its frame (an offload request) through `p`.
 pub(super) fn run_packet(p: &mut Pipeline, pkt: Packet) -> (Verdict, Vec<(PortId, Packet)>) {
     let mut out = Vec::new();

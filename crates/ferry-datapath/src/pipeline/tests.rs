@@ -1,7 +1,7 @@
 //! Pipeline tests: forwarding, fragments, GSO, conntrack and NAT, offload checks.
 
 use super::test_support::{
-    compiled, frags, gso_packet, ip, l4_sum_v4, masquerade, run, run_packet, tcp, udp,
+    compiled, frags, gso_packet, ip, l4_sum_v4, masquerade, run, run_each, run_packet, tcp, udp,
 };
 use super::*;
 use crate::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
@@ -599,22 +599,14 @@ fn test_fragments_larger_than_the_mtu_are_not_fragmented_in_transit() {
         2,
         &build::pattern(3000, 5),
     );
-    let mut out = Vec::new();
-    let mut last = Verdict::Held;
-    for f in frags(whole, 77, 1500) {
-        out.clear();
-        last = p.process(Packet::new(f, UPLINK, 0), &mut out, &mut Trace::disabled());
-    }
+    let (last, out) = run_each(&mut p, frags(whole, 77, 1500), UPLINK, 0);
     assert_eq!(last, Verdict::Dropped(DropReason::TooBig));
     assert_eq!(out.len(), 1);
     let q = parse(&out[0].1.data, 0).unwrap();
     assert_eq!(q.key.dst_port, 2 << 8, "ICMPv6 packet too big");
     // IPv4 without DF may be fragmented further.
     let whole = udp("192.168.50.1", "10.244.1.5", 1, 2, &build::pattern(3000, 5));
-    for f in frags(whole, 78, 1500) {
-        out.clear();
-        last = p.process(Packet::new(f, UPLINK, 0), &mut out, &mut Trace::disabled());
-    }
+    let (last, out) = run_each(&mut p, frags(whole, 78, 1500), UPLINK, 0);
     assert_eq!(last, Verdict::Forwarded);
     assert!(
         out.iter()
