@@ -56,6 +56,23 @@ fn client_syn(dst: &str, sport: u16, dport: u16, seq: u32) -> Vec<u8> {
         .frame(&[])
 }
 
+/// Checks that the first frame of `out` goes from node 1 through the tunnel to node 2,
+/// with the client's address kept, to `dst`:`port`.
+fn client_tunnelled_to_node2(out: &[(PortId, Packet)], dst: &str, port: u16) {
+    let outer = key_of(&out[0].1.data);
+    assert_eq!(
+        (outer.src, outer.dst),
+        (ip(NODE1).into(), ip("192.168.50.20").into()),
+        "through the tunnel"
+    );
+    let k = key_of(vxlan_inner(&out[0].1.data));
+    assert_eq!(
+        (k.src, k.dst, k.dst_port),
+        (ip(CLIENT).into(), ip(dst).into(), port),
+        "client address kept"
+    );
+}
+
 /// Node 1 of the two-node tables, encapsulating always, with `services`.
 fn node1(services: Vec<ServiceSpec>) -> Pipeline {
     node(1, ModeSpec::Always, services)
@@ -619,18 +636,7 @@ fn test_node_port_to_another_nodes_endpoint_returns_through_the_ingress_node() {
     let (v, out, tr) = traced(&mut a, client_syn(NODE1, 50000, 30080, 100), UPLINK, SEC);
     assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
     assert_eq!(out[0].0, UPLINK);
-    let outer = key_of(&out[0].1.data);
-    assert_eq!(
-        (outer.src, outer.dst),
-        (ip(NODE1).into(), ip("192.168.50.20").into()),
-        "through the tunnel"
-    );
-    let k = key_of(vxlan_inner(&out[0].1.data));
-    assert_eq!(
-        (k.src, k.dst, k.dst_port),
-        (ip(CLIENT).into(), ip("10.244.2.5").into(), 8080),
-        "client address kept"
-    );
+    client_tunnelled_to_node2(&out, "10.244.2.5", 8080);
     let note = event(&tr, "service");
     assert!(
         note.contains("node2") && note.contains("tunnel"),
@@ -789,18 +795,7 @@ fn test_node_port_to_a_host_network_endpoint_on_another_node_goes_through_the_tu
     );
     let (v, out, tr) = traced(&mut a, client_syn(NODE1, 50000, 30080, 100), UPLINK, SEC);
     assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
-    let outer = key_of(&out[0].1.data);
-    assert_eq!(
-        (outer.src, outer.dst),
-        (ip(NODE1).into(), ip("192.168.50.20").into()),
-        "through the tunnel"
-    );
-    let k = key_of(vxlan_inner(&out[0].1.data));
-    assert_eq!(
-        (k.src, k.dst, k.dst_port),
-        (ip(CLIENT).into(), ip("192.168.50.20").into(), 8443),
-        "client address kept"
-    );
+    client_tunnelled_to_node2(&out, "192.168.50.20", 8443);
     let route = event(&tr, "route");
     assert!(route.contains("node2"), "{}", route);
 }
