@@ -12,6 +12,11 @@ fn udp_to(dst: &str, payload: &[u8]) -> Vec<u8> {
     udp_from_pod(dst, 40000, payload)
 }
 
+/// Node 2's ARP reply to node 1.
+fn node2_arp_reply() -> Vec<u8> {
+    arp_reply(1, NODE2, uplink_mac(2))
+}
+
 /// The UDP payload of a frame (inside the VXLAN packet when `tunnelled`).
 fn payload(frame: &[u8], tunnelled: bool) -> Vec<u8> {
     let p = parse(frame, 0).unwrap();
@@ -72,12 +77,7 @@ fn test_packets_to_an_unresolved_node_wait_and_leave_encapsulated_in_order() {
     }
     assert_eq!((a.stats().neigh_waiting, a.stats().neigh_queued), (3, 3));
 
-    let (v, out) = run(
-        &mut a,
-        arp_reply(1, NODE2, uplink_mac(2)),
-        UPLINK,
-        SEC / 100,
-    );
+    let (v, out) = run(&mut a, node2_arp_reply(), UPLINK, SEC / 100);
     assert_eq!(v, Verdict::Consumed);
     assert_eq!(payloads(&out, true), [b"1", b"2", b"3"], "in order");
     for (port, f) in &out {
@@ -113,12 +113,7 @@ fn test_a_gso_packet_that_waited_is_segmented_when_it_leaves() {
     let v = a.process(pkt, &mut out, &mut Trace::disabled());
     assert_eq!((v, out.len()), (Verdict::Queued, 1));
 
-    let (v, out) = run(
-        &mut a,
-        arp_reply(1, NODE2, uplink_mac(2)),
-        UPLINK,
-        SEC / 100,
-    );
+    let (v, out) = run(&mut a, node2_arp_reply(), UPLINK, SEC / 100);
     assert_eq!(v, Verdict::Consumed);
     assert!(out.len() >= 14, "{}", out.len());
     let mut seq = 1u32;
@@ -331,7 +326,7 @@ fn test_requests_from_made_up_senders_evict_neither_the_gateway_nor_a_pending_en
     );
     assert_eq!(&out[0].1.data[0..6], &GW_MAC);
     // The entry still being resolved is there too, and its answer sends what waited.
-    let (_, out) = run(&mut a, arp_reply(1, NODE2, uplink_mac(2)), UPLINK, 2 * SEC);
+    let (_, out) = run(&mut a, node2_arp_reply(), UPLINK, 2 * SEC);
     assert_eq!(payloads(&out, true), [b"2"]);
     assert_eq!(a.neighbours().stats().evicted, 0);
 }
@@ -431,12 +426,7 @@ fn test_what_waits_for_the_overlay_follows_its_node_across_a_table_swap() {
     more.nodes.insert(0, peer(3, "192.168.50.30"));
     let r = a.set_tables(Arc::new(more.compile().unwrap()));
     assert_eq!(r.neigh_queue_removed, 0);
-    let (_, out) = run(
-        &mut a,
-        arp_reply(1, NODE2, uplink_mac(2)),
-        UPLINK,
-        SEC / 100,
-    );
+    let (_, out) = run(&mut a, node2_arp_reply(), UPLINK, SEC / 100);
     assert_eq!(out.len(), 1);
     let o = parse(&out[0].1.data, 0).unwrap();
     assert_eq!(
