@@ -753,11 +753,8 @@ fn test_gso_packet_to_a_remote_pod_is_segmented_to_fit_before_encapsulation() {
     let (mut a, _) = nodes();
     learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
     let pkt = gso_from_pod(20000);
-    let mut out = Vec::new();
-    assert_eq!(
-        a.process(pkt, &mut out, &mut Trace::disabled()),
-        Verdict::Forwarded
-    );
+    let (v, out) = run_packet(&mut a, pkt);
+    assert_eq!(v, Verdict::Forwarded);
     let mut total = 0;
     let mut sports = std::collections::HashSet::new();
     for (port, f) in &out {
@@ -996,11 +993,8 @@ fn test_small_segments_leave_in_super_frames_the_kernel_takes() {
     learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
     let mut pkt = gso_from_pod(60000);
     pkt.meta.vnet.gso_size = 536;
-    let mut out = Vec::new();
-    assert_eq!(
-        a.process(pkt, &mut out, &mut Trace::disabled()),
-        Verdict::Forwarded
-    );
+    let (v, out) = run_packet(&mut a, pkt);
+    assert_eq!(v, Verdict::Forwarded);
     let segments = 60000usize.div_ceil(536);
     assert_eq!(a.stats().encapsulated, segments as u64);
     let mut datagrams = 0;
@@ -1094,11 +1088,8 @@ fn test_udp_gso_super_frame_from_an_unknown_node_is_dropped_datagram_by_datagram
     let (frame, vnet) = udp_super_frame_from("192.168.50.99");
     let mut pkt = Packet::new(frame, UPLINK, 0);
     pkt.meta.vnet = vnet;
-    let mut out = Vec::new();
-    assert_eq!(
-        b.process(pkt, &mut out, &mut Trace::disabled()),
-        Verdict::Dropped(DropReason::VxlanUnknownPeer)
-    );
+    let (v, out) = run_packet(&mut b, pkt);
+    assert_eq!(v, Verdict::Dropped(DropReason::VxlanUnknownPeer));
     assert!(out.is_empty());
     assert_eq!(
         b.drops().get(DropReason::VxlanUnknownPeer),
@@ -1121,11 +1112,8 @@ fn test_inner_packets_of_a_frame_with_a_partial_outer_checksum_count_as_verified
         if !partial {
             pkt.meta.vnet.flags = 0;
         }
-        let mut out = Vec::new();
-        assert_eq!(
-            b.process(pkt, &mut out, &mut Trace::disabled()),
-            Verdict::Forwarded
-        );
+        let (v, out) = run_packet(&mut b, pkt);
+        assert_eq!(v, Verdict::Forwarded);
         assert_eq!(out.len(), 2);
         for (port, p) in &out {
             assert_eq!(*port, POD2);
@@ -1201,8 +1189,7 @@ fn test_ecn_of_a_udp_gso_super_frame_marks_each_datagram() {
         assert_eq!(frame[15], e, "the outer header carries the inner field");
         let mut pkt = Packet::new(with_ecn(frame, 14, 3), UPLINK, SEC);
         pkt.meta.vnet = vnet;
-        let mut out = Vec::new();
-        let v = b.process(pkt, &mut out, &mut Trace::disabled());
+        let (v, out) = run_packet(&mut b, pkt);
         match want {
             Some(w) => {
                 assert_eq!(v, Verdict::Forwarded);
