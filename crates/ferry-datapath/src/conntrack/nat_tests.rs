@@ -469,22 +469,14 @@ fn error_about(p: &tests::Pkt, from: &str, kind: ErrorKind) -> tests::Pkt {
     pkt_in(f, p.parsed.key.zone)
 }
 
-/// The ICMP error `error_about` makes, run through conntrack at 1 ns, which finds it
-/// RELATED to the connection `id` in the reply direction.
-fn related(
-    ct: &mut Conntrack,
-    p: &tests::Pkt,
-    from: &str,
-    kind: ErrorKind,
-    id: EntryId,
-) -> tests::Pkt {
-    let mut err = error_about(p, from, kind);
-    let r = run(ct, &mut err, None, 1);
+/// Runs the ICMP error `err` through conntrack at 1 ns, which must find it RELATED to the
+/// connection `id`, in the reply direction.
+fn assert_related(ct: &mut Conntrack, err: &mut tests::Pkt, id: EntryId) {
+    let r = run(ct, err, None, 1);
     assert_eq!(
         (r.state, r.reply, r.entry),
         (CtState::Related, true, Some(id))
     );
-    err
 }
 
 fn quoted_key(p: &tests::Pkt) -> FlowKey {
@@ -498,13 +490,8 @@ fn icmp_error_from_backend_is_related_and_translated_outside_and_inside() {
     let mut p = udp("10.0.0.1", 40000, "10.96.0.10", 80);
     let id = run(&mut ct, &mut p, Some(&nat), 0).entry.unwrap();
     // The backend answers "port unreachable" about the translated packet.
-    let err = related(
-        &mut ct,
-        &p,
-        "10.244.1.5",
-        ErrorKind::Unreachable { code: 3 },
-        id,
-    );
+    let mut err = error_about(&p, "10.244.1.5", ErrorKind::Unreachable { code: 3 });
+    assert_related(&mut ct, &mut err, id);
     // The client sees the error come from the service, about its own packet.
     assert_eq!(
         (err.parsed.key.src, err.parsed.key.dst),
@@ -527,13 +514,8 @@ fn icmp_error_from_a_router_is_related_and_keeps_the_router_address() {
     let nat = snat("192.168.1.1", None);
     let mut p = tcp("10.0.0.1", 40000, "8.8.8.8", 443, 1000, 0, SYN, 0);
     let id = run(&mut ct, &mut p, Some(&nat), 0).entry.unwrap();
-    let err = related(
-        &mut ct,
-        &p,
-        "172.16.0.1",
-        ErrorKind::TooBig { mtu: 1400 },
-        id,
-    );
+    let mut err = error_about(&p, "172.16.0.1", ErrorKind::TooBig { mtu: 1400 });
+    assert_related(&mut ct, &mut err, id);
     assert_eq!(
         (err.parsed.key.src, err.parsed.key.dst),
         (ip("172.16.0.1").into(), ip("10.0.0.1").into())
@@ -549,11 +531,7 @@ fn icmp_error_from_a_router_is_related_and_keeps_the_router_address() {
     let id6 = run(&mut ct, &mut p6, None, 0).entry.unwrap();
     let mut err6 = error_about(&p6, "fd00::fe", ErrorKind::TooBig { mtu: 1280 });
     let before = err6.pkt.data.clone();
-    let r = run(&mut ct, &mut err6, None, 1);
-    assert_eq!(
-        (r.state, r.reply, r.entry),
-        (CtState::Related, true, Some(id6))
-    );
+    assert_related(&mut ct, &mut err6, id6);
     assert_eq!(err6.pkt.data, before);
 }
 
