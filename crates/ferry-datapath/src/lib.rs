@@ -26,6 +26,8 @@ mod packet;
 pub mod pipeline;
 pub mod policy;
 pub mod tables;
+#[cfg(test)]
+mod test_frames;
 pub mod wire;
 
 pub use describe::{Described, Transport};

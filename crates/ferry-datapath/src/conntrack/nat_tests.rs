@@ -469,6 +469,16 @@ fn error_about(p: &tests::Pkt, from: &str, kind: ErrorKind) -> tests::Pkt {
     pkt_in(f, p.parsed.key.zone)
 }
 
+/// Runs the ICMP error `err` through conntrack at 1 ns, which must find it RELATED to the
+/// connection `id`, in the reply direction.
+fn assert_related(ct: &mut Conntrack, err: &mut tests::Pkt, id: EntryId) {
+    let r = run(ct, err, None, 1);
+    assert_eq!(
+        (r.state, r.reply, r.entry),
+        (CtState::Related, true, Some(id))
+    );
+}
+
 fn quoted_key(p: &tests::Pkt) -> FlowKey {
     embedded(&p.pkt.data, &p.parsed).unwrap().unwrap().key
 }
@@ -481,11 +491,7 @@ fn icmp_error_from_backend_is_related_and_translated_outside_and_inside() {
     let id = run(&mut ct, &mut p, Some(&nat), 0).entry.unwrap();
     // The backend answers "port unreachable" about the translated packet.
     let mut err = error_about(&p, "10.244.1.5", ErrorKind::Unreachable { code: 3 });
-    let r = run(&mut ct, &mut err, None, 1);
-    assert_eq!(
-        (r.state, r.reply, r.entry),
-        (CtState::Related, true, Some(id))
-    );
+    assert_related(&mut ct, &mut err, id);
     // The client sees the error come from the service, about its own packet.
     assert_eq!(
         (err.parsed.key.src, err.parsed.key.dst),
@@ -509,11 +515,7 @@ fn icmp_error_from_a_router_is_related_and_keeps_the_router_address() {
     let mut p = tcp("10.0.0.1", 40000, "8.8.8.8", 443, 1000, 0, SYN, 0);
     let id = run(&mut ct, &mut p, Some(&nat), 0).entry.unwrap();
     let mut err = error_about(&p, "172.16.0.1", ErrorKind::TooBig { mtu: 1400 });
-    let r = run(&mut ct, &mut err, None, 1);
-    assert_eq!(
-        (r.state, r.reply, r.entry),
-        (CtState::Related, true, Some(id))
-    );
+    assert_related(&mut ct, &mut err, id);
     assert_eq!(
         (err.parsed.key.src, err.parsed.key.dst),
         (ip("172.16.0.1").into(), ip("10.0.0.1").into())
@@ -529,11 +531,7 @@ fn icmp_error_from_a_router_is_related_and_keeps_the_router_address() {
     let id6 = run(&mut ct, &mut p6, None, 0).entry.unwrap();
     let mut err6 = error_about(&p6, "fd00::fe", ErrorKind::TooBig { mtu: 1280 });
     let before = err6.pkt.data.clone();
-    let r = run(&mut ct, &mut err6, None, 1);
-    assert_eq!(
-        (r.state, r.reply, r.entry),
-        (CtState::Related, true, Some(id6))
-    );
+    assert_related(&mut ct, &mut err6, id6);
     assert_eq!(err6.pkt.data, before);
 }
 

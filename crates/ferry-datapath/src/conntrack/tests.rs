@@ -9,9 +9,7 @@ use crate::packet::Packet;
 use crate::wire::build::{self, IpOpts, tcp_flags::*};
 use crate::wire::parse;
 
-pub(super) fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
+pub(super) use crate::test_frames::ip;
 
 pub(super) const S: u64 = 1_000_000_000;
 
@@ -97,6 +95,19 @@ pub(super) fn run(ct: &mut Conntrack, p: &mut Pkt, nat: Option<&Nat>, now: u64) 
     r
 }
 
+/// Runs a packet built for the purpose through process and commit, without NAT.
+pub(super) fn step(ct: &mut Conntrack, mut p: Pkt, now: u64) -> CtResult {
+    run(ct, &mut p, None, now)
+}
+
+/// A table with the default configuration but for its timeouts.
+pub(super) fn with_timeouts(timeouts: Timeouts) -> Conntrack {
+    Conntrack::new(Config {
+        timeouts,
+        ..Config::default()
+    })
+}
+
 fn ct() -> Conntrack {
     Conntrack::new(Config::default())
 }
@@ -155,19 +166,14 @@ fn nat_is_not_decided_for_a_packet_that_cannot_start_a_connection() {
 #[test]
 fn entry_is_found_from_both_directions() {
     let mut ct = ct();
-    let r = run(&mut ct, &mut udp("10.0.0.1", 4000, "10.0.0.2", 53), None, 0);
+    let r = step(&mut ct, udp("10.0.0.1", 4000, "10.0.0.2", 53), 0);
     let id = r.entry.unwrap();
-    let r = run(&mut ct, &mut udp("10.0.0.2", 53, "10.0.0.1", 4000), None, S);
+    let r = step(&mut ct, udp("10.0.0.2", 53, "10.0.0.1", 4000), S);
     assert_eq!(
         (r.state, r.reply, r.entry),
         (CtState::Established, true, Some(id))
     );
-    let r = run(
-        &mut ct,
-        &mut udp("10.0.0.1", 4000, "10.0.0.2", 53),
-        None,
-        2 * S,
-    );
+    let r = step(&mut ct, udp("10.0.0.1", 4000, "10.0.0.2", 53), 2 * S);
     assert_eq!(
         (r.state, r.reply, r.entry),
         (CtState::Established, false, Some(id))
@@ -201,19 +207,16 @@ fn udp_unreplied_replied_assured_have_their_own_timeouts() {
         udp_assured_ns: 300 * S,
         ..Timeouts::default()
     };
-    let mut ct = Conntrack::new(Config {
-        timeouts: t,
-        ..Config::default()
-    });
-    let id = run(&mut ct, &mut udp("10.0.0.1", 1, "10.0.0.2", 2), None, 0)
+    let mut ct = with_timeouts(t);
+    let id = step(&mut ct, udp("10.0.0.1", 1, "10.0.0.2", 2), 0)
         .entry
         .unwrap();
     assert_eq!(ct.get(id).unwrap().timeout_ns(&t), 10 * S);
-    run(&mut ct, &mut udp("10.0.0.2", 2, "10.0.0.1", 1), None, S);
+    step(&mut ct, udp("10.0.0.2", 2, "10.0.0.1", 1), S);
     let e = ct.get(id).unwrap();
     assert!(e.status.has(Status::SEEN_REPLY) && !e.status.has(Status::ASSURED));
     assert_eq!(e.timeout_ns(&t), 20 * S);
-    run(&mut ct, &mut udp("10.0.0.1", 1, "10.0.0.2", 2), None, 3 * S);
+    step(&mut ct, udp("10.0.0.1", 1, "10.0.0.2", 2), 3 * S);
     let e = ct.get(id).unwrap();
     assert!(e.status.has(Status::ASSURED));
     assert_eq!(e.timeout_ns(&t), 300 * S);
@@ -229,49 +232,21 @@ fn udp_dns_exchange_within_two_seconds_is_not_assured() {
         udp_assured_ns: 300 * S,
         ..Timeouts::default()
     };
-    let mut ct = Conntrack::new(Config {
-        timeouts: t,
-        ..Config::default()
-    });
+    let mut ct = with_timeouts(t);
     let ms = S / 1000;
-    let id = run(
-        &mut ct,
-        &mut udp("10.0.0.1", 41000, "10.0.0.9", 53),
-        None,
-        0,
-    )
-    .entry
-    .unwrap();
-    run(
-        &mut ct,
-        &mut udp("10.0.0.1", 41000, "10.0.0.9", 53),
-        None,
-        ms,
-    );
-    run(
-        &mut ct,
-        &mut udp("10.0.0.9", 53, "10.0.0.1", 41000),
-        None,
-        5 * ms,
-    );
-    let r = run(
-        &mut ct,
-        &mut udp("10.0.0.9", 53, "10.0.0.1", 41000),
-        None,
-        6 * ms,
-    );
+    let id = step(&mut ct, udp("10.0.0.1", 41000, "10.0.0.9", 53), 0)
+        .entry
+        .unwrap();
+    step(&mut ct, udp("10.0.0.1", 41000, "10.0.0.9", 53), ms);
+    step(&mut ct, udp("10.0.0.9", 53, "10.0.0.1", 41000), 5 * ms);
+    let r = step(&mut ct, udp("10.0.0.9", 53, "10.0.0.1", 41000), 6 * ms);
     assert_eq!((r.state, r.entry), (CtState::Established, Some(id)));
     let e = ct.get(id).unwrap();
     assert!(e.status.has(Status::SEEN_REPLY));
     assert!(!e.status.has(Status::ASSURED));
     assert_eq!(e.timeout_ns(&t), 20 * S);
     // Exactly 2 s after the first packet is not yet "more than 2 s".
-    run(
-        &mut ct,
-        &mut udp("10.0.0.1", 41000, "10.0.0.9", 53),
-        None,
-        2 * S,
-    );
+    step(&mut ct, udp("10.0.0.1", 41000, "10.0.0.9", 53), 2 * S);
     assert!(!ct.get(id).unwrap().status.has(Status::ASSURED));
 }
 
@@ -284,37 +259,19 @@ fn udp_stream_active_after_two_seconds_is_assured() {
         udp_assured_ns: 300 * S,
         ..Timeouts::default()
     };
-    let mut ct = Conntrack::new(Config {
-        timeouts: t,
-        ..Config::default()
-    });
-    let id = run(
-        &mut ct,
-        &mut udp("10.0.0.1", 5000, "10.0.0.2", 6000),
-        None,
-        0,
-    )
-    .entry
-    .unwrap();
+    let mut ct = with_timeouts(t);
+    let id = step(&mut ct, udp("10.0.0.1", 5000, "10.0.0.2", 6000), 0)
+        .entry
+        .unwrap();
     for i in 1..=4u64 {
         let now = i * S / 2;
-        run(
-            &mut ct,
-            &mut udp("10.0.0.2", 6000, "10.0.0.1", 5000),
-            None,
-            now,
-        );
+        step(&mut ct, udp("10.0.0.2", 6000, "10.0.0.1", 5000), now);
         let e = ct.get(id).unwrap();
         assert!(!e.status.has(Status::ASSURED), "at {now}");
         assert_eq!(e.deadline_ns(&t), now + 20 * S);
     }
     let now = 2 * S + 1;
-    run(
-        &mut ct,
-        &mut udp("10.0.0.2", 6000, "10.0.0.1", 5000),
-        None,
-        now,
-    );
+    step(&mut ct, udp("10.0.0.2", 6000, "10.0.0.1", 5000), now);
     let e = ct.get(id).unwrap();
     assert!(e.status.has(Status::ASSURED));
     assert_eq!(e.deadline_ns(&t), now + 300 * S);
@@ -324,21 +281,21 @@ fn udp_stream_active_after_two_seconds_is_assured() {
 #[test]
 fn icmp_echo_reply_matches_request_by_identifier() {
     let mut ct = ct();
-    let r = run(&mut ct, &mut ping("10.0.0.1", "10.0.0.2", 0x77), None, 0);
+    let r = step(&mut ct, ping("10.0.0.1", "10.0.0.2", 0x77), 0);
     assert_eq!(r.state, CtState::New);
     let id = r.entry.unwrap();
-    let r = run(&mut ct, &mut pong("10.0.0.2", "10.0.0.1", 0x77), None, S);
+    let r = step(&mut ct, pong("10.0.0.2", "10.0.0.1", 0x77), S);
     assert_eq!(
         (r.state, r.reply, r.entry),
         (CtState::Established, true, Some(id))
     );
     // Another identifier is another connection; its reply without request is INVALID.
-    let r = run(&mut ct, &mut pong("10.0.0.2", "10.0.0.1", 0x78), None, S);
+    let r = step(&mut ct, pong("10.0.0.2", "10.0.0.1", 0x78), S);
     assert_eq!(r.state, CtState::Invalid);
     // ICMPv6 the same way.
-    let r = run(&mut ct, &mut ping("fd00::1", "fd00::2", 5), None, 0);
+    let r = step(&mut ct, ping("fd00::1", "fd00::2", 5), 0);
     let id6 = r.entry.unwrap();
-    let r = run(&mut ct, &mut pong("fd00::2", "fd00::1", 5), None, S);
+    let r = step(&mut ct, pong("fd00::2", "fd00::1", 5), S);
     assert_eq!(
         (r.state, r.reply, r.entry),
         (CtState::Established, true, Some(id6))
@@ -351,11 +308,11 @@ fn full_table_evicts_oldest_unreplied_first() {
         max_entries: 3,
         ..Config::default()
     });
-    let a = run(&mut ct, &mut udp("10.0.0.1", 1, "10.0.0.9", 53), None, 0).entry;
-    let b = run(&mut ct, &mut udp("10.0.0.2", 1, "10.0.0.9", 53), None, 1).entry;
-    run(&mut ct, &mut udp("10.0.0.9", 53, "10.0.0.1", 1), None, 2); // a is replied
-    let c = run(&mut ct, &mut udp("10.0.0.3", 1, "10.0.0.9", 53), None, 3).entry;
-    let d = run(&mut ct, &mut udp("10.0.0.4", 1, "10.0.0.9", 53), None, 4).entry;
+    let a = step(&mut ct, udp("10.0.0.1", 1, "10.0.0.9", 53), 0).entry;
+    let b = step(&mut ct, udp("10.0.0.2", 1, "10.0.0.9", 53), 1).entry;
+    step(&mut ct, udp("10.0.0.9", 53, "10.0.0.1", 1), 2); // a is replied
+    let c = step(&mut ct, udp("10.0.0.3", 1, "10.0.0.9", 53), 3).entry;
+    let d = step(&mut ct, udp("10.0.0.4", 1, "10.0.0.9", 53), 4).entry;
     assert_eq!(ct.len(), 3);
     assert_eq!(ct.stats().evicted, 1);
     // b was the oldest unreplied: it went, a (replied) stayed.
@@ -372,10 +329,10 @@ fn full_table_with_nothing_evictable_refuses_and_counts() {
         max_entries: 1,
         ..Config::default()
     });
-    let a = run(&mut ct, &mut udp("10.0.0.1", 1, "10.0.0.9", 53), None, 0)
+    let a = step(&mut ct, udp("10.0.0.1", 1, "10.0.0.9", 53), 0)
         .entry
         .unwrap();
-    run(&mut ct, &mut udp("10.0.0.9", 53, "10.0.0.1", 1), None, 1);
+    step(&mut ct, udp("10.0.0.9", 53, "10.0.0.1", 1), 1);
     let mut p = udp("10.0.0.2", 1, "10.0.0.9", 53);
     let r = ct.process(&mut p.pkt, &mut p.parsed, None, 2).unwrap();
     assert_eq!(
@@ -384,7 +341,7 @@ fn full_table_with_nothing_evictable_refuses_and_counts() {
     );
     assert_eq!(ct.stats().insert_failed, 1);
     // The established connection goes on.
-    let r = run(&mut ct, &mut udp("10.0.0.1", 1, "10.0.0.9", 53), None, 3);
+    let r = step(&mut ct, udp("10.0.0.1", 1, "10.0.0.9", 53), 3);
     assert_eq!((r.state, r.entry), (CtState::Established, Some(a)));
 }
 
@@ -392,23 +349,13 @@ fn full_table_with_nothing_evictable_refuses_and_counts() {
 fn expiry_removes_due_entries_with_bounded_work() {
     let mut ct = ct();
     for i in 0..100u16 {
-        run(
-            &mut ct,
-            &mut udp("10.0.0.1", 1000 + i, "10.0.0.2", 53),
-            None,
-            0,
-        );
+        step(&mut ct, udp("10.0.0.1", 1000 + i, "10.0.0.2", 53), 0);
     }
     // One connection stays active.
-    let keep = run(&mut ct, &mut udp("10.0.0.1", 5000, "10.0.0.2", 53), None, 0)
+    let keep = step(&mut ct, udp("10.0.0.1", 5000, "10.0.0.2", 53), 0)
         .entry
         .unwrap();
-    run(
-        &mut ct,
-        &mut udp("10.0.0.1", 5000, "10.0.0.2", 53),
-        None,
-        25 * S,
-    );
+    step(&mut ct, udp("10.0.0.1", 5000, "10.0.0.2", 53), 25 * S);
     assert_eq!(ct.expire(10 * S, 1000), 0, "nothing due yet");
     let now = 32 * S;
     // Ten entries examined: the refreshed one may be among them and is re-filed.
@@ -436,13 +383,8 @@ fn expiry_removes_due_entries_with_bounded_work() {
 #[test]
 fn expired_entry_is_not_found_before_it_is_reaped() {
     let mut ct = ct();
-    run(&mut ct, &mut udp("10.0.0.1", 1, "10.0.0.2", 2), None, 0);
-    let r = run(
-        &mut ct,
-        &mut udp("10.0.0.2", 2, "10.0.0.1", 1),
-        None,
-        31 * S,
-    );
+    step(&mut ct, udp("10.0.0.1", 1, "10.0.0.2", 2), 0);
+    let r = step(&mut ct, udp("10.0.0.2", 2, "10.0.0.1", 1), 31 * S);
     assert_eq!(
         r.state,
         CtState::New,
@@ -679,18 +621,43 @@ const V: &str = "10.0.0.2";
 /// Client 10.0.0.1:40000 -> server 10.0.0.2:80, ISNs 1000 (client) and 5000 (server),
 /// handshake done at t=0..2 ns; returns the entry.
 fn handshake(ct: &mut Conntrack) -> EntryId {
-    let r = run(ct, &mut tcp(C, 40000, V, 80, 1000, 0, SYN, 0), None, 0);
+    let r = step(ct, tcp(C, 40000, V, 80, 1000, 0, SYN, 0), 0);
     assert_eq!(r.state, CtState::New);
     let id = r.entry.unwrap();
-    let r = run(
+    let r = step(ct, tcp(V, 80, C, 40000, 5000, 1001, SYN | ACK, 0), 1);
+    assert_eq!((r.state, r.reply), (CtState::Established, true));
+    let r = step(ct, tcp(C, 40000, V, 80, 1001, 5001, ACK, 0), 2);
+    assert_eq!(r.state, CtState::Established);
+    id
+}
+
+/// A Service's backend, which connections to `V`:80 are translated to (port 8080).
+const BACKEND: &str = "10.244.1.5";
+
+/// The NAT of a connection to the backend.
+fn to_backend() -> Nat {
+    Nat {
+        dnat: Some((Addr::from(ip(BACKEND)), Some(8080))),
+        snat: None,
+    }
+}
+
+/// The handshake of `handshake`, translated to the backend.
+fn handshake_to_backend(ct: &mut Conntrack) -> EntryId {
+    let id = run(
         ct,
-        &mut tcp(V, 80, C, 40000, 5000, 1001, SYN | ACK, 0),
-        None,
+        &mut tcp(C, 40000, V, 80, 1000, 0, SYN, 0),
+        Some(&to_backend()),
+        0,
+    )
+    .entry
+    .unwrap();
+    step(
+        ct,
+        tcp(BACKEND, 8080, C, 40000, 5000, 1001, SYN | ACK, 0),
         1,
     );
-    assert_eq!((r.state, r.reply), (CtState::Established, true));
-    let r = run(ct, &mut tcp(C, 40000, V, 80, 1001, 5001, ACK, 0), None, 2);
-    assert_eq!(r.state, CtState::Established);
+    step(ct, tcp(C, 40000, V, 80, 1001, 5001, ACK, 0), 2);
     id
 }
 
@@ -723,25 +690,18 @@ fn tcp_unacknowledged_data_caps_the_timeout_until_it_is_acknowledged() {
     let deadline = |ct: &Conntrack| ct.get(id).unwrap().deadline_ns(&t);
     assert_eq!(deadline(&ct), 2 + t.tcp_established_ns);
     let now = 10 * S;
-    let r = run(
+    let r = step(
         &mut ct,
-        &mut tcp(C, 40000, V, 80, 1001, 5001, ACK | PSH, 100),
-        None,
+        tcp(C, 40000, V, 80, 1001, 5001, ACK | PSH, 100),
         now,
     );
     assert_eq!(r.state, CtState::Established);
     assert_eq!(deadline(&ct), now + 300 * S);
-    run(
-        &mut ct,
-        &mut tcp(V, 80, C, 40000, 5001, 1051, ACK, 0),
-        None,
-        now + S,
-    );
+    step(&mut ct, tcp(V, 80, C, 40000, 5001, 1051, ACK, 0), now + S);
     assert_eq!(deadline(&ct), now + S + 300 * S, "half of it acknowledged");
-    run(
+    step(
         &mut ct,
-        &mut tcp(V, 80, C, 40000, 5001, 1101, ACK, 0),
-        None,
+        tcp(V, 80, C, 40000, 5001, 1101, ACK, 0),
         now + 2 * S,
     );
     assert_eq!(deadline(&ct), now + 2 * S + t.tcp_established_ns);
@@ -751,10 +711,9 @@ fn tcp_unacknowledged_data_caps_the_timeout_until_it_is_acknowledged() {
     // The server's answer never acknowledged (the client went away): gone after 300 s,
     // still ESTABLISHED.
     let later = now + 400 * S;
-    run(
+    step(
         &mut ct,
-        &mut tcp(V, 80, C, 40000, 5001, 1101, ACK | PSH, 200),
-        None,
+        tcp(V, 80, C, 40000, 5001, 1101, ACK | PSH, 200),
         later,
     );
     assert_eq!(ct.expire(later + 299 * S, 100), 0);
@@ -774,22 +733,15 @@ fn tcp_unacknowledged_data_does_not_move_the_entry_in_the_wheel() {
     for i in 0..3u32 {
         let now = (10 + u64::from(i)) * S;
         let (c, v) = (1001 + 100 * i, 5001 + 200 * i);
-        run(
+        step(&mut ct, tcp(C, 40000, V, 80, c, v, ACK | PSH, 100), now);
+        step(
             &mut ct,
-            &mut tcp(C, 40000, V, 80, c, v, ACK | PSH, 100),
-            None,
-            now,
-        );
-        run(
-            &mut ct,
-            &mut tcp(V, 80, C, 40000, v, c + 100, ACK | PSH, 200),
-            None,
+            tcp(V, 80, C, 40000, v, c + 100, ACK | PSH, 200),
             now + 1,
         );
-        run(
+        step(
             &mut ct,
-            &mut tcp(C, 40000, V, 80, c + 100, v + 200, ACK, 0),
-            None,
+            tcp(C, 40000, V, 80, c + 100, v + 200, ACK, 0),
             now + 2,
         );
         assert_eq!(ct.table.wheel_slot(id), slot, "round {i}");
@@ -806,20 +758,14 @@ fn tcp_out_of_window_packet_is_invalid_and_leaves_entry_unchanged() {
     let id = handshake(&mut ct);
     let before = ct.get(id).unwrap().clone();
     // Far beyond anything the server allowed.
-    let r = run(
+    let r = step(
         &mut ct,
-        &mut tcp(C, 40000, V, 80, 1001 + 3_000_000, 5001, ACK, 10),
-        None,
+        tcp(C, 40000, V, 80, 1001 + 3_000_000, 5001, ACK, 10),
         3,
     );
     assert_eq!((r.state, r.entry), (CtState::Invalid, Some(id)));
     // Acknowledging data the server never sent.
-    let r = run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 1001, 900_000, ACK, 0),
-        None,
-        4,
-    );
+    let r = step(&mut ct, tcp(C, 40000, V, 80, 1001, 900_000, ACK, 0), 4);
     assert_eq!(r.state, CtState::Invalid);
     assert_eq!(
         ct.get(id).unwrap(),
@@ -837,7 +783,7 @@ fn tcp_rst_out_of_window_is_invalid_and_at_the_exact_sequence_closes() {
     let id = handshake(&mut ct);
     let before = ct.get(id).unwrap().clone();
     for seq in [5001 + 2_000_000_000, 4001] {
-        let r = run(&mut ct, &mut tcp(V, 80, C, 40000, seq, 0, RST, 0), None, 3);
+        let r = step(&mut ct, tcp(V, 80, C, 40000, seq, 0, RST, 0), 3);
         assert_eq!(
             (r.state, r.entry),
             (CtState::Invalid, Some(id)),
@@ -845,7 +791,7 @@ fn tcp_rst_out_of_window_is_invalid_and_at_the_exact_sequence_closes() {
         );
         assert_eq!(ct.get(id).unwrap(), &before, "seq {seq}");
     }
-    let r = run(&mut ct, &mut tcp(V, 80, C, 40000, 5001, 0, RST, 0), None, 4);
+    let r = step(&mut ct, tcp(V, 80, C, 40000, 5001, 0, RST, 0), 4);
     assert_eq!(r.state, CtState::Established);
     assert_eq!(tcp_state(&ct, id), TcpState::Close);
     // CLOSE lasts 10 s: the entry is re-filed earlier in the wheel and expires on time.
@@ -862,30 +808,7 @@ fn tcp_rst_out_of_window_is_invalid_and_at_the_exact_sequence_closes() {
 fn tcp_rst_off_the_exact_sequence_keeps_the_connection_for_the_challenge_ack() {
     let mut ct = ct();
     let t = ct.config().timeouts;
-    let nat = Nat {
-        dnat: Some((Addr::from(ip("10.244.1.5")), Some(8080))),
-        snat: None,
-    };
-    let id = run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 1000, 0, SYN, 0),
-        Some(&nat),
-        0,
-    )
-    .entry
-    .unwrap();
-    run(
-        &mut ct,
-        &mut tcp("10.244.1.5", 8080, C, 40000, 5000, 1001, SYN | ACK, 0),
-        None,
-        1,
-    );
-    run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 1001, 5001, ACK, 0),
-        None,
-        2,
-    );
+    let id = handshake_to_backend(&mut ct);
     let before = ct.get(id).unwrap().proto_state;
     let now = 5 * S;
     let mut rst = tcp("10.244.1.5", 8080, C, 40000, 6001, 1001, RST | ACK, 0);
@@ -899,12 +822,7 @@ fn tcp_rst_off_the_exact_sequence_keeps_the_connection_for_the_challenge_ack() {
     assert_eq!(tcp_state(&ct, id), TcpState::Established);
     assert_eq!(ct.get(id).unwrap().deadline_ns(&t), now + t.tcp_close_ns);
     // The client's challenge ACK: the full timeout again, the connection as it was.
-    let r = run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 1001, 5001, ACK, 0),
-        None,
-        now + S,
-    );
+    let r = step(&mut ct, tcp(C, 40000, V, 80, 1001, 5001, ACK, 0), now + S);
     assert_eq!(r.state, CtState::Established);
     assert_eq!(
         ct.get(id).unwrap().deadline_ns(&t),
@@ -913,19 +831,17 @@ fn tcp_rst_off_the_exact_sequence_keeps_the_connection_for_the_challenge_ack() {
     assert_eq!(ct.get(id).unwrap().proto_state, before);
     // Not followed by anything, a kept RST leaves the entry for CLOSE's 10 s only.
     let later = now + 2 * S;
-    run(
+    step(
         &mut ct,
-        &mut tcp("10.244.1.5", 8080, C, 40000, 6001, 0, RST, 0),
-        None,
+        tcp("10.244.1.5", 8080, C, 40000, 6001, 0, RST, 0),
         later,
     );
     assert_eq!(ct.expire(later + 9 * S, 100), 0);
     assert_eq!(tcp_state(&ct, id), TcpState::Established);
     // The exact number closes.
-    run(
+    step(
         &mut ct,
-        &mut tcp("10.244.1.5", 8080, C, 40000, 5001, 0, RST, 0),
-        None,
+        tcp("10.244.1.5", 8080, C, 40000, 5001, 0, RST, 0),
         later + 9 * S,
     );
     assert_eq!(tcp_state(&ct, id), TcpState::Close);
@@ -941,12 +857,7 @@ fn tcp_rst_kept_and_unanswered_expires_after_the_close_timeout() {
     let mut ct = ct();
     let id = handshake(&mut ct);
     let now = 5 * S;
-    let r = run(
-        &mut ct,
-        &mut tcp(V, 80, C, 40000, 6001, 0, RST, 0),
-        None,
-        now,
-    );
+    let r = step(&mut ct, tcp(V, 80, C, 40000, 6001, 0, RST, 0), now);
     assert_eq!((r.state, r.entry), (CtState::Established, Some(id)));
     assert_eq!(tcp_state(&ct, id), TcpState::Established);
     assert_eq!(ct.expire(now + 9 * S, 100), 0);
@@ -960,26 +871,16 @@ fn tcp_rst_kept_and_unanswered_expires_after_the_close_timeout() {
 fn tcp_syn_retransmitted_in_syn_sent_does_not_renew_the_timeout() {
     let mut ct = ct();
     let t = ct.config().timeouts;
-    let id = run(&mut ct, &mut tcp(C, 40000, V, 80, 1000, 0, SYN, 0), None, 0)
+    let id = step(&mut ct, tcp(C, 40000, V, 80, 1000, 0, SYN, 0), 0)
         .entry
         .unwrap();
     for now in [S, 60 * S, 119 * S] {
-        let r = run(
-            &mut ct,
-            &mut tcp(C, 40000, V, 80, 1000, 0, SYN, 0),
-            None,
-            now,
-        );
+        let r = step(&mut ct, tcp(C, 40000, V, 80, 1000, 0, SYN, 0), now);
         assert_eq!((r.state, r.entry), (CtState::Established, Some(id)));
         assert_eq!(tcp_state(&ct, id), TcpState::SynSent);
         assert_eq!(ct.get(id).unwrap().deadline_ns(&t), 120 * S, "at {now}");
     }
-    let r = run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 1000, 0, SYN, 0),
-        None,
-        120 * S,
-    );
+    let r = step(&mut ct, tcp(C, 40000, V, 80, 1000, 0, SYN, 0), 120 * S);
     assert_eq!(r.state, CtState::New, "the first SYN's timeout passed");
     assert_eq!(ct.stats().expired, 1);
 }
@@ -991,10 +892,7 @@ fn tcp_syn_retransmitted_in_syn_sent_does_not_renew_the_timeout() {
 #[test]
 fn tcp_rst_as_the_only_reply_removes_the_entry_at_once() {
     let mut ct = ct();
-    let nat = Nat {
-        dnat: Some((Addr::from(ip("10.244.1.5")), Some(8080))),
-        snat: None,
-    };
+    let nat = to_backend();
     let t0 = 20 * S;
     let id = run(
         &mut ct,
@@ -1034,12 +932,7 @@ fn tcp_rst_as_the_only_reply_removes_the_entry_at_once() {
     let again = r.entry.unwrap();
     let t = ct.config().timeouts;
     let now = t0 + 2 * S;
-    run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 5001, 0, RST, 0),
-        None,
-        now,
-    );
+    step(&mut ct, tcp(C, 40000, V, 80, 5001, 0, RST, 0), now);
     assert_eq!(ct.get(again).unwrap().deadline_ns(&t), now);
     assert_eq!(ct.expire(now + 2 * S, 100), 1);
     assert!(ct.is_empty());
@@ -1053,20 +946,10 @@ fn tcp_syn_on_established_passes_without_state_change() {
     let before = ct.get(id).unwrap().proto_state;
     // The client restarted and reuses the port with a new ISN: its SYN must reach the
     // server so that the challenge ACK comes back.
-    let r = run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 77_000_000, 0, SYN, 0),
-        None,
-        3,
-    );
+    let r = step(&mut ct, tcp(C, 40000, V, 80, 77_000_000, 0, SYN, 0), 3);
     assert_eq!((r.state, r.entry), (CtState::Established, Some(id)));
     assert_eq!(ct.get(id).unwrap().proto_state, before);
-    let r = run(
-        &mut ct,
-        &mut tcp(V, 80, C, 40000, 5001, 1001, ACK, 0),
-        None,
-        4,
-    );
+    let r = step(&mut ct, tcp(V, 80, C, 40000, 5001, 1001, ACK, 0), 4);
     assert_eq!(
         r.state,
         CtState::Established,
@@ -1083,36 +966,16 @@ fn tcp_challenge_ack_to_an_ignored_syn_keeps_the_old_connection() {
     let mut ct = ct();
     let id = handshake(&mut ct);
     let before = ct.get(id).unwrap().clone();
-    let r = run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 77_000_000, 0, SYN, 0),
-        None,
-        3,
-    );
+    let r = step(&mut ct, tcp(C, 40000, V, 80, 77_000_000, 0, SYN, 0), 3);
     assert_eq!((r.state, r.entry), (CtState::Established, Some(id)));
     assert_eq!(ct.get(id).unwrap(), &before, "not refreshed, not counted");
     // A late copy of the old SYN-ACK.
-    let r = run(
-        &mut ct,
-        &mut tcp(V, 80, C, 40000, 5000, 1001, SYN | ACK, 0),
-        None,
-        4,
-    );
+    let r = step(&mut ct, tcp(V, 80, C, 40000, 5000, 1001, SYN | ACK, 0), 4);
     assert_eq!((r.state, r.reply), (CtState::Established, true));
     assert_eq!(ct.get(id).unwrap(), &before);
-    let r = run(
-        &mut ct,
-        &mut tcp(V, 80, C, 40000, 5001, 1001, ACK, 0),
-        None,
-        5,
-    );
+    let r = step(&mut ct, tcp(V, 80, C, 40000, 5001, 1001, ACK, 0), 5);
     assert_eq!(r.state, CtState::Established, "the challenge ACK");
-    let r = run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 1001, 5001, ACK | PSH, 100),
-        None,
-        6,
-    );
+    let r = step(&mut ct, tcp(C, 40000, V, 80, 1001, 5001, ACK | PSH, 100), 6);
     assert_eq!(r.state, CtState::Established);
     assert_eq!(tcp_state(&ct, id), TcpState::Established);
 }
@@ -1125,31 +988,8 @@ fn tcp_challenge_ack_to_an_ignored_syn_keeps_the_old_connection() {
 #[test]
 fn tcp_syn_ack_answering_an_ignored_syn_restarts_a_stale_connection() {
     let mut ct = ct();
-    let backend = "10.244.1.5";
-    let nat = Nat {
-        dnat: Some((Addr::from(ip(backend)), Some(8080))),
-        snat: None,
-    };
-    let id = run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 1000, 0, SYN, 0),
-        Some(&nat),
-        0,
-    )
-    .entry
-    .unwrap();
-    run(
-        &mut ct,
-        &mut tcp(backend, 8080, C, 40000, 5000, 1001, SYN | ACK, 0),
-        None,
-        1,
-    );
-    run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 1001, 5001, ACK, 0),
-        None,
-        2,
-    );
+    let backend = BACKEND;
+    let id = handshake_to_backend(&mut ct);
     assert_eq!(tcp_state(&ct, id), TcpState::Established);
 
     let t = 3 * S;
@@ -1167,25 +1007,22 @@ fn tcp_syn_ack_answering_an_ignored_syn_restarts_a_stale_connection() {
         ct.get(id).unwrap().deadline_ns(&ct.config().timeouts),
         t + 1 + Timeouts::default().tcp_syn_recv_ns
     );
-    let r = run(
+    let r = step(
         &mut ct,
-        &mut tcp(C, 40000, V, 80, 77_000_001, 9_000_001, ACK, 0),
-        None,
+        tcp(C, 40000, V, 80, 77_000_001, 9_000_001, ACK, 0),
         t + 2,
     );
     assert_eq!(r.state, CtState::Established);
     assert_eq!(tcp_state(&ct, id), TcpState::Established);
-    let r = run(
+    let r = step(
         &mut ct,
-        &mut tcp(C, 40000, V, 80, 77_000_001, 9_000_001, ACK | PSH, 100),
-        None,
+        tcp(C, 40000, V, 80, 77_000_001, 9_000_001, ACK | PSH, 100),
         t + 3,
     );
     assert_eq!(r.state, CtState::Established);
-    let r = run(
+    let r = step(
         &mut ct,
-        &mut tcp(backend, 8080, C, 40000, 9_000_001, 77_000_101, ACK, 0),
-        None,
+        tcp(backend, 8080, C, 40000, 9_000_001, 77_000_101, ACK, 0),
         t + 4,
     );
     assert_eq!(r.state, CtState::Established);
@@ -1194,12 +1031,7 @@ fn tcp_syn_ack_answering_an_ignored_syn_restarts_a_stale_connection() {
     };
     assert_eq!(c.end, [77_000_101, 9_000_001]);
     // The old connection's segments are out of window now.
-    let r = run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 1001, 5001, ACK, 10),
-        None,
-        t + 5,
-    );
+    let r = step(&mut ct, tcp(C, 40000, V, 80, 1001, 5001, ACK, 10), t + 5);
     assert_eq!(r.state, CtState::Invalid);
 }
 
@@ -1213,19 +1045,17 @@ fn tcp_ignored_segment_changes_nothing_in_its_entry() {
         max_entries: 1,
         ..Config::default()
     });
-    let id = run(
+    let id = step(
         &mut ct,
-        &mut tcp(C, 40000, V, 80, 123_456, 654_321, ACK | PSH, 100),
-        None,
+        tcp(C, 40000, V, 80, 123_456, 654_321, ACK | PSH, 100),
         0,
     )
     .entry
     .unwrap();
     let before = ct.get(id).unwrap().clone();
-    let r = run(
+    let r = step(
         &mut ct,
-        &mut tcp(V, 80, C, 40000, 9_000_000, 123_556, SYN | ACK, 0),
-        None,
+        tcp(V, 80, C, 40000, 9_000_000, 123_556, SYN | ACK, 0),
         5 * S,
     );
     assert_eq!(
@@ -1267,12 +1097,7 @@ fn tcp_rst_or_fin_with_a_bad_checksum_is_invalid_and_changes_nothing() {
         assert_eq!(ct.get(id).unwrap(), &before, "flags {flags:#x}");
     }
     assert_eq!(ct.stats().invalid, 3);
-    let r = run(
-        &mut ct,
-        &mut tcp(V, 80, C, 40000, 5001, 1001, RST, 0),
-        None,
-        4,
-    );
+    let r = step(&mut ct, tcp(V, 80, C, 40000, 5001, 1001, RST, 0), 4);
     assert_eq!(r.state, CtState::Established, "the same RST intact");
     assert_eq!(tcp_state(&ct, id), TcpState::Close);
 }
@@ -1339,50 +1164,20 @@ fn tcp_rst_with_a_partial_or_verified_checksum_is_accepted() {
 fn tcp_new_syn_in_time_wait_or_close_starts_fresh_connection() {
     let mut ct = ct();
     let id = handshake(&mut ct);
-    run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 1001, 5001, FIN | ACK, 0),
-        None,
-        3,
-    );
-    run(
-        &mut ct,
-        &mut tcp(V, 80, C, 40000, 5001, 1002, FIN | ACK, 0),
-        None,
-        4,
-    );
-    run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 1002, 5002, ACK, 0),
-        None,
-        5,
-    );
+    step(&mut ct, tcp(C, 40000, V, 80, 1001, 5001, FIN | ACK, 0), 3);
+    step(&mut ct, tcp(V, 80, C, 40000, 5001, 1002, FIN | ACK, 0), 4);
+    step(&mut ct, tcp(C, 40000, V, 80, 1002, 5002, ACK, 0), 5);
     assert_eq!(tcp_state(&ct, id), TcpState::TimeWait);
-    let r = run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 90_000, 0, SYN, 0),
-        None,
-        6,
-    );
+    let r = step(&mut ct, tcp(C, 40000, V, 80, 90_000, 0, SYN, 0), 6);
     assert_eq!(r.state, CtState::New);
     let new = r.entry.unwrap();
     assert_eq!(tcp_state(&ct, new), TcpState::SynSent);
     assert_eq!(ct.len(), 1, "the old entry was replaced");
     assert_eq!(ct.get(new).unwrap().first_seen_ns, 6);
     // After an RST (CLOSE) as well.
-    run(
-        &mut ct,
-        &mut tcp(V, 80, C, 40000, 0, 90_001, RST | ACK, 0),
-        None,
-        7,
-    );
+    step(&mut ct, tcp(V, 80, C, 40000, 0, 90_001, RST | ACK, 0), 7);
     assert_eq!(tcp_state(&ct, new), TcpState::Close);
-    let r = run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 190_000, 0, SYN, 0),
-        None,
-        8,
-    );
+    let r = step(&mut ct, tcp(C, 40000, V, 80, 190_000, 0, SYN, 0), 8);
     assert_eq!(r.state, CtState::New);
     assert_eq!(ct.len(), 1);
 }
@@ -1390,10 +1185,9 @@ fn tcp_new_syn_in_time_wait_or_close_starts_fresh_connection() {
 #[test]
 fn tcp_midstream_pickup_creates_established_liberal_entry() {
     let mut ct = ct();
-    let r = run(
+    let r = step(
         &mut ct,
-        &mut tcp(C, 40000, V, 80, 123_456, 654_321, ACK | PSH, 100),
-        None,
+        tcp(C, 40000, V, 80, 123_456, 654_321, ACK | PSH, 100),
         0,
     );
     assert_eq!(r.state, CtState::New);
@@ -1409,12 +1203,7 @@ fn tcp_midstream_pickup_creates_established_liberal_entry() {
         ct.get(id).unwrap().timeout_ns(&ct.config().timeouts),
         300 * S
     );
-    let r = run(
-        &mut ct,
-        &mut tcp(V, 80, C, 40000, 654_321, 123_556, ACK, 0),
-        None,
-        1,
-    );
+    let r = step(&mut ct, tcp(V, 80, C, 40000, 654_321, 123_556, ACK, 0), 1);
     assert_eq!((r.state, r.reply), (CtState::Established, true));
     let e = ct.get(id).unwrap();
     let ProtoState::Tcp(c) = e.proto_state else {
@@ -1422,17 +1211,11 @@ fn tcp_midstream_pickup_creates_established_liberal_entry() {
     };
     assert!(c.liberal(), "still liberal with both directions seen");
     assert!(e.status.has(Status::ASSURED));
-    let r = run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 123_556, 654_321, ACK, 10),
-        None,
-        2,
-    );
+    let r = step(&mut ct, tcp(C, 40000, V, 80, 123_556, 654_321, ACK, 10), 2);
     assert_eq!(r.state, CtState::Established);
-    let r = run(
+    let r = step(
         &mut ct,
-        &mut tcp(C, 40000, V, 80, 1_500_123_556, 654_321, ACK, 10),
-        None,
+        tcp(C, 40000, V, 80, 1_500_123_556, 654_321, ACK, 10),
         3,
     );
     // Far off the stream, as Linux lets through on a picked-up connection; the windows
@@ -1450,35 +1233,23 @@ fn tcp_midstream_pickup_creates_established_liberal_entry() {
 #[test]
 fn tcp_midstream_pickup_accepts_a_duplicate_ack_beyond_what_was_seen() {
     let mut ct = ct();
-    let r = run(
+    let r = step(
         &mut ct,
-        &mut tcp(C, 40000, V, 80, 123_456, 654_321, ACK | PSH, 100),
-        None,
+        tcp(C, 40000, V, 80, 123_456, 654_321, ACK | PSH, 100),
         0,
     );
     let id = r.entry.unwrap();
     for t in 1..4 {
-        let r = run(
-            &mut ct,
-            &mut tcp(V, 80, C, 40000, 654_321, 200_000, ACK, 0),
-            None,
-            t,
-        );
+        let r = step(&mut ct, tcp(V, 80, C, 40000, 654_321, 200_000, ACK, 0), t);
         assert_eq!((r.state, r.reply), (CtState::Established, true), "at {t}");
     }
-    let r = run(
+    let r = step(
         &mut ct,
-        &mut tcp(C, 40000, V, 80, 200_000, 654_321, ACK | PSH, 100),
-        None,
+        tcp(C, 40000, V, 80, 200_000, 654_321, ACK | PSH, 100),
         4,
     );
     assert_eq!(r.state, CtState::Established);
-    let r = run(
-        &mut ct,
-        &mut tcp(V, 80, C, 40000, 654_321, 200_100, ACK, 0),
-        None,
-        5,
-    );
+    let r = step(&mut ct, tcp(V, 80, C, 40000, 654_321, 200_100, ACK, 0), 5);
     assert_eq!(r.state, CtState::Established);
     let e = ct.get(id).unwrap();
     assert!(e.status.has(Status::ASSURED));
@@ -1499,24 +1270,17 @@ fn tcp_midstream_pickup_accepts_a_duplicate_ack_beyond_what_was_seen() {
 #[test]
 fn tcp_midstream_pickup_closes_on_the_rst_of_an_endpoint_ahead_of_what_was_seen() {
     let mut ct = ct();
-    let id = run(
+    let id = step(
         &mut ct,
-        &mut tcp(C, 40000, V, 80, 123_456, 654_321, ACK | PSH, 100),
-        None,
+        tcp(C, 40000, V, 80, 123_456, 654_321, ACK | PSH, 100),
         0,
     )
     .entry
     .unwrap();
-    run(
+    step(&mut ct, tcp(V, 80, C, 40000, 654_321, 200_000, ACK, 0), 1);
+    let r = step(
         &mut ct,
-        &mut tcp(V, 80, C, 40000, 654_321, 200_000, ACK, 0),
-        None,
-        1,
-    );
-    let r = run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 200_000, 654_321, RST | ACK, 0),
-        None,
+        tcp(C, 40000, V, 80, 200_000, 654_321, RST | ACK, 0),
         2,
     );
     assert_eq!((r.state, r.entry), (CtState::Established, Some(id)));
@@ -1530,13 +1294,13 @@ fn tcp_synack_or_non_syn_without_entry_and_pickup_off_is_invalid() {
         ..Config::default()
     });
     for flags in [SYN | ACK, ACK, FIN | ACK, RST, ACK | PSH] {
-        let r = run(&mut ct, &mut tcp(C, 40000, V, 80, 1, 1, flags, 0), None, 0);
+        let r = step(&mut ct, tcp(C, 40000, V, 80, 1, 1, flags, 0), 0);
         assert_eq!(r.state, CtState::Invalid, "flags {flags:#x}");
     }
     // With pickup on, a SYN-ACK, FIN or RST still does not create a connection.
     let mut ct = Conntrack::new(Config::default());
     for flags in [SYN | ACK, FIN | ACK, RST, RST | ACK, SYN | FIN] {
-        let r = run(&mut ct, &mut tcp(C, 40000, V, 80, 1, 1, flags, 0), None, 0);
+        let r = step(&mut ct, tcp(C, 40000, V, 80, 1, 1, flags, 0), 0);
         assert_eq!(r.state, CtState::Invalid, "flags {flags:#x}");
     }
     assert!(ct.is_empty());
@@ -1547,34 +1311,14 @@ fn tcp_close_sequence_shortens_timeouts() {
     let mut ct = ct();
     let id = handshake(&mut ct);
     let t = ct.config().timeouts;
-    run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 1001, 5001, FIN | ACK, 0),
-        None,
-        3,
-    );
+    step(&mut ct, tcp(C, 40000, V, 80, 1001, 5001, FIN | ACK, 0), 3);
     assert_eq!(tcp_state(&ct, id), TcpState::FinWait);
-    run(
-        &mut ct,
-        &mut tcp(V, 80, C, 40000, 5001, 1002, ACK, 0),
-        None,
-        4,
-    );
+    step(&mut ct, tcp(V, 80, C, 40000, 5001, 1002, ACK, 0), 4);
     assert_eq!(tcp_state(&ct, id), TcpState::CloseWait);
-    run(
-        &mut ct,
-        &mut tcp(V, 80, C, 40000, 5001, 1002, FIN | ACK, 0),
-        None,
-        5,
-    );
+    step(&mut ct, tcp(V, 80, C, 40000, 5001, 1002, FIN | ACK, 0), 5);
     assert_eq!(tcp_state(&ct, id), TcpState::LastAck);
     assert_eq!(ct.get(id).unwrap().timeout_ns(&t), t.tcp_last_ack_ns);
-    run(
-        &mut ct,
-        &mut tcp(C, 40000, V, 80, 1002, 5002, ACK, 0),
-        None,
-        6,
-    );
+    step(&mut ct, tcp(C, 40000, V, 80, 1002, 5002, ACK, 0), 6);
     assert_eq!(tcp_state(&ct, id), TcpState::TimeWait);
     assert_eq!(ct.expire(6 + 119 * S, 100), 0);
     assert_eq!(
@@ -1588,18 +1332,15 @@ fn tcp_close_sequence_shortens_timeouts() {
 
 fn populated() -> Conntrack {
     let mut ct = ct();
-    let nat = Nat {
-        dnat: Some((Addr::from(ip("10.244.1.5")), Some(8080))),
-        snat: None,
-    };
+    let nat = to_backend();
     run(
         &mut ct,
         &mut tcp(C, 40000, "10.96.0.10", 80, 1000, 0, SYN, 0),
         Some(&nat),
         0,
     );
-    run(&mut ct, &mut udp("10.0.0.3", 5000, "10.0.0.4", 53), None, 0);
-    run(&mut ct, &mut ping("10.0.0.3", "10.0.0.5", 9), None, 0);
+    step(&mut ct, udp("10.0.0.3", 5000, "10.0.0.4", 53), 0);
+    step(&mut ct, ping("10.0.0.3", "10.0.0.5", 9), 0);
     let mut z7 = udp("10.0.0.3", 5000, "10.0.0.4", 53);
     z7.parsed.key.zone = 7;
     run(&mut ct, &mut z7, None, 0);
@@ -1700,10 +1441,9 @@ fn delete_by_filter_removes_both_directions_from_the_index() {
     assert_eq!(ct.len(), 3);
     assert_eq!(ct.stats().deleted, 1);
     // A reply of the deleted connection is no longer recognised.
-    let r = run(
+    let r = step(
         &mut ct,
-        &mut tcp("10.244.1.5", 8080, C, 40000, 5000, 1001, SYN | ACK, 0),
-        None,
+        tcp("10.244.1.5", 8080, C, 40000, 5000, 1001, SYN | ACK, 0),
         1,
     );
     assert_eq!(r.state, CtState::Invalid);
@@ -1720,7 +1460,7 @@ fn retain_removes_rejected_entries_from_every_structure_and_keeps_the_rest() {
         let mut p = udp(C, 10_000 + i, V, 53);
         run(&mut ct, &mut p, None, 0);
         if i % 2 == 0 {
-            run(&mut ct, &mut udp(V, 53, C, 10_000 + i), None, 1);
+            step(&mut ct, udp(V, 53, C, 10_000 + i), 1);
         }
     }
     let rejected = |e: &Entry| e.original().src_port.is_multiple_of(3);
@@ -1738,7 +1478,7 @@ fn retain_removes_rejected_entries_from_every_structure_and_keeps_the_rest() {
     }
     assert!(ct.dump(&Filter::default()).all(|(_, e)| !rejected(e)));
     // Freed slots are reused and the expiry wheel still reaps everything.
-    run(&mut ct, &mut udp(C, 9, V, 53), None, 2);
+    step(&mut ct, udp(C, 9, V, 53), 2);
     ct.check();
     assert_eq!(ct.expire(3600 * S, 1000), 41);
     assert!(ct.is_empty());
@@ -1748,10 +1488,7 @@ fn retain_removes_rejected_entries_from_every_structure_and_keeps_the_rest() {
 #[test]
 fn entry_line_looks_like_conntrack_list() {
     let mut ct = ct();
-    let nat = Nat {
-        dnat: Some((Addr::from(ip("10.244.1.5")), Some(8080))),
-        snat: None,
-    };
+    let nat = to_backend();
     let id = run(
         &mut ct,
         &mut tcp(C, 40000, "10.96.0.10", 80, 1000, 0, SYN, 0),
@@ -1766,16 +1503,14 @@ fn entry_line_looks_like_conntrack_list() {
         "tcp 6 119 SYN_SENT src=10.0.0.1 dst=10.96.0.10 sport=40000 dport=80 [UNREPLIED] \
          src=10.244.1.5 dst=10.0.0.1 sport=8080 dport=40000 zone=0 mark=0"
     );
-    run(
+    step(
         &mut ct,
-        &mut tcp("10.244.1.5", 8080, C, 40000, 5000, 1001, SYN | ACK, 0),
-        None,
+        tcp("10.244.1.5", 8080, C, 40000, 5000, 1001, SYN | ACK, 0),
         1,
     );
-    run(
+    step(
         &mut ct,
-        &mut tcp(C, 40000, "10.96.0.10", 80, 1001, 5001, ACK, 0),
-        None,
+        tcp(C, 40000, "10.96.0.10", 80, 1001, 5001, ACK, 0),
         2,
     );
     let e = ct.get_mut(id).unwrap();
@@ -1789,7 +1524,7 @@ fn entry_line_looks_like_conntrack_list() {
          tunnel_peer=192.168.0.2"
     );
     assert!(e.to_string().starts_with("tcp 6 432000 ESTABLISHED"));
-    let icmp = run(&mut ct, &mut ping("10.0.0.3", "10.0.0.5", 9), None, 0)
+    let icmp = step(&mut ct, ping("10.0.0.3", "10.0.0.5", 9), 0)
         .entry
         .unwrap();
     assert_eq!(
@@ -2006,7 +1741,7 @@ fn full_table_prefetches_the_eviction_and_changes_nothing_else() {
     fetching.set_prefetch(Some(record_prefetch));
     for ct in [&mut plain, &mut fetching] {
         for i in 0..8u16 {
-            run(ct, &mut udp("10.0.0.1", 1000 + i, "10.0.0.2", 53), None, 0);
+            step(ct, udp("10.0.0.1", 1000 + i, "10.0.0.2", 53), 0);
         }
     }
     let key = |port| udp("10.0.0.1", port, "10.0.0.2", 53).parsed.key;
@@ -2014,7 +1749,7 @@ fn full_table_prefetches_the_eviction_and_changes_nothing_else() {
     let second = std::ptr::from_ref(fetching.get(second).unwrap()) as usize;
     PREFETCHED.with(|p| p.borrow_mut().clear());
     for ct in [&mut plain, &mut fetching] {
-        run(ct, &mut udp("10.0.0.1", 2000, "10.0.0.2", 53), None, 0);
+        step(ct, udp("10.0.0.1", 2000, "10.0.0.2", 53), 0);
         assert_eq!(ct.lookup(&key(1000)), None, "the oldest is evicted");
         assert!(ct.lookup(&key(1001)).is_some());
     }

@@ -6,14 +6,11 @@ use std::net::IpAddr;
 use super::*;
 use crate::drop::DropCounters;
 use crate::flow::proto;
+use crate::test_frames::ip;
 use crate::wire::build::{self, IpOpts, tcp_flags};
 use crate::wire::{L3, parse};
 
 const ETH: usize = 14;
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
 
 fn l3_of(frame: &[u8]) -> usize {
     if frame[12..14] == [0x81, 0x00] {
@@ -23,13 +20,18 @@ fn l3_of(frame: &[u8]) -> usize {
     }
 }
 
-/// A UDP frame with a payload of `len` pattern bytes.
-fn udp_frame(v6: bool, len: usize, id: u16) -> Vec<u8> {
-    let (s, d) = if v6 {
+/// The source and destination of the test frames of a family.
+fn addrs(v6: bool) -> (IpAddr, IpAddr) {
+    if v6 {
         (ip("fd00::1"), ip("fd00::2"))
     } else {
         (ip("10.0.0.1"), ip("10.0.0.2"))
-    };
+    }
+}
+
+/// A UDP frame with a payload of `len` pattern bytes.
+fn udp_frame(v6: bool, len: usize, id: u16) -> Vec<u8> {
+    let (s, d) = addrs(v6);
     let o = IpOpts {
         id,
         ..IpOpts::default()
@@ -38,11 +40,7 @@ fn udp_frame(v6: bool, len: usize, id: u16) -> Vec<u8> {
 }
 
 fn tcp_frame(v6: bool, len: usize) -> Vec<u8> {
-    let (s, d) = if v6 {
-        (ip("fd00::1"), ip("fd00::2"))
-    } else {
-        (ip("10.0.0.1"), ip("10.0.0.2"))
-    };
+    let (s, d) = addrs(v6);
     build::tcp(
         s,
         d,
@@ -122,6 +120,16 @@ fn cut_v6(frame: &[u8], unfrag: usize, ranges: &[(usize, usize)], id: u32) -> Ve
         .collect()
 }
 
+/// Cuts `frame` into fragments of the data ranges: IPv6 with identification `id` and no
+/// extension header kept in each, IPv4 with its header (options included) in each.
+fn cut(v6: bool, frame: &[u8], ranges: &[(usize, usize)], id: u32) -> Vec<Vec<u8>> {
+    if v6 {
+        cut_v6(frame, 0, ranges, id)
+    } else {
+        cut_v4(frame, ranges, false)
+    }
+}
+
 /// Inserts IPv4 options (a multiple of 4 bytes) into a frame.
 fn with_v4_options(frame: &[u8], opts: &[u8]) -> Vec<u8> {
     let l3 = l3_of(frame);
@@ -187,6 +195,17 @@ fn reassemble(r: &mut Reassembler, frags: &[Vec<u8>], order: &[usize]) -> (Packe
     unreachable!()
 }
 
+/// Feeds a fragment that must be held.
+fn feed_held(r: &mut Reassembler, frame: &[u8], zone: u16, t: u64, d: &mut DropCounters) {
+    let o = feed(r, frame, zone, t, d);
+    assert!(matches!(o, Outcome::Held), "{o:?}");
+}
+
+/// A reassembler of `config` and the drop counters it counts into.
+fn reassembler(config: Config) -> (Reassembler, DropCounters) {
+    (Reassembler::new(config), DropCounters::default())
+}
+
 fn dropped(o: Outcome) -> DropReason {
     match o {
         Outcome::Dropped(r) => r,
@@ -249,11 +268,7 @@ fn test_reassembles_v6_in_order_out_of_order_and_last_first() {
 fn test_key_has_real_ports_whichever_fragment_arrives_last() {
     for v6 in [false, true] {
         let whole = udp_frame(v6, 4000, 5);
-        let frags = if v6 {
-            cut_v6(&whole, 0, &pieces(4008, 1400), 77)
-        } else {
-            cut_v4(&whole, &pieces(4008, 1400), false)
-        };
+        let frags = cut(v6, &whole, &pieces(4008, 1400), 77);
         // Fragments other than the first carry no ports.
         assert_eq!(parse(&frags[2], 0).unwrap().key.src_port, 0);
         // The first, the middle, then the last fragment arrives last.
@@ -271,16 +286,9 @@ fn test_key_has_real_ports_whichever_fragment_arrives_last() {
 fn test_fragments_in_different_zones_are_never_joined() {
     let whole = udp_frame(false, 2000, 1);
     let frags = cut_v4(&whole, &pieces(2008, 1200), false);
-    let mut r = Reassembler::new(Config::default());
-    let mut d = DropCounters::default();
-    assert!(matches!(
-        feed(&mut r, &frags[0], 1, 0, &mut d),
-        Outcome::Held
-    ));
-    assert!(matches!(
-        feed(&mut r, &frags[1], 2, 0, &mut d),
-        Outcome::Held
-    ));
+    let (mut r, mut d) = reassembler(Config::default());
+    feed_held(&mut r, &frags[0], 1, 0, &mut d);
+    feed_held(&mut r, &frags[1], 2, 0, &mut d);
     assert_eq!(r.held_datagrams(), 2);
     match feed(&mut r, &frags[1], 1, 0, &mut d) {
         Outcome::Complete(p, parsed) => {
@@ -296,13 +304,9 @@ fn test_fragments_in_different_zones_are_never_joined() {
 fn test_exact_duplicates_are_tolerated_and_counted() {
     let whole = udp_frame(false, 3000, 2);
     let frags = cut_v4(&whole, &pieces(3008, 1200), false);
-    let mut r = Reassembler::new(Config::default());
-    let mut d = DropCounters::default();
+    let (mut r, mut d) = reassembler(Config::default());
     for i in [0, 0, 2, 2, 0] {
-        assert!(matches!(
-            feed(&mut r, &frags[i], 0, 0, &mut d),
-            Outcome::Held
-        ));
+        feed_held(&mut r, &frags[i], 0, 0, &mut d);
     }
     match feed(&mut r, &frags[1], 0, 0, &mut d) {
         Outcome::Complete(p, _) => assert_eq!(p.data, whole),
@@ -317,19 +321,11 @@ fn test_exact_duplicates_are_tolerated_and_counted() {
 fn test_overlap_drops_the_whole_datagram_and_counts_every_fragment() {
     for v6 in [false, true] {
         let whole = udp_frame(v6, 4000, 3);
-        let cut = |ranges: &[(usize, usize)]| {
-            if v6 {
-                cut_v6(&whole, 0, ranges, 5)
-            } else {
-                cut_v4(&whole, ranges, false)
-            }
-        };
-        let held = cut(&[(0, 1400), (1400, 2800)]);
-        let overlapping = cut(&[(2400, 4008)]);
-        let mut r = Reassembler::new(Config::default());
-        let mut d = DropCounters::default();
+        let held = cut(v6, &whole, &[(0, 1400), (1400, 2800)], 5);
+        let overlapping = cut(v6, &whole, &[(2400, 4008)], 5);
+        let (mut r, mut d) = reassembler(Config::default());
         for f in &held {
-            assert!(matches!(feed(&mut r, f, 0, 0, &mut d), Outcome::Held));
+            feed_held(&mut r, f, 0, 0, &mut d);
         }
         let o = feed(&mut r, &overlapping[0], 0, 0, &mut d);
         assert_eq!(dropped(o), DropReason::FragOverlap);
@@ -348,12 +344,8 @@ fn test_same_range_with_different_bytes_is_an_overlap() {
     let mut evil = frags[1].clone();
     let last = evil.len() - 1;
     evil[last] ^= 0xff;
-    let mut r = Reassembler::new(Config::default());
-    let mut d = DropCounters::default();
-    assert!(matches!(
-        feed(&mut r, &frags[1], 0, 0, &mut d),
-        Outcome::Held
-    ));
+    let (mut r, mut d) = reassembler(Config::default());
+    feed_held(&mut r, &frags[1], 0, 0, &mut d);
     assert_eq!(
         dropped(feed(&mut r, &evil, 0, 0, &mut d)),
         DropReason::FragOverlap
@@ -368,12 +360,8 @@ fn test_fragments_of_a_failed_datagram_are_dropped_until_its_timeout() {
     let bad = cut_v4(&whole, &[(8, 1208)], false);
     let cfg = Config::default();
     let timeout = cfg.timeout_ns;
-    let mut r = Reassembler::new(cfg);
-    let mut d = DropCounters::default();
-    assert!(matches!(
-        feed(&mut r, &frags[0], 0, 0, &mut d),
-        Outcome::Held
-    ));
+    let (mut r, mut d) = reassembler(cfg);
+    feed_held(&mut r, &frags[0], 0, 0, &mut d);
     assert_eq!(
         dropped(feed(&mut r, &bad[0], 0, 1, &mut d)),
         DropReason::FragOverlap
@@ -405,8 +393,7 @@ fn test_non_final_length_not_multiple_of_8_is_refused_v4_and_v6() {
     let v4 = cut_v4(&udp_frame(false, 3000, 1), &[(0, 1204)], false);
     let v6 = cut_v6(&udp_frame(true, 3000, 1), 0, &[(0, 1404)], 1);
     for f in [&v4[0], &v6[0]] {
-        let mut r = Reassembler::new(Config::default());
-        let mut d = DropCounters::default();
+        let (mut r, mut d) = reassembler(Config::default());
         assert_eq!(
             dropped(feed(&mut r, f, 0, 0, &mut d)),
             DropReason::FragLengthNotMultipleOf8
@@ -424,8 +411,7 @@ fn test_v6_first_fragment_without_whole_header_chain_is_refused() {
     let frags = cut_v6(&whole, 0, &pieces(whole.len() - ETH - 40, 1400), 3);
     let (_, parsed) = packet(&frags[0], 0, 0);
     assert!(!parsed.chain_complete);
-    let mut r = Reassembler::new(Config::default());
-    let mut d = DropCounters::default();
+    let (mut r, mut d) = reassembler(Config::default());
     assert_eq!(
         dropped(feed(&mut r, &frags[0], 0, 0, &mut d)),
         DropReason::FragIncompleteHeaderChain
@@ -438,13 +424,8 @@ fn test_first_fragment_too_short_for_transport_header_is_refused() {
     // Needs minimums below a TCP header's worth, so that the size check does not fire first.
     for v6 in [false, true] {
         let whole = tcp_frame(v6, 100);
-        let frags = if v6 {
-            cut_v6(&whole, 0, &[(0, 16), (16, 120)], 1)
-        } else {
-            cut_v4(&whole, &[(0, 16), (16, 120)], false)
-        };
-        let mut r = Reassembler::new(small_min());
-        let mut d = DropCounters::default();
+        let frags = cut(v6, &whole, &[(0, 16), (16, 120)], 1);
+        let (mut r, mut d) = reassembler(small_min());
         assert_eq!(
             dropped(feed(&mut r, &frags[0], 0, 0, &mut d)),
             DropReason::FragFirstTooShort
@@ -456,13 +437,8 @@ fn test_first_fragment_too_short_for_transport_header_is_refused() {
 fn test_tcp_fragment_at_offset_8_is_refused() {
     for v6 in [false, true] {
         let whole = tcp_frame(v6, 100);
-        let frags = if v6 {
-            cut_v6(&whole, 0, &[(0, 8), (8, 120)], 1)
-        } else {
-            cut_v4(&whole, &[(0, 8), (8, 120)], false)
-        };
-        let mut r = Reassembler::new(small_min());
-        let mut d = DropCounters::default();
+        let frags = cut(v6, &whole, &[(0, 8), (8, 120)], 1);
+        let (mut r, mut d) = reassembler(small_min());
         assert_eq!(
             dropped(feed(&mut r, &frags[1], 0, 0, &mut d)),
             DropReason::FragTcpOffsetOne
@@ -483,8 +459,7 @@ fn test_datagram_over_65535_bytes_is_refused_v4_and_v6() {
     for f in [&f4, &f6] {
         let (_, parsed) = packet(f, 0, 0);
         assert_eq!(parsed.frag.unwrap().offset, 65528);
-        let mut r = Reassembler::new(Config::default());
-        let mut d = DropCounters::default();
+        let (mut r, mut d) = reassembler(Config::default());
         assert_eq!(
             dropped(feed(&mut r, f, 0, 0, &mut d)),
             DropReason::FragDatagramTooBig
@@ -498,15 +473,14 @@ fn test_non_final_fragment_below_minimum_is_refused() {
     let v6 = cut_v6(&udp_frame(true, 3000, 1), 0, &[(0, 1224), (0, 1232)], 1);
     let cases = [(&v4[0], &v4[1], 396, 404), (&v6[0], &v6[1], 1272, 1280)];
     for (small, ok, small_len, ok_len) in cases {
-        let mut r = Reassembler::new(Config::default());
-        let mut d = DropCounters::default();
+        let (mut r, mut d) = reassembler(Config::default());
         assert_eq!(packet(small, 0, 0).1.ip_len(), small_len);
         assert_eq!(packet(ok, 0, 0).1.ip_len(), ok_len);
         assert_eq!(
             dropped(feed(&mut r, small, 0, 0, &mut d)),
             DropReason::FragTooSmall
         );
-        assert!(matches!(feed(&mut r, ok, 0, 0, &mut d), Outcome::Held));
+        feed_held(&mut r, ok, 0, 0, &mut d);
         assert_eq!(r.stats().v4.too_small + r.stats().v6.too_small, 1);
     }
 }
@@ -516,10 +490,9 @@ fn test_two_different_final_fragments_are_an_inconsistent_end() {
     let whole = udp_frame(false, 3000, 1);
     let a = cut_v4(&whole, &[(0, 1200), (1200, 3008)], false);
     let b = cut_v4(&udp_frame(false, 2600, 1), &[(2400, 2608)], false);
-    let mut r = Reassembler::new(Config::default());
-    let mut d = DropCounters::default();
-    assert!(matches!(feed(&mut r, &a[0], 0, 0, &mut d), Outcome::Held));
-    assert!(matches!(feed(&mut r, &b[0], 0, 0, &mut d), Outcome::Held));
+    let (mut r, mut d) = reassembler(Config::default());
+    feed_held(&mut r, &a[0], 0, 0, &mut d);
+    feed_held(&mut r, &b[0], 0, 0, &mut d);
     assert_eq!(
         dropped(feed(&mut r, &a[1], 0, 0, &mut d)),
         DropReason::FragInconsistentEnd
@@ -531,22 +504,15 @@ fn test_two_different_final_fragments_are_an_inconsistent_end() {
 fn test_data_past_the_final_end_is_an_inconsistent_end() {
     let short = cut_v4(&udp_frame(false, 1500, 1), &[(1200, 1508)], false);
     let long = cut_v4(&udp_frame(false, 3000, 1), &[(1600, 2800)], false);
-    let mut r = Reassembler::new(Config::default());
-    let mut d = DropCounters::default();
-    assert!(matches!(
-        feed(&mut r, &short[0], 0, 0, &mut d),
-        Outcome::Held
-    ));
+    let (mut r, mut d) = reassembler(Config::default());
+    feed_held(&mut r, &short[0], 0, 0, &mut d);
     assert_eq!(
         dropped(feed(&mut r, &long[0], 0, 0, &mut d)),
         DropReason::FragInconsistentEnd
     );
     // A final fragment ending before data already held is just as inconsistent.
     let mut r = Reassembler::new(Config::default());
-    assert!(matches!(
-        feed(&mut r, &long[0], 0, 0, &mut d),
-        Outcome::Held
-    ));
+    feed_held(&mut r, &long[0], 0, 0, &mut d);
     assert_eq!(
         dropped(feed(&mut r, &short[0], 0, 0, &mut d)),
         DropReason::FragInconsistentEnd
@@ -559,22 +525,15 @@ fn test_full_table_refuses_new_datagrams_but_not_those_in_flight() {
         max_datagrams: 2,
         ..Config::default()
     };
-    let mut r = Reassembler::new(cfg);
-    let mut d = DropCounters::default();
+    let (mut r, mut d) = reassembler(cfg);
     let dgs: Vec<_> = (1..=3u16)
         .map(|id| {
             let w = udp_frame(false, 2000, id);
             (w.clone(), cut_v4(&w, &pieces(2008, 1200), false))
         })
         .collect();
-    assert!(matches!(
-        feed(&mut r, &dgs[0].1[0], 0, 0, &mut d),
-        Outcome::Held
-    ));
-    assert!(matches!(
-        feed(&mut r, &dgs[1].1[0], 0, 0, &mut d),
-        Outcome::Held
-    ));
+    feed_held(&mut r, &dgs[0].1[0], 0, 0, &mut d);
+    feed_held(&mut r, &dgs[1].1[0], 0, 0, &mut d);
     assert_eq!(
         dropped(feed(&mut r, &dgs[2].1[0], 0, 0, &mut d)),
         DropReason::FragTableFull
@@ -585,16 +544,12 @@ fn test_full_table_refuses_new_datagrams_but_not_those_in_flight() {
         o => panic!("{o:?}"),
     }
     // Room again.
-    assert!(matches!(
-        feed(&mut r, &dgs[2].1[0], 0, 0, &mut d),
-        Outcome::Held
-    ));
+    feed_held(&mut r, &dgs[2].1[0], 0, 0, &mut d);
 }
 
 #[test]
 fn test_lowered_datagram_limit_keeps_those_in_flight_and_refuses_new_ones() {
-    let mut r = Reassembler::new(Config::default());
-    let mut d = DropCounters::default();
+    let (mut r, mut d) = reassembler(Config::default());
     let dgs: Vec<_> = (1..=3u16)
         .map(|id| {
             let w = udp_frame(false, 2000, id);
@@ -602,10 +557,7 @@ fn test_lowered_datagram_limit_keeps_those_in_flight_and_refuses_new_ones() {
         })
         .collect();
     for dg in &dgs[..2] {
-        assert!(matches!(
-            feed(&mut r, &dg.1[0], 0, 0, &mut d),
-            Outcome::Held
-        ));
+        feed_held(&mut r, &dg.1[0], 0, 0, &mut d);
     }
     r.set_config(Config {
         max_datagrams: 1,
@@ -622,10 +574,7 @@ fn test_lowered_datagram_limit_keeps_those_in_flight_and_refuses_new_ones() {
             o => panic!("{o:?}"),
         }
     }
-    assert!(matches!(
-        feed(&mut r, &dgs[2].1[0], 0, 0, &mut d),
-        Outcome::Held
-    ));
+    feed_held(&mut r, &dgs[2].1[0], 0, 0, &mut d);
 }
 
 #[test]
@@ -635,12 +584,11 @@ fn test_byte_limit_counts_fragments_held_and_lets_a_datagram_in_flight_complete(
         max_bytes: 2100,
         ..Config::default()
     };
-    let mut r = Reassembler::new(cfg);
-    let mut d = DropCounters::default();
+    let (mut r, mut d) = reassembler(cfg);
     let a = udp_frame(false, 2000, 1);
     let fa = cut_v4(&a, &pieces(2008, 1200), false);
     let b = cut_v4(&udp_frame(false, 2000, 2), &pieces(2008, 1200), false);
-    assert!(matches!(feed(&mut r, &fa[0], 0, 0, &mut d), Outcome::Held));
+    feed_held(&mut r, &fa[0], 0, 0, &mut d);
     assert_eq!(r.held_bytes(), 1220);
     assert_eq!(
         dropped(feed(&mut r, &b[0], 0, 0, &mut d)),
@@ -666,12 +614,11 @@ fn test_byte_limit_refuses_growth_but_not_the_completing_fragment() {
         max_bytes: 2500,
         ..Config::default()
     };
-    let mut r = Reassembler::new(cfg);
-    let mut d = DropCounters::default();
+    let (mut r, mut d) = reassembler(cfg);
     let cut = |id| cut_v4(&udp_frame(false, 3000, id), &pieces(3008, 1200), false);
     let (fa, fb, fc) = (cut(1), cut(2), cut(3));
-    assert!(matches!(feed(&mut r, &fa[0], 0, 0, &mut d), Outcome::Held));
-    assert!(matches!(feed(&mut r, &fa[2], 0, 0, &mut d), Outcome::Held));
+    feed_held(&mut r, &fa[0], 0, 0, &mut d);
+    feed_held(&mut r, &fa[2], 0, 0, &mut d);
     assert_eq!(r.held_bytes(), 1848);
     assert_eq!(r.held_fragments(), 2);
     assert_eq!(
@@ -686,8 +633,8 @@ fn test_byte_limit_refuses_growth_but_not_the_completing_fragment() {
     assert_eq!(r.held_bytes(), 0);
     assert_eq!(r.held_fragments(), 0);
     // Growth of a datagram in flight that would be held is refused.
-    assert!(matches!(feed(&mut r, &fb[0], 0, 0, &mut d), Outcome::Held));
-    assert!(matches!(feed(&mut r, &fc[0], 0, 0, &mut d), Outcome::Held));
+    feed_held(&mut r, &fb[0], 0, 0, &mut d);
+    feed_held(&mut r, &fc[0], 0, 0, &mut d);
     assert_eq!(
         dropped(feed(&mut r, &fb[2], 0, 0, &mut d)),
         DropReason::FragTableFull
@@ -708,14 +655,10 @@ fn test_tiny_fragments_at_a_high_offset_do_not_fill_the_byte_limit() {
         ..Config::default()
     };
     let timeout = cfg.timeout_ns;
-    let mut r = Reassembler::new(cfg);
-    let mut d = DropCounters::default();
+    let (mut r, mut d) = reassembler(cfg);
     for id in 0..100u16 {
         let tail = cut_v4(&udp_frame(false, 64008, id), &[(64000, 64016)], false);
-        assert!(matches!(
-            feed(&mut r, &tail[0], 0, 0, &mut d),
-            Outcome::Held
-        ));
+        feed_held(&mut r, &tail[0], 0, 0, &mut d);
     }
     assert_eq!(r.held_datagrams(), 100);
     assert_eq!(r.held_bytes(), 100 * 36);
@@ -754,8 +697,7 @@ fn test_one_source_cannot_take_the_whole_table() {
         ..Config::default()
     };
     let (timeout, per_source) = (cfg.timeout_ns, cfg.max_datagrams_per_source);
-    let mut r = Reassembler::new(cfg);
-    let mut d = DropCounters::default();
+    let (mut r, mut d) = reassembler(cfg);
     for id in 0..1000u16 {
         let o = feed(&mut r, &tiny_final_fragment("10.0.0.66", id), 0, 1, &mut d);
         if usize::from(id) < per_source {
@@ -768,7 +710,7 @@ fn test_one_source_cannot_take_the_whole_table() {
     assert_eq!(r.stats().v4.table_full, (1000 - per_source) as u64);
     // The same source in another zone is another source.
     let f = tiny_final_fragment("10.0.0.66", 1);
-    assert!(matches!(feed(&mut r, &f, 7, 1, &mut d), Outcome::Held));
+    feed_held(&mut r, &f, 7, 1, &mut d);
     // Another host's datagrams are still reassembled.
     let (p, _) = reassemble(
         &mut r,
@@ -780,33 +722,22 @@ fn test_one_source_cannot_take_the_whole_table() {
     r.expire(timeout + 1, 1000, &mut d);
     assert_eq!(r.held_datagrams(), 0);
     let f = tiny_final_fragment("10.0.0.66", 5000);
-    assert!(matches!(
-        feed(&mut r, &f, 0, timeout + 2, &mut d),
-        Outcome::Held
-    ));
+    feed_held(&mut r, &f, 0, timeout + 2, &mut d);
 }
 
 #[test]
 fn test_fragment_past_the_per_datagram_limit_fails_the_datagram() {
     for v6 in [false, true] {
         let whole = udp_frame(v6, 2000, 4);
-        let frags = if v6 {
-            cut_v6(&whole, 0, &pieces(2008, 8), 6)
-        } else {
-            cut_v4(&whole, &pieces(2008, 8), false)
-        };
+        let frags = cut(v6, &whole, &pieces(2008, 8), 6);
         let limit = Config::MAX_FRAGMENTS_PER_DATAGRAM;
         assert!(frags.len() > limit + 1);
-        let mut r = Reassembler::new(small_min());
-        let mut d = DropCounters::default();
+        let (mut r, mut d) = reassembler(small_min());
         for f in &frags[..limit] {
-            assert!(matches!(feed(&mut r, f, 0, 0, &mut d), Outcome::Held));
+            feed_held(&mut r, f, 0, 0, &mut d);
         }
         // A duplicate is not a new fragment.
-        assert!(matches!(
-            feed(&mut r, &frags[1], 0, 0, &mut d),
-            Outcome::Held
-        ));
+        feed_held(&mut r, &frags[1], 0, 0, &mut d);
         assert_eq!(
             dropped(feed(&mut r, &frags[limit], 0, 0, &mut d)),
             DropReason::FragTooMany
@@ -830,8 +761,7 @@ fn test_fragment_past_the_per_datagram_limit_fails_the_datagram() {
 fn test_memory_returns_to_zero_after_expiry() {
     let cfg = Config::default();
     let timeout = cfg.timeout_ns;
-    let mut r = Reassembler::new(cfg);
-    let mut d = DropCounters::default();
+    let (mut r, mut d) = reassembler(cfg);
     for id in 0..50u16 {
         let v6 = id % 2 == 0;
         let w = udp_frame(v6, 3000, id);
@@ -855,8 +785,7 @@ fn test_memory_returns_to_zero_after_expiry() {
 
 #[test]
 fn test_expire_does_at_most_budget_datagrams_of_work() {
-    let mut r = Reassembler::new(Config::default());
-    let mut d = DropCounters::default();
+    let (mut r, mut d) = reassembler(Config::default());
     for id in 0..10u16 {
         let f = cut_v4(&udp_frame(false, 3000, id), &[(0, 1200)], false);
         feed(&mut r, &f[0], 0, 0, &mut d);
@@ -878,10 +807,7 @@ fn test_fragment_after_the_deadline_starts_a_new_datagram() {
     feed(&mut r, &frags[0], 0, 0, &mut d);
     feed(&mut r, &frags[1], 0, 0, &mut d);
     // Without a call to expire, the stale datagram must not be joined.
-    assert!(matches!(
-        feed(&mut r, &frags[2], 0, timeout, &mut d),
-        Outcome::Held
-    ));
+    feed_held(&mut r, &frags[2], 0, timeout, &mut d);
     assert_eq!(d.get(DropReason::FragExpired), 2);
     assert_eq!(r.held_datagrams(), 1);
 }
@@ -900,8 +826,7 @@ fn test_ethernet_padding_is_not_fragment_data() {
 fn test_output_meta_is_the_completing_fragments_with_mru_and_frag_id() {
     let whole = udp_frame(false, 3000, 0x4321);
     let frags = cut_v4(&whole, &[(0, 1480), (1480, 2000), (2000, 3008)], false);
-    let mut r = Reassembler::new(Config::default());
-    let mut d = DropCounters::default();
+    let (mut r, mut d) = reassembler(Config::default());
     feed(&mut r, &frags[1], 0, 5, &mut d);
     feed(&mut r, &frags[2], 0, 6, &mut d);
     let (mut p, parsed) = packet(&frags[0], 0, 7);
@@ -920,8 +845,7 @@ fn test_output_meta_is_the_completing_fragments_with_mru_and_frag_id() {
 fn test_output_vnet_header_is_cleared_not_the_completing_fragments() {
     let whole = udp_frame(false, 3000, 0x99);
     let frags = cut_v4(&whole, &pieces(3008, 1200), false);
-    let mut r = Reassembler::new(Config::default());
-    let mut d = DropCounters::default();
+    let (mut r, mut d) = reassembler(Config::default());
     feed(&mut r, &frags[0], 0, 0, &mut d);
     feed(&mut r, &frags[1], 0, 0, &mut d);
     let (mut p, parsed) = packet(&frags[2], 0, 1);
@@ -1080,16 +1004,9 @@ fn test_not_ect_mixed_with_ect_or_ce_drops_the_datagram_and_every_fragment() {
     for v6 in [false, true] {
         for ecn in [[ECT0, 0, 0], [0, 0, CE], [0, ECT1, 0]] {
             let frags = ecn_fragments(v6, ecn);
-            let mut r = Reassembler::new(Config::default());
-            let mut d = DropCounters::default();
-            assert!(matches!(
-                feed(&mut r, &frags[0], 0, 1, &mut d),
-                Outcome::Held
-            ));
-            assert!(matches!(
-                feed(&mut r, &frags[1], 0, 2, &mut d),
-                Outcome::Held
-            ));
+            let (mut r, mut d) = reassembler(Config::default());
+            feed_held(&mut r, &frags[0], 0, 1, &mut d);
+            feed_held(&mut r, &frags[1], 0, 2, &mut d);
             let o = feed(&mut r, &frags[2], 0, 3, &mut d);
             assert_eq!(dropped(o), DropReason::FragEcnMismatch, "{ecn:?}");
             // The two held fragments are counted here; the caller counts the third.
@@ -1394,11 +1311,7 @@ mod props {
     fn datagram(v6: bool, len: usize, unit: usize) -> Cut {
         let whole = udp_frame(v6, len, (len % 251) as u8 as u16);
         let ranges = pieces(len + 8, unit * 8);
-        let frags = if v6 {
-            cut_v6(&whole, 0, &ranges, 0x0102_0304)
-        } else {
-            cut_v4(&whole, &ranges, false)
-        };
+        let frags = cut(v6, &whole, &ranges, 0x0102_0304);
         (whole, frags, ranges)
     }
 
@@ -1433,8 +1346,7 @@ mod props {
                 order.insert(at, dup);
             }
             order.push(last);
-            let mut r = Reassembler::new(small_min());
-            let mut d = DropCounters::default();
+            let (mut r, mut d) = reassembler(small_min());
             for (n, &i) in order.iter().enumerate() {
                 match feed(&mut r, &frags[i], 5, n as u64, &mut d) {
                     Outcome::Held => prop_assert!(n + 1 < order.len()),
@@ -1468,16 +1380,11 @@ mod props {
             let a = rng.below(total.div_ceil(8)) * 8;
             let b = (a + 8 * (1 + rng.below(400))).min(total);
             prop_assume!(a < b && !ranges.contains(&(a, b)) && (a, b) != (0, total));
-            let evil = if v6 {
-                cut_v6(&whole, 0, &[(a, b)], 0x0102_0304)
-            } else {
-                cut_v4(&whole, &[(a, b)], false)
-            };
+            let evil = cut(v6, &whole, &[(a, b)], 0x0102_0304);
             let mut order = shuffled(frags.len(), &mut rng);
             let at = rng.below(order.len());
             order.insert(at, usize::MAX);
-            let mut r = Reassembler::new(small_min());
-            let mut d = DropCounters::default();
+            let (mut r, mut d) = reassembler(small_min());
             // The odd range may tile exactly with what came before it (e.g. it covers the
             // two last pieces at once): then the datagram legitimately completes before any
             // overlap was seen. Once an overlap arrived, nothing may complete.
@@ -1507,8 +1414,7 @@ mod props {
             max in 0usize..2000,
         ) {
             let (_, frags, _) = datagram(v6, len, 50);
-            let mut r = Reassembler::new(small_min());
-            let mut d = DropCounters::default();
+            let (mut r, mut d) = reassembler(small_min());
             let mut inputs: Vec<Vec<u8>> = Vec::new();
             for f in &frags {
                 let mut g = f.clone();

@@ -12,6 +12,11 @@ fn udp_to(dst: &str, payload: &[u8]) -> Vec<u8> {
     udp_from_pod(dst, 40000, payload)
 }
 
+/// Node 2's ARP reply to node 1.
+fn node2_arp_reply() -> Vec<u8> {
+    arp_reply(1, NODE2, uplink_mac(2))
+}
+
 /// The UDP payload of a frame (inside the VXLAN packet when `tunnelled`).
 fn payload(frame: &[u8], tunnelled: bool) -> Vec<u8> {
     let p = parse(frame, 0).unwrap();
@@ -72,12 +77,7 @@ fn test_packets_to_an_unresolved_node_wait_and_leave_encapsulated_in_order() {
     }
     assert_eq!((a.stats().neigh_waiting, a.stats().neigh_queued), (3, 3));
 
-    let (v, out) = run(
-        &mut a,
-        arp_reply(1, NODE2, uplink_mac(2)),
-        UPLINK,
-        SEC / 100,
-    );
+    let (v, out) = run(&mut a, node2_arp_reply(), UPLINK, SEC / 100);
     assert_eq!(v, Verdict::Consumed);
     assert_eq!(payloads(&out, true), [b"1", b"2", b"3"], "in order");
     for (port, f) in &out {
@@ -113,12 +113,7 @@ fn test_a_gso_packet_that_waited_is_segmented_when_it_leaves() {
     let v = a.process(pkt, &mut out, &mut Trace::disabled());
     assert_eq!((v, out.len()), (Verdict::Queued, 1));
 
-    let (v, out) = run(
-        &mut a,
-        arp_reply(1, NODE2, uplink_mac(2)),
-        UPLINK,
-        SEC / 100,
-    );
+    let (v, out) = run(&mut a, node2_arp_reply(), UPLINK, SEC / 100);
     assert_eq!(v, Verdict::Consumed);
     assert!(out.len() >= 14, "{}", out.len());
     let mut seq = 1u32;
@@ -166,15 +161,8 @@ fn icmp_error(frame: &[u8], tunnelled: bool) -> (Parsed, IpAddr, u16) {
         f = &frame[pe.l4_off + 8 + vxlan::LEN..pe.ip_end];
         pe = parse(f, 0).unwrap();
     }
-    let q = &f[pe.l4_off + 8..];
-    let (dst, l4) = if pe.l3 == L3::Ipv4 {
-        let d: [u8; 4] = q[16..20].try_into().unwrap();
-        (IpAddr::from(d), usize::from(q[0] & 15) * 4)
-    } else {
-        let d: [u8; 16] = q[24..40].try_into().unwrap();
-        (IpAddr::from(d), 40)
-    };
-    (pe, dst, u16::from_be_bytes([q[l4 + 2], q[l4 + 3]]))
+    let (dst, port) = quoted(f, &pe);
+    (pe, dst, port)
 }
 
 #[test]
@@ -220,24 +208,8 @@ fn test_packets_whose_neighbour_does_not_answer_expire_and_their_senders_are_tol
 fn test_a_packet_from_the_overlay_whose_neighbour_does_not_answer_is_answered_through_it() {
     let (mut a, _) = nodes();
     learn(&mut a, 1, NODE2, uplink_mac(2));
-    let inner = build::udp(
-        ip("fd00:10:244:2::5"),
-        ip("fd00:50::33"),
-        1,
-        2,
-        b"x",
-        &IpOpts::default(),
-    );
-    let o = overlay::Outer {
-        src_mac: uplink_mac(2),
-        dst_mac: uplink_mac(1),
-        src: ip(NODE2),
-        dst: ip("192.168.50.10"),
-        vni: 4096,
-        port: 4789,
-        hash: 1,
-        id: 0,
-    };
+    let inner = udp("fd00:10:244:2::5", "fd00:50::33", 1, 2, b"x");
+    let o = tunnel(2, 1, 1);
     let (v, _) = run(&mut a, overlay::encapsulate(&inner, &o), UPLINK, 0);
     assert_eq!(v, Verdict::Queued);
     let mut out = Vec::new();
@@ -254,14 +226,7 @@ fn test_a_packet_from_the_overlay_whose_neighbour_does_not_answer_is_answered_th
 #[test]
 fn test_ipv6_packets_wait_for_a_neighbour_advertisement() {
     let (mut a, _) = nodes();
-    let f = build::udp(
-        ip("fd00:10:244:1::5"),
-        ip("2001:db8::1"),
-        1,
-        2,
-        b"v6",
-        &from_pod(1, 5),
-    );
+    let f = pod_udp("fd00:10:244:1::5", "2001:db8::1", b"v6");
     let (v, out) = run(&mut a, f, POD, 0);
     assert_eq!(v, Verdict::Queued);
     let p = parse(&out[0].1.data, 0).unwrap();
@@ -361,7 +326,7 @@ fn test_requests_from_made_up_senders_evict_neither_the_gateway_nor_a_pending_en
     );
     assert_eq!(&out[0].1.data[0..6], &GW_MAC);
     // The entry still being resolved is there too, and its answer sends what waited.
-    let (_, out) = run(&mut a, arp_reply(1, NODE2, uplink_mac(2)), UPLINK, 2 * SEC);
+    let (_, out) = run(&mut a, node2_arp_reply(), UPLINK, 2 * SEC);
     assert_eq!(payloads(&out, true), [b"2"]);
     assert_eq!(a.neighbours().stats().evicted, 0);
 }
@@ -373,14 +338,7 @@ fn test_a_scan_of_an_on_link_subnet_makes_no_more_probes_than_the_budget() {
     let mut probes = 0;
     for i in 0..200u16 {
         let dst = format!("fd00:50::1:{i:x}");
-        let f = build::udp(
-            ip("fd00:10:244:1::5"),
-            ip(&dst),
-            1,
-            2,
-            b"s",
-            &from_pod(1, 5),
-        );
+        let f = pod_udp("fd00:10:244:1::5", &dst, b"s");
         let (v, out) = run(&mut a, f, POD, 0);
         assert!(
             matches!(
@@ -410,14 +368,20 @@ fn test_a_scan_of_an_on_link_subnet_makes_no_more_probes_than_the_budget() {
     assert_eq!((v, out.len()), (Verdict::Queued, 1));
 }
 
-#[test]
-fn test_a_table_swap_drops_what_waits_on_a_port_that_moved_and_keeps_the_rest() {
-    let spec = node_spec(1, ModeSpec::Always, vec![peer(2, NODE2)]);
-    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+/// Node 1 of `spec` with one packet to 8.8.8.8 queued for the gateway's MAC.
+fn waiting_for_the_gateway(spec: &TablesSpec) -> Pipeline {
+    let mut a = compiled(spec);
     assert_eq!(
         run(&mut a, udp_to("8.8.8.8", b"1"), POD, 0).0,
         Verdict::Queued
     );
+    a
+}
+
+#[test]
+fn test_a_table_swap_drops_what_waits_on_a_port_that_moved_and_keeps_the_rest() {
+    let spec = node1_spec();
+    let mut a = waiting_for_the_gateway(&spec);
 
     // The same tables again: nothing moved, the packet still waits.
     let r = a.set_tables(Arc::new(spec.compile().unwrap()));
@@ -439,12 +403,8 @@ fn test_a_table_swap_drops_what_waits_on_a_port_that_moved_and_keeps_the_rest() 
 
 #[test]
 fn test_a_table_swap_drops_what_waits_from_a_pod_that_went() {
-    let spec = node_spec(1, ModeSpec::Always, vec![peer(2, NODE2)]);
-    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
-    assert_eq!(
-        run(&mut a, udp_to("8.8.8.8", b"1"), POD, 0).0,
-        Verdict::Queued
-    );
+    let spec = node1_spec();
+    let mut a = waiting_for_the_gateway(&spec);
     let mut gone = spec.clone();
     gone.ports.truncate(1);
     let r = a.set_tables(Arc::new(gone.compile().unwrap()));
@@ -455,8 +415,8 @@ fn test_a_table_swap_drops_what_waits_from_a_pod_that_went() {
 
 #[test]
 fn test_what_waits_for_the_overlay_follows_its_node_across_a_table_swap() {
-    let spec = node_spec(1, ModeSpec::Always, vec![peer(2, NODE2)]);
-    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    let spec = node1_spec();
+    let mut a = compiled(&spec);
     assert_eq!(
         run(&mut a, udp_to("10.244.2.6", b"1"), POD, 0).0,
         Verdict::Queued
@@ -466,12 +426,7 @@ fn test_what_waits_for_the_overlay_follows_its_node_across_a_table_swap() {
     more.nodes.insert(0, peer(3, "192.168.50.30"));
     let r = a.set_tables(Arc::new(more.compile().unwrap()));
     assert_eq!(r.neigh_queue_removed, 0);
-    let (_, out) = run(
-        &mut a,
-        arp_reply(1, NODE2, uplink_mac(2)),
-        UPLINK,
-        SEC / 100,
-    );
+    let (_, out) = run(&mut a, node2_arp_reply(), UPLINK, SEC / 100);
     assert_eq!(out.len(), 1);
     let o = parse(&out[0].1.data, 0).unwrap();
     assert_eq!(
@@ -599,16 +554,7 @@ fn test_an_advertisement_moves_a_neighbour_only_with_the_override_flag() {
     let gw = "fd00:50::1";
     let (s, o) = (nd::FLAG_SOLICITED, nd::FLAG_OVERRIDE);
     let other = [2, 0xee, 0, 0, 0, 1];
-    let to_gw = |n: u8| {
-        build::udp(
-            ip("fd00:10:244:1::5"),
-            ip("2001:db8::1"),
-            1,
-            2,
-            &[n],
-            &from_pod(1, 5),
-        )
-    };
+    let to_gw = |n: u8| pod_udp("fd00:10:244:1::5", "2001:db8::1", &[n]);
     let state = |a: &Pipeline| {
         let n = a.neighbours().get(UPLINK, ip(gw)).unwrap();
         (n.mac, n.state)
@@ -779,16 +725,7 @@ fn test_a_gateway_that_stops_answering_is_probed_at_its_mac_then_asked_for_anew(
 fn test_an_ipv6_neighbour_not_confirmed_is_solicited_at_its_address() {
     let (mut a, _) = nodes();
     let gw = "fd00:50::1";
-    let to_gw = || {
-        build::udp(
-            ip("fd00:10:244:1::5"),
-            ip("2001:db8::1"),
-            1,
-            2,
-            b"v6",
-            &from_pod(1, 5),
-        )
-    };
+    let to_gw = || pod_udp("fd00:10:244:1::5", "2001:db8::1", b"v6");
     run(&mut a, to_gw(), POD, 0);
     let (s, o) = (nd::FLAG_SOLICITED, nd::FLAG_OVERRIDE);
     run(&mut a, na(gw, s | o, Some(GW_MAC), GW_MAC), UPLINK, 0);
@@ -864,11 +801,11 @@ fn test_neighbour_discovery_that_came_in_fragments_is_ignored() {
 
 #[test]
 fn test_a_probe_is_sent_from_the_address_in_the_targets_subnet() {
-    let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, NODE2)]);
+    let mut spec = node1_spec();
     for a in ["192.168.70.10/24", "fd00:70::10/64"] {
         spec.ports[0].addresses.push(a.parse().unwrap());
     }
-    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    let mut a = compiled(&spec);
     let (v, out) = run(&mut a, udp_to("192.168.70.33", b"1"), POD, 0);
     assert_eq!((v, out.len()), (Verdict::Queued, 1));
     let r = arp_of(&out[0].1.data);
@@ -885,14 +822,7 @@ fn test_a_probe_is_sent_from_the_address_in_the_targets_subnet() {
         arp_of(&out[0].1.data).sender_ip,
         Ipv4Addr::new(192, 168, 50, 10)
     );
-    let f = build::udp(
-        ip("fd00:10:244:1::5"),
-        ip("fd00:70::33"),
-        1,
-        2,
-        b"3",
-        &from_pod(1, 5),
-    );
+    let f = pod_udp("fd00:10:244:1::5", "fd00:70::33", b"3");
     let (v, out) = run(&mut a, f, POD, 0);
     assert_eq!((v, out.len()), (Verdict::Queued, 1));
     let p = parse(&out[0].1.data, 0).unwrap();

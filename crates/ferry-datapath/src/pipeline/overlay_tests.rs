@@ -108,42 +108,16 @@ fn test_reply_returns_through_the_node_the_connection_came_from() {
     // forwarded; the reply goes back to node 1 encapsulated, not to the gateway.
     let (_, mut b) = nodes();
     learn(&mut b, 2, "192.168.50.10", uplink_mac(1));
-    let inner = build::tcp(
-        ip("192.168.60.7"),
-        ip("10.244.2.5"),
-        5555,
-        80,
-        1,
-        0,
-        tcp_flags::SYN,
-        b"",
-        &IpOpts::default(),
-    );
-    let outer = overlay::encapsulate(
-        &inner,
-        &overlay::Outer {
-            src_mac: uplink_mac(1),
-            dst_mac: uplink_mac(2),
-            src: ip("192.168.50.10"),
-            dst: ip("192.168.50.20"),
-            vni: 4096,
-            port: 4789,
-            hash: 9,
-            id: 0,
-        },
-    );
+    let inner = tcp("192.168.60.7", "10.244.2.5", 5555, 80)
+        .flags(tcp_flags::SYN)
+        .frame(b"");
+    let outer = overlay::encapsulate(&inner, &tunnel(1, 2, 9));
     assert_eq!(run(&mut b, outer, UPLINK, 0).0, Verdict::Forwarded);
-    let reply = build::tcp(
-        ip("10.244.2.5"),
-        ip("192.168.60.7"),
-        80,
-        5555,
-        9,
-        2,
-        tcp_flags::SYN | tcp_flags::ACK,
-        b"",
-        &from_pod(2, 5),
-    );
+    let reply = tcp("10.244.2.5", "192.168.60.7", 80, 5555)
+        .seq(9, 2)
+        .flags(tcp_flags::SYN | tcp_flags::ACK)
+        .opts(&from_pod(2, 5))
+        .frame(b"");
     let (v, out) = run(&mut b, reply, POD, 1);
     assert_eq!(v, Verdict::Forwarded);
     let o = parse(&out[0].1.data, 0).unwrap();
@@ -156,14 +130,7 @@ fn test_reply_returns_through_the_node_the_connection_came_from() {
 #[test]
 fn test_source_check_drops_a_pod_sending_as_someone_else() {
     let (mut a, _) = nodes();
-    let other_ip = build::udp(
-        ip("10.244.1.99"),
-        ip("10.244.1.6"),
-        1,
-        2,
-        b"x",
-        &from_pod(1, 5),
-    );
+    let other_ip = pod_udp("10.244.1.99", "10.244.1.6", b"x");
     assert_eq!(
         run(&mut a, other_ip, POD, 0).0,
         Verdict::Dropped(DropReason::SourceSpoofed)
@@ -183,14 +150,7 @@ fn test_source_check_drops_a_pod_sending_as_someone_else() {
         run(&mut a, other_mac, POD, 0).0,
         Verdict::Dropped(DropReason::SourceSpoofed)
     );
-    let v6 = build::udp(
-        ip("fd00:10:244:1::6"),
-        ip("fd00:10:244:1::5"),
-        1,
-        2,
-        b"x",
-        &from_pod(1, 5),
-    );
+    let v6 = pod_udp("fd00:10:244:1::6", "fd00:10:244:1::5", b"x");
     assert_eq!(
         run(&mut a, v6, POD, 0).0,
         Verdict::Dropped(DropReason::SourceSpoofed)
@@ -240,11 +200,7 @@ fn test_a_pods_fragments_are_source_checked_before_reassembly() {
     assert_eq!(a.drops().get(DropReason::SourceSpoofed), n as u64 + 1);
     assert_eq!(a.drops().get(DropReason::FragOverlap), 0);
     // Pod 6's own datagram with the same identification goes through whole.
-    let mut last = Verdict::Held;
-    let mut out = Vec::new();
-    for f in with_its_mac {
-        (last, out) = run(&mut a, f, POD2, 0);
-    }
+    let (last, out) = run_each(&mut a, with_its_mac, POD2, 0);
     assert_eq!(last, Verdict::Forwarded, "{:?}", a.drops());
     assert_eq!(a.stats().reassembled, 1);
     assert!(!out.is_empty());
@@ -306,7 +262,7 @@ fn test_martian_and_link_local_addresses_are_not_forwarded() {
         } else {
             "10.244.1.5"
         };
-        build::udp(ip(src), ip(dst), 1, 2, b"x", &from_pod(1, 5))
+        pod_udp(src, dst, b"x")
     };
     for dst in [
         "169.254.1.1",
@@ -373,25 +329,20 @@ fn test_martian_and_link_local_addresses_are_not_forwarded() {
 /// link-local broadcast address.
 #[test]
 fn test_link_local_addresses_routed_explicitly_are_forwarded() {
-    use crate::tables::{MatchSpec, NatRuleSpec, RouteSpec};
-    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    use crate::tables::{MatchSpec, RouteSpec};
+    let mut s = node1_spec();
     s.routes.push(RouteSpec {
         prefix: "169.254.169.254/32".parse().unwrap(),
         port: "eth0".into(),
         next_hop_mac: None,
         via: Some(ip("192.168.50.1")),
     });
-    s.nat = vec![NatRuleSpec {
-        matches: MatchSpec {
-            src: Some("10.244.0.0/16".parse().unwrap()),
-            dst: Some("169.254.0.0/16".parse().unwrap()),
-            ..MatchSpec::default()
-        },
-        dnat: None,
-        snat: None,
-        masquerade: true,
-    }];
-    let mut a = Pipeline::new(Arc::new(s.compile().unwrap()));
+    s.nat = vec![masquerade(MatchSpec {
+        src: Some("10.244.0.0/16".parse().unwrap()),
+        dst: Some("169.254.0.0/16".parse().unwrap()),
+        ..MatchSpec::default()
+    })];
+    let mut a = compiled(&s);
     learn(&mut a, 1, "192.168.50.1", GW_MAC);
     let to = |dst: &str| {
         let syn = build::tcp_flags::SYN;
@@ -418,21 +369,15 @@ fn test_link_local_addresses_routed_explicitly_are_forwarded() {
     assert_eq!(p.key.dst.ip(), ip("169.254.169.254"));
     let sport = p.key.src_port;
     // The answer, from the link-local address, reaches the pod translated back.
-    let answer = build::tcp(
-        ip("169.254.169.254"),
-        ip("192.168.50.10"),
-        80,
-        sport,
-        7,
-        2,
-        build::tcp_flags::SYN | build::tcp_flags::ACK,
-        b"",
-        &IpOpts {
+    let answer = tcp("169.254.169.254", "192.168.50.10", 80, sport)
+        .seq(7, 2)
+        .flags(build::tcp_flags::SYN | build::tcp_flags::ACK)
+        .opts(&IpOpts {
             src_mac: GW_MAC,
             dst_mac: uplink_mac(1),
             ..IpOpts::default()
-        },
-    );
+        })
+        .frame(b"");
     let (v, out) = run(&mut a, answer, UPLINK, 0);
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out[0].0, POD);
@@ -457,7 +402,7 @@ fn test_link_local_addresses_routed_explicitly_are_forwarded() {
         ("169.254.200.1", false),
         ("169.254.1.2", true),
     ] {
-        let mut a = Pipeline::new(Arc::new(s.compile().unwrap()));
+        let mut a = compiled(&s);
         learn(&mut a, 1, "192.168.50.1", GW_MAC);
         let (v, _) = run(&mut a, to(dst), POD, 0);
         let want = if routed {
@@ -670,14 +615,7 @@ fn test_unknown_next_hop_is_probed_and_traffic_flows_once_it_answers() {
     assert_eq!(&out[0].1.data[6..12], &uplink_mac(1));
 
     // IPv6: a neighbour solicitation to the solicited-node group.
-    let f = build::udp(
-        ip("fd00:10:244:1::5"),
-        ip("2001:db8::1"),
-        1,
-        2,
-        b"q",
-        &from_pod(1, 5),
-    );
+    let f = pod_udp("fd00:10:244:1::5", "2001:db8::1", b"q");
     let (v, out) = run(&mut a, f, POD, 0);
     assert_eq!(v, Verdict::Queued);
     let p = parse(&out[0].1.data, 0).unwrap();
@@ -695,25 +633,14 @@ fn test_unknown_next_hop_is_probed_and_traffic_flows_once_it_answers() {
 }
 
 fn vxlan_from(src: &str, vni: u32) -> Vec<u8> {
-    let inner = build::udp(
-        ip("10.244.9.9"),
-        ip("10.244.1.5"),
-        1,
-        2,
-        b"x",
-        &IpOpts::default(),
-    );
+    let inner = udp("10.244.9.9", "10.244.1.5", 1, 2, b"x");
     overlay::encapsulate(
         &inner,
         &overlay::Outer {
             src_mac: [2, 9, 9, 9, 9, 9],
-            dst_mac: uplink_mac(1),
             src: ip(src),
-            dst: ip("192.168.50.10"),
             vni,
-            port: 4789,
-            hash: 1,
-            id: 0,
+            ..tunnel(2, 1, 1)
         },
     )
 }
@@ -735,16 +662,7 @@ fn test_icmp_error_towards_an_unresolved_node_is_suppressed_not_dropped() {
             ..IpOpts::default()
         },
     );
-    let o = overlay::Outer {
-        src_mac: uplink_mac(2),
-        dst_mac: uplink_mac(1),
-        src: ip("192.168.50.20"),
-        dst: ip("192.168.50.10"),
-        vni: 4096,
-        port: 4789,
-        hash: 1,
-        id: 0,
-    };
+    let o = tunnel(2, 1, 1);
     let mut t = Trace::enabled();
     let mut out = Vec::new();
     let v = a.process(
@@ -761,13 +679,7 @@ fn test_icmp_error_towards_an_unresolved_node_is_suppressed_not_dropped() {
     assert_eq!(a.drops().total(), 1, "{:?}", a.drops());
     assert_eq!(a.stats().icmp_suppressed, 1);
     assert_eq!(a.stats().icmp_sent, 0);
-    assert!(
-        t.events
-            .iter()
-            .any(|e| e.stage().name() == "icmp" && e.to_string().contains("neigh_unresolved")),
-        "{:?}",
-        t.events
-    );
+    assert!(has_event(&t, "icmp", "neigh_unresolved"), "{:?}", t.events);
 }
 
 #[test]
@@ -788,41 +700,13 @@ fn test_vxlan_from_an_unknown_node_or_with_another_vni_is_dropped() {
 #[test]
 fn test_outer_fragments_are_reassembled_before_decap() {
     let (mut a, _) = nodes();
-    let inner = build::udp(
-        ip("10.244.2.9"),
-        ip("10.244.1.5"),
-        1,
-        2,
-        &build::pattern(1400, 3),
-        &IpOpts::default(),
-    );
-    let outer = overlay::encapsulate(
-        &inner,
-        &overlay::Outer {
-            src_mac: uplink_mac(2),
-            dst_mac: uplink_mac(1),
-            src: ip("192.168.50.20"),
-            dst: ip("192.168.50.10"),
-            vni: 4096,
-            port: 4789,
-            hash: 1,
-            id: 0,
-        },
-    );
+    let inner = udp("10.244.2.9", "10.244.1.5", 1, 2, &build::pattern(1400, 3));
+    let outer = overlay::encapsulate(&inner, &tunnel(2, 1, 1));
     let parsed = parse(&outer, 0).unwrap();
     let mut fr = Vec::new();
     ipf::refragment(&Packet::new(outer, 0, 0), &parsed, 1000, &mut fr).unwrap();
     assert_eq!(fr.len(), 2);
-    let mut last = Verdict::Held;
-    let mut out = Vec::new();
-    for f in fr {
-        out.clear();
-        last = a.process(
-            Packet::new(f.data, UPLINK, 0),
-            &mut out,
-            &mut Trace::disabled(),
-        );
-    }
+    let (last, out) = run_each(&mut a, fr.into_iter().map(|f| f.data), UPLINK, 0);
     assert_eq!(last, Verdict::Forwarded);
     let d = parse(&out[0].1.data, 0).unwrap();
     assert_eq!(
@@ -855,14 +739,7 @@ fn test_df_too_big_across_the_overlay_gets_icmp_with_the_inner_mtu() {
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out[0].1.data.len(), 14 + 1500);
     // IPv6: packet too big with the same MTU (the underlay is IPv4).
-    let f = build::udp(
-        ip("fd00:10:244:1::5"),
-        ip("fd00:10:244:2::6"),
-        1,
-        2,
-        &[0; 1452],
-        &from_pod(1, 5),
-    );
+    let f = pod_udp("fd00:10:244:1::5", "fd00:10:244:2::6", &[0; 1452]);
     let (v, out) = run(&mut a, f, POD, 0);
     assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
     let pe = parse(&out[0].1.data, 0).unwrap();
@@ -876,11 +753,8 @@ fn test_gso_packet_to_a_remote_pod_is_segmented_to_fit_before_encapsulation() {
     let (mut a, _) = nodes();
     learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
     let pkt = gso_from_pod(20000);
-    let mut out = Vec::new();
-    assert_eq!(
-        a.process(pkt, &mut out, &mut Trace::disabled()),
-        Verdict::Forwarded
-    );
+    let (v, out) = run_packet(&mut a, pkt);
+    assert_eq!(v, Verdict::Forwarded);
     let mut total = 0;
     let mut sports = std::collections::HashSet::new();
     for (port, f) in &out {
@@ -917,16 +791,7 @@ fn test_reassembled_datagram_is_refragmented_to_the_inner_mtu_before_encapsulati
     let parsed = parse(&whole, 0).unwrap();
     let mut fr = Vec::new();
     ipf::refragment(&Packet::new(whole, 0, 0), &parsed, 1500, &mut fr).unwrap();
-    let mut out = Vec::new();
-    let mut last = Verdict::Held;
-    for f in fr {
-        out.clear();
-        last = a.process(
-            Packet::new(f.data, UPLINK, 0),
-            &mut out,
-            &mut Trace::disabled(),
-        );
-    }
+    let (last, out) = run_each(&mut a, fr.into_iter().map(|f| f.data), UPLINK, 0);
     assert_eq!(last, Verdict::Forwarded);
     assert!(out.len() >= 3);
     let mut r = ipf::Reassembler::new(ipf::Config::default());
@@ -978,9 +843,7 @@ fn test_cross_subnet_encapsulates_only_peers_outside_the_uplink_subnet() {
 
 #[test]
 fn test_pod_mtu_is_derived_from_the_uplink_unless_given() {
-    let t = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")])
-        .compile()
-        .unwrap();
+    let t = node1_spec().compile().unwrap();
     assert_eq!(t.ports[usize::from(POD)].mtu, 1450);
     assert_eq!(t.ports[usize::from(UPLINK)].mtu, 1500);
     let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "fd00:50::20")]);
@@ -1005,24 +868,24 @@ fn test_pod_mtu_is_derived_from_the_uplink_unless_given() {
 
 #[test]
 fn test_overlay_tables_errors_name_the_entry() {
-    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let mut s = node1_spec();
     s.ports[1].peer_mac = None;
     let e = s.compile().unwrap_err();
     assert!(e.contains("ports[1]") && e.contains("peer_mac"), "{e}");
-    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let mut s = node1_spec();
     s.overlay.as_mut().unwrap().uplink = "pod-a".into();
     assert!(s.compile().unwrap_err().contains("not of kind uplink"));
-    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let mut s = node1_spec();
     s.overlay = None;
     assert!(s.compile().unwrap_err().contains("nodes"));
-    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let mut s = node1_spec();
     s.nodes[0].pod_cidrs.push("10.244.1.5/32".parse().unwrap());
     let e = s.compile().unwrap_err();
     assert!(
         e.contains("nodes[0] (\"node2\")") && e.contains("duplicates"),
         "{e}"
     );
-    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let mut s = node1_spec();
     s.routes.clear();
     s.nodes[0].address = ip("10.1.1.1");
     assert!(s.compile().unwrap_err().contains("no route to 10.1.1.1"));
@@ -1033,7 +896,7 @@ fn nodes_with_uplink_gso() -> (Pipeline, Pipeline) {
     let spec = |n: u8, peer_n: u8, peer_addr: &str| {
         let mut s = node_spec(n, ModeSpec::Always, vec![peer(peer_n, peer_addr)]);
         s.ports[0].gso = true;
-        Pipeline::new(Arc::new(s.compile().unwrap()))
+        compiled(&s)
     };
     (spec(1, 2, "192.168.50.20"), spec(2, 1, "192.168.50.10"))
 }
@@ -1071,13 +934,7 @@ fn test_gso_packet_to_a_remote_pod_leaves_as_udp_gso_super_frames_when_the_uplin
         a.process(gso_from_pod(65000), &mut out, &mut t),
         Verdict::Forwarded
     );
-    assert!(
-        t.events
-            .iter()
-            .any(|e| e.stage().name() == "encap" && e.to_string().contains("super-frames")),
-        "{:?}",
-        t.events
-    );
+    assert!(has_event(&t, "encap", "super-frames"), "{:?}", t.events);
     // 65 000 bytes in 1410-byte segments do not fit one 64 KiB super-frame.
     assert_eq!(out.len(), 2);
     assert_eq!(a.stats().encap_gso_frames, 2);
@@ -1136,11 +993,8 @@ fn test_small_segments_leave_in_super_frames_the_kernel_takes() {
     learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
     let mut pkt = gso_from_pod(60000);
     pkt.meta.vnet.gso_size = 536;
-    let mut out = Vec::new();
-    assert_eq!(
-        a.process(pkt, &mut out, &mut Trace::disabled()),
-        Verdict::Forwarded
-    );
+    let (v, out) = run_packet(&mut a, pkt);
+    assert_eq!(v, Verdict::Forwarded);
     let segments = 60000usize.div_ceil(536);
     assert_eq!(a.stats().encapsulated, segments as u64);
     let mut datagrams = 0;
@@ -1188,23 +1042,10 @@ fn udp_super_frame() -> (Vec<u8>, VnetHdr) {
 
 /// [`udp_super_frame`] with the outer source address `src`.
 fn udp_super_frame_from(src: &str) -> (Vec<u8>, VnetHdr) {
-    let inner = build::udp(
-        ip("10.244.1.5"),
-        ip("10.244.2.6"),
-        1,
-        2,
-        &build::pattern(100, 3),
-        &IpOpts::default(),
-    );
+    let inner = udp("10.244.1.5", "10.244.2.6", 1, 2, &build::pattern(100, 3));
     let o = overlay::Outer {
-        src_mac: uplink_mac(1),
-        dst_mac: uplink_mac(2),
         src: ip(src),
-        dst: ip("192.168.50.20"),
-        vni: 4096,
-        port: 4789,
-        hash: 9,
-        id: 0,
+        ..tunnel(1, 2, 9)
     };
     let mut frames = Vec::new();
     overlay::encapsulate_run(&[&inner, &inner][..], &o, &mut frames);
@@ -1247,11 +1088,8 @@ fn test_udp_gso_super_frame_from_an_unknown_node_is_dropped_datagram_by_datagram
     let (frame, vnet) = udp_super_frame_from("192.168.50.99");
     let mut pkt = Packet::new(frame, UPLINK, 0);
     pkt.meta.vnet = vnet;
-    let mut out = Vec::new();
-    assert_eq!(
-        b.process(pkt, &mut out, &mut Trace::disabled()),
-        Verdict::Dropped(DropReason::VxlanUnknownPeer)
-    );
+    let (v, out) = run_packet(&mut b, pkt);
+    assert_eq!(v, Verdict::Dropped(DropReason::VxlanUnknownPeer));
     assert!(out.is_empty());
     assert_eq!(
         b.drops().get(DropReason::VxlanUnknownPeer),
@@ -1274,11 +1112,8 @@ fn test_inner_packets_of_a_frame_with_a_partial_outer_checksum_count_as_verified
         if !partial {
             pkt.meta.vnet.flags = 0;
         }
-        let mut out = Vec::new();
-        assert_eq!(
-            b.process(pkt, &mut out, &mut Trace::disabled()),
-            Verdict::Forwarded
-        );
+        let (v, out) = run_packet(&mut b, pkt);
+        assert_eq!(v, Verdict::Forwarded);
         assert_eq!(out.len(), 2);
         for (port, p) in &out {
             assert_eq!(*port, POD2);
@@ -1342,26 +1177,10 @@ fn test_ecn_crosses_the_overlay_both_ways() {
 fn test_ecn_of_a_udp_gso_super_frame_marks_each_datagram() {
     let (_, mut b) = nodes_with_uplink_gso();
     let inner = |e: u8| {
-        let f = build::udp(
-            ip("10.244.1.5"),
-            ip("10.244.2.6"),
-            1,
-            2,
-            &build::pattern(100, 3),
-            &IpOpts::default(),
-        );
+        let f = udp("10.244.1.5", "10.244.2.6", 1, 2, &build::pattern(100, 3));
         with_ecn(f, 14, e)
     };
-    let o = overlay::Outer {
-        src_mac: uplink_mac(1),
-        dst_mac: uplink_mac(2),
-        src: ip("192.168.50.10"),
-        dst: ip("192.168.50.20"),
-        vni: 4096,
-        port: 4789,
-        hash: 9,
-        id: 0,
-    };
+    let o = tunnel(1, 2, 9);
     for (e, want) in [(1, Some(3)), (0, None)] {
         let mut frames = Vec::new();
         overlay::encapsulate_run(&[inner(e), inner(e)][..], &o, &mut frames);
@@ -1370,8 +1189,7 @@ fn test_ecn_of_a_udp_gso_super_frame_marks_each_datagram() {
         assert_eq!(frame[15], e, "the outer header carries the inner field");
         let mut pkt = Packet::new(with_ecn(frame, 14, 3), UPLINK, SEC);
         pkt.meta.vnet = vnet;
-        let mut out = Vec::new();
-        let v = b.process(pkt, &mut out, &mut Trace::disabled());
+        let (v, out) = run_packet(&mut b, pkt);
         match want {
             Some(w) => {
                 assert_eq!(v, Verdict::Forwarded);

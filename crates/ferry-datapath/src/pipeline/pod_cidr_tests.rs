@@ -4,7 +4,7 @@ use crate::tables::{MatchSpec, NatRuleSpec};
 
 /// Node 1 of the tests, its pod CIDRs given: 10.244.1.0/24 and fd00:10:244:1::/64.
 fn spec() -> TablesSpec {
-    let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let mut s = node1_spec();
     s.node.pod_cidrs = vec![
         "10.244.1.0/24".parse().unwrap(),
         "fd00:10:244:1::/64".parse().unwrap(),
@@ -13,16 +13,18 @@ fn spec() -> TablesSpec {
 }
 
 fn pipeline(s: &TablesSpec) -> Pipeline {
-    Pipeline::new(Arc::new(s.compile().unwrap()))
+    compiled(s)
 }
 
 /// A frame from the gateway to node 1's uplink.
-fn from_gw() -> IpOpts {
-    IpOpts {
+/// A UDP datagram arriving on node 1's uplink from the gateway.
+fn udp_from_gw(src: &str, dst: &str, sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
+    let o = IpOpts {
         src_mac: GW_MAC,
         dst_mac: uplink_mac(1),
         ..IpOpts::default()
-    }
+    };
+    build::udp(ip(src), ip(dst), sport, dport, payload, &o)
 }
 
 /// The ICMP error in `out` (the only frame, sent on `port`): its parse and the IP
@@ -32,28 +34,14 @@ fn icmp_error(out: &[(PortId, Packet)], port: PortId) -> (Parsed, IpAddr, u16) {
     assert_eq!(out[0].0, port, "sent on port {port}");
     let f = &out[0].1.data;
     let pe = parse(f, 0).unwrap();
-    let q = &f[pe.l4_off + 8..];
-    let (dst, l4) = if pe.l3 == L3::Ipv4 {
-        let d: [u8; 4] = q[16..20].try_into().unwrap();
-        (IpAddr::from(d), usize::from(q[0] & 15) * 4)
-    } else {
-        let d: [u8; 16] = q[24..40].try_into().unwrap();
-        (IpAddr::from(d), 40)
-    };
-    (pe, dst, u16::from_be_bytes([q[l4 + 2], q[l4 + 3]]))
+    let (dst, port) = quoted(f, &pe);
+    (pe, dst, port)
 }
 
 #[test]
 fn test_an_address_of_the_pod_cidr_that_no_pod_has_is_dropped_and_answered() {
     let mut a = pipeline(&spec());
-    let f = build::udp(
-        ip("192.168.60.7"),
-        ip("10.244.1.77"),
-        4000,
-        53,
-        b"q",
-        &from_gw(),
-    );
+    let f = udp_from_gw("192.168.60.7", "10.244.1.77", 4000, 53, b"q");
     let mut t = Trace::enabled();
     let mut out = Vec::new();
     let v = a.process(Packet::new(f.clone(), UPLINK, 0), &mut out, &mut t);
@@ -70,42 +58,22 @@ fn test_an_address_of_the_pod_cidr_that_no_pod_has_is_dropped_and_answered() {
     assert_eq!((dst, port), (ip("10.244.1.77"), 53));
     assert_eq!(a.drops().get(DropReason::NoSuchPod), 1);
     assert_eq!(a.stats().icmp_sent, 1);
-    assert!(
-        t.events
-            .iter()
-            .any(|e| e.stage().name() == "route" && e.to_string().contains("pod CIDRs")),
-        "{:?}",
-        t.events
-    );
+    assert!(has_event(&t, "route", "pod CIDRs"), "{:?}", t.events);
     // Nothing is kept of it.
     assert!(a.conntrack().lookup(&parse(&f, 0).unwrap().key).is_none());
     assert_eq!(a.conntrack().len(), 0);
 
     // A pod's address in the range still reaches the pod.
-    let f = build::udp(
-        ip("192.168.60.7"),
-        ip("10.244.1.5"),
-        4000,
-        53,
-        b"q",
-        &from_gw(),
-    );
+    let f = udp_from_gw("192.168.60.7", "10.244.1.5", 4000, 53, b"q");
     let (v, out) = run(&mut a, f, UPLINK, 0);
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out[0].0, POD);
 
     // From a pod too: the error goes back to the pod, from the node's address.
-    let f = build::tcp(
-        ip("10.244.1.5"),
-        ip("10.244.1.200"),
-        33000,
-        80,
-        1,
-        0,
-        tcp_flags::SYN,
-        b"",
-        &from_pod(1, 5),
-    );
+    let f = tcp("10.244.1.5", "10.244.1.200", 33000, 80)
+        .flags(tcp_flags::SYN)
+        .opts(&from_pod(1, 5))
+        .frame(b"");
     let (v, out) = run(&mut a, f, POD, 0);
     assert_eq!(v, Verdict::Dropped(DropReason::NoSuchPod));
     let (pe, dst, port) = icmp_error(&out, POD);
@@ -119,14 +87,7 @@ fn test_an_address_of_the_pod_cidr_that_no_pod_has_is_dropped_and_answered() {
 #[test]
 fn test_ipv6_gets_address_unreachable() {
     let mut a = pipeline(&spec());
-    let f = build::udp(
-        ip("fd00:60::7"),
-        ip("fd00:10:244:1::77"),
-        4000,
-        53,
-        b"q",
-        &from_gw(),
-    );
+    let f = udp_from_gw("fd00:60::7", "fd00:10:244:1::77", 4000, 53, b"q");
     let (v, out) = run(&mut a, f, UPLINK, 0);
     assert_eq!(v, Verdict::Dropped(DropReason::NoSuchPod));
     let (pe, dst, port) = icmp_error(&out, UPLINK);
@@ -138,14 +99,7 @@ fn test_ipv6_gets_address_unreachable() {
     );
     assert_eq!((dst, port), (ip("fd00:10:244:1::77"), 53));
     // The pod's IPv6 address still reaches it.
-    let f = build::udp(
-        ip("fd00:60::7"),
-        ip("fd00:10:244:1::6"),
-        4000,
-        53,
-        b"q",
-        &from_gw(),
-    );
+    let f = udp_from_gw("fd00:60::7", "fd00:10:244:1::6", 4000, 53, b"q");
     let (v, out) = run(&mut a, f, UPLINK, 0);
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out[0].0, POD2);
@@ -206,14 +160,7 @@ fn test_no_error_about_an_error_to_a_pod_that_went() {
     s.ports.pop();
     a.set_tables(Arc::new(s.compile().unwrap()));
     // The answer to it: host unreachable back to the server.
-    let f = build::udp(
-        ip("192.168.60.7"),
-        ip("10.244.1.6"),
-        53,
-        4000,
-        b"a",
-        &from_gw(),
-    );
+    let f = udp_from_gw("192.168.60.7", "10.244.1.6", 53, 4000, b"a");
     let (v, out) = run(&mut a, f, UPLINK, SEC);
     assert_eq!(v, Verdict::Dropped(DropReason::NoSuchPod));
     let (pe, dst, port) = icmp_error(&out, UPLINK);
@@ -247,16 +194,7 @@ fn test_a_connection_translated_to_an_endpoint_that_went_gets_the_error_translat
         masquerade: false,
     }];
     let mut a = pipeline(&s);
-    let query = |sport: u16| {
-        build::udp(
-            ip("192.168.60.7"),
-            ip("10.96.0.10"),
-            sport,
-            53,
-            b"q",
-            &from_gw(),
-        )
-    };
+    let query = |sport: u16| udp_from_gw("192.168.60.7", "10.96.0.10", sport, 53, b"q");
     let (v, out) = run(&mut a, query(4000), UPLINK, 0);
     assert_eq!((v, out[0].0), (Verdict::Forwarded, POD2));
     // The endpoint's pod is deleted; the rule still sends there.
@@ -282,24 +220,8 @@ fn test_a_connection_translated_to_an_endpoint_that_went_gets_the_error_translat
 fn test_through_the_overlay_the_error_goes_back_through_the_node() {
     let mut a = pipeline(&spec());
     learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
-    let inner = build::udp(
-        ip("10.244.2.5"),
-        ip("10.244.1.77"),
-        1,
-        2,
-        b"x",
-        &IpOpts::default(),
-    );
-    let o = overlay::Outer {
-        src_mac: uplink_mac(2),
-        dst_mac: uplink_mac(1),
-        src: ip("192.168.50.20"),
-        dst: ip("192.168.50.10"),
-        vni: 4096,
-        port: 4789,
-        hash: 1,
-        id: 0,
-    };
+    let inner = udp("10.244.2.5", "10.244.1.77", 1, 2, b"x");
+    let o = tunnel(2, 1, 1);
     let (v, out) = run(&mut a, overlay::encapsulate(&inner, &o), UPLINK, SEC);
     assert_eq!(v, Verdict::Dropped(DropReason::NoSuchPod));
     assert_eq!(out.len(), 1);

@@ -24,62 +24,68 @@ fn web(backends: Vec<BackendSpec>) -> ServiceSpec {
     }
 }
 
-fn tcp_from_pod(last: u8, dst: &str, sport: u16, dport: u16, flags: u8) -> Vec<u8> {
-    build::tcp(
-        ip(&format!("10.244.1.{last}")),
-        ip(dst),
-        sport,
-        dport,
-        1000,
-        0,
-        flags,
-        &[],
-        &from_pod(1, last),
-    )
+/// A TCP segment from pod 10.244.1.5, sequence 1000.
+fn tcp_from_pod(dst: &str, sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+    tcp("10.244.1.5", dst, sport, dport)
+        .seq(1000, 0)
+        .flags(flags)
+        .opts(&from_pod(1, 5))
+        .frame(&[])
 }
 
-/// A TCP segment from the client outside, arriving on node `n`'s uplink.
-fn tcp_from_outside(
-    n: u8,
-    dst: &str,
-    sport: u16,
-    dport: u16,
-    seq: u32,
-    ack: u32,
-    flags: u8,
-) -> Vec<u8> {
+/// The SYN of pod 10.244.1.5.
+fn pod_syn(dst: &str, sport: u16, dport: u16) -> Vec<u8> {
+    tcp_from_pod(dst, sport, dport, tcp_flags::SYN)
+}
+
+/// A TCP segment from the client outside, arriving on node 1's uplink.
+fn from_client(dst: &str, sport: u16, dport: u16) -> Tcp<'_> {
     let o = IpOpts {
         src_mac: GW_MAC,
-        dst_mac: uplink_mac(n),
+        dst_mac: uplink_mac(1),
         ..IpOpts::default()
     };
-    build::tcp(ip(CLIENT), ip(dst), sport, dport, seq, ack, flags, &[], &o)
+    tcp(CLIENT, dst, sport, dport).opts(&o)
 }
 
-fn traced(
-    p: &mut Pipeline,
-    frame: Vec<u8>,
-    port: PortId,
-    t: u64,
-) -> (Verdict, Vec<(PortId, Packet)>, Trace) {
-    let mut out = Vec::new();
-    let mut tr = Trace::enabled();
-    let v = p.process(Packet::new(frame, port, t), &mut out, &mut tr);
-    (v, out, tr)
+/// The client's SYN, with sequence number `seq`.
+fn client_syn(dst: &str, sport: u16, dport: u16, seq: u32) -> Vec<u8> {
+    from_client(dst, sport, dport)
+        .seq(seq, 0)
+        .flags(tcp_flags::SYN)
+        .frame(&[])
 }
 
-fn key_of(frame: &[u8]) -> FlowKey {
-    parse(frame, 0).unwrap().key
+/// Checks that the first frame of `out` goes from node 1 through the tunnel to node 2,
+/// with the client's address kept, to `dst`:`port`.
+fn client_tunnelled_to_node2(out: &[(PortId, Packet)], dst: &str, port: u16) {
+    let outer = key_of(&out[0].1.data);
+    assert_eq!(
+        (outer.src, outer.dst),
+        (ip(NODE1).into(), ip("192.168.50.20").into()),
+        "through the tunnel"
+    );
+    let k = key_of(vxlan_inner(&out[0].1.data));
+    assert_eq!(
+        (k.src, k.dst, k.dst_port),
+        (ip(CLIENT).into(), ip(dst).into(), port),
+        "client address kept"
+    );
 }
 
-/// The inner frame of a VXLAN packet.
-fn inner(frame: &[u8]) -> &[u8] {
-    let o = parse(frame, 0).unwrap();
-    assert_eq!(o.key.dst_port, 4789, "not VXLAN: {:?}", o.key);
-    &frame[o.l4_off + 16..]
+/// Node 1 of the two-node tables, encapsulating always, with `services`.
+fn node1(services: Vec<ServiceSpec>) -> Pipeline {
+    node(1, ModeSpec::Always, services)
 }
 
-use crate::flow::FlowKey;
+/// What the trace's event of `stage` says (the first, when there are more).
+fn event(tr: &Trace, stage: &str) -> String {
+    tr.events
+        .iter()
+        .find(|e| e.stage().name() == stage)
+        .unwrap_or_else(|| panic!("a {stage} event"))
+        .to_string()
+}
 
 /// Pod `last` of node `n` answering a SYN: from its port `sport` to `to`:`dport`,
 /// acknowledging `ack`.
@@ -102,7 +108,7 @@ fn synack(n: u8, last: u8, to: &str, sport: u16, dport: u16, ack: u32) -> Vec<u8
 fn delivered_to(out: &[(PortId, Packet)]) -> IpAddr {
     let f = &out[0].1.data;
     if out[0].0 == UPLINK {
-        key_of(inner(f)).dst.ip()
+        key_of(vxlan_inner(f)).dst.ip()
     } else {
         key_of(f).dst.ip()
     }
@@ -110,17 +116,8 @@ fn delivered_to(out: &[(PortId, Packet)]) -> IpAddr {
 
 #[test]
 fn test_cluster_ip_is_translated_to_an_endpoint_and_replies_back() {
-    let mut a = node(
-        1,
-        ModeSpec::Always,
-        vec![web(vec![be("10.244.1.6", 8080, 1)])],
-    );
-    let (v, out, tr) = traced(
-        &mut a,
-        tcp_from_pod(5, "10.96.0.10", 40000, 80, tcp_flags::SYN),
-        POD,
-        SEC,
-    );
+    let mut a = node1(vec![web(vec![be("10.244.1.6", 8080, 1)])]);
+    let (v, out, tr) = traced(&mut a, pod_syn("10.96.0.10", 40000, 80), POD, SEC);
     assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].0, POD2);
@@ -134,16 +131,11 @@ fn test_cluster_ip_is_translated_to_an_endpoint_and_replies_back() {
             8080
         )
     );
-    let note = tr
-        .events
-        .iter()
-        .find(|e| e.stage().name() == "service")
-        .expect("a service event");
+    let note = event(&tr, "service");
     assert!(
-        note.to_string().contains("default/web:http")
-            && note.to_string().contains("10.244.1.6:8080"),
+        note.contains("default/web:http") && note.contains("10.244.1.6:8080"),
         "{}",
-        note.to_string()
+        note
     );
     let original = FlowKey {
         dst: Addr::from(ip("10.96.0.10")),
@@ -177,7 +169,7 @@ fn test_connections_spread_over_endpoints_and_each_stays_on_its_own() {
         be("10.244.2.5", 8080, 2),
         be("10.244.2.6", 8080, 2),
     ];
-    let mut a = node(1, ModeSpec::Always, vec![dns(backends)]);
+    let mut a = node1(vec![dns(backends)]);
     let mut seen: HashMap<IpAddr, u32> = HashMap::new();
     for sport in 30000..30300u16 {
         let (_, out) = run(&mut a, udp_to_service(sport), POD, SEC);
@@ -217,13 +209,8 @@ fn dns(backends: Vec<BackendSpec>) -> ServiceSpec {
 
 #[test]
 fn test_service_without_endpoints_refuses_tcp_with_a_reset_at_once() {
-    let mut a = node(1, ModeSpec::Always, vec![web(vec![])]);
-    let (v, out, tr) = traced(
-        &mut a,
-        tcp_from_pod(5, "10.96.0.10", 40000, 80, tcp_flags::SYN),
-        POD,
-        SEC,
-    );
+    let mut a = node1(vec![web(vec![])]);
+    let (v, out, tr) = traced(&mut a, pod_syn("10.96.0.10", 40000, 80), POD, SEC);
     assert_eq!(
         v,
         Verdict::Dropped(DropReason::ServiceNoEndpoints),
@@ -253,11 +240,7 @@ fn test_service_without_endpoints_refuses_tcp_with_a_reset_at_once() {
     let IpAddr::V4(d) = p.key.dst.ip() else {
         panic!()
     };
-    let sum = checksum::add(
-        t,
-        checksum::pseudo_v4(s.octets(), d.octets(), proto::TCP, t.len() as u16),
-    );
-    assert_eq!(checksum::fold(sum), 0xffff);
+    assert_eq!(l4_sum_v4(t, s.octets(), d.octets(), proto::TCP), 0xffff);
     assert_eq!(a.stats().service_rejected, 1);
     assert!(
         a.conntrack().is_empty(),
@@ -267,7 +250,7 @@ fn test_service_without_endpoints_refuses_tcp_with_a_reset_at_once() {
 
 #[test]
 fn test_service_without_endpoints_refuses_udp_with_port_unreachable_in_both_families() {
-    let mut a = node(1, ModeSpec::Always, vec![dns(vec![])]);
+    let mut a = node1(vec![dns(vec![])]);
     let (v, out) = run(&mut a, udp_to_service(30000), POD, SEC);
     assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoEndpoints));
     let p = parse(&out[0].1.data, 0).unwrap();
@@ -293,7 +276,7 @@ fn test_service_without_endpoints_refuses_udp_with_port_unreachable_in_both_fami
 #[test]
 fn test_a_frontend_goes_only_to_endpoints_of_its_family() {
     let backends = vec![be("10.244.1.6", 53, 1), be("fd00:10:244:1::6", 53, 1)];
-    let mut a = node(1, ModeSpec::Always, vec![dns(backends)]);
+    let mut a = node1(vec![dns(backends)]);
     for sport in 30000..30040u16 {
         let q = build::udp(
             ip("fd00:10:244:1::5"),
@@ -319,16 +302,12 @@ fn test_a_frontend_goes_only_to_endpoints_of_its_family() {
     );
     let mut t = Trace::enabled();
     a.process(Packet::new(q, POD, SEC), &mut Vec::new(), &mut t);
-    let note = t
-        .events
-        .iter()
-        .find(|e| e.stage().name() == "service")
-        .unwrap();
+    let note = event(&t, "service");
     assert!(
-        note.to_string().contains("frontend [fd00:96::11]:53)")
-            && note.to_string().contains("endpoint [fd00:10:244:1::6]:53"),
+        note.contains("frontend [fd00:96::11]:53)")
+            && note.contains("endpoint [fd00:10:244:1::6]:53"),
         "{}",
-        note.to_string()
+        note
     );
 }
 
@@ -340,36 +319,27 @@ fn test_terminating_endpoints_serve_only_when_no_endpoint_is_ready() {
         terminating: true,
         ..be(addr, 53, 2)
     };
-    let mut a = node(
-        1,
-        ModeSpec::Always,
-        vec![dns(vec![be("10.244.2.5", 53, 2), term("10.244.2.6", true)])],
-    );
+    let mut a = node1(vec![dns(vec![
+        be("10.244.2.5", 53, 2),
+        term("10.244.2.6", true),
+    ])]);
     for sport in 30000..30040u16 {
         let (_, out) = run(&mut a, udp_to_service(sport), POD, SEC);
-        assert_eq!(key_of(inner(&out[0].1.data)).dst, ip("10.244.2.5"));
+        assert_eq!(key_of(vxlan_inner(&out[0].1.data)).dst, ip("10.244.2.5"));
     }
-    let mut a = node(
-        1,
-        ModeSpec::Always,
-        vec![dns(vec![
-            term("10.244.2.6", true),
-            term("10.244.2.5", false),
-        ])],
-    );
+    let mut a = node1(vec![dns(vec![
+        term("10.244.2.6", true),
+        term("10.244.2.5", false),
+    ])]);
     for sport in 30000..30040u16 {
         let (_, out) = run(&mut a, udp_to_service(sport), POD, SEC);
         assert_eq!(
-            key_of(inner(&out[0].1.data)).dst,
+            key_of(vxlan_inner(&out[0].1.data)).dst,
             ip("10.244.2.6"),
             "serving, not the other"
         );
     }
-    let mut a = node(
-        1,
-        ModeSpec::Always,
-        vec![dns(vec![term("10.244.2.5", false)])],
-    );
+    let mut a = node1(vec![dns(vec![term("10.244.2.5", false)])]);
     let (v, _) = run(&mut a, udp_to_service(30000), POD, SEC);
     assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoEndpoints));
 }
@@ -380,20 +350,15 @@ fn test_internal_policy_local_uses_this_nodes_endpoints_or_drops_silently() {
         internal_policy: Policy::Local,
         ..dns(b)
     };
-    let mut a = node(
-        1,
-        ModeSpec::Always,
-        vec![svc(vec![be("10.244.1.6", 53, 1), be("10.244.2.5", 53, 2)])],
-    );
+    let mut a = node1(vec![svc(vec![
+        be("10.244.1.6", 53, 1),
+        be("10.244.2.5", 53, 2),
+    ])]);
     for sport in 30000..30040u16 {
         let (_, out) = run(&mut a, udp_to_service(sport), POD, SEC);
         assert_eq!(key_of(&out[0].1.data).dst, ip("10.244.1.6"));
     }
-    let mut a = node(
-        1,
-        ModeSpec::Always,
-        vec![svc(vec![be("10.244.2.5", 53, 2)])],
-    );
+    let mut a = node1(vec![svc(vec![be("10.244.2.5", 53, 2)])]);
     let (v, out) = run(&mut a, udp_to_service(30000), POD, SEC);
     assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoLocalEndpoints));
     assert!(
@@ -404,17 +369,8 @@ fn test_internal_policy_local_uses_this_nodes_endpoints_or_drops_silently() {
 
 #[test]
 fn test_node_port_to_a_local_endpoint_keeps_the_client_address() {
-    let mut a = node(
-        1,
-        ModeSpec::Always,
-        vec![web(vec![be("10.244.1.6", 8080, 1)])],
-    );
-    let (v, out) = run(
-        &mut a,
-        tcp_from_outside(1, NODE1, 50000, 30080, 1, 0, tcp_flags::SYN),
-        UPLINK,
-        SEC,
-    );
+    let mut a = node1(vec![web(vec![be("10.244.1.6", 8080, 1)])]);
+    let (v, out) = run(&mut a, client_syn(NODE1, 50000, 30080, 1), UPLINK, SEC);
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out[0].0, POD2);
     let k = key_of(&out[0].1.data);
@@ -435,15 +391,11 @@ fn test_node_port_to_a_local_endpoint_keeps_the_client_address() {
 
 #[test]
 fn test_load_balancer_and_external_ips_are_frontends_too() {
-    let mut a = node(
-        1,
-        ModeSpec::Always,
-        vec![web(vec![be("10.244.1.6", 8080, 1)])],
-    );
+    let mut a = node1(vec![web(vec![be("10.244.1.6", 8080, 1)])]);
     for (i, dst) in ["192.168.70.9", "192.168.70.10"].into_iter().enumerate() {
         let (v, out) = run(
             &mut a,
-            tcp_from_outside(1, dst, 50000 + i as u16, 80, 1, 0, tcp_flags::SYN),
+            client_syn(dst, 50000 + i as u16, 80, 1),
             UPLINK,
             SEC,
         );
@@ -454,7 +406,7 @@ fn test_load_balancer_and_external_ips_are_frontends_too() {
     // this one is routed on untranslated.
     let (_, out) = run(
         &mut a,
-        tcp_from_outside(1, "192.168.70.9", 50003, 30080, 1, 0, tcp_flags::SYN),
+        client_syn("192.168.70.9", 50003, 30080, 1),
         UPLINK,
         SEC,
     );
@@ -467,29 +419,19 @@ fn test_external_policy_local_drops_without_a_local_endpoint_but_not_for_local_p
         external_policy: Policy::Local,
         ..web(vec![be("10.244.2.5", 8080, 2)])
     };
-    let mut a = node(1, ModeSpec::Always, vec![svc]);
-    let (v, out) = run(
-        &mut a,
-        tcp_from_outside(1, NODE1, 50000, 30080, 1, 0, tcp_flags::SYN),
-        UPLINK,
-        SEC,
-    );
+    let mut a = node1(vec![svc]);
+    let (v, out) = run(&mut a, client_syn(NODE1, 50000, 30080, 1), UPLINK, SEC);
     assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoLocalEndpoints));
     assert!(out.is_empty());
     // A pod of this node reaching the node port uses every node's endpoints.
-    let (v, out) = run(
-        &mut a,
-        tcp_from_pod(5, NODE1, 40000, 30080, tcp_flags::SYN),
-        POD,
-        SEC,
-    );
+    let (v, out) = run(&mut a, pod_syn(NODE1, 40000, 30080), POD, SEC);
     assert_eq!(v, Verdict::Forwarded);
-    assert_eq!(key_of(inner(&out[0].1.data)).dst, ip("10.244.2.5"));
+    assert_eq!(key_of(vxlan_inner(&out[0].1.data)).dst, ip("10.244.2.5"));
 }
 
 /// Node 1 with a host port (port 3) for its own stack, which has the node's address.
 fn node_with_host_port(services: Vec<ServiceSpec>) -> Pipeline {
-    let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let mut spec = node1_spec();
     spec.ports.push(PortSpec {
         name: "host".into(),
         kind: PortKind::Host,
@@ -498,7 +440,7 @@ fn node_with_host_port(services: Vec<ServiceSpec>) -> Pipeline {
         ..PortSpec::default()
     });
     spec.services = services;
-    let mut p = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    let mut p = compiled(&spec);
     learn(&mut p, 1, GW, GW_MAC);
     learn(&mut p, 1, "192.168.50.20", uplink_mac(2));
     p
@@ -542,7 +484,7 @@ fn test_external_policy_local_does_not_apply_to_the_nodes_own_stack() {
         let (v, out, tr) = traced(&mut a, tcp_from_host(dst, 40000 + i as u16, 80), HOST, SEC);
         assert_eq!(v, Verdict::Forwarded, "{dst}: {:?}", tr.events);
         assert_eq!(out[0].0, UPLINK);
-        let k = key_of(inner(&out[0].1.data));
+        let k = key_of(vxlan_inner(&out[0].1.data));
         assert_eq!(
             (k.src, k.dst, k.dst_port),
             (ip(NODE1).into(), ip("10.244.2.5").into(), 8080),
@@ -555,7 +497,7 @@ fn test_external_policy_local_does_not_apply_to_the_nodes_own_stack() {
     // From outside, the Local policy still applies.
     let (v, _) = run(
         &mut a,
-        tcp_from_outside(1, "192.168.70.10", 50000, 80, 1, 0, tcp_flags::SYN),
+        client_syn("192.168.70.10", 50000, 80, 1),
         UPLINK,
         SEC,
     );
@@ -604,18 +546,13 @@ fn test_the_node_port_at_the_cluster_ip_from_the_host_is_the_node_port() {
             SEC,
         );
         assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
-        let k = key_of(inner(&out[0].1.data));
+        let k = key_of(vxlan_inner(&out[0].1.data));
         assert_eq!(
             (k.src, k.dst, k.dst_port),
             (ip(NODE1).into(), ip("10.244.2.5").into(), 8080)
         );
     }
-    let (v, out) = run(
-        &mut a,
-        tcp_from_pod(5, "10.96.0.10", 40030, 30080, tcp_flags::SYN),
-        POD,
-        SEC,
-    );
+    let (v, out) = run(&mut a, pod_syn("10.96.0.10", 40030, 30080), POD, SEC);
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(
         key_of(&out[0].1.data).dst,
@@ -636,14 +573,9 @@ fn test_cluster_ip_traffic_from_outside_the_cluster_returns_through_the_ingress_
         ..web(vec![be("10.244.2.5", 8080, 2)])
     };
     let mut a = node(1, ModeSpec::CrossSubnet, vec![svc(false)]);
-    let (v, out, tr) = traced(
-        &mut a,
-        tcp_from_outside(1, "10.96.0.10", 50000, 80, 1, 0, tcp_flags::SYN),
-        UPLINK,
-        SEC,
-    );
+    let (v, out, tr) = traced(&mut a, client_syn("10.96.0.10", 50000, 80, 1), UPLINK, SEC);
     assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
-    let k = key_of(inner(&out[0].1.data));
+    let k = key_of(vxlan_inner(&out[0].1.data));
     assert_eq!(
         (k.src, k.dst, k.dst_port),
         (ip(CLIENT).into(), ip("10.244.2.5").into(), 8080),
@@ -651,12 +583,7 @@ fn test_cluster_ip_traffic_from_outside_the_cluster_returns_through_the_ingress_
     );
 
     let mut s = node(1, ModeSpec::CrossSubnet, vec![svc(true)]);
-    let (v, out) = run(
-        &mut s,
-        tcp_from_outside(1, "10.96.0.10", 50000, 80, 1, 0, tcp_flags::SYN),
-        UPLINK,
-        SEC,
-    );
+    let (v, out) = run(&mut s, client_syn("10.96.0.10", 50000, 80, 1), UPLINK, SEC);
     assert_eq!(v, Verdict::Forwarded);
     let k = key_of(&out[0].1.data);
     assert_eq!(
@@ -671,17 +598,10 @@ fn test_cluster_ip_traffic_from_outside_the_cluster_returns_through_the_ingress_
         dst_mac: uplink_mac(1),
         ..IpOpts::default()
     };
-    let f = build::tcp(
-        ip("192.168.50.20"),
-        ip("10.96.0.10"),
-        50001,
-        80,
-        1,
-        0,
-        tcp_flags::SYN,
-        &[],
-        &o,
-    );
+    let f = tcp("192.168.50.20", "10.96.0.10", 50001, 80)
+        .flags(tcp_flags::SYN)
+        .opts(&o)
+        .frame(&[]);
     let (v, out) = run(&mut a, f, UPLINK, SEC);
     assert_eq!(v, Verdict::Forwarded);
     let k = key_of(&out[0].1.data);
@@ -696,12 +616,7 @@ fn test_cluster_ip_traffic_from_outside_the_cluster_returns_through_the_ingress_
         ModeSpec::CrossSubnet,
         vec![web(vec![be("10.244.1.6", 8080, 1)])],
     );
-    let (v, out) = run(
-        &mut l,
-        tcp_from_outside(1, "10.96.0.10", 50002, 80, 1, 0, tcp_flags::SYN),
-        UPLINK,
-        SEC,
-    );
+    let (v, out) = run(&mut l, client_syn("10.96.0.10", 50002, 80, 1), UPLINK, SEC);
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out[0].0, POD2);
     assert_eq!(key_of(&out[0].1.data).src, ip(CLIENT));
@@ -718,35 +633,15 @@ fn test_node_port_to_another_nodes_endpoint_returns_through_the_ingress_node() {
     let mut a = node(1, ModeSpec::CrossSubnet, vec![svc()]);
     let mut b = node(2, ModeSpec::CrossSubnet, vec![svc()]);
 
-    let (v, out, tr) = traced(
-        &mut a,
-        tcp_from_outside(1, NODE1, 50000, 30080, 100, 0, tcp_flags::SYN),
-        UPLINK,
-        SEC,
-    );
+    let (v, out, tr) = traced(&mut a, client_syn(NODE1, 50000, 30080, 100), UPLINK, SEC);
     assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
     assert_eq!(out[0].0, UPLINK);
-    let outer = key_of(&out[0].1.data);
-    assert_eq!(
-        (outer.src, outer.dst),
-        (ip(NODE1).into(), ip("192.168.50.20").into()),
-        "through the tunnel"
-    );
-    let k = key_of(inner(&out[0].1.data));
-    assert_eq!(
-        (k.src, k.dst, k.dst_port),
-        (ip(CLIENT).into(), ip("10.244.2.5").into(), 8080),
-        "client address kept"
-    );
-    let note = tr
-        .events
-        .iter()
-        .find(|e| e.stage().name() == "service")
-        .unwrap();
+    client_tunnelled_to_node2(&out, "10.244.2.5", 8080);
+    let note = event(&tr, "service");
     assert!(
-        note.to_string().contains("node2") && note.to_string().contains("tunnel"),
+        note.contains("node2") && note.contains("tunnel"),
         "{}",
-        note.to_string()
+        note
     );
 
     let (v, got) = run(&mut b, out[0].1.data.clone(), UPLINK, SEC);
@@ -777,12 +672,15 @@ fn test_node_port_to_another_nodes_endpoint_returns_through_the_ingress_node() {
     // The client's next segment follows the connection through the tunnel again.
     let (_, out) = run(
         &mut a,
-        tcp_from_outside(1, NODE1, 50000, 30080, 101, 7001, tcp_flags::ACK),
+        from_client(NODE1, 50000, 30080)
+            .seq(101, 7001)
+            .flags(tcp_flags::ACK)
+            .frame(&[]),
         UPLINK,
         SEC,
     );
     assert_eq!(key_of(&out[0].1.data).dst, ip("192.168.50.20"));
-    assert_eq!(key_of(inner(&out[0].1.data)).src, ip(CLIENT));
+    assert_eq!(key_of(vxlan_inner(&out[0].1.data)).src, ip(CLIENT));
 }
 
 /// The conformance test "functioning NodePort service": a pod on node 2 reaches node
@@ -795,17 +693,11 @@ fn test_a_pod_reaching_another_nodes_node_port_gets_replies_through_that_node() 
         let svc = || web(vec![be("10.244.2.5", 8080, 2)]);
         let mut a = node(1, mode, vec![svc()]);
         let mut b = node(2, mode, vec![svc()]);
-        let syn = build::tcp(
-            ip("10.244.2.6"),
-            ip(NODE1),
-            40000,
-            30080,
-            1000,
-            0,
-            tcp_flags::SYN,
-            &[],
-            &from_pod(2, 6),
-        );
+        let syn = tcp("10.244.2.6", NODE1, 40000, 30080)
+            .seq(1000, 0)
+            .flags(tcp_flags::SYN)
+            .opts(&from_pod(2, 6))
+            .frame(&[]);
         let (v, out) = run(&mut b, syn, POD2, SEC);
         assert_eq!(v, Verdict::Forwarded);
         assert_eq!(
@@ -816,7 +708,7 @@ fn test_a_pod_reaching_another_nodes_node_port_gets_replies_through_that_node() 
 
         let (v, out, tr) = traced(&mut a, out[0].1.data.clone(), UPLINK, SEC);
         assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
-        let k = key_of(inner(&out[0].1.data));
+        let k = key_of(vxlan_inner(&out[0].1.data));
         assert_eq!(
             (k.src, k.dst, k.dst_port),
             (ip("10.244.2.6").into(), ip("10.244.2.5").into(), 8080),
@@ -864,36 +756,24 @@ fn test_a_pod_reaching_another_nodes_node_port_gets_replies_through_that_node() 
 #[test]
 fn test_a_reply_the_ingress_node_returns_is_not_sent_back_to_it() {
     let svc = || web(vec![be("10.244.2.5", 8080, 2)]);
-    let mut a = node(1, ModeSpec::Always, vec![svc()]);
+    let mut a = node1(vec![svc()]);
     let mut b = node(2, ModeSpec::Always, vec![svc()]);
-    let syn = build::tcp(
-        ip("10.244.2.6"),
-        ip(NODE1),
-        40000,
-        30080,
-        1000,
-        0,
-        tcp_flags::SYN,
-        &[],
-        &from_pod(2, 6),
-    );
+    let syn = tcp("10.244.2.6", NODE1, 40000, 30080)
+        .seq(1000, 0)
+        .flags(tcp_flags::SYN)
+        .opts(&from_pod(2, 6))
+        .frame(&[]);
     let (_, out) = run(&mut b, syn, POD2, SEC);
     let (_, out) = run(&mut a, out[0].1.data.clone(), UPLINK, SEC);
     run(&mut b, out[0].1.data.clone(), UPLINK, SEC);
     // Node 1 restarts: a segment of the endpoint is taken up as a new connection there
     // and routed to its destination, a pod of node 2.
-    let mut a = node(1, ModeSpec::Always, vec![svc()]);
-    let ack = build::tcp(
-        ip("10.244.2.5"),
-        ip("10.244.2.6"),
-        8080,
-        40000,
-        7001,
-        1001,
-        tcp_flags::ACK,
-        &[],
-        &from_pod(2, 5),
-    );
+    let mut a = node1(vec![svc()]);
+    let ack = tcp("10.244.2.5", "10.244.2.6", 8080, 40000)
+        .seq(7001, 1001)
+        .flags(tcp_flags::ACK)
+        .opts(&from_pod(2, 5))
+        .frame(&[]);
     let (_, back) = run(&mut b, ack, POD, SEC);
     assert_eq!(key_of(&back[0].1.data).dst, ip(NODE1));
     let (v, again) = run(&mut a, back[0].1.data.clone(), UPLINK, SEC);
@@ -913,31 +793,11 @@ fn test_node_port_to_a_host_network_endpoint_on_another_node_goes_through_the_tu
         ModeSpec::CrossSubnet,
         vec![web(vec![be("192.168.50.20", 8443, 2)])],
     );
-    let (v, out, tr) = traced(
-        &mut a,
-        tcp_from_outside(1, NODE1, 50000, 30080, 100, 0, tcp_flags::SYN),
-        UPLINK,
-        SEC,
-    );
+    let (v, out, tr) = traced(&mut a, client_syn(NODE1, 50000, 30080, 100), UPLINK, SEC);
     assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
-    let outer = key_of(&out[0].1.data);
-    assert_eq!(
-        (outer.src, outer.dst),
-        (ip(NODE1).into(), ip("192.168.50.20").into()),
-        "through the tunnel"
-    );
-    let k = key_of(inner(&out[0].1.data));
-    assert_eq!(
-        (k.src, k.dst, k.dst_port),
-        (ip(CLIENT).into(), ip("192.168.50.20").into(), 8443),
-        "client address kept"
-    );
-    let route = tr
-        .events
-        .iter()
-        .find(|e| e.stage().name() == "route")
-        .unwrap();
-    assert!(route.to_string().contains("node2"), "{}", route.to_string());
+    client_tunnelled_to_node2(&out, "192.168.50.20", 8443);
+    let route = event(&tr, "route");
+    assert!(route.contains("node2"), "{}", route);
 }
 
 /// An endpoint the tunnel does not reach (on no node this one knows: a machine outside
@@ -945,17 +805,8 @@ fn test_node_port_to_a_host_network_endpoint_on_another_node_goes_through_the_tu
 /// address, as kube-proxy masquerades it: it would answer a kept client address directly.
 #[test]
 fn test_node_port_to_an_endpoint_the_tunnel_does_not_reach_is_source_translated() {
-    let mut a = node(
-        1,
-        ModeSpec::Always,
-        vec![web(vec![be("192.168.30.50", 80, 3)])],
-    );
-    let (v, out, tr) = traced(
-        &mut a,
-        tcp_from_outside(1, NODE1, 50000, 30080, 100, 0, tcp_flags::SYN),
-        UPLINK,
-        SEC,
-    );
+    let mut a = node1(vec![web(vec![be("192.168.30.50", 80, 3)])]);
+    let (v, out, tr) = traced(&mut a, client_syn(NODE1, 50000, 30080, 100), UPLINK, SEC);
     assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
     assert_eq!(&out[0].1.data[0..6], &GW_MAC, "routed, not tunnelled");
     let k = key_of(&out[0].1.data);
@@ -963,15 +814,11 @@ fn test_node_port_to_an_endpoint_the_tunnel_does_not_reach_is_source_translated(
         (k.src, k.dst, k.dst_port),
         (ip(NODE1).into(), ip("192.168.30.50").into(), 80)
     );
-    let note = tr
-        .events
-        .iter()
-        .find(|e| e.stage().name() == "service")
-        .unwrap();
+    let note = event(&tr, "service");
     assert!(
-        note.to_string().contains("source NAT") && !note.to_string().contains("tunnel"),
+        note.contains("source NAT") && !note.contains("tunnel"),
         "{}",
-        note.to_string()
+        note
     );
     reply_reaches_the_client(&mut a, ("192.168.30.50", 80), GW_MAC, k.src_port);
 }
@@ -988,13 +835,8 @@ fn test_node_port_to_an_endpoint_on_no_node_is_translated_or_has_no_local_endpoi
             ..be("192.168.30.50", 80, 1)
         }])
     };
-    let mut a = node(1, ModeSpec::Always, vec![vm()]);
-    let (v, out) = run(
-        &mut a,
-        tcp_from_outside(1, NODE1, 50000, 30080, 100, 0, tcp_flags::SYN),
-        UPLINK,
-        SEC,
-    );
+    let mut a = node1(vec![vm()]);
+    let (v, out) = run(&mut a, client_syn(NODE1, 50000, 30080, 100), UPLINK, SEC);
     assert_eq!(v, Verdict::Forwarded);
     let k = key_of(&out[0].1.data);
     assert_eq!(
@@ -1006,13 +848,8 @@ fn test_node_port_to_an_endpoint_on_no_node_is_translated_or_has_no_local_endpoi
         external_policy: Policy::Local,
         ..vm()
     };
-    let mut a = node(1, ModeSpec::Always, vec![local]);
-    let (v, out) = run(
-        &mut a,
-        tcp_from_outside(1, NODE1, 50000, 30080, 100, 0, tcp_flags::SYN),
-        UPLINK,
-        SEC,
-    );
+    let mut a = node1(vec![local]);
+    let (v, out) = run(&mut a, client_syn(NODE1, 50000, 30080, 100), UPLINK, SEC);
     assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoLocalEndpoints));
     assert!(out.is_empty());
 }
@@ -1024,12 +861,7 @@ fn test_external_snat_mode_sends_from_this_node_instead() {
         ..web(vec![be("10.244.2.5", 8080, 2)])
     };
     let mut a = node(1, ModeSpec::CrossSubnet, vec![svc()]);
-    let (v, out) = run(
-        &mut a,
-        tcp_from_outside(1, NODE1, 50000, 30080, 100, 0, tcp_flags::SYN),
-        UPLINK,
-        SEC,
-    );
+    let (v, out) = run(&mut a, client_syn(NODE1, 50000, 30080, 100), UPLINK, SEC);
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(
         &out[0].1.data[0..6],
@@ -1089,7 +921,7 @@ fn test_session_affinity_keeps_a_client_on_its_endpoint_until_the_timeout() {
         affinity_timeout_s: Some(10),
         ..dns(backends.clone())
     };
-    let mut a = node(1, ModeSpec::Always, vec![svc]);
+    let mut a = node1(vec![svc]);
     let (_, out) = run(&mut a, udp_to_service(30000), POD, SEC);
     let first = delivered_to(&out);
     for (i, sport) in (30001..30060u16).enumerate() {
@@ -1107,7 +939,7 @@ fn test_session_affinity_keeps_a_client_on_its_endpoint_until_the_timeout() {
     assert!(a.affinity().is_empty(), "expired records are swept");
 
     // Without affinity, the same client's connections spread.
-    let mut b = node(1, ModeSpec::Always, vec![dns(backends)]);
+    let mut b = node1(vec![dns(backends)]);
     let spread: HashSet<IpAddr> = (30000..30060u16)
         .map(|sport| delivered_to(&run(&mut b, udp_to_service(sport), POD, SEC).1))
         .collect();
@@ -1116,17 +948,8 @@ fn test_session_affinity_keeps_a_client_on_its_endpoint_until_the_timeout() {
 
 #[test]
 fn test_hairpin_is_source_translated_to_the_service_address() {
-    let mut a = node(
-        1,
-        ModeSpec::Always,
-        vec![web(vec![be("10.244.1.5", 8080, 1)])],
-    );
-    let (v, out) = run(
-        &mut a,
-        tcp_from_pod(5, "10.96.0.10", 40000, 80, tcp_flags::SYN),
-        POD,
-        SEC,
-    );
+    let mut a = node1(vec![web(vec![be("10.244.1.5", 8080, 1)])]);
+    let (v, out) = run(&mut a, pod_syn("10.96.0.10", 40000, 80), POD, SEC);
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out[0].0, POD, "back to the pod itself");
     let k = key_of(&out[0].1.data);
@@ -1146,22 +969,10 @@ fn test_hairpin_is_source_translated_to_the_service_address() {
 
 use std::collections::{HashMap, HashSet};
 
-/// Tables of node `n` with `services`, for a swap.
-fn tables(n: u8, mode: ModeSpec, services: Vec<ServiceSpec>) -> Arc<Tables> {
-    let other = 3 - n;
-    let mut spec = node_spec(
-        n,
-        mode,
-        vec![peer(other, &format!("192.168.50.{}", other * 10))],
-    );
-    spec.services = services;
-    Arc::new(spec.compile().unwrap())
-}
-
 #[test]
 fn test_a_removed_endpoints_connections_are_deleted_and_udp_clients_move_on() {
     let both = vec![be("10.244.1.6", 53, 1), be("10.244.2.5", 53, 2)];
-    let mut a = node(1, ModeSpec::Always, vec![dns(both)]);
+    let mut a = node1(vec![dns(both)]);
     let mut on_removed = 0;
     for sport in 30000..30040u16 {
         let (_, out) = run(&mut a, udp_to_service(sport), POD, SEC);
@@ -1170,7 +981,7 @@ fn test_a_removed_endpoints_connections_are_deleted_and_udp_clients_move_on() {
         }
     }
     assert!(on_removed > 0);
-    let report = a.set_tables(tables(
+    let report = a.set_tables(node_tables(
         1,
         ModeSpec::Always,
         vec![dns(vec![be("10.244.2.5", 53, 2)])],
@@ -1193,7 +1004,7 @@ fn test_a_removed_endpoints_connections_are_deleted_and_udp_clients_move_on() {
 fn test_udp_clients_leave_an_endpoint_that_stops_serving_and_tcp_stays() {
     let both = vec![be("10.244.1.6", 53, 1), be("10.244.2.5", 53, 2)];
     let web_both = vec![be("10.244.1.6", 8080, 1)];
-    let mut a = node(1, ModeSpec::Always, vec![dns(both), web(web_both)]);
+    let mut a = node1(vec![dns(both), web(web_both)]);
     let mut on_failing = 0;
     for sport in 30000..30040u16 {
         let (_, out) = run(&mut a, udp_to_service(sport), POD, SEC);
@@ -1202,18 +1013,13 @@ fn test_udp_clients_leave_an_endpoint_that_stops_serving_and_tcp_stays() {
         }
     }
     assert!(on_failing > 0);
-    run(
-        &mut a,
-        tcp_from_pod(5, "10.96.0.10", 40000, 80, tcp_flags::SYN),
-        POD,
-        SEC,
-    );
+    run(&mut a, pod_syn("10.96.0.10", 40000, 80), POD, SEC);
     let failing = |port| BackendSpec {
         ready: false,
         serving: Some(false),
         ..be("10.244.1.6", port, 1)
     };
-    let report = a.set_tables(tables(
+    let report = a.set_tables(node_tables(
         1,
         ModeSpec::Always,
         vec![
@@ -1232,19 +1038,14 @@ fn test_udp_clients_leave_an_endpoint_that_stops_serving_and_tcp_stays() {
 #[test]
 fn test_a_node_port_connection_forwarded_from_another_node_survives_endpoint_changes() {
     let svc = || web(vec![be("10.244.2.5", 8080, 2)]);
-    let mut a = node(1, ModeSpec::Always, vec![svc()]);
+    let mut a = node1(vec![svc()]);
     let mut b = node(2, ModeSpec::Always, vec![svc()]);
-    let (_, out) = run(
-        &mut a,
-        tcp_from_outside(1, NODE1, 50000, 30080, 100, 0, tcp_flags::SYN),
-        UPLINK,
-        SEC,
-    );
+    let (_, out) = run(&mut a, client_syn(NODE1, 50000, 30080, 100), UPLINK, SEC);
     run(&mut b, out[0].1.data.clone(), UPLINK, SEC);
     assert_eq!(b.conntrack().len(), 1);
     // Node 2 loses every Service (its own view of the endpoints changed): the
     // connection node 1 forwarded is not one node 2 balanced, and stays.
-    let report = b.set_tables(tables(2, ModeSpec::Always, vec![]));
+    let report = b.set_tables(node_tables(2, ModeSpec::Always, vec![]));
     assert_eq!(report.ct_removed, 0);
     let synack = synack(2, 5, CLIENT, 8080, 50000, 101);
     let (v, back) = run(&mut b, synack, POD, SEC);
@@ -1264,11 +1065,7 @@ fn test_updating_a_service_leaves_another_services_udp_clients_on_a_shared_endpo
             ..be("10.244.1.6", 53, 1)
         }])
     };
-    let mut a = node(
-        1,
-        ModeSpec::Always,
-        vec![dns(vec![be("10.244.1.6", 53, 1)]), other(false)],
-    );
+    let mut a = node1(vec![dns(vec![be("10.244.1.6", 53, 1)]), other(false)]);
     let (_, out) = run(&mut a, udp_to_service(30000), POD, SEC);
     assert_eq!(delivered_to(&out), ip("10.244.1.6"));
     let updated = a.tables().with_services(&[], &[other(false)]).unwrap();
@@ -1290,15 +1087,15 @@ fn test_a_segment_that_cannot_start_a_connection_is_not_balanced() {
             affinity_timeout_s: Some(10),
             ..web(vec![be("10.244.1.6", 8080, 1)])
         };
-        let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+        let mut spec = node1_spec();
         spec.services = vec![svc];
         spec.ct.pass_invalid = pass_invalid;
-        let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+        let mut a = compiled(&spec);
         learn(&mut a, 1, GW, GW_MAC);
         for flags in [tcp_flags::RST, tcp_flags::SYN | tcp_flags::ACK] {
             let (v, out) = run(
                 &mut a,
-                tcp_from_pod(5, "10.96.0.10", 40000, 80, flags),
+                tcp_from_pod("10.96.0.10", 40000, 80, flags),
                 POD,
                 SEC,
             );
@@ -1312,12 +1109,7 @@ fn test_a_segment_that_cannot_start_a_connection_is_not_balanced() {
             assert!(a.affinity().is_empty(), "flags {flags:#x}");
             assert_eq!(a.conntrack().len(), 0);
         }
-        let (v, out) = run(
-            &mut a,
-            tcp_from_pod(5, "10.96.0.10", 40000, 80, tcp_flags::SYN),
-            POD,
-            SEC,
-        );
+        let (v, out) = run(&mut a, pod_syn("10.96.0.10", 40000, 80), POD, SEC);
         assert_eq!(v, Verdict::Forwarded);
         assert_eq!(key_of(&out[0].1.data).dst.ip(), ip("10.244.1.6"));
         assert_eq!(a.stats().service_balanced, 1);
@@ -1332,25 +1124,20 @@ fn test_a_segment_that_cannot_start_a_connection_is_not_balanced() {
 #[test]
 fn test_a_udp_flow_to_an_address_that_becomes_a_frontend_is_balanced_after_the_swap() {
     for updated in [false, true] {
-        let mut a = node(1, ModeSpec::Always, vec![]);
+        let mut a = node1(vec![]);
         let (v, out) = run(&mut a, udp_to_service(30000), POD, SEC);
         assert_eq!(v, Verdict::Forwarded);
         assert_eq!(out[0].0, UPLINK, "default route");
         assert_eq!(key_of(&out[0].1.data).dst.ip(), ip("10.96.0.11"));
         // Another plain UDP flow, and a TCP one to the new frontend's address, stay.
         run(&mut a, udp_from_pod("192.168.60.7", 30001, b"q"), POD, SEC);
-        run(
-            &mut a,
-            tcp_from_pod(5, "10.96.0.11", 30002, 53, tcp_flags::SYN),
-            POD,
-            SEC,
-        );
+        run(&mut a, pod_syn("10.96.0.11", 30002, 53), POD, SEC);
         assert_eq!(a.conntrack().len(), 3);
         let svc = dns(vec![be("10.244.1.6", 53, 1)]);
         let new = if updated {
             Arc::new(a.tables().with_services(&[], &[svc]).unwrap())
         } else {
-            tables(1, ModeSpec::Always, vec![svc])
+            node_tables(1, ModeSpec::Always, vec![svc])
         };
         let report = a.set_tables(new);
         assert_eq!(report.ct_removed, 1, "updated: {updated}");
@@ -1372,7 +1159,7 @@ fn test_a_udp_flow_to_an_address_that_becomes_a_frontend_is_balanced_after_the_s
 /// a node port.
 #[test]
 fn test_a_udp_flow_to_a_port_that_becomes_a_node_port_is_balanced_after_the_swap() {
-    let mut a = node(1, ModeSpec::Always, vec![]);
+    let mut a = node1(vec![]);
     let o = IpOpts {
         src_mac: GW_MAC,
         dst_mac: uplink_mac(1),
@@ -1397,26 +1184,16 @@ fn test_a_udp_flow_to_a_port_that_becomes_a_node_port_is_balanced_after_the_swap
 /// the rule applies to the pod's other connections.
 #[test]
 fn test_a_service_frontend_takes_precedence_over_a_matching_static_nat_rule() {
-    use crate::tables::{MatchSpec, NatRuleSpec};
-    let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    use crate::tables::MatchSpec;
+    let mut spec = node1_spec();
     spec.services = vec![web(vec![be("10.244.1.6", 8080, 1)])];
-    spec.nat = vec![NatRuleSpec {
-        matches: MatchSpec {
-            src: Some("10.244.0.0/16".parse().unwrap()),
-            ..MatchSpec::default()
-        },
-        dnat: None,
-        snat: None,
-        masquerade: true,
-    }];
-    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    spec.nat = vec![masquerade(MatchSpec {
+        src: Some("10.244.0.0/16".parse().unwrap()),
+        ..MatchSpec::default()
+    })];
+    let mut a = compiled(&spec);
     learn(&mut a, 1, GW, GW_MAC);
-    let (v, out, tr) = traced(
-        &mut a,
-        tcp_from_pod(5, "10.96.0.10", 40000, 80, tcp_flags::SYN),
-        POD,
-        SEC,
-    );
+    let (v, out, tr) = traced(&mut a, pod_syn("10.96.0.10", 40000, 80), POD, SEC);
     assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
     assert_eq!(out[0].0, POD2);
     let k = key_of(&out[0].1.data);
@@ -1431,12 +1208,7 @@ fn test_a_service_frontend_takes_precedence_over_a_matching_static_nat_rule() {
         tr.events
     );
     // Elsewhere, the rule applies.
-    let (v, out) = run(
-        &mut a,
-        tcp_from_pod(5, CLIENT, 40001, 80, tcp_flags::SYN),
-        POD,
-        SEC,
-    );
+    let (v, out) = run(&mut a, pod_syn(CLIENT, 40001, 80), POD, SEC);
     assert_eq!(v, Verdict::Forwarded);
     let k = key_of(&out[0].1.data);
     assert_eq!((k.src, k.dst), (ip(NODE1).into(), ip(CLIENT).into()));
@@ -1455,11 +1227,11 @@ fn test_a_connection_needing_the_node_address_of_a_family_the_node_lacks_is_drop
             be("fd00:10:244:2::5", 8080, 2),
         ])
     };
-    let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+    let mut spec = node1_spec();
     spec.ports[0].addresses.retain(|a| a.addr.is_ipv4());
     spec.routes.retain(|r| r.prefix.addr().is_ipv4());
     spec.services = vec![svc];
-    let mut a = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    let mut a = compiled(&spec);
     learn(&mut a, 1, GW, GW_MAC);
     learn(&mut a, 1, "192.168.50.20", uplink_mac(2));
     let o = IpOpts {
@@ -1479,9 +1251,7 @@ fn test_a_connection_needing_the_node_address_of_a_family_the_node_lacks_is_drop
     );
     assert!(out.is_empty());
     assert!(
-        tr.events
-            .iter()
-            .any(|e| e.stage().name() == "service" && e.to_string().contains("none of the family")),
+        has_event(&tr, "service", "none of the family"),
         "{:?}",
         tr.events
     );
@@ -1491,5 +1261,5 @@ fn test_a_connection_needing_the_node_address_of_a_family_the_node_lacks_is_drop
     // IPv4, which the node has, is translated.
     let (v, out) = run(&mut a, syn(CLIENT, "192.168.70.9"), UPLINK, SEC);
     assert_eq!(v, Verdict::Forwarded);
-    assert_eq!(key_of(inner(&out[0].1.data)).src.ip(), ip(NODE1));
+    assert_eq!(key_of(vxlan_inner(&out[0].1.data)).src.ip(), ip(NODE1));
 }

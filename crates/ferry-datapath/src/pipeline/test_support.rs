@@ -3,10 +3,12 @@
 pub(super) use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::*;
+pub(super) use crate::flow::FlowKey;
 pub(super) use crate::lb::{BackendSpec, ServiceSpec};
 pub(super) use crate::tables::{
     MacAddr, ModeSpec, NodeSpec, OverlaySpec, PeerSpec, PortSpec, RouteSpec, TablesSpec,
 };
+pub(super) use crate::test_frames::{Tcp, ip, tcp, udp, vxlan_inner};
 pub(super) use crate::wire::build::{self, IpOpts, tcp_flags};
 
 pub(super) const UPLINK: PortId = 0;
@@ -14,10 +16,6 @@ pub(super) const POD: PortId = 1;
 pub(super) const POD2: PortId = 2;
 pub(super) const GW_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xfe];
 pub(super) const SEC: u64 = 1_000_000_000;
-
-pub(super) fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
 
 /// The fragments of `frame`, at most `max` bytes of IP each, identification `id`.
 pub(super) fn frags(frame: Vec<u8>, id: u32, max: usize) -> Vec<Vec<u8>> {
@@ -82,6 +80,16 @@ pub(super) fn node_spec(n: u8, mode: ModeSpec, peers: Vec<PeerSpec>) -> TablesSp
     }
 }
 
+/// Node 1's tables, encapsulating always, with node 2 as its peer.
+pub(super) fn node1_spec() -> TablesSpec {
+    node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")])
+}
+
+/// A pipeline with the tables of `spec`.
+pub(super) fn compiled(spec: &TablesSpec) -> Pipeline {
+    Pipeline::new(Arc::new(spec.compile().unwrap()))
+}
+
 pub(super) fn peer(n: u8, address: &str) -> PeerSpec {
     PeerSpec {
         name: format!("node{n}"),
@@ -118,13 +126,81 @@ pub(super) fn run(
     port: PortId,
     t: u64,
 ) -> (Verdict, Vec<(PortId, Packet)>) {
+    run_packet(p, Packet::new(frame, port, t))
+}
+
+/// [`run`], with a trace.
+pub(super) fn traced(
+    p: &mut Pipeline,
+    frame: Vec<u8>,
+    port: PortId,
+    t: u64,
+) -> (Verdict, Vec<(PortId, Packet)>, Trace) {
     let mut out = Vec::new();
-    let v = p.process(
-        Packet::new(frame, port, t),
-        &mut out,
-        &mut Trace::disabled(),
-    );
+    let mut tr = Trace::enabled();
+    let v = p.process(Packet::new(frame, port, t), &mut out, &mut tr);
+    (v, out, tr)
+}
+
+/// Whether the trace has an event of `stage` whose text contains `text`.
+pub(super) fn has_event(tr: &Trace, stage: &str, text: &str) -> bool {
+    tr.events
+        .iter()
+        .any(|e| e.stage().name() == stage && e.to_string().contains(text))
+}
+
+/// A static rule masquerading what `matches`.
+pub(super) fn masquerade(matches: crate::tables::MatchSpec) -> crate::tables::NatRuleSpec {
+    crate::tables::NatRuleSpec {
+        matches,
+        dnat: None,
+        snat: None,
+        masquerade: true,
+    }
+}
+
+/// The flow key of a frame.
+pub(super) fn key_of(frame: &[u8]) -> FlowKey {
+    parse(frame, 0).unwrap().key
+}
+
+/// Runs `frames` (the fragments of a datagram, say) through `p` one after another: the
+/// last one's verdict and output.
+pub(super) fn run_each(
+    p: &mut Pipeline,
+    frames: impl IntoIterator<Item = Vec<u8>>,
+    port: PortId,
+    t: u64,
+) -> (Verdict, Vec<(PortId, Packet)>) {
+    let mut last = (Verdict::Held, Vec::new());
+    for f in frames {
+        last = run(p, f, port, t);
+    }
+    last
+}
+
+/// Runs a packet that carries more than its frame (an offload request) through `p`.
+pub(super) fn run_packet(p: &mut Pipeline, pkt: Packet) -> (Verdict, Vec<(PortId, Packet)>) {
+    let mut out = Vec::new();
+    let v = p.process(pkt, &mut out, &mut Trace::disabled());
     (v, out)
+}
+
+/// `frame` arriving on `port` at time 0 with a GSO request of `gso_type` and `gso_size`.
+pub(super) fn gso_packet(frame: Vec<u8>, port: PortId, gso_type: u8, gso_size: u16) -> Packet {
+    let mut pkt = Packet::new(frame, port, 0);
+    pkt.meta.vnet.gso_type = gso_type;
+    pkt.meta.vnet.gso_size = gso_size;
+    pkt
+}
+
+/// The sum of a transport segment `l4` with its IPv4 pseudo-header, folded: 0xffff when
+/// its checksum is right.
+pub(super) fn l4_sum_v4(l4: &[u8], src: [u8; 4], dst: [u8; 4], proto: u8) -> u16 {
+    checksum::fold(checksum::add(
+        l4,
+        checksum::pseudo_v4(src, dst, proto, l4.len() as u16),
+    ))
 }
 
 /// Options for a frame sent by pod `last` of node `n` to its gateway.
@@ -139,21 +215,18 @@ pub(super) fn from_pod(n: u8, last: u8) -> IpOpts {
 /// A TCP GSO super-packet of `payload` bytes (segment size 1460) from pod 10.244.1.5 of
 /// node 1 to 10.244.2.6 on node 2.
 pub(super) fn gso_from_pod(payload: usize) -> Packet {
-    let f = build::tcp(
-        ip("10.244.1.5"),
-        ip("10.244.2.6"),
-        33000,
-        80,
-        1,
-        1,
-        tcp_flags::ACK,
-        &build::pattern(payload, 1),
-        &from_pod(1, 5),
-    );
-    let mut pkt = Packet::new(f, POD, 0);
-    pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV4;
-    pkt.meta.vnet.gso_size = 1460;
-    pkt
+    let f = tcp("10.244.1.5", "10.244.2.6", 33000, 80)
+        .seq(1, 1)
+        .flags(tcp_flags::ACK)
+        .opts(&from_pod(1, 5))
+        .frame(&build::pattern(payload, 1));
+    gso_packet(f, POD, VnetHdr::GSO_TCPV4, 1460)
+}
+
+/// A UDP datagram from port 1 to port 2 that pod 10.244.1.5 of node 1 sends (through
+/// its link, so with its MACs) with `src` as its source address, of either family.
+pub(super) fn pod_udp(src: &str, dst: &str, payload: &[u8]) -> Vec<u8> {
+    build::udp(ip(src), ip(dst), 1, 2, payload, &from_pod(1, 5))
 }
 
 pub(super) fn udp_from_pod(dst: &str, sport: u16, payload: &[u8]) -> Vec<u8> {
@@ -210,9 +283,8 @@ pub(super) fn be(addr: &str, port: u16, node: u8) -> BackendSpec {
     }
 }
 
-/// Node `n` of the two-node tables with `services`; node 2 is on the uplink subnet, so
-/// cross-subnet mode routes to its pods without encapsulation.
-pub(super) fn node(n: u8, mode: ModeSpec, services: Vec<ServiceSpec>) -> Pipeline {
+/// Tables of node `n` of the two nodes with `services` (for [`node`], or a swap).
+pub(super) fn node_tables(n: u8, mode: ModeSpec, services: Vec<ServiceSpec>) -> Arc<Tables> {
     let other = 3 - n;
     let mut spec = node_spec(
         n,
@@ -220,7 +292,14 @@ pub(super) fn node(n: u8, mode: ModeSpec, services: Vec<ServiceSpec>) -> Pipelin
         vec![peer(other, &format!("192.168.50.{}", other * 10))],
     );
     spec.services = services;
-    let mut p = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    Arc::new(spec.compile().unwrap())
+}
+
+/// Node `n` of the two-node tables with `services`; node 2 is on the uplink subnet, so
+/// cross-subnet mode routes to its pods without encapsulation.
+pub(super) fn node(n: u8, mode: ModeSpec, services: Vec<ServiceSpec>) -> Pipeline {
+    let other = 3 - n;
+    let mut p = Pipeline::new(node_tables(n, mode, services));
     learn(&mut p, n, "192.168.50.1", GW_MAC);
     learn(
         &mut p,
@@ -244,4 +323,33 @@ pub(super) fn arp_request(mac: [u8; 6], sender: &str, target: &str) -> Vec<u8> {
         target_ip: t,
     }
     .frame([0xff; 6], mac, None)
+}
+
+/// The outer headers of a VXLAN packet from node `from`'s uplink to node `to`'s (1 or
+/// 2), with the tests' VNI and port, flow hash `hash` and identification 0.
+pub(super) fn tunnel(from: u8, to: u8, hash: u32) -> overlay::Outer {
+    overlay::Outer {
+        src_mac: uplink_mac(from),
+        dst_mac: uplink_mac(to),
+        src: ip(&format!("192.168.50.{}", from * 10)),
+        dst: ip(&format!("192.168.50.{}", to * 10)),
+        vni: 4096,
+        port: 4789,
+        hash,
+        id: 0,
+    }
+}
+
+/// What the ICMP error `frame` (parsed as `pe`) quotes: the destination address and
+/// port of the packet it is about.
+pub(super) fn quoted(frame: &[u8], pe: &Parsed) -> (IpAddr, u16) {
+    let q = &frame[pe.l4_off + 8..];
+    let (dst, l4) = if pe.l3 == L3::Ipv4 {
+        let d: [u8; 4] = q[16..20].try_into().unwrap();
+        (IpAddr::from(d), usize::from(q[0] & 15) * 4)
+    } else {
+        let d: [u8; 16] = q[24..40].try_into().unwrap();
+        (IpAddr::from(d), 40)
+    };
+    (dst, u16::from_be_bytes([q[l4 + 2], q[l4 + 3]]))
 }

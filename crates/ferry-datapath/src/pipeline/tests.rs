@@ -1,6 +1,8 @@
 //! Pipeline tests: forwarding, fragments, GSO, conntrack and NAT, offload checks.
 
-use super::test_support::{frags, ip, run};
+use super::test_support::{
+    compiled, frags, gso_packet, ip, l4_sum_v4, masquerade, run, run_each, run_packet, tcp, udp,
+};
 use super::*;
 use crate::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
 use crate::wire::build::{self, IpOpts, tcp_flags};
@@ -23,6 +25,21 @@ fn port(name: &str, last: u8, mtu: u16, addrs: &[&str], gro: bool, gso: bool) ->
     }
 }
 
+/// The uplink (1500, GRO, the node's addresses) and the pod port (1450).
+fn uplink_and_pod() -> [PortSpec; 2] {
+    [
+        port(
+            "uplink",
+            1,
+            1500,
+            &["192.168.50.10", "fd00:50::10"],
+            true,
+            false,
+        ),
+        port("pod", 2, 1450, &["169.254.1.1"], false, false),
+    ]
+}
+
 fn route(prefix: &str, port: &str, mac: [u8; 6]) -> RouteSpec {
     RouteSpec {
         prefix: prefix.parse().unwrap(),
@@ -32,21 +49,22 @@ fn route(prefix: &str, port: &str, mac: [u8; 6]) -> RouteSpec {
     }
 }
 
+/// A broadcast ARP request from 10.0.0.1 for 10.0.0.2, written out byte by byte.
+fn arp_request_for_10_0_0_2() -> Vec<u8> {
+    let mut arp = vec![0xff; 6];
+    arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+    arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 10, 0, 0, 2]);
+    arp
+}
+
 /// uplink (1500, GRO, addresses), pod (1450), big (9000, GSO-capable).
 fn pipeline() -> Pipeline {
     let spec = TablesSpec {
-        ports: vec![
-            port(
-                "uplink",
-                1,
-                1500,
-                &["192.168.50.10", "fd00:50::10"],
-                true,
-                false,
-            ),
-            port("pod", 2, 1450, &["169.254.1.1"], false, false),
-            port("big", 3, 9000, &[], false, true),
-        ],
+        ports: [
+            &uplink_and_pod()[..],
+            &[port("big", 3, 9000, &[], false, true)],
+        ]
+        .concat(),
         routes: vec![
             route("10.244.1.5/32", "pod", POD_MAC),
             route("fd00:10:244:1::5/128", "pod", POD_MAC),
@@ -56,20 +74,13 @@ fn pipeline() -> Pipeline {
         ],
         ..TablesSpec::default()
     };
-    Pipeline::new(Arc::new(spec.compile().unwrap()))
+    compiled(&spec)
 }
 
 #[test]
 fn test_forward_decrements_ttl_and_rewrites_macs() {
     let mut p = pipeline();
-    let f = build::udp(
-        ip("192.168.50.1"),
-        ip("10.244.1.5"),
-        1,
-        2,
-        b"hi",
-        &IpOpts::default(),
-    );
+    let f = udp("192.168.50.1", "10.244.1.5", 1, 2, b"hi");
     let (v, out) = run(&mut p, f, UPLINK, 0);
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out.len(), 1);
@@ -85,33 +96,24 @@ fn test_forward_decrements_ttl_and_rewrites_macs() {
 #[test]
 fn test_unknown_port_no_route_and_arp_are_counted() {
     let mut p = pipeline();
-    let f = build::udp(
-        ip("192.168.50.1"),
-        ip("10.244.1.5"),
-        1,
-        2,
-        b"",
-        &IpOpts::default(),
-    );
+    let f = udp("192.168.50.1", "10.244.1.5", 1, 2, b"");
     assert_eq!(
         run(&mut p, f, 9, 0).0,
         Verdict::Dropped(DropReason::UnknownPort)
     );
-    let f = build::udp(ip("fd00::1"), ip("fd00::2"), 1, 2, b"", &IpOpts::default());
+    let f = udp("fd00::1", "fd00::2", 1, 2, b"");
     let spec = TablesSpec {
         ports: vec![port("only", 1, 1500, &[], false, false)],
         routes: vec![],
         ..TablesSpec::default()
     };
-    let mut q = Pipeline::new(Arc::new(spec.compile().unwrap()));
+    let mut q = compiled(&spec);
     assert_eq!(
         run(&mut q, f, 0, 0).0,
         Verdict::Dropped(DropReason::NoRoute)
     );
     assert_eq!(q.drops().get(DropReason::NoRoute), 1);
-    let mut arp = vec![0xff; 6];
-    arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
-    arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 10, 0, 0, 2]);
+    let arp = arp_request_for_10_0_0_2();
     assert_eq!(
         run(&mut p, arp, UPLINK, 0).0,
         Verdict::Dropped(DropReason::ArpNotHandled)
@@ -154,14 +156,7 @@ fn test_df_too_big_gets_fragmentation_needed_with_mtu() {
         1450
     );
     // IPv6 is never fragmented by a router: packet too big.
-    let f = build::udp(
-        ip("fd00:50::1"),
-        ip("fd00:10:244:1::5"),
-        1,
-        2,
-        &[0; 1452],
-        &IpOpts::default(),
-    );
+    let f = udp("fd00:50::1", "fd00:10:244:1::5", 1, 2, &[0; 1452]);
     let (v, out) = run(&mut p, f, UPLINK, 0);
     assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
     let q = parse(&out[0].1.data, 0).unwrap();
@@ -172,14 +167,7 @@ fn test_df_too_big_gets_fragmentation_needed_with_mtu() {
 #[test]
 fn test_ipv4_without_df_is_fragmented_to_mtu() {
     let mut p = pipeline();
-    let f = build::udp(
-        ip("192.168.50.1"),
-        ip("10.244.1.5"),
-        1,
-        2,
-        &[7; 1472],
-        &IpOpts::default(),
-    );
+    let f = udp("192.168.50.1", "10.244.1.5", 1, 2, &[7; 1472]);
     let (v, out) = run(&mut p, f, UPLINK, 0);
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out.len(), 2);
@@ -192,13 +180,12 @@ fn test_ipv4_without_df_is_fragmented_to_mtu() {
 #[test]
 fn test_reassembled_datagram_is_refragmented_to_mru_not_mtu() {
     let mut p = pipeline();
-    let whole = build::udp(
-        ip("192.168.50.1"),
-        ip("10.244.9.7"),
+    let whole = udp(
+        "192.168.50.1",
+        "10.244.9.7",
         40000,
         8080,
         &build::pattern(3000, 1),
-        &IpOpts::default(),
     );
     let fs = frags(whole, 0x42, 1000);
     let n = fs.len();
@@ -226,17 +213,11 @@ fn test_gro_super_packet_is_segmented_never_fragmented() {
         dont_fragment: true,
         ..IpOpts::default()
     };
-    let f = build::tcp(
-        ip("192.168.50.1"),
-        ip("10.244.1.5"),
-        443,
-        5000,
-        100,
-        1,
-        tcp_flags::ACK,
-        &build::pattern(6000, 2),
-        &o,
-    );
+    let f = tcp("192.168.50.1", "10.244.1.5", 443, 5000)
+        .seq(100, 1)
+        .flags(tcp_flags::ACK)
+        .opts(&o)
+        .frame(&build::pattern(6000, 2));
     let (v, out) = run(&mut p, f, UPLINK, 0);
     assert_eq!(v, Verdict::Forwarded);
     assert!(out.len() >= 5);
@@ -257,25 +238,12 @@ fn test_gro_super_packet_is_segmented_never_fragmented() {
 #[test]
 fn test_gso_packet_goes_whole_to_a_gso_port() {
     let mut p = pipeline();
-    let f = build::tcp(
-        ip("192.168.50.1"),
-        ip("10.244.9.7"),
-        443,
-        5000,
-        1,
-        1,
-        tcp_flags::ACK,
-        &build::pattern(20000, 2),
-        &IpOpts::default(),
-    );
-    let mut pkt = Packet::new(f, UPLINK, 0);
-    pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV4;
-    pkt.meta.vnet.gso_size = 1448;
-    let mut out = Vec::new();
-    assert_eq!(
-        p.process(pkt, &mut out, &mut Trace::disabled()),
-        Verdict::Forwarded
-    );
+    let f = tcp("192.168.50.1", "10.244.9.7", 443, 5000)
+        .seq(1, 1)
+        .flags(tcp_flags::ACK)
+        .frame(&build::pattern(20000, 2));
+    let (v, out) = run_packet(&mut p, gso_packet(f, UPLINK, VnetHdr::GSO_TCPV4, 1448));
+    assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].1.meta.vnet.gso_size, 1448);
 }
@@ -283,14 +251,7 @@ fn test_gso_packet_goes_whole_to_a_gso_port() {
 #[test]
 fn test_partial_checksum_is_completed_for_a_plain_port() {
     let mut p = pipeline();
-    let mut f = build::udp(
-        ip("192.168.50.1"),
-        ip("10.244.1.5"),
-        1,
-        2,
-        b"payload",
-        &IpOpts::default(),
-    );
+    let mut f = udp("192.168.50.1", "10.244.1.5", 1, 2, b"payload");
     let want = f.clone();
     let l4 = 34;
     let pseudo = checksum::fold(checksum::pseudo_v4(
@@ -316,14 +277,7 @@ fn test_partial_checksum_is_completed_for_a_plain_port() {
 #[test]
 fn test_incomplete_datagram_expires_on_tick() {
     let mut p = pipeline();
-    let whole = build::udp(
-        ip("192.168.50.1"),
-        ip("10.244.1.5"),
-        1,
-        2,
-        &[1; 3000],
-        &IpOpts::default(),
-    );
+    let whole = udp("192.168.50.1", "10.244.1.5", 1, 2, &[1; 3000]);
     let first = frags(whole, 9, 1500).remove(0);
     assert_eq!(run(&mut p, first, UPLINK, 0).0, Verdict::Held);
     assert_eq!(p.reassembler().held_datagrams(), 1);
@@ -338,14 +292,7 @@ fn test_incomplete_datagram_expires_on_tick() {
 #[test]
 fn test_trace_records_each_stage() {
     let mut p = pipeline();
-    let f = build::udp(
-        ip("192.168.50.1"),
-        ip("10.244.1.5"),
-        1,
-        2,
-        b"hi",
-        &IpOpts::default(),
-    );
+    let f = udp("192.168.50.1", "10.244.1.5", 1, 2, b"hi");
     let mut t = Trace::enabled();
     let mut out = Vec::new();
     p.process(Packet::new(f, UPLINK, 0), &mut out, &mut t);
@@ -362,17 +309,7 @@ fn test_trace_records_each_stage() {
 fn nat_pipeline(pass_invalid: bool) -> Pipeline {
     use crate::tables::{CtSpec, MatchSpec, NatRuleSpec};
     let mut spec = TablesSpec {
-        ports: vec![
-            port(
-                "uplink",
-                1,
-                1500,
-                &["192.168.50.10", "fd00:50::10"],
-                true,
-                false,
-            ),
-            port("pod", 2, 1450, &["169.254.1.1"], false, false),
-        ],
+        ports: uplink_and_pod().to_vec(),
         routes: vec![
             route("10.244.1.5/32", "pod", POD_MAC),
             route("0.0.0.0/0", "uplink", [2, 0, 0, 0, 0, 0xfe]),
@@ -392,34 +329,22 @@ fn nat_pipeline(pass_invalid: bool) -> Pipeline {
             masquerade: false,
         });
     }
-    spec.nat.push(NatRuleSpec {
-        matches: MatchSpec {
-            in_port: Some("pod".into()),
-            dst: Some("192.168.60.0/24".parse().unwrap()),
-            ..MatchSpec::default()
-        },
-        dnat: None,
-        snat: None,
-        masquerade: true,
-    });
+    spec.nat.push(masquerade(MatchSpec {
+        in_port: Some("pod".into()),
+        dst: Some("192.168.60.0/24".parse().unwrap()),
+        ..MatchSpec::default()
+    }));
     spec.ct = CtSpec {
         pass_invalid,
         ..CtSpec::default()
     };
-    Pipeline::new(Arc::new(spec.compile().unwrap()))
+    compiled(&spec)
 }
 
 #[test]
 fn test_dnat_rule_translates_both_directions() {
     let mut p = nat_pipeline(false);
-    let q = build::udp(
-        ip("192.168.50.1"),
-        ip("10.96.0.10"),
-        40000,
-        53,
-        b"query",
-        &IpOpts::default(),
-    );
+    let q = udp("192.168.50.1", "10.96.0.10", 40000, 53, b"query");
     let mut t = Trace::enabled();
     let mut out = Vec::new();
     assert_eq!(
@@ -440,14 +365,7 @@ fn test_dnat_rule_translates_both_directions() {
         )
     );
     // The answer leaves with the VIP as its source.
-    let a = build::udp(
-        ip("10.244.1.5"),
-        ip("192.168.50.1"),
-        5353,
-        40000,
-        b"answer",
-        &IpOpts::default(),
-    );
+    let a = udp("10.244.1.5", "192.168.50.1", 5353, 40000, b"answer");
     let mut t = Trace::enabled();
     out.clear();
     assert_eq!(
@@ -464,22 +382,14 @@ fn test_dnat_rule_translates_both_directions() {
 fn test_fragments_to_a_dnat_vip_are_reassembled_translated_and_refragmented() {
     // The Antrea/OVS case: the connection is found for fragments whichever comes last.
     let mut p = nat_pipeline(false);
-    let q = build::udp(
-        ip("192.168.50.1"),
-        ip("10.96.0.10"),
+    let q = udp(
+        "192.168.50.1",
+        "10.96.0.10",
         40000,
         53,
         &build::pattern(4000, 3),
-        &IpOpts::default(),
     );
-    let first = build::udp(
-        ip("192.168.50.1"),
-        ip("10.96.0.10"),
-        40000,
-        53,
-        b"x",
-        &IpOpts::default(),
-    );
+    let first = udp("192.168.50.1", "10.96.0.10", 40000, 53, b"x");
     assert_eq!(run(&mut p, first, UPLINK, 0).0, Verdict::Forwarded);
     let fs = frags(q.clone(), 0, 1500);
     let n = fs.len();
@@ -519,12 +429,8 @@ fn test_fragments_to_a_dnat_vip_are_reassembled_translated_and_refragmented() {
     );
     assert_eq!(&w.data[pw.l4_off + 8..], &build::pattern(4000, 3)[..]);
     let l4 = &w.data[pw.l4_off..pw.ip_end];
-    let sum = checksum::add(
-        l4,
-        checksum::pseudo_v4([192, 168, 50, 1], [10, 244, 1, 5], 17, l4.len() as u16),
-    );
     assert_eq!(
-        checksum::fold(sum),
+        l4_sum_v4(l4, [192, 168, 50, 1], [10, 244, 1, 5], 17),
         0xffff,
         "UDP checksum of the translated datagram verifies"
     );
@@ -533,14 +439,7 @@ fn test_fragments_to_a_dnat_vip_are_reassembled_translated_and_refragmented() {
 #[test]
 fn test_invalid_is_dropped_unless_configured_to_pass() {
     // An ICMP error about a connection nobody made.
-    let bogus = build::udp(
-        ip("10.244.1.5"),
-        ip("192.168.50.1"),
-        1,
-        2,
-        b"x",
-        &IpOpts::default(),
-    );
+    let bogus = udp("10.244.1.5", "192.168.50.1", 1, 2, b"x");
     let pb = parse(&bogus, 0).unwrap();
     let err = crate::icmp::build_error(
         &bogus,
@@ -600,17 +499,9 @@ fn test_too_big_error_for_a_translated_packet_is_translated_back() {
 #[test]
 fn test_masquerade_uses_the_egress_port_address() {
     let mut p = nat_pipeline(false);
-    let f = build::tcp(
-        ip("10.244.1.5"),
-        ip("192.168.60.7"),
-        33000,
-        443,
-        1,
-        0,
-        tcp_flags::SYN,
-        b"",
-        &IpOpts::default(),
-    );
+    let f = tcp("10.244.1.5", "192.168.60.7", 33000, 443)
+        .flags(tcp_flags::SYN)
+        .frame(b"");
     let (v, out) = run(&mut p, f, POD, 0);
     assert_eq!(v, Verdict::Forwarded);
     let k = parse(&out[0].1.data, 0).unwrap().key;
@@ -637,14 +528,7 @@ fn test_partial_checksum_must_name_the_transport_checksum() {
     // A sender must not choose where completing its checksum writes: here, into the
     // IPv6 source address.
     let mut p = pipeline();
-    let f = build::udp(
-        ip("fd00:50::1"),
-        ip("fd00:10:244:1::5"),
-        1,
-        2,
-        b"payload",
-        &IpOpts::default(),
-    );
+    let f = udp("fd00:50::1", "fd00:10:244:1::5", 1, 2, b"payload");
     let mut pkt = Packet::new(f, UPLINK, 0);
     pkt.meta.vnet.flags = VnetHdr::F_NEEDS_CSUM;
     pkt.meta.vnet.csum_start = 22;
@@ -658,17 +542,10 @@ fn test_partial_checksum_must_name_the_transport_checksum() {
 #[test]
 fn test_gro_packet_sent_whole_carries_a_partial_checksum() {
     let mut spec_p = pipeline();
-    let f = build::tcp(
-        ip("192.168.50.1"),
-        ip("10.244.9.7"),
-        443,
-        5000,
-        1,
-        1,
-        tcp_flags::ACK,
-        &build::pattern(6000, 4),
-        &IpOpts::default(),
-    );
+    let f = tcp("192.168.50.1", "10.244.9.7", 443, 5000)
+        .seq(1, 1)
+        .flags(tcp_flags::ACK)
+        .frame(&build::pattern(6000, 4));
     let (v, out) = run(&mut spec_p, f, UPLINK, 0);
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out.len(), 1, "whole to the GSO port");
@@ -684,12 +561,8 @@ fn test_gro_packet_sent_whole_carries_a_partial_checksum() {
     .unwrap();
     let q = parse(&pkt.data, 0).unwrap();
     let l4 = &pkt.data[q.l4_off..q.ip_end];
-    let sum = checksum::add(
-        l4,
-        checksum::pseudo_v4([192, 168, 50, 1], [10, 244, 9, 7], 6, l4.len() as u16),
-    );
     assert_eq!(
-        checksum::fold(sum),
+        l4_sum_v4(l4, [192, 168, 50, 1], [10, 244, 9, 7], 6),
         0xffff,
         "the completed checksum verifies"
     );
@@ -705,26 +578,13 @@ fn test_gso_to_a_gso_port_never_exceeds_its_mtu() {
         routes: vec![route("10.0.0.0/8", "small", POD_MAC)],
         ..TablesSpec::default()
     };
-    let mut p = Pipeline::new(Arc::new(spec.compile().unwrap()));
-    let f = build::tcp(
-        ip("192.168.0.1"),
-        ip("10.0.0.1"),
-        1,
-        2,
-        1,
-        1,
-        tcp_flags::ACK,
-        &[1; 20000],
-        &IpOpts::default(),
-    );
-    let mut pkt = Packet::new(f, 0, 0);
-    pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV4;
-    pkt.meta.vnet.gso_size = 8948;
-    let mut out = Vec::new();
-    assert_eq!(
-        p.process(pkt, &mut out, &mut Trace::disabled()),
-        Verdict::Forwarded
-    );
+    let mut p = compiled(&spec);
+    let f = tcp("192.168.0.1", "10.0.0.1", 1, 2)
+        .seq(1, 1)
+        .flags(tcp_flags::ACK)
+        .frame(&[1; 20000]);
+    let (v, out) = run_packet(&mut p, gso_packet(f, 0, VnetHdr::GSO_TCPV4, 8948));
+    assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out[0].1.meta.vnet.gso_size, 1280 - 40);
 }
 
@@ -732,37 +592,21 @@ fn test_gso_to_a_gso_port_never_exceeds_its_mtu() {
 fn test_fragments_larger_than_the_mtu_are_not_fragmented_in_transit() {
     // IPv6 fragments of 1500 bytes towards a 1450 port: packet too big, as Linux does.
     let mut p = pipeline();
-    let whole = build::udp(
-        ip("fd00:50::1"),
-        ip("fd00:10:244:1::5"),
+    let whole = udp(
+        "fd00:50::1",
+        "fd00:10:244:1::5",
         1,
         2,
         &build::pattern(3000, 5),
-        &IpOpts::default(),
     );
-    let mut out = Vec::new();
-    let mut last = Verdict::Held;
-    for f in frags(whole, 77, 1500) {
-        out.clear();
-        last = p.process(Packet::new(f, UPLINK, 0), &mut out, &mut Trace::disabled());
-    }
+    let (last, out) = run_each(&mut p, frags(whole, 77, 1500), UPLINK, 0);
     assert_eq!(last, Verdict::Dropped(DropReason::TooBig));
     assert_eq!(out.len(), 1);
     let q = parse(&out[0].1.data, 0).unwrap();
     assert_eq!(q.key.dst_port, 2 << 8, "ICMPv6 packet too big");
     // IPv4 without DF may be fragmented further.
-    let whole = build::udp(
-        ip("192.168.50.1"),
-        ip("10.244.1.5"),
-        1,
-        2,
-        &build::pattern(3000, 5),
-        &IpOpts::default(),
-    );
-    for f in frags(whole, 78, 1500) {
-        out.clear();
-        last = p.process(Packet::new(f, UPLINK, 0), &mut out, &mut Trace::disabled());
-    }
+    let whole = udp("192.168.50.1", "10.244.1.5", 1, 2, &build::pattern(3000, 5));
+    let (last, out) = run_each(&mut p, frags(whole, 78, 1500), UPLINK, 0);
     assert_eq!(last, Verdict::Forwarded);
     assert!(
         out.iter()
@@ -776,17 +620,12 @@ fn test_uso_datagrams_over_the_mtu_are_fragmented_or_refused() {
     // datagram (1428 bytes of IP) fits and leaves whole.
     let uso = |src: &str, dst: &str, o: &IpOpts| {
         let f = build::udp(ip(src), ip(dst), 1, 2, &build::pattern(4 * 1400, 6), o);
-        let mut pkt = Packet::new(f, UPLINK, 0);
-        pkt.meta.vnet.gso_type = VnetHdr::GSO_UDP_L4;
-        pkt.meta.vnet.gso_size = 1400;
-        pkt
+        gso_packet(f, UPLINK, VnetHdr::GSO_UDP_L4, 1400)
     };
     let mut p = pipeline();
-    let mut out = Vec::new();
-    let v = p.process(
+    let (v, out) = run_packet(
+        &mut p,
         uso("192.168.50.1", "10.244.1.5", &IpOpts::default()),
-        &mut out,
-        &mut Trace::disabled(),
     );
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out.len(), 4);
@@ -797,33 +636,24 @@ fn test_uso_datagrams_over_the_mtu_are_fragmented_or_refused() {
         pkt.meta.vnet.gso_size = 1440;
         pkt
     };
-    out.clear();
-    let v = p.process(
+    let (v, out) = run_packet(
+        &mut p,
         big("192.168.50.1", "10.244.1.5", &IpOpts::default()),
-        &mut out,
-        &mut Trace::disabled(),
     );
     assert_eq!(v, Verdict::Forwarded);
     assert!(
         out.len() > 4 && out.iter().all(|(_, f)| f.data.len() - 14 <= 1450),
         "fragmented per datagram"
     );
-    out.clear();
     let df = IpOpts {
         dont_fragment: true,
         ..IpOpts::default()
     };
-    let v = p.process(
-        big("192.168.50.1", "10.244.1.5", &df),
-        &mut out,
-        &mut Trace::disabled(),
-    );
+    let (v, _) = run_packet(&mut p, big("192.168.50.1", "10.244.1.5", &df));
     assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
-    out.clear();
-    let v = p.process(
+    let (v, out) = run_packet(
+        &mut p,
         big("fd00:50::1", "fd00:10:244:1::5", &IpOpts::default()),
-        &mut out,
-        &mut Trace::disabled(),
     );
     assert_eq!(v, Verdict::Dropped(DropReason::TooBig));
     assert_eq!(out.len(), 1, "packet too big goes back");
@@ -834,25 +664,11 @@ fn test_gso_request_that_does_not_match_its_packet_is_dropped_even_towards_a_gso
     // Towards "big" (gso: true) a GSO packet would be handed on whole; a request that
     // does not fit the packet is refused here, not left to the receiving kernel.
     let mut p = pipeline();
-    let udp = build::udp(
-        ip("192.168.0.1"),
-        ip("10.244.9.7"),
-        1,
-        2,
-        &[1; 3000],
-        &IpOpts::default(),
-    );
-    let tcp = build::tcp(
-        ip("192.168.0.1"),
-        ip("10.244.9.7"),
-        1,
-        2,
-        1,
-        1,
-        tcp_flags::ACK,
-        &[1; 3000],
-        &IpOpts::default(),
-    );
+    let udp = udp("192.168.0.1", "10.244.9.7", 1, 2, &[1; 3000]);
+    let tcp = tcp("192.168.0.1", "10.244.9.7", 1, 2)
+        .seq(1, 1)
+        .flags(tcp_flags::ACK)
+        .frame(&[1; 3000]);
     let cases = [
         (udp.clone(), VnetHdr::GSO_TCPV4, 1000),
         (tcp.clone(), VnetHdr::GSO_TCPV6, 1000),
@@ -864,11 +680,7 @@ fn test_gso_request_that_does_not_match_its_packet_is_dropped_even_towards_a_gso
         (tcp.clone(), VnetHdr::GSO_TCPV4, 1),
     ];
     for (frame, gso_type, gso_size) in cases {
-        let mut pkt = Packet::new(frame, UPLINK, 0);
-        pkt.meta.vnet.gso_type = gso_type;
-        pkt.meta.vnet.gso_size = gso_size;
-        let mut out = Vec::new();
-        let v = p.process(pkt, &mut out, &mut Trace::disabled());
+        let (v, out) = run_packet(&mut p, gso_packet(frame, UPLINK, gso_type, gso_size));
         assert!(
             matches!(
                 v,
@@ -879,11 +691,8 @@ fn test_gso_request_that_does_not_match_its_packet_is_dropped_even_towards_a_gso
         assert!(out.is_empty());
     }
     // The same TCP packet with a request that fits it goes through whole.
-    let mut pkt = Packet::new(tcp, UPLINK, 0);
-    pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV4;
-    pkt.meta.vnet.gso_size = 1000;
-    let (mut out, v) = (Vec::new(), Verdict::Forwarded);
-    assert_eq!(p.process(pkt, &mut out, &mut Trace::disabled()), v);
+    let (v, out) = run_packet(&mut p, gso_packet(tcp, UPLINK, VnetHdr::GSO_TCPV4, 1000));
+    assert_eq!(v, Verdict::Forwarded);
     assert!(out[0].1.meta.vnet.is_gso());
 }
 
@@ -902,17 +711,8 @@ fn test_a_batch_does_what_its_packets_do_one_at_a_time() {
             &IpOpts::default(),
         )
     };
-    let mut arp = vec![0xff; 6];
-    arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
-    arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 10, 0, 0, 2]);
-    let big = build::udp(
-        ip("192.168.50.1"),
-        ip("10.244.1.5"),
-        7,
-        7,
-        &build::pattern(3000, 1),
-        &IpOpts::default(),
-    );
+    let arp = arp_request_for_10_0_0_2();
+    let big = udp("192.168.50.1", "10.244.1.5", 7, 7, &build::pattern(3000, 1));
     let mut truncated = flow(3, b"x");
     truncated.truncate(30);
     let n = PREFETCH_MIN_CONNECTIONS as u32 + 500;
@@ -978,7 +778,7 @@ fn pipeline_with_small_gso_port() -> Pipeline {
         ],
         ..TablesSpec::default()
     };
-    Pipeline::new(Arc::new(spec.compile().unwrap()))
+    compiled(&spec)
 }
 
 /// A GSO packet handed on whole gets a segment size that fits the port's MTU; when its
@@ -987,17 +787,10 @@ fn pipeline_with_small_gso_port() -> Pipeline {
 #[test]
 fn test_gso_packet_whose_headers_fill_the_mtu_is_not_handed_on_with_segment_size_0() {
     let mut p = pipeline_with_small_gso_port();
-    let tcp = build::tcp(
-        ip("fd00:50::1"),
-        ip("fd00:99::9"),
-        1,
-        2,
-        1,
-        1,
-        tcp_flags::ACK,
-        &[7; 4000],
-        &IpOpts::default(),
-    );
+    let tcp = tcp("fd00:50::1", "fd00:99::9", 1, 2)
+        .seq(1, 1)
+        .flags(tcp_flags::ACK)
+        .frame(&[7; 4000]);
     // The same packet with a 1224-byte Destination Options header (skippable unknown
     // options) in front of TCP: 40 + 1224 + 20 bytes of headers, more than 1280.
     let mut opts = vec![6u8, 152];
@@ -1016,11 +809,8 @@ fn test_gso_packet_whose_headers_fill_the_mtu_is_not_handed_on_with_segment_size
         (tcp, Verdict::Forwarded),
         (big_hdrs, Verdict::Dropped(DropReason::MtuTooSmall)),
     ] {
-        let mut pkt = Packet::new(frame, UPLINK, 0);
-        pkt.meta.vnet.gso_type = VnetHdr::GSO_TCPV6;
-        pkt.meta.vnet.gso_size = 1400;
-        let mut out = Vec::new();
-        assert_eq!(p.process(pkt, &mut out, &mut Trace::disabled()), want);
+        let (v, out) = run_packet(&mut p, gso_packet(frame, UPLINK, VnetHdr::GSO_TCPV6, 1400));
+        assert_eq!(v, want);
         if want == Verdict::Forwarded {
             // Sent whole, its segment size cut to what 1280 carries.
             assert_eq!(out.len(), 1);
@@ -1048,14 +838,8 @@ fn test_a_uso_packet_of_one_short_datagram_is_not_too_big() {
             ..IpOpts::default()
         },
     );
-    let mut pkt = Packet::new(udp, UPLINK, 0);
-    pkt.meta.vnet.gso_type = VnetHdr::GSO_UDP_L4;
-    pkt.meta.vnet.gso_size = 1472;
-    let mut out = Vec::new();
-    assert_eq!(
-        p.process(pkt, &mut out, &mut Trace::disabled()),
-        Verdict::Forwarded
-    );
+    let (v, out) = run_packet(&mut p, gso_packet(udp, UPLINK, VnetHdr::GSO_UDP_L4, 1472));
+    assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].0, 2);
 }
