@@ -10,7 +10,8 @@
 //! 2. NetworkPolicy: when any policy selects the pod for the direction, the pod is
 //!    isolated, and allowed is what any of those policies' rules allows (the union);
 //!    the rest is denied;
-//! 3. the Baseline tier, in priority order: the first rule that matches decides;
+//! 3. the Baseline tier, in priority order: the first rule that matches decides (its
+//!    `pass` leaves it to the default);
 //! 4. else the connection is allowed.
 //!
 //! Ingress is decided for the destination pod (after DNAT, on the peer the pod will see:
@@ -571,7 +572,7 @@ impl Policy {
             rule("allow", i, *r, false, true)?;
         }
         for (i, r) in spec.baseline.iter().enumerate() {
-            rule("baseline", i, *r, false, false)?;
+            rule("baseline", i, *r, true, false)?;
         }
         if let Some(p) = spec
             .isolated_by
@@ -668,6 +669,8 @@ impl Policy {
             };
         }
         match self.first(&dir.baseline, q) {
+            // Pass leaves the decision to the next tier, which is the default: allowed.
+            Some((r, ActionSpec::Pass)) => decided(Tier::Baseline, r, ActionSpec::Accept),
             Some((r, a)) => decided(Tier::Baseline, r, a),
             None => Decision::DEFAULT,
         }

@@ -336,6 +336,12 @@ fn tiers_decide_in_order_and_pass_hands_over_to_network_policy() {
     );
     assert_eq!(b("10.0.3.1").by, DecidedBy::Rule(Tier::Baseline, 3));
     assert!(!b("10.0.3.1").allowed);
+    // A baseline Pass leaves the decision to the default.
+    let mut spec = spec;
+    spec.rules[3].action = ActionSpec::Pass;
+    let p = spec.compile(&PORTS).unwrap();
+    let d = p.decide(2, Direction::Ingress, &q("10.0.3.1", proto::TCP, 80));
+    assert_eq!((d.allowed, d.by), (true, DecidedBy::Rule(Tier::Baseline, 3)));
 }
 
 #[test]
@@ -391,10 +397,6 @@ fn bad_specs_are_refused_with_the_entry_named() {
     refused(
         &|s| {
             s.rules[0].action = ActionSpec::Pass;
-            s.pods[0].ingress = DirectionSpec {
-                baseline: vec![0],
-                ..DirectionSpec::default()
-            };
         },
         "cannot be Pass",
     );
