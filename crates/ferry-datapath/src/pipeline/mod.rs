@@ -52,9 +52,7 @@ mod service;
 mod stats;
 mod track;
 
-pub use events::{
-    Asked, Fragment, L2Hop, MtuFit, MtuLength, ServicePath, Stage, Trace, TraceEvent,
-};
+pub use events::{Asked, Fragment, L2Hop, MtuFit, MtuLength, ServicePath, Trace, TraceEvent};
 pub use stats::{PortStats, Stats};
 
 use events::SockAddr;

@@ -373,7 +373,8 @@ fn test_martian_and_link_local_addresses_are_not_forwarded() {
 /// link-local broadcast address.
 #[test]
 fn test_link_local_addresses_routed_explicitly_are_forwarded() {
-    use crate::tables::{MatchSpec, NatRuleSpec, RouteSpec};
+    use crate::nat::{MatchSpec, NatRuleSpec};
+    use crate::tables::RouteSpec;
     let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
     s.routes.push(RouteSpec {
         prefix: "169.254.169.254/32".parse().unwrap(),
