@@ -14,7 +14,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use ferry_agent::cluster::{Cluster, Kind, ObjectKey};
 use ferry_agent::compile::{CompileOptions, node_tables};
 use ferry_agent::run::{Agent, Options};
-use ferry_datapath::tables::TablesSpec;
+use ferry_datapath::TablesSpec;
 use k8s_openapi::api::core::v1::{
     Node, NodeAddress, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec,
 };

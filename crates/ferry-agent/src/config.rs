@@ -1,7 +1,6 @@
 //! Cluster-wide settings: the `kube-system/ferry-config` ConfigMap.
 
-use ferry_datapath::overlay::{DEFAULT_PORT, DEFAULT_VNI, MAX_VNI};
-use ferry_datapath::tables::ModeSpec;
+use ferry_datapath::{DEFAULT_VNI, DEFAULT_VXLAN_PORT, MAX_VNI, ModeSpec};
 use k8s_openapi::api::core::v1::ConfigMap;
 
 use crate::cluster::Cluster;
@@ -44,7 +43,7 @@ impl Default for FerryConfig {
     fn default() -> FerryConfig {
         FerryConfig {
             vxlan_vni: DEFAULT_VNI,
-            vxlan_port: DEFAULT_PORT,
+            vxlan_port: DEFAULT_VXLAN_PORT,
             // Cross-subnet, as Calico's VXLANCrossSubnet: nodes that share a subnet talk
             // directly, without the overhead.
             encapsulation: ModeSpec::CrossSubnet,

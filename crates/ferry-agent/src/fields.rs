@@ -18,7 +18,7 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use ferry_datapath::lb::Policy;
+use ferry_datapath::TrafficPolicy;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -116,10 +116,10 @@ pub fn parse_port(n: i32, field: impl Into<String>) -> Result<u16, FieldError> {
     }
 }
 
-fn parse_policy(s: Option<&str>, field: &str) -> Result<Policy, FieldError> {
+fn parse_policy(s: Option<&str>, field: &str) -> Result<TrafficPolicy, FieldError> {
     match s {
-        None | Some("Cluster") => Ok(Policy::Cluster),
-        Some("Local") => Ok(Policy::Local),
+        None | Some("Cluster") => Ok(TrafficPolicy::Cluster),
+        Some("Local") => Ok(TrafficPolicy::Local),
         Some(o) => Err(FieldError::new(
             field,
             format!("{o:?}: expected Cluster or Local"),
@@ -385,9 +385,9 @@ pub struct ServiceFields {
     /// spec.ports.
     pub ports: Vec<ServicePortFields>,
     /// spec.externalTrafficPolicy.
-    pub external_policy: Policy,
+    pub external_policy: TrafficPolicy,
     /// spec.internalTrafficPolicy.
-    pub internal_policy: Policy,
+    pub internal_policy: TrafficPolicy,
     /// spec.sessionAffinity ClientIP: its timeout.
     pub affinity_timeout_s: Option<u32>,
     /// spec.healthCheckNodePort.
@@ -445,7 +445,7 @@ impl ServiceFields {
         f.affinity_timeout_s = affinity(spec, &mut e);
         if let Some(n) = spec.health_check_node_port {
             f.health_check_node_port = e.take(parse_port(n, "spec.healthCheckNodePort"));
-            if f.type_ != ServiceType::LoadBalancer || f.external_policy != Policy::Local {
+            if f.type_ != ServiceType::LoadBalancer || f.external_policy != TrafficPolicy::Local {
                 e.push(
                     "spec.healthCheckNodePort",
                     "only for type LoadBalancer with externalTrafficPolicy Local",

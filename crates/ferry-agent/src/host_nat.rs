@@ -19,7 +19,7 @@ use std::fmt::Write as _;
 use std::io;
 use std::net::IpAddr;
 
-use ferry_datapath::tables::Tables;
+use ferry_datapath::Tables;
 use ferry_linux::cmd::Cmd;
 
 /// The nftables table ferry owns (one per family).
@@ -130,8 +130,7 @@ mod tests {
     /// Service port instead.
     #[test]
     fn node_ports_go_to_the_cluster_ip_with_the_node_port_unless_it_is_taken() {
-        use ferry_datapath::lb::ServiceSpec;
-        use ferry_datapath::tables::{NodeSpec, PortKind, PortSpec, TablesSpec};
+        use ferry_datapath::{NodeSpec, PortKind, PortSpec, ServiceSpec, TablesSpec};
         let svc = |name: &str, port: u16, node_port: Option<u16>| ServiceSpec {
             name: name.into(),
             proto: "tcp".into(),

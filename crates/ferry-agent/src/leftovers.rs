@@ -25,7 +25,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use ferry_datapath::tables::{PortKind, Tables};
+use ferry_datapath::{PortKind, Tables};
 use ferry_linux::cmd;
 use ipnet::IpNet;
 use serde::Deserialize;

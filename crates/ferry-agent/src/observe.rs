@@ -3,7 +3,7 @@
 //!
 //! Everything here runs as a job on the worker ([`Control::run`]), which owns the
 //! pipeline: a described or given packet is traced on a scratch copy of the live state
-//! ([`ferry_datapath::pipeline::trace`]), so nothing is sent and no connection changes;
+//! ([`ferry_datapath::trace`]), so nothing is sent and no connection changes;
 //! live traces and captures are turned on in the worker's taps and read back in pieces
 //! by the client, which polls.
 //!
@@ -14,11 +14,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ferry_datapath::Described;
-use ferry_datapath::PortId;
-use ferry_datapath::filter::Match;
-use ferry_datapath::pipeline::{self, TraceReport};
-use ferry_datapath::tables::Tables;
+use ferry_datapath::{CaptureFilter, Described, PortId, Tables, TraceReport};
 use ferry_linux::worker::{Captured, Control, Direction, TracedPacket};
 
 /// How long a request may wait for the worker.
@@ -88,7 +84,12 @@ pub fn trace(control: &Control, input: TraceInput) -> Result<TraceReport, String
                 frames.push(d.frame(&tables, port)?);
             }
             let frames = frames.into_iter().map(|f| (port, f)).collect();
-            Ok(pipeline::trace(v.pipeline, frames, v.now_ns, input.reply))
+            Ok(ferry_datapath::trace(
+                v.pipeline,
+                frames,
+                v.now_ns,
+                input.reply,
+            ))
         })
         .map_err(|e| e.to_string())?
 }
@@ -246,7 +247,7 @@ impl Sessions {
         filter: &str,
         count: usize,
     ) -> Result<u64, String> {
-        let m = Match::parse(filter).map_err(|e| format!("filter: {e}"))?;
+        let m = CaptureFilter::parse(filter).map_err(|e| format!("filter: {e}"))?;
         if count == 0 {
             return Err("count must be at least 1".into());
         }
@@ -296,7 +297,7 @@ impl Sessions {
         port: &str,
         filter: &str,
     ) -> Result<u64, String> {
-        let m = Match::parse(filter).map_err(|e| format!("filter: {e}"))?;
+        let m = CaptureFilter::parse(filter).map_err(|e| format!("filter: {e}"))?;
         let port = port.to_string();
         control
             .run(JOB_TIMEOUT, move |v| {
@@ -382,7 +383,7 @@ fn wall_clock(frames: Vec<Captured>, now_ns: u64, wall: SystemTime) -> Vec<Frame
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_datapath::tables::{MacAddr, PortKind, PortSpec, TablesSpec};
+    use ferry_datapath::{MacAddr, PortKind, PortSpec, TablesSpec};
 
     fn tables() -> Tables {
         TablesSpec {

@@ -3,7 +3,7 @@
 //!
 //! The tables hold one entry per Service port, named `namespace/name:port`; the answer
 //! groups them by Service. Connections are counted in one scan of the connection table
-//! (a worker job): every connection this node balanced (mark [`lb::MARK_SERVICE`]) counts
+//! (a worker job): every connection this node balanced (mark [`MARK_SERVICE`]) counts
 //! for the Service port its original destination reaches and for the endpoint its reply
 //! comes from.
 
@@ -12,8 +12,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use ferry_api::{EndpointInfo, FrontendInfo, ServiceInfo, ServicePortInfo};
-use ferry_datapath::lb::{self, Services};
-use ferry_datapath::tables::Tables;
+use ferry_datapath::{MARK_SERVICE, Services, Tables};
 use ferry_linux::worker::Control;
 
 /// How long the connection count may wait for the worker; without it the answer has no
@@ -39,7 +38,7 @@ pub fn count(control: &Control) -> Option<Connections> {
             let mut c = Connections::default();
             for (_, e) in ct.dump(&Default::default()) {
                 // Past its deadline an entry only waits for the expiry wheel.
-                if e.mark & lb::MARK_SERVICE == 0 || e.deadline_ns(&timeouts) <= w.now_ns {
+                if e.mark & MARK_SERVICE == 0 || e.deadline_ns(&timeouts) <= w.now_ns {
                     continue;
                 }
                 let (o, r) = (e.original(), e.reply());
@@ -142,7 +141,7 @@ fn list_services(services: &Services, conns: Option<&Connections>) -> Vec<Servic
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_datapath::lb::{BackendSpec, Policy, ServiceSpec};
+    use ferry_datapath::{BackendSpec, ServiceSpec, TrafficPolicy};
 
     fn spec(name: &str, port: u16) -> ServiceSpec {
         ServiceSpec {
@@ -152,7 +151,7 @@ mod tests {
             cluster_ips: vec!["10.96.0.10".parse().unwrap()],
             node_port: Some(30080),
             load_balancer_ips: vec!["192.0.2.10".parse().unwrap()],
-            external_policy: Policy::Local,
+            external_policy: TrafficPolicy::Local,
             affinity_timeout_s: Some(60),
             backends: vec![
                 BackendSpec {

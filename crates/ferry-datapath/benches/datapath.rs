@@ -10,11 +10,10 @@ use std::sync::Arc;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use ferry_datapath::DropCounters;
 use ferry_datapath::ipf::{self, Reassembler};
-use ferry_datapath::pipeline::{Pipeline, Trace};
-use ferry_datapath::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
 use ferry_datapath::wire::build::{self, IpOpts, tcp_flags};
-use ferry_datapath::{Packet, VnetHdr};
-use ferry_datapath::{gso, wire};
+use ferry_datapath::{
+    MacAddr, Packet, Pipeline, PortSpec, RouteSpec, TablesSpec, Trace, VnetHdr, gso, wire,
+};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()

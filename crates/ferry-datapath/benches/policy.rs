@@ -10,15 +10,13 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use ferry_datapath::Packet;
-use ferry_datapath::pipeline::{Pipeline, Trace, Verdict};
 use ferry_datapath::policy::{
     ActionSpec, BlockSpec, Direction, DirectionSpec, MatchSpec, PodPolicySpec, PolicySpec,
     PortRangeSpec, Query, RuleSpec, SetSpec,
 };
 use ferry_datapath::proto;
-use ferry_datapath::tables::{MacAddr, PortKind, PortSpec, TablesSpec};
 use ferry_datapath::wire::build::{self, IpOpts};
+use ferry_datapath::{MacAddr, Packet, Pipeline, PortKind, PortSpec, TablesSpec, Trace, Verdict};
 use ipnet::IpNet;
 
 const POD: &str = "10.0.0.2";

@@ -11,10 +11,11 @@ use std::sync::Arc;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use ferry_datapath::Packet;
-use ferry_datapath::lb::{BackendSpec, ServiceSpec, Services};
-use ferry_datapath::pipeline::{Pipeline, Trace, Verdict};
-use ferry_datapath::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
 use ferry_datapath::wire::build::{self, IpOpts};
+use ferry_datapath::{
+    BackendSpec, MacAddr, Pipeline, PortSpec, RouteSpec, ServiceSpec, Services, TablesSpec, Trace,
+    Verdict,
+};
 
 /// The process's resident memory in bytes (VmRSS), to report what compiled Services
 /// hold.

@@ -299,7 +299,7 @@ impl Described {
     /// The frame as it arrives on `in_port`: from a pod port, from the pod's MAC to the
     /// port's own (the gateway MAC the pod's ARP or neighbour discovery got), so that the
     /// source check passes for the pod's own addresses; on any other port, from
-    /// [`PEER_MAC`] to the port's MAC. Checksums are correct. Refused for a port the
+    /// `PEER_MAC` to the port's MAC. Checksums are correct. Refused for a port the
     /// tables do not have, and for a pod without an address of the packet's family.
     pub fn frame(&self, tables: &Tables, in_port: PortId) -> Result<Vec<u8>, String> {
         let port = tables

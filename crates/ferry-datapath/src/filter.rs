@@ -144,8 +144,8 @@ enum Expr {
 /// A parsed packet filter. The empty filter matches every frame.
 ///
 /// ```
-/// use ferry_datapath::filter::Match;
-/// let m = Match::parse("tcp port 80 or 443").unwrap();
+/// use ferry_datapath::CaptureFilter;
+/// let m = CaptureFilter::parse("tcp port 80 or 443").unwrap();
 /// assert_eq!(m.to_string(), "(tcp and port 80) or (tcp and port 443)");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -198,7 +198,7 @@ impl Match {
     }
 
     /// The same filter looking into VXLAN frames sent to UDP port `port` (the default
-    /// is 4789, [`vxlan::PORT`]); 0 turns the look inside off.
+    /// is 4789, [`DEFAULT_VXLAN_PORT`](crate::DEFAULT_VXLAN_PORT)); 0 turns the look inside off.
     pub fn with_vxlan_port(mut self, port: u16) -> Match {
         self.vxlan_port = port;
         self

@@ -275,7 +275,8 @@ impl RateLimiter {
     }
 
     /// The rate (tokens per second) and bucket size (tokens) in force.
-    pub fn limits(&self) -> (u32, u32) {
+    #[cfg(test)]
+    pub(crate) fn limits(&self) -> (u32, u32) {
         (
             u32::try_from(self.per_second).unwrap_or(u32::MAX),
             u32::try_from(self.capacity / TOKEN).unwrap_or(u32::MAX),
@@ -283,7 +284,8 @@ impl RateLimiter {
     }
 
     /// How many errors were refused.
-    pub fn limited(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn limited(&self) -> u64 {
         self.limited
     }
 }

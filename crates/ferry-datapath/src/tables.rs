@@ -19,8 +19,8 @@ use crate::packet::PortId;
 
 pub use crate::conntrack::CtSpec;
 pub use crate::icmp::IcmpSpec;
-pub use crate::ipf::{IpfSpec, MIN_FRAGMENT};
-pub use crate::nat::{MatchSpec, NatRule, NatRuleSpec, Snat};
+pub use crate::ipf::IpfSpec;
+pub use crate::nat::{NatRule, NatRuleSpec};
 pub use crate::overlay::{ModeSpec, OverlaySpec, PeerSpec};
 pub use crate::wire::ethernet::MacAddr;
 
@@ -136,7 +136,7 @@ pub struct PortSpec {
     #[serde(default)]
     pub kind: PortKind,
     /// Largest IP packet the port sends, in bytes. Default 1500, except a pod port when
-    /// the overlay is configured: see [`crate::overlay::pod_mtu`].
+    /// the overlay is configured: see `overlay::pod_mtu`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u16>,
     /// Conntrack / fragment zone of packets received here (default 0).
@@ -478,15 +478,13 @@ pub struct Tables {
     /// NetworkPolicy for this node's pods.
     pub policy: Arc<crate::policy::Policy>,
     /// The MTU of a pod port that the tables give none: with the overlay, the uplink's
-    /// less the encapsulation's overhead ([`crate::overlay::pod_mtu`]; none in mode
+    /// less the encapsulation's overhead (`overlay::pod_mtu`; none in mode
     /// `never`), else [`DEFAULT_MTU`]. What a pod's interface is given when it is made.
     pub pod_mtu: u16,
 }
 
 /// The smallest MTU a port may have: IPv6's minimum link MTU.
 pub const MIN_MTU: u16 = 1280;
-/// The largest MTU a port may have.
-pub const MAX_MTU: u16 = 65535;
 /// The pods' IPv4 default gateway (link-local, as Calico).
 pub const GATEWAY_V4: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(169, 254, 1, 1));
 /// The pods' IPv6 default gateway.
@@ -919,6 +917,7 @@ impl Tables {
 mod tests {
     use super::*;
     use crate::flow::{FlowKey, proto};
+    use crate::nat::{MatchSpec, Snat};
 
     fn spec(ports: &[(&str, u16)], routes: &[(&str, &str)]) -> TablesSpec {
         TablesSpec {

@@ -18,10 +18,9 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ferry_datapath::Packet;
 use ferry_datapath::conntrack::{Begin, Config, Conntrack, CtState, Nat};
-use ferry_datapath::pipeline::{Pipeline, Trace};
-use ferry_datapath::tables::{CtSpec, MacAddr, PortSpec, RouteSpec, TablesSpec};
 use ferry_datapath::wire::build::{self, IpOpts};
 use ferry_datapath::wire::{Parsed, parse};
+use ferry_datapath::{CtSpec, MacAddr, Pipeline, PortSpec, RouteSpec, TablesSpec, Trace};
 
 /// Connection `i`: UDP from 10.(i>>16).(i>>8).(i) port 1024 + i%50000 to one of 1000
 /// servers on port 53 (as in the datapath's benchmark).

@@ -125,7 +125,7 @@ pub fn pod_tap(
     dev: &str,
     netns: &str,
     ifname: &str,
-    port: &ferry_datapath::tables::Port,
+    port: &ferry_datapath::Port,
     queues: u16,
 ) -> io::Result<crate::TapPort> {
     let mac = port.peer_mac.ok_or_else(|| {

@@ -139,10 +139,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLoc
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ferry_datapath::gro;
-use ferry_datapath::pipeline::{Pipeline, SwapReport, Trace};
-use ferry_datapath::tables::{PortKind, Tables};
-use ferry_datapath::{Packet, PortId, VnetHdr};
+use ferry_datapath::{Packet, Pipeline, PortId, PortKind, SwapReport, Tables, Trace, VnetHdr, gro};
 
 use crate::port::{Frame, Port, PortCounters};
 

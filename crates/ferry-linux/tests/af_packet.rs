@@ -92,7 +92,7 @@ fn recv_until(
 }
 
 fn udp_to(f: &Frame, dst: Ipv4Addr, port: u16) -> Option<Vec<u8>> {
-    let p = parse::parse(&f.data, 0).ok()?;
+    let p = parse(&f.data, 0).ok()?;
     (p.proto == proto::UDP && p.key.dst == IpAddr::V4(dst) && p.key.dst_port == port)
         .then(|| f.data[p.l4_off + 8..p.ip_end].to_vec())
 }
@@ -190,7 +190,7 @@ fn receives_frames_and_gso_super_packets(tag: &str, rx_mode: RxMode) {
         gso.vnet
     );
     // Whole: the IP header's length covers exactly the bytes received.
-    let p = parse::parse(&gso.data, 0).expect("the super-packet parses");
+    let p = parse(&gso.data, 0).expect("the super-packet parses");
     assert_eq!(
         p.ip_end,
         gso.data.len(),
@@ -353,7 +353,7 @@ fn af_packet_ingress_drop_keeps_the_node_kernel_out() {
         &mut port,
         WAIT,
         |f| {
-            parse::parse(&f.data, 0).is_ok_and(|p| {
+            parse(&f.data, 0).is_ok_and(|p| {
                 p.proto == proto::ICMP
                     && p.key.dst == IpAddr::V4(NODE)
                     && f.data[p.l4_off] == 8

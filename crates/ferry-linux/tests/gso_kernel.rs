@@ -17,11 +17,10 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ferry_datapath::gso;
-use ferry_datapath::proto;
 use ferry_datapath::wire::build::{self, IpOpts, tcp_flags};
-use ferry_datapath::wire::parse::{self, Parsed};
+use ferry_datapath::wire::{Parsed, parse};
 use ferry_datapath::{Packet, VnetHdr};
+use ferry_datapath::{gso, proto};
 use ferry_linux::{Tap, netns};
 
 const SERVER_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0xc7, 0x00, 0x01];
@@ -247,7 +246,7 @@ fn recv_from_server(tap: &Tap, fam: &Family, what: &str) -> (Vec<u8>, Parsed) {
             Err(e) => panic!("read TAP: {e}"),
         };
         let frame = &buf[..n];
-        match parse::parse(frame, 0) {
+        match parse(frame, 0) {
             Ok(p)
                 if p.proto == proto::TCP
                     && p.key.src == fam.server
@@ -360,7 +359,7 @@ fn kernel_receives_segmented_super_packet(fam: Family) {
     // One super-packet, garbage checksum, as a guest with TSO would hand it over.
     let payload = build::pattern(PAYLOAD_LEN, 0x5a);
     let data = client_frame(&fam, seq, ack, tcp_flags::ACK | tcp_flags::PSH, &payload);
-    let parsed = parse::parse(&data, 0).expect("super-packet parses");
+    let parsed = parse(&data, 0).expect("super-packet parses");
     let mut pkt = Packet::new(data, 0, 0);
     pkt.data[parsed.l4_off + 16] = 0xba;
     pkt.data[parsed.l4_off + 17] = 0xd0;

@@ -11,11 +11,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{Netns, dev_name, mac_str, require_root_and_ip};
-use ferry_datapath::VnetHdr;
-use ferry_datapath::proto;
 use ferry_datapath::wire::build::{self, IpOpts, tcp_flags};
 use ferry_datapath::wire::checksum;
-use ferry_datapath::wire::parse::{self, Parsed};
+use ferry_datapath::wire::{Parsed, parse};
+use ferry_datapath::{VnetHdr, proto};
 use ferry_linux::link::{self, PodInterface};
 use ferry_linux::{Frame, Port, TapPort};
 
@@ -75,7 +74,7 @@ struct Seg {
 }
 
 fn tcp_of(f: &Frame, port: u16) -> Option<(Seg, Parsed)> {
-    let p = parse::parse(&f.data, 0).ok()?;
+    let p = parse(&f.data, 0).ok()?;
     if p.proto != proto::TCP || p.key.dst != IpAddr::V4(PEER) || p.key.dst_port != port {
         return None;
     }
@@ -321,7 +320,7 @@ fn tap_port_writes_a_gso_super_packet_to_a_pod() {
         tcp_flags::ACK | tcp_flags::PSH,
         &payload,
     );
-    let p = parse::parse(&data, 0).unwrap();
+    let p = parse(&data, 0).unwrap();
     let l4_len = (p.ip_end - p.l4_off) as u16;
     let pseudo = checksum::pseudo_v4(PEER.octets(), POD.octets(), proto::TCP, l4_len);
     data[p.l4_off + 16..p.l4_off + 18].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
@@ -420,7 +419,7 @@ fn multi_queue_tap_spreads_a_pods_flows_over_its_queues_and_takes_frames_on_any(
     sent.expect("entered the pod namespace")
         .expect("datagrams sent");
     let is_ours = |f: &Frame| {
-        parse::parse(&f.data, 0).is_ok_and(|p| p.key.proto == proto::UDP && p.key.dst_port == 7)
+        parse(&f.data, 0).is_ok_and(|p| p.key.proto == proto::UDP && p.key.dst_port == 7)
     };
     let mut counts = [0u16; 2];
     let deadline = Instant::now() + WAIT;

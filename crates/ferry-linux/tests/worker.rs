@@ -16,9 +16,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{Netns, dev_name, mac_str, ping, require_root_and_ip};
-use ferry_datapath::pipeline::{PREFETCH_MIN_CONNECTIONS, Pipeline};
-use ferry_datapath::tables::{MacAddr, PortKind, PortSpec, RouteSpec, TablesSpec};
 use ferry_datapath::wire::build;
+use ferry_datapath::{
+    MacAddr, PREFETCH_MIN_CONNECTIONS, Pipeline, PortKind, PortSpec, RouteSpec, TablesSpec,
+};
 use ferry_linux::link::{self, PodInterface};
 use ferry_linux::{
     Control, NamedPort, Port, TapPort, Update, WorkerStats, run_worker, run_worker_with,

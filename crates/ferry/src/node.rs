@@ -8,8 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use ferry_datapath::pipeline::Pipeline;
-use ferry_datapath::tables::{PortKind, Tables};
+use ferry_datapath::{Pipeline, PortKind, Tables};
 use ferry_linux::link;
 use ferry_linux::worker::{Control, NamedPort};
 use ferry_linux::{AfPacketConfig, AfPacketPort, Port, TapPort};

@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use ferry_datapath::DropReason;
 use ferry_datapath::conntrack::Filter;
-use ferry_datapath::pipeline::{Pipeline, PortStats, Stats, Trace, TraceEvent, Verdict};
-use ferry_datapath::tables::Tables;
-use ferry_datapath::{Packet, PortId};
+use ferry_datapath::{DropReason, Tables};
+use ferry_datapath::{
+    Packet, Pipeline, PipelineStats, PortId, PortStats, Trace, TraceEvent, Verdict,
+};
 use serde::Serialize;
 
 use crate::pcap;
@@ -107,7 +107,7 @@ pub struct Summary {
     /// Drops by reason.
     pub drops: Vec<(DropReason, u64)>,
     /// Pipeline counters.
-    pub stats: Stats,
+    pub stats: PipelineStats,
     /// Per-port counters.
     pub port_stats: Vec<PortStats>,
     /// Datagrams still incomplete when input ended.

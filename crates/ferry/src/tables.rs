@@ -8,7 +8,7 @@ use anyhow::{Context, Result, anyhow};
 use ferry_agent::compile::{AttachedPod, CompileOptions, Compiled, node_tables};
 use ferry_agent::datastore::file;
 use ferry_agent::{Cluster, Problem};
-use ferry_datapath::tables::TablesSpec;
+use ferry_datapath::TablesSpec;
 
 /// Arguments of `ferry tables`.
 #[derive(clap::Args, Debug)]

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use ferry_api::{Answer, Request};
-use ferry_datapath::pipeline::{TracePass, TraceReport};
+use ferry_datapath::{TracePass, TraceReport};
 use ferry_linux::worker::TracedPacket;
 
 use crate::pcap;

@@ -1,7 +1,7 @@
 //! The example in docs/tables.md is a valid tables file: the documentation cannot drift
 //! from the format.
 
-use ferry_datapath::tables::{NextHop, PortKind, TablesSpec, Target};
+use ferry_datapath::{NextHop, PortKind, TablesSpec, Target};
 
 #[test]
 fn docs_tables_example_compiles() {

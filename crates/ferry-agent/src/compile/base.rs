@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ferry_datapath::tables::{MacAddr, PortAddr, PortKind, PortSpec, RouteSpec, TablesSpec};
+use ferry_datapath::{MacAddr, PortAddr, PortKind, PortSpec, RouteSpec, TablesSpec};
 use ipnet::IpNet;
 
 use crate::cluster::Cluster;

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::IpAddr;
 
-use ferry_datapath::tables::{ModeSpec, OverlaySpec, PeerSpec, PortKind, PortSpec, TablesSpec};
+use ferry_datapath::{ModeSpec, OverlaySpec, PeerSpec, PortKind, PortSpec, TablesSpec};
 use ipnet::IpNet;
 
 use crate::cluster::{Cluster, ObjectKey};
@@ -56,7 +56,7 @@ pub struct CompileOptions {
     pub external_snat: bool,
     /// The MAC of the default base's uplink port (the interface's own, when the agent
     /// knows it); derived from the node's address when None. A given base is kept as is.
-    pub uplink_mac: Option<ferry_datapath::tables::MacAddr>,
+    pub uplink_mac: Option<ferry_datapath::MacAddr>,
     /// The file a given base was read from, named when the tables do not compile on it
     /// (the fault may be in the base as well as in the cluster).
     pub base_file: Option<String>,
@@ -82,7 +82,7 @@ pub struct Compiled {
     /// The node's tables (they pass [`TablesSpec::compile`]).
     pub tables: TablesSpec,
     /// The same, compiled.
-    pub compiled: std::sync::Arc<ferry_datapath::tables::Tables>,
+    pub compiled: std::sync::Arc<ferry_datapath::Tables>,
     /// The health check node ports to serve, by Service name.
     pub health_checks: Vec<HealthCheck>,
     /// Things left out, each naming its object (e.g. an SCTP Service port).
@@ -195,7 +195,7 @@ pub fn node_tables(
 #[derive(Clone, Debug, Default)]
 pub struct ServiceTables {
     /// Tables entries, one per Service port.
-    pub specs: Vec<ferry_datapath::lb::ServiceSpec>,
+    pub specs: Vec<ferry_datapath::ServiceSpec>,
     /// Health check node ports of these Services.
     pub health_checks: Vec<HealthCheck>,
     /// Things left out.

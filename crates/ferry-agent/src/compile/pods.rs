@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use ferry_datapath::tables::{MacAddr, PortAddr, PortKind, PortSpec, TablesSpec};
+use ferry_datapath::{MacAddr, PortAddr, PortKind, PortSpec, TablesSpec};
 
 use crate::cluster::{Cluster, ObjectKey};
 use crate::fields::PodFields;

@@ -4,7 +4,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
-use ferry_datapath::lb::{BackendSpec, Policy, ServiceSpec};
+use ferry_datapath::{BackendSpec, ServiceSpec, TrafficPolicy};
 
 use crate::cluster::{Cluster, ObjectKey};
 use crate::config::FerryConfig;
@@ -178,7 +178,7 @@ fn one(
             external_policy: if external {
                 f.external_policy
             } else {
-                Policy::Cluster
+                TrafficPolicy::Cluster
             },
             internal_policy: f.internal_policy,
             affinity_timeout_s: f.affinity_timeout_s,
@@ -197,7 +197,7 @@ fn one(
         ));
     }
     if f.type_ == ServiceType::LoadBalancer
-        && f.external_policy == Policy::Local
+        && f.external_policy == TrafficPolicy::Local
         && let Some(port) = f.health_check_node_port
     {
         out.health_checks.push(HealthCheck {

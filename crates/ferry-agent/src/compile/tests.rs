@@ -1,8 +1,8 @@
 use std::net::IpAddr;
 
-use ferry_datapath::lb::{BackendSpec, Policy, ServiceSpec};
-use ferry_datapath::tables::{
-    MacAddr, ModeSpec, OverlaySpec, PortAddr, PortKind, PortSpec, RouteSpec, TablesSpec, Target,
+use ferry_datapath::{
+    BackendSpec, MacAddr, ModeSpec, OverlaySpec, PortAddr, PortKind, PortSpec, RouteSpec,
+    ServiceSpec, TablesSpec, Target, TrafficPolicy,
 };
 
 use super::*;
@@ -264,7 +264,7 @@ fn other_nodes_become_peers_with_their_pod_cidrs_and_an_overlay() {
         .unwrap()
         .route()
         .unwrap();
-    assert_eq!(r.next_hop, ferry_datapath::tables::NextHop::Tunnel(0));
+    assert_eq!(r.next_hop, ferry_datapath::NextHop::Tunnel(0));
 }
 
 #[test]
@@ -381,7 +381,7 @@ fn a_base_overlay_and_base_peers_are_kept() {
         uplink: "uplink".into(),
         mac: None,
     });
-    base.nodes.push(ferry_datapath::tables::PeerSpec {
+    base.nodes.push(ferry_datapath::PeerSpec {
         name: "node-b".into(),
         address: ip("192.168.20.2"),
         pod_cidrs: vec!["10.244.99.0/24".parse().unwrap()],
@@ -533,7 +533,7 @@ fn a_peer_clashing_with_a_base_route_or_a_base_peer_is_left_out() {
         uplink: "uplink".into(),
         mac: None,
     });
-    base.nodes.push(ferry_datapath::tables::PeerSpec {
+    base.nodes.push(ferry_datapath::PeerSpec {
         name: "gateway".into(),
         address: ip("192.168.20.2"),
         pod_cidrs: Vec::new(),
@@ -867,7 +867,7 @@ fn an_endpoint_without_a_node_name_is_on_no_node() {
     let b = &by_name(&s, "default/legacy:http").backends;
     assert_eq!(b.len(), 1);
     assert_eq!((b[0].node.as_deref(), b[0].no_node), (None, true));
-    let compiled = ferry_datapath::lb::Services::compile(&s, "node-a", []).unwrap();
+    let compiled = ferry_datapath::Services::compile(&s, "node-a", []).unwrap();
     let svc = compiled.get("default/legacy:http").unwrap();
     assert!(!svc.backends[0].local);
 }
@@ -946,10 +946,10 @@ fn node_ports_only_for_node_port_and_load_balancer_services() {
     );
     let np = by_name(&s, "default/np:http");
     assert_eq!(np.node_port, Some(30080));
-    assert_eq!(np.external_policy, Policy::Cluster);
+    assert_eq!(np.external_policy, TrafficPolicy::Cluster);
     let lb = by_name(&s, "default/lb:http");
     assert_eq!(lb.node_port, None, "allocateLoadBalancerNodePorts: false");
-    assert_eq!(lb.external_policy, Policy::Local);
+    assert_eq!(lb.external_policy, TrafficPolicy::Local);
 }
 
 #[test]
@@ -968,11 +968,11 @@ fn external_and_load_balancer_ips_and_policies() {
     assert_eq!(lb.load_balancer_ips, [ip("203.0.113.10")]);
     assert_eq!(
         (lb.external_policy, lb.internal_policy),
-        (Policy::Local, Policy::Local)
+        (TrafficPolicy::Local, TrafficPolicy::Local)
     );
     // No node port, external or load balancer IP: no external traffic to have a policy.
     let plain = by_name(&s, "default/plain:80");
-    assert_eq!(plain.external_policy, Policy::Cluster);
+    assert_eq!(plain.external_policy, TrafficPolicy::Cluster);
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ferry_api::{ERR_INTERFACE, ERR_TABLES};
-use ferry_datapath::tables::Tables;
+use ferry_datapath::Tables;
 use ferry_linux::link;
 use ferry_linux::worker::Update;
 

@@ -123,10 +123,10 @@ impl Agent {
     pub(super) fn add_answer(&self, addrs: &[IpNet]) -> Response {
         let mut gateways = Vec::new();
         if addrs.iter().any(|a| a.addr().is_ipv4()) {
-            gateways.push(ferry_datapath::tables::GATEWAY_V4);
+            gateways.push(ferry_datapath::GATEWAY_V4);
         }
         if addrs.iter().any(|a| a.addr().is_ipv6()) {
-            gateways.push(ferry_datapath::tables::GATEWAY_V6);
+            gateways.push(ferry_datapath::GATEWAY_V6);
         }
         Response::Ok(Answer {
             mtu: Some(self.pod_mtu()),

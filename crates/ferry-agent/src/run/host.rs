@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::Instant;
 
-use ferry_datapath::tables::Tables;
+use ferry_datapath::Tables;
 
 use crate::host_nat;
 use crate::leftovers;

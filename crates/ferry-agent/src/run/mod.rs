@@ -40,8 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use ferry_datapath::pipeline::Pipeline;
-use ferry_datapath::tables::{MacAddr, Tables, TablesSpec};
+use ferry_datapath::{MacAddr, Pipeline, Tables, TablesSpec};
 use ferry_linux::link;
 use ferry_linux::worker::{Control, NamedPort, Snapshot, WorkerStats, Workers};
 use ipnet::IpNet;
@@ -111,7 +110,7 @@ pub struct Applied {
     pub opened: Vec<String>,
     /// Ports closed.
     pub closed: Vec<String>,
-    /// Connections removed at the swap (see `ferry_datapath::pipeline::SwapReport`):
+    /// Connections removed at the swap (see `ferry_datapath::SwapReport`):
     /// their endpoint went away, or a UDP flow's destination became a frontend.
     pub ct_removed: usize,
     /// Only the changed Services were compiled (an EndpointSlice or Service change).

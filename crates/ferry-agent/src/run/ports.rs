@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use ferry_datapath::tables::{PortKind, Tables};
+use ferry_datapath::{PortKind, Tables};
 use ferry_linux::link;
 use ferry_linux::{AfPacketConfig, AfPacketPort, Port, TapPort};
 

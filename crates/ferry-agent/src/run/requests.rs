@@ -274,7 +274,7 @@ impl Agent {
     pub(super) fn pod_mtu(&self) -> u16 {
         self.last
             .as_ref()
-            .map_or(ferry_datapath::tables::DEFAULT_MTU, |l| l.tables.pod_mtu)
+            .map_or(ferry_datapath::DEFAULT_MTU, |l| l.tables.pod_mtu)
     }
 }
 

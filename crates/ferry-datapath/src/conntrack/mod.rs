@@ -50,7 +50,7 @@ pub use crate::nat::Nat;
 pub use crate::nat::{SNAT_PORTS, SNAT_PRIVILEGED_PORTS};
 pub use dump::Filter;
 pub use entry::{Entry, Line, ORIGINAL, ProtoState, REPLY, Status};
-pub use icmp::reverse;
+pub(crate) use icmp::reverse;
 pub use spec::CtSpec;
 pub use tcp::{TcpConn, TcpState};
 
@@ -379,7 +379,7 @@ impl Conntrack {
     /// Prefetches a batch of packets, as [`Conntrack::prefetch`], and keeps each key's
     /// hash (the first 64 keys), replacing those of the batch before: when the packets are
     /// then processed in the same order ([`Conntrack::process`],
-    /// [`Conntrack::process_with`]), each finds its hash ready instead of hashing its key
+    /// [`Conntrack::begin`]), each finds its hash ready instead of hashing its key
     /// again. Only a hint: a packet whose key is not the next one kept (or one of the three
     /// after it, as when a packet of the batch was dropped before conntrack) hashes its
     /// key as usual, and results are the same as without the call.

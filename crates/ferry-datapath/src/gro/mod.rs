@@ -283,7 +283,7 @@ pub fn coalesce(pkts: &mut Vec<Packet>) {
 /// segment offered as a slice of a larger buffer ([`Coalescer::push_frame`]) is copied
 /// once, into the run it joins or into a packet of its own.
 #[derive(Debug, Default)]
-pub struct Coalescer {
+pub(crate) struct Coalescer {
     run: Option<Run>,
     out: Vec<Packet>,
 }
@@ -356,7 +356,7 @@ impl Coalescer {
 /// super-packet it is, the way the kernel hands one over: the segment size is what the
 /// MTU carries with these headers, and the checksum is left partial (pseudo-header sum,
 /// NEEDS_CSUM) for whoever segments it or receives it whole.
-pub fn mark_coalesced(pkt: &mut Packet, parsed: &Parsed, mtu: u16) {
+pub(crate) fn mark_coalesced(pkt: &mut Packet, parsed: &Parsed, mtu: u16) {
     let headers = crate::gso::headers_len(&pkt.data, parsed);
     let mss = usize::from(mtu).saturating_sub(headers).max(8);
     let l4_len = parsed.ip_end - parsed.l4_off;

@@ -118,7 +118,7 @@ pub fn segment(
 /// [`Segmenter::write`] appends one at a time to any buffer, so a caller can put them
 /// where they go (back to back in an encapsulated super-frame, say) without a buffer of
 /// their own each.
-pub struct Segmenter<'a> {
+pub(crate) struct Segmenter<'a> {
     data: &'a [u8],
     lay: Layout,
     /// Payload bytes per segment.
@@ -314,7 +314,11 @@ fn header_sums(data: &[u8], lay: &Layout) -> (u64, u64) {
 /// the packet, as [`segment`] would before cutting it: the errors of [`segment`] but
 /// those of the MTU. For a packet that may be sent on whole, so that a port is never
 /// handed a request its kernel would refuse.
-pub fn check_request(data: &[u8], parsed: &Parsed, vnet: &VnetHdr) -> Result<(), DropReason> {
+pub(crate) fn check_request(
+    data: &[u8],
+    parsed: &Parsed,
+    vnet: &VnetHdr,
+) -> Result<(), DropReason> {
     check(data, parsed, vnet).map(|_| ())
 }
 
@@ -435,7 +439,7 @@ fn pseudo_header_dst_v6(data: &[u8], p: &Parsed) -> Result<[u8; 16], DropReason>
 /// packet ([`check_request`]: family, protocol, headers, a segment size; never a
 /// fragment), whether it is cut here later or handed on whole to a port that takes GSO.
 #[inline]
-pub fn check_offload(data: &[u8], v: &VnetHdr, parsed: &Parsed) -> Result<(), DropReason> {
+pub(crate) fn check_offload(data: &[u8], v: &VnetHdr, parsed: &Parsed) -> Result<(), DropReason> {
     if v.needs_csum() {
         let field = match parsed.proto {
             proto::TCP => 16,
@@ -465,7 +469,7 @@ pub fn check_offload(data: &[u8], v: &VnetHdr, parsed: &Parsed) -> Result<(), Dr
 
 /// The bytes of IP and transport headers copied into every segment of a GSO packet.
 #[inline]
-pub fn headers_len(data: &[u8], parsed: &Parsed) -> usize {
+pub(crate) fn headers_len(data: &[u8], parsed: &Parsed) -> usize {
     let l4 = if parsed.proto == proto::TCP {
         data.get(parsed.l4_off + 12)
             .map_or(20, |b| usize::from(b >> 4) * 4)
@@ -480,7 +484,7 @@ pub fn headers_len(data: &[u8], parsed: &Parsed) -> usize {
 /// single datagram of its own length, as Linux takes it ("too small packets are not
 /// really GSO ones", `virtio_net_hdr_to_skb`).
 #[inline]
-pub fn largest_datagram(pkt: &Packet, parsed: &Parsed) -> usize {
+pub(crate) fn largest_datagram(pkt: &Packet, parsed: &Parsed) -> usize {
     let headers = headers_len(&pkt.data, parsed);
     let payload = (parsed.ip_end - parsed.l3_off).saturating_sub(headers);
     headers + payload.min(usize::from(pkt.meta.vnet.gso_size))
@@ -488,7 +492,7 @@ pub fn largest_datagram(pkt: &Packet, parsed: &Parsed) -> usize {
 
 /// True for a packet that asks for UDP segmentation (USO), the ECN bit aside.
 #[inline]
-pub fn is_uso(v: &VnetHdr) -> bool {
+pub(crate) fn is_uso(v: &VnetHdr) -> bool {
     v.gso_type & !VnetHdr::GSO_ECN == VnetHdr::GSO_UDP_L4
 }
 

@@ -638,7 +638,7 @@ impl Services {
     /// pod and local sources does. `affinity` holds the session affinity records, read
     /// here (a new record is written by [`Services::remember`] once the connection is
     /// tracked), and spreads connections over the eligible endpoints.
-    pub fn choose(
+    pub(crate) fn choose(
         &self,
         f: Frontend,
         key: &FlowKey,
@@ -681,7 +681,7 @@ impl Services {
     /// affinity: its later connections keep that endpoint until the timeout passes
     /// without another. Called once conntrack has a pending connection for it, so that a
     /// packet that starts none leaves no record.
-    pub fn remember(
+    pub(crate) fn remember(
         &self,
         f: Frontend,
         key: &FlowKey,

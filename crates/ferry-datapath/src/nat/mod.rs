@@ -10,7 +10,10 @@ pub(crate) mod ports;
 mod rules;
 
 pub use ports::{SNAT_PORTS, SNAT_PRIVILEGED_PORTS};
-pub use rules::{MatchSpec, NatRule, NatRuleSpec, Snat, first_match};
+pub use rules::{MatchSpec, NatRule, NatRuleSpec, first_match};
+// Only tests name a rule's source NAT; the pipeline reads it through `NatRule`.
+#[cfg(test)]
+pub(crate) use rules::Snat;
 
 use crate::flow::Addr;
 

@@ -372,6 +372,10 @@ pub mod ecn {
     /// Not ECN-capable transport.
     pub const NOT_ECT: u8 = 0b00;
     /// ECN-capable transport (1).
+    #[allow(
+        dead_code,
+        reason = "RFC 3168's fourth codepoint, named with the other three"
+    )]
     pub const ECT_1: u8 = 0b01;
     /// ECN-capable transport (0).
     pub const ECT_0: u8 = 0b10;

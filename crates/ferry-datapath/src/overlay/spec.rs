@@ -44,7 +44,7 @@ pub struct OverlaySpec {
     /// The port the underlay is reached through.
     pub uplink: String,
     /// This node's VTEP MAC: inner source MAC (default derived from the node's first
-    /// address, see [`crate::overlay::vtep_mac`]).
+    /// address, see `overlay::vtep_mac`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mac: Option<MacAddr>,
 }

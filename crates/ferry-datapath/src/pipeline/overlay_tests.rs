@@ -329,7 +329,8 @@ fn test_martian_and_link_local_addresses_are_not_forwarded() {
 /// link-local broadcast address.
 #[test]
 fn test_link_local_addresses_routed_explicitly_are_forwarded() {
-    use crate::tables::{MatchSpec, RouteSpec};
+    use crate::nat::MatchSpec;
+    use crate::tables::RouteSpec;
     let mut s = node1_spec();
     s.routes.push(RouteSpec {
         prefix: "169.254.169.254/32".parse().unwrap(),

@@ -1,6 +1,6 @@
 use super::test_support::*;
 use super::*;
-use crate::tables::{MatchSpec, NatRuleSpec};
+use crate::nat::{MatchSpec, NatRuleSpec};
 
 /// Node 1 of the tests, its pod CIDRs given: 10.244.1.0/24 and fd00:10:244:1::/64.
 fn spec() -> TablesSpec {

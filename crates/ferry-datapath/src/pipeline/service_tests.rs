@@ -1184,7 +1184,7 @@ fn test_a_udp_flow_to_a_port_that_becomes_a_node_port_is_balanced_after_the_swap
 /// the rule applies to the pod's other connections.
 #[test]
 fn test_a_service_frontend_takes_precedence_over_a_matching_static_nat_rule() {
-    use crate::tables::MatchSpec;
+    use crate::nat::MatchSpec;
     let mut spec = node1_spec();
     spec.services = vec![web(vec![be("10.244.1.6", 8080, 1)])];
     spec.nat = vec![masquerade(MatchSpec {

@@ -5,12 +5,12 @@ use super::*;
 use crate::conntrack::{EntryId, Filter};
 use crate::drop::DropReason;
 use crate::lb::{BackendSpec, ServiceSpec};
+use crate::nat::{MatchSpec, NatRuleSpec};
 use crate::packet::{Packet, PortId};
 use crate::pipeline::test_support::ip;
 use crate::pipeline::{Trace, Verdict};
 use crate::tables::{
-    CtSpec, IcmpSpec, IpfSpec, MacAddr, MatchSpec, NatRuleSpec, PortKind, PortSpec, RouteSpec,
-    TablesSpec,
+    CtSpec, IcmpSpec, IpfSpec, MacAddr, PortKind, PortSpec, RouteSpec, TablesSpec,
 };
 use crate::wire::build::{self, IpOpts, tcp_flags};
 use crate::wire::parse;

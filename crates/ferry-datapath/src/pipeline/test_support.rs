@@ -150,8 +150,8 @@ pub(super) fn has_event(tr: &Trace, stage: &str, text: &str) -> bool {
 }
 
 /// A static rule masquerading what `matches`.
-pub(super) fn masquerade(matches: crate::tables::MatchSpec) -> crate::tables::NatRuleSpec {
-    crate::tables::NatRuleSpec {
+pub(super) fn masquerade(matches: crate::nat::MatchSpec) -> crate::nat::NatRuleSpec {
+    crate::nat::NatRuleSpec {
         matches,
         dnat: None,
         snat: None,

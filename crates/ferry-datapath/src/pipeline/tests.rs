@@ -307,7 +307,8 @@ fn test_trace_records_each_stage() {
 /// The test node with a NAT rule: TCP/UDP to the VIP 10.96.0.10 port 53 goes to the pod
 /// 10.244.1.5 port 5353; traffic from the pod to 192.168.60.0/24 is masqueraded.
 fn nat_pipeline(pass_invalid: bool) -> Pipeline {
-    use crate::tables::{CtSpec, MatchSpec, NatRuleSpec};
+    use crate::nat::{MatchSpec, NatRuleSpec};
+    use crate::tables::CtSpec;
     let mut spec = TablesSpec {
         ports: uplink_and_pod().to_vec(),
         routes: vec![

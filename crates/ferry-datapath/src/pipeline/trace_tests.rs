@@ -373,7 +373,7 @@ fn test_two_fragments_reassemble_in_the_second_pass() {
 
 #[test]
 fn test_a_static_nat_rule_is_named_and_undone_on_the_way_back() {
-    use crate::tables::{MatchSpec, NatRuleSpec};
+    use crate::nat::{MatchSpec, NatRuleSpec};
     let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
     spec.nat.push(NatRuleSpec {
         matches: MatchSpec {

@@ -341,7 +341,10 @@ fn tiers_decide_in_order_and_pass_hands_over_to_network_policy() {
     spec.rules[3].action = ActionSpec::Pass;
     let p = spec.compile(&PORTS).unwrap();
     let d = p.decide(2, Direction::Ingress, &q("10.0.3.1", proto::TCP, 80));
-    assert_eq!((d.allowed, d.by), (true, DecidedBy::Rule(Tier::Baseline, 3)));
+    assert_eq!(
+        (d.allowed, d.by),
+        (true, DecidedBy::Rule(Tier::Baseline, 3))
+    );
 }
 
 #[test]

@@ -16,7 +16,7 @@ use crate::drop::DropReason;
 /// byte-swapped once at the end: a ones' complement sum does not depend on the byte
 /// order it is taken in (RFC 1071, section 2(B)). About three times as fast as summing
 /// big-endian words, and every packet ferry segments is summed whole. Pieces shorter
-/// than [`SHORT`] (headers) are summed as big-endian words, which is quicker for them.
+/// than `SHORT` (headers) are summed as big-endian words, which is quicker for them.
 #[inline]
 pub fn add(data: &[u8], sum: u64) -> u64 {
     if data.len() < SHORT {

@@ -431,7 +431,8 @@ pub fn v6_octets(a: impl Into<Addr>) -> [u8; 16] {
 }
 
 /// The IPv4 address as an array, or the unspecified address for IPv6.
-pub fn v4_octets(a: impl Into<Addr>) -> [u8; 4] {
+#[cfg(test)]
+pub(crate) fn v4_octets(a: impl Into<Addr>) -> [u8; 4] {
     a.into().to_v4().map_or([0; 4], |v| v.octets())
 }
 

@@ -14,11 +14,9 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use ferry_datapath::DropCounters;
-use ferry_datapath::conntrack;
-use ferry_datapath::ipf;
-use ferry_datapath::pipeline::{self, Pipeline, PortStats, SwapReport};
-use ferry_datapath::tables::Tables;
+use ferry_datapath::{
+    DropCounters, Pipeline, PipelineStats, PortStats, SwapReport, Tables, conntrack, ipf,
+};
 
 use super::{NamedPort, Taps, WorkerStats};
 use crate::port::PortCounters;
@@ -147,7 +145,7 @@ pub struct Snapshot {
     /// Each worker's counts, by worker number (one entry per worker thread).
     pub workers: Vec<WorkerStats>,
     /// Pipeline counters.
-    pub pipeline: pipeline::Stats,
+    pub pipeline: PipelineStats,
     /// Drops per reason.
     pub drops: DropCounters,
     /// Conntrack counters.
@@ -159,7 +157,7 @@ pub struct Snapshot {
     /// Per port, in table order.
     pub ports: Vec<PortSnapshot>,
     /// New connections decided per policy, by policy name.
-    pub policies: Vec<(String, pipeline::PolicyCount)>,
+    pub policies: Vec<(String, ferry_datapath::PolicyCount)>,
 }
 
 /// What a job sees of the worker: its pipeline (tables, connections, counters), the

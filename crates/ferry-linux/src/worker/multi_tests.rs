@@ -10,9 +10,9 @@ use super::tests::{
 };
 use super::*;
 use ferry_datapath::Addr;
-use ferry_datapath::tables::{MatchSpec, NatRuleSpec};
 use ferry_datapath::wire::build::{self, IpOpts};
 use ferry_datapath::wire::parse;
+use ferry_datapath::{MatchSpec, NatRuleSpec};
 
 /// Waits until the published counters show `rx` frames received.
 fn snapshot_with(control: &Control, rx: u64) -> Arc<Snapshot> {
@@ -250,7 +250,7 @@ fn test_a_live_trace_sees_what_every_worker_receives() {
     let (pb, wb) = fake("b");
     // a is worker 0's, b worker 1's.
     let w = Running::start_workers(2, tables(&["a", "b"]), vec![pa, pb]);
-    let udp = ferry_datapath::filter::Match::parse("udp").unwrap();
+    let udp = ferry_datapath::CaptureFilter::parse("udp").unwrap();
     w.control
         .run(WAIT, move |v| v.taps.start_trace(udp, 4))
         .unwrap();

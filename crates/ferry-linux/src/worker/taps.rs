@@ -17,10 +17,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use ferry_datapath::filter::Match;
-use ferry_datapath::pipeline::{Pipeline, Stage, Trace, TraceEvent, Verdict, summarize};
-use ferry_datapath::tables::Tables;
-use ferry_datapath::{Packet, PortId};
+use ferry_datapath::{
+    CaptureFilter, Packet, Pipeline, PortId, Stage, Tables, Trace, TraceEvent, Verdict, summarize,
+};
 
 /// Most packets one live trace records ([`Taps::start_trace`] asks for fewer).
 pub const MAX_TRACE_COUNT: usize = 10_000;
@@ -77,7 +76,7 @@ pub struct Captured {
 /// A live trace in progress.
 #[derive(Debug)]
 struct LiveTrace {
-    filter: Match,
+    filter: CaptureFilter,
     remaining: usize,
 }
 
@@ -87,7 +86,7 @@ struct Capture {
     port: String,
     /// The port's index in the current tables; None while the tables do not have it.
     id: Option<PortId>,
-    filter: Match,
+    filter: CaptureFilter,
     max_buffered: usize,
     /// The most bytes of frames kept not taken yet.
     max_bytes: usize,
@@ -129,7 +128,7 @@ impl Taps {
     /// Starts a live trace of the next `count` packets (at most [`MAX_TRACE_COUNT`])
     /// that match `filter` as received, replacing a trace in progress. Packets recorded
     /// earlier and not taken are forgotten.
-    pub fn start_trace(&mut self, filter: Match, count: usize) {
+    pub fn start_trace(&mut self, filter: CaptureFilter, count: usize) {
         self.traced.clear();
         self.recording = Trace::enabled();
         let filter = self.for_overlay(filter);
@@ -164,7 +163,7 @@ impl Taps {
     pub fn start_capture(
         &mut self,
         port: String,
-        filter: Match,
+        filter: CaptureFilter,
         max_buffered: usize,
         max_bytes: usize,
     ) {
@@ -205,7 +204,7 @@ impl Taps {
     }
 
     /// With an overlay, filters look into the VXLAN frames of its port.
-    fn for_overlay(&self, filter: Match) -> Match {
+    fn for_overlay(&self, filter: CaptureFilter) -> CaptureFilter {
         match self.vxlan_port {
             0 => filter,
             p => filter.with_vxlan_port(p),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::tests::{Running, SHORT, WAIT, Wire, fake, tables};
 use super::*;
-use ferry_datapath::filter::Match;
+use ferry_datapath::CaptureFilter;
 use ferry_datapath::wire::build::{self, IpOpts, tcp_flags};
 use ferry_datapath::wire::parse;
 
@@ -49,8 +49,8 @@ fn job<R: Send + 'static>(w: &Running, f: impl FnOnce(&mut Taps) -> R + Send + '
         .expect("the job ran")
 }
 
-fn filter(s: &str) -> Match {
-    Match::parse(s).unwrap()
+fn filter(s: &str) -> CaptureFilter {
+    CaptureFilter::parse(s).unwrap()
 }
 
 #[test]
@@ -119,7 +119,7 @@ fn test_live_trace_names_the_drop_reason() {
     let (pa, wa) = fake("a");
     let (pb, _wb) = fake("b");
     let w = Running::start(tables(&["a", "b"]), vec![pa, pb]);
-    job(&w, |t| t.start_trace(Match::all(), 1));
+    job(&w, |t| t.start_trace(CaptureFilter::all(), 1));
     wa.send("10.0.9.9", 1); // no route
     let deadline = Instant::now() + WAIT;
     let traced = loop {
@@ -184,7 +184,7 @@ fn test_capture_buffer_bound_counts_lost_frames_and_stop_records_nothing() {
     let (pb, wb) = fake("b");
     let w = Running::start(tables(&["a", "b"]), vec![pa, pb]);
     job(&w, |t| {
-        t.start_capture("a".into(), Match::all(), 3, usize::MAX)
+        t.start_capture("a".into(), CaptureFilter::all(), 3, usize::MAX)
     });
     for s in 0..5 {
         wa.send("10.0.2.5", s);
@@ -219,14 +219,14 @@ fn test_capture_buffer_is_bounded_in_bytes_too() {
     let w = Running::start(tables(&["a", "b"]), vec![pa, pb]);
     // The size of one frame, then room for the bytes of two and a half.
     job(&w, |t| {
-        t.start_capture("a".into(), Match::all(), 1, usize::MAX)
+        t.start_capture("a".into(), CaptureFilter::all(), 1, usize::MAX)
     });
     wa.send("10.0.2.5", 1);
     wb.expect(1);
     let frame = job(&w, |t| t.take_captured()).0[0].data.len();
     let budget = 2 * frame + frame / 2;
     job(&w, move |t| {
-        t.start_capture("a".into(), Match::all(), 100, budget)
+        t.start_capture("a".into(), CaptureFilter::all(), 100, budget)
     });
     for s in 2..6 {
         wa.send("10.0.2.5", s);
@@ -247,7 +247,7 @@ fn test_capture_follows_its_port_by_name_across_updates() {
     let (pb, wb) = fake("b");
     let w = Running::start(tables(&["a", "b"]), vec![pa, pb]);
     job(&w, |t| {
-        t.start_capture("b".into(), Match::all(), 100, usize::MAX)
+        t.start_capture("b".into(), CaptureFilter::all(), 100, usize::MAX)
     });
     wa.send("10.0.2.5", 1);
     wb.expect(1);
@@ -331,8 +331,8 @@ fn test_forwarding_is_the_same_with_taps_on_and_off() {
     let off = exchange(&wa, &wb);
     assert_eq!((off.0.len(), off.1.len()), (3, 4));
     job(&w, |t| {
-        t.start_trace(Match::all(), 1000);
-        t.start_capture("a".into(), Match::all(), 1000, usize::MAX);
+        t.start_trace(CaptureFilter::all(), 1000);
+        t.start_capture("a".into(), CaptureFilter::all(), 1000, usize::MAX);
     });
     let on = exchange(&wa, &wb);
     assert_eq!(on, off);

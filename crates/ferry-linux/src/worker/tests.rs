@@ -10,9 +10,9 @@ use std::thread;
 use std::time::Duration;
 
 use super::*;
-use ferry_datapath::tables::{MacAddr, PortSpec, RouteSpec, TablesSpec};
 use ferry_datapath::wire::build::{self, IpOpts};
 use ferry_datapath::wire::parse;
+use ferry_datapath::{MacAddr, PortSpec, RouteSpec, TablesSpec};
 
 pub(super) const WAIT: Duration = Duration::from_secs(5);
 pub(super) const SHORT: Duration = Duration::from_millis(100);
@@ -656,7 +656,7 @@ pub(super) fn spec_with_pod_b(names: &[&str]) -> Arc<Tables> {
     let mut spec = spec(names);
     for p in &mut spec.ports {
         if p.name == "b" {
-            p.kind = ferry_datapath::tables::PortKind::Pod;
+            p.kind = ferry_datapath::PortKind::Pod;
             p.peer_mac = Some(MacAddr([2, 0, 0, 0, 0, 0xfe]));
             p.addresses = vec!["10.0.2.5".parse().unwrap()];
         }
