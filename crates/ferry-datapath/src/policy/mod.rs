@@ -21,7 +21,7 @@
 //! established connections and their replies pay nothing.
 //!
 //! Each list of rules (a tier's, in priority order, or a direction's NetworkPolicy rules)
-//! is compiled into one index ([`Index`]): single ports and whole protocols are hash
+//! is compiled into one index (`Index`): single ports and whole protocols are hash
 //! lookups, peers a longest-prefix match over the union of the rules' blocks in which
 //! every prefix holds the first rule matching it, so that a decision costs a few
 //! lookups however many rules there are, and still finds the first rule in order.
