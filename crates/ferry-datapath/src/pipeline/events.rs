@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::conntrack::CtState;
 use crate::drop::DropReason;
-use crate::flow::{Addr, FlowKey};
+use crate::flow::FlowKey;
 use crate::icmp::ErrorKind;
 use crate::lb::Scope;
 use crate::packet::PortId;
@@ -223,7 +223,7 @@ pub enum TraceEvent {
     /// The frame parsed.
     Parse {
         /// Its key.
-        #[serde(with = "FlowKeyDef")]
+        #[serde(with = "forms::FlowKeyDef")]
         key: FlowKey,
         /// IP length.
         bytes: usize,
@@ -257,13 +257,13 @@ pub enum TraceEvent {
         /// Largest fragment received.
         mru: u16,
         /// The datagram's key.
-        #[serde(with = "FlowKeyDef")]
+        #[serde(with = "forms::FlowKeyDef")]
         key: FlowKey,
     },
     /// Reassembly refused a fragment.
     IpfRefused {
         /// Why.
-        #[serde(with = "reason")]
+        #[serde(with = "forms::reason")]
         reason: DropReason,
     },
     /// A VXLAN packet was decapsulated.
@@ -273,7 +273,7 @@ pub enum TraceEvent {
         /// The node it came from.
         peer: IpAddr,
         /// The inner packet's key.
-        #[serde(with = "FlowKeyDef")]
+        #[serde(with = "forms::FlowKeyDef")]
         inner: FlowKey,
     },
     /// A UDP GSO super-frame of VXLAN datagrams arrived.
@@ -294,10 +294,10 @@ pub enum TraceEvent {
         /// The Service.
         service: String,
         /// Where its frontend is reached from.
-        #[serde(with = "ScopeDef")]
+        #[serde(with = "forms::ScopeDef")]
         scope: Scope,
         /// The packet's key.
-        #[serde(with = "FlowKeyDef")]
+        #[serde(with = "forms::FlowKeyDef")]
         key: FlowKey,
     },
     /// A Service's connection must leave from a node address of a family it lacks.
@@ -305,10 +305,10 @@ pub enum TraceEvent {
         /// The Service.
         service: String,
         /// Where its frontend is reached from.
-        #[serde(with = "ScopeDef")]
+        #[serde(with = "forms::ScopeDef")]
         scope: Scope,
         /// The packet's key.
-        #[serde(with = "FlowKeyDef")]
+        #[serde(with = "forms::FlowKeyDef")]
         key: FlowKey,
     },
     /// A Service chose an endpoint for a new connection.
@@ -316,7 +316,7 @@ pub enum TraceEvent {
         /// The Service.
         service: String,
         /// Where its frontend is reached from.
-        #[serde(with = "ScopeDef")]
+        #[serde(with = "forms::ScopeDef")]
         scope: Scope,
         /// The frontend's address.
         frontend: IpAddr,
@@ -350,12 +350,12 @@ pub enum TraceEvent {
     /// What conntrack made of the packet.
     Ct {
         /// Its state.
-        #[serde(with = "CtStateDef")]
+        #[serde(with = "forms::CtStateDef")]
         state: CtState,
         /// It goes in the reply direction.
         reply: bool,
         /// Its key after conntrack (and NAT).
-        #[serde(with = "FlowKeyDef")]
+        #[serde(with = "forms::FlowKeyDef")]
         key: FlowKey,
         /// NAT changed the key.
         translated: bool,
@@ -412,10 +412,10 @@ pub enum TraceEvent {
         /// How the next hop's MAC was found.
         hop: L2Hop,
         /// Destination MAC.
-        #[serde(with = "mac")]
+        #[serde(with = "forms::mac")]
         dst_mac: [u8; 6],
         /// Source MAC.
-        #[serde(with = "mac")]
+        #[serde(with = "forms::mac")]
         src_mac: [u8; 6],
         /// The port.
         port: String,
@@ -423,18 +423,18 @@ pub enum TraceEvent {
     /// The MACs for a packet that goes through the overlay.
     L2Tunnel {
         /// Inner source MAC (this node's VTEP).
-        #[serde(with = "mac")]
+        #[serde(with = "forms::mac")]
         inner_src: [u8; 6],
         /// Inner destination MAC (the peer's VTEP).
-        #[serde(with = "mac")]
+        #[serde(with = "forms::mac")]
         inner_dst: [u8; 6],
         /// Outer destination MAC.
-        #[serde(with = "mac")]
+        #[serde(with = "forms::mac")]
         outer_dst: [u8; 6],
         /// The peer node's address.
         peer: IpAddr,
         /// Outer source MAC.
-        #[serde(with = "mac")]
+        #[serde(with = "forms::mac")]
         outer_src: [u8; 6],
         /// The uplink.
         port: String,
@@ -446,7 +446,7 @@ pub enum TraceEvent {
         /// The port.
         port: String,
         /// Where the probe went.
-        #[serde(with = "mac")]
+        #[serde(with = "forms::mac")]
         mac: [u8; 6],
     },
     /// The packet was queued for an unresolved next hop.
@@ -467,10 +467,10 @@ pub enum TraceEvent {
         /// The neighbour.
         ip: IpAddr,
         /// Its MAC.
-        #[serde(with = "mac")]
+        #[serde(with = "forms::mac")]
         mac: [u8; 6],
         /// The packet's key.
-        #[serde(with = "FlowKeyDef")]
+        #[serde(with = "forms::FlowKeyDef")]
         key: FlowKey,
     },
     /// A packet was encapsulated in VXLAN.
@@ -538,7 +538,7 @@ pub enum TraceEvent {
     /// No ICMP error: the port has no address of the packet's family.
     IcmpNoAddress {
         /// The error.
-        #[serde(with = "ErrorKindDef")]
+        #[serde(with = "forms::ErrorKindDef")]
         error: ErrorKind,
         /// The port.
         port: String,
@@ -546,28 +546,28 @@ pub enum TraceEvent {
     /// No ICMP error: not allowed for this packet.
     IcmpNotAllowed {
         /// The error.
-        #[serde(with = "ErrorKindDef")]
+        #[serde(with = "forms::ErrorKindDef")]
         error: ErrorKind,
     },
     /// No ICMP error: rate limited.
     IcmpRateLimited {
         /// The error.
-        #[serde(with = "ErrorKindDef")]
+        #[serde(with = "forms::ErrorKindDef")]
         error: ErrorKind,
     },
     /// No ICMP error: conntrack could not relate it to the connection.
     IcmpUnrelated {
         /// The error.
-        #[serde(with = "ErrorKindDef")]
+        #[serde(with = "forms::ErrorKindDef")]
         error: ErrorKind,
     },
     /// No ICMP error: it could not go back through the overlay.
     IcmpNoPath {
         /// The error.
-        #[serde(with = "ErrorKindDef")]
+        #[serde(with = "forms::ErrorKindDef")]
         error: ErrorKind,
         /// Why.
-        #[serde(with = "reason")]
+        #[serde(with = "forms::reason")]
         reason: DropReason,
         /// The node it was for.
         peer: IpAddr,
@@ -575,7 +575,7 @@ pub enum TraceEvent {
     /// An ICMP error was sent.
     IcmpSent {
         /// The error.
-        #[serde(with = "ErrorKindDef")]
+        #[serde(with = "forms::ErrorKindDef")]
         error: ErrorKind,
         /// Its source.
         src: IpAddr,
@@ -603,7 +603,7 @@ pub enum TraceEvent {
         /// The address asked for.
         target: Ipv4Addr,
         /// The MAC given.
-        #[serde(with = "mac")]
+        #[serde(with = "forms::mac")]
         mac: [u8; 6],
         /// Who asked.
         sender: Ipv4Addr,
@@ -628,7 +628,7 @@ pub enum TraceEvent {
         /// The address asked for.
         target: Ipv6Addr,
         /// The MAC given.
-        #[serde(with = "mac")]
+        #[serde(with = "forms::mac")]
         mac: [u8; 6],
         /// Where the advertisement went.
         dst: Ipv6Addr,
@@ -636,7 +636,7 @@ pub enum TraceEvent {
     /// The packet was dropped.
     Drop {
         /// Why.
-        #[serde(with = "reason")]
+        #[serde(with = "forms::reason")]
         reason: DropReason,
     },
 }
@@ -677,6 +677,44 @@ impl TraceEvent {
             }
             Drop { .. } => Stage::Drop,
         }
+    }
+}
+
+/// The text of a policy decision.
+fn fmt_policy(
+    f: &mut fmt::Formatter<'_>,
+    direction: Direction,
+    port: &str,
+    peer: IpAddr,
+    allowed: bool,
+    by: &PolicyBy,
+) -> fmt::Result {
+    let to = match direction {
+        Direction::Ingress => "to",
+        Direction::Egress => "from",
+    };
+    let verdict = if allowed { "allowed" } else { "denied" };
+    write!(
+        f,
+        "{} {to} {port} (peer {peer}): {verdict}",
+        direction.name()
+    )?;
+    match by {
+        PolicyBy::Rule { tier, rule } => {
+            write!(f, " by {rule}")?;
+            match tier {
+                Tier::Admin => f.write_str(" (admin tier)"),
+                Tier::Baseline => f.write_str(" (baseline tier)"),
+                Tier::NetworkPolicy => Ok(()),
+            }
+        }
+        PolicyBy::Isolated { policies } => write!(
+            f,
+            ": isolated by {}, and no rule of theirs matched",
+            policies.join(", ")
+        ),
+        PolicyBy::Default => f.write_str(": no policy applies"),
+        PolicyBy::Host => f.write_str(" from the node's own stack"),
     }
 }
 
@@ -825,37 +863,7 @@ impl fmt::Display for TraceEvent {
                 peer,
                 allowed,
                 by,
-            } => {
-                let (to, verdict) = (
-                    match direction {
-                        Direction::Ingress => "to",
-                        Direction::Egress => "from",
-                    },
-                    if *allowed { "allowed" } else { "denied" },
-                );
-                write!(
-                    f,
-                    "{} {to} {port} (peer {peer}): {verdict}",
-                    direction.name()
-                )?;
-                match by {
-                    PolicyBy::Rule { tier, rule } => {
-                        write!(f, " by {rule}")?;
-                        match tier {
-                            Tier::Admin => f.write_str(" (admin tier)"),
-                            Tier::Baseline => f.write_str(" (baseline tier)"),
-                            Tier::NetworkPolicy => Ok(()),
-                        }
-                    }
-                    PolicyBy::Isolated { policies } => write!(
-                        f,
-                        ": isolated by {}, and no rule of theirs matched",
-                        policies.join(", ")
-                    ),
-                    PolicyBy::Default => f.write_str(": no policy applies"),
-                    PolicyBy::Host => f.write_str(" from the node's own stack"),
-                }
-            }
+            } => fmt_policy(f, *direction, port, *peer, *allowed, by),
             Committed => f.write_str("connection committed"),
             RouteNoPod { dst } => write!(
                 f,
@@ -1137,87 +1145,4 @@ impl fmt::Display for SockAddr {
     }
 }
 
-// The serde forms of the datapath's own types, kept here so that those types stay free
-// of the trace's needs.
-
-/// A flow key: addresses, ports, protocol number and zone.
-#[derive(Serialize, Deserialize)]
-#[serde(remote = "FlowKey")]
-struct FlowKeyDef {
-    #[serde(with = "addr")]
-    src: Addr,
-    src_port: u16,
-    #[serde(with = "addr")]
-    dst: Addr,
-    dst_port: u16,
-    proto: u8,
-    zone: u16,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(remote = "Scope", rename_all = "snake_case")]
-enum ScopeDef {
-    Internal,
-    External,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(remote = "CtState", rename_all = "snake_case")]
-enum CtStateDef {
-    New,
-    Established,
-    Related,
-    Invalid,
-    Untracked,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(remote = "ErrorKind", tag = "type", rename_all = "snake_case")]
-enum ErrorKindDef {
-    TooBig { mtu: u32 },
-    TimeExceeded,
-    Unreachable { code: u8 },
-}
-
-mod addr {
-    use super::*;
-    use serde::{Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(a: &Addr, s: S) -> Result<S::Ok, S::Error> {
-        a.ip().serialize(s)
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Addr, D::Error> {
-        IpAddr::deserialize(d).map(Addr::from)
-    }
-}
-
-/// A MAC as `02:00:00:00:00:01`.
-mod mac {
-    use super::*;
-    use serde::{Deserializer, Serializer, de::Error};
-
-    pub(super) fn serialize<S: Serializer>(m: &[u8; 6], s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&MacAddr(*m))
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 6], D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse::<MacAddr>().map(|m| m.0).map_err(D::Error::custom)
-    }
-}
-
-/// A drop reason by its stable name.
-mod reason {
-    use super::*;
-    use serde::{Deserializer, Serializer, de::Error};
-
-    pub(super) fn serialize<S: Serializer>(r: &DropReason, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(r.name())
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DropReason, D::Error> {
-        let s = String::deserialize(d)?;
-        DropReason::from_name(&s).ok_or_else(|| D::Error::custom(format!("no drop reason {s}")))
-    }
-}
+mod forms;
