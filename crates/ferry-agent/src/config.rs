@@ -18,12 +18,20 @@ pub const KEY_VXLAN_PORT: &str = "vxlan-port";
 pub const KEY_ENCAPSULATION: &str = "encapsulation";
 /// Key: `"true"` or `"false"`, the default of every Service's `external_snat`.
 pub const KEY_EXTERNAL_SNAT: &str = "external-snat";
+/// Key: `allow` (default) or `policy`: whether the node's own stack (kubelet probes,
+/// host-network pods) reaches its pods whatever their ingress policy.
+pub const KEY_POLICY_HOST_TO_PODS: &str = "policy-host-to-pods";
+/// Key: `keep` (default) or `reevaluate`: what a policy change does to tracked
+/// connections it no longer allows.
+pub const KEY_POLICY_ON_CHANGE: &str = "policy-on-change";
 
-const KEYS: [&str; 4] = [
+const KEYS: [&str; 6] = [
     KEY_VXLAN_VNI,
     KEY_VXLAN_PORT,
     KEY_ENCAPSULATION,
     KEY_EXTERNAL_SNAT,
+    KEY_POLICY_HOST_TO_PODS,
+    KEY_POLICY_ON_CHANGE,
 ];
 
 /// The settings `kube-system/ferry-config` gives, with their defaults.
@@ -37,6 +45,10 @@ pub struct FerryConfig {
     pub encapsulation: ModeSpec,
     /// The cluster-wide default of `external_snat`, when the ConfigMap sets one.
     pub external_snat: Option<bool>,
+    /// The node's own stack reaches its pods whatever their ingress policy.
+    pub policy_host_to_pods: bool,
+    /// A policy change ends the tracked connections it no longer allows.
+    pub policy_reevaluate: bool,
 }
 
 impl Default for FerryConfig {
@@ -48,6 +60,10 @@ impl Default for FerryConfig {
             // directly, without the overhead.
             encapsulation: ModeSpec::CrossSubnet,
             external_snat: None,
+            // As Calico and Cilium: kubelet probes must reach isolated pods.
+            policy_host_to_pods: true,
+            // As Calico and Antrea: a change meets new connections only.
+            policy_reevaluate: false,
         }
     }
 }
@@ -89,6 +105,18 @@ impl FerryConfig {
                     _ => Err(format!("{v:?}: expected \"true\" or \"false\"")),
                 }
                 .map(|b| c.external_snat = Some(b)),
+                KEY_POLICY_HOST_TO_PODS => match v.as_str() {
+                    "allow" => Ok(true),
+                    "policy" => Ok(false),
+                    _ => Err(format!("{v:?}: expected allow or policy")),
+                }
+                .map(|b| c.policy_host_to_pods = b),
+                KEY_POLICY_ON_CHANGE => match v.as_str() {
+                    "keep" => Ok(false),
+                    "reevaluate" => Ok(true),
+                    _ => Err(format!("{v:?}: expected keep or reevaluate")),
+                }
+                .map(|b| c.policy_reevaluate = b),
                 _ => Ok(()),
             };
             if let Err(m) = r {
@@ -158,7 +186,9 @@ mod tests {
                 vxlan_vni: 4096,
                 vxlan_port: 4789,
                 encapsulation: ModeSpec::CrossSubnet,
-                external_snat: None
+                external_snat: None,
+                policy_host_to_pods: true,
+                policy_reevaluate: false,
             }
         );
     }
@@ -170,12 +200,15 @@ mod tests {
             ("vxlan-port", "8472"),
             ("encapsulation", "always"),
             ("external-snat", "true"),
+            ("policy-host-to-pods", "policy"),
+            ("policy-on-change", "reevaluate"),
         ]))
         .unwrap();
         assert_eq!(
             (c.vxlan_vni, c.vxlan_port, c.encapsulation, c.external_snat),
             (7, 8472, ModeSpec::Always, Some(true))
         );
+        assert_eq!((c.policy_host_to_pods, c.policy_reevaluate), (false, true));
     }
 
     #[test]
@@ -185,12 +218,20 @@ mod tests {
             ("vxlan-port", "0"),
             ("encapsulation", "sometimes"),
             ("vxlan-vnii", "1"),
+            ("policy-host-to-pods", "deny"),
+            ("policy-on-change", "cut"),
         ]))
         .unwrap_err();
         let fields: Vec<_> = e.iter().map(|e| e.field.as_str()).collect();
         assert_eq!(
             fields,
-            ["data.encapsulation", "data.vxlan-port", "data.vxlan-vni"]
+            [
+                "data.encapsulation",
+                "data.policy-host-to-pods",
+                "data.policy-on-change",
+                "data.vxlan-port",
+                "data.vxlan-vni"
+            ]
         );
     }
 
@@ -207,8 +248,8 @@ mod tests {
         assert_eq!(
             unknown,
             [
-                "data.a: unknown key, ignored (known: vxlan-vni, vxlan-port, encapsulation, external-snat)",
-                "data.vxlan-mtu: unknown key, ignored (known: vxlan-vni, vxlan-port, encapsulation, external-snat)",
+                "data.a: unknown key, ignored (known: vxlan-vni, vxlan-port, encapsulation, external-snat, policy-host-to-pods, policy-on-change)",
+                "data.vxlan-mtu: unknown key, ignored (known: vxlan-vni, vxlan-port, encapsulation, external-snat, policy-host-to-pods, policy-on-change)",
             ]
         );
     }
