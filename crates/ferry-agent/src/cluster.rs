@@ -10,11 +10,14 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::fields::{FieldError, Protocol, SERVICE_NAME_LABEL, ServiceFields};
+use crate::fields::{FieldError, PodFields, Protocol, SERVICE_NAME_LABEL, ServiceFields};
+use crate::policy::crd::{self, ClusterNetworkPolicy};
+use crate::policy::{ClusterNetworkPolicyFields, NamespaceFields, NetworkPolicyFields};
 
 /// The namespace of a namespaced object whose manifest gives none (as `kubectl apply`
 /// does with the default context).
@@ -69,16 +72,25 @@ pub enum Kind {
     EndpointSlice,
     /// core/v1 ConfigMap.
     ConfigMap,
+    /// core/v1 Namespace (cluster-scoped).
+    Namespace,
+    /// networking.k8s.io/v1 NetworkPolicy.
+    NetworkPolicy,
+    /// policy.networking.k8s.io/v1alpha2 ClusterNetworkPolicy (cluster-scoped).
+    ClusterNetworkPolicy,
 }
 
 impl Kind {
     /// Every kind, in the order the model lists them.
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Node,
         Kind::Pod,
         Kind::Service,
         Kind::EndpointSlice,
         Kind::ConfigMap,
+        Kind::Namespace,
+        Kind::NetworkPolicy,
+        Kind::ClusterNetworkPolicy,
     ];
 
     /// The `kind` field of a manifest.
@@ -89,6 +101,9 @@ impl Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::ConfigMap => "ConfigMap",
+            Kind::Namespace => "Namespace",
+            Kind::NetworkPolicy => "NetworkPolicy",
+            Kind::ClusterNetworkPolicy => crd::KIND,
         }
     }
 
@@ -96,13 +111,18 @@ impl Kind {
     pub fn api_version(self) -> &'static str {
         match self {
             Kind::EndpointSlice => "discovery.k8s.io/v1",
-            _ => "v1",
+            Kind::NetworkPolicy => "networking.k8s.io/v1",
+            Kind::ClusterNetworkPolicy => crd::API_VERSION,
+            Kind::Node | Kind::Pod | Kind::Service | Kind::ConfigMap | Kind::Namespace => "v1",
         }
     }
 
     /// False for cluster-scoped kinds.
     pub fn namespaced(self) -> bool {
-        self != Kind::Node
+        !matches!(
+            self,
+            Kind::Node | Kind::Namespace | Kind::ClusterNetworkPolicy
+        )
     }
 
     /// The kind a manifest's `apiVersion` and `kind` name, when the model holds it.
@@ -135,6 +155,12 @@ pub enum Object {
     EndpointSlice(EndpointSlice),
     /// A ConfigMap.
     ConfigMap(ConfigMap),
+    /// A Namespace.
+    Namespace(Namespace),
+    /// A NetworkPolicy.
+    NetworkPolicy(NetworkPolicy),
+    /// A ClusterNetworkPolicy.
+    ClusterNetworkPolicy(ClusterNetworkPolicy),
 }
 
 impl Object {
@@ -146,6 +172,9 @@ impl Object {
             Object::Service(_) => Kind::Service,
             Object::EndpointSlice(_) => Kind::EndpointSlice,
             Object::ConfigMap(_) => Kind::ConfigMap,
+            Object::Namespace(_) => Kind::Namespace,
+            Object::NetworkPolicy(_) => Kind::NetworkPolicy,
+            Object::ClusterNetworkPolicy(_) => Kind::ClusterNetworkPolicy,
         }
     }
 
@@ -157,6 +186,9 @@ impl Object {
             Object::Service(o) => &o.metadata,
             Object::EndpointSlice(o) => &o.metadata,
             Object::ConfigMap(o) => &o.metadata,
+            Object::Namespace(o) => &o.metadata,
+            Object::NetworkPolicy(o) => &o.metadata,
+            Object::ClusterNetworkPolicy(o) => &o.metadata,
         }
     }
 
@@ -168,11 +200,14 @@ impl Object {
             Object::Service(o) => &mut o.metadata,
             Object::EndpointSlice(o) => &mut o.metadata,
             Object::ConfigMap(o) => &mut o.metadata,
+            Object::Namespace(o) => &mut o.metadata,
+            Object::NetworkPolicy(o) => &mut o.metadata,
+            Object::ClusterNetworkPolicy(o) => &mut o.metadata,
         }
     }
 
     /// Its key: the namespace ([`DEFAULT_NAMESPACE`] when a namespaced object gives
-    /// none; empty for a Node) and the name. `None` without a name.
+    /// none; empty for a cluster-scoped kind) and the name. `None` without a name.
     pub fn key(&self) -> Option<ObjectKey> {
         let m = self.metadata();
         let name = m.name.as_deref().filter(|n| !n.is_empty())?;
@@ -207,7 +242,16 @@ macro_rules! object_from {
         }
     )*};
 }
-object_from!(Node, Pod, Service, EndpointSlice, ConfigMap);
+object_from!(
+    Node,
+    Pod,
+    Service,
+    EndpointSlice,
+    ConfigMap,
+    Namespace,
+    NetworkPolicy,
+    ClusterNetworkPolicy
+);
 
 /// A Service frontend: the protocol, address and port it answers on.
 pub type Frontend = (Protocol, IpAddr, u16);
@@ -226,6 +270,13 @@ pub struct Cluster {
     pub endpoint_slices: BTreeMap<ObjectKey, EndpointSlice>,
     /// ConfigMaps.
     pub config_maps: BTreeMap<ObjectKey, ConfigMap>,
+    /// Namespaces (namespace empty). Change them, the Pods and the policies through
+    /// [`Cluster::apply`] and [`Cluster::delete`] too: their fields are kept with them.
+    pub namespaces: BTreeMap<ObjectKey, Namespace>,
+    /// NetworkPolicies.
+    pub network_policies: BTreeMap<ObjectKey, NetworkPolicy>,
+    /// ClusterNetworkPolicies (namespace empty).
+    pub cluster_network_policies: BTreeMap<ObjectKey, ClusterNetworkPolicy>,
     /// The frontends of Services that another Service wins (an external IP on another
     /// Service's cluster IP and port, say), by Service: they are left out of its tables.
     /// The Kubernetes datastore decides them ([`Cluster::set_left_out`]).
@@ -233,10 +284,82 @@ pub struct Cluster {
     /// What ferry reads of each Service, parsed once as it came in: the datastores'
     /// claims and the tables read them here.
     service_fields: BTreeMap<ObjectKey, Parsed<ServiceFields>>,
+    /// What policy reads of each Pod (labels aside): its named ports.
+    pod_fields: BTreeMap<ObjectKey, Parsed<PodFields>>,
+    /// What policy reads of each Namespace: its labels.
+    namespace_fields: BTreeMap<ObjectKey, Parsed<NamespaceFields>>,
+    /// Each NetworkPolicy, typed.
+    network_policy_fields: BTreeMap<ObjectKey, Parsed<NetworkPolicyFields>>,
+    /// Each ClusterNetworkPolicy, typed.
+    cluster_network_policy_fields: BTreeMap<ObjectKey, Parsed<ClusterNetworkPolicyFields>>,
 }
 
 /// An object's fields as parsed when it came in, or what is wrong with them.
 type Parsed<T> = Result<Arc<T>, Vec<FieldError>>;
+
+fn view<T>(p: &Parsed<T>) -> Result<&T, &[FieldError]> {
+    match p {
+        Ok(f) => Ok(&**f),
+        Err(e) => Err(e.as_slice()),
+    }
+}
+
+/// The fields of an object, parsed by the datastore's checks
+/// ([`crate::datastore::check`]), to be kept with it.
+#[derive(Clone, Debug, Default)]
+pub(crate) enum Checked {
+    /// Nothing is kept for its kind.
+    #[default]
+    Nothing,
+    /// A Service's.
+    Service(Arc<ServiceFields>),
+    /// A Pod's.
+    Pod(Arc<PodFields>),
+    /// A Namespace's.
+    Namespace(Arc<NamespaceFields>),
+    /// A NetworkPolicy's.
+    NetworkPolicy(Arc<NetworkPolicyFields>),
+    /// A ClusterNetworkPolicy's.
+    ClusterNetworkPolicy(Arc<ClusterNetworkPolicyFields>),
+}
+
+macro_rules! checked_as {
+    ($($fn:ident: $variant:ident($t:ty)),*) => {
+        impl Checked {
+            $(
+                fn $fn(self) -> Option<Arc<$t>> {
+                    match self {
+                        Checked::$variant(f) => Some(f),
+                        _ => None,
+                    }
+                }
+            )*
+
+            /// A Service's fields, if these are.
+            pub(crate) fn service(&self) -> Option<&ServiceFields> {
+                match self {
+                    Checked::Service(f) => Some(f),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+checked_as!(
+    into_service: Service(ServiceFields),
+    pod: Pod(PodFields),
+    namespace: Namespace(NamespaceFields),
+    network_policy: NetworkPolicy(NetworkPolicyFields),
+    cluster_network_policy: ClusterNetworkPolicy(ClusterNetworkPolicyFields)
+);
+
+/// `given` when the datastore checked the object, else the object parsed now.
+fn kept<T>(given: Option<Arc<T>>, parse: impl FnOnce() -> Result<T, Vec<FieldError>>) -> Parsed<T> {
+    match given {
+        Some(f) => Ok(f),
+        None => parse().map(Arc::new),
+    }
+}
 
 /// Why [`Cluster::apply`] refused an object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -254,36 +377,57 @@ impl Cluster {
     /// Adds `obj`, or replaces the object of the same kind and key; returns the one it
     /// replaced. A namespaced object without a namespace goes to [`DEFAULT_NAMESPACE`]
     /// (and says so in its metadata, so every reader sees the same key).
-    /// A Service's fields are parsed here ([`ServiceFields`]), once.
+    /// The fields of a Service, a Pod, a Namespace and the policies are parsed here
+    /// ([`ServiceFields`], [`PodFields`], [`NamespaceFields`], [`NetworkPolicyFields`],
+    /// [`ClusterNetworkPolicyFields`]), once.
     pub fn apply(&mut self, obj: impl Into<Object>) -> Result<Option<Object>, NoName> {
-        self.apply_checked(obj.into(), None)
+        self.apply_checked(obj.into(), Checked::Nothing)
     }
 
-    /// [`Cluster::apply`] of an object whose fields the datastore checked already: a
-    /// Service comes with its fields (`fields`), which are kept instead of parsed
-    /// again.
+    /// [`Cluster::apply`] of an object whose fields the datastore checked already: they
+    /// come with it (`fields`) and are kept instead of parsed again.
     pub(crate) fn apply_checked(
         &mut self,
         mut obj: Object,
-        fields: Option<Arc<ServiceFields>>,
+        fields: Checked,
     ) -> Result<Option<Object>, NoName> {
         let key = obj.key().ok_or(NoName(obj.kind()))?;
         if obj.kind().namespaced() {
             obj.metadata_mut().namespace = Some(key.namespace.clone());
         }
-        Ok(match obj {
-            Object::Node(o) => self.nodes.insert(key, o).map(Object::from),
-            Object::Pod(o) => self.pods.insert(key, o).map(Object::from),
-            Object::Service(o) => {
-                let fields = match fields {
-                    Some(f) => Ok(f),
-                    None => ServiceFields::parse(&o).map(Arc::new),
-                };
-                self.service_fields.insert(key.clone(), fields);
+        Ok(match (obj, fields) {
+            (Object::Node(o), _) => self.nodes.insert(key, o).map(Object::from),
+            (Object::Pod(o), f) => {
+                let f = kept(f.pod(), || PodFields::parse(&o));
+                self.pod_fields.insert(key.clone(), f);
+                self.pods.insert(key, o).map(Object::from)
+            }
+            (Object::Service(o), f) => {
+                let f = kept(f.into_service(), || ServiceFields::parse(&o));
+                self.service_fields.insert(key.clone(), f);
                 self.services.insert(key, o).map(Object::from)
             }
-            Object::EndpointSlice(o) => self.endpoint_slices.insert(key, o).map(Object::from),
-            Object::ConfigMap(o) => self.config_maps.insert(key, o).map(Object::from),
+            (Object::EndpointSlice(o), _) => self.endpoint_slices.insert(key, o).map(Object::from),
+            (Object::ConfigMap(o), _) => self.config_maps.insert(key, o).map(Object::from),
+            (Object::Namespace(o), f) => {
+                let f = kept(f.namespace(), || NamespaceFields::parse(&o));
+                self.namespace_fields.insert(key.clone(), f);
+                self.namespaces.insert(key, o).map(Object::from)
+            }
+            (Object::NetworkPolicy(o), f) => {
+                let f = kept(f.network_policy(), || NetworkPolicyFields::parse(&o));
+                self.network_policy_fields.insert(key.clone(), f);
+                self.network_policies.insert(key, o).map(Object::from)
+            }
+            (Object::ClusterNetworkPolicy(o), f) => {
+                let f = kept(f.cluster_network_policy(), || {
+                    ClusterNetworkPolicyFields::parse(&o)
+                });
+                self.cluster_network_policy_fields.insert(key.clone(), f);
+                self.cluster_network_policies
+                    .insert(key, o)
+                    .map(Object::from)
+            }
         })
     }
 
@@ -293,7 +437,10 @@ impl Cluster {
         let key = ObjectKey::new(if kind.namespaced() { namespace } else { "" }, name);
         match kind {
             Kind::Node => self.nodes.remove(&key).map(Object::from),
-            Kind::Pod => self.pods.remove(&key).map(Object::from),
+            Kind::Pod => {
+                self.pod_fields.remove(&key);
+                self.pods.remove(&key).map(Object::from)
+            }
             Kind::Service => {
                 self.left_out.remove(&key);
                 self.service_fields.remove(&key);
@@ -301,6 +448,18 @@ impl Cluster {
             }
             Kind::EndpointSlice => self.endpoint_slices.remove(&key).map(Object::from),
             Kind::ConfigMap => self.config_maps.remove(&key).map(Object::from),
+            Kind::Namespace => {
+                self.namespace_fields.remove(&key);
+                self.namespaces.remove(&key).map(Object::from)
+            }
+            Kind::NetworkPolicy => {
+                self.network_policy_fields.remove(&key);
+                self.network_policies.remove(&key).map(Object::from)
+            }
+            Kind::ClusterNetworkPolicy => {
+                self.cluster_network_policy_fields.remove(&key);
+                self.cluster_network_policies.remove(&key).map(Object::from)
+            }
         }
     }
 
@@ -332,10 +491,77 @@ impl Cluster {
     /// What ferry reads of the Service `key`, parsed when it came in, or what is wrong
     /// with its fields; None without that Service.
     pub fn service_fields(&self, key: &ObjectKey) -> Option<Result<&ServiceFields, &[FieldError]>> {
-        self.service_fields.get(key).map(|r| match r {
-            Ok(f) => Ok(&**f),
-            Err(e) => Err(e.as_slice()),
-        })
+        self.service_fields.get(key).map(view)
+    }
+
+    /// What ferry reads of the Pod `key` (its addresses, node and named ports), parsed
+    /// when it came in, or what is wrong with it; None without that Pod.
+    pub fn pod_fields(&self, key: &ObjectKey) -> Option<Result<&PodFields, &[FieldError]>> {
+        self.pod_fields.get(key).map(view)
+    }
+
+    /// The labels of the Namespace `name` (with `kubernetes.io/metadata.name`); None
+    /// without that Namespace. A namespace whose object is not (yet) in the model has
+    /// no labels a selector could match but that one: see
+    /// [`crate::policy::NAMESPACE_NAME_LABEL`].
+    pub fn namespace_labels(&self, name: &str) -> Option<&BTreeMap<String, String>> {
+        match self.namespace_fields.get(&ObjectKey::cluster_scoped(name)) {
+            Some(Ok(f)) => Some(&f.labels),
+            _ => None,
+        }
+    }
+
+    /// What ferry reads of the Namespace `name`, or what is wrong with it.
+    pub fn namespace_fields(&self, name: &str) -> Option<Result<&NamespaceFields, &[FieldError]>> {
+        self.namespace_fields
+            .get(&ObjectKey::cluster_scoped(name))
+            .map(view)
+    }
+
+    /// The NetworkPolicy `key`, typed, or what is wrong with it; None without it.
+    pub fn network_policy_fields(
+        &self,
+        key: &ObjectKey,
+    ) -> Option<Result<&NetworkPolicyFields, &[FieldError]>> {
+        self.network_policy_fields.get(key).map(view)
+    }
+
+    /// Every NetworkPolicy, typed or what is wrong with it, by namespace and name. Only
+    /// [`Cluster::apply`] (tests, tools) lets a bad one in: the datastores refuse them.
+    pub fn all_network_policy_fields(
+        &self,
+    ) -> impl Iterator<Item = (&ObjectKey, Result<&NetworkPolicyFields, &[FieldError]>)> {
+        self.network_policy_fields.iter().map(|(k, f)| (k, view(f)))
+    }
+
+    /// The ClusterNetworkPolicy `name`, typed, or what is wrong with it.
+    pub fn cluster_network_policy_fields(
+        &self,
+        name: &str,
+    ) -> Option<Result<&ClusterNetworkPolicyFields, &[FieldError]>> {
+        self.cluster_network_policy_fields
+            .get(&ObjectKey::cluster_scoped(name))
+            .map(view)
+    }
+
+    /// Every ClusterNetworkPolicy, typed or what is wrong with it, by name.
+    pub fn all_cluster_network_policy_fields(
+        &self,
+    ) -> impl Iterator<
+        Item = (
+            &ObjectKey,
+            Result<&ClusterNetworkPolicyFields, &[FieldError]>,
+        ),
+    > {
+        (self.cluster_network_policy_fields.iter()).map(|(k, f)| (k, view(f)))
+    }
+
+    /// Every Pod's fields, by namespace and name (pods of every node: select by
+    /// [`PodFields::node`] where it matters).
+    pub fn all_pod_fields(
+        &self,
+    ) -> impl Iterator<Item = (&ObjectKey, Result<&PodFields, &[FieldError]>)> {
+        self.pod_fields.iter().map(|(k, f)| (k, view(f)))
     }
 
     /// True when an object of `kind` has `key`.
@@ -346,6 +572,9 @@ impl Cluster {
             Kind::Service => self.services.contains_key(key),
             Kind::EndpointSlice => self.endpoint_slices.contains_key(key),
             Kind::ConfigMap => self.config_maps.contains_key(key),
+            Kind::Namespace => self.namespaces.contains_key(key),
+            Kind::NetworkPolicy => self.network_policies.contains_key(key),
+            Kind::ClusterNetworkPolicy => self.cluster_network_policies.contains_key(key),
         }
     }
 
@@ -415,6 +644,24 @@ impl Cluster {
             &newer.config_maps,
             &mut out,
         );
+        walk(
+            Kind::Namespace,
+            &self.namespaces,
+            &newer.namespaces,
+            &mut out,
+        );
+        walk(
+            Kind::NetworkPolicy,
+            &self.network_policies,
+            &newer.network_policies,
+            &mut out,
+        );
+        walk(
+            Kind::ClusterNetworkPolicy,
+            &self.cluster_network_policies,
+            &newer.cluster_network_policies,
+            &mut out,
+        );
         // A Service that wins or loses a frontend changed too.
         let mut frontends = Vec::new();
         walk(
@@ -449,7 +696,10 @@ impl Cluster {
         for (kind, key) in changed {
             match kind {
                 Kind::Node => take(&mut c.nodes, &newer.nodes, key),
-                Kind::Pod => take(&mut c.pods, &newer.pods, key),
+                Kind::Pod => {
+                    take(&mut c.pods, &newer.pods, key);
+                    take(&mut c.pod_fields, &newer.pod_fields, key);
+                }
                 Kind::Service => {
                     take(&mut c.services, &newer.services, key);
                     take(&mut c.service_fields, &newer.service_fields, key);
@@ -457,6 +707,30 @@ impl Cluster {
                 }
                 Kind::EndpointSlice => take(&mut c.endpoint_slices, &newer.endpoint_slices, key),
                 Kind::ConfigMap => take(&mut c.config_maps, &newer.config_maps, key),
+                Kind::Namespace => {
+                    take(&mut c.namespaces, &newer.namespaces, key);
+                    take(&mut c.namespace_fields, &newer.namespace_fields, key);
+                }
+                Kind::NetworkPolicy => {
+                    take(&mut c.network_policies, &newer.network_policies, key);
+                    take(
+                        &mut c.network_policy_fields,
+                        &newer.network_policy_fields,
+                        key,
+                    );
+                }
+                Kind::ClusterNetworkPolicy => {
+                    take(
+                        &mut c.cluster_network_policies,
+                        &newer.cluster_network_policies,
+                        key,
+                    );
+                    take(
+                        &mut c.cluster_network_policy_fields,
+                        &newer.cluster_network_policy_fields,
+                        key,
+                    );
+                }
             }
         }
         c
@@ -477,6 +751,9 @@ impl Cluster {
             + self.services.len()
             + self.endpoint_slices.len()
             + self.config_maps.len()
+            + self.namespaces.len()
+            + self.network_policies.len()
+            + self.cluster_network_policies.len()
     }
 
     /// True when it holds no object.

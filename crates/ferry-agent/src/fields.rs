@@ -15,12 +15,13 @@
 //! default applies). Each is named in the object's `warnings`, which compilation
 //! reports.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
 use ferry_datapath::TrafficPolicy;
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceSpec};
+use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 /// The label that ties an EndpointSlice to its Service.
@@ -75,19 +76,29 @@ pub fn describe(what: &dyn fmt::Display, errors: &[FieldError]) -> String {
 
 /// Collects field errors while values are parsed, so that one pass reports them all.
 #[derive(Default)]
-struct Errors(Vec<FieldError>);
+pub(crate) struct Errors(Vec<FieldError>);
 
 impl Errors {
-    fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
+    pub(crate) fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
         self.0.push(FieldError::new(field, message));
     }
 
     /// The value, or `None` with its error recorded.
-    fn take<T>(&mut self, r: Result<T, FieldError>) -> Option<T> {
+    pub(crate) fn take<T>(&mut self, r: Result<T, FieldError>) -> Option<T> {
         r.map_err(|e| self.0.push(e)).ok()
     }
 
-    fn finish<T>(self, value: T) -> Result<T, Vec<FieldError>> {
+    /// How many errors so far: a part parsed without adding any is good.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The errors.
+    pub(crate) fn into_vec(self) -> Vec<FieldError> {
+        self.0
+    }
+
+    pub(crate) fn finish<T>(self, value: T) -> Result<T, Vec<FieldError>> {
         if self.0.is_empty() {
             Ok(value)
         } else {
@@ -147,7 +158,8 @@ fn annotation_field(key: &str) -> String {
     format!("metadata.annotations[{key}]")
 }
 
-/// An L4 protocol of a Service port or an EndpointSlice port.
+/// An L4 protocol of a Service port, an EndpointSlice port, a container port or a
+/// policy's port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Protocol {
     /// TCP (the API's default).
@@ -177,7 +189,8 @@ impl Protocol {
         }
     }
 
-    fn parse(s: Option<&str>, field: impl Into<String>) -> Result<Protocol, FieldError> {
+    /// The protocol the API names (`None`: TCP, the default).
+    pub(crate) fn parse(s: Option<&str>, field: impl Into<String>) -> Result<Protocol, FieldError> {
         match s {
             None | Some("TCP") => Ok(Protocol::Tcp),
             Some("UDP") => Ok(Protocol::Udp),
@@ -297,6 +310,10 @@ pub struct PodFields {
     pub finished: bool,
     /// status.podIPs (or status.podIP), in order.
     pub ips: Vec<IpAddr>,
+    /// The named container ports (of spec.containers, and of the init containers that
+    /// run alongside them: `restartPolicy: Always`), name -> protocol and number: what a
+    /// policy's named port means on this pod.
+    pub named_ports: BTreeMap<String, (Protocol, u16)>,
 }
 
 impl PodFields {
@@ -315,7 +332,11 @@ impl PodFields {
                 Some("Succeeded" | "Failed")
             ),
             ips: Vec::new(),
+            named_ports: BTreeMap::new(),
         };
+        if let Some(spec) = spec {
+            named_ports(spec, &mut e, &mut f.named_ports);
+        }
         match status.and_then(|s| s.pod_ips.as_deref()) {
             Some(ips) if !ips.is_empty() => {
                 for (i, ip) in ips.iter().enumerate() {
@@ -330,6 +351,55 @@ impl PodFields {
             }
         }
         e.finish(f)
+    }
+}
+
+/// The container ports of `spec` into `named`: each port's number and protocol must be
+/// valid, and a name an IANA service name, used once in its container (as the API
+/// server checks them). Sidecars (init containers with `restartPolicy: Always`) serve
+/// too.
+fn named_ports(spec: &PodSpec, e: &mut Errors, named: &mut BTreeMap<String, (Protocol, u16)>) {
+    let sidecars = spec.init_containers.iter().flatten().enumerate();
+    let sidecars = sidecars
+        .filter(|(_, c)| c.restart_policy.as_deref() == Some("Always"))
+        .map(|(i, c)| (format!("spec.initContainers[{i}]"), c));
+    let containers = (spec.containers.iter().enumerate())
+        .map(|(i, c)| (format!("spec.containers[{i}]"), c))
+        .chain(sidecars);
+    for (base, c) in containers {
+        // The API server checks names per container; two containers may share one.
+        let mut names = std::collections::BTreeSet::new();
+        for (j, p) in c.ports.iter().flatten().enumerate() {
+            let field = format!("{base}.ports[{j}]");
+            let protocol = e.take(Protocol::parse(
+                p.protocol.as_deref(),
+                format!("{field}.protocol"),
+            ));
+            let number = e.take(parse_port(
+                p.container_port,
+                format!("{field}.containerPort"),
+            ));
+            let Some(name) = p.name.as_deref() else {
+                continue;
+            };
+            let Some(name) = e.take(crate::policy::fields::port_name(
+                name,
+                format!("{field}.name"),
+            )) else {
+                continue;
+            };
+            if !names.insert(name.clone()) {
+                e.push(
+                    format!("{field}.name"),
+                    format!("duplicate port name {name:?} in the container"),
+                );
+                continue;
+            }
+            if let (Some(protocol), Some(number)) = (protocol, number) {
+                // As Kubernetes resolves a name (FindPort): the first container's.
+                named.entry(name).or_insert((protocol, number));
+            }
+        }
     }
 }
 

@@ -1,8 +1,10 @@
 //! ferry's control plane: the cluster model (Kubernetes objects), the datastores that
 //! fill it, and the compilation of one node's tables from it.
 //!
-//! - [`cluster`]: [`Cluster`], the Nodes, Pods, Services, EndpointSlices and ConfigMaps
-//!   ferry reads, with `apply` / `delete` for a datastore to drive it;
+//! - [`cluster`]: [`Cluster`], the Nodes, Namespaces, Pods, Services, EndpointSlices,
+//!   ConfigMaps, NetworkPolicies and ClusterNetworkPolicies ferry reads, with `apply` /
+//!   `delete` for a datastore to drive it; [`policy`]: the policy objects' types and
+//!   checked fields;
 //! - [`datastore`]: where the cluster comes from; [`datastore::file`] reads a directory
 //!   of YAML manifests and watches it, [`datastore::kube`] watches a Kubernetes API
 //!   server;
@@ -35,6 +37,7 @@ pub mod host_nat;
 pub mod leftovers;
 pub mod metrics;
 pub mod observe;
+pub mod policy;
 pub mod proxy_health;
 pub mod run;
 pub mod services;

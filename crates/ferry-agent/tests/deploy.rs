@@ -200,7 +200,7 @@ fn rbac_grants_exactly_what_the_kubernetes_datastore_watches() {
     }
 
     let mut wanted = BTreeSet::new();
-    for s in scopes("any-node") {
+    for s in scopes() {
         // A metadata.name selector is a request for one object, which RBAC can name.
         let name = s
             .field_selector

@@ -96,6 +96,15 @@ pub enum Request {
     /// Every Service port the node's tables hold, with frontends, policies and endpoints
     /// (`ferry services`).
     Services,
+    /// The NetworkPolicies and ClusterNetworkPolicies in force (`ferry policy list`), or,
+    /// with `pod`, the rules that apply to that pod after selectors, namespaces and named
+    /// ports are resolved, in the order they are evaluated (`ferry policy explain`).
+    /// Answers [`Answer::policy`].
+    Policy {
+        /// `NAMESPACE/NAME` of a pod of the cluster (on any node).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pod: Option<String>,
+    },
     /// Traces one described packet, or a few frames, through the node's live tables and
     /// a copy of its live connection state, without sending anything or changing any
     /// state (`ferry trace`). Answers [`Answer::trace`].
@@ -524,6 +533,9 @@ pub struct Answer {
     /// Services: every Service of the tables in force, by namespace and name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub services: Option<Vec<ServiceInfo>>,
+    /// Policy: the policies in force, or a pod's rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyAnswer>,
     /// Trace: the report, one pass per packet then the reply, and the way back (the
     /// `TraceReport` of ferry's datapath, docs/observability.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -665,6 +677,105 @@ impl Default for CtTuple {
             icmp_id: None,
         }
     }
+}
+
+/// What [`Request::Policy`] answers.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyAnswer {
+    /// The policies in force, ClusterNetworkPolicies first (by tier, priority and
+    /// name), then NetworkPolicies by namespace and name.
+    #[serde(default)]
+    pub policies: Vec<PolicyInfo>,
+    /// With `pod`: its rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodPolicyInfo>,
+}
+
+/// A policy in force.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyInfo {
+    /// `NetworkPolicy NS/NAME` or `ClusterNetworkPolicy NAME`.
+    pub name: String,
+    /// ClusterNetworkPolicy: `admin` or `baseline`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+    /// ClusterNetworkPolicy: its priority.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u16>,
+    /// NetworkPolicy: the directions it isolates (`ingress`, `egress`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub isolates: Vec<String>,
+    /// Its rules, ingress then egress.
+    pub rules: usize,
+    /// The pods of this node it applies to, `NS/NAME`.
+    #[serde(default)]
+    pub local_pods: Vec<String>,
+    /// What of it ferry does not enforce as written (a peer of a field unknown to
+    /// ferry, failing closed), one line each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// The rules that apply to one pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodPolicyInfo {
+    /// `NS/NAME`.
+    pub pod: String,
+    /// Its node, when the Pod says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Its addresses.
+    #[serde(default)]
+    pub addresses: Vec<std::net::IpAddr>,
+    /// Ingress, then egress.
+    pub directions: Vec<DirectionInfo>,
+    /// What else decides its traffic (a host-network pod, the node's own stack), one
+    /// line each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+/// One direction of a pod's rules, in evaluation order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirectionInfo {
+    /// `ingress` or `egress`.
+    pub direction: String,
+    /// The NetworkPolicies isolating the pod in this direction: with any, what no rule
+    /// of the NetworkPolicy tier allows is denied (and the Baseline tier is not asked).
+    #[serde(default)]
+    pub isolated_by: Vec<String>,
+    /// The rules: the Admin tier's, the NetworkPolicy tier's, the Baseline tier's.
+    #[serde(default)]
+    pub rules: Vec<RuleInfo>,
+}
+
+/// One rule as the datapath holds it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleInfo {
+    /// `admin`, `network_policy` or `baseline`.
+    pub tier: String,
+    /// Its policy's name.
+    pub policy: String,
+    /// The rule's own name (`ingress[0]`, `ingress rule NAME`).
+    pub rule: String,
+    /// `accept`, `deny` or `pass`.
+    pub action: String,
+    /// Its matches: each peers (address blocks; absent: every peer) on ports (empty:
+    /// every port and protocol). None at all: the rule matches nothing.
+    #[serde(default)]
+    pub matches: Vec<MatchInfo>,
+}
+
+/// Peers and ports of a rule.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MatchInfo {
+    /// Address blocks (`10.0.0.0/8 except 10.1.0.0/16`, a pod's `/32`); absent: every
+    /// peer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers: Option<Vec<String>>,
+    /// `tcp/80`, `udp/1000-2000`, `sctp` (every port); empty: every port and protocol.
+    #[serde(default)]
+    pub ports: Vec<String>,
 }
 
 /// A Service as the node's tables hold it: its ports, each compiled on its own.
@@ -856,6 +967,13 @@ mod tests {
         );
         assert!(CtFilter::default().is_empty());
         round_trip(&Request::Services, r#"{"op":"services"}"#);
+        round_trip(&Request::Policy { pod: None }, r#"{"op":"policy"}"#);
+        round_trip(
+            &Request::Policy {
+                pod: Some("x/a".into()),
+            },
+            r#"{"op":"policy","pod":"x/a"}"#,
+        );
     }
 
     #[test]

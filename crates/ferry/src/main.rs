@@ -14,6 +14,7 @@ mod demo;
 mod lab;
 mod node;
 mod pcap;
+mod policy;
 mod replay;
 mod serve;
 mod services;
@@ -75,6 +76,9 @@ enum Command {
     /// the frames of a pcap traced on a copy of the node's live state (nothing is sent),
     /// or, with --live, the next real packets that match a filter.
     Trace(trace::Args),
+    /// The NetworkPolicies and ClusterNetworkPolicies the running agent enforces, and
+    /// the rules that apply to one pod, resolved to addresses and ports.
+    Policy(policy::Args),
     /// Write the frames of one port, as received and as ferry sent them, to a pcapng
     /// file.
     Capture(capture::Args),
@@ -111,6 +115,7 @@ fn main() -> ExitCode {
         Command::Capture(args) => capture::run(&args),
         Command::Conntrack(args) => conntrack::run(&args),
         Command::Services(args) => services::run(&args),
+        Command::Policy(args) => policy::run(&args),
         Command::Tables(args) => tables::run(&args),
         Command::Lab(args) => lab::run(args),
     };

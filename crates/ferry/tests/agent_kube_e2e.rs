@@ -88,9 +88,9 @@ impl KubeLab {
             .collect()
     }
 
-    /// Requires every request of node `n` for `path` to carry `selector`, and a list and
-    /// a watch among them.
-    fn assert_selector(&self, n: u8, path: &str, selector: &str) {
+    /// Requires every request of node `n` for `path` to carry `selector` (None: no field
+    /// selector), and a list and a watch among them.
+    fn assert_selector(&self, n: u8, path: &str, selector: Option<&str>) {
         let seen: Vec<Value> = self
             .requests_from(n)
             .into_iter()
@@ -104,7 +104,8 @@ impl KubeLab {
         );
         for q in &seen {
             assert_eq!(
-                q["fieldSelector"], selector,
+                q["fieldSelector"].as_str(),
+                selector,
                 "node{n}'s request for {path}: {q}"
             );
         }
@@ -204,13 +205,22 @@ fn services_follow_the_api_server_watches() {
     );
     eprintln!("endpoint removal seen by a client after {removed:?}");
 
-    // Each node asked for its own pods and for ferry-config alone.
+    // Each node asked for every pod (policies select peers on any node) and for
+    // ferry-config alone; ClusterNetworkPolicies, which this server does not serve (a
+    // cluster without the CRD), held nothing back.
     for n in [1u8, 2] {
-        k.assert_selector(n, "/api/v1/pods", &format!("spec.nodeName=node{n}"));
+        k.assert_selector(n, "/api/v1/pods", None);
+        k.assert_selector(n, "/api/v1/namespaces", None);
+        k.assert_selector(n, "/apis/networking.k8s.io/v1/networkpolicies", None);
+        assert!(
+            k.requests_from(n).iter().any(|(p, _)| p
+                == "/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies"),
+            "node{n} asked for ClusterNetworkPolicies"
+        );
         k.assert_selector(
             n,
             "/api/v1/namespaces/kube-system/configmaps",
-            "metadata.name=ferry-config",
+            Some("metadata.name=ferry-config"),
         );
     }
     // The datastore's health: the bad Service was refused alone, so the rest is in

@@ -47,6 +47,12 @@ RESOURCES = {
     ("/api/v1", "pods"): ("Pod", "v1", True),
     ("/api/v1", "services"): ("Service", "v1", True),
     ("/api/v1", "configmaps"): ("ConfigMap", "v1", True),
+    ("/api/v1", "namespaces"): ("Namespace", "v1", False),
+    ("/apis/networking.k8s.io/v1", "networkpolicies"): (
+        "NetworkPolicy",
+        "networking.k8s.io/v1",
+        True,
+    ),
     ("/apis/discovery.k8s.io/v1", "endpointslices"): (
         "EndpointSlice",
         "discovery.k8s.io/v1",
@@ -62,6 +68,8 @@ FIELDS = {
     "Service": {"spec.clusterIP", "spec.type"},
     "EndpointSlice": {"addressType"},
     "ConfigMap": set(),
+    "Namespace": set(),
+    "NetworkPolicy": set(),
 }
 COMMON_FIELDS = {"metadata.name", "metadata.namespace"}
 

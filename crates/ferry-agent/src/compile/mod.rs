@@ -4,6 +4,7 @@
 
 mod base;
 pub(crate) mod pods;
+pub mod policy;
 mod services;
 #[cfg(test)]
 mod tests;
@@ -165,6 +166,12 @@ pub fn node_tables(
         base.is_none(),
         &mut warnings,
     )?;
+    let held = policy::Held::default();
+    tables.policy = policy::compile(
+        &policy::inputs(cluster, &held),
+        &pod_ports,
+        policy::PolicyOptions::of(&config),
+    );
     let svc = services::compile(cluster, node, &config, opts)?;
     tables.services.extend(svc.specs);
     warnings.extend(svc.warnings);

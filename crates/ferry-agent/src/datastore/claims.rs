@@ -107,7 +107,12 @@ pub(crate) fn of(obj: &Object, fields: Option<&ServiceFields>) -> Vec<Claimed> {
     match obj {
         Object::Service(s) => fields.map_or_else(Vec::new, |f| of_service(s, f)),
         Object::Node(n) => of_node(n),
-        Object::Pod(_) | Object::EndpointSlice(_) | Object::ConfigMap(_) => Vec::new(),
+        Object::Pod(_)
+        | Object::EndpointSlice(_)
+        | Object::ConfigMap(_)
+        | Object::Namespace(_)
+        | Object::NetworkPolicy(_)
+        | Object::ClusterNetworkPolicy(_) => Vec::new(),
     }
 }
 

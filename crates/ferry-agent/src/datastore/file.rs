@@ -4,11 +4,13 @@
 //! starting with `.` are skipped, like editors' swap files and the `..data` of a mounted
 //! ConfigMap) holds one or more documents separated by `---`; a document is an object or
 //! a `kind: List` of them, as `kubectl get -o yaml` prints. Each document's `apiVersion`
-//! and `kind` decide what it is: v1 Node, Pod, Service and ConfigMap and
-//! discovery.k8s.io/v1 EndpointSlice are read, anything else is left out with a note.
+//! and `kind` decide what it is: v1 Node, Namespace, Pod, Service and ConfigMap,
+//! discovery.k8s.io/v1 EndpointSlice, networking.k8s.io/v1 NetworkPolicy and
+//! policy.networking.k8s.io/v1alpha2 ClusterNetworkPolicy are read, anything else is
+//! left out with a note.
 //!
 //! A state is all or nothing: one problem anywhere (YAML syntax, a field of the wrong
-//! type, an unknown field, a bad address or port, the same object in two places, two
+//! type, an unknown field, a bad address, port, selector or CIDR, the same object in two places, two
 //! objects claiming one address or port: a cluster IP, a node port, a Node's
 //! InternalIP; see [`super::claims`]) refuses it whole, with every problem named by
 //! file, object and field; the watcher keeps the last good state in force. A Service
@@ -30,8 +32,8 @@ use serde_json::Value;
 
 use super::claims::{self, Claims};
 use super::{Problem, Refused, check, notes};
-use crate::cluster::{Cluster, DEFAULT_NAMESPACE, Kind, Object, ObjectKey};
-use crate::fields::{FieldError, ServiceFields};
+use crate::cluster::{Checked, Cluster, DEFAULT_NAMESPACE, Kind, Object, ObjectKey};
+use crate::fields::FieldError;
 
 // Shared with the Kubernetes datastore; re-exported where they were first defined.
 pub use super::{Update, Watch};
@@ -60,7 +62,7 @@ impl Origin {
 struct Loader {
     /// The objects that passed their checks, each with the fields kept with it
     /// ([`check`]).
-    objects: Vec<(Object, Option<Arc<ServiceFields>>, Origin)>,
+    objects: Vec<(Object, Checked, Origin)>,
     problems: Vec<Problem>,
     notes: Vec<Problem>,
 }
@@ -216,7 +218,7 @@ impl Loader {
             self.notes.push(origin.problem(
                 Some(what),
                 None,
-                "ignored: ferry reads v1 Node, Pod, Service and ConfigMap and discovery.k8s.io/v1 EndpointSlice"
+                "ignored: ferry reads v1 Node, Namespace, Pod, Service and ConfigMap, discovery.k8s.io/v1 EndpointSlice, networking.k8s.io/v1 NetworkPolicy and policy.networking.k8s.io/v1alpha2 ClusterNetworkPolicy"
                     .into(),
             ));
             return;
@@ -233,12 +235,15 @@ impl Loader {
             Kind::Service => decode(&value).map(Object::Service),
             Kind::EndpointSlice => decode(&value).map(Object::EndpointSlice),
             Kind::ConfigMap => decode(&value).map(Object::ConfigMap),
+            Kind::Namespace => decode(&value).map(Object::Namespace),
+            Kind::NetworkPolicy => decode(&value).map(Object::NetworkPolicy),
+            Kind::ClusterNetworkPolicy => decode(&value).map(Object::ClusterNetworkPolicy),
         };
         let errors = match decoded {
             Ok(_) if name.is_none() => vec![FieldError::new("metadata.name", "required")],
             Ok(obj) => match check(&obj) {
                 Ok(fields) => {
-                    for n in notes(&obj) {
+                    for n in notes(&obj, &fields) {
                         self.notes.push(origin.problem(
                             Some(what.clone()),
                             Some(n.field),

@@ -1,14 +1,20 @@
 //! The Kubernetes datastore (`kubernetes`): the cluster as watches on an API server
 //! tell it.
 //!
-//! Five watches, each a `kube` watcher that lists, then watches, and lists again
+//! Eight watches, each a `kube` watcher that lists, then watches, and lists again
 //! whenever the watch cannot resume (see [`scopes`]):
 //!
 //! - Nodes, all of them (overlay peers);
-//! - Pods with `spec.nodeName=<this node>`: only this node's pods become ports, other
+//! - Pods, of every node: a policy's selectors pick peers anywhere in the cluster.
+//!   Only this node's pods become ports (compilation looks at `spec.nodeName`); other
 //!   nodes' endpoints come from EndpointSlices;
 //! - Services and EndpointSlices in every namespace;
-//! - the ConfigMap `kube-system/ferry-config`, by a `metadata.name` field selector.
+//! - the ConfigMap `kube-system/ferry-config`, by a `metadata.name` field selector;
+//! - Namespaces (their labels, for policy), NetworkPolicies in every namespace, and
+//!   ClusterNetworkPolicies. The last is a CRD that a cluster may not have installed:
+//!   while the API server answers 404 for it, the kind counts as listed and empty, the
+//!   rest of the state goes out, the absence is reported once, and the list is tried
+//!   again every [`ABSENT_RETRY`].
 //!
 //! Events drive one [`Cluster`] ([`KubeDatastore::event`]). Nothing is sent before every
 //! watch has completed its first list; then the whole state goes out as
@@ -51,8 +57,9 @@ use std::time::Duration;
 use futures::channel::mpsc::{self as mpsc_async, UnboundedSender};
 use futures::future::{self, Either};
 use futures::stream::{self, BoxStream, StreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::NamespaceResourceScope;
@@ -65,9 +72,10 @@ use tokio::time::Instant;
 
 use super::claims::{self, Claims, Clash, Owner};
 use super::{Problem, Refused, Update, Watch, check, is_ferry_config, notes};
-use crate::cluster::{Cluster, Frontend, Kind, Object, ObjectKey};
+use crate::cluster::{Checked, Cluster, Frontend, Kind, Object, ObjectKey};
 use crate::config::{CONFIG_NAME, CONFIG_NAMESPACE};
 use crate::fields::FieldError;
+use crate::policy::ClusterNetworkPolicy;
 
 /// The `file` of every [`Problem`] this datastore reports.
 pub const ORIGIN: &str = "kubernetes";
@@ -87,10 +95,19 @@ pub const BATCH_MAX: Duration = Duration::from_millis(50);
 /// waits forever and its kind is never followed again.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(295);
 
+/// How long the datastore waits before it asks again for a resource the API server
+/// does not serve (404: a CRD not installed, such as ClusterNetworkPolicy's): the
+/// answer will not change soon, and it is not an error worth the usual backoff.
+pub const ABSENT_RETRY: Duration = if cfg!(test) {
+    Duration::from_millis(300)
+} else {
+    Duration::from_secs(60)
+};
+
 /// How the datastore reaches the API server, and for which node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KubeOptions {
-    /// This node's name: its pods are watched.
+    /// This node's name.
     pub node: String,
     /// A kubeconfig file; `None` infers the configuration as kubectl does (`$KUBECONFIG`,
     /// `~/.kube/config`), then from the pod's service account in a cluster.
@@ -114,8 +131,9 @@ pub struct Scope {
     pub field_selector: Option<String>,
 }
 
-/// The five watches of the datastore for `node`, in [`Kind::ALL`] order.
-pub fn scopes(node: &str) -> [Scope; 5] {
+/// The eight watches of the datastore, in [`Kind::ALL`] order. Every one is of the whole
+/// cluster (Pods too: a policy on this node selects pods on others) but the ConfigMap's.
+pub fn scopes() -> [Scope; 8] {
     fn scope<K: k8s_openapi::Resource>(
         kind: Kind,
         namespace: Option<&'static str>,
@@ -131,7 +149,7 @@ pub fn scopes(node: &str) -> [Scope; 5] {
     }
     [
         scope::<Node>(Kind::Node, None, None),
-        scope::<Pod>(Kind::Pod, None, Some(format!("spec.nodeName={node}"))),
+        scope::<Pod>(Kind::Pod, None, None),
         scope::<Service>(Kind::Service, None, None),
         scope::<EndpointSlice>(Kind::EndpointSlice, None, None),
         scope::<ConfigMap>(
@@ -139,6 +157,9 @@ pub fn scopes(node: &str) -> [Scope; 5] {
             Some(CONFIG_NAMESPACE),
             Some(format!("metadata.name={CONFIG_NAME}")),
         ),
+        scope::<Namespace>(Kind::Namespace, None, None),
+        scope::<NetworkPolicy>(Kind::NetworkPolicy, None, None),
+        scope::<ClusterNetworkPolicy>(Kind::ClusterNetworkPolicy, None, None),
     ]
 }
 
@@ -204,6 +225,8 @@ pub struct KubeDatastore {
     erred: BTreeSet<Kind>,
     /// Kinds whose watch reported an error in this batch.
     erred_now: BTreeSet<Kind>,
+    /// Kinds the API server does not serve (404), reported once: listed as empty.
+    absent: BTreeSet<Kind>,
     /// Kinds whose watch started in this batch.
     started: BTreeSet<Kind>,
     /// Who holds which frontend, node port and InternalIP, among the objects in force.
@@ -250,6 +273,7 @@ impl KubeDatastore {
             held_told: false,
             erred: BTreeSet::new(),
             erred_now: BTreeSet::new(),
+            absent: BTreeSet::new(),
             started: BTreeSet::new(),
             claims: Claims::default(),
             waiting: HashMap::new(),
@@ -302,6 +326,7 @@ impl KubeDatastore {
                 None => self.apply(strip(obj)),
             },
             Event::InitDone => {
+                self.absent.remove(&kind);
                 let list = self.listing.remove(&kind).unwrap_or_default();
                 self.replace(kind, list);
                 self.listed.insert(kind);
@@ -355,6 +380,31 @@ impl KubeDatastore {
             field: None,
             message: format!("watching {what}: {error}; retrying"),
         });
+    }
+
+    /// Says that the API server does not serve `kind` (it answered 404: a CRD that is
+    /// not installed). The kind counts as listed, with no objects, so that the rest of
+    /// the state is not held back; this is a note (not an error: such a cluster is
+    /// normal), told once until the kind is listed again. The watch asks again every [`ABSENT_RETRY`].
+    pub fn watch_absent(&mut self, kind: Kind, error: &dyn fmt::Display) {
+        self.listing.remove(&kind);
+        self.replace(kind, Vec::new());
+        self.listed.insert(kind);
+        if self.erred.remove(&kind) {
+            self.changed = true;
+        }
+        if self.absent.insert(kind) {
+            self.notes.push(Problem {
+                file: ORIGIN.into(),
+                line: None,
+                object: None,
+                field: None,
+                message: format!(
+                    "{kind}: the API server does not serve this kind ({error}); is its CRD installed? None is in force; asked again every {} s",
+                    ABSENT_RETRY.as_secs()
+                ),
+            });
+        }
     }
 
     /// Ends a batch of events: the updates it makes, in order. The state goes out when
@@ -421,7 +471,7 @@ impl KubeDatastore {
     fn apply(&mut self, obj: Object) {
         let (mut errors, fields) = match check(&obj) {
             Ok(fields) => (Vec::new(), fields),
-            Err(errors) => (errors, None),
+            Err(errors) => (errors, Checked::Nothing),
         };
         let owner = obj.key().map(|k| (obj.kind(), k));
         // This version replaces any that was held back.
@@ -442,14 +492,15 @@ impl KubeDatastore {
             return;
         }
         let what = obj.to_string();
-        self.notes.extend(notes(&obj).into_iter().map(|n| Problem {
-            file: ORIGIN.into(),
-            line: None,
-            object: Some(what.clone()),
-            field: Some(n.field),
-            message: n.message,
-        }));
-        let mine = claims::of(&obj, fields.as_deref());
+        self.notes
+            .extend(notes(&obj, &fields).into_iter().map(|n| Problem {
+                file: ORIGIN.into(),
+                line: None,
+                object: Some(what.clone()),
+                field: Some(n.field),
+                message: n.message,
+            }));
+        let mine = claims::of(&obj, fields.service());
         let clashes = self.claims.clashes(&owner, &mine);
         if !clashes.is_empty() {
             self.wait(owner, obj, clashes, earlier);
@@ -648,6 +699,9 @@ impl KubeDatastore {
             Object::Service(o) => c.services.get(&key) == Some(o),
             Object::EndpointSlice(o) => c.endpoint_slices.get(&key) == Some(o),
             Object::ConfigMap(o) => c.config_maps.get(&key) == Some(o),
+            Object::Namespace(o) => c.namespaces.get(&key) == Some(o),
+            Object::NetworkPolicy(o) => c.network_policies.get(&key) == Some(o),
+            Object::ClusterNetworkPolicy(o) => c.cluster_network_policies.get(&key) == Some(o),
         }
     }
 
@@ -680,6 +734,9 @@ fn keys(c: &Cluster, kind: Kind) -> Box<dyn Iterator<Item = &ObjectKey> + '_> {
         Kind::Service => Box::new(c.services.keys()),
         Kind::EndpointSlice => Box::new(c.endpoint_slices.keys()),
         Kind::ConfigMap => Box::new(c.config_maps.keys()),
+        Kind::Namespace => Box::new(c.namespaces.keys()),
+        Kind::NetworkPolicy => Box::new(c.network_policies.keys()),
+        Kind::ClusterNetworkPolicy => Box::new(c.cluster_network_policies.keys()),
     }
 }
 
@@ -732,7 +789,7 @@ where
         .enable_all()
         .build()
         .map_err(KubeError::Runtime)?;
-    let scopes = scopes(&node);
+    let scopes = scopes();
     let (started, starts) = mpsc_async::unbounded();
     let client = rt.block_on(async {
         let client = connect().await?;
@@ -767,6 +824,8 @@ enum Told {
     Event(Event<Object>),
     /// An error of its watcher, which retries by itself.
     Error(watcher::Error),
+    /// A 404 of its watcher: the API server does not serve the resource.
+    Absent(watcher::Error),
     /// A watch request was answered: the watch (re)started.
     Started,
 }
@@ -838,6 +897,9 @@ fn watch_scope(client: &Client, scope: &Scope) -> BoxStream<'static, Tagged> {
         Kind::Service => watch_api(namespaced::<Service>(c, ns), scope),
         Kind::EndpointSlice => watch_api(namespaced::<EndpointSlice>(c, ns), scope),
         Kind::ConfigMap => watch_api(namespaced::<ConfigMap>(c, ns), scope),
+        Kind::Namespace => watch_api(Api::<Namespace>::all(c.clone()), scope),
+        Kind::NetworkPolicy => watch_api(namespaced::<NetworkPolicy>(c, ns), scope),
+        Kind::ClusterNetworkPolicy => watch_api(Api::<ClusterNetworkPolicy>::all(c.clone()), scope),
     }
 }
 
@@ -850,16 +912,38 @@ where
         config = config.fields(f);
     }
     let kind = scope.kind;
-    watcher::watcher(api, config)
+    let told = watcher::watcher(api, config)
         .default_backoff()
         .map(move |r| {
             let told = match r {
                 Ok(e) => Told::Event(into_object(e)),
+                Err(e) if not_served(&e) => Told::Absent(e),
                 Err(e) => Told::Error(e),
             };
             (kind, told)
         })
-        .boxed()
+        .boxed();
+    // After a 404 the next request waits ABSENT_RETRY, past the usual backoff.
+    stream::unfold((told, false), |(mut told, absent)| async move {
+        if absent {
+            tokio::time::sleep(ABSENT_RETRY).await;
+        }
+        let item = told.next().await?;
+        let absent = matches!(item.1, Told::Absent(_));
+        Some((item, (told, absent)))
+    })
+    .boxed()
+}
+
+/// True for an error that says the API server does not serve the resource: 404 on its
+/// list or watch (a CRD that is not installed).
+fn not_served(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.is_not_found(),
+        _ => false,
+    }
 }
 
 fn into_object<K: Into<Object>>(e: Event<K>) -> Event<Object> {
@@ -900,6 +984,7 @@ async fn run(
     let feed = |ds: &mut KubeDatastore, (kind, told): Tagged| match told {
         Told::Event(e) => ds.event(kind, e),
         Told::Error(e) => ds.watch_error(kind, &with_causes(&e)),
+        Told::Absent(e) => ds.watch_absent(kind, &with_causes(&e)),
         Told::Started => ds.watch_started(kind),
     };
     loop {

@@ -17,9 +17,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::cluster::{Cluster, Object, ObjectKey};
+use crate::cluster::{Checked, Cluster, Object, ObjectKey};
 use crate::config::{CONFIG_NAME, CONFIG_NAMESPACE, FerryConfig};
 use crate::fields::{FieldError, NodeFields, PodFields, ServiceFields, SliceFields};
+use crate::policy::{ClusterNetworkPolicyFields, NamespaceFields, NetworkPolicyFields};
 
 use self::file::FileDatastore;
 use self::kube::{KubeDatastore, KubeError, KubeOptions};
@@ -174,29 +175,50 @@ impl fmt::Display for Refused {
 impl std::error::Error for Refused {}
 
 /// The semantic checks of an object: the fields ferry reads must make sense. Every
-/// datastore runs them before an object enters the cluster. A Service's fields are
-/// returned, to be kept with it ([`Cluster::apply_checked`]): its claims and its tables
-/// read them instead of parsing them again.
-pub(crate) fn check(obj: &Object) -> Result<Option<Arc<ServiceFields>>, Vec<FieldError>> {
+/// datastore runs them before an object enters the cluster. The fields of a Service, a
+/// Pod, a Namespace and a policy are returned, to be kept with it
+/// ([`Cluster::apply_checked`]): claims, tables and policy read them instead of parsing
+/// them again.
+pub(crate) fn check(obj: &Object) -> Result<Checked, Vec<FieldError>> {
     match obj {
-        Object::Node(o) => NodeFields::parse(o).map(|_| None),
-        Object::Pod(o) => PodFields::parse(o).map(|_| None),
-        Object::Service(o) => ServiceFields::parse(o).map(|f| Some(Arc::new(f))),
-        Object::EndpointSlice(o) => SliceFields::parse(o).map(|_| None),
+        Object::Node(o) => NodeFields::parse(o).map(|_| Checked::Nothing),
+        Object::Pod(o) => PodFields::parse(o).map(|f| Checked::Pod(Arc::new(f))),
+        Object::Service(o) => ServiceFields::parse(o).map(|f| Checked::Service(Arc::new(f))),
+        Object::EndpointSlice(o) => SliceFields::parse(o).map(|_| Checked::Nothing),
         Object::ConfigMap(o) if is_ferry_config(obj) => {
-            FerryConfig::from_config_map(o).map(|_| None)
+            FerryConfig::from_config_map(o).map(|_| Checked::Nothing)
         }
-        Object::ConfigMap(_) => Ok(None),
+        Object::ConfigMap(_) => Ok(Checked::Nothing),
+        Object::Namespace(o) => NamespaceFields::parse(o).map(|f| Checked::Namespace(Arc::new(f))),
+        Object::NetworkPolicy(o) => {
+            NetworkPolicyFields::parse(o).map(|f| Checked::NetworkPolicy(Arc::new(f)))
+        }
+        Object::ClusterNetworkPolicy(o) => {
+            ClusterNetworkPolicyFields::parse(o).map(|f| Checked::ClusterNetworkPolicy(Arc::new(f)))
+        }
+    }
+}
+
+/// What an object that enters the cluster reads in a way to be told, as notes: a
+/// ClusterNetworkPolicy's peers with no known field (see
+/// [`crate::policy::ClusterPeer::Unrecognized`]).
+fn warnings(checked: &Checked) -> Vec<FieldError> {
+    match checked {
+        Checked::ClusterNetworkPolicy(f) => f.warnings.clone(),
+        _ => Vec::new(),
     }
 }
 
 /// What is left out of an object that enters the cluster, for a note: the unknown keys
 /// of the ferry-config ConfigMap. Every datastore reports them.
-pub(crate) fn notes(obj: &Object) -> Vec<FieldError> {
-    match obj {
+/// The warnings of its fields ([`check`]) too.
+pub(crate) fn notes(obj: &Object, checked: &Checked) -> Vec<FieldError> {
+    let mut n = match obj {
         Object::ConfigMap(o) if is_ferry_config(obj) => FerryConfig::unknown_keys(o),
         _ => Vec::new(),
-    }
+    };
+    n.extend(warnings(checked));
+    n
 }
 
 /// True for the ConfigMap `kube-system/ferry-config`.

@@ -24,6 +24,8 @@ pub(super) struct Last {
     service_ports: BTreeMap<ObjectKey, Vec<String>>,
     /// Health check node ports by Service (`namespace/name`).
     health: BTreeMap<String, HealthCheck>,
+    /// The port of each attached pod.
+    pub(super) pod_ports: BTreeMap<ObjectKey, String>,
 }
 
 impl Last {
@@ -44,6 +46,7 @@ impl Last {
                 .iter()
                 .map(|h| (h.service.clone(), h.clone()))
                 .collect(),
+            pod_ports: compiled.pod_ports.clone(),
         }
     }
 }

@@ -6,8 +6,10 @@ use std::sync::Arc;
 use ferry_api::{Answer, ERR_AGENT, Request, Response};
 
 use crate::cluster::Cluster;
+use crate::compile::policy::PolicyOptions;
 use crate::fields::{NodeFields, describe};
 use crate::observe;
+use crate::policy::explain;
 use crate::status::ErrorKind;
 
 use super::{Agent, HELD_TIMEOUT};
@@ -57,6 +59,7 @@ impl Agent {
                     ..Answer::default()
                 })
             }
+            Request::Policy { pod } => self.policy_answer(&cluster, pod.as_deref()),
             Request::Trace {
                 in_port,
                 packet,
@@ -241,6 +244,29 @@ impl Agent {
             sync: self.status.sync(),
             errors: self.status.errors(),
         }
+    }
+
+    /// The answer to a `policy` request: the policies in force with this node's pods
+    /// each applies to, or (`pod`) one pod's rules, from the state in force.
+    pub(super) fn policy_answer(&self, cluster: &Cluster, pod: Option<&str>) -> Response {
+        let Some(last) = self.last.as_ref() else {
+            return Response::error(11, "no tables in force yet", "");
+        };
+        let opts = match crate::config::FerryConfig::of(cluster) {
+            Ok(c) => PolicyOptions::of(&c),
+            Err(e) => return Response::error(11, "the ferry-config in force does not read", e),
+        };
+        let mut answer = explain::list(cluster, &last.pod_ports, opts);
+        if let Some(pod) = pod {
+            match explain::explain(cluster, pod, opts) {
+                Ok(p) => answer.pod = Some(p),
+                Err(e) => return Response::error(ferry_api::ERR_BAD_REQUEST, "no such pod", e),
+            }
+        }
+        Response::Ok(Answer {
+            policy: Some(answer),
+            ..Answer::default()
+        })
     }
 
     /// The answer to a `node` request: the node's name, pod CIDRs and pod MTU.

@@ -72,7 +72,7 @@ pub struct SetSpec {
 
 /// A block of addresses: `cidr` less the `except` blocks inside it (a pod's address is
 /// a /32 or /128 block).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BlockSpec {
     /// The block.

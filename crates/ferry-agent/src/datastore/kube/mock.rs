@@ -29,6 +29,9 @@ fn type_of(resource: &str) -> (&'static str, &'static str) {
         "services" => ("Service", "v1"),
         "endpointslices" => ("EndpointSlice", "discovery.k8s.io/v1"),
         "configmaps" => ("ConfigMap", "v1"),
+        "namespaces" => ("Namespace", "v1"),
+        "networkpolicies" => ("NetworkPolicy", "networking.k8s.io/v1"),
+        "clusternetworkpolicies" => ("ClusterNetworkPolicy", "policy.networking.k8s.io/v1alpha2"),
         other => panic!("the mock API serves no {other}"),
     }
 }
@@ -79,6 +82,8 @@ struct State {
     requests: Vec<String>,
     /// Requests of a resource still to fail, as if the server were unreachable.
     failures: BTreeMap<String, usize>,
+    /// Resources the server does not serve (404), as a CRD not installed.
+    absent: std::collections::BTreeSet<String>,
 }
 
 /// The mock server; clones share it.
@@ -224,6 +229,17 @@ impl MockApi {
         self.lock().watches.retain(|w| w.resource != resource);
     }
 
+    /// Makes `resource` answer 404 (`true`), as a CRD not installed does, or be served
+    /// again (`false`).
+    pub fn set_absent(&self, resource: &str, absent: bool) {
+        let mut s = self.lock();
+        if absent {
+            s.absent.insert(resource.into());
+        } else {
+            s.absent.remove(resource);
+        }
+    }
+
     /// Makes the next `n` requests of `resource` fail as if the server were down.
     pub fn fail(&self, resource: &str, n: usize) {
         self.lock().failures.insert(resource.into(), n);
@@ -271,6 +287,17 @@ impl MockApi {
             [resource] => (None, resource.to_string()),
             _ => panic!("unexpected request {uri}"),
         };
+        if s.absent.contains(&resource) {
+            let status = json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": "the server could not find the requested resource",
+                "reason": "NotFound", "code": 404
+            });
+            let body = stream::iter([Bytes::from(serde_json::to_vec(&status).unwrap())]).boxed();
+            let mut r = Response::new(body_of(body));
+            *r.status_mut() = http::StatusCode::NOT_FOUND;
+            return Ok(r);
+        }
         if let Some(n) = s.failures.get_mut(&resource).filter(|n| **n > 0) {
             *n -= 1;
             return Err("connection refused (mock)".into());

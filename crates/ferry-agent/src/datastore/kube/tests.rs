@@ -21,12 +21,10 @@ const CONFIG_MAPS: &str = include_str!("testdata/configmaps.json");
 const NODE: &str = "node-a";
 
 /// What node-a's datastore should make of the example: the file datastore's reading of
-/// `examples/cluster`, with node-a's pods only and no managedFields.
+/// `examples/cluster` (every node's pods), without managedFields.
 fn expected() -> Cluster {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster");
     let (mut c, _) = file::load(&dir).unwrap();
-    c.pods
-        .retain(|_, p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE));
     let metas = (c.nodes.values_mut().map(|o| &mut o.metadata))
         .chain(c.pods.values_mut().map(|o| &mut o.metadata))
         .chain(c.services.values_mut().map(|o| &mut o.metadata))
@@ -88,11 +86,11 @@ fn items<K: Clone + DeserializeOwned + Into<Object>>(list: &str) -> Vec<Object> 
     list.items.into_iter().map(Into::into).collect()
 }
 
-/// What the API server lists for node-a: its field selectors leave out node-b's pods
-/// and every ConfigMap but ferry-config.
+/// What the API server lists for node-a: every pod (node-b's too), and no ConfigMap
+/// but ferry-config (its field selector); no Namespace, NetworkPolicy or
+/// ClusterNetworkPolicy.
 fn served() -> Vec<(Kind, Vec<Object>)> {
-    let mut pods = items::<Pod>(PODS);
-    pods.retain(|o| matches!(o, Object::Pod(p) if p.spec.as_ref().unwrap().node_name.as_deref() == Some(NODE)));
+    let pods = items::<Pod>(PODS);
     let mut cms = items::<ConfigMap>(CONFIG_MAPS);
     cms.retain(|o| o.metadata().name.as_deref() == Some(CONFIG_NAME));
     vec![
@@ -101,6 +99,9 @@ fn served() -> Vec<(Kind, Vec<Object>)> {
         (Kind::Service, items::<Service>(SERVICES)),
         (Kind::EndpointSlice, items::<EndpointSlice>(SLICES)),
         (Kind::ConfigMap, cms),
+        (Kind::Namespace, vec![]),
+        (Kind::NetworkPolicy, vec![]),
+        (Kind::ClusterNetworkPolicy, vec![]),
     ]
 }
 
@@ -178,7 +179,7 @@ fn api_lists_make_the_cluster_the_file_datastore_reads_from_the_example() {
     };
     assert!(notes.is_empty());
     assert_same(cluster, &expected());
-    assert_eq!(cluster.pods.len(), 5, "node-a's pods only");
+    assert_eq!(cluster.pods.len(), 7, "every node's pods");
     assert!(
         cluster
             .nodes
@@ -209,9 +210,7 @@ fn api_watch_events_make_the_cluster_the_file_datastore_reads_from_the_example()
             obj["kind"] = kind.into();
             obj["apiVersion"] = api_version.into();
             // What the selectors let through, as the server would.
-            if obj.pointer("/spec/nodeName").is_some_and(|n| n != NODE)
-                || (kind == "ConfigMap" && obj["metadata"]["name"] != CONFIG_NAME)
-            {
+            if kind == "ConfigMap" && obj["metadata"]["name"] != CONFIG_NAME {
                 continue;
             }
             let e = match kind {
@@ -811,8 +810,8 @@ fn an_unknown_ferry_config_key_is_a_note_and_the_rest_applies() {
 }
 
 #[test]
-fn scopes_narrow_pods_to_the_node_and_config_maps_to_ferry_config() {
-    let s = scopes("node-a");
+fn scopes_watch_the_whole_cluster_but_config_maps_narrowed_to_ferry_config() {
+    let s = scopes();
     assert_eq!(s.clone().map(|s| s.kind), Kind::ALL);
     let rows: Vec<_> = s
         .iter()
@@ -829,7 +828,7 @@ fn scopes_narrow_pods_to_the_node_and_config_maps_to_ferry_config() {
         rows,
         [
             ("", "nodes", None, None),
-            ("", "pods", None, Some("spec.nodeName=node-a")),
+            ("", "pods", None, None),
             ("", "services", None, None),
             ("discovery.k8s.io", "endpointslices", None, None),
             (
@@ -837,6 +836,14 @@ fn scopes_narrow_pods_to_the_node_and_config_maps_to_ferry_config() {
                 "configmaps",
                 Some("kube-system"),
                 Some("metadata.name=ferry-config")
+            ),
+            ("", "namespaces", None, None),
+            ("networking.k8s.io", "networkpolicies", None, None),
+            (
+                "policy.networking.k8s.io",
+                "clusternetworkpolicies",
+                None,
+                None
             ),
         ]
     );
@@ -906,12 +913,18 @@ fn live_watches_list_then_follow_changes_refusals_and_deletions() {
         .collect();
     let wanted = [
         ("/api/v1/nodes", None),
-        ("/api/v1/pods", Some("spec.nodeName=node-a")),
+        ("/api/v1/pods", None),
         ("/api/v1/services", None),
         ("/apis/discovery.k8s.io/v1/endpointslices", None),
         (
             "/api/v1/namespaces/kube-system/configmaps",
             Some("metadata.name=ferry-config"),
+        ),
+        ("/api/v1/namespaces", None),
+        ("/apis/networking.k8s.io/v1/networkpolicies", None),
+        (
+            "/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies",
+            None,
         ),
     ];
     assert_eq!(lists.len(), wanted.len(), "{lists:?}");
@@ -950,7 +963,8 @@ fn live_watches_list_then_follow_changes_refusals_and_deletions() {
     let key = ObjectKey::new("default", "web-nodeport-5fz8c");
     assert!(!c.endpoint_slices.contains_key(&key));
 
-    // Another node's pod never reaches this node; its own pods do.
+    // Another node's pods reach this node as well as its own (policies select peers
+    // on every node).
     let mut theirs = item(PODS, "sticky-1");
     theirs["metadata"]["labels"]["changed"] = "yes".into();
     api.put("pods", theirs);
@@ -964,7 +978,7 @@ fn live_watches_list_then_follow_changes_refusals_and_deletions() {
             .map(|p| p.metadata.labels.clone().unwrap_or_default())
     };
     assert_eq!(labels("sticky-0").unwrap()["changed"], "yes");
-    assert_eq!(labels("sticky-1"), None);
+    assert_eq!(labels("sticky-1").unwrap()["changed"], "yes");
 }
 
 #[test]
@@ -1082,6 +1096,48 @@ fn a_watch_back_after_errors_without_a_change_says_the_state_is_whole_again() {
         .filter(|r| r.contains("endpointslices") && !r.contains("watch=true"))
         .count();
     assert_eq!(lists, 1);
+}
+
+#[test]
+fn a_cluster_without_the_cluster_network_policy_crd_runs_and_picks_it_up_once_installed() {
+    let api = example_api();
+    api.set_absent("clusternetworkpolicies", true);
+    let w = start(&api);
+    // The rest of the state goes out, with one note naming the missing CRD.
+    let (c, notes) = match next(&w) {
+        Update::Applied { cluster, notes } => (cluster, notes),
+        Update::Refused(r) => panic!("expected a state, got:\n{r}"),
+    };
+    assert_same(&c, &expected());
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    let note = notes[0].to_string();
+    assert!(
+        note.contains("ClusterNetworkPolicy: the API server does not serve this kind")
+            && note.contains("is its CRD installed?"),
+        "{note}"
+    );
+    // Installed, with one policy: it is listed at the next try.
+    api.set_absent("clusternetworkpolicies", false);
+    api.put(
+        "clusternetworkpolicies",
+        json!({
+            "metadata": {"name": "deny-x"},
+            "spec": {
+                "tier": "Admin", "priority": 5,
+                "subject": {"namespaces": {}},
+                "ingress": [{"action": "Deny", "from": [{"namespaces": {}}]}]
+            }
+        }),
+    );
+    let c = applied(next(&w));
+    assert_eq!(
+        c.cluster_network_policies
+            .keys()
+            .map(|k| k.name.as_str())
+            .collect::<Vec<_>>(),
+        ["deny-x"]
+    );
+    assert_eq!(c.len(), expected().len() + 1);
 }
 
 #[test]

@@ -1,0 +1,18 @@
+//! The policy objects of the cluster model: Kubernetes NetworkPolicy
+//! (networking.k8s.io/v1, k8s-openapi's type), sig-network's ClusterNetworkPolicy
+//! ([`crd`], hand-written types) and Namespaces' labels, with their fields checked and
+//! typed ([`fields`], [`selector`]) for the compilation of policy tables, and what
+//! `ferry policy` shows of them ([`explain`]).
+
+pub mod crd;
+pub mod explain;
+pub mod fields;
+pub mod selector;
+
+pub use crd::ClusterNetworkPolicy;
+pub use fields::{
+    Action, ClusterNetworkPolicyFields, ClusterPeer, ClusterRule, IpBlock, NAMESPACE_NAME_LABEL,
+    NamespaceFields, Namespaces, NetworkPolicyFields, NetworkPolicyRule, Peer, PodSet, PolicyPort,
+    Tier,
+};
+pub use selector::{Operator, Requirement, Selector};
