@@ -18,7 +18,11 @@ for target in $(cargo fuzz list); do
   if ! cargo fuzz run -s none "$target" -- -max_total_time="$seconds" >"$log" 2>&1; then
     tail -n 60 "$log" >&2
     rm -f "$log"
-    echo "fuzz target $target failed: the crashing input is under fuzz/artifacts/$target/" >&2
+    if compgen -G "artifacts/$target/*" >/dev/null; then
+      echo "fuzz target $target failed: the crashing input is under fuzz/artifacts/$target/" >&2
+    else
+      echo "fuzz target $target did not build or run (see above)" >&2
+    fi
     exit 1
   fi
   grep -E '^Done' "$log" || true

@@ -8,7 +8,7 @@
 use std::net::IpAddr;
 
 use ferry_datapath::conntrack::{Config, Conntrack, CtState, Filter, Nat, TcpState};
-use ferry_datapath::icmp::{ErrorKind, build_error};
+use ferry_datapath::{IcmpError as ErrorKind, build_icmp_error as build_error};
 use ferry_datapath::Packet;
 use ferry_datapath::wire::build::{self, IpOpts};
 use ferry_datapath::wire::{Parsed, parse};

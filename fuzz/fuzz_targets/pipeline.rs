@@ -8,8 +8,7 @@
 use std::sync::{Arc, OnceLock};
 
 use ferry_datapath::Packet;
-use ferry_datapath::pipeline::{Pipeline, Trace};
-use ferry_datapath::tables::{Tables, TablesSpec};
+use ferry_datapath::{Pipeline, Tables, TablesSpec, Trace};
 use ferry_datapath::wire::parse;
 use libfuzzer_sys::fuzz_target;
 

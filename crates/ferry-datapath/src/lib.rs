@@ -15,7 +15,8 @@
 //! - the tables and every spec a [`TablesSpec`] holds ([`PortSpec`], [`RouteSpec`],
 //!   [`OverlaySpec`], [`CtSpec`], ...), with the compiled [`Tables`];
 //! - Services ([`Services`], [`ServiceSpec`], [`TrafficPolicy`]), the overlay's defaults
-//!   and the capture filter ([`CaptureFilter`]).
+//!   and the capture filter ([`CaptureFilter`]);
+//! - ICMP errors as the pipeline builds them ([`build_icmp_error`], [`IcmpError`]).
 //!
 //! A few modules stay public as groups, because their names only read well with the
 //! module's name in front (`conntrack::Entry`, `ipf::Stats`, `gso::segment`):
@@ -75,6 +76,8 @@ pub use tables::{
 // The specs a `TablesSpec` holds, from the modules that own them.
 pub use conntrack::CtSpec;
 pub use icmp::IcmpSpec;
+// ICMP errors as the pipeline builds them, for the fuzz targets that quote connections.
+pub use icmp::{ErrorKind as IcmpError, build_error as build_icmp_error};
 pub use ipf::IpfSpec;
 pub use nat::{MatchSpec, NatRuleSpec};
 pub use overlay::{ModeSpec, OverlaySpec, PeerSpec};
