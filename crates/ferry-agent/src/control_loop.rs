@@ -218,6 +218,7 @@ fn report(a: &Applied) {
         opened = ?a.opened,
         closed = ?a.closed,
         ct_removed = a.ct_removed,
+        policy_cut = a.policy_cut,
         incremental = a.incremental,
         "tables applied"
     );

@@ -5,10 +5,10 @@ use std::panic;
 
 /// A network namespace made for one test (named after `tag` and the process), with its
 /// loopback up; deleted when dropped, also when the test fails.
-struct Netns(String);
+pub(crate) struct Netns(pub(crate) String);
 
 impl Netns {
-    fn new(tag: &str) -> Netns {
+    pub(crate) fn new(tag: &str) -> Netns {
         let name = format!("ferry-{tag}-{}", std::process::id());
         ferry_linux::link::ip(&["netns", "add", &name])
             .unwrap_or_else(|e| panic!("making network namespace {name} (needs root): {e}"));

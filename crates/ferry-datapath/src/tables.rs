@@ -516,6 +516,30 @@ impl Tables {
     }
 }
 
+impl Tables {
+    /// These tables with the policy section `policy` in place of theirs; everything
+    /// else is shared or copied as is, so a policy change costs the policy's
+    /// compilation alone. The error names the rule or pod entry at fault.
+    pub fn with_policy(&self, policy: &crate::policy::PolicySpec) -> Result<Tables, String> {
+        let names: Vec<(&str, bool)> = (self.ports.iter())
+            .map(|p| (p.name.as_str(), p.kind == PortKind::Pod))
+            .collect();
+        Ok(Tables {
+            policy: Arc::new(policy.compile(&names)?),
+            services: self.services.clone(),
+            ports: self.ports.clone(),
+            fib: self.fib.clone(),
+            ipf: self.ipf.clone(),
+            icmp: self.icmp.clone(),
+            ct: self.ct.clone(),
+            nat: self.nat.clone(),
+            node: self.node.clone(),
+            overlay: self.overlay.clone(),
+            pod_mtu: self.pod_mtu,
+        })
+    }
+}
+
 impl TablesSpec {
     /// Checks the spec and compiles it. The error names the entry and the problem.
     pub fn compile(&self) -> Result<Tables, String> {

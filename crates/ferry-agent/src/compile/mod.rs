@@ -24,7 +24,7 @@ use crate::fields::{
 };
 
 pub use base::{UPLINK_PORT, default_base};
-pub use pods::{POD_GATEWAY_MAC, pod_mac};
+pub use pods::{POD_GATEWAY_MAC, pod_mac, pod_port};
 
 /// A pod whose interface exists on this node (the CNI plugin made it): only these get a
 /// port, so that the tables never name a device that is not there.
@@ -166,7 +166,7 @@ pub fn node_tables(
         base.is_none(),
         &mut warnings,
     )?;
-    let held = policy::Held::default();
+    let held = policy::Held::of(cluster);
     tables.policy = policy::compile(
         &policy::inputs(cluster, &held),
         &pod_ports,

@@ -64,7 +64,7 @@ pub struct NodeView<'a> {
 /// What the compilation reads of the cluster.
 #[derive(Clone, Debug, Default)]
 pub struct Inputs<'a> {
-    /// Every pod that can be a peer or a subject.
+    /// Every pod that can be a peer or a subject, in key order.
     pub pods: Vec<PodView<'a>>,
     /// The labels of each Namespace object, by name.
     pub namespaces: BTreeMap<&'a str, &'a BTreeMap<String, String>>,
@@ -544,10 +544,17 @@ pub fn compile(
     for (name, c) in &inputs.cluster_policies {
         tiers.insert((c.tier == Tier::Baseline, c.priority, *name), c);
     }
-    let by_key: HashMap<&ObjectKey, &PodView<'_>> =
-        inputs.pods.iter().map(|p| (p.key, p)).collect();
+    debug_assert!(inputs.pods.is_sorted_by_key(|p| p.key), "pods in key order");
+    let pod_of = |key: &ObjectKey| {
+        (inputs.pods.binary_search_by(|p| p.key.cmp(key))).map(|i| &inputs.pods[i])
+    };
+    // A NetworkPolicy selects pods of its own namespace only.
+    let mut by_ns: HashMap<&str, Vec<(&ObjectKey, &NetworkPolicyFields)>> = HashMap::new();
+    for (k, np) in &inputs.network_policies {
+        by_ns.entry(k.namespace.as_str()).or_default().push((k, np));
+    }
     for (key, port) in local {
-        let Some(pod) = by_key.get(key).copied() else {
+        let Ok(pod) = pod_of(key) else {
             continue;
         };
         let mut dirs = [DirectionSpec::default(), DirectionSpec::default()];
@@ -573,8 +580,8 @@ pub fn compile(
                 }
             }
         }
-        for (pkey, np) in &inputs.network_policies {
-            if pkey.namespace != key.namespace || !np.pod_selector.matches(pod.labels) {
+        for (pkey, np) in by_ns.get(key.namespace.as_str()).into_iter().flatten() {
+            if !np.pod_selector.matches(pod.labels) {
                 continue;
             }
             let policy = b.policy(format!("NetworkPolicy {pkey}"));
@@ -603,15 +610,36 @@ pub fn compile(
 }
 
 /// The owned parts of [`Inputs`] that the cluster does not hold as such: the empty
-/// label map of a pod without labels and each node's addresses.
+/// label map of a pod without labels, and the labels of the namespaces that have pods
+/// but no Namespace object (the name label alone, see [`NAMESPACE_NAME_LABEL`]).
 #[derive(Debug, Default)]
 pub struct Held {
     no_labels: BTreeMap<String, String>,
+    namespaces: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl Held {
+    /// What [`inputs`] of `cluster` needs.
+    pub fn of(cluster: &Cluster) -> Held {
+        let mut namespaces = BTreeMap::new();
+        for key in cluster.pods.keys() {
+            let ns = key.namespace.as_str();
+            if cluster.namespace_labels(ns).is_none() && !namespaces.contains_key(ns) {
+                let labels = BTreeMap::from([(NAMESPACE_NAME_LABEL.to_string(), ns.to_string())]);
+                namespaces.insert(ns.to_string(), labels);
+            }
+        }
+        Held {
+            no_labels: BTreeMap::new(),
+            namespaces,
+        }
+    }
 }
 
 /// What the compilation reads of `cluster`: the pods that can be peers or subjects
-/// (with addresses, not on the host network, not finished), the Namespaces' labels, the
-/// policies whose fields are good (the datastores let no bad one in), and the nodes.
+/// (with addresses, not on the host network, not finished), in key order, the
+/// Namespaces' labels (those of `held` for namespaces without an object), the policies
+/// whose fields are good (the datastores let no bad one in), and the nodes.
 pub fn inputs<'a>(cluster: &'a Cluster, held: &'a Held) -> Inputs<'a> {
     let pods = cluster
         .all_pod_fields()
@@ -629,10 +657,9 @@ pub fn inputs<'a>(cluster: &'a Cluster, held: &'a Held) -> Inputs<'a> {
             })
         })
         .collect();
-    let namespaces = cluster
-        .namespaces
-        .keys()
+    let namespaces = (cluster.namespaces.keys())
         .filter_map(|k| Some((k.name.as_str(), cluster.namespace_labels(&k.name)?)))
+        .chain(held.namespaces.iter().map(|(n, l)| (n.as_str(), l)))
         .collect();
     let network_policies = cluster
         .all_network_policy_fields()

@@ -22,7 +22,7 @@ pub fn list(
     local: &BTreeMap<ObjectKey, String>,
     opts: PolicyOptions,
 ) -> PolicyAnswer {
-    let held = Held::default();
+    let held = Held::of(cluster);
     let spec = policy::compile(&policy::inputs(cluster, &held), local, opts);
     let by_port: BTreeMap<&str, &ObjectKey> = local.iter().map(|(k, p)| (p.as_str(), k)).collect();
     // The pods each policy (by its name in the spec) applies to.
@@ -146,7 +146,7 @@ pub fn explain(cluster: &Cluster, pod: &str, opts: PolicyOptions) -> Result<PodP
             "the node's own stack (kubelet probes) reaches the pod whatever its ingress rules (policy-host-to-pods: allow)".into(),
         );
     }
-    let held = Held::default();
+    let held = Held::of(cluster);
     let local = BTreeMap::from([(key.clone(), String::from("pod"))]);
     let spec = policy::compile(&policy::inputs(cluster, &held), &local, opts);
     let pod_spec = spec.pods.first();

@@ -11,7 +11,9 @@ use ferry_linux::link;
 use ferry_linux::worker::Update;
 
 use crate::cluster::{Cluster, Kind, ObjectKey};
+use crate::compile::policy::{self, PolicyOptions};
 use crate::compile::{Compiled, HealthCheck, service_tables};
+use crate::config::FerryConfig;
 use crate::status::ErrorKind;
 
 use super::{APPLY_TIMEOUT, Agent, Applied};
@@ -158,7 +160,8 @@ impl Agent {
     }
 
     /// Puts `cluster` in force: only the Services concerned when only Services and
-    /// EndpointSlices changed (`changed`), else compiled whole.
+    /// EndpointSlices changed (`changed`), only the policy section when only what
+    /// policy reads changed, else compiled whole.
     pub(super) fn apply_changed(
         &mut self,
         cluster: Arc<Cluster>,
@@ -183,6 +186,9 @@ impl Agent {
                     }
                 }
                 self.apply_services(cluster, &keys)
+            }
+            Some(last) if policy_only(&self.opts.node, &last.cluster, &cluster, changed) => {
+                self.apply_policy(cluster)
             }
             _ => self.apply(cluster),
         }
@@ -262,8 +268,65 @@ impl Agent {
             opened: Vec::new(),
             closed,
             ct_removed: applied.report.ct_removed,
+            policy_cut: applied.report.policy_cut,
             incremental: true,
             warnings: st.warnings,
+        })
+    }
+
+    /// Compiles the policy section of `cluster` for the pods in force and patches it
+    /// into the tables in force.
+    pub(super) fn apply_policy(&mut self, cluster: Arc<Cluster>) -> Result<Applied, String> {
+        if let Some(e) = self.worker_error() {
+            return Err(format!("the worker stopped: {e}"));
+        }
+        let t0 = Instant::now();
+        let last = self.last.as_ref().ok_or("nothing in force yet")?;
+        let config =
+            FerryConfig::of(&cluster).inspect_err(|_| self.status.count(ErrorKind::Compile))?;
+        let held = policy::Held::of(&cluster);
+        let spec = policy::compile(
+            &policy::inputs(&cluster, &held),
+            &last.pod_ports,
+            PolicyOptions::of(&config),
+        );
+        let tables = Arc::new(
+            last.tables
+                .with_policy(&spec)
+                .inspect_err(|_| self.status.count(ErrorKind::Compile))?,
+        );
+        let compile = t0.elapsed();
+        let t1 = Instant::now();
+        let applied = self
+            .control
+            .send(
+                Update {
+                    tables: Arc::clone(&tables),
+                    new_ports: Vec::new(),
+                },
+                APPLY_TIMEOUT,
+            )
+            .map_err(|e| {
+                self.status.count(ErrorKind::Apply);
+                format!("the worker did not take the new tables: {e}")
+            })?;
+        let swap = t1.elapsed();
+        let Some(last) = self.last.as_mut() else {
+            return Err("nothing in force yet".into());
+        };
+        last.cluster = cluster;
+        last.tables = tables;
+        self.generation += 1;
+        Ok(Applied {
+            generation: self.generation,
+            compile,
+            swap,
+            opened: Vec::new(),
+            closed: Vec::new(),
+            ct_removed: applied.report.ct_removed,
+            policy_cut: applied.report.policy_cut,
+            incremental: true,
+            warnings: Vec::new(),
         })
     }
 
@@ -343,10 +406,32 @@ impl Agent {
             opened,
             closed,
             ct_removed: applied.report.ct_removed,
+            policy_cut: applied.report.policy_cut,
             incremental: false,
             warnings: compiled.warnings,
         })
     }
+}
+
+/// True when every change of `changed` (from `before` to `after`) is one only policy
+/// reads: a NetworkPolicy, a ClusterNetworkPolicy, a Namespace, or a Pod of another
+/// node (in both states: a pod that comes to this node or leaves it changes ports).
+fn policy_only(
+    node: &str,
+    before: &Cluster,
+    after: &Cluster,
+    changed: &[(Kind, ObjectKey)],
+) -> bool {
+    let elsewhere = |c: &Cluster, key: &ObjectKey| match c.pods.get(key) {
+        None => true,
+        Some(p) => p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node),
+    };
+    !changed.is_empty()
+        && changed.iter().all(|(kind, key)| match kind {
+            Kind::NetworkPolicy | Kind::ClusterNetworkPolicy | Kind::Namespace => true,
+            Kind::Pod => elsewhere(before, key) && elsewhere(after, key),
+            Kind::Node | Kind::Service | Kind::EndpointSlice | Kind::ConfigMap => false,
+        })
 }
 
 #[cfg(test)]

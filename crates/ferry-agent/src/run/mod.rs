@@ -113,7 +113,10 @@ pub struct Applied {
     /// Connections removed at the swap (see `ferry_datapath::SwapReport`):
     /// their endpoint went away, or a UDP flow's destination became a frontend.
     pub ct_removed: usize,
-    /// Only the changed Services were compiled (an EndpointSlice or Service change).
+    /// Tracked connections a policy change ended (`policy-on-change: reevaluate`).
+    pub policy_cut: usize,
+    /// Only part of the tables was compiled: the changed Services (an EndpointSlice or
+    /// Service change), or the policy section (a change only policy reads).
     pub incremental: bool,
     /// Things left out of the tables, each naming its object.
     pub warnings: Vec<String>,
@@ -216,6 +219,7 @@ impl Agent {
                 opened,
                 closed: Vec::new(),
                 ct_removed: 0,
+                policy_cut: 0,
                 incremental: false,
                 warnings: compiled.warnings,
             },

@@ -124,6 +124,107 @@ fn endpoint_changes_go_in_force_while_another_change_cannot() {
     });
 }
 
+/// A pod of node0 at 10.244.0.5 labelled `app: web`, and one of node9 labelled
+/// `app: client` (its labels given).
+fn pods(client_labels: &str) -> String {
+    format!(
+        "
+apiVersion: v1
+kind: Pod
+metadata: {{ name: web, namespace: default, labels: {{ app: web }} }}
+spec: {{ nodeName: node0, containers: [{{ name: main, image: x }}] }}
+status: {{ phase: Running, podIP: 10.244.0.5, podIPs: [{{ ip: 10.244.0.5 }}] }}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{ name: client, namespace: default, labels: {client_labels} }}
+spec: {{ nodeName: node9, containers: [{{ name: main, image: x }}] }}
+status: {{ phase: Running, podIP: 10.244.9.7, podIPs: [{{ ip: 10.244.9.7 }}] }}
+"
+    )
+}
+
+/// Ingress to `app: web` from `app: client` pods only.
+const WEB_FROM_CLIENTS: &str = "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: web-from-clients, namespace: default }
+spec:
+  podSelector: { matchLabels: { app: web } }
+  ingress: [{ from: [{ podSelector: { matchLabels: { app: client } } }] }]
+";
+
+/// A policy edit, a Namespace and a pod of another node changing are put in force as a
+/// policy section patched into the tables (no whole compile, no port touched), and the
+/// tables in force then hold the new peers; a pod of this node changing is compiled
+/// whole. Needs root and iproute2.
+#[test]
+fn a_change_only_policy_reads_patches_the_policy_section() {
+    crate::testing::in_netns("pol", || {
+        let pod_ns = crate::testing::Netns::new("polpod");
+        let mut opts = options();
+        opts.pods
+            .insert(ObjectKey::new("default", "web"), pod_ns.0.clone());
+        let in_force = cluster(&pods("{ app: client }"));
+        let (mut agent, _) = Agent::start(opts, Arc::clone(&in_force)).unwrap();
+        let peers = |agent: &Agent| -> Vec<String> {
+            let last = agent.last.as_ref().unwrap();
+            let port = last.pod_ports[&ObjectKey::new("default", "web")].clone();
+            let id = last.tables.port_id(&port).unwrap();
+            let q = |peer: &str| ferry_datapath::policy::Query {
+                peer: peer.parse().unwrap(),
+                proto: ferry_datapath::proto::TCP,
+                port: 80,
+            };
+            ["10.244.9.7", "10.244.9.8"]
+                .into_iter()
+                .filter(|p| {
+                    (last.tables.policy)
+                        .decide(id, ferry_datapath::policy::Direction::Ingress, &q(p))
+                        .allowed
+                })
+                .map(String::from)
+                .collect()
+        };
+        assert_eq!(peers(&agent), ["10.244.9.7", "10.244.9.8"], "no policy yet");
+
+        let mut state = in_force;
+        let mut step = |agent: &mut Agent, yaml: String, incremental: bool| {
+            let next = cluster(&yaml);
+            let changed = state.diff(&next);
+            let a = agent.apply_changes(Arc::clone(&next), &changed).unwrap();
+            assert_eq!(a.incremental, incremental, "{changed:?}");
+            assert!(a.opened.is_empty() && a.closed.is_empty(), "{a:?}");
+            state = next;
+        };
+        // The policy comes: only the client is allowed in.
+        step(
+            &mut agent,
+            format!("{}---{WEB_FROM_CLIENTS}", pods("{ app: client }")),
+            true,
+        );
+        assert_eq!(peers(&agent), ["10.244.9.7"]);
+        // The client, on node9, loses its label: nobody is allowed in.
+        step(
+            &mut agent,
+            format!("{}---{WEB_FROM_CLIENTS}", pods("{ app: other }")),
+            true,
+        );
+        assert!(peers(&agent).is_empty());
+        // The policy goes.
+        step(&mut agent, pods("{ app: other }"), true);
+        assert_eq!(peers(&agent), ["10.244.9.7", "10.244.9.8"]);
+        // The pod of this node changes: compiled whole.
+        step(
+            &mut agent,
+            pods("{ app: other }").replacen("app: web }", "app: web, v: \"2\" }", 1),
+            false,
+        );
+        agent.stop().unwrap();
+        drop(pod_ns);
+    });
+}
+
 /// A health check node port that could not be opened (another process held it) is
 /// opened by the agent's housekeeping once it can be, with no change of the cluster
 /// to set it off; the failure is counted once. Needs root and iproute2.
