@@ -105,6 +105,18 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pod: Option<String>,
     },
+    /// What putting the NetworkPolicies, ClusterNetworkPolicies and Namespaces of
+    /// `manifests` in force (or, with `delete`, deleting them) would do to the tracked
+    /// connections of this node: those the new policy would not allow
+    /// (`ferry policy preview`). Nothing changes. Answers [`Answer::policy`] with
+    /// [`PolicyAnswer::preview`].
+    PolicyPreview {
+        /// The manifests (YAML), as a file would hold them.
+        manifests: String,
+        /// Preview deleting these objects instead.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        delete: bool,
+    },
     /// Traces one described packet, or a few frames, through the node's live tables and
     /// a copy of its live connection state, without sending anything or changing any
     /// state (`ferry trace`). Answers [`Answer::trace`].
@@ -689,6 +701,32 @@ pub struct PolicyAnswer {
     /// With `pod`: its rules.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<PodPolicyInfo>,
+    /// A preview's answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preview: Option<PolicyPreview>,
+}
+
+/// What a policy change would do to the tracked connections of the node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyPreview {
+    /// The objects the change puts in force (or deletes), `Kind NS/NAME`.
+    pub objects: Vec<String>,
+    /// Whether the node ends such connections when the change comes
+    /// (`policy-on-change: reevaluate`) or keeps them (`keep`, the default).
+    pub reevaluate: bool,
+    /// The tracked connections the changed policy would not allow.
+    pub cut: Vec<PolicyCutInfo>,
+}
+
+/// A tracked connection a policy change would not allow.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyCutInfo {
+    /// Its original tuple (`tcp 10.244.1.5:40000 -> 10.96.0.10:80`).
+    pub original: String,
+    /// Its reply tuple.
+    pub reply: String,
+    /// The denial, as `ferry trace` prints it.
+    pub denial: String,
 }
 
 /// A policy in force.
@@ -973,6 +1011,13 @@ mod tests {
                 pod: Some("x/a".into()),
             },
             r#"{"op":"policy","pod":"x/a"}"#,
+        );
+        round_trip(
+            &Request::PolicyPreview {
+                manifests: "kind: NetworkPolicy".into(),
+                delete: true,
+            },
+            r#"{"op":"policy_preview","manifests":"kind: NetworkPolicy","delete":true}"#,
         );
     }
 

@@ -5,8 +5,8 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use anyhow::{Result, anyhow, bail};
-use ferry_api::{PodPolicyInfo, PolicyInfo, Request, Response};
+use anyhow::{Context, Result, anyhow, bail};
+use ferry_api::{PodPolicyInfo, PolicyInfo, PolicyPreview, Request, Response};
 
 /// Arguments of `ferry policy`.
 #[derive(clap::Args, Debug)]
@@ -31,12 +31,27 @@ pub enum What {
         /// The pod, `NAMESPACE/NAME` (on any node).
         pod: String,
     },
+    /// The tracked connections of this node that the NetworkPolicies,
+    /// ClusterNetworkPolicies and Namespaces of a file would not allow, before the file
+    /// is applied (with `policy-on-change: reevaluate` the change ends them; with
+    /// `keep` they stay). Nothing changes.
+    Preview {
+        /// The manifests (YAML, as for `kubectl apply -f`); `-` reads standard input.
+        #[arg(short = 'f', long = "filename", value_name = "FILE")]
+        file: PathBuf,
+        /// Preview deleting these objects instead.
+        #[arg(long)]
+        delete: bool,
+    },
 }
 
 /// Asks the agent and prints the answer.
 pub fn run(args: &Args) -> Result<()> {
+    if let What::Preview { file, delete } = &args.what {
+        return preview(args, file, *delete);
+    }
     let pod = match &args.what {
-        What::List => None,
+        What::List | What::Preview { .. } => None,
         What::Explain { pod } => {
             if pod
                 .split_once('/')
@@ -59,7 +74,7 @@ pub fn run(args: &Args) -> Result<()> {
         return Ok(());
     }
     match &args.what {
-        What::List => print!("{}", render_list(&answer.policies)),
+        What::List | What::Preview { .. } => print!("{}", render_list(&answer.policies)),
         What::Explain { .. } => {
             let pod = answer
                 .pod
@@ -69,6 +84,55 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn preview(args: &Args, file: &std::path::Path, delete: bool) -> Result<()> {
+    let manifests = if file == std::path::Path::new("-") {
+        std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+    } else {
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?
+    };
+    let r = crate::ask::ask(
+        &args.api_socket,
+        &Request::PolicyPreview { manifests, delete },
+    )?;
+    let p = match r {
+        Response::Ok(a) => a
+            .policy
+            .and_then(|p| p.preview)
+            .ok_or_else(|| anyhow!("the agent's answer has no preview"))?,
+        Response::Error(e) => bail!("the agent refused: {} ({})", e.msg, e.details),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&p)?);
+    } else {
+        print!("{}", render_preview(&p, delete));
+    }
+    Ok(())
+}
+
+fn render_preview(p: &PolicyPreview, delete: bool) -> String {
+    let mut s = String::new();
+    let what = if delete { "deleting" } else { "applying" };
+    let _ = writeln!(s, "{what} {}:", p.objects.join(", "));
+    if p.cut.is_empty() {
+        let _ = writeln!(s, "no tracked connection of this node would be denied");
+        return s;
+    }
+    let fate = if p.reevaluate {
+        "the change ends them (policy-on-change: reevaluate)"
+    } else {
+        "they stay until they end (policy-on-change: keep); new ones are denied"
+    };
+    let _ = writeln!(
+        s,
+        "{} tracked connections would be denied; {fate}:",
+        p.cut.len()
+    );
+    for c in &p.cut {
+        let _ = writeln!(s, "  {}\n    {}", c.original, c.denial);
+    }
+    s
 }
 
 fn render_list(policies: &[PolicyInfo]) -> String {
@@ -175,6 +239,37 @@ mod tests {
     use ferry_api::{DirectionInfo, MatchInfo, RuleInfo};
 
     use super::*;
+
+    #[test]
+    fn a_preview_says_what_would_be_denied_and_what_then_happens() {
+        let mut p = PolicyPreview {
+            objects: vec!["NetworkPolicy x/deny".into()],
+            reevaluate: false,
+            cut: vec![],
+        };
+        assert_eq!(
+            render_preview(&p, false),
+            "applying NetworkPolicy x/deny:\nno tracked connection of this node would be denied\n"
+        );
+        p.cut.push(ferry_api::PolicyCutInfo {
+            original: "tcp 10.0.0.1:4000 -> 10.0.0.2:80".into(),
+            reply: "tcp 10.0.0.2:80 -> 10.0.0.1:4000".into(),
+            denial: "ingress to pod-b: denied".into(),
+        });
+        let s = render_preview(&p, true);
+        assert!(
+            s.starts_with(
+                "deleting NetworkPolicy x/deny:\n1 tracked connections would be denied; they stay"
+            ),
+            "{s}"
+        );
+        assert!(
+            s.ends_with("  tcp 10.0.0.1:4000 -> 10.0.0.2:80\n    ingress to pod-b: denied\n"),
+            "{s}"
+        );
+        p.reevaluate = true;
+        assert!(render_preview(&p, false).contains("the change ends them"));
+    }
 
     #[test]
     fn a_list_names_tiers_isolation_and_local_pods() {

@@ -11,7 +11,7 @@ use ferry_api::{DirectionInfo, MatchInfo, PodPolicyInfo, PolicyAnswer, PolicyInf
 use ferry_datapath::policy::{ActionSpec, DirectionSpec, PolicySpec};
 
 use super::Tier;
-use crate::cluster::{Cluster, ObjectKey};
+use crate::cluster::{Cluster, Kind, Object, ObjectKey};
 use crate::compile::policy::{self, Held, PolicyOptions};
 
 /// The policies of `cluster`: ClusterNetworkPolicies by tier, priority and name, then
@@ -94,7 +94,57 @@ pub fn list(
     PolicyAnswer {
         policies,
         pod: None,
+        preview: None,
     }
+}
+
+/// `cluster` with the NetworkPolicies, ClusterNetworkPolicies and Namespaces of
+/// `manifests` (YAML) put in, or with `delete` taken out, and the objects named
+/// (`Kind NS/NAME`). Manifests that do not read, or hold another kind, are refused
+/// with every problem named; nothing of them is taken then.
+pub fn candidate(
+    cluster: &Cluster,
+    manifests: &str,
+    delete: bool,
+) -> Result<(Cluster, Vec<String>), String> {
+    let (given, _) = crate::datastore::file::parse("the preview's manifests", manifests)
+        .map_err(|r| r.to_string())?;
+    let mut out = cluster.clone();
+    let mut objects = Vec::new();
+    let others = given.nodes.len()
+        + given.pods.len()
+        + given.services.len()
+        + given.endpoint_slices.len()
+        + given.config_maps.len();
+    if others > 0 {
+        return Err(format!(
+            "the preview's manifests hold {others} objects of other kinds: a preview takes NetworkPolicy, ClusterNetworkPolicy and Namespace objects only"
+        ));
+    }
+    let mut take = |kind: Kind, key: &ObjectKey, obj: Object| {
+        objects.push(format!("{} {key}", kind.name()));
+        if delete {
+            out.delete(kind, &key.namespace, &key.name);
+        } else {
+            out.apply(obj).expect("a named object");
+        }
+    };
+    for (k, o) in &given.namespaces {
+        take(Kind::Namespace, k, o.clone().into());
+    }
+    for (k, o) in &given.network_policies {
+        take(Kind::NetworkPolicy, k, o.clone().into());
+    }
+    for (k, o) in &given.cluster_network_policies {
+        take(Kind::ClusterNetworkPolicy, k, o.clone().into());
+    }
+    if objects.is_empty() {
+        return Err(
+            "the preview's manifests hold no NetworkPolicy, ClusterNetworkPolicy or Namespace"
+                .into(),
+        );
+    }
+    Ok((out, objects))
 }
 
 /// The policies a direction's rules come from and those isolating it.
@@ -310,6 +360,38 @@ mod tests {
         // The pod a is isolated in neither direction.
         let a = explain(&c, "x/a", PolicyOptions::default()).unwrap();
         assert!(a.directions.iter().all(|d| d.rules.is_empty()));
+    }
+
+    #[test]
+    fn a_preview_takes_policies_and_namespaces_only() {
+        let c = cluster();
+        let deny = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: deny-a, namespace: x }
+spec: { podSelector: { matchLabels: { app: a } } }
+";
+        let (with, objects) = candidate(&c, deny, false).unwrap();
+        assert_eq!(objects, ["NetworkPolicy x/deny-a"]);
+        assert_eq!(with.network_policies.len(), 2);
+        let (without, _) = candidate(&with, deny, true).unwrap();
+        assert_eq!(without.network_policies.len(), 1);
+        let pod = "apiVersion: v1\nkind: Pod\nmetadata: { name: p }\n";
+        assert!(
+            candidate(&c, pod, false)
+                .unwrap_err()
+                .contains("other kinds")
+        );
+        let bad = deny.replace("app: a", "app: [a]");
+        assert!(
+            candidate(&c, &bad, false)
+                .unwrap_err()
+                .contains("NetworkPolicy x/deny-a")
+        );
+        assert!(
+            candidate(&c, "", false)
+                .unwrap_err()
+                .contains("no NetworkPolicy")
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use ferry_api::{Answer, ERR_AGENT, Request, Response};
 
 use crate::cluster::Cluster;
-use crate::compile::policy::PolicyOptions;
+use crate::compile::policy::{self, PolicyOptions};
 use crate::fields::{NodeFields, describe};
 use crate::observe;
 use crate::policy::explain;
@@ -60,6 +60,9 @@ impl Agent {
                 })
             }
             Request::Policy { pod } => self.policy_answer(&cluster, pod.as_deref()),
+            Request::PolicyPreview { manifests, delete } => {
+                self.policy_preview(&cluster, &manifests, delete)
+            }
             Request::Trace {
                 in_port,
                 packet,
@@ -267,6 +270,61 @@ impl Agent {
             policy: Some(answer),
             ..Answer::default()
         })
+    }
+
+    /// The answer to a `policy_preview` request: the tracked connections the policy of
+    /// `cluster` changed by `manifests` would not allow. Nothing changes.
+    pub(super) fn policy_preview(
+        &self,
+        cluster: &Cluster,
+        manifests: &str,
+        delete: bool,
+    ) -> Response {
+        let Some(last) = self.last.as_ref() else {
+            return Response::error(11, "no tables in force yet", "");
+        };
+        let (changed, objects) = match explain::candidate(cluster, manifests, delete) {
+            Ok(c) => c,
+            Err(e) => return Response::error(ferry_api::ERR_BAD_REQUEST, "manifests refused", e),
+        };
+        let opts = match crate::config::FerryConfig::of(&changed) {
+            Ok(c) => PolicyOptions::of(&c),
+            Err(e) => return Response::error(11, "the ferry-config in force does not read", e),
+        };
+        let held = policy::Held::of(&changed);
+        let spec = policy::compile(&policy::inputs(&changed, &held), &last.pod_ports, opts);
+        let tables = match last.tables.with_policy(&spec) {
+            Ok(t) => Arc::new(t),
+            Err(e) => return Response::error(ERR_AGENT, "the policy does not compile", e),
+        };
+        let cuts = self.control.run(crate::observe::JOB_TIMEOUT, move |w| {
+            w.pipeline.policy_cuts(&tables)
+        });
+        match cuts {
+            Ok(cuts) => Response::Ok(Answer {
+                policy: Some(ferry_api::PolicyAnswer {
+                    preview: Some(ferry_api::PolicyPreview {
+                        objects,
+                        reevaluate: opts.reevaluate,
+                        cut: cuts
+                            .iter()
+                            .map(|c| ferry_api::PolicyCutInfo {
+                                original: c.original.to_string(),
+                                reply: c.reply.to_string(),
+                                denial: c.denial.to_string(),
+                            })
+                            .collect(),
+                    }),
+                    ..ferry_api::PolicyAnswer::default()
+                }),
+                ..Answer::default()
+            }),
+            Err(e) => Response::error(
+                ferry_api::ERR_WORKER,
+                "the dataplane's worker did not answer",
+                e.to_string(),
+            ),
+        }
     }
 
     /// The answer to a `node` request: the node's name, pod CIDRs and pod MTU.

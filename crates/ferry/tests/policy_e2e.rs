@@ -1,0 +1,151 @@
+//! NetworkPolicy on two nodes, from a directory of manifests, with real TCP clients:
+//! a policy isolating the web pod (node 2) denies the client (node 1) directly and
+//! through the Service, its rule naming the client's label lets it in again, a label
+//! taken off the client shuts it out, and ClusterNetworkPolicy's Admin tier denies
+//! what the NetworkPolicy allows. `ferry policy explain` and `preview` are asked over
+//! the local API; the denials are counted.
+//!
+//! The lab and the cluster are in `common/two_nodes.rs`.
+//! Needs root, iproute2, curl and python3.
+
+mod common;
+
+use std::fs;
+
+use common::two_nodes::{TwoNodes, pod};
+use ferry_agent::api::call;
+use ferry_api::{Answer, Request, Response};
+
+/// Isolates the web pod for ingress: only pods labelled `role: friend` reach it.
+const WEB_FROM_FRIENDS: &str = "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: web-from-friends, namespace: default }
+spec:
+  podSelector: { matchLabels: { app: web } }
+  policyTypes: [Ingress]
+  ingress:
+  - from: [{ podSelector: { matchLabels: { role: friend } } }]
+    ports: [{ protocol: TCP, port: 8080 }]
+";
+
+/// Admin tier: denies everything from the default namespace to the web pod.
+const ADMIN_DENY: &str = "
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: { name: deny-to-web }
+spec:
+  tier: Admin
+  priority: 10
+  subject: { pods: { namespaceSelector: {}, podSelector: { matchLabels: { app: web } } } }
+  ingress:
+  - { name: from-default, action: Deny, from: [{ namespaces: { matchLabels: { kubernetes.io/metadata.name: default } } }] }
+";
+
+fn ask(c: &TwoNodes, n: u8, req: &Request) -> Answer {
+    match call(&c.socket(n), req).unwrap() {
+        Response::Ok(a) => a,
+        r => panic!("{req:?}: {r:?}"),
+    }
+}
+
+/// The pods manifest with the client labelled `extra` (a YAML mapping's entries).
+fn pods(client_labels: &str) -> String {
+    let client = pod("client", 1, "10.244.1.5").replace(
+        "labels: { app: client }",
+        &format!("labels: {{ app: client{client_labels} }}"),
+    );
+    format!("{client}---{}", pod("web", 2, "10.244.2.5"))
+}
+
+#[test]
+fn network_policy_is_enforced_explained_and_previewed() {
+    let mut c = TwoNodes::with_file_datastore("np", &[]);
+    let dir = c.manifest_dir();
+    let direct = "http://10.244.2.5:8080/hostname";
+    let service = "http://10.96.0.10/hostname";
+    assert_eq!(c.curl("p1a", direct), "web", "no policy yet");
+    assert_eq!(c.curl("p1a", service), "web");
+
+    // The preview on node 2 (the web pod's) names the connections just made, which
+    // the policy would not allow, and changes nothing.
+    let preview = ask(
+        &c,
+        2,
+        &Request::PolicyPreview {
+            manifests: WEB_FROM_FRIENDS.into(),
+            delete: false,
+        },
+    )
+    .policy
+    .unwrap()
+    .preview
+    .unwrap();
+    assert_eq!(preview.objects, ["NetworkPolicy default/web-from-friends"]);
+    assert!(!preview.reevaluate);
+    assert!(
+        preview
+            .cut
+            .iter()
+            .any(|x| x.original.contains("10.244.1.5") && x.denial.contains("denied")),
+        "{preview:?}"
+    );
+    assert_eq!(c.curl("p1a", direct), "web", "a preview changes nothing");
+
+    // In force: the client is denied, directly and through the Service (decided on the
+    // endpoint after DNAT), at node 2, the destination's node.
+    fs::write(dir.join("policy.yaml"), WEB_FROM_FRIENDS).unwrap();
+    c.wait_curl(10, "p1a", direct, 28, "the policy in force");
+    assert_eq!(c.try_curl("p1a", service).0, 28, "through the Service too");
+    let counters = ask(&c, 2, &Request::Counters).counters.unwrap();
+    assert!(counters.policy_denied >= 2, "{}", counters.policy_denied);
+    let np = &counters.policies["NetworkPolicy default/web-from-friends"];
+    assert!(np.ingress_denied >= 2, "{np:?}");
+
+    let explained = ask(
+        &c,
+        1,
+        &Request::Policy {
+            pod: Some("default/web".into()),
+        },
+    )
+    .policy
+    .unwrap();
+    let web = explained.pod.unwrap();
+    assert_eq!(web.node.as_deref(), Some("node2"));
+    assert_eq!(
+        web.directions[0].isolated_by,
+        ["NetworkPolicy default/web-from-friends"]
+    );
+    // No pod is a friend yet: the rule's peers are none.
+    assert_eq!(web.directions[0].rules[0].matches[0].peers, Some(vec![]));
+    let listed = &explained.policies[0];
+    assert_eq!(listed.name, "NetworkPolicy default/web-from-friends");
+    assert!(listed.local_pods.is_empty(), "node 1 has no web pod");
+
+    // The client becomes a friend: let in, on node 2, though the client runs on node 1.
+    fs::write(dir.join("pods.yaml"), pods(", role: friend")).unwrap();
+    c.wait_curl(10, "p1a", direct, 0, "the client's label in force");
+    assert_eq!(
+        c.curl("p1a", "http://10.244.2.5:8080/clientip"),
+        "10.244.1.5"
+    );
+    let allowed = ask(&c, 2, &Request::Counters).counters.unwrap().policies
+        ["NetworkPolicy default/web-from-friends"]
+        .ingress_allowed;
+    assert!(allowed >= 1, "{allowed}");
+
+    // The Admin tier denies what the NetworkPolicy allows.
+    fs::write(dir.join("admin.yaml"), ADMIN_DENY).unwrap();
+    c.wait_curl(10, "p1a", direct, 28, "the Admin tier deny in force");
+    let cnp = &ask(&c, 2, &Request::Counters).counters.unwrap().policies["ClusterNetworkPolicy deny-to-web"];
+    assert!(cnp.ingress_denied >= 1, "{cnp:?}");
+    fs::remove_file(dir.join("admin.yaml")).unwrap();
+    c.wait_curl(10, "p1a", direct, 0, "the Admin tier deny gone");
+
+    // The label goes: shut out again; the policy goes: open to all.
+    fs::write(dir.join("pods.yaml"), pods("")).unwrap();
+    c.wait_curl(10, "p1a", direct, 28, "the label gone");
+    fs::remove_file(dir.join("policy.yaml")).unwrap();
+    c.wait_curl(10, "p1a", direct, 0, "the policy gone");
+}
