@@ -49,6 +49,25 @@ fn ask(c: &TwoNodes, n: u8, req: &Request) -> Answer {
     }
 }
 
+/// Node `n`'s counters of `policy`, once `ready` holds of them: the agent's counters are
+/// a snapshot at most 100 ms old, so a connection just made may not be in them yet.
+fn policy_counters(
+    c: &TwoNodes,
+    n: u8,
+    policy: &str,
+    ready: impl Fn(&ferry_api::PolicyCounters) -> bool,
+) -> ferry_api::PolicyCounters {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    loop {
+        let counters = ask(c, n, &Request::Counters).counters.unwrap();
+        let p = counters.policies.get(policy).copied().unwrap_or_default();
+        if ready(&p) || std::time::Instant::now() > deadline {
+            return p;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// The pods manifest with the client labelled `extra` (a YAML mapping's entries).
 fn pods(client_labels: &str) -> String {
     let client = pod("client", 1, "10.244.1.5").replace(
@@ -97,10 +116,12 @@ fn network_policy_is_enforced_explained_and_previewed() {
     fs::write(dir.join("policy.yaml"), WEB_FROM_FRIENDS).unwrap();
     c.wait_curl(10, "p1a", direct, 28, "the policy in force");
     assert_eq!(c.try_curl("p1a", service).0, 28, "through the Service too");
+    let np = policy_counters(&c, 2, "NetworkPolicy default/web-from-friends", |p| {
+        p.ingress_denied >= 2
+    });
+    assert!(np.ingress_denied >= 2, "{np:?}");
     let counters = ask(&c, 2, &Request::Counters).counters.unwrap();
     assert!(counters.policy_denied >= 2, "{}", counters.policy_denied);
-    let np = &counters.policies["NetworkPolicy default/web-from-friends"];
-    assert!(np.ingress_denied >= 2, "{np:?}");
 
     let explained = ask(
         &c,
@@ -130,15 +151,17 @@ fn network_policy_is_enforced_explained_and_previewed() {
         c.curl("p1a", "http://10.244.2.5:8080/clientip"),
         "10.244.1.5"
     );
-    let allowed = ask(&c, 2, &Request::Counters).counters.unwrap().policies
-        ["NetworkPolicy default/web-from-friends"]
-        .ingress_allowed;
-    assert!(allowed >= 1, "{allowed}");
+    let np = policy_counters(&c, 2, "NetworkPolicy default/web-from-friends", |p| {
+        p.ingress_allowed >= 1
+    });
+    assert!(np.ingress_allowed >= 1, "{np:?}");
 
     // The Admin tier denies what the NetworkPolicy allows.
     fs::write(dir.join("admin.yaml"), ADMIN_DENY).unwrap();
     c.wait_curl(10, "p1a", direct, 28, "the Admin tier deny in force");
-    let cnp = &ask(&c, 2, &Request::Counters).counters.unwrap().policies["ClusterNetworkPolicy deny-to-web"];
+    let cnp = policy_counters(&c, 2, "ClusterNetworkPolicy deny-to-web", |p| {
+        p.ingress_denied >= 1
+    });
     assert!(cnp.ingress_denied >= 1, "{cnp:?}");
     fs::remove_file(dir.join("admin.yaml")).unwrap();
     c.wait_curl(10, "p1a", direct, 0, "the Admin tier deny gone");
