@@ -84,6 +84,18 @@ pub fn pod_add(dir: &Path, spec: &NewPod) -> Result<()> {
     made
 }
 
+/// Gives pod `pod` (`NS/NAME`) the labels `labels` (replacing its labels) and rewrites
+/// its manifest.
+pub fn set_pod_labels(dir: &Path, pod: &str, labels: BTreeMap<String, String>) -> Result<()> {
+    let mut state = State::load(dir)?;
+    let id = state.pod(pod)?.container_id.clone();
+    if let Some(p) = state.pods.iter_mut().find(|p| p.container_id == id) {
+        p.labels = labels;
+    }
+    state.save(dir)?;
+    topology::write_pods(dir, &state)
+}
+
 /// `ferry lab pod del NS/NAME`: CNI DEL, its servers stopped, its namespace deleted, its
 /// manifest gone.
 pub fn pod_del(dir: &Path, pod: &str) -> Result<()> {
