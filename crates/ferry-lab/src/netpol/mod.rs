@@ -185,7 +185,7 @@ fn setup(dir: &Path) -> Result<()> {
     }
     clean(dir)?;
     if changed {
-        agents::wait_in_force(dir, &State::load(dir)?, mark)?;
+        agents::wait_in_force(dir, &State::load(dir)?, mark, agents::IN_FORCE_TIMEOUT)?;
     }
     Ok(())
 }
@@ -211,7 +211,7 @@ fn clean(dir: &Path) -> Result<()> {
         }
     }
     if changed {
-        agents::wait_in_force(dir, &State::load(dir)?, mark)
+        agents::wait_in_force(dir, &State::load(dir)?, mark, agents::IN_FORCE_TIMEOUT)
             .context("after the case, its policies removed and the labels put back")?;
     }
     Ok(())
@@ -317,7 +317,7 @@ fn apply(dir: &Path, change: &Change) -> Result<String> {
         }
     };
     if changed {
-        agents::wait_in_force(dir, &State::load(dir)?, mark)?;
+        agents::wait_in_force(dir, &State::load(dir)?, mark, agents::IN_FORCE_TIMEOUT)?;
     }
     Ok(what)
 }
