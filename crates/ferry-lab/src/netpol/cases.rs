@@ -184,16 +184,17 @@ spec:
                 port: "tcp/80",
                 // reachability.ExpectAllIngress(NewPodString(nsX, "a"), true)
                 // reachability.ExpectAllIngress(NewPodString(nsX, "b"), false)
+                // reachability.ExpectAllIngress(NewPodString(nsX, "c"), false)
                 grid: [
-                    ".X. ... ...", // from x/a
-                    ".X. ... ...", // from x/b
-                    ".X. ... ...", // from x/c
-                    ".X. ... ...", // from y/a
-                    ".X. ... ...", // from y/b
-                    ".X. ... ...", // from y/c
-                    ".X. ... ...", // from z/a
-                    ".X. ... ...", // from z/b
-                    ".X. ... ...", // from z/c
+                    ".XX ... ...", // from x/a
+                    ".XX ... ...", // from x/b
+                    ".XX ... ...", // from x/c
+                    ".XX ... ...", // from y/a
+                    ".XX ... ...", // from y/b
+                    ".XX ... ...", // from y/c
+                    ".XX ... ...", // from z/a
+                    ".XX ... ...", // from z/b
+                    ".XX ... ...", // from z/c
                 ],
             }],
         }],
@@ -428,6 +429,7 @@ spec:
                 port: "tcp/80",
                 // reachability.ExpectPeer(&Peer{Namespace: nsX}, &Peer{Namespace: nsX, Pod: "a"}, false)
                 // reachability.Expect(NewPodString(nsY, "a"), NewPodString(nsX, "a"), false)
+                // reachability.Expect(NewPodString(nsZ, "a"), NewPodString(nsX, "a"), false)
                 grid: [
                     "X.. ... ...", // from x/a
                     "X.. ... ...", // from x/b
@@ -435,7 +437,7 @@ spec:
                     "X.. ... ...", // from y/a
                     "... ... ...", // from y/b
                     "... ... ...", // from y/c
-                    "... ... ...", // from z/a
+                    "X.. ... ...", // from z/a
                     "... ... ...", // from z/b
                     "... ... ...", // from z/c
                 ],

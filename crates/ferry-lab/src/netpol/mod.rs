@@ -397,6 +397,33 @@ mod tests {
         assert_eq!(g.get("x/a", "y/a"), Some(true));
     }
 
+    fn first_grid(name: &str) -> Grid {
+        let c = all_cases().into_iter().find(|c| c.name == name).unwrap();
+        Grid::parse(&pod_ids(), &c.steps[0].checks[0].grid).unwrap()
+    }
+
+    #[test]
+    fn a_pod_no_allow_policy_selects_stays_isolated_by_the_deny_all() {
+        // deny-all isolates every pod of x; allow-all-to-a selects only x/a.
+        let g = first_grid("TCP: should enforce policy to allow ingress traffic for a target");
+        for from in pod_ids() {
+            assert_eq!(g.get(&from, "x/a"), Some(true), "{from}");
+            assert_eq!(g.get(&from, "x/b"), Some(false), "{from}");
+            assert_eq!(g.get(&from, "x/c"), Some(false), "{from}");
+        }
+    }
+
+    #[test]
+    fn pods_named_a_in_other_namespaces_are_not_in_the_b_c_selector() {
+        let g = first_grid(
+            "TCP: should enforce policy based on Multiple PodSelectors and NamespaceSelectors",
+        );
+        assert_eq!(g.get("y/a", "x/a"), Some(false));
+        assert_eq!(g.get("z/a", "x/a"), Some(false));
+        assert_eq!(g.get("z/b", "x/a"), Some(true));
+        assert_eq!(g.get("y/c", "x/a"), Some(true));
+    }
+
     #[test]
     fn pod_addresses_are_put_in_the_policies() {
         let mut state: State = serde_json::from_str(
