@@ -11,6 +11,7 @@
 //! cells that differ.
 
 pub mod cases;
+pub mod cluster_cases;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -81,10 +82,12 @@ pub fn pod_ids() -> Vec<String> {
         .collect()
 }
 
-/// The baseline, then the upstream cases.
+/// The baseline, then the upstream NetworkPolicy cases, then the ClusterNetworkPolicy
+/// ones.
 pub fn all_cases() -> Vec<&'static Case> {
     std::iter::once(&cases::BASELINE)
         .chain(cases::CASES.iter())
+        .chain(cluster_cases::CLUSTER_CASES.iter())
         .collect()
 }
 
@@ -339,6 +342,7 @@ mod tests {
             assert!(
                 c.name.starts_with("TCP: ")
                     || c.name.starts_with("UDP: ")
+                    || c.name.starts_with("CNP: ")
                     || c.name == cases::BASELINE.name,
                 "{}",
                 c.name
@@ -361,16 +365,19 @@ mod tests {
                         .unwrap_or_else(|e| panic!("{}: {e:#}", c.name));
                     assert!(
                         objs.iter()
-                            .all(|o| o.kind == "NetworkPolicy.networking.k8s.io"
-                                && NAMESPACES.contains(&o.namespace.as_str())),
+                            .all(|o| (o.kind == "NetworkPolicy.networking.k8s.io"
+                                && NAMESPACES.contains(&o.namespace.as_str()))
+                                || (o.kind == "ClusterNetworkPolicy.policy.networking.k8s.io"
+                                    && o.namespace.is_empty())),
                         "{}: {objs:?}",
                         c.name
                     );
                 }
             }
         }
-        // The upstream file's TCP and UDP cases (its three SCTP ones left out).
-        assert_eq!(cases.len(), 1 + 42 + 3);
+        // The upstream file's TCP and UDP cases (its three SCTP ones left out), then
+        // the ClusterNetworkPolicy ones.
+        assert_eq!(cases.len(), 1 + 42 + 3 + 10);
     }
 
     #[test]
