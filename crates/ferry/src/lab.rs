@@ -68,6 +68,10 @@ enum Sub {
         /// Only the cases whose name contains this (netpol).
         #[arg(long)]
         case: Option<String>,
+        /// List the cases and what each checks, without running them (netpol; no lab
+        /// needed).
+        #[arg(long)]
+        list: bool,
     },
     /// Pods on a running lab: add (through ferry-cni, with labels and served ports) or
     /// delete.
@@ -204,8 +208,15 @@ pub fn run(args: Args) -> Result<()> {
                 std::process::exit(code);
             }
         }
-        Sub::Check { suite, case } => {
+        Sub::Check { suite, case, list } => {
             let out = &mut std::io::stdout();
+            if matches!(suite, Suite::Default) && (case.is_some() || list) {
+                bail!("--case and --list are for --suite netpol; the default suite runs whole");
+            }
+            if list {
+                netpol::list(case.as_deref(), out)?;
+                return Ok(());
+            }
             let ok = match suite {
                 Suite::Default => check::run(dir, out)?,
                 Suite::Netpol => netpol::run(dir, case.as_deref(), out)?,

@@ -103,16 +103,72 @@ fn serves() -> Vec<Served> {
     SERVES.iter().filter_map(|s| s.parse().ok()).collect()
 }
 
-/// Runs the cases whose name contains `only` (all when None): a row each, a summary;
-/// true when all passed.
-pub fn run(dir: &Path, only: Option<&str>, out: &mut dyn Write) -> Result<bool> {
+/// The cases whose name contains `only` (all when None); an error when none does.
+pub fn selected(only: Option<&str>) -> Result<Vec<&'static Case>> {
     let cases: Vec<&Case> = all_cases()
         .into_iter()
         .filter(|c| only.is_none_or(|o| c.name.contains(o)))
         .collect();
     if cases.is_empty() {
-        bail!("no netpol case has {:?} in its name", only.unwrap_or(""));
+        bail!(
+            "no netpol case has {:?} in its name (ferry lab check --suite netpol --list shows them)",
+            only.unwrap_or("")
+        );
     }
+    Ok(cases)
+}
+
+/// What `case` checks, in one line: each step's change (the policies by kind,
+/// namespace and name) and the ports probed.
+pub fn describe(case: &Case) -> String {
+    let steps: Vec<String> = case
+        .steps
+        .iter()
+        .map(|s| {
+            let change = match s.change {
+                Change::Policies("") => "no policy".to_string(),
+                Change::Policies(text) => match crate::manifests::objects(text) {
+                    Ok(objs) => {
+                        let names: Vec<String> = objs
+                            .iter()
+                            .map(|o| {
+                                let kind = o.kind.split('.').next().unwrap_or_default();
+                                if o.namespace.is_empty() {
+                                    format!("{kind} {}", o.name)
+                                } else {
+                                    format!("{kind} {}/{}", o.namespace, o.name)
+                                }
+                            })
+                            .collect();
+                        names.join(", ")
+                    }
+                    Err(e) => format!("policies that do not parse: {e:#}"),
+                },
+                Change::NamespaceLabel(ns, k, v) => format!("namespace {ns} labelled {k}={v}"),
+                Change::PodLabel(pod, k, v) => format!("pod {pod} labelled {k}={v}"),
+            };
+            let ports: Vec<&str> = s.checks.iter().map(|c| c.port).collect();
+            format!("{change}: 9x9 on {}", ports.join(", "))
+        })
+        .collect();
+    steps.join("; then ")
+}
+
+/// `ferry lab check --suite netpol --list`: each case selected, and under it what it
+/// checks.
+pub fn list(only: Option<&str>, out: &mut dyn Write) -> Result<()> {
+    let cases = selected(only)?;
+    for c in &cases {
+        writeln!(out, "{}\n    {}", c.name, describe(c))?;
+    }
+    writeln!(out, "{} cases", cases.len())?;
+    Ok(())
+}
+
+/// Runs the cases whose name contains `only` (all when None): a row each, a summary;
+/// true when all passed.
+pub fn run(dir: &Path, only: Option<&str>, out: &mut dyn Write) -> Result<bool> {
+    let cases = selected(only)?;
     let t = Instant::now();
     setup(dir)?;
     writeln!(
@@ -429,6 +485,34 @@ mod tests {
         assert_eq!(g.get("z/a", "x/a"), Some(false));
         assert_eq!(g.get("z/b", "x/a"), Some(true));
         assert_eq!(g.get("y/c", "x/a"), Some(true));
+    }
+
+    #[test]
+    fn a_case_is_described_by_its_policies_and_ports() {
+        let c = all_cases()
+            .into_iter()
+            .find(|c| c.name.starts_with("CNP: among Admin policies"))
+            .unwrap();
+        let d = describe(c);
+        assert_eq!(
+            d.matches("ClusterNetworkPolicy priority-50-example, ClusterNetworkPolicy pass-example, ClusterNetworkPolicy default: 9x9 on tcp/80, udp/81").count(),
+            2,
+            "{d}"
+        );
+        assert!(d.contains("; then "), "{d}");
+        let d = describe(&cases::BASELINE);
+        assert_eq!(d, "no policy: 9x9 on tcp/80, tcp/81, udp/80, udp/81");
+        for c in all_cases() {
+            assert!(!describe(c).contains("do not parse"), "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn a_selection_matching_no_case_is_an_error_naming_it() {
+        let e = selected(Some("no such case")).unwrap_err().to_string();
+        assert!(e.contains("\"no such case\""), "{e}");
+        assert_eq!(selected(Some("CNP: ")).unwrap().len(), 10);
+        assert_eq!(selected(None).unwrap().len(), all_cases().len());
     }
 
     #[test]
