@@ -404,6 +404,13 @@ mod tests {
                 c.name
             );
             assert!(!c.steps.is_empty(), "{}", c.name);
+            // A step that writes the same policies again changes nothing the agents
+            // read: no sync would come, and the wait for it would fail.
+            for w in c.steps.windows(2) {
+                if let (Change::Policies(a), Change::Policies(b)) = (&w[0].change, &w[1].change) {
+                    assert_ne!(a, b, "{}: a step repeats the policies", c.name);
+                }
+            }
             for s in c.steps {
                 assert!(!s.checks.is_empty(), "{}", c.name);
                 for check in s.checks {
