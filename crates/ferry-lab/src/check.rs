@@ -134,7 +134,7 @@ pub fn run(dir: &Path, out: &mut dyn Write) -> Result<bool> {
 
 impl Ctx<'_> {
     fn ns(&self, target: &str) -> Result<String> {
-        Ok(match self.state.pods.iter().find(|p| p.name == target) {
+        Ok(match self.state.pods.iter().find(|p| p.is(target)) {
             Some(p) => p.netns.clone(),
             None => self.state.plan.ns(target),
         })

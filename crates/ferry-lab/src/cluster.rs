@@ -1,10 +1,11 @@
 //! The cluster's manifests, as the agents' file datastore reads them: Nodes, the
-//! ferry-config ConfigMap, Services, Pods and their EndpointSlices.
+//! ferry-config ConfigMap, Services, Namespaces, Pods and their EndpointSlices.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use crate::plan::{Plan, cluster_ip, node_port};
-use crate::state::{Pod, State};
+use crate::state::{DEFAULT_NAMESPACE, Pod, State};
 
 /// The Nodes: pod CIDRs, addresses with their prefix, zone labels.
 pub fn nodes(plan: &Plan) -> String {
@@ -131,7 +132,9 @@ spec:
     )
 }
 
-/// The Pod objects, with the addresses the CNI plugin gave them.
+/// The Pod objects, with the addresses the CNI plugin gave them: their labels (the lab's
+/// own pods: `app`), and a container per served port with the port named as the
+/// Kubernetes NetworkPolicy e2e tests name theirs (`serve-80-tcp`).
 pub fn pods(state: &State) -> String {
     let mut out = String::new();
     for p in &state.pods {
@@ -140,25 +143,82 @@ pub fn pods(state: &State) -> String {
             .iter()
             .map(|ip| format!("{{ ip: \"{ip}\" }}"))
             .collect();
+        let labels = match p.labels.is_empty() {
+            true => BTreeMap::from([("app".to_string(), p.app.clone())]),
+            false => p.labels.clone(),
+        };
+        let containers = if p.serves.is_empty() {
+            "\n  - { name: main, image: ferry-serve }".to_string()
+        } else {
+            p.serves
+                .iter()
+                .map(|s| {
+                    format!(
+                        "\n  - name: cont-{port}-{proto}\n    image: ferry-serve\n    ports: [{{ name: {name}, containerPort: {port}, protocol: {kube} }}]",
+                        port = s.port,
+                        proto = s.proto.as_str(),
+                        name = s.port_name(),
+                        kube = s.proto.kube(),
+                    )
+                })
+                .collect()
+        };
         let _ = write!(
             out,
             r#"---
 apiVersion: v1
 kind: Pod
-metadata: {{ name: {name}, namespace: default, labels: {{ app: {app} }} }}
+metadata:
+  name: {name}
+  namespace: {ns}
+  labels: {labels}
 spec:
   nodeName: node{node}
-  containers: [{{ name: main, image: ferry-serve }}]
+  containers:{containers}
 status:
   phase: Running
   podIP: "{ip}"
   podIPs: [{ips}]
 "#,
-            name = p.name,
-            app = p.app,
+            name = json(&p.name),
+            ns = json(&p.namespace),
+            labels = json(&labels),
             node = p.node,
             ip = p.ips[0],
             ips = ips.join(", "),
+        );
+    }
+    out
+}
+
+/// A value as YAML: JSON is YAML, and quotes whatever needs it.
+fn json(v: &impl serde::Serialize) -> String {
+    serde_json::to_string(v).unwrap_or_default()
+}
+
+/// The labels of namespace `name`: `labels`, and `kubernetes.io/metadata.name` set to its
+/// name as the API server sets it.
+pub fn namespace_labels(name: &str, labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut l = labels.clone();
+    l.insert(NAME_LABEL.to_string(), name.to_string());
+    l
+}
+
+/// The label the API server gives every namespace, its name.
+pub const NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// The Namespace objects: `default`, and those of `state` with their labels.
+pub fn namespaces(state: &State) -> String {
+    let mut all = state.namespaces.clone();
+    all.entry(DEFAULT_NAMESPACE.to_string())
+        .or_insert_with(|| namespace_labels(DEFAULT_NAMESPACE, &BTreeMap::new()));
+    let mut out = String::new();
+    for (name, labels) in &all {
+        let _ = write!(
+            out,
+            "---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: {}\n  labels: {}\n",
+            json(name),
+            json(&namespace_labels(name, labels)),
         );
     }
     out
@@ -198,7 +258,7 @@ pub fn slices(state: &State) -> String {
     let web6: Vec<String> = state
         .pods
         .iter()
-        .filter(|p| p.app == "web" && p.ready)
+        .filter(|p| p.app == "web" && p.ready && p.namespace == DEFAULT_NAMESPACE)
         .filter_map(|p| {
             let v6 = p.ips.iter().find(|a| a.contains(':'))?;
             Some(format!(
@@ -226,7 +286,7 @@ endpoints: [{}]
         let endpoints: Vec<String> = state
             .pods
             .iter()
-            .filter(|p| p.app == app && p.ready)
+            .filter(|p| p.app == app && p.ready && p.namespace == DEFAULT_NAMESPACE)
             .map(endpoint)
             .collect();
         let _ = write!(
@@ -286,4 +346,103 @@ pub fn uplink_mac(n: u8) -> String {
 /// The MAC of node `n`'s kernel on the host TAP.
 pub fn host_tap_mac(n: u8) -> String {
     format!("02:aa:00:00:00:{n:02x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Served;
+
+    fn state() -> State {
+        let pod = |ns: &str, name: &str, serves: &[&str]| Pod {
+            name: name.into(),
+            namespace: ns.into(),
+            labels: if serves.is_empty() {
+                BTreeMap::new()
+            } else {
+                BTreeMap::from([("pod".to_string(), name.to_string())])
+            },
+            serves: serves
+                .iter()
+                .map(|s| s.parse::<Served>().unwrap())
+                .collect(),
+            node: 1,
+            app: if serves.is_empty() { "web" } else { "" }.into(),
+            netns: String::new(),
+            container_id: String::new(),
+            ips: vec!["10.244.1.2".into(), "fd00:244:1::2".into()],
+            ready: true,
+        };
+        State {
+            plan: Plan::new("t", 2, 1).unwrap(),
+            ferry: "ferry".into(),
+            cni: "ferry-cni".into(),
+            processes: Vec::new(),
+            pods: vec![
+                pod(DEFAULT_NAMESPACE, "web", &[]),
+                pod("x", "a", &["tcp/80", "udp/81"]),
+            ],
+            namespaces: BTreeMap::from([(
+                "x".to_string(),
+                BTreeMap::from([("ns".to_string(), "x".to_string())]),
+            )]),
+        }
+    }
+
+    #[test]
+    fn pods_carry_their_namespace_labels_and_named_container_ports() {
+        let text = pods(&state());
+        assert!(
+            text.contains(
+                "  name: \"web\"\n  namespace: \"default\"\n  labels: {\"app\":\"web\"}\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("  name: \"a\"\n  namespace: \"x\"\n  labels: {\"pod\":\"a\"}\n"),
+            "{text}"
+        );
+        assert!(text.contains("  - name: cont-80-tcp\n    image: ferry-serve\n    ports: [{ name: serve-80-tcp, containerPort: 80, protocol: TCP }]\n"), "{text}");
+        assert!(
+            text.contains("ports: [{ name: serve-81-udp, containerPort: 81, protocol: UDP }]"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  - { name: main, image: ferry-serve }\n"),
+            "{text}"
+        );
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
+        assert_eq!(docs.len(), 2);
+        assert_eq!(
+            docs[1]["spec"]["containers"][1]["ports"][0]["name"],
+            "serve-81-udp"
+        );
+        assert_eq!(docs[1]["metadata"]["labels"]["pod"], "a");
+    }
+
+    #[test]
+    fn namespaces_have_their_name_label_and_default_is_always_there() {
+        let text = namespaces(&state());
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[0]["metadata"]["name"], "default");
+        assert_eq!(
+            docs[0]["metadata"]["labels"]["kubernetes.io/metadata.name"],
+            "default"
+        );
+        assert_eq!(docs[1]["kind"], "Namespace");
+        assert_eq!(docs[1]["metadata"]["labels"]["ns"], "x");
+        assert_eq!(
+            docs[1]["metadata"]["labels"]["kubernetes.io/metadata.name"],
+            "x"
+        );
+    }
+
+    #[test]
+    fn only_default_pods_are_service_endpoints() {
+        let mut s = state();
+        s.pods[1].app = "web".into();
+        let text = slices(&s);
+        assert_eq!(text.matches("10.244.1.2").count(), 2, "{text}");
+    }
 }

@@ -27,7 +27,7 @@ fn invoke(
     conf: &str,
     container_id: &str,
     netns: &str,
-    pod: &str,
+    (namespace, pod): (&str, &str),
 ) -> Result<String> {
     let dir = plugin.parent().unwrap_or(Path::new("/"));
     let mut child = Command::new(plugin)
@@ -37,7 +37,7 @@ fn invoke(
         .env("CNI_IFNAME", "eth0")
         .env(
             "CNI_ARGS",
-            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod}"),
+            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={pod}"),
         )
         .env("CNI_PATH", dir)
         .stdin(Stdio::piped())
@@ -54,7 +54,7 @@ fn invoke(
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() {
         bail!(
-            "ferry-cni {command} for pod {pod} failed ({}): {stdout}{}",
+            "ferry-cni {command} for pod {namespace}/{pod} failed ({}): {stdout}{}",
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
@@ -62,13 +62,14 @@ fn invoke(
     Ok(stdout)
 }
 
-/// CNI ADD: returns the pod's addresses (without prefix length) from the result.
+/// CNI ADD for pod `(namespace, name)`: returns its addresses (without prefix length)
+/// from the result.
 pub fn add(
     plugin: &Path,
     conf: &str,
     container_id: &str,
     netns: &str,
-    pod: &str,
+    pod: (&str, &str),
 ) -> Result<Vec<String>> {
     let out = invoke(plugin, "ADD", conf, container_id, netns, pod)?;
     let result: serde_json::Value =
@@ -86,7 +87,13 @@ pub fn add(
     Ok(ips)
 }
 
-/// CNI DEL.
-pub fn del(plugin: &Path, conf: &str, container_id: &str, netns: &str, pod: &str) -> Result<()> {
+/// CNI DEL for pod `(namespace, name)`.
+pub fn del(
+    plugin: &Path,
+    conf: &str,
+    container_id: &str,
+    netns: &str,
+    pod: (&str, &str),
+) -> Result<()> {
     invoke(plugin, "DEL", conf, container_id, netns, pod).map(drop)
 }

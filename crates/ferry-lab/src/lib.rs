@@ -6,14 +6,24 @@
 //! - [`up`] builds it, [`down`] removes it (also what a crashed run left, by prefix);
 //! - [`cni`]: pods made through the CNI plugin as a kubelet would;
 //! - [`lb`]: the load balancer and its health checks; [`check`]: the scenarios;
-//! - [`probe`]: small UDP clients the checks run inside the namespaces.
+//! - [`probe`]: small UDP clients the checks run inside the namespaces;
+//! - [`pods`]: pods and namespaces added to a running lab; [`manifests`]: files of
+//!   manifests applied to it and deleted; [`agents`]: waiting for the agents to put a
+//!   change in force;
+//! - [`matrix`]: probe matrices between pods; [`netpol`]: the NetworkPolicy suite, the
+//!   Kubernetes e2e cases on them.
 #![forbid(unsafe_code)]
 
+pub mod agents;
 pub mod check;
 pub mod cluster;
 pub mod cni;
 pub mod lb;
+pub mod manifests;
+pub mod matrix;
+pub mod netpol;
 pub mod plan;
+pub mod pods;
 pub mod probe;
 pub mod state;
 pub mod sys;

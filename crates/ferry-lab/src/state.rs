@@ -1,6 +1,7 @@
 //! What a running lab has made, kept in `DIR/state.json` and rewritten after every
 //! step of `up`, so that `down` finds it after a crash half-way.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -17,11 +18,101 @@ pub struct Process {
     pub pid: u32,
 }
 
+/// The namespace of the lab's own pods, and of a pod named without one.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+fn default_namespace() -> String {
+    DEFAULT_NAMESPACE.to_string()
+}
+
+/// A port a pod serves: `tcp/80`, `udp/81`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Served {
+    /// The protocol.
+    pub proto: Proto,
+    /// The port.
+    pub port: u16,
+}
+
+/// A transport protocol a lab pod serves and the probes speak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Proto {
+    /// TCP: a connection, then `GET /hostname`.
+    Tcp,
+    /// UDP: `hostname` asked, the pod's name answered.
+    Udp,
+}
+
+impl Proto {
+    /// `tcp` or `udp`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        }
+    }
+
+    /// `TCP` or `UDP`, as Kubernetes writes it.
+    pub fn kube(self) -> &'static str {
+        match self {
+            Proto::Tcp => "TCP",
+            Proto::Udp => "UDP",
+        }
+    }
+}
+
+impl std::fmt::Display for Served {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.proto.as_str(), self.port)
+    }
+}
+
+impl std::str::FromStr for Served {
+    type Err = anyhow::Error;
+
+    /// `tcp/80`, `udp/81` (case does not matter).
+    fn from_str(s: &str) -> Result<Served> {
+        let (proto, port) = s
+            .split_once('/')
+            .with_context(|| format!("{s:?}: a port is PROTO/PORT, like tcp/80 or udp/81"))?;
+        let proto = match proto.to_ascii_lowercase().as_str() {
+            "tcp" => Proto::Tcp,
+            "udp" => Proto::Udp,
+            other => anyhow::bail!("{s:?}: protocol {other:?} is not tcp or udp"),
+        };
+        let port: u16 = port
+            .parse()
+            .ok()
+            .filter(|&p| p != 0)
+            .with_context(|| format!("{s:?}: port {port:?} is not 1-65535"))?;
+        Ok(Served { proto, port })
+    }
+}
+
+impl Served {
+    /// The container port's name, as the Kubernetes NetworkPolicy e2e tests name theirs
+    /// (`serve-80-tcp`), so that named-port rules can use it.
+    pub fn port_name(&self) -> String {
+        format!("serve-{}-{}", self.port, self.proto.as_str())
+    }
+}
+
 /// A pod made through the CNI plugin.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Pod {
-    /// Its name (namespace `default`).
+    /// Its name.
     pub name: String,
+    /// Its namespace.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// Its labels; empty for the lab's own pods, whose only label is `app`.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The ports its servers answer on; empty for the lab's own pods (HTTP on 8080, UDP
+    /// echo on 8081).
+    #[serde(default)]
+    pub serves: Vec<Served>,
     /// Its node's number.
     pub node: u8,
     /// Its `app` label.
@@ -49,6 +140,41 @@ pub struct State {
     pub processes: Vec<Process>,
     /// Pods, in order of creation.
     pub pods: Vec<Pod>,
+    /// Namespaces the lab has written, with their labels (`kubernetes.io/metadata.name`
+    /// included); `default` is written whether or not it is here.
+    #[serde(default)]
+    pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// `NS/NAME`, or `NAME` in namespace `default`: the namespace and the name.
+pub fn pod_ref(s: &str) -> (&str, &str) {
+    s.split_once('/').unwrap_or((DEFAULT_NAMESPACE, s))
+}
+
+impl Pod {
+    /// `NAME` in namespace `default`, `NS/NAME` in any other: how the lab names it (in
+    /// `status`, `exec`, the probe matrices) and what its servers answer to `hostname`.
+    pub fn id(&self) -> String {
+        if self.namespace == DEFAULT_NAMESPACE {
+            self.name.clone()
+        } else {
+            format!("{}/{}", self.namespace, self.name)
+        }
+    }
+
+    /// Whether it is `NS/NAME` (or `NAME` in `default`).
+    pub fn is(&self, reference: &str) -> bool {
+        let (ns, name) = pod_ref(reference);
+        self.namespace == ns && self.name == name
+    }
+
+    /// Its first IPv4 address.
+    pub fn ip4(&self) -> Option<&str> {
+        self.ips
+            .iter()
+            .find(|a| !a.contains(':'))
+            .map(String::as_str)
+    }
 }
 
 impl State {
@@ -71,11 +197,11 @@ impl State {
         crate::sys::write_atomic(&State::path(dir), &text)
     }
 
-    /// The pod named `name`.
+    /// The pod `NS/NAME`, or `NAME` in namespace `default`.
     pub fn pod(&self, name: &str) -> Result<&Pod> {
         self.pods
             .iter()
-            .find(|p| p.name == name)
+            .find(|p| p.is(name))
             .with_context(|| format!("no pod {name} in the lab"))
     }
 

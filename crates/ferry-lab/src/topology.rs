@@ -10,6 +10,7 @@
 //!           pods      pods                pods           (eth0 TAPs from the agent)
 //! ```
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::path::Path;
@@ -21,7 +22,7 @@ use crate::plan::{
     CLIENT_IP, CLIENT_IP6, CLIENT_SUBNET, CLIENT_SUBNET6, LB_CLIENT_SIDE_IP, LB_CLIENT_SIDE_IP6,
     LB_FABRIC_IP, LB_FABRIC_IP6, Plan,
 };
-use crate::state::{Pod, Process, State};
+use crate::state::{DEFAULT_NAMESPACE, Pod, Process, Proto, Served, State};
 use crate::sys::{self, ip};
 use crate::{Binaries, cluster, cni};
 
@@ -76,6 +77,7 @@ pub fn up(plan: &Plan, dir: &Path, bins: &Binaries) -> Result<()> {
         cni: bins.cni.clone(),
         processes: Vec::new(),
         pods: Vec::new(),
+        namespaces: BTreeMap::new(),
     };
     state.save(dir)?;
     network(plan)?;
@@ -301,15 +303,71 @@ pub fn node_kernel_on_host_tap(ns: &str, tap: &str, mac: &str, addr: &str) -> Re
     Ok(())
 }
 
-/// Makes pod `name` on node `node` through the CNI plugin and starts its server; it is
-/// not in EndpointSlices until [`write_pods`].
+/// Makes pod `name` (namespace `default`) on node `node` through the CNI plugin and
+/// starts its server; it is not in EndpointSlices until [`write_pods`].
 pub fn add_pod(dir: &Path, state: &mut State, name: &str, node: u8, app: &str) -> Result<()> {
-    let netns = state.plan.ns(&format!("pod-{name}"));
-    add_ns(&netns)?;
-    let container_id = format!("{}-{name}", state.plan.prefix);
-    state.pods.push(Pod {
+    let spec = NewPod {
+        namespace: DEFAULT_NAMESPACE.to_string(),
         name: name.to_string(),
         node,
+        labels: BTreeMap::new(),
+        serves: Vec::new(),
+    };
+    make_pod(dir, state, &spec, app)
+}
+
+/// A pod to make: where, its labels and the ports its servers answer on (none: the lab's
+/// own HTTP on 8080 and UDP echo on 8081).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewPod {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its node's number.
+    pub node: u8,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// The ports it serves.
+    pub serves: Vec<Served>,
+}
+
+/// The network namespace and container ID of pod `ns/name`: the lab's own pods (in
+/// `default`) keep their short names.
+fn pod_names(prefix: &str, ns: &str, name: &str) -> (String, String) {
+    let short = if ns == DEFAULT_NAMESPACE {
+        name.to_string()
+    } else {
+        format!("{ns}-{name}")
+    };
+    (format!("{prefix}-pod-{short}"), format!("{prefix}-{short}"))
+}
+
+/// Makes pod `spec` through the CNI plugin and starts its servers, waiting until each
+/// answers; it is not in the manifests until [`write_pods`].
+pub fn make_pod(dir: &Path, state: &mut State, spec: &NewPod, app: &str) -> Result<()> {
+    let id = format!("{}/{}", spec.namespace, spec.name);
+    anyhow::ensure!(
+        !state
+            .pods
+            .iter()
+            .any(|p| p.namespace == spec.namespace && p.name == spec.name),
+        "pod {id} is in the lab already (ferry lab pod del {id} first)"
+    );
+    anyhow::ensure!(
+        (1..=state.plan.nodes).contains(&spec.node),
+        "node{}: the lab has node1..node{}",
+        spec.node,
+        state.plan.nodes
+    );
+    let (netns, container_id) = pod_names(&state.plan.prefix, &spec.namespace, &spec.name);
+    add_ns(&netns)?;
+    state.pods.push(Pod {
+        name: spec.name.clone(),
+        namespace: spec.namespace.clone(),
+        labels: spec.labels.clone(),
+        serves: spec.serves.clone(),
+        node: spec.node,
         app: app.to_string(),
         netns: netns.clone(),
         container_id: container_id.clone(),
@@ -317,51 +375,147 @@ pub fn add_pod(dir: &Path, state: &mut State, name: &str, node: u8, app: &str) -
         ready: false,
     });
     state.save(dir)?;
-    let conf = cni::netconf(dir, node);
-    let ips = cni::add(&state.cni, &conf, &container_id, &netns, name)?;
+    let conf = cni::netconf(dir, spec.node);
+    let ips = cni::add(
+        &state.cni,
+        &conf,
+        &container_id,
+        &netns,
+        (&spec.namespace, &spec.name),
+    )?;
     let pod = state.pods.last_mut().context("the pod just added")?;
     pod.ips = ips;
-    let pid = sys::start_in(
-        &netns,
-        &dir.join(format!("logs/pod-{name}.log")),
-        &[
-            &state.ferry.display().to_string(),
-            "serve",
-            "--name",
-            name,
-            "--http-port",
-            "8080",
-            "--udp-port",
-            "8081",
-        ],
-    )?;
-    state.processes.push(Process {
-        label: format!("ferry serve in pod {name}"),
-        pid,
-    });
-    sys::wait_for(10, &format!("the server in pod {name}"), || {
-        sys::exec_in(&netns, 2, &["curl", "-s", "http://127.0.0.1:8080/healthz"])
-            .is_ok_and(|o| o.status.success())
-    })?;
-    if let Some(p) = state.pods.iter_mut().find(|p| p.name == name) {
+    let pod = pod.clone();
+    start_servers(dir, state, &pod)?;
+    if let Some(p) = state
+        .pods
+        .iter_mut()
+        .find(|p| p.container_id == container_id)
+    {
         p.ready = true;
     }
     state.save(dir)
 }
 
-/// Removes pod `name`: CNI DEL, its server, its namespace.
+/// The `ferry serve` processes of a pod serving `serves`: each a TCP and a UDP port,
+/// paired in order (port 0: none of that protocol; a TCP listener on 0 takes a free
+/// port no probe asks).
+fn server_ports(serves: &[Served]) -> Vec<(u16, u16)> {
+    let tcp: Vec<u16> = serves
+        .iter()
+        .filter(|s| s.proto == Proto::Tcp)
+        .map(|s| s.port)
+        .collect();
+    let udp: Vec<u16> = serves
+        .iter()
+        .filter(|s| s.proto == Proto::Udp)
+        .map(|s| s.port)
+        .collect();
+    (0..tcp.len().max(udp.len()))
+        .map(|i| {
+            (
+                tcp.get(i).copied().unwrap_or(0),
+                udp.get(i).copied().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// Starts pod `pod`'s servers in its namespace and waits until they answer there.
+fn start_servers(dir: &Path, state: &mut State, pod: &Pod) -> Result<()> {
+    let id = pod.id();
+    let pairs = if pod.serves.is_empty() {
+        vec![(8080, 8081)]
+    } else {
+        server_ports(&pod.serves)
+    };
+    let ferry = state.ferry.display().to_string();
+    let log_name = id.replace('/', "-");
+    for (i, (tcp, udp)) in pairs.iter().enumerate() {
+        let (t, u) = (tcp.to_string(), udp.to_string());
+        let log = dir.join(format!("logs/pod-{log_name}-{i}.log"));
+        let pid = sys::start_in(
+            &pod.netns,
+            &log,
+            &[
+                &ferry,
+                "serve",
+                "--name",
+                &id,
+                "--http-port",
+                &t,
+                "--udp-port",
+                &u,
+            ],
+        )?;
+        state.processes.push(Process {
+            label: format!("ferry serve in pod {id} (tcp {tcp}, udp {udp})"),
+            pid,
+        });
+        state.save(dir)?;
+    }
+    if pod.serves.is_empty() {
+        return sys::wait_for(10, &format!("the server in pod {id}"), || {
+            sys::exec_in(
+                &pod.netns,
+                2,
+                &["curl", "-s", "http://127.0.0.1:8080/healthz"],
+            )
+            .is_ok_and(|o| o.status.success())
+        });
+    }
+    let mut args = vec![
+        ferry.clone(),
+        "lab".into(),
+        "probe-matrix".into(),
+        "--target".into(),
+        format!("{id}=127.0.0.1"),
+    ];
+    for s in &pod.serves {
+        args.extend(["--port".into(), s.to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut last = String::new();
+    sys::wait_for(
+        10,
+        &format!("the servers in pod {id} answering"),
+        || match sys::run_in(&pod.netns, 5, &args) {
+            Ok(out) => {
+                last = out.clone();
+                crate::matrix::parse_answers(&out)
+                    .is_ok_and(|a| a.len() == pod.serves.len() && a.iter().all(|r| r.2))
+            }
+            Err(e) => {
+                last = format!("{e:#}");
+                false
+            }
+        },
+    )
+    .with_context(|| format!("the last probe: {last}"))
+}
+
+/// Removes pod `name` (`NS/NAME`, or `NAME` in `default`): CNI DEL, its servers, its
+/// namespace; its manifest goes at once.
 pub fn remove_pod(dir: &Path, state: &mut State, name: &str) -> Result<()> {
     let pod = state.pod(name)?.clone();
-    state.pods.retain(|p| p.name != name);
+    state.pods.retain(|p| p.container_id != pod.container_id);
     write_pods(dir, state)?;
     let conf = cni::netconf(dir, pod.node);
-    cni::del(&state.cni, &conf, &pod.container_id, &pod.netns, name)?;
-    sys::stop(&sys::pids_in(&pod.netns));
+    cni::del(
+        &state.cni,
+        &conf,
+        &pod.container_id,
+        &pod.netns,
+        (&pod.namespace, &pod.name),
+    )?;
+    let pids = sys::pids_in(&pod.netns);
+    sys::stop(&pids);
+    state.processes.retain(|p| !pids.contains(&p.pid));
     let _ = sys::run(&["ip", "netns", "del", &pod.netns]);
     state.save(dir)
 }
 
-/// Writes the Pod objects and the EndpointSlices for the pods in `state`.
+/// Writes the Namespaces, the Pod objects and the EndpointSlices for the pods in `state`.
 pub fn write_pods(dir: &Path, state: &State) -> Result<()> {
     let ready = State {
         pods: state
@@ -372,6 +526,10 @@ pub fn write_pods(dir: &Path, state: &State) -> Result<()> {
             .collect(),
         ..state.clone()
     };
+    sys::write_atomic(
+        &manifests(dir).join("namespaces.yaml"),
+        &cluster::namespaces(state),
+    )?;
     sys::write_atomic(&manifests(dir).join("pods.yaml"), &cluster::pods(&ready))?;
     sys::write_atomic(
         &manifests(dir).join("slices.yaml"),
@@ -391,7 +549,8 @@ pub fn down(dir: &Path, prefix: &str) -> Result<()> {
     if let Some(s) = &state {
         for p in s.pods.iter().filter(|p| !p.ips.is_empty()) {
             let conf = cni::netconf(dir, p.node);
-            if let Err(e) = cni::del(&s.cni, &conf, &p.container_id, &p.netns, &p.name) {
+            let pod = (p.namespace.as_str(), p.name.as_str());
+            if let Err(e) = cni::del(&s.cni, &conf, &p.container_id, &p.netns, pod) {
                 eprintln!("ferry lab: {e:#}");
             }
         }
@@ -432,7 +591,7 @@ pub fn status(dir: &Path) -> Result<String> {
         );
     }
     for p in &s.pods {
-        out += &format!("pod {:<8} node{}  {}\n", p.name, p.node, p.ips.join(", "));
+        out += &format!("pod {:<8} node{}  {}\n", p.id(), p.node, p.ips.join(", "));
     }
     for p in &s.processes {
         let up = if sys::alive(p.pid) {
@@ -447,11 +606,11 @@ pub fn status(dir: &Path) -> Result<String> {
     Ok(out)
 }
 
-/// `ferry lab exec TARGET -- CMD...`: runs CMD in a node (`node1`), a pod (`web`), or
+/// `ferry lab exec TARGET -- CMD...`: runs CMD in a node (`node1`), a pod (`web`, `x/a`), or
 /// `client`, `lb`, `fabric`; returns its exit code.
 pub fn exec(dir: &Path, target: &str, cmd: &[String]) -> Result<i32> {
     let s = State::load(dir)?;
-    let ns = match s.pods.iter().find(|p| p.name == target) {
+    let ns = match s.pods.iter().find(|p| p.is(target)) {
         Some(p) => p.netns.clone(),
         None => {
             let known = ["client", "lb", "fabric"].contains(&target)

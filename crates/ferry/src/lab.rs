@@ -1,10 +1,15 @@
 //! `ferry lab`: the command line of `ferry-lab` (docs/lab.md).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
-use anyhow::{Result, bail};
-use ferry_lab::{Binaries, DEFAULT_DIR, DEFAULT_PREFIX, Plan, check, lb, probe, topology};
+use anyhow::{Context, Result, bail};
+use ferry_lab::state::{DEFAULT_NAMESPACE, Served};
+use ferry_lab::topology::NewPod;
+use ferry_lab::{
+    Binaries, DEFAULT_DIR, DEFAULT_PREFIX, Plan, check, lb, manifests, matrix, netpol, pods, probe,
+    topology,
+};
 
 /// Arguments of `ferry lab`.
 #[derive(clap::Args, Debug)]
@@ -54,13 +59,56 @@ enum Sub {
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
-    /// Run every scenario; exits non-zero when one fails.
-    Check,
+    /// Run every scenario of a suite; exits non-zero when one fails.
+    Check {
+        /// `default`: the connectivity scenarios; `netpol`: the Kubernetes NetworkPolicy
+        /// e2e cases (namespaces x, y, z with pods a, b, c).
+        #[arg(long, value_enum, default_value = "default")]
+        suite: Suite,
+        /// Only the cases whose name contains this (netpol).
+        #[arg(long)]
+        case: Option<String>,
+        /// List the cases and what each checks, without running them (netpol; no lab
+        /// needed).
+        #[arg(long)]
+        list: bool,
+    },
+    /// Pods on a running lab: add (through ferry-cni, with labels and served ports) or
+    /// delete.
+    Pod {
+        #[command(subcommand)]
+        command: PodSub,
+    },
+    /// Namespaces on a running lab, with labels.
+    Ns {
+        #[command(subcommand)]
+        command: NsSub,
+    },
+    /// Copy a file of manifests into the lab's manifest directory (again: replace it).
+    Apply {
+        /// The file: YAML documents, Kubernetes objects.
+        file: PathBuf,
+    },
+    /// Remove the manifests `apply FILE` copied.
+    Delete {
+        /// The file, as given to apply.
+        file: PathBuf,
+    },
     /// Up, check, down.
     Demo(Shape),
     /// The load balancer's health checker (started by `up` in the lb namespace).
     #[command(hide = true)]
     LbHealth,
+    /// Probes of a matrix's row, run in the source pod's namespace.
+    #[command(hide = true)]
+    ProbeMatrix {
+        /// A destination, NAME=ADDRESS (its servers answer NAME).
+        #[arg(long = "target")]
+        targets: Vec<String>,
+        /// A port, tcp/80 or udp/81.
+        #[arg(long = "port")]
+        ports: Vec<Served>,
+    },
     /// UDP probes the checks run inside namespaces.
     #[command(hide = true)]
     ProbeUdp {
@@ -76,6 +124,59 @@ enum Sub {
         stream: Option<u64>,
         /// The server.
         to: SocketAddr,
+    },
+}
+
+/// The suites of `ferry lab check`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Suite {
+    /// The connectivity scenarios.
+    Default,
+    /// The Kubernetes NetworkPolicy e2e cases.
+    Netpol,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum PodSub {
+    /// Make a pod through the CNI plugin, with its servers and its manifest.
+    Add {
+        /// Its node's number (1 for node1).
+        #[arg(long)]
+        node: u8,
+        /// Its namespace (a Namespace manifest is written when it is new).
+        #[arg(long, default_value = DEFAULT_NAMESPACE)]
+        namespace: String,
+        /// Its name.
+        #[arg(long)]
+        name: String,
+        /// A label, KEY=VALUE (repeat for more).
+        #[arg(long = "label")]
+        labels: Vec<String>,
+        /// A port its servers answer on, tcp/80 or udp/81 (repeat for more; none: HTTP
+        /// on 8080 and UDP echo on 8081). Named serve-80-tcp in its manifest.
+        #[arg(long = "serve")]
+        serves: Vec<Served>,
+    },
+    /// Remove a pod: CNI DEL, its servers, its namespace, its manifest.
+    Del {
+        /// Its namespace.
+        #[arg(long, default_value = DEFAULT_NAMESPACE)]
+        namespace: String,
+        /// Its name.
+        #[arg(long)]
+        name: String,
+    },
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum NsSub {
+    /// Write a Namespace with labels (again: its labels replaced).
+    Add {
+        /// Its name.
+        name: String,
+        /// A label, KEY=VALUE (repeat for more); kubernetes.io/metadata.name is set.
+        #[arg(long = "label")]
+        labels: Vec<String>,
     },
 }
 
@@ -107,10 +208,69 @@ pub fn run(args: Args) -> Result<()> {
                 std::process::exit(code);
             }
         }
-        Sub::Check => {
-            if !check::run(dir, &mut std::io::stdout())? {
+        Sub::Check { suite, case, list } => {
+            let out = &mut std::io::stdout();
+            if matches!(suite, Suite::Default) && (case.is_some() || list) {
+                bail!("--case and --list are for --suite netpol; the default suite runs whole");
+            }
+            if list {
+                netpol::list(case.as_deref(), out)?;
+                return Ok(());
+            }
+            let ok = match suite {
+                Suite::Default => check::run(dir, out)?,
+                Suite::Netpol => netpol::run(dir, case.as_deref(), out)?,
+            };
+            if !ok {
                 bail!("some scenarios failed");
             }
+        }
+        Sub::Pod { command } => match command {
+            PodSub::Add {
+                node,
+                namespace,
+                name,
+                labels,
+                serves,
+            } => {
+                let spec = NewPod {
+                    namespace,
+                    name,
+                    node,
+                    labels: pods::parse_labels(&labels)?,
+                    serves,
+                };
+                pods::pod_add(dir, &spec)?;
+                let state = ferry_lab::State::load(dir)?;
+                let p = state.pod(&format!("{}/{}", spec.namespace, spec.name))?;
+                println!("pod {} node{}  {}", p.id(), p.node, p.ips.join(", "));
+            }
+            PodSub::Del { namespace, name } => {
+                pods::pod_del(dir, &format!("{namespace}/{name}"))?;
+            }
+        },
+        Sub::Ns {
+            command: NsSub::Add { name, labels },
+        } => pods::ns_add(dir, &name, pods::parse_labels(&labels)?)?,
+        Sub::Apply { file } => {
+            for o in manifests::apply(dir, &file)? {
+                println!("{o} applied");
+            }
+        }
+        Sub::Delete { file } => manifests::delete(dir, &file)?,
+        Sub::ProbeMatrix { targets, ports } => {
+            let targets = targets
+                .iter()
+                .map(|t| {
+                    let (name, ip) = t.split_once('=').context("a target is NAME=ADDRESS")?;
+                    let ip: IpAddr = ip.parse().with_context(|| format!("target {t}"))?;
+                    Ok((name.to_string(), ip))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            print!(
+                "{}",
+                matrix::print_answers(&matrix::probe_here(&targets, &ports))
+            );
         }
         Sub::Demo(s) => {
             let (p, b) = plan(&s)?;

@@ -5,43 +5,9 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 
-const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
-
-/// The CNI plugin next to ferry, built if this test runs before it was (cargo builds a
-/// workspace's binaries for `cargo test --workspace`, not for `-p ferry`).
-fn cni_plugin() -> PathBuf {
-    let cni = PathBuf::from(FERRY).with_file_name("ferry-cni");
-    if !cni.exists() {
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "-q", "-p", "ferry-cni"])
-            .status()
-            .expect("cargo");
-        assert!(status.success(), "building ferry-cni");
-    }
-    cni
-}
-
-fn namespaces(prefix: &str) -> Vec<String> {
-    let list = common::sh(&["ip", "netns", "list"]);
-    list.lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.starts_with(&format!("{prefix}-")))
-        .map(str::to_string)
-        .collect()
-}
-
-fn ferry_lab(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
-    Command::new(FERRY)
-        .arg("lab")
-        .arg("--dir")
-        .arg(dir)
-        .args(args)
-        .output()
-        .expect("running ferry lab")
-}
+use common::lab::{cni_plugin, ferry_lab, namespaces};
 
 #[test]
 fn the_lab_demo_passes_every_scenario_and_leaves_nothing_behind() {

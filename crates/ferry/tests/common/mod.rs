@@ -8,6 +8,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+pub mod lab;
 pub mod one_node;
 pub mod two_nodes;
 
