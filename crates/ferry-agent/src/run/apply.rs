@@ -220,21 +220,7 @@ impl Agent {
                 .inspect_err(|_| self.status.count(ErrorKind::Compile))?,
         );
         let compile = t0.elapsed();
-        let t1 = Instant::now();
-        let applied = self
-            .control
-            .send(
-                Update {
-                    tables: Arc::clone(&tables),
-                    new_ports: Vec::new(),
-                },
-                APPLY_TIMEOUT,
-            )
-            .map_err(|e| {
-                self.status.count(ErrorKind::Apply);
-                format!("the worker did not take the new tables: {e}")
-            })?;
-        let swap = t1.elapsed();
+        let (applied, swap) = self.hand_patch(&tables)?;
         let closed: Vec<String> = applied.closed.iter().map(|(n, _)| n.clone()).collect();
         drop(applied.closed);
         let Some(last) = self.last.as_mut() else {
@@ -274,6 +260,24 @@ impl Agent {
         })
     }
 
+    /// Hands patched `tables` (no port opened or closed by the patch itself) to the
+    /// worker: what it answered, and how long it took.
+    fn hand_patch(
+        &mut self,
+        tables: &Arc<Tables>,
+    ) -> Result<(ferry_linux::worker::Applied, std::time::Duration), String> {
+        let t1 = Instant::now();
+        let update = Update {
+            tables: Arc::clone(tables),
+            new_ports: Vec::new(),
+        };
+        let applied = self.control.send(update, APPLY_TIMEOUT).map_err(|e| {
+            self.status.count(ErrorKind::Apply);
+            format!("the worker did not take the new tables: {e}")
+        })?;
+        Ok((applied, t1.elapsed()))
+    }
+
     /// Compiles the policy section of `cluster` for the pods in force and patches it
     /// into the tables in force.
     pub(super) fn apply_policy(&mut self, cluster: Arc<Cluster>) -> Result<Applied, String> {
@@ -296,21 +300,7 @@ impl Agent {
                 .inspect_err(|_| self.status.count(ErrorKind::Compile))?,
         );
         let compile = t0.elapsed();
-        let t1 = Instant::now();
-        let applied = self
-            .control
-            .send(
-                Update {
-                    tables: Arc::clone(&tables),
-                    new_ports: Vec::new(),
-                },
-                APPLY_TIMEOUT,
-            )
-            .map_err(|e| {
-                self.status.count(ErrorKind::Apply);
-                format!("the worker did not take the new tables: {e}")
-            })?;
-        let swap = t1.elapsed();
+        let (applied, swap) = self.hand_patch(&tables)?;
         let Some(last) = self.last.as_mut() else {
             return Err("nothing in force yet".into());
         };
