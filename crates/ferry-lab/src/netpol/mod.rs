@@ -86,7 +86,7 @@ pub fn pod_ids() -> Vec<String> {
 /// ones.
 pub fn all_cases() -> Vec<&'static Case> {
     std::iter::once(&cases::BASELINE)
-        .chain(cases::CASES.iter())
+        .chain(cases::all())
         .chain(cluster_cases::CLUSTER_CASES.iter())
         .collect()
 }
@@ -458,8 +458,7 @@ mod tests {
     #[test]
     fn a_deny_ingress_case_blocks_the_column_of_its_namespace() {
         // Upstream: ExpectPeer(&Peer{}, &Peer{Namespace: nsX}, false).
-        let c = cases::CASES
-            .iter()
+        let c = cases::all()
             .find(|c| c.name == "TCP: should support a 'default-deny-ingress' policy")
             .unwrap();
         let g = Grid::parse(&pod_ids(), &c.steps[0].checks[0].grid).unwrap();
