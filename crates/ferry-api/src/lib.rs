@@ -1257,9 +1257,23 @@ mod tests {
                 max_us: 900,
                 buckets: vec![(1000, 1), (u64::MAX, 0)],
             },
+            enforcement: PolicyEnforcement {
+                network_policies: 1,
+                cluster_network_policies: 0,
+                unenforced: vec![UnenforcedPolicy {
+                    kind: "NetworkPolicy".into(),
+                    policy: "default/deny".into(),
+                    state: Enforcement::OlderVersion,
+                    enforced_version: Some("resourceVersion 10".into()),
+                    latest_version: None,
+                    reasons: vec!["refused: spec.podSelector: bad".into()],
+                }],
+                stale: None,
+            },
             ..Counters::default()
         };
         let j = serde_json::to_string(&full).unwrap();
+        assert!(j.contains(r#""state":"older_version""#), "{j}");
         assert_eq!(serde_json::from_str::<Counters>(&j).unwrap(), full);
     }
 }
