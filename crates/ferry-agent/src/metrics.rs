@@ -671,11 +671,14 @@ mod tests {
         };
         let t = render(&c);
         let samples = parse(&t).unwrap_or_else(|e| panic!("{e}\n{t}"));
+        // A family's samples come in no set order: sorted by labels.
         let get = |name: &str| -> Vec<(Vec<(String, String)>, f64)> {
-            (samples.iter())
+            let mut v: Vec<_> = (samples.iter())
                 .filter(|s| s.name == name)
                 .map(|s| (s.labels.clone(), s.value))
-                .collect()
+                .collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
         };
         let l = |kv: &[(&str, &str)]| -> Vec<(String, String)> {
             kv.iter()
@@ -685,8 +688,8 @@ mod tests {
         assert_eq!(
             get("ferry_policies"),
             [
-                (l(&[("kind", "NetworkPolicy")]), 3.0),
-                (l(&[("kind", "ClusterNetworkPolicy")]), 1.0)
+                (l(&[("kind", "ClusterNetworkPolicy")]), 1.0),
+                (l(&[("kind", "NetworkPolicy")]), 3.0)
             ]
         );
         assert_eq!(
