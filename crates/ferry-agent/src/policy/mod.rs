@@ -1,10 +1,12 @@
 //! The policy objects of the cluster model: Kubernetes NetworkPolicy
 //! (networking.k8s.io/v1, k8s-openapi's type), sig-network's ClusterNetworkPolicy
 //! ([`crd`], hand-written types) and Namespaces' labels, with their fields checked and
-//! typed ([`fields`], [`selector`]) for the compilation of policy tables, and what
-//! `ferry policy` shows of them ([`explain`]).
+//! typed ([`fields`], [`selector`]) for the compilation of policy tables, what
+//! `ferry policy` shows of them ([`explain`]), and what of them is not enforced as
+//! written ([`enforcement`]).
 
 pub mod crd;
+pub mod enforcement;
 pub mod explain;
 pub mod fields;
 pub mod selector;
