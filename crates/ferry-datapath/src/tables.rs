@@ -519,13 +519,16 @@ impl Tables {
 impl Tables {
     /// These tables with the policy section `policy` in place of theirs; everything
     /// else is shared or copied as is, so a policy change costs the policy's
-    /// compilation alone. The error names the rule or pod entry at fault.
+    /// compilation alone, and of that only what differs from the policy in force (its
+    /// sets and indexes that mean the same are taken over,
+    /// [`PolicySpec::compile_after`](crate::policy::PolicySpec::compile_after)). The
+    /// error names the rule or pod entry at fault.
     pub fn with_policy(&self, policy: &crate::policy::PolicySpec) -> Result<Tables, String> {
         let names: Vec<(&str, bool)> = (self.ports.iter())
             .map(|p| (p.name.as_str(), p.kind == PortKind::Pod))
             .collect();
         Ok(Tables {
-            policy: Arc::new(policy.compile(&names)?),
+            policy: Arc::new(policy.compile_after(&names, Some(&self.policy))?),
             services: self.services.clone(),
             ports: self.ports.clone(),
             fib: self.fib.clone(),

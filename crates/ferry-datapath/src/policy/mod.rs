@@ -134,7 +134,7 @@ pub struct Query {
 }
 
 /// A protocol and an inclusive range of destination ports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct PortRange {
     proto: u8,
     lo: u16,
@@ -268,7 +268,7 @@ impl Index {
         first
     }
 
-    fn build(list: &[u32], rules: &[Rule], sets: &[Set]) -> Index {
+    fn build(list: &[u32], rules: &[Rule], sets: &[Arc<Set>]) -> Index {
         let mut all: Entries = Vec::new();
         let mut protos: Vec<(u8, Entries)> = Vec::new();
         let mut ports: HashMap<(u8, u16), Entries> = HashMap::new();
@@ -369,16 +369,32 @@ struct PodPolicy {
     dirs: [Arc<Dir>; 2],
 }
 
+/// What an index is built from: for each rule of its list, in order, each match's
+/// peer sets (by the address of the compiled set, which equal blocks share: see
+/// [`Reuse`]) and ports.
+type IndexKey = Vec<Vec<(Option<Vec<usize>>, Vec<PortRange>)>>;
+
+/// The compiled sets and indexes of a policy, by what they were compiled from, for the
+/// next compilation to take instead of building them again (a policy change patched
+/// into the tables in force, [`crate::Tables::with_policy`]). Never read on the packet
+/// path.
+#[derive(Clone, Debug, Default)]
+struct Reuse {
+    sets: HashMap<Vec<BlockSpec>, Arc<Set>>,
+    indexes: HashMap<IndexKey, Arc<Index>>,
+}
+
 /// Compiled policy for this node's pods (see the [module](self)).
 #[derive(Clone, Debug)]
 pub struct Policy {
     policies: Vec<Arc<str>>,
     rules: Vec<Rule>,
-    sets: Vec<Set>,
+    sets: Vec<Arc<Set>>,
     /// By port id; None for a port no policy applies to.
     pods: Vec<Option<PodPolicy>>,
     host_to_pods: bool,
     reevaluate: bool,
+    reuse: Reuse,
 }
 
 impl Default for Policy {
@@ -390,6 +406,7 @@ impl Default for Policy {
             pods: Vec::new(),
             host_to_pods: true,
             reevaluate: false,
+            reuse: Reuse::default(),
         }
     }
 }
@@ -426,12 +443,29 @@ impl PolicySpec {
     /// Checks the spec and compiles it for the ports (by name) of the tables it is part
     /// of. The error names the entry and the problem.
     pub fn compile(&self, port_names: &[(&str, bool)]) -> Result<Policy, String> {
-        let sets = self
-            .sets
-            .iter()
-            .enumerate()
-            .map(|(i, s)| compile_set(s).map_err(|e| format!("policy.sets[{i}]: {e}")))
-            .collect::<Result<Vec<_>, _>>()?;
+        self.compile_after(port_names, None)
+    }
+
+    /// [`PolicySpec::compile`], taking from `before` (the policy in force) the sets and
+    /// indexes that mean the same in this spec instead of building them again: what a
+    /// policy change leaves alone costs a lookup.
+    pub fn compile_after(
+        &self,
+        port_names: &[(&str, bool)],
+        before: Option<&Policy>,
+    ) -> Result<Policy, String> {
+        let mut reuse = Reuse::default();
+        let mut sets = Vec::with_capacity(self.sets.len());
+        for (i, s) in self.sets.iter().enumerate() {
+            let set = match (reuse.sets.get(&s.blocks))
+                .or_else(|| before.and_then(|b| b.reuse.sets.get(&s.blocks)))
+            {
+                Some(set) => Arc::clone(set),
+                None => Arc::new(compile_set(s).map_err(|e| format!("policy.sets[{i}]: {e}"))?),
+            };
+            reuse.sets.insert(s.blocks.clone(), Arc::clone(&set));
+            sets.push(set);
+        }
         let mut rules = Vec::with_capacity(self.rules.len());
         for (i, r) in self.rules.iter().enumerate() {
             rules.push(
@@ -450,9 +484,14 @@ impl PolicySpec {
             pods: vec![None; port_names.len()],
             host_to_pods: self.host_to_pods,
             reevaluate: self.reevaluate,
+            reuse: Reuse::default(),
         };
-        let mut indexes: HashMap<Vec<u32>, Arc<Index>> = HashMap::new();
-        let mut dirs: HashMap<DirectionSpec, Arc<Dir>> = HashMap::new();
+        let mut build = Build {
+            lists: HashMap::new(),
+            dirs: HashMap::new(),
+            before: before.map(|b| &b.reuse.indexes),
+            indexes: HashMap::new(),
+        };
         for (i, p) in self.pods.iter().enumerate() {
             let what = || format!("policy.pods[{i}] ({})", p.port);
             let id = port_names
@@ -471,12 +510,14 @@ impl PolicySpec {
                 (Direction::Egress, &p.egress),
             ] {
                 let dir = policy
-                    .compile_dir(spec, &mut indexes, &mut dirs)
+                    .compile_dir(spec, &mut build)
                     .map_err(|e| format!("{}: {}: {e}", what(), d.name()))?;
                 pod.dirs[d.index()] = dir;
             }
             policy.pods[id] = Some(pod);
         }
+        reuse.indexes = build.indexes;
+        policy.reuse = reuse;
         Ok(policy)
     }
 
@@ -541,14 +582,56 @@ fn compile_set(s: &SetSpec) -> Result<Set, String> {
     Ok(set)
 }
 
+/// What one compilation shares among its pods' directions, and takes from the policy
+/// before it.
+struct Build<'b> {
+    /// Indexes by list of rules (ids of this compilation).
+    lists: HashMap<Vec<u32>, Arc<Index>>,
+    dirs: HashMap<DirectionSpec, Arc<Dir>>,
+    /// The indexes of the policy before, by what they were built from.
+    before: Option<&'b HashMap<IndexKey, Arc<Index>>>,
+    /// This compilation's, by what they were built from.
+    indexes: HashMap<IndexKey, Arc<Index>>,
+}
+
 impl Policy {
-    fn compile_dir(
-        &self,
-        spec: &DirectionSpec,
-        indexes: &mut HashMap<Vec<u32>, Arc<Index>>,
-        dirs: &mut HashMap<DirectionSpec, Arc<Dir>>,
-    ) -> Result<Arc<Dir>, String> {
-        if let Some(d) = dirs.get(spec) {
+    /// What the index of `list` is built from.
+    fn index_key(&self, list: &[u32]) -> IndexKey {
+        list.iter()
+            .map(|&r| {
+                (self.rules[r as usize].matches.iter())
+                    .map(|m| {
+                        let peers = m.peers.as_ref().map(|ids| {
+                            ids.iter()
+                                .map(|&s| Arc::as_ptr(&self.sets[s as usize]) as usize)
+                                .collect()
+                        });
+                        (peers, m.ports.clone())
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// The index of `list`: one built already by this compilation, or by the policy
+    /// before from the same rules and sets, or built now.
+    fn index(&self, list: &[u32], build: &mut Build<'_>) -> Arc<Index> {
+        if let Some(i) = build.lists.get(list) {
+            return Arc::clone(i);
+        }
+        let key = self.index_key(list);
+        let index =
+            match (build.indexes.get(&key)).or_else(|| build.before.and_then(|b| b.get(&key))) {
+                Some(i) => Arc::clone(i),
+                None => Arc::new(Index::build(list, &self.rules, &self.sets)),
+            };
+        build.indexes.insert(key, Arc::clone(&index));
+        build.lists.insert(list.to_vec(), Arc::clone(&index));
+        index
+    }
+
+    fn compile_dir(&self, spec: &DirectionSpec, build: &mut Build<'_>) -> Result<Arc<Dir>, String> {
+        if let Some(d) = build.dirs.get(spec) {
             return Ok(d.clone());
         }
         let rule = |list: &str, i: usize, r: u32, pass: bool, only_accept: bool| {
@@ -586,10 +669,7 @@ impl Policy {
         }
         let mut rules = |list: &[u32]| Rules {
             list: list.to_vec(),
-            index: indexes
-                .entry(list.to_vec())
-                .or_insert_with(|| Arc::new(Index::build(list, &self.rules, &self.sets)))
-                .clone(),
+            index: self.index(list, build),
         };
         let d = Arc::new(Dir {
             admin: rules(&spec.admin),
@@ -597,7 +677,7 @@ impl Policy {
             allow: rules(&spec.allow),
             baseline: rules(&spec.baseline),
         });
-        dirs.insert(spec.clone(), d.clone());
+        build.dirs.insert(spec.clone(), d.clone());
         Ok(d)
     }
 

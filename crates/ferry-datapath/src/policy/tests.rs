@@ -521,3 +521,76 @@ mod index {
         }
     }
 }
+
+#[test]
+fn a_compilation_after_another_takes_what_means_the_same_and_decides_alike() {
+    // Pod a: one rule from 10.0.1/24 on 80; pod b: one from 10.0.2/24 on 22.
+    let spec = |b_port: u16, b_set: &str| PolicySpec {
+        policies: vec!["NetworkPolicy x/a".into(), "NetworkPolicy x/b".into()],
+        sets: vec![set(&[("10.0.1.0/24", &[])]), set(&[(b_set, &[])])],
+        rules: vec![
+            rule(
+                "ingress[0]",
+                0,
+                ActionSpec::Accept,
+                Some(vec![0]),
+                vec![tcp(80)],
+            ),
+            rule(
+                "ingress[0]",
+                1,
+                ActionSpec::Accept,
+                Some(vec![1]),
+                vec![tcp(b_port)],
+            ),
+        ],
+        pods: vec![
+            pod("a", isolated(&[0], &[0]), DirectionSpec::default()),
+            pod("b", isolated(&[1], &[1]), DirectionSpec::default()),
+        ],
+        ..PolicySpec::default()
+    };
+    let before = spec(22, "10.0.2.0/24").compile(&PORTS).unwrap();
+    let index =
+        |p: &Policy, port: u16| Arc::clone(&p.dir(port, Direction::Ingress).unwrap().allow.index);
+    // b's port changes: a's index and both sets are taken over, b's index is new.
+    let after = spec(2222, "10.0.2.0/24")
+        .compile_after(&PORTS, Some(&before))
+        .unwrap();
+    assert!(Arc::ptr_eq(&index(&before, 1), &index(&after, 1)));
+    assert!(!Arc::ptr_eq(&index(&before, 2), &index(&after, 2)));
+    assert!(Arc::ptr_eq(&before.sets[0], &after.sets[0]));
+    assert!(Arc::ptr_eq(&before.sets[1], &after.sets[1]));
+    // b's set changes: its set and index are new.
+    let moved = spec(2222, "10.0.3.0/24")
+        .compile_after(&PORTS, Some(&after))
+        .unwrap();
+    assert!(!Arc::ptr_eq(&after.sets[1], &moved.sets[1]));
+    assert!(!Arc::ptr_eq(&index(&after, 2), &index(&moved, 2)));
+    // Each decides as the same spec compiled from nothing.
+    let fresh = spec(2222, "10.0.3.0/24").compile(&PORTS).unwrap();
+    for (port, peer, dport) in [
+        (1, "10.0.1.9", 80),
+        (1, "10.0.2.9", 80),
+        (2, "10.0.2.9", 2222),
+        (2, "10.0.3.9", 2222),
+        (2, "10.0.3.9", 22),
+    ] {
+        let query = q(peer, proto::TCP, dport);
+        assert_eq!(
+            moved.decide(port, Direction::Ingress, &query),
+            fresh.decide(port, Direction::Ingress, &query),
+            "port {port} from {peer} to {dport}"
+        );
+    }
+    assert!(
+        !moved
+            .decide(2, Direction::Ingress, &q("10.0.2.9", proto::TCP, 2222))
+            .allowed
+    );
+    assert!(
+        moved
+            .decide(2, Direction::Ingress, &q("10.0.3.9", proto::TCP, 2222))
+            .allowed
+    );
+}

@@ -3,6 +3,7 @@
 //! a later change can tell whether the resolution still holds ([`super::PolicyCache`]).
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::sync::Arc;
 
 use ferry_datapath::policy::{ActionSpec, BlockSpec, PortRangeSpec};
@@ -144,8 +145,8 @@ pub(super) fn name_label(ns: &str) -> BTreeMap<String, String> {
 /// Resolves rules against one state of the cluster.
 pub(super) struct Resolver<'a, 'c> {
     pub(super) inputs: &'a Inputs<'a>,
-    /// Pods by namespace (indexes in `inputs.pods`).
-    by_ns: BTreeMap<&'a str, Vec<usize>>,
+    /// Pods by namespace (indexes in `inputs.pods`), empty until needed.
+    by_ns: BTreeMap<&'a str, Range<usize>>,
     /// Blocks by content, so that equal sets share one allocation (kept across
     /// compilations by the cache).
     sets: &'c mut HashMap<Vec<BlockSpec>, Blocks>,
@@ -158,34 +159,49 @@ impl<'a, 'c> Resolver<'a, 'c> {
         inputs: &'a Inputs<'a>,
         sets: &'c mut HashMap<Vec<BlockSpec>, Blocks>,
     ) -> Resolver<'a, 'c> {
-        let mut by_ns: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-        for (i, p) in inputs.pods.iter().enumerate() {
-            by_ns.entry(p.key.namespace.as_str()).or_default().push(i);
-        }
         Resolver {
             inputs,
-            by_ns,
+            by_ns: BTreeMap::new(),
             sets,
             deps: Deps::default(),
         }
     }
 
+    /// The pods of each namespace, found the first time a rule needs them (most
+    /// compilations after a change resolve few rules, or none): the pods are in key
+    /// order, so each namespace's are one run.
+    fn by_ns(&mut self) -> &BTreeMap<&'a str, Range<usize>> {
+        if self.by_ns.is_empty() && !self.inputs.pods.is_empty() {
+            let pods = &self.inputs.pods;
+            let mut start = 0;
+            for i in 1..=pods.len() {
+                if i == pods.len() || pods[i].key.namespace != pods[start].key.namespace {
+                    self.by_ns
+                        .insert(pods[start].key.namespace.as_str(), start..i);
+                    start = i;
+                }
+            }
+        }
+        &self.by_ns
+    }
+
     /// The pods `pods` selects in the namespaces `namespaces` selects.
     fn select(&mut self, namespaces: &Namespaces, pods: &Selector) -> Vec<&'a PodView<'a>> {
         self.deps.pods_in.push(namespaces.clone());
-        let all = &self.inputs.pods;
-        let pick = |idx: &Vec<usize>| -> Vec<&'a PodView<'a>> {
-            idx.iter()
-                .map(|i| &all[*i])
+        let inputs = self.inputs;
+        let all = &inputs.pods;
+        let pick = |idx: &Range<usize>| -> Vec<&'a PodView<'a>> {
+            all[idx.clone()]
+                .iter()
                 .filter(|p| pods.matches(p.labels))
                 .collect()
         };
+        let by_ns = self.by_ns();
         match namespaces {
-            Namespaces::Own(ns) => self.by_ns.get(ns.as_str()).map(pick).unwrap_or_default(),
-            Namespaces::Selected(sel) => self
-                .by_ns
+            Namespaces::Own(ns) => by_ns.get(ns.as_str()).map(pick).unwrap_or_default(),
+            Namespaces::Selected(sel) => by_ns
                 .iter()
-                .filter(|(ns, _)| ns_matches(self.inputs, ns, sel))
+                .filter(|(ns, _)| ns_matches(inputs, ns, sel))
                 .flat_map(|(_, idx)| pick(idx))
                 .collect(),
         }
