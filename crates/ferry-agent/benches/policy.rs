@@ -7,11 +7,13 @@
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use ferry_agent::cluster::Cluster;
 use ferry_agent::cluster::ObjectKey;
-use ferry_agent::compile::policy::{Held, PolicyOptions, compile, inputs};
+use ferry_agent::compile::policy::{Changes, Held, PolicyOptions, compile, inputs};
 use ferry_agent::compile::{AttachedPod, CompileOptions, node_tables, pod_port};
 use ferry_agent::policy::ClusterNetworkPolicy;
 use k8s_openapi::api::core::v1::{
@@ -203,7 +205,10 @@ fn policy_compile(c: &mut Criterion) {
 
 /// One NetworkPolicy edited (a port range one longer) and the policy section compiled
 /// again and patched into the node's tables, as the agent does with a change only
-/// policy reads before it hands the tables to the worker.
+/// policy reads before it hands the tables to the worker: `whole` compiles the section
+/// from nothing, `cached` keeps the node's policy cache and compiles again only what
+/// the change touched (what the agent does), the objects changed found by
+/// [`Cluster::diff`] of the state in force and the new one (as the agent finds them).
 fn policy_change(c: &mut Criterion) {
     let mut g = c.benchmark_group("policy_change_compile");
     g.sample_size(10);
@@ -212,7 +217,7 @@ fn policy_change(c: &mut Criterion) {
         let mut cl = cluster(n);
         let node = node_tables(&cl, NODE, None, &attached, &CompileOptions::default()).unwrap();
         let mut edit = 0u16;
-        g.bench_function(BenchmarkId::from_parameter(n), |b| {
+        g.bench_function(BenchmarkId::new("whole", n), |b| {
             b.iter(|| {
                 edit = (edit + 1) % 100;
                 cl.apply(network_policy(0, edit)).unwrap();
@@ -225,8 +230,89 @@ fn policy_change(c: &mut Criterion) {
                 node.compiled.with_policy(&spec).unwrap()
             })
         });
+        let mut cache = node.policy_cache.clone();
+        let mut in_force = Arc::new(cl.clone());
+        phases(
+            n,
+            &mut cache,
+            &mut in_force,
+            &node.pod_ports,
+            &node.compiled,
+        );
+        g.bench_function(BenchmarkId::new("cached", n), |b| {
+            b.iter_custom(|iters| {
+                let mut timed = Duration::ZERO;
+                for _ in 0..iters {
+                    edit = (edit + 1) % 100;
+                    // The datastore's part: a new state with the edit.
+                    let mut next = (*in_force).clone();
+                    next.apply(network_policy(0, edit)).unwrap();
+                    let next = Arc::new(next);
+                    let t0 = Instant::now();
+                    let changed = in_force.diff(&next);
+                    let held = Held::of(&next);
+                    let spec = cache.compile(
+                        &inputs(&next, &held),
+                        &node.pod_ports,
+                        PolicyOptions::default(),
+                        Changes::Only(&changed),
+                    );
+                    black_box(node.compiled.with_policy(&spec).unwrap());
+                    timed += t0.elapsed();
+                    in_force = next;
+                }
+                timed
+            })
+        });
     }
     g.finish();
+}
+
+/// Prints where the time of a cached change goes, phase by phase (medians of 21).
+fn phases(
+    n: u32,
+    cache: &mut ferry_agent::compile::policy::PolicyCache,
+    in_force: &mut Arc<Cluster>,
+    pod_ports: &BTreeMap<ObjectKey, String>,
+    tables: &ferry_datapath::Tables,
+) {
+    let mut t = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    for i in 0..21u16 {
+        let mut next = (**in_force).clone();
+        next.apply(network_policy(0, 200 + i)).unwrap();
+        let next = Arc::new(next);
+        let t0 = Instant::now();
+        let changed = in_force.diff(&next);
+        let t1 = Instant::now();
+        let held = Held::of(&next);
+        let inputs = inputs(&next, &held);
+        let t2 = Instant::now();
+        let spec = cache.compile(
+            &inputs,
+            pod_ports,
+            PolicyOptions::default(),
+            Changes::Only(&changed),
+        );
+        let t3 = Instant::now();
+        black_box(tables.with_policy(&spec).unwrap());
+        let t4 = Instant::now();
+        for (v, d) in t.iter_mut().zip([t1 - t0, t2 - t1, t3 - t2, t4 - t3]) {
+            v.push(d);
+        }
+        drop(inputs);
+        *in_force = next;
+    }
+    let med = |v: &mut Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    eprintln!(
+        "policy_change_compile/cached/{n} phases: diff {:?}, inputs {:?}, policy section {:?}, datapath {:?}",
+        med(&mut t[0]),
+        med(&mut t[1]),
+        med(&mut t[2]),
+        med(&mut t[3])
+    );
 }
 
 criterion_group!(benches, policy_compile, policy_change);

@@ -281,6 +281,10 @@ pub struct Cluster {
     /// Service's cluster IP and port, say), by Service: they are left out of its tables.
     /// The Kubernetes datastore decides them ([`Cluster::set_left_out`]).
     left_out: BTreeMap<ObjectKey, BTreeSet<Frontend>>,
+    /// The versions of policies that the Kubernetes datastore refused, by kind and key:
+    /// what is here of them is an older version, or nothing
+    /// ([`Cluster::set_refused`]). Not an object: [`Cluster::diff`] leaves it out.
+    refused: BTreeMap<(Kind, ObjectKey), Refusal>,
     /// What ferry reads of each Service, parsed once as it came in: the datastores'
     /// claims and the tables read them here.
     service_fields: BTreeMap<ObjectKey, Parsed<ServiceFields>>,
@@ -292,6 +296,18 @@ pub struct Cluster {
     network_policy_fields: BTreeMap<ObjectKey, Parsed<NetworkPolicyFields>>,
     /// Each ClusterNetworkPolicy, typed.
     cluster_network_policy_fields: BTreeMap<ObjectKey, Parsed<ClusterNetworkPolicyFields>>,
+}
+
+/// A version of an object that its datastore refused, kept while what is in force of
+/// the object is an older version or nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The refused version's `metadata.resourceVersion`.
+    pub resource_version: Option<String>,
+    /// Its `metadata.generation`.
+    pub generation: Option<i64>,
+    /// What is wrong with it.
+    pub errors: Vec<FieldError>,
 }
 
 /// An object's fields as parsed when it came in, or what is wrong with them.
@@ -460,6 +476,26 @@ impl Cluster {
                 self.cluster_network_policy_fields.remove(&key);
                 self.cluster_network_policies.remove(&key).map(Object::from)
             }
+        }
+    }
+
+    /// The refused versions of objects, by kind and key ([`Cluster::set_refused`]).
+    pub fn refused(&self) -> impl Iterator<Item = (&(Kind, ObjectKey), &Refusal)> {
+        self.refused.iter()
+    }
+
+    /// Records that the datastore refused a version of the object of `kind` at `key`
+    /// (`Some`), or that none is refused any more (`None`: a good version came, or the
+    /// object went). Returns true when that changed what was recorded.
+    pub fn set_refused(&mut self, kind: Kind, key: &ObjectKey, r: Option<Refusal>) -> bool {
+        let k = (kind, key.clone());
+        match r {
+            Some(r) if self.refused.get(&k) == Some(&r) => false,
+            Some(r) => {
+                self.refused.insert(k, r);
+                true
+            }
+            None => self.refused.remove(&k).is_some(),
         }
     }
 

@@ -130,6 +130,7 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
     }
     status.synced(t0.elapsed());
     status.datastore_applied();
+    status.datastore_state(Arc::clone(&in_force));
     let api = ApiServer::bind(&api_socket).map_err(Error::ApiSocket)?;
     let _metrics = match metrics_addr {
         Some(addr) => Some(
@@ -171,6 +172,7 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
                 for n in &notes {
                     tracing::warn!("{n}");
                 }
+                agent.status_mut().datastore_state(Arc::clone(&cluster));
                 // A newer state replaces one waiting to be tried again.
                 retry.clear();
                 put_in_force(&mut agent, &mut in_force, cluster, &mut retry);

@@ -196,6 +196,7 @@ pub fn render(c: &Counters) -> String {
     render_fragments(&mut reg, c);
     render_policies(&mut reg, c);
     render_policy_audit(&mut reg, c);
+    render_enforcement(&mut reg, c);
     gauge(
         &mut reg,
         "nat_ports_in_use",
@@ -338,6 +339,43 @@ fn render_policy_audit(reg: &mut Registry, c: &Counters) {
                 reason: reason.into(),
             })
             .inc_by(n);
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UnenforcedLabel {
+    kind: String,
+    policy: String,
+    state: &'static str,
+}
+
+/// The policies in force by kind, and each one not enforced as written (1, labelled by
+/// what is enforced of it).
+fn render_enforcement(reg: &mut Registry, c: &Counters) {
+    let e = &c.enforcement;
+    let in_force = Family::<KindLabel, Gauge>::default();
+    reg.register("policies", "Policies in force, by kind", in_force.clone());
+    for (kind, n) in [
+        ("NetworkPolicy", e.network_policies),
+        ("ClusterNetworkPolicy", e.cluster_network_policies),
+    ] {
+        in_force
+            .get_or_create(&KindLabel { kind: kind.into() })
+            .set(n as i64);
+    }
+    let unenforced = Family::<UnenforcedLabel, Gauge>::default();
+    reg.register(
+        "policies_unenforced",
+        "Policies not enforced as written (1 each): not_enforced, older_version, still_enforced or deviation",
+        unenforced.clone(),
+    );
+    for u in &e.unenforced {
+        let l = UnenforcedLabel {
+            kind: u.kind.clone(),
+            policy: u.policy.clone(),
+            state: u.state.name(),
+        };
+        unenforced.get_or_create(&l).set(1);
     }
 }
 
@@ -681,6 +719,63 @@ mod tests {
         ] {
             assert!(t.lines().any(|l| l == line), "no {line} in\n{t}");
         }
+    }
+
+    #[test]
+    fn policies_in_force_and_each_one_not_enforced_as_written_are_gauges() {
+        let c = Counters {
+            enforcement: ferry_api::PolicyEnforcement {
+                network_policies: 3,
+                cluster_network_policies: 1,
+                unenforced: vec![ferry_api::UnenforcedPolicy {
+                    kind: "NetworkPolicy".into(),
+                    policy: "default/deny".into(),
+                    state: ferry_api::Enforcement::OlderVersion,
+                    enforced_version: None,
+                    latest_version: None,
+                    reasons: vec!["refused: spec.podSelector: bad".into()],
+                }],
+                stale: None,
+            },
+            ..Counters::default()
+        };
+        let t = render(&c);
+        let samples = parse(&t).unwrap_or_else(|e| panic!("{e}\n{t}"));
+        // A family's samples come in no set order: sorted by labels.
+        let get = |name: &str| -> Vec<(Vec<(String, String)>, f64)> {
+            let mut v: Vec<_> = (samples.iter())
+                .filter(|s| s.name == name)
+                .map(|s| (s.labels.clone(), s.value))
+                .collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        };
+        let l = |kv: &[(&str, &str)]| -> Vec<(String, String)> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            get("ferry_policies"),
+            [
+                (l(&[("kind", "ClusterNetworkPolicy")]), 1.0),
+                (l(&[("kind", "NetworkPolicy")]), 3.0)
+            ]
+        );
+        assert_eq!(
+            get("ferry_policies_unenforced"),
+            [(
+                l(&[
+                    ("kind", "NetworkPolicy"),
+                    ("policy", "default/deny"),
+                    ("state", "older_version")
+                ]),
+                1.0
+            )]
+        );
+        assert!(t.contains("# TYPE ferry_policies_unenforced gauge"), "{t}");
+        let none = render(&Counters::default());
+        assert!(!none.contains("ferry_policies_unenforced{"), "{none}");
     }
 
     #[test]

@@ -5,11 +5,15 @@
 //! [`AgentStatus::datastore_refused`], [`AgentStatus::synced`], [`AgentStatus::count`]);
 //! [`crate::run::Agent::counters`] copies it into its answer.
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ferry_api::{AgentErrors, DatastoreHealth, SyncLatency};
+use ferry_api::{AgentErrors, DatastoreHealth, PolicyEnforcement, SyncLatency};
 
-use crate::datastore::Refused;
+use crate::cluster::{Cluster, ObjectKey};
+use crate::datastore::{Problem, Refused};
+use crate::policy::enforcement::{self, Sources};
 
 /// Upper bounds of the sync latency histogram's buckets, in microseconds (1 ms to 5 s;
 /// above that, +Inf).
@@ -45,6 +49,12 @@ pub struct AgentStatus {
     /// Per bucket of [`SYNC_BUCKETS_US`], then +Inf.
     buckets: [u64; SYNC_BUCKETS_US.len() + 1],
     errors: AgentErrors,
+    /// The datastore's latest state, in force or not: its refusals of policies.
+    latest: Option<Arc<Cluster>>,
+    /// Why the latest state is not in force, while it is not.
+    not_applied: Option<String>,
+    /// The problems of the file datastore's refusal of its directory, while it stands.
+    file_refused: Option<Vec<Problem>>,
 }
 
 fn unix_ms() -> u64 {
@@ -69,6 +79,14 @@ impl AgentStatus {
     pub fn datastore_applied(&mut self) {
         self.datastore.synced = true;
         self.datastore.last_sync_unix_ms = Some(unix_ms());
+        self.not_applied = None;
+        self.file_refused = None;
+    }
+
+    /// The datastore sent `cluster`, its latest state (to be put in force, or in force):
+    /// what it refused of the policies is read from it.
+    pub fn datastore_state(&mut self, cluster: Arc<Cluster>) {
+        self.latest = Some(cluster);
     }
 
     /// The datastore refused a state or reported an error. The file datastore refuses
@@ -85,6 +103,9 @@ impl AgentStatus {
         if self.datastore.kind != "kubernetes" || r.problems.iter().any(|p| p.object.is_none()) {
             self.datastore.synced = false;
         }
+        if self.datastore.kind == "file" {
+            self.file_refused = Some(r.problems.clone());
+        }
     }
 
     /// A state from the datastore could not be put in force (`error` says why; the
@@ -92,6 +113,26 @@ impl AgentStatus {
     pub fn not_applied(&mut self, error: &str) {
         self.datastore.synced = false;
         self.datastore.last_error = Some(error.to_string());
+        self.not_applied = Some(error.to_string());
+    }
+
+    /// The policies of `in_force` (the state whose tables are in force, with this node's
+    /// pods `local`), and those not enforced as written
+    /// ([`crate::policy::enforcement`]).
+    pub fn enforcement(
+        &self,
+        in_force: &Cluster,
+        local: &BTreeSet<ObjectKey>,
+    ) -> PolicyEnforcement {
+        enforcement::report(
+            in_force,
+            local,
+            Sources {
+                latest: self.latest.as_deref(),
+                not_applied: self.not_applied.as_deref(),
+                file_refused: self.file_refused.as_deref(),
+            },
+        )
     }
 
     /// A cluster change was in force in the worker `latency` after the agent saw it.
@@ -159,6 +200,32 @@ mod tests {
                 message: "bad".into(),
             }],
         }
+    }
+
+    #[test]
+    fn a_file_refusal_or_a_state_not_applied_marks_the_policies_until_a_state_applies() {
+        let mut s = AgentStatus::new();
+        s.set_datastore("file", "/etc/ferry/cluster");
+        s.datastore_applied();
+        let none = BTreeSet::new();
+        let c = Cluster::default();
+        assert_eq!(s.enforcement(&c, &none).stale, None);
+        let mut r = problem(Some("NetworkPolicy default/deny"));
+        r.problems[0].file = "np.yaml".into();
+        s.datastore_refused(&r);
+        let e = s.enforcement(&c, &none);
+        assert!(e.stale.is_some(), "{e:?}");
+        assert_eq!(e.unenforced[0].policy, "default/deny");
+        assert_eq!(e.unenforced[0].reasons, ["refused: np.yaml: bad"]);
+        s.datastore_applied();
+        let e = s.enforcement(&c, &none);
+        assert_eq!((e.stale, e.unenforced.len()), (None, 0));
+        s.not_applied("the worker is slow");
+        assert!(
+            (s.enforcement(&c, &none).stale).is_some_and(|x| x.ends_with("the worker is slow"))
+        );
+        s.datastore_applied();
+        assert_eq!(s.enforcement(&c, &none).stale, None);
     }
 
     #[test]

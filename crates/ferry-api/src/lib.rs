@@ -384,6 +384,87 @@ pub struct Counters {
     /// The agent's errors by kind.
     #[serde(default)]
     pub errors: AgentErrors,
+    /// The policies in force, and those not enforced as written.
+    #[serde(default)]
+    pub enforcement: PolicyEnforcement,
+}
+
+/// The policies in force, and each one ferry does not enforce as its object says: never
+/// failing open silently.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyEnforcement {
+    /// NetworkPolicies in force.
+    pub network_policies: u64,
+    /// ClusterNetworkPolicies in force.
+    pub cluster_network_policies: u64,
+    /// The policies not enforced as written, by kind and name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unenforced: Vec<UnenforcedPolicy>,
+    /// Why the policies in force may be older than the datastore's latest word, when
+    /// they may (the file datastore refuses its directory, a state is not in force yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale: Option<String>,
+}
+
+/// A policy that is not enforced as its object says.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnenforcedPolicy {
+    /// `NetworkPolicy` or `ClusterNetworkPolicy`.
+    pub kind: String,
+    /// `NS/NAME` (a NetworkPolicy) or `NAME`.
+    pub policy: String,
+    /// What is enforced of it.
+    pub state: Enforcement,
+    /// The version enforced, when one is (`resourceVersion 41, generation 2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforced_version: Option<String>,
+    /// The version not enforced, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_version: Option<String>,
+    /// Why, one line each (a refused field: `spec.podSelector...: what is wrong`).
+    pub reasons: Vec<String>,
+}
+
+/// What is enforced of a policy that is not enforced as written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Enforcement {
+    /// Nothing: no version of it is in force (its first version was refused).
+    NotEnforced,
+    /// An older version of it (its latest was refused, or is not in force yet).
+    OlderVersion,
+    /// It was deleted, and is still in force (the state without it is not in force yet).
+    StillEnforced,
+    /// It is in force, and enforced otherwise than it says in part (a peer ferry does
+    /// not know, failing closed).
+    Deviation,
+}
+
+impl Enforcement {
+    /// The stable name (`not_enforced`, `older_version`, `still_enforced`,
+    /// `deviation`), as JSON and the metrics write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Enforcement::NotEnforced => "not_enforced",
+            Enforcement::OlderVersion => "older_version",
+            Enforcement::StillEnforced => "still_enforced",
+            Enforcement::Deviation => "deviation",
+        }
+    }
+}
+
+impl std::fmt::Display for Enforcement {
+    /// As `ferry status` says it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Enforcement::NotEnforced => "NOT enforced",
+            Enforcement::OlderVersion => "an older version enforced",
+            Enforcement::StillEnforced => "deleted, still enforced",
+            Enforcement::Deviation => "enforced with a deviation",
+        })
+    }
 }
 
 /// The datastore's health as the agent sees it.
@@ -723,6 +804,10 @@ pub struct PolicyAnswer {
     /// A preview's answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preview: Option<PolicyPreview>,
+    /// The list's: what `ferry status` says of the policies in force and of those not
+    /// enforced as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforcement: Option<PolicyEnforcement>,
 }
 
 /// What a policy change would do to the tracked connections of the node.
@@ -1191,9 +1276,23 @@ mod tests {
                 max_us: 900,
                 buckets: vec![(1000, 1), (u64::MAX, 0)],
             },
+            enforcement: PolicyEnforcement {
+                network_policies: 1,
+                cluster_network_policies: 0,
+                unenforced: vec![UnenforcedPolicy {
+                    kind: "NetworkPolicy".into(),
+                    policy: "default/deny".into(),
+                    state: Enforcement::OlderVersion,
+                    enforced_version: Some("resourceVersion 10".into()),
+                    latest_version: None,
+                    reasons: vec!["refused: spec.podSelector: bad".into()],
+                }],
+                stale: None,
+            },
             ..Counters::default()
         };
         let j = serde_json::to_string(&full).unwrap();
+        assert!(j.contains(r#""state":"older_version""#), "{j}");
         assert_eq!(serde_json::from_str::<Counters>(&j).unwrap(), full);
     }
 }

@@ -6,7 +6,11 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow, bail};
-use ferry_api::{PodPolicyInfo, PolicyInfo, PolicyPreview, Request, Response};
+use ferry_api::{
+    Enforcement, PodPolicyInfo, PolicyEnforcement, PolicyInfo, PolicyPreview, Request, Response,
+};
+
+use crate::status::{render_enforcement, unenforced_state};
 
 /// Arguments of `ferry policy`.
 #[derive(clap::Args, Debug)]
@@ -74,7 +78,10 @@ pub fn run(args: &Args) -> Result<()> {
         return Ok(());
     }
     match &args.what {
-        What::List | What::Preview { .. } => print!("{}", render_list(&answer.policies)),
+        What::List | What::Preview { .. } => print!(
+            "{}",
+            render_list(&answer.policies, answer.enforcement.as_ref())
+        ),
         What::Explain { .. } => {
             let pod = answer
                 .pod
@@ -135,12 +142,19 @@ fn render_preview(p: &PolicyPreview, delete: bool) -> String {
     s
 }
 
-fn render_list(policies: &[PolicyInfo]) -> String {
+/// The policies in force, each marked when it is not enforced as written; then, when
+/// any is not, what `ferry status` says of them.
+fn render_list(policies: &[PolicyInfo], enforcement: Option<&PolicyEnforcement>) -> String {
     let mut s = String::new();
+    let unenforced = enforcement.map(|e| &e.unenforced[..]).unwrap_or_default();
     if policies.is_empty() {
         s.push_str("no policies: every pod is open in both directions\n");
     }
     for p in policies {
+        let not_as_written: Vec<_> = unenforced
+            .iter()
+            .filter(|u| p.name == format!("{} {}", u.kind, u.policy))
+            .collect();
         let _ = write!(s, "{}", p.name);
         if let (Some(t), Some(pr)) = (&p.tier, p.priority) {
             let _ = write!(s, " ({t} tier, priority {pr})");
@@ -155,9 +169,22 @@ fn render_list(policies: &[PolicyInfo]) -> String {
             p.local_pods.join(", ")
         };
         let _ = writeln!(s, "  pods of this node: {pods}");
-        for w in &p.warnings {
+        // A deviation's reasons say what the warnings say, and what ferry does.
+        let deviation = not_as_written
+            .iter()
+            .any(|u| u.state == Enforcement::Deviation);
+        for w in p.warnings.iter().filter(|_| !deviation) {
             let _ = writeln!(s, "  warning: {w}");
         }
+        for u in not_as_written {
+            let _ = writeln!(s, "  NOT AS WRITTEN: {}", unenforced_state(u));
+            for r in &u.reasons {
+                let _ = writeln!(s, "    {r}");
+            }
+        }
+    }
+    if let Some(e) = enforcement.filter(|e| !e.unenforced.is_empty() || e.stale.is_some()) {
+        let _ = write!(s, "\n{}", render_enforcement(e));
     }
     s
 }
@@ -273,28 +300,72 @@ mod tests {
 
     #[test]
     fn a_list_names_tiers_isolation_and_local_pods() {
-        let s = render_list(&[
-            PolicyInfo {
-                name: "ClusterNetworkPolicy deny-all".into(),
-                tier: Some("admin".into()),
-                priority: Some(5),
-                rules: 2,
-                ..PolicyInfo::default()
-            },
-            PolicyInfo {
-                name: "NetworkPolicy x/b".into(),
-                isolates: vec!["ingress".into(), "egress".into()],
-                rules: 1,
-                local_pods: vec!["x/b".into()],
-                ..PolicyInfo::default()
-            },
-        ]);
+        let s = render_list(
+            &[
+                PolicyInfo {
+                    name: "ClusterNetworkPolicy deny-all".into(),
+                    tier: Some("admin".into()),
+                    priority: Some(5),
+                    rules: 2,
+                    ..PolicyInfo::default()
+                },
+                PolicyInfo {
+                    name: "NetworkPolicy x/b".into(),
+                    isolates: vec!["ingress".into(), "egress".into()],
+                    rules: 1,
+                    local_pods: vec!["x/b".into()],
+                    ..PolicyInfo::default()
+                },
+            ],
+            None,
+        );
         assert_eq!(
             s,
             "ClusterNetworkPolicy deny-all (admin tier, priority 5): 2 rules\n  pods of this node: none\n\
              NetworkPolicy x/b (isolates ingress and egress): 1 rules\n  pods of this node: x/b\n"
         );
-        assert!(render_list(&[]).starts_with("no policies"));
+        assert!(render_list(&[], None).starts_with("no policies"));
+    }
+
+    #[test]
+    fn a_list_marks_the_policies_not_enforced_as_written_and_names_those_not_in_force() {
+        let entry = |policy: &str, state| ferry_api::UnenforcedPolicy {
+            kind: "NetworkPolicy".into(),
+            policy: policy.into(),
+            state,
+            enforced_version: None,
+            latest_version: None,
+            reasons: vec![format!("refused: {policy}")],
+        };
+        let e = PolicyEnforcement {
+            network_policies: 1,
+            unenforced: vec![
+                entry("x/b", Enforcement::OlderVersion),
+                entry("x/new", Enforcement::NotEnforced),
+            ],
+            ..PolicyEnforcement::default()
+        };
+        let s = render_list(
+            &[PolicyInfo {
+                name: "NetworkPolicy x/b".into(),
+                rules: 1,
+                ..PolicyInfo::default()
+            }],
+            Some(&e),
+        );
+        assert!(
+            s.starts_with(
+                "NetworkPolicy x/b: 1 rules\n  pods of this node: none\n  NOT AS WRITTEN: an older version enforced\n    refused: x/b\n\n"
+            ),
+            "{s}"
+        );
+        assert!(
+            s.contains("  NetworkPolicy x/new: NOT enforced\n    refused: x/new\n"),
+            "{s}"
+        );
+        // All as written: the list alone.
+        let fine = PolicyEnforcement::default();
+        assert_eq!(render_list(&[], Some(&fine)), render_list(&[], None));
     }
 
     #[test]

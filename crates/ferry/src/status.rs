@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
-use ferry_api::{Counters, Request, Response};
+use ferry_api::{Counters, Enforcement, PolicyEnforcement, Request, Response, UnenforcedPolicy};
 
 /// Arguments of `ferry status`.
 #[derive(clap::Args, Debug)]
@@ -86,6 +86,7 @@ fn render(c: &Counters) -> String {
         "services: {} connections balanced, {} refused without endpoints; {} datagrams reassembled",
         c.service_balanced, c.service_rejected, c.reassembled
     );
+    s.push_str(&render_enforcement(&c.enforcement));
     let _ = writeln!(
         s,
         "policy: {} connection directions allowed by a rule, {} denied",
@@ -195,6 +196,47 @@ fn render(c: &Counters) -> String {
     s
 }
 
+/// The policies in force and each one not enforced as written, with why.
+pub(crate) fn render_enforcement(e: &PolicyEnforcement) -> String {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "policies: {} NetworkPolicies and {} ClusterNetworkPolicies in force",
+        e.network_policies, e.cluster_network_policies
+    );
+    if e.unenforced.is_empty() {
+        let _ = writeln!(s, ", all enforced as written");
+    } else {
+        let _ = writeln!(s, "; {} NOT enforced as written:", e.unenforced.len());
+    }
+    for u in &e.unenforced {
+        let _ = writeln!(s, "  {} {}: {}", u.kind, u.policy, unenforced_state(u));
+        for r in &u.reasons {
+            let _ = writeln!(s, "    {r}");
+        }
+    }
+    if let Some(w) = &e.stale {
+        let _ = writeln!(s, "  note: {w}");
+    }
+    s
+}
+
+/// What is enforced of `u`, and which versions: `an older version enforced (in force:
+/// resourceVersion 10; latest: resourceVersion 11)`.
+pub(crate) fn unenforced_state(u: &UnenforcedPolicy) -> String {
+    let versions: Vec<String> = [
+        ("in force", &u.enforced_version),
+        ("latest", &u.latest_version),
+    ]
+    .into_iter()
+    .filter_map(|(what, v)| Some(format!("{what}: {}", v.as_ref()?)))
+    .collect();
+    if versions.is_empty() || u.state == Enforcement::Deviation {
+        return u.state.to_string();
+    }
+    format!("{} ({})", u.state, versions.join("; "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,6 +261,51 @@ mod tests {
         assert!(t.contains("ct_invalid") && t.contains(" 2"), "{t}");
         assert!(
             t.contains("drops on uplink\n  source_spoofed               4"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn the_policies_not_enforced_as_written_are_named_with_their_state_and_why() {
+        let c = Counters {
+            enforcement: PolicyEnforcement {
+                network_policies: 2,
+                cluster_network_policies: 1,
+                unenforced: vec![
+                    UnenforcedPolicy {
+                        kind: "NetworkPolicy".into(),
+                        policy: "default/deny".into(),
+                        state: Enforcement::NotEnforced,
+                        enforced_version: None,
+                        latest_version: Some("resourceVersion 12".into()),
+                        reasons: vec!["refused: spec.podSelector: bad".into()],
+                    },
+                    UnenforcedPolicy {
+                        kind: "NetworkPolicy".into(),
+                        policy: "default/db".into(),
+                        state: Enforcement::OlderVersion,
+                        enforced_version: Some("resourceVersion 10".into()),
+                        latest_version: Some("resourceVersion 11".into()),
+                        reasons: vec!["refused: spec.ingress[0].ports[0].port: 0".into()],
+                    },
+                ],
+                stale: None,
+            },
+            ..Counters::default()
+        };
+        let t = render(&c);
+        assert!(
+            t.contains(
+                "policies: 2 NetworkPolicies and 1 ClusterNetworkPolicies in force; 2 NOT enforced as written:\n\
+                 \x20 NetworkPolicy default/deny: NOT enforced (latest: resourceVersion 12)\n\
+                 \x20   refused: spec.podSelector: bad\n\
+                 \x20 NetworkPolicy default/db: an older version enforced (in force: resourceVersion 10; latest: resourceVersion 11)\n"
+            ),
+            "{t}"
+        );
+        let t = render(&Counters::default());
+        assert!(
+            t.contains("policies: 0 NetworkPolicies and 0 ClusterNetworkPolicies in force, all enforced as written\n"),
             "{t}"
         );
     }

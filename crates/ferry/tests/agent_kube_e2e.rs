@@ -17,7 +17,8 @@
 mod common;
 
 use std::fs;
-use std::time::Instant;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -113,6 +114,11 @@ impl KubeLab {
 }
 
 fn start(tag: &str) -> KubeLab {
+    start_with(tag, &[])
+}
+
+/// [`start`], with `extra2` arguments for node 2's agent.
+fn start_with(tag: &str, extra2: &[&str]) -> KubeLab {
     let mut c = TwoNodes::new(tag);
     c.lab.add_ns("api");
     for n in [1u8, 2] {
@@ -167,7 +173,8 @@ fn start(tag: &str) -> KubeLab {
             });
         let config = c.dir.path().join(format!("kubeconfig{n}"));
         fs::write(&config, kubeconfig(&format!("http://10.255.{n}.1:{PORT}"))).unwrap();
-        c.start_agent(n, &format!("kubernetes:{}", config.display()));
+        let extra = if n == 2 { extra2 } else { &[] };
+        c.start_agent_with(n, &format!("kubernetes:{}", config.display()), extra);
     }
     c.start_web();
     KubeLab { c }
@@ -256,5 +263,165 @@ fn services_follow_the_api_server_watches() {
         );
         // No watch failed (bookmarks and events parsed, no stream broken).
         assert!(!log.contains("retrying"), "node{n}: {log}");
+    }
+}
+
+/// The NetworkPolicy `default/deny-web`: ingress to the web pod denied, its selector
+/// with `operator` (`In`, or one the API server would refuse).
+fn deny_web(operator: &str) -> String {
+    format!(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{ name: deny-web, namespace: default }}\nspec:\n  podSelector: {{ matchExpressions: [{{ key: app, operator: {operator}, values: [web] }}] }}\n  policyTypes: [Ingress]\n"
+    )
+}
+
+impl KubeLab {
+    /// Waits up to 10 s until what node `n`'s agent says of its policies satisfies
+    /// `ok`; `what` names the change awaited.
+    fn wait_enforcement(
+        &self,
+        n: u8,
+        what: &str,
+        ok: impl Fn(&ferry_api::PolicyEnforcement) -> bool,
+    ) -> ferry_api::PolicyEnforcement {
+        let t0 = Instant::now();
+        loop {
+            let r = ferry_agent::api::call(&self.c.socket(n), &ferry_api::Request::Counters);
+            let e = match r {
+                Ok(ferry_api::Response::Ok(a)) => a.counters.unwrap().enforcement,
+                r => panic!("node{n}'s counters: {r:?}"),
+            };
+            if ok(&e) {
+                return e;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "node{n} did not report {what} within 10 s; it reports {e:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// What `ferry ARGS --api-socket` (node `n`'s) prints; fails the test if it fails.
+    fn ferry(&self, n: u8, args: &[&str]) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(args)
+            .arg("--api-socket")
+            .arg(self.c.socket(n))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "ferry {args:?}: {out:?}");
+        text
+    }
+
+    /// Node 2's metrics (its agent serves them at 127.0.0.1:9250 in its namespace).
+    fn metrics(&self) -> String {
+        self.c
+            .lab
+            .run("n2", 5, &["curl", "-sS", "http://127.0.0.1:9250/metrics"])
+    }
+}
+
+#[test]
+fn a_policy_ferry_refuses_is_reported_as_not_enforced_until_it_is_fixed_or_deleted() {
+    let mut k = start_with("au", &["--metrics-addr", "127.0.0.1:9250"]);
+    let url = "http://10.96.0.10/hostname";
+    assert_eq!(k.c.curl("p1a", url), "web");
+    let unenforced =
+        r#"ferry_policies_unenforced{kind="NetworkPolicy",policy="default/deny-web",state="#;
+
+    // Its first version is refused: nothing of it is in force, and every node says so.
+    k.push("ADDED", &deny_web("Bogus"));
+    for n in [1u8, 2] {
+        let e = k.wait_enforcement(n, "deny-web not enforced", |e| !e.unenforced.is_empty());
+        let u = &e.unenforced[0];
+        assert_eq!(
+            (u.kind.as_str(), u.policy.as_str(), u.state),
+            (
+                "NetworkPolicy",
+                "default/deny-web",
+                ferry_api::Enforcement::NotEnforced
+            ),
+            "node{n}: {e:?}"
+        );
+        assert!(
+            u.reasons[0].starts_with("refused: spec.podSelector.matchExpressions[0].operator"),
+            "node{n}: {u:?}"
+        );
+        assert!(
+            u.latest_version
+                .as_deref()
+                .is_some_and(|v| v.starts_with("resourceVersion ")),
+            "{u:?}"
+        );
+    }
+    assert_eq!(k.c.curl("p1a", url), "web", "nothing of it is in force");
+    let status = k.ferry(2, &["status"]);
+    assert!(
+        status.contains("1 NOT enforced as written:\n  NetworkPolicy default/deny-web: NOT enforced (latest: resourceVersion ")
+            && status.contains("    refused: spec.podSelector.matchExpressions[0].operator: "),
+        "{status}"
+    );
+    let m = k.metrics();
+    assert!(
+        m.contains(&format!("{unenforced}\"not_enforced\"}} 1")),
+        "{m}"
+    );
+
+    // Fixed: in force, and nothing left to report.
+    k.push("MODIFIED", &deny_web("In"));
+    let e = k.wait_enforcement(2, "deny-web in force", |e| {
+        e.unenforced.is_empty() && e.network_policies == 1
+    });
+    assert_eq!(e.stale, None);
+    k.c.wait_curl(5, "p1a", url, 28, "deny-web in force on node2");
+    let m = k.metrics();
+    assert!(!m.contains(unenforced), "{m}");
+    assert!(
+        m.contains("ferry_policies{kind=\"NetworkPolicy\"} 1"),
+        "{m}"
+    );
+
+    // A bad update: the good version stays in force, and which one is said.
+    k.push("MODIFIED", &deny_web("Bogus"));
+    let e = k.wait_enforcement(2, "an older deny-web enforced", |e| {
+        !e.unenforced.is_empty()
+    });
+    let u = &e.unenforced[0];
+    assert_eq!(u.state, ferry_api::Enforcement::OlderVersion, "{e:?}");
+    assert!(
+        u.enforced_version.is_some()
+            && u.latest_version.is_some()
+            && u.enforced_version != u.latest_version,
+        "{u:?}"
+    );
+    let (code, out) = k.c.try_curl("p1a", url);
+    assert_eq!(code, 28, "the older version still denies: {out}");
+    let list = k.ferry(2, &["policy", "list"]);
+    assert!(
+        list.contains("NetworkPolicy default/deny-web (isolates ingress): 0 rules\n  pods of this node: default/web\n  NOT AS WRITTEN: an older version enforced (in force: resourceVersion "),
+        "{list}"
+    );
+    assert!(
+        k.metrics()
+            .contains(&format!("{unenforced}\"older_version\"}} 1")),
+        "the metric follows"
+    );
+
+    // Deleted: nothing in force, nothing to report, the web pod open again.
+    k.push("DELETED", &deny_web("Bogus"));
+    k.wait_enforcement(2, "deny-web gone", |e| {
+        e.unenforced.is_empty() && e.network_policies == 0
+    });
+    k.c.wait_curl(5, "p1a", url, 0, "deny-web deleted");
+    assert!(!k.metrics().contains(unenforced));
+    for n in [1u8, 2] {
+        let log = k.c.lab.stop(&format!("ferry agent on node{n}"));
+        assert!(
+            log.contains(
+                "NetworkPolicy default/deny-web: spec.podSelector.matchExpressions[0].operator"
+            ),
+            "node{n}'s log names the refusal: {log}"
+        );
     }
 }

@@ -1,8 +1,9 @@
 //! NetworkPolicy on two nodes, from a directory of manifests, with real TCP clients:
 //! a policy isolating the web pod (node 2) denies the client (node 1) directly and
 //! through the Service, its rule naming the client's label lets it in again, a label
-//! taken off the client shuts it out, and ClusterNetworkPolicy's Admin tier denies
-//! what the NetworkPolicy allows. `ferry policy explain` and `preview` are asked over
+//! taken off the client shuts it out, a bad edit of the policy is refused and reported
+//! with the older version in force, and ClusterNetworkPolicy's Admin tier denies what
+//! the NetworkPolicy allows. `ferry policy explain` and `preview` are asked over
 //! the local API; the denials are counted.
 //!
 //! The lab and the cluster are in `common/two_nodes.rs`.
@@ -64,6 +65,26 @@ fn policy_counters(
         if ready(&p) || std::time::Instant::now() > deadline {
             return p;
         }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// What node `n` says of its policies, once `ready` holds of it (within 10 s).
+fn enforcement(
+    c: &TwoNodes,
+    n: u8,
+    ready: impl Fn(&ferry_api::PolicyEnforcement) -> bool,
+) -> ferry_api::PolicyEnforcement {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let e = ask(c, n, &Request::Counters).counters.unwrap().enforcement;
+        if ready(&e) {
+            return e;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node{n} did not report the policies awaited within 10 s: {e:#?}"
+        );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
@@ -155,6 +176,46 @@ fn network_policy_is_enforced_explained_and_previewed() {
         p.ingress_allowed >= 1
     });
     assert!(np.ingress_allowed >= 1, "{np:?}");
+
+    // A bad edit of the policy: the directory is refused, the policy in force stays,
+    // and node 2 says which one is enforced in an older version, and why.
+    let bad = WEB_FROM_FRIENDS.replace(
+        "podSelector: { matchLabels: { app: web } }",
+        "podSelector: { matchExpressions: [{ key: app, operator: Equals, values: [web] }] }",
+    );
+    fs::write(dir.join("policy.yaml"), bad).unwrap();
+    let e = enforcement(&c, 2, |e| !e.unenforced.is_empty());
+    let u = &e.unenforced[0];
+    assert_eq!(
+        (u.policy.as_str(), u.state),
+        (
+            "default/web-from-friends",
+            ferry_api::Enforcement::OlderVersion
+        ),
+        "{e:?}"
+    );
+    assert!(
+        u.reasons[0].starts_with(
+            "refused: policy.yaml:2: spec.podSelector.matchExpressions[0].operator: \"Equals\""
+        ),
+        "{u:?}"
+    );
+    assert!(
+        e.stale
+            .as_deref()
+            .is_some_and(|s| s.contains("last good state")),
+        "{e:?}"
+    );
+    assert_eq!(
+        c.curl("p1a", direct),
+        "web",
+        "the older version still lets friends in"
+    );
+    let status = ask(&c, 2, &Request::Counters).counters.unwrap();
+    assert!(!status.datastore.synced, "{:?}", status.datastore);
+    fs::write(dir.join("policy.yaml"), WEB_FROM_FRIENDS).unwrap();
+    let e = enforcement(&c, 2, |e| e.unenforced.is_empty() && e.stale.is_none());
+    assert_eq!(e.network_policies, 1, "{e:?}");
 
     // The Admin tier denies what the NetworkPolicy allows.
     fs::write(dir.join("admin.yaml"), ADMIN_DENY).unwrap();

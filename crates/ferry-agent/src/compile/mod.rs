@@ -90,6 +90,9 @@ pub struct Compiled {
     pub warnings: Vec<String>,
     /// The port name given to each attached pod.
     pub pod_ports: BTreeMap<ObjectKey, String>,
+    /// What compiling the policy section leaves for the next time: a change that only
+    /// policy reads compiles again only what it touched.
+    pub policy_cache: policy::PolicyCache,
 }
 
 /// Reads an object's fields; an error names the object and every bad field.
@@ -167,10 +170,12 @@ pub fn node_tables(
         &mut warnings,
     )?;
     let held = policy::Held::of(cluster);
-    tables.policy = policy::compile(
+    let mut policy_cache = policy::PolicyCache::new();
+    tables.policy = policy_cache.compile(
         &policy::inputs(cluster, &held),
         &pod_ports,
         policy::PolicyOptions::of(&config),
+        policy::Changes::All,
     );
     let svc = services::compile(cluster, node, &config, opts)?;
     tables.services.extend(svc.specs);
@@ -192,6 +197,7 @@ pub fn node_tables(
         health_checks: svc.health_checks,
         warnings,
         pod_ports,
+        policy_cache,
     })
 }
 

@@ -72,7 +72,7 @@ use tokio::time::Instant;
 
 use super::claims::{self, Claims, Clash, Owner};
 use super::{Problem, Refused, Update, Watch, check, is_ferry_config, notes};
-use crate::cluster::{Checked, Cluster, Frontend, Kind, Object, ObjectKey};
+use crate::cluster::{Checked, Cluster, Frontend, Kind, Object, ObjectKey, Refusal};
 use crate::config::{CONFIG_NAME, CONFIG_NAMESPACE};
 use crate::fields::FieldError;
 use crate::policy::ClusterNetworkPolicy;
@@ -484,10 +484,12 @@ impl KubeDatastore {
         let ferry_config = is_ferry_config(&obj);
         if !errors.is_empty() {
             self.config_refused |= ferry_config;
+            self.note_refusal(&owner, Some(refusal(&obj, &errors)));
             self.refuse(&obj, errors);
             return;
         }
         self.config_refused &= !ferry_config;
+        self.note_refusal(&owner, None);
         if self.holds(&obj) {
             return;
         }
@@ -564,6 +566,25 @@ impl KubeDatastore {
             if !now.is_empty() {
                 self.told_left_out.insert(owner.1, now);
             }
+        }
+    }
+
+    /// Keeps with the state that a version of the policy `owner` is refused (`Some`), or
+    /// that none is (`None`), so that what is not enforced of it is told as long as it
+    /// lasts, not once: the state goes out again when that changes. Other kinds are
+    /// told only as their problems come.
+    fn note_refusal(&mut self, owner: &Owner, r: Option<Refusal>) {
+        let (kind, key) = owner;
+        if !matches!(kind, Kind::NetworkPolicy | Kind::ClusterNetworkPolicy) {
+            return;
+        }
+        let unchanged = match &r {
+            None => self.cluster.refused().all(|(k, _)| k != owner),
+            Some(r) => self.cluster.refused().any(|(k, v)| k == owner && v == r),
+        };
+        if !unchanged {
+            Arc::make_mut(&mut self.cluster).set_refused(*kind, key, r);
+            self.changed = true;
         }
     }
 
@@ -646,6 +667,7 @@ impl KubeDatastore {
         }
         let owner = (kind, key);
         self.unwait(&owner);
+        self.note_refusal(&owner, None);
         let rivals = self.claims.rivals(&owner);
         if self.claims.remove(&owner) {
             self.wake(&owner);
@@ -737,6 +759,16 @@ fn keys(c: &Cluster, kind: Kind) -> Box<dyn Iterator<Item = &ObjectKey> + '_> {
         Kind::Namespace => Box::new(c.namespaces.keys()),
         Kind::NetworkPolicy => Box::new(c.network_policies.keys()),
         Kind::ClusterNetworkPolicy => Box::new(c.cluster_network_policies.keys()),
+    }
+}
+
+/// What is kept of the refused version `obj`: its versions and `errors`.
+fn refusal(obj: &Object, errors: &[FieldError]) -> Refusal {
+    let meta = obj.metadata();
+    Refusal {
+        resource_version: meta.resource_version.clone(),
+        generation: meta.generation,
+        errors: errors.to_vec(),
     }
 }
 

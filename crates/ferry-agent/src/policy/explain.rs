@@ -95,6 +95,7 @@ pub fn list(
         policies,
         pod: None,
         preview: None,
+        enforcement: None,
     }
 }
 

@@ -28,11 +28,13 @@ pub(super) struct Last {
     health: BTreeMap<String, HealthCheck>,
     /// The port of each attached pod.
     pub(super) pod_ports: BTreeMap<ObjectKey, String>,
+    /// The policy section's compilation of `cluster`, for the next change.
+    policy_cache: policy::PolicyCache,
 }
 
 impl Last {
     /// The state `cluster` in force with `tables`, compiled whole into `compiled`.
-    pub(super) fn new(cluster: Arc<Cluster>, tables: Arc<Tables>, compiled: &Compiled) -> Last {
+    pub(super) fn new(cluster: Arc<Cluster>, tables: Arc<Tables>, compiled: Compiled) -> Last {
         let mut service_ports: BTreeMap<ObjectKey, Vec<String>> = BTreeMap::new();
         for s in &compiled.tables.services {
             if let Some(key) = service_key(&s.name) {
@@ -48,7 +50,8 @@ impl Last {
                 .iter()
                 .map(|h| (h.service.clone(), h.clone()))
                 .collect(),
-            pod_ports: compiled.pod_ports.clone(),
+            pod_ports: compiled.pod_ports,
+            policy_cache: compiled.policy_cache,
         }
     }
 }
@@ -188,7 +191,7 @@ impl Agent {
                 self.apply_services(cluster, &keys)
             }
             Some(last) if policy_only(&self.opts.node, &last.cluster, &cluster, changed) => {
-                self.apply_policy(cluster)
+                self.apply_policy(cluster, changed)
             }
             _ => self.apply(cluster),
         }
@@ -279,28 +282,52 @@ impl Agent {
     }
 
     /// Compiles the policy section of `cluster` for the pods in force and patches it
-    /// into the tables in force.
-    pub(super) fn apply_policy(&mut self, cluster: Arc<Cluster>) -> Result<Applied, String> {
+    /// into the tables in force: only what `changed` (the objects that differ from the
+    /// state in force) touched is compiled again.
+    pub(super) fn apply_policy(
+        &mut self,
+        cluster: Arc<Cluster>,
+        changed: &[(Kind, ObjectKey)],
+    ) -> Result<Applied, String> {
         if let Some(e) = self.worker_error() {
             return Err(format!("the worker stopped: {e}"));
         }
         let t0 = Instant::now();
-        let last = self.last.as_ref().ok_or("nothing in force yet")?;
+        let last = self.last.as_mut().ok_or("nothing in force yet")?;
         let config =
             FerryConfig::of(&cluster).inspect_err(|_| self.status.count(ErrorKind::Compile))?;
         let held = policy::Held::of(&cluster);
-        let spec = policy::compile(
+        let spec = last.policy_cache.compile(
             &policy::inputs(&cluster, &held),
             &last.pod_ports,
             PolicyOptions::of(&config),
+            policy::Changes::Only(changed),
         );
-        let tables = Arc::new(
-            last.tables
-                .with_policy(&spec)
-                .inspect_err(|_| self.status.count(ErrorKind::Compile))?,
+        tracing::debug!(
+            resolved = last.policy_cache.resolved(),
+            rules = spec.rules.len(),
+            "policy section compiled again"
         );
+        // The cache follows `cluster` now; until it is in force, a next change would be
+        // told relative to the state in force, so a failure from here on starts over.
+        let tables = match last.tables.with_policy(&spec) {
+            Ok(t) => Arc::new(t),
+            Err(e) => {
+                last.policy_cache = policy::PolicyCache::new();
+                self.status.count(ErrorKind::Compile);
+                return Err(e);
+            }
+        };
         let compile = t0.elapsed();
-        let (applied, swap) = self.hand_patch(&tables)?;
+        let (applied, swap) = match self.hand_patch(&tables) {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(last) = self.last.as_mut() {
+                    last.policy_cache = policy::PolicyCache::new();
+                }
+                return Err(e);
+            }
+        };
         let Some(last) = self.last.as_mut() else {
             return Err("nothing in force yet".into());
         };
@@ -348,7 +375,7 @@ impl Agent {
             return at(Step::Worker, Err(format!("the worker stopped: {e}")));
         }
         let t0 = Instant::now();
-        let compiled = at(
+        let mut compiled = at(
             Step::Compile,
             self.compile(&cluster)
                 .inspect_err(|_| self.status.count(ErrorKind::Compile)),
@@ -388,7 +415,8 @@ impl Agent {
         self.generation += 1;
         self.health.set(&compiled.health_checks, &mut self.status);
         self.host.set_nat(self.opts.host_tap.as_deref(), &tables);
-        self.last = Some(Last::new(cluster, tables, &compiled));
+        let warnings = std::mem::take(&mut compiled.warnings);
+        self.last = Some(Last::new(cluster, tables, compiled));
         Ok(Applied {
             generation: self.generation,
             compile,
@@ -398,7 +426,7 @@ impl Agent {
             ct_removed: applied.report.ct_removed,
             policy_cut: applied.report.policy_cut,
             incremental: false,
-            warnings: compiled.warnings,
+            warnings,
         })
     }
 }

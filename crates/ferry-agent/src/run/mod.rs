@@ -195,7 +195,7 @@ impl Agent {
             audit,
         };
         agent.adopt_recorded();
-        let compiled = agent.compile(&cluster)?;
+        let mut compiled = agent.compile(&cluster)?;
         let tables = Arc::clone(&compiled.compiled);
         let compile = t0.elapsed();
         let mut ports: Vec<NamedPort> = Vec::with_capacity(tables.ports.len());
@@ -218,7 +218,8 @@ impl Agent {
         agent.health.proxy.set_node(cluster.node(&agent.opts.node));
         agent.health.proxy.updated();
         agent.health.serve_healthz(&mut agent.status);
-        agent.last = Some(Last::new(cluster, tables, &compiled));
+        let warnings = std::mem::take(&mut compiled.warnings);
+        agent.last = Some(Last::new(cluster, tables, compiled));
         Ok((
             agent,
             Applied {
@@ -230,7 +231,7 @@ impl Agent {
                 ct_removed: 0,
                 policy_cut: 0,
                 incremental: false,
-                warnings: compiled.warnings,
+                warnings,
             },
         ))
     }

@@ -177,7 +177,15 @@ impl Agent {
             ("too_many", v4.too_many + v6.too_many),
             ("invalid", v4.invalid + v6.invalid),
         ];
+        let enforcement = match &self.last {
+            Some(last) => {
+                let local = last.pod_ports.keys().cloned().collect();
+                self.status.enforcement(&last.cluster, &local)
+            }
+            None => ferry_api::PolicyEnforcement::default(),
+        };
         ferry_api::Counters {
+            enforcement,
             generation: self.generation,
             ports: snap
                 .ports
@@ -270,6 +278,8 @@ impl Agent {
             Err(e) => return Response::error(11, "the ferry-config in force does not read", e),
         };
         let mut answer = explain::list(cluster, &last.pod_ports, opts);
+        let local = last.pod_ports.keys().cloned().collect();
+        answer.enforcement = Some(self.status.enforcement(&last.cluster, &local));
         if let Some(pod) = pod {
             match explain::explain(cluster, pod, opts) {
                 Ok(p) => answer.pod = Some(p),

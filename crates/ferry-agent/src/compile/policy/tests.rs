@@ -8,7 +8,10 @@ use ferry_datapath::policy::{DecidedBy, Direction, PolicySpec, Query, Tier as Dp
 use ferry_datapath::proto;
 
 use super::*;
-use crate::policy::{IpBlock, Operator, Requirement};
+use crate::policy::{
+    Action, ClusterPeer, ClusterRule, IpBlock, Namespaces, NetworkPolicyRule, Operator, Peer,
+    PodSet, PolicyPort, Requirement, Selector, Tier,
+};
 
 fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
     kv.iter()
@@ -151,13 +154,16 @@ fn compile_with(
     cnps: &[(&str, ClusterNetworkPolicyFields)],
 ) -> PolicySpec {
     let blue = labels(&[("team", "blue"), (NAMESPACE_NAME_LABEL, "y")]);
-    let inputs = Inputs {
+    let mut inputs = Inputs {
         pods: p.views(),
         namespaces: BTreeMap::from([("y", &blue)]),
         network_policies: nps.iter().map(|(k, f)| (k, f)).collect(),
         cluster_policies: cnps.iter().map(|(n, f)| (*n, f)).collect(),
         nodes: vec![],
     };
+    // In key order, as the cluster gives them.
+    inputs.network_policies.sort_by_key(|(k, _)| *k);
+    inputs.cluster_policies.sort_by_key(|(n, _)| *n);
     compile(&inputs, &local(p), PolicyOptions::default())
 }
 
