@@ -195,6 +195,7 @@ pub fn render(c: &Counters) -> String {
     );
     render_fragments(&mut reg, c);
     render_policies(&mut reg, c);
+    render_policy_audit(&mut reg, c);
     render_enforcement(&mut reg, c);
     gauge(
         &mut reg,
@@ -296,6 +297,48 @@ fn render_policies(reg: &mut Registry, c: &Counters) {
             };
             family.get_or_create(&l).inc_by(n);
         }
+    }
+}
+
+/// The audit log of denied connections, when it is on.
+fn render_policy_audit(reg: &mut Registry, c: &Counters) {
+    let Some(a) = &c.policy_audit else { return };
+    for (name, help, v) in [
+        (
+            "policy_audit_logged",
+            "Lines the policy audit log wrote for denied connections",
+            a.logged,
+        ),
+        (
+            "policy_audit_repeated",
+            "Denials not logged as repeats of a connection logged (retransmissions)",
+            a.repeated,
+        ),
+        (
+            "policy_audit_write_errors",
+            "Lines the policy audit log could not write",
+            a.write_errors,
+        ),
+    ] {
+        let n = Counter::<u64>::default();
+        n.inc_by(v);
+        reg.register(name, help, n);
+    }
+    let family = Family::<ReasonLabel, Counter>::default();
+    reg.register(
+        "policy_audit_suppressed",
+        "Denials the policy audit log did not log, by reason (rate, overflow)",
+        family.clone(),
+    );
+    for (reason, n) in [
+        ("rate", a.suppressed_rate),
+        ("overflow", a.suppressed_overflow),
+    ] {
+        family
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc_by(n);
     }
 }
 
@@ -649,6 +692,33 @@ mod tests {
         assert!(t.contains("ferry_conntrack_entries 5"), "{t}");
         assert!(t.contains("# TYPE ferry_conntrack_inserts counter"), "{t}");
         assert!(t.trim_end().ends_with("# EOF"), "{t}");
+    }
+
+    #[test]
+    fn the_policy_audit_counters_render_only_when_it_is_on() {
+        let off = render(&Counters::default());
+        assert!(!off.contains("policy_audit"), "{off}");
+        let c = Counters {
+            policy_audit: Some(ferry_api::PolicyAuditCounters {
+                logged: 4,
+                repeated: 9,
+                suppressed_rate: 2,
+                suppressed_overflow: 1,
+                write_errors: 3,
+            }),
+            ..Counters::default()
+        };
+        let t = render(&c);
+        parse(&t).unwrap_or_else(|e| panic!("{e}\n{t}"));
+        for line in [
+            "ferry_policy_audit_logged_total 4",
+            "ferry_policy_audit_repeated_total 9",
+            "ferry_policy_audit_write_errors_total 3",
+            "ferry_policy_audit_suppressed_total{reason=\"rate\"} 2",
+            "ferry_policy_audit_suppressed_total{reason=\"overflow\"} 1",
+        ] {
+            assert!(t.lines().any(|l| l == line), "no {line} in\n{t}");
+        }
     }
 
     #[test]

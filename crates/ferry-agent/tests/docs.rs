@@ -38,6 +38,8 @@ fn observability_doc_lists_every_metric() {
             ..Default::default()
         }],
         drops: [("ct_invalid".to_string(), 1)].into(),
+        // Rendered only while the audit log is on.
+        policy_audit: Some(ferry_api::PolicyAuditCounters::default()),
         ..Default::default()
     };
     let text = ferry_agent::metrics::render(&c);

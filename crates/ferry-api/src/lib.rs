@@ -298,6 +298,22 @@ pub struct PolicyCounters {
     pub egress_denied: u64,
 }
 
+/// What the audit log of denied connections counted (`ferry agent --policy-audit-log`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyAuditCounters {
+    /// Lines written for denied connections.
+    pub logged: u64,
+    /// Denials not logged as repeats of a connection logged (its first packet
+    /// retransmitted).
+    pub repeated: u64,
+    /// Denials not logged: over the rate limit.
+    pub suppressed_rate: u64,
+    /// Denials not logged: the dataplane's buffer of denials was full.
+    pub suppressed_overflow: u64,
+    /// Lines that could not be written.
+    pub write_errors: u64,
+}
+
 /// What the node's dataplane has counted (as of its last snapshot, at most 100 ms old).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -356,6 +372,9 @@ pub struct Counters {
     /// `ClusterNetworkPolicy NAME`), those of policies this node's pods have met.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub policies: std::collections::BTreeMap<String, PolicyCounters>,
+    /// The audit log of denied connections, when it is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_audit: Option<PolicyAuditCounters>,
     /// Where the cluster state comes from, and whether it is in force.
     #[serde(default)]
     pub datastore: DatastoreHealth,

@@ -65,9 +65,9 @@ pub use lb::{BackendSpec, MARK_SERVICE, Policy as TrafficPolicy, ServiceSpec, Se
 pub use overlay::{DEFAULT_PORT as DEFAULT_VXLAN_PORT, DEFAULT_VNI, MAX_VNI};
 pub use packet::{Meta, Packet, PortId, VnetHdr};
 pub use pipeline::{
-    PREFETCH_MIN_CONNECTIONS, Pipeline, PolicyBy, PolicyCount, PolicyCut, PortStats, Stage,
-    Stats as PipelineStats, SwapReport, Trace, TraceEvent, TraceOut, TracePass, TraceReport,
-    TraceStage, Verdict, summarize, trace,
+    DEFAULT_AUDIT_BUFFER, Denial, DeniedBy, PREFETCH_MIN_CONNECTIONS, Pipeline, PolicyBy,
+    PolicyCount, PolicyCut, PortStats, Stage, Stats as PipelineStats, SwapReport, Trace,
+    TraceEvent, TraceOut, TracePass, TraceReport, TraceStage, Verdict, summarize, trace,
 };
 pub use tables::{
     DEFAULT_MTU, GATEWAY_V4, GATEWAY_V6, NextHop, NodeSpec, Port, PortAddr, PortKind, PortSpec,

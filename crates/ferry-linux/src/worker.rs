@@ -33,7 +33,8 @@
 //! (an eventfd polled with the ports).
 //! The worker also publishes its counters and the pipeline's every
 //! [`STATS_INTERVAL_NS`] of pipeline time, after each update and when it returns
-//! ([`Control::snapshot`]), for status and metrics.
+//! ([`Control::snapshot`]), for status and metrics, and with them the denials its
+//! pipeline recorded for the audit log ([`Control::take_denials`]).
 //!
 //! **Taps.** A live trace or a capture ([`Taps`], turned on and off by control-plane
 //! jobs) sends the packets of a batch through [`Taps`] on their way to the pipeline;
@@ -127,7 +128,8 @@ mod taps_tests;
 mod tests;
 
 pub use control::{
-    Applied, Control, JobError, PortSnapshot, Snapshot, Update, UpdateError, WorkerView,
+    Applied, Control, DENIAL_QUEUE, JobError, PortSnapshot, Snapshot, Update, UpdateError,
+    WorkerView,
 };
 pub use taps::{Captured, Direction, MAX_TRACE_COUNT, Taps, TracedPacket};
 
@@ -339,8 +341,8 @@ pub fn run_workers(
         ..
     } = shared;
     let layout = layout.into_inner().unwrap_or_else(|e| e.into_inner());
-    let core = core.into_inner().unwrap_or_else(|e| e.into_inner());
-    publish(control, clock(), &layout, &core);
+    let mut core = core.into_inner().unwrap_or_else(|e| e.into_inner());
+    publish(control, clock(), &layout, &mut core);
     let stats = core.total();
     *ports = layout.into_ports();
     match error.into_inner().unwrap_or_else(|e| e.into_inner()) {
@@ -642,7 +644,7 @@ fn work(
     let mut stats = WorkerStats::default();
     let mut published = clock();
     if let Some(c) = control {
-        publish(c, published, &read(&sh.layout), &lock(&sh.core));
+        publish(c, published, &read(&sh.layout), &mut lock(&sh.core));
     }
     // Busy polling: polls without sleeping until then.
     let mut busy_until: Option<Instant> = None;
@@ -913,7 +915,7 @@ fn serve(
                 taps.set_ports(layout.names().into_iter(), pipeline.tables());
                 stats.updates += 1;
                 core.stats[0] = *stats;
-                publish(control, now, &layout, &core);
+                publish(control, now, &layout, &mut core);
                 *published = now;
             } else {
                 stats.updates_refused += 1;
@@ -944,7 +946,7 @@ fn serve(
         let layout = read(&sh.layout);
         let mut core = lock(&sh.core);
         core.stats[0] = *stats;
-        publish(control, now, &layout, &core);
+        publish(control, now, &layout, &mut core);
         *published = now;
     }
 }
@@ -1073,8 +1075,9 @@ fn arrange(
 }
 
 /// Publishes the counters of the workers, the pipeline and the ports (each summed over
-/// its queues).
-fn publish(control: &Control, now: u64, layout: &Layout, core: &Core<'_>) {
+/// its queues), and hands over the denials recorded for the audit log.
+fn publish(control: &Control, now: u64, layout: &Layout, core: &mut Core<'_>) {
+    control.hand_denials(core.pipeline);
     let pipeline = &*core.pipeline;
     control.publish(Snapshot {
         time_ns: now,

@@ -9,6 +9,7 @@ use ferry_agent::ObjectKey;
 use ferry_agent::compile::CompileOptions;
 use ferry_agent::control_loop::{self, Error, Settings};
 use ferry_agent::datastore::{OpenError, Source};
+use ferry_agent::policy::audit::{AuditConfig, Target};
 use ferry_agent::run::Options;
 
 use crate::tables::read_tables_spec;
@@ -80,6 +81,34 @@ pub struct Args {
     /// default, [::]:10256, takes IPv4 too (kube-proxy's 0.0.0.0:10256 and [::]:10256).
     #[arg(long, value_name = "ADDR|off", default_value = DEFAULT_HEALTHZ_ADDR)]
     pub healthz_addr: String,
+    /// Append a JSON line for each connection NetworkPolicy or ClusterNetworkPolicy
+    /// denies on this node to PATH (`-`: standard error); see docs/policy.md. Off by
+    /// default.
+    #[arg(long, value_name = "PATH|-")]
+    pub policy_audit_log: Option<String>,
+    /// Lines a second the policy audit log writes at most (1 to 100000), with a burst
+    /// of as many; what goes over is counted and summed up in a line.
+    #[arg(long, value_name = "N", default_value_t = ferry_agent::policy::audit::DEFAULT_RATE.to_string())]
+    pub policy_audit_rate: String,
+}
+
+/// The audit log of `--policy-audit-log` and `--policy-audit-rate`, checked: a rate
+/// that is no number of lines a second, or a file that cannot be appended to, is an
+/// error now rather than once the agent runs.
+fn parse_audit(log: Option<&str>, rate: &str) -> Result<Option<AuditConfig>> {
+    let rate = AuditConfig::check_rate(rate).map_err(|e| anyhow!("--policy-audit-rate {e}"))?;
+    let Some(log) = log else {
+        return Ok(None);
+    };
+    if log.is_empty() {
+        bail!("--policy-audit-log: expected a file's path, or - for standard error");
+    }
+    let target = Target::parse(log);
+    if let Target::File(path) = &target {
+        ferry_agent::policy::audit::append(path)
+            .map_err(|e| anyhow!("--policy-audit-log {}: {e}", path.display()))?;
+    }
+    Ok(Some(AuditConfig { target, rate }))
 }
 
 /// The default `--healthz-addr`: kube-proxy's health port on every address.
@@ -133,6 +162,7 @@ pub fn run(args: &Args) -> Result<()> {
         state_dir: Some(args.state_dir.clone()),
         del_queue: Some(ferry_api::del_queue_dir(&args.api_socket)),
         healthz: parse_healthz_addr(&args.healthz_addr)?,
+        audit: parse_audit(args.policy_audit_log.as_deref(), &args.policy_audit_rate)?,
     };
     let stop = ferry_linux::signal::stop_on_signals().context("installing signal handlers")?;
     let datastore = Source::parse(&args.datastore)
@@ -172,6 +202,40 @@ mod tests {
             let e = parse_pod(bad).unwrap_err().to_string();
             assert!(e.contains("NAMESPACE/NAME=NETNS"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn the_audit_log_flags_are_checked_before_the_agent_starts() {
+        assert_eq!(parse_audit(None, "100").unwrap(), None);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let cfg = parse_audit(Some(path.to_str().unwrap()), "5")
+            .unwrap()
+            .unwrap();
+        assert_eq!(cfg.target, Target::File(path.clone()));
+        assert_eq!(cfg.rate, 5);
+        assert!(path.exists(), "made, to be appended to");
+        assert_eq!(
+            parse_audit(Some("-"), "100").unwrap().unwrap().target,
+            Target::Stderr
+        );
+        for rate in ["0", "lots", "-3"] {
+            let e = parse_audit(Some("-"), rate).unwrap_err().to_string();
+            assert!(e.starts_with("--policy-audit-rate"), "{rate}: {e}");
+            assert!(e.contains("1 to 100000"), "{rate}: {e}");
+        }
+        let e = parse_audit(None, "0").unwrap_err().to_string();
+        assert!(
+            e.contains("--policy-audit-rate"),
+            "checked when off too: {e}"
+        );
+        let missing = dir.path().join("no/such/dir/audit.log");
+        let e = parse_audit(Some(missing.to_str().unwrap()), "100")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--policy-audit-log"), "{e}");
+        assert!(e.contains("No such file or directory"), "{e}");
+        assert!(parse_audit(Some(""), "100").is_err());
     }
 
     #[test]

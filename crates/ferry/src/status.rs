@@ -99,6 +99,13 @@ fn render(c: &Counters) -> String {
             p.ingress_allowed, p.ingress_denied, p.egress_allowed, p.egress_denied
         );
     }
+    if let Some(a) = &c.policy_audit {
+        let _ = writeln!(
+            s,
+            "policy audit log: {} lines, {} repeats not logged, not logged: {} rate limit, {} buffer full; {} write errors",
+            a.logged, a.repeated, a.suppressed_rate, a.suppressed_overflow, a.write_errors
+        );
+    }
     let _ = writeln!(
         s,
         "neighbours: {} packets waiting for a next hop's MAC now, {} waited since start",

@@ -2,9 +2,10 @@
 //! (networking.k8s.io/v1, k8s-openapi's type), sig-network's ClusterNetworkPolicy
 //! ([`crd`], hand-written types) and Namespaces' labels, with their fields checked and
 //! typed ([`fields`], [`selector`]) for the compilation of policy tables, what
-//! `ferry policy` shows of them ([`explain`]), and what of them is not enforced as
-//! written ([`enforcement`]).
+//! `ferry policy` shows of them ([`explain`]), what of them is not enforced as written
+//! ([`enforcement`]), and the audit log of the connections they deny ([`audit`]).
 
+pub mod audit;
 pub mod crd;
 pub mod enforcement;
 pub mod explain;

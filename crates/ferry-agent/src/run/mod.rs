@@ -24,6 +24,7 @@
 //! checks and `host` keeps the host's NAT in step and looks for leftovers.
 
 mod apply;
+mod audit;
 mod cni;
 mod health;
 mod host;
@@ -95,6 +96,8 @@ pub struct Options {
     /// Where to serve kube-proxy's `/healthz` and `/livez` ([`crate::proxy_health`]);
     /// None: nowhere.
     pub healthz: Option<SocketAddr>,
+    /// The audit log of denied connections ([`crate::policy::audit`]); None: off.
+    pub audit: Option<crate::policy::audit::AuditConfig>,
 }
 
 /// What one applied cluster state did.
@@ -151,6 +154,8 @@ pub struct Agent {
     /// Pod ports the worker took out of service (their device gone), each reported once
     /// while the tables still have it.
     gone_ports: BTreeSet<String>,
+    /// The audit log of denied connections, when on.
+    audit: Option<self::audit::Audit>,
 }
 
 /// How often the agent looks for kernel routes and netfilter rules left by another
@@ -167,6 +172,9 @@ impl Agent {
     pub fn start(opts: Options, cluster: Arc<Cluster>) -> Result<(Agent, Applied), String> {
         let t0 = Instant::now();
         let health = Health::new(opts.healthz);
+        let audit = (opts.audit.as_ref())
+            .map(|cfg| self::audit::Audit::open(cfg, &opts.node))
+            .transpose()?;
         let mut agent = Agent {
             opts,
             control: Arc::new(Control::new()),
@@ -184,6 +192,7 @@ impl Agent {
             status: AgentStatus::new(),
             sessions: observe::Sessions::default(),
             gone_ports: BTreeSet::new(),
+            audit,
         };
         agent.adopt_recorded();
         let mut compiled = agent.compile(&cluster)?;
@@ -234,6 +243,9 @@ impl Agent {
         tables: Arc<Tables>,
     ) -> Result<(), String> {
         let mut pipeline = Pipeline::new(tables);
+        if self.audit.is_some() {
+            pipeline.audit_denials(ferry_datapath::DEFAULT_AUDIT_BUFFER);
+        }
         let (control, stop, failed) = (
             Arc::clone(&self.control),
             Arc::clone(&self.stop),
@@ -297,11 +309,20 @@ impl Agent {
         self.worker.as_ref().is_some_and(|w| !w.is_finished())
     }
 
-    /// Periodic upkeep, called from the agent's loop: stops the live trace or capture of
-    /// a client that stopped reading it, reports pod ports gone, tries again to listen
-    /// where it could not (`/healthz`, health check node ports) and looks for leftovers
-    /// of other dataplanes.
+    /// Periodic upkeep, called from the agent's loop: writes the audit log of the
+    /// denials the worker handed over, stops the live trace or capture of a client that
+    /// stopped reading it, reports pod ports gone, tries again to listen where it could
+    /// not (`/healthz`, health check node ports) and looks for leftovers of other
+    /// dataplanes.
     pub fn housekeeping(&mut self) {
+        if let Some(a) = &mut self.audit {
+            a.run(
+                &self.control,
+                self.last.as_ref(),
+                self.generation,
+                self.started,
+            );
+        }
         for what in self.sessions.expire(&self.control, Instant::now()) {
             tracing::info!(
                 "{what} stopped: no client read it for {:?}",
@@ -324,10 +345,20 @@ impl Agent {
         self.stop.store(true, Ordering::Relaxed);
         self.host.remove_nat();
         let w = self.worker.take().ok_or("no worker")?;
-        match w.join() {
+        let r = match w.join() {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(_) => Err("the worker panicked".into()),
+        };
+        // The denials of the worker's last round, handed over as it returned.
+        if let Some(a) = &mut self.audit {
+            a.run(
+                &self.control,
+                self.last.as_ref(),
+                self.generation,
+                self.started,
+            );
         }
+        r
     }
 
     /// Compiles the tables of `cluster` with the pods attached now.

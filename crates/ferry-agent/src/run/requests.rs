@@ -229,6 +229,16 @@ impl Agent {
                     (n.clone(), c)
                 })
                 .collect(),
+            policy_audit: self.audit.as_ref().map(|a| {
+                let c = a.counts();
+                ferry_api::PolicyAuditCounters {
+                    logged: c.logged,
+                    repeated: c.repeated,
+                    suppressed_rate: c.suppressed_rate,
+                    suppressed_overflow: c.suppressed_overflow,
+                    write_errors: c.write_errors,
+                }
+            }),
             neigh_waiting: snap.pipeline.neigh_waiting,
             neigh_queued: snap.pipeline.neigh_queued,
             fragments_held: held.0,

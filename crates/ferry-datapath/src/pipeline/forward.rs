@@ -74,7 +74,7 @@ impl Pipeline {
             Ok(c) => c,
             Err(r) => return self.drop(r, trace),
         };
-        if let Err(r) = self.policy(tables, &pkt, &parsed, tunnel_peer, ct, trace) {
+        if let Err(r) = self.policy(tables, &pkt, &parsed, &before, tunnel_peer, ct, trace) {
             return self.drop(r, trace);
         }
         let pending = &mut ct.pending;

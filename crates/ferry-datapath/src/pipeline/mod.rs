@@ -6,7 +6,7 @@
 //! decap     VXLAN from a known node               (decap.rs)
 //! forward   admission: source check, ND, martians, TTL; then the stages below (forward.rs)
 //! track     Service choice and conntrack with NAT (track.rs, service.rs)
-//! policy    NetworkPolicy (a hook for now)        (policy.rs)
+//! policy    NetworkPolicy and ClusterNetworkPolicy (policy.rs; denials audited: audit.rs)
 //! route     egress port and next hop              (route.rs)
 //! egress    MTU check, next-hop resolution, rewrite, encap, segmentation and
 //!           fragmentation                         (egress.rs, resolve.rs)
@@ -37,6 +37,7 @@ use crate::packet::{Packet, PortId};
 use crate::tables::Tables;
 use crate::wire::{L3, Parsed, parse};
 
+mod audit;
 mod decap;
 mod defrag;
 mod egress;
@@ -52,6 +53,7 @@ mod service;
 mod stats;
 mod track;
 
+pub use audit::{DEFAULT_AUDIT_BUFFER, Denial, DeniedBy};
 pub use events::{
     Asked, Fragment, L2Hop, MtuFit, MtuLength, PolicyBy, ServicePath, Stage, Trace, TraceEvent,
 };
@@ -130,6 +132,8 @@ pub struct Pipeline {
     dry_run: bool,
     /// Connections decided per policy, indexed like the tables' policies.
     policy_counts: Vec<PolicyCount>,
+    /// Denials recorded for the audit log, when it is on.
+    audit: audit::Audit,
     /// The IPv4 identification of the next outer datagram through the overlay (see
     /// [`overlay::Outer::id`]).
     outer_id: u16,
@@ -165,6 +169,7 @@ impl Pipeline {
             batch_keys: Vec::new(),
             dry_run: false,
             policy_counts: Vec::new(),
+            audit: audit::Audit::default(),
             outer_id: 0,
         }
     }
@@ -415,6 +420,10 @@ mod service_tests;
 
 #[cfg(test)]
 mod policy_tests;
+
+/// The audit of denials.
+#[cfg(test)]
+mod audit_tests;
 
 /// Addresses of this node's pod CIDRs that no pod has.
 #[cfg(test)]

@@ -148,14 +148,17 @@ fn judge_entry(tables: &Tables, e: &Entry) -> [Option<Decided>; 2] {
 
 impl Pipeline {
     /// Decides a packet, as conntrack left it (`ct`), that starts a connection (or that
-    /// conntrack found INVALID and lets through: it is decided on its own). `Err` drops
-    /// it with `policy_denied`.
+    /// conntrack found INVALID and lets through: it is decided on its own); `original`
+    /// is its key as it came, before NAT (for the audit of a denial). `Err` drops it
+    /// with `policy_denied`.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn policy(
         &mut self,
         tables: &Tables,
         pkt: &Packet,
         parsed: &Parsed,
+        original: &FlowKey,
         tunnel_peer: Option<IpAddr>,
         ct: &mut CtResult,
         trace: &mut Trace,
@@ -176,7 +179,7 @@ impl Pipeline {
         if tables.policy.is_empty() {
             return Ok(());
         }
-        self.policy_slow(tables, pkt, parsed, tunnel_peer, trace)
+        self.policy_slow(tables, pkt, parsed, original, tunnel_peer, trace)
     }
 
     fn policy_slow(
@@ -184,6 +187,7 @@ impl Pipeline {
         tables: &Tables,
         pkt: &Packet,
         parsed: &Parsed,
+        original: &FlowKey,
         tunnel_peer: Option<IpAddr>,
         trace: &mut Trace,
     ) -> Result<(), DropReason> {
@@ -198,6 +202,17 @@ impl Pipeline {
             self.count_policy(&tables.policy, d.port, d.direction, d.decision);
             note(tables, &d, trace);
             if !d.decision.allowed {
+                if self.audit.is_on() {
+                    self.audit_denial(
+                        pkt.meta.time_ns,
+                        in_port,
+                        d.direction,
+                        d.port,
+                        &parsed.key,
+                        original,
+                        d.decision.by,
+                    );
+                }
                 return Err(DropReason::PolicyDenied);
             }
         }

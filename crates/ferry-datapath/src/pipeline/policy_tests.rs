@@ -9,10 +9,10 @@ use crate::policy::{
 };
 use crate::tables::PortKind;
 
-const POD_A: &str = "10.244.1.5";
-const POD_B: &str = "10.244.1.6";
+pub(super) const POD_A: &str = "10.244.1.5";
+pub(super) const POD_B: &str = "10.244.1.6";
 
-fn block(cidr: &str) -> SetSpec {
+pub(super) fn block(cidr: &str) -> SetSpec {
     SetSpec {
         name: cidr.into(),
         blocks: vec![BlockSpec {
@@ -24,7 +24,7 @@ fn block(cidr: &str) -> SetSpec {
 
 /// NetworkPolicy `x/b` isolating pod-b (port 2 of node `n`) for ingress and allowing
 /// TCP `port` from `from` (a CIDR), or nothing when `port` is None.
-fn ingress_to_b(from: &str, port: Option<u16>) -> PolicySpec {
+pub(super) fn ingress_to_b(from: &str, port: Option<u16>) -> PolicySpec {
     PolicySpec {
         policies: vec!["NetworkPolicy x/b".into()],
         sets: vec![block(from)],
@@ -58,7 +58,7 @@ fn ingress_to_b(from: &str, port: Option<u16>) -> PolicySpec {
 }
 
 /// NetworkPolicy `x/a` isolating pod-a for egress with no rule: nothing leaves it.
-fn no_egress_from_a() -> PolicySpec {
+pub(super) fn no_egress_from_a() -> PolicySpec {
     PolicySpec {
         policies: vec!["NetworkPolicy x/a".into()],
         pods: vec![PodPolicySpec {
@@ -74,7 +74,7 @@ fn no_egress_from_a() -> PolicySpec {
 }
 
 /// Node `n` with `services` and `policy`, its gateway and its peer's uplink learnt.
-fn node_with(n: u8, services: Vec<ServiceSpec>, policy: PolicySpec) -> Pipeline {
+pub(super) fn node_with(n: u8, services: Vec<ServiceSpec>, policy: PolicySpec) -> Pipeline {
     let other = 3 - n;
     let mut spec = node_spec(
         n,
@@ -94,7 +94,7 @@ fn node_with(n: u8, services: Vec<ServiceSpec>, policy: PolicySpec) -> Pipeline 
     p
 }
 
-fn syn(n: u8, src_last: u8, dst: &str, dport: u16) -> Vec<u8> {
+pub(super) fn syn(n: u8, src_last: u8, dst: &str, dport: u16) -> Vec<u8> {
     build::tcp(
         ip(&format!("10.244.{n}.{src_last}")),
         ip(dst),
@@ -342,7 +342,7 @@ fn counters_follow_policies_by_name_across_a_swap() {
 }
 
 /// Node 1's tables with `policy`, no peers.
-fn tables_with(policy: PolicySpec) -> Arc<Tables> {
+pub(super) fn tables_with(policy: PolicySpec) -> Arc<Tables> {
     let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
     spec.policy = policy;
     Arc::new(spec.compile().unwrap())

@@ -78,4 +78,7 @@ pub struct Stats {
     pub policy_allowed: u64,
     /// Directions of new connections that policy denied (`policy_denied`).
     pub policy_denied: u64,
+    /// Denials not recorded for the audit log: its buffer was full
+    /// ([`super::Pipeline::audit_denials`]).
+    pub audit_overflow: u64,
 }

@@ -5,7 +5,8 @@
 //! is waiting, so the packet path never takes a lock. Counters go the other way as an
 //! `Arc` snapshot that the worker replaces every [`super::STATS_INTERVAL_NS`] (and after
 //! an update, and when it stops): a reader clones the `Arc` and never holds up the worker
-//! for longer than that clone.
+//! for longer than that clone. With the counters go the denials the pipeline recorded
+//! for the audit log ([`Control::take_denials`]), into a bounded queue.
 
 use std::fmt;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -15,7 +16,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ferry_datapath::{
-    DropCounters, Pipeline, PipelineStats, PortStats, SwapReport, Tables, conntrack, ipf,
+    Denial, DropCounters, Pipeline, PipelineStats, PortStats, SwapReport, Tables, conntrack, ipf,
 };
 
 use super::{NamedPort, Taps, WorkerStats};
@@ -226,6 +227,8 @@ pub struct Control {
     /// Jobs are queued: the worker's other per-round check.
     jobs_waiting: AtomicBool,
     jobs: Mutex<Vec<Job>>,
+    /// Denials taken from the pipeline for the audit log, at most [`DENIAL_QUEUE`].
+    denials: Mutex<Vec<Denial>>,
     /// An eventfd the worker polls with its ports, so that an update wakes an idle
     /// worker at once instead of after its poll timeout (None if the kernel refused one:
     /// then the timeout bounds the wait).
@@ -255,6 +258,7 @@ impl Control {
             snapshot: Mutex::new(Arc::new(Snapshot::default())),
             jobs_waiting: AtomicBool::new(false),
             jobs: Mutex::new(Vec::new()),
+            denials: Mutex::new(Vec::new()),
             wake: new_eventfd(),
         }
     }
@@ -452,7 +456,30 @@ impl Control {
     pub(super) fn publish(&self, s: Snapshot) {
         *lock(&self.snapshot) = Arc::new(s);
     }
+
+    /// Moves the denials the pipeline recorded for the audit log into the queue, as
+    /// many as it has room for: the rest wait in the pipeline, whose buffer counts what
+    /// it cannot hold ([`PipelineStats::audit_overflow`]).
+    pub(super) fn hand_denials(&self, pipeline: &mut Pipeline) {
+        if !pipeline.audits_denials() {
+            return;
+        }
+        let mut q = lock(&self.denials);
+        let room = DENIAL_QUEUE.saturating_sub(q.len());
+        pipeline.take_denials(room, &mut q);
+    }
+
+    /// Moves the denials the worker handed over (with its counters, every
+    /// [`super::STATS_INTERVAL_NS`]), oldest first, to the end of `out`. Only a pipeline
+    /// with the audit on records them ([`Pipeline::audit_denials`]).
+    pub fn take_denials(&self, out: &mut Vec<Denial>) {
+        out.append(&mut lock(&self.denials));
+    }
 }
+
+/// The denials a [`Control`] holds at most for the audit log between two
+/// [`Control::take_denials`].
+pub const DENIAL_QUEUE: usize = ferry_datapath::DEFAULT_AUDIT_BUFFER;
 
 /// Detaches the worker from its control when dropped, also on a panic.
 pub(super) struct Attached<'a>(pub(super) &'a Control);

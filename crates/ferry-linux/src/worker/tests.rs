@@ -276,7 +276,18 @@ impl Running {
     pub(super) fn start_workers(
         workers: impl Into<Workers>,
         tables: Arc<Tables>,
+        ports: Vec<NamedPort>,
+    ) -> Running {
+        Running::start_audited(workers, tables, ports, 0)
+    }
+
+    /// With `workers` worker threads and a pipeline auditing denials into a buffer of
+    /// `audit` records (0: off).
+    pub(super) fn start_audited(
+        workers: impl Into<Workers>,
+        tables: Arc<Tables>,
         mut ports: Vec<NamedPort>,
+        audit: usize,
     ) -> Running {
         let workers = workers.into();
         let control = Arc::new(Control::new());
@@ -284,6 +295,7 @@ impl Running {
         let (c, s) = (Arc::clone(&control), Arc::clone(&stop));
         let handle = thread::spawn(move || {
             let mut pipeline = Pipeline::new(tables);
+            pipeline.audit_denials(audit);
             let t0 = Instant::now();
             let r = run_workers(
                 workers,
@@ -653,6 +665,11 @@ fn test_job_without_a_worker_is_refused_at_once() {
 
 /// [`spec`] with port `b` a pod's (`kind: pod`), the pod at 10.0.2.5.
 pub(super) fn spec_with_pod_b(names: &[&str]) -> Arc<Tables> {
+    Arc::new(pod_b_spec(names).compile().unwrap())
+}
+
+/// The spec of [`spec_with_pod_b`].
+fn pod_b_spec(names: &[&str]) -> TablesSpec {
     let mut spec = spec(names);
     for p in &mut spec.ports {
         if p.name == "b" {
@@ -661,7 +678,7 @@ pub(super) fn spec_with_pod_b(names: &[&str]) -> Arc<Tables> {
             p.addresses = vec!["10.0.2.5".parse().unwrap()];
         }
     }
-    Arc::new(spec.compile().unwrap())
+    spec
 }
 
 /// Waits until the worker's snapshot says port `name` is out of service; returns why.
@@ -798,4 +815,60 @@ fn test_a_port_that_says_its_device_was_deleted_stops_the_worker_at_once() {
     let e = r.unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
     assert_eq!(e.to_string(), "fake-c: the device is gone");
+}
+
+/// [`spec_with_pod_b`] with the pod isolated for ingress by NetworkPolicy `x/b`, which
+/// allows nothing.
+fn isolated_pod_b(names: &[&str]) -> Arc<Tables> {
+    use ferry_datapath::policy::{DirectionSpec, PodPolicySpec, PolicySpec};
+    let mut spec = pod_b_spec(names);
+    spec.policy = PolicySpec {
+        policies: vec!["NetworkPolicy x/b".into()],
+        pods: vec![PodPolicySpec {
+            port: "b".into(),
+            ingress: DirectionSpec {
+                isolated_by: vec![0],
+                ..DirectionSpec::default()
+            },
+            egress: DirectionSpec::default(),
+        }],
+        ..PolicySpec::default()
+    };
+    Arc::new(spec.compile().unwrap())
+}
+
+#[test]
+fn test_denials_are_handed_over_with_the_counters_when_the_pipeline_audits() {
+    for audit in [0, 16] {
+        let (pa, wa) = fake("a");
+        let (pb, wb) = fake("b");
+        let w = Running::start_audited(1, isolated_pod_b(&["a", "b"]), vec![pa, pb], audit);
+        for sport in [1, 2, 3] {
+            wa.send("10.0.2.5", sport);
+        }
+        wb.expect_nothing();
+        let deadline = Instant::now() + WAIT;
+        let mut denials = Vec::new();
+        loop {
+            w.control.take_denials(&mut denials);
+            let denied = w.control.snapshot().pipeline.policy_denied;
+            if (denials.len() >= 3 || audit == 0 && denied >= 3) || Instant::now() > deadline {
+                break;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        if audit == 0 {
+            assert!(denials.is_empty(), "no audit: {denials:?}");
+            continue;
+        }
+        let sports: Vec<u16> = denials.iter().map(|d| d.key.src_port).collect();
+        assert_eq!(sports, [1, 2, 3], "handed over within {WAIT:?}");
+        assert_eq!(denials[0].port_name(), "b");
+        assert_eq!(
+            denials[0].denied_by(),
+            ferry_datapath::DeniedBy::Isolated(vec!["NetworkPolicy x/b"])
+        );
+        w.control.take_denials(&mut denials);
+        assert_eq!(denials.len(), 3, "taken once");
+    }
 }
