@@ -1,7 +1,8 @@
 //! NetworkPolicy verdicts replayed from pcap files through the tables `ferry replay`
 //! compiles from the example cluster (examples/cluster) with two policies added: each
 //! first packet is allowed or dropped with `policy_denied`, and the trace's policy stage
-//! names what decided. Needs nothing but the binary.
+//! names what decided. SCTP is here, not in the lab's suite: this kernel has no SCTP
+//! sockets to probe with. Needs nothing but the binary.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -32,6 +33,18 @@ spec:
   - ports: [{ protocol: UDP, port: 53 }]
 ";
 
+/// Ingress to sticky pods from web pods on SCTP 9999: SCTP is matched by port.
+const STICKY_SCTP: &str = "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: sticky-sctp, namespace: default }
+spec:
+  podSelector: { matchLabels: { app: sticky } }
+  ingress:
+  - from: [{ podSelector: { matchLabels: { app: web } } }]
+    ports: [{ protocol: SCTP, port: 9999 }]
+";
+
 const WEB: &str = "pod.default.web-7c9d8f6b5-4xk2p";
 const WEB_MAC: [u8; 6] = [0x0a, 0x58, 0x0a, 0xf4, 0x01, 0x05];
 const WEB_IP: [u8; 4] = [10, 244, 1, 5];
@@ -50,7 +63,7 @@ fn cluster(dir: &Path) -> PathBuf {
     }
     fs::write(
         c.join("policies.yaml"),
-        format!("{STICKY_FROM_WEB}---{WEB_EGRESS}"),
+        format!("{STICKY_FROM_WEB}---{WEB_EGRESS}---{STICKY_SCTP}"),
     )
     .unwrap();
     c
@@ -73,6 +86,22 @@ fn udp(dst: [u8; 4], port: u16) -> Vec<u8> {
         .ipv4(WEB_IP, dst, 64)
         .udp(41000, port)
         .write(&mut f, b"q")
+        .unwrap();
+    f
+}
+
+/// An SCTP packet with an INIT chunk (its checksum left zero: ferry does not check it).
+fn sctp_init(dst: [u8; 4], port: u16) -> Vec<u8> {
+    let mut l4 = Vec::new();
+    l4.extend_from_slice(&42000u16.to_be_bytes());
+    l4.extend_from_slice(&port.to_be_bytes());
+    l4.extend_from_slice(&[0; 8]); // verification tag 0 (an INIT's), checksum
+    // INIT: type 1, flags, length 20, initiate tag, a_rwnd, streams out/in, initial TSN.
+    l4.extend_from_slice(&[1, 0, 0, 20, 0, 0, 0, 7, 0, 1, 0, 0, 0, 1, 0, 1, 0, 0, 0, 1]);
+    let mut f = Vec::new();
+    etherparse::PacketBuilder::ethernet2(WEB_MAC, [0xee; 6])
+        .ipv4(WEB_IP, dst, 64)
+        .write(&mut f, etherparse::IpNumber(132), &l4)
         .unwrap();
     f
 }
@@ -139,8 +168,11 @@ fn first_packets_are_allowed_or_denied_as_the_policies_say_and_the_trace_names_w
         tcp_syn(other_web, 8080),
         // DNS anywhere: egress rule 1.
         udp([10, 96, 0, 53], 53),
+        // SCTP to sticky-0: 9999 is sticky-sctp's; 9376 is named `http` for TCP only.
+        sctp_init(sticky0, 9999),
+        sctp_init(sticky0, 9376),
     ]);
-    assert_eq!(v.len(), 5);
+    assert_eq!(v.len(), 7);
 
     assert_eq!(v[0]["verdict"], "forwarded", "{}", v[0]);
     assert_eq!(v[0]["outputs"][0]["port"], "pod.default.sticky-0");
@@ -161,7 +193,7 @@ fn first_packets_are_allowed_or_denied_as_the_policies_say_and_the_trace_names_w
     assert!(v[1]["outputs"].as_array().unwrap().is_empty());
     assert!(
         policy(&v[1]).iter().any(|d| d.contains(
-            "denied: isolated by NetworkPolicy default/sticky-from-web, and no rule of theirs matched"
+            "denied: isolated by NetworkPolicy default/sticky-from-web, NetworkPolicy default/sticky-sctp, and no rule of theirs matched"
         )),
         "{:?}",
         policy(&v[1])
@@ -198,4 +230,18 @@ fn first_packets_are_allowed_or_denied_as_the_policies_say_and_the_trace_names_w
         "{:?}",
         policy(&v[4])
     );
+
+    assert_eq!(
+        v[5]["outputs"][0]["port"], "pod.default.sticky-0",
+        "{}",
+        v[5]
+    );
+    assert!(
+        policy(&v[5])
+            .iter()
+            .any(|d| d.ends_with("allowed by NetworkPolicy default/sticky-sctp ingress[0]")),
+        "{:?}",
+        policy(&v[5])
+    );
+    assert_eq!(v[6]["drop_reason"], "policy_denied", "{}", v[6]);
 }
