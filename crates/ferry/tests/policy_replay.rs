@@ -1,5 +1,5 @@
 //! NetworkPolicy verdicts replayed from pcap files through the tables `ferry replay`
-//! compiles from the example cluster (examples/cluster) with two policies added: each
+//! compiles from the example cluster (examples/cluster) with three policies added: each
 //! first packet is allowed or dropped with `policy_denied`, and the trace's policy stage
 //! names what decided. SCTP is here, not in the lab's suite: this kernel has no SCTP
 //! sockets to probe with. Needs nothing but the binary.
