@@ -260,23 +260,23 @@ pub type Frontend = (Protocol, IpAddr, u16);
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Cluster {
     /// Nodes (namespace empty).
-    pub nodes: BTreeMap<ObjectKey, Node>,
+    pub nodes: BTreeMap<ObjectKey, Arc<Node>>,
     /// Pods.
-    pub pods: BTreeMap<ObjectKey, Pod>,
+    pub pods: BTreeMap<ObjectKey, Arc<Pod>>,
     /// Services. Change them through [`Cluster::apply`] and [`Cluster::delete`], which
     /// keep their fields ([`Cluster::service_fields`]) with them.
-    pub services: BTreeMap<ObjectKey, Service>,
+    pub services: BTreeMap<ObjectKey, Arc<Service>>,
     /// EndpointSlices.
-    pub endpoint_slices: BTreeMap<ObjectKey, EndpointSlice>,
+    pub endpoint_slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
     /// ConfigMaps.
-    pub config_maps: BTreeMap<ObjectKey, ConfigMap>,
+    pub config_maps: BTreeMap<ObjectKey, Arc<ConfigMap>>,
     /// Namespaces (namespace empty). Change them, the Pods and the policies through
     /// [`Cluster::apply`] and [`Cluster::delete`] too: their fields are kept with them.
-    pub namespaces: BTreeMap<ObjectKey, Namespace>,
+    pub namespaces: BTreeMap<ObjectKey, Arc<Namespace>>,
     /// NetworkPolicies.
-    pub network_policies: BTreeMap<ObjectKey, NetworkPolicy>,
+    pub network_policies: BTreeMap<ObjectKey, Arc<NetworkPolicy>>,
     /// ClusterNetworkPolicies (namespace empty).
-    pub cluster_network_policies: BTreeMap<ObjectKey, ClusterNetworkPolicy>,
+    pub cluster_network_policies: BTreeMap<ObjectKey, Arc<ClusterNetworkPolicy>>,
     /// The frontends of Services that another Service wins (an external IP on another
     /// Service's cluster IP and port, say), by Service: they are left out of its tables.
     /// The Kubernetes datastore decides them ([`Cluster::set_left_out`]).
@@ -389,14 +389,62 @@ impl fmt::Display for NoName {
 
 impl std::error::Error for NoName {}
 
+/// Pushes to `out` the keys of `a` and `b` whose values differ (`same` says they do
+/// not): those of `a` that `b` lacks or has otherwise, in key order, then those that
+/// only `b` has, in key order. Both maps are walked once, side by side.
+fn side_by_side<T>(
+    kind: Kind,
+    a: &BTreeMap<ObjectKey, T>,
+    b: &BTreeMap<ObjectKey, T>,
+    same: impl Fn(&T, &T) -> bool,
+    out: &mut Vec<(Kind, ObjectKey)>,
+) {
+    use std::cmp::Ordering;
+    let mut added = Vec::new();
+    let (mut a, mut b) = (a.iter(), b.iter());
+    let (mut x, mut y) = (a.next(), b.next());
+    loop {
+        match (x, y) {
+            (None, None) => break,
+            (Some((k, _)), None) => {
+                out.push((kind, k.clone()));
+                x = a.next();
+            }
+            (None, Some((k, _))) => {
+                added.push((kind, k.clone()));
+                y = b.next();
+            }
+            (Some((ka, va)), Some((kb, vb))) => match ka.cmp(kb) {
+                Ordering::Less => {
+                    out.push((kind, ka.clone()));
+                    x = a.next();
+                }
+                Ordering::Greater => {
+                    added.push((kind, kb.clone()));
+                    y = b.next();
+                }
+                Ordering::Equal => {
+                    if !same(va, vb) {
+                        out.push((kind, ka.clone()));
+                    }
+                    x = a.next();
+                    y = b.next();
+                }
+            },
+        }
+    }
+    out.append(&mut added);
+}
+
 impl Cluster {
-    /// Adds `obj`, or replaces the object of the same kind and key; returns the one it
-    /// replaced. A namespaced object without a namespace goes to [`DEFAULT_NAMESPACE`]
-    /// (and says so in its metadata, so every reader sees the same key).
+    /// Adds `obj`, or replaces the object of the same kind and key; true when it
+    /// replaced one. A namespaced object without a namespace goes to
+    /// [`DEFAULT_NAMESPACE`] (and says so in its metadata, so every reader sees the same
+    /// key). The object is kept behind an [`Arc`]: a clone of the cluster shares it.
     /// The fields of a Service, a Pod, a Namespace and the policies are parsed here
     /// ([`ServiceFields`], [`PodFields`], [`NamespaceFields`], [`NetworkPolicyFields`],
     /// [`ClusterNetworkPolicyFields`]), once.
-    pub fn apply(&mut self, obj: impl Into<Object>) -> Result<Option<Object>, NoName> {
+    pub fn apply(&mut self, obj: impl Into<Object>) -> Result<bool, NoName> {
         self.apply_checked(obj.into(), Checked::Nothing)
     }
 
@@ -406,75 +454,80 @@ impl Cluster {
         &mut self,
         mut obj: Object,
         fields: Checked,
-    ) -> Result<Option<Object>, NoName> {
+    ) -> Result<bool, NoName> {
         let key = obj.key().ok_or(NoName(obj.kind()))?;
         if obj.kind().namespaced() {
             obj.metadata_mut().namespace = Some(key.namespace.clone());
         }
-        Ok(match (obj, fields) {
-            (Object::Node(o), _) => self.nodes.insert(key, o).map(Object::from),
+        // The replaced object is not handed back: another state may share it, and
+        // taking it out of its Arc would copy it.
+        let replaced = match (obj, fields) {
+            (Object::Node(o), _) => self.nodes.insert(key, Arc::new(o)).is_some(),
             (Object::Pod(o), f) => {
                 let f = kept(f.pod(), || PodFields::parse(&o));
                 self.pod_fields.insert(key.clone(), f);
-                self.pods.insert(key, o).map(Object::from)
+                self.pods.insert(key, Arc::new(o)).is_some()
             }
             (Object::Service(o), f) => {
                 let f = kept(f.into_service(), || ServiceFields::parse(&o));
                 self.service_fields.insert(key.clone(), f);
-                self.services.insert(key, o).map(Object::from)
+                self.services.insert(key, Arc::new(o)).is_some()
             }
-            (Object::EndpointSlice(o), _) => self.endpoint_slices.insert(key, o).map(Object::from),
-            (Object::ConfigMap(o), _) => self.config_maps.insert(key, o).map(Object::from),
+            (Object::EndpointSlice(o), _) => {
+                self.endpoint_slices.insert(key, Arc::new(o)).is_some()
+            }
+            (Object::ConfigMap(o), _) => self.config_maps.insert(key, Arc::new(o)).is_some(),
             (Object::Namespace(o), f) => {
                 let f = kept(f.namespace(), || NamespaceFields::parse(&o));
                 self.namespace_fields.insert(key.clone(), f);
-                self.namespaces.insert(key, o).map(Object::from)
+                self.namespaces.insert(key, Arc::new(o)).is_some()
             }
             (Object::NetworkPolicy(o), f) => {
                 let f = kept(f.network_policy(), || NetworkPolicyFields::parse(&o));
                 self.network_policy_fields.insert(key.clone(), f);
-                self.network_policies.insert(key, o).map(Object::from)
+                self.network_policies.insert(key, Arc::new(o)).is_some()
             }
             (Object::ClusterNetworkPolicy(o), f) => {
                 let f = kept(f.cluster_network_policy(), || {
                     ClusterNetworkPolicyFields::parse(&o)
                 });
                 self.cluster_network_policy_fields.insert(key.clone(), f);
-                self.cluster_network_policies
-                    .insert(key, o)
-                    .map(Object::from)
+                (self.cluster_network_policies)
+                    .insert(key, Arc::new(o))
+                    .is_some()
             }
-        })
+        };
+        Ok(replaced)
     }
 
     /// Removes the object of `kind` at `namespace`/`name` (the namespace is ignored for
-    /// cluster-scoped kinds); returns it.
-    pub fn delete(&mut self, kind: Kind, namespace: &str, name: &str) -> Option<Object> {
+    /// cluster-scoped kinds); true when there was one.
+    pub fn delete(&mut self, kind: Kind, namespace: &str, name: &str) -> bool {
         let key = ObjectKey::new(if kind.namespaced() { namespace } else { "" }, name);
         match kind {
-            Kind::Node => self.nodes.remove(&key).map(Object::from),
+            Kind::Node => self.nodes.remove(&key).is_some(),
             Kind::Pod => {
                 self.pod_fields.remove(&key);
-                self.pods.remove(&key).map(Object::from)
+                self.pods.remove(&key).is_some()
             }
             Kind::Service => {
                 self.left_out.remove(&key);
                 self.service_fields.remove(&key);
-                self.services.remove(&key).map(Object::from)
+                self.services.remove(&key).is_some()
             }
-            Kind::EndpointSlice => self.endpoint_slices.remove(&key).map(Object::from),
-            Kind::ConfigMap => self.config_maps.remove(&key).map(Object::from),
+            Kind::EndpointSlice => self.endpoint_slices.remove(&key).is_some(),
+            Kind::ConfigMap => self.config_maps.remove(&key).is_some(),
             Kind::Namespace => {
                 self.namespace_fields.remove(&key);
-                self.namespaces.remove(&key).map(Object::from)
+                self.namespaces.remove(&key).is_some()
             }
             Kind::NetworkPolicy => {
                 self.network_policy_fields.remove(&key);
-                self.network_policies.remove(&key).map(Object::from)
+                self.network_policies.remove(&key).is_some()
             }
             Kind::ClusterNetworkPolicy => {
                 self.cluster_network_policy_fields.remove(&key);
-                self.cluster_network_policies.remove(&key).map(Object::from)
+                self.cluster_network_policies.remove(&key).is_some()
             }
         }
     }
@@ -616,12 +669,16 @@ impl Cluster {
 
     /// The Node named `name`.
     pub fn node(&self, name: &str) -> Option<&Node> {
-        self.nodes.get(&ObjectKey::cluster_scoped(name))
+        self.nodes
+            .get(&ObjectKey::cluster_scoped(name))
+            .map(|n| &**n)
     }
 
     /// The ConfigMap `namespace/name`.
     pub fn config_map(&self, namespace: &str, name: &str) -> Option<&ConfigMap> {
-        self.config_maps.get(&ObjectKey::new(namespace, name))
+        self.config_maps
+            .get(&ObjectKey::new(namespace, name))
+            .map(|m| &**m)
     }
 
     /// The EndpointSlices of the Service `namespace/service`: those of its namespace
@@ -634,7 +691,7 @@ impl Cluster {
         self.endpoint_slices
             .range(ObjectKey::new(namespace, "")..)
             .take_while(move |(k, _)| k.namespace == namespace)
-            .map(|(_, s)| s)
+            .map(|(_, s)| &**s)
             .filter(move |s| {
                 s.metadata
                     .labels
@@ -645,24 +702,20 @@ impl Cluster {
     }
 
     /// The objects that differ between `self` and `newer`: added, changed or removed,
-    /// by kind and key.
+    /// by kind and key. Kind by kind in [`Kind::ALL`] order: first the changed and the
+    /// removed in key order, then the added in key order.
+    ///
+    /// Each pair of maps is walked side by side, and an object both share (one [`Arc`])
+    /// is the same without a look inside: a change costs a walk of the keys, and a
+    /// compare of only the objects that are not shared.
     pub fn diff(&self, newer: &Cluster) -> Vec<(Kind, ObjectKey)> {
         fn walk<T: PartialEq>(
             kind: Kind,
-            a: &BTreeMap<ObjectKey, T>,
-            b: &BTreeMap<ObjectKey, T>,
+            a: &BTreeMap<ObjectKey, Arc<T>>,
+            b: &BTreeMap<ObjectKey, Arc<T>>,
             out: &mut Vec<(Kind, ObjectKey)>,
         ) {
-            for (k, v) in a {
-                if b.get(k) != Some(v) {
-                    out.push((kind, k.clone()));
-                }
-            }
-            for k in b.keys() {
-                if !a.contains_key(k) {
-                    out.push((kind, k.clone()));
-                }
-            }
+            side_by_side(kind, a, b, |x, y| Arc::ptr_eq(x, y) || **x == **y, out);
         }
         let mut out = Vec::new();
         walk(Kind::Node, &self.nodes, &newer.nodes, &mut out);
@@ -700,10 +753,11 @@ impl Cluster {
         );
         // A Service that wins or loses a frontend changed too.
         let mut frontends = Vec::new();
-        walk(
+        side_by_side(
             Kind::Service,
             &self.left_out,
             &newer.left_out,
+            |x, y| x == y,
             &mut frontends,
         );
         for f in frontends {
@@ -817,11 +871,16 @@ mod tests {
             metadata: meta(Some("prod"), "web"),
             ..Service::default()
         };
-        assert_eq!(c.apply(svc.clone()).unwrap(), None);
-        assert_eq!(
-            c.apply(svc.clone()).unwrap(),
-            Some(Object::Service(svc.clone()))
-        );
+        assert!(!c.apply(svc.clone()).unwrap());
+        let labelled = Service {
+            metadata: ObjectMeta {
+                labels: Some([("app".to_string(), "web".to_string())].into()),
+                ..svc.metadata.clone()
+            },
+            ..svc.clone()
+        };
+        assert!(c.apply(labelled.clone()).unwrap(), "replaced");
+        assert_eq!(*c.services[&ObjectKey::new("prod", "web")], labelled);
         // Same name, other kind: a separate object.
         c.apply(Pod {
             metadata: meta(Some("prod"), "web"),
@@ -829,8 +888,8 @@ mod tests {
         })
         .unwrap();
         assert_eq!(c.len(), 2);
-        assert!(c.delete(Kind::Service, "prod", "web").is_some());
-        assert!(c.delete(Kind::Service, "prod", "web").is_none());
+        assert!(c.delete(Kind::Service, "prod", "web"));
+        assert!(!c.delete(Kind::Service, "prod", "web"));
         assert_eq!(c.len(), 1);
     }
 
@@ -886,7 +945,7 @@ mod tests {
         })
         .unwrap();
         assert!(c.node("n1").is_some());
-        assert!(c.delete(Kind::Node, "whatever", "n1").is_some());
+        assert!(c.delete(Kind::Node, "whatever", "n1"));
     }
 
     #[test]
@@ -953,6 +1012,58 @@ mod tests {
         // What is left to change is what was not taken.
         assert_eq!(part.diff(&new), [(Kind::Pod, ObjectKey::new("a", "p"))]);
         assert_eq!(old.with_changes_of(&new, &changed), new);
+    }
+
+    #[test]
+    fn diff_finds_the_changes_among_shared_objects() {
+        let pod = |name: &str, app: &str| Pod {
+            metadata: ObjectMeta {
+                labels: Some([("app".to_string(), app.to_string())].into()),
+                ..meta(Some("a"), name)
+            },
+            ..Pod::default()
+        };
+        let mut old = Cluster::default();
+        for name in ["same", "copied", "changed", "gone"] {
+            old.apply(pod(name, "web")).unwrap();
+        }
+        let mut new = old.clone();
+        let key = |name: &str| ObjectKey::new("a", name);
+        assert!(
+            Arc::ptr_eq(&old.pods[&key("same")], &new.pods[&key("same")]),
+            "a clone shares the objects"
+        );
+        // An equal copy in an Arc of its own is no change.
+        new.apply((*old.pods[&key("copied")]).clone()).unwrap();
+        assert!(!Arc::ptr_eq(
+            &old.pods[&key("copied")],
+            &new.pods[&key("copied")]
+        ));
+        new.apply(pod("changed", "db")).unwrap();
+        new.delete(Kind::Pod, "a", "gone");
+        // Sorts before the changed and the removed; still comes last, as added.
+        new.apply(pod("added", "web")).unwrap();
+        let changed = [
+            (Kind::Pod, key("changed")),
+            (Kind::Pod, key("gone")),
+            (Kind::Pod, key("added")),
+        ];
+        assert_eq!(old.diff(&new), changed);
+        assert_eq!(
+            new.diff(&old),
+            [
+                (Kind::Pod, key("added")),
+                (Kind::Pod, key("changed")),
+                (Kind::Pod, key("gone")),
+            ]
+        );
+        assert_eq!(old.diff(&old.clone()), []);
+        let part = old.with_changes_of(&new, &changed);
+        assert_eq!(part, new);
+        assert!(Arc::ptr_eq(
+            &part.pods[&key("changed")],
+            &new.pods[&key("changed")]
+        ));
     }
 
     #[test]
