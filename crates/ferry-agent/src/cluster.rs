@@ -653,6 +653,21 @@ impl Cluster {
         self.pod_fields.iter().map(|(k, f)| (k, view(f)))
     }
 
+    /// Every Pod with its fields, by namespace and name: one walk of both maps side by
+    /// side, no lookup per Pod (they hold the same keys: [`Cluster::apply`] and
+    /// [`Cluster::delete`] keep them so).
+    pub fn pods_with_fields(
+        &self,
+    ) -> impl Iterator<Item = (&ObjectKey, &Pod, Result<&PodFields, &[FieldError]>)> {
+        let mut pods = self.pods.iter().peekable();
+        self.pod_fields.iter().filter_map(move |(k, f)| {
+            // Skips a Pod put in without its fields (past `apply`), should one be.
+            while pods.next_if(|(p, _)| *p < k).is_some() {}
+            let (_, pod) = pods.next_if(|(p, _)| *p == k)?;
+            Some((k, &**pod, view(f)))
+        })
+    }
+
     /// True when an object of `kind` has `key`.
     pub fn contains(&self, kind: Kind, key: &ObjectKey) -> bool {
         match kind {
@@ -1064,6 +1079,7 @@ mod tests {
             &part.pods[&key("changed")],
             &new.pods[&key("changed")]
         ));
+        assert_eq!(part.pods_with_fields().count(), 4);
     }
 
     #[test]
