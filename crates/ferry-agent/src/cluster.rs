@@ -257,7 +257,10 @@ object_from!(
 pub type Frontend = (Protocol, IpAddr, u16);
 
 /// The objects ferry reads, by kind, each map keyed by namespace and name.
-#[derive(Clone, Debug, Default, PartialEq)]
+///
+/// Each object is kept behind an [`Arc`]: a clone shares them, and two states that
+/// share an object are equal there without a look inside ([`Cluster::diff`], `==`).
+#[derive(Clone, Debug, Default)]
 pub struct Cluster {
     /// Nodes (namespace empty).
     pub nodes: BTreeMap<ObjectKey, Arc<Node>>,
@@ -434,6 +437,91 @@ fn side_by_side<T>(
         }
     }
     out.append(&mut added);
+}
+
+/// `a` and `b` hold the same keys with the same objects; an object both share is not
+/// compared.
+fn same_objects<T: PartialEq>(
+    a: &BTreeMap<ObjectKey, Arc<T>>,
+    b: &BTreeMap<ObjectKey, Arc<T>>,
+) -> bool {
+    a.len() == b.len()
+        && (a.iter().zip(b)).all(|((ka, x), (kb, y))| ka == kb && (Arc::ptr_eq(x, y) || x == y))
+}
+
+/// `a` and `b` hold the same keys with the same fields; fields both share are not
+/// compared.
+fn same_fields<T: PartialEq>(
+    a: &BTreeMap<ObjectKey, Parsed<T>>,
+    b: &BTreeMap<ObjectKey, Parsed<T>>,
+) -> bool {
+    a.len() == b.len()
+        && (a.iter().zip(b)).all(|((ka, x), (kb, y))| {
+            ka == kb
+                && match (x, y) {
+                    (Ok(x), Ok(y)) => Arc::ptr_eq(x, y) || x == y,
+                    (x, y) => x == y,
+                }
+        })
+}
+
+impl PartialEq for Cluster {
+    fn eq(&self, other: &Cluster) -> bool {
+        // Every field named, so that a new one cannot be left out.
+        let Cluster {
+            nodes,
+            pods,
+            services,
+            endpoint_slices,
+            config_maps,
+            namespaces,
+            network_policies,
+            cluster_network_policies,
+            left_out,
+            refused,
+            service_fields,
+            pod_fields,
+            namespace_fields,
+            network_policy_fields,
+            cluster_network_policy_fields,
+        } = self;
+        same_objects(nodes, &other.nodes)
+            && same_objects(pods, &other.pods)
+            && same_objects(services, &other.services)
+            && same_objects(endpoint_slices, &other.endpoint_slices)
+            && same_objects(config_maps, &other.config_maps)
+            && same_objects(namespaces, &other.namespaces)
+            && same_objects(network_policies, &other.network_policies)
+            && same_objects(cluster_network_policies, &other.cluster_network_policies)
+            && *left_out == other.left_out
+            && *refused == other.refused
+            && same_fields(service_fields, &other.service_fields)
+            && same_fields(pod_fields, &other.pod_fields)
+            && same_fields(namespace_fields, &other.namespace_fields)
+            && same_fields(network_policy_fields, &other.network_policy_fields)
+            && same_fields(
+                cluster_network_policy_fields,
+                &other.cluster_network_policy_fields,
+            )
+    }
+}
+
+/// Replaces each value of `to` that `from` has equal under its key (`same`) by
+/// `from`'s. Both maps are walked once, side by side.
+fn take_equal<T: Clone>(
+    to: &mut BTreeMap<ObjectKey, T>,
+    from: &BTreeMap<ObjectKey, T>,
+    same: impl Fn(&T, &T) -> bool,
+) {
+    let mut from = from.iter().peekable();
+    for (k, v) in to.iter_mut() {
+        while from.next_if(|(f, _)| *f < k).is_some() {}
+        if let Some((_, o)) = from.next_if(|(f, _)| *f == k)
+            && same(v, o)
+        {
+            *v = o.clone();
+        }
+    }
 }
 
 impl Cluster {
@@ -714,6 +802,47 @@ impl Cluster {
                     .and_then(|l| l.get(SERVICE_NAME_LABEL))
                     .is_some_and(|n| n == service)
             })
+    }
+
+    /// Makes `self` share with `older` each object (and its fields) that the two hold
+    /// equal under the same kind and key: a state read again whole (the file datastore
+    /// reads every manifest at each change) then costs [`Cluster::diff`], `==` and
+    /// memory only for what changed. Each object not shared yet is compared once.
+    pub fn share_with(&mut self, older: &Cluster) {
+        fn objects<T: PartialEq>(
+            to: &mut BTreeMap<ObjectKey, Arc<T>>,
+            from: &BTreeMap<ObjectKey, Arc<T>>,
+        ) {
+            take_equal(to, from, |x, y| Arc::ptr_eq(x, y) || x == y);
+        }
+        fn fields<T: PartialEq>(
+            to: &mut BTreeMap<ObjectKey, Parsed<T>>,
+            from: &BTreeMap<ObjectKey, Parsed<T>>,
+        ) {
+            take_equal(to, from, |x, y| x == y);
+        }
+        objects(&mut self.nodes, &older.nodes);
+        objects(&mut self.pods, &older.pods);
+        objects(&mut self.services, &older.services);
+        objects(&mut self.endpoint_slices, &older.endpoint_slices);
+        objects(&mut self.config_maps, &older.config_maps);
+        objects(&mut self.namespaces, &older.namespaces);
+        objects(&mut self.network_policies, &older.network_policies);
+        objects(
+            &mut self.cluster_network_policies,
+            &older.cluster_network_policies,
+        );
+        fields(&mut self.service_fields, &older.service_fields);
+        fields(&mut self.pod_fields, &older.pod_fields);
+        fields(&mut self.namespace_fields, &older.namespace_fields);
+        fields(
+            &mut self.network_policy_fields,
+            &older.network_policy_fields,
+        );
+        fields(
+            &mut self.cluster_network_policy_fields,
+            &older.cluster_network_policy_fields,
+        );
     }
 
     /// The objects that differ between `self` and `newer`: added, changed or removed,
@@ -1080,6 +1209,47 @@ mod tests {
             &new.pods[&key("changed")]
         ));
         assert_eq!(part.pods_with_fields().count(), 4);
+    }
+
+    #[test]
+    fn share_with_takes_the_equal_objects_of_an_older_state() {
+        let pod = |name: &str, app: &str| Pod {
+            metadata: ObjectMeta {
+                labels: Some([("app".to_string(), app.to_string())].into()),
+                ..meta(Some("a"), name)
+            },
+            ..Pod::default()
+        };
+        let read = |apps: &[(&str, &str)]| {
+            let mut c = Cluster::default();
+            for (name, app) in apps {
+                c.apply(pod(name, app)).unwrap();
+            }
+            c
+        };
+        let old = read(&[("kept", "web"), ("changed", "web"), ("gone", "web")]);
+        let mut new = read(&[("kept", "web"), ("changed", "db"), ("added", "web")]);
+        let key = |name: &str| ObjectKey::new("a", name);
+        let before = new.clone();
+        new.share_with(&old);
+        assert_eq!(new, before, "the same state");
+        assert!(Arc::ptr_eq(
+            &new.pods[&key("kept")],
+            &old.pods[&key("kept")]
+        ));
+        assert!(!Arc::ptr_eq(
+            &new.pods[&key("changed")],
+            &old.pods[&key("changed")]
+        ));
+        assert_eq!(
+            old.diff(&new),
+            [
+                (Kind::Pod, key("changed")),
+                (Kind::Pod, key("gone")),
+                (Kind::Pod, key("added")),
+            ]
+        );
+        assert_ne!(old, new);
     }
 
     #[test]
