@@ -257,26 +257,29 @@ object_from!(
 pub type Frontend = (Protocol, IpAddr, u16);
 
 /// The objects ferry reads, by kind, each map keyed by namespace and name.
-#[derive(Clone, Debug, Default, PartialEq)]
+///
+/// Each object is kept behind an [`Arc`]: a clone shares them, and two states that
+/// share an object are equal there without a look inside ([`Cluster::diff`], `==`).
+#[derive(Clone, Debug, Default)]
 pub struct Cluster {
     /// Nodes (namespace empty).
-    pub nodes: BTreeMap<ObjectKey, Node>,
+    pub nodes: BTreeMap<ObjectKey, Arc<Node>>,
     /// Pods.
-    pub pods: BTreeMap<ObjectKey, Pod>,
+    pub pods: BTreeMap<ObjectKey, Arc<Pod>>,
     /// Services. Change them through [`Cluster::apply`] and [`Cluster::delete`], which
     /// keep their fields ([`Cluster::service_fields`]) with them.
-    pub services: BTreeMap<ObjectKey, Service>,
+    pub services: BTreeMap<ObjectKey, Arc<Service>>,
     /// EndpointSlices.
-    pub endpoint_slices: BTreeMap<ObjectKey, EndpointSlice>,
+    pub endpoint_slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
     /// ConfigMaps.
-    pub config_maps: BTreeMap<ObjectKey, ConfigMap>,
+    pub config_maps: BTreeMap<ObjectKey, Arc<ConfigMap>>,
     /// Namespaces (namespace empty). Change them, the Pods and the policies through
     /// [`Cluster::apply`] and [`Cluster::delete`] too: their fields are kept with them.
-    pub namespaces: BTreeMap<ObjectKey, Namespace>,
+    pub namespaces: BTreeMap<ObjectKey, Arc<Namespace>>,
     /// NetworkPolicies.
-    pub network_policies: BTreeMap<ObjectKey, NetworkPolicy>,
+    pub network_policies: BTreeMap<ObjectKey, Arc<NetworkPolicy>>,
     /// ClusterNetworkPolicies (namespace empty).
-    pub cluster_network_policies: BTreeMap<ObjectKey, ClusterNetworkPolicy>,
+    pub cluster_network_policies: BTreeMap<ObjectKey, Arc<ClusterNetworkPolicy>>,
     /// The frontends of Services that another Service wins (an external IP on another
     /// Service's cluster IP and port, say), by Service: they are left out of its tables.
     /// The Kubernetes datastore decides them ([`Cluster::set_left_out`]).
@@ -389,14 +392,147 @@ impl fmt::Display for NoName {
 
 impl std::error::Error for NoName {}
 
+/// Pushes to `out` the keys of `a` and `b` whose values differ (`same` says they do
+/// not): those of `a` that `b` lacks or has otherwise, in key order, then those that
+/// only `b` has, in key order. Both maps are walked once, side by side.
+fn side_by_side<T>(
+    kind: Kind,
+    a: &BTreeMap<ObjectKey, T>,
+    b: &BTreeMap<ObjectKey, T>,
+    same: impl Fn(&T, &T) -> bool,
+    out: &mut Vec<(Kind, ObjectKey)>,
+) {
+    use std::cmp::Ordering;
+    let mut added = Vec::new();
+    let (mut a, mut b) = (a.iter(), b.iter());
+    let (mut x, mut y) = (a.next(), b.next());
+    loop {
+        match (x, y) {
+            (None, None) => break,
+            (Some((k, _)), None) => {
+                out.push((kind, k.clone()));
+                x = a.next();
+            }
+            (None, Some((k, _))) => {
+                added.push((kind, k.clone()));
+                y = b.next();
+            }
+            (Some((ka, va)), Some((kb, vb))) => match ka.cmp(kb) {
+                Ordering::Less => {
+                    out.push((kind, ka.clone()));
+                    x = a.next();
+                }
+                Ordering::Greater => {
+                    added.push((kind, kb.clone()));
+                    y = b.next();
+                }
+                Ordering::Equal => {
+                    if !same(va, vb) {
+                        out.push((kind, ka.clone()));
+                    }
+                    x = a.next();
+                    y = b.next();
+                }
+            },
+        }
+    }
+    out.append(&mut added);
+}
+
+/// `a` and `b` hold the same keys with the same objects; an object both share is not
+/// compared.
+fn same_objects<T: PartialEq>(
+    a: &BTreeMap<ObjectKey, Arc<T>>,
+    b: &BTreeMap<ObjectKey, Arc<T>>,
+) -> bool {
+    a.len() == b.len()
+        && (a.iter().zip(b)).all(|((ka, x), (kb, y))| ka == kb && (Arc::ptr_eq(x, y) || x == y))
+}
+
+/// `a` and `b` hold the same keys with the same fields; fields both share are not
+/// compared.
+fn same_fields<T: PartialEq>(
+    a: &BTreeMap<ObjectKey, Parsed<T>>,
+    b: &BTreeMap<ObjectKey, Parsed<T>>,
+) -> bool {
+    a.len() == b.len()
+        && (a.iter().zip(b)).all(|((ka, x), (kb, y))| {
+            ka == kb
+                && match (x, y) {
+                    (Ok(x), Ok(y)) => Arc::ptr_eq(x, y) || x == y,
+                    (x, y) => x == y,
+                }
+        })
+}
+
+impl PartialEq for Cluster {
+    fn eq(&self, other: &Cluster) -> bool {
+        // Every field named, so that a new one cannot be left out.
+        let Cluster {
+            nodes,
+            pods,
+            services,
+            endpoint_slices,
+            config_maps,
+            namespaces,
+            network_policies,
+            cluster_network_policies,
+            left_out,
+            refused,
+            service_fields,
+            pod_fields,
+            namespace_fields,
+            network_policy_fields,
+            cluster_network_policy_fields,
+        } = self;
+        same_objects(nodes, &other.nodes)
+            && same_objects(pods, &other.pods)
+            && same_objects(services, &other.services)
+            && same_objects(endpoint_slices, &other.endpoint_slices)
+            && same_objects(config_maps, &other.config_maps)
+            && same_objects(namespaces, &other.namespaces)
+            && same_objects(network_policies, &other.network_policies)
+            && same_objects(cluster_network_policies, &other.cluster_network_policies)
+            && *left_out == other.left_out
+            && *refused == other.refused
+            && same_fields(service_fields, &other.service_fields)
+            && same_fields(pod_fields, &other.pod_fields)
+            && same_fields(namespace_fields, &other.namespace_fields)
+            && same_fields(network_policy_fields, &other.network_policy_fields)
+            && same_fields(
+                cluster_network_policy_fields,
+                &other.cluster_network_policy_fields,
+            )
+    }
+}
+
+/// Replaces each value of `to` that `from` has equal under its key (`same`) by
+/// `from`'s. Both maps are walked once, side by side.
+fn take_equal<T: Clone>(
+    to: &mut BTreeMap<ObjectKey, T>,
+    from: &BTreeMap<ObjectKey, T>,
+    same: impl Fn(&T, &T) -> bool,
+) {
+    let mut from = from.iter().peekable();
+    for (k, v) in to.iter_mut() {
+        while from.next_if(|(f, _)| *f < k).is_some() {}
+        if let Some((_, o)) = from.next_if(|(f, _)| *f == k)
+            && same(v, o)
+        {
+            *v = o.clone();
+        }
+    }
+}
+
 impl Cluster {
-    /// Adds `obj`, or replaces the object of the same kind and key; returns the one it
-    /// replaced. A namespaced object without a namespace goes to [`DEFAULT_NAMESPACE`]
-    /// (and says so in its metadata, so every reader sees the same key).
+    /// Adds `obj`, or replaces the object of the same kind and key; true when it
+    /// replaced one. A namespaced object without a namespace goes to
+    /// [`DEFAULT_NAMESPACE`] (and says so in its metadata, so every reader sees the same
+    /// key). The object is kept behind an [`Arc`]: a clone of the cluster shares it.
     /// The fields of a Service, a Pod, a Namespace and the policies are parsed here
     /// ([`ServiceFields`], [`PodFields`], [`NamespaceFields`], [`NetworkPolicyFields`],
     /// [`ClusterNetworkPolicyFields`]), once.
-    pub fn apply(&mut self, obj: impl Into<Object>) -> Result<Option<Object>, NoName> {
+    pub fn apply(&mut self, obj: impl Into<Object>) -> Result<bool, NoName> {
         self.apply_checked(obj.into(), Checked::Nothing)
     }
 
@@ -406,75 +542,80 @@ impl Cluster {
         &mut self,
         mut obj: Object,
         fields: Checked,
-    ) -> Result<Option<Object>, NoName> {
+    ) -> Result<bool, NoName> {
         let key = obj.key().ok_or(NoName(obj.kind()))?;
         if obj.kind().namespaced() {
             obj.metadata_mut().namespace = Some(key.namespace.clone());
         }
-        Ok(match (obj, fields) {
-            (Object::Node(o), _) => self.nodes.insert(key, o).map(Object::from),
+        // The replaced object is not handed back: another state may share it, and
+        // taking it out of its Arc would copy it.
+        let replaced = match (obj, fields) {
+            (Object::Node(o), _) => self.nodes.insert(key, Arc::new(o)).is_some(),
             (Object::Pod(o), f) => {
                 let f = kept(f.pod(), || PodFields::parse(&o));
                 self.pod_fields.insert(key.clone(), f);
-                self.pods.insert(key, o).map(Object::from)
+                self.pods.insert(key, Arc::new(o)).is_some()
             }
             (Object::Service(o), f) => {
                 let f = kept(f.into_service(), || ServiceFields::parse(&o));
                 self.service_fields.insert(key.clone(), f);
-                self.services.insert(key, o).map(Object::from)
+                self.services.insert(key, Arc::new(o)).is_some()
             }
-            (Object::EndpointSlice(o), _) => self.endpoint_slices.insert(key, o).map(Object::from),
-            (Object::ConfigMap(o), _) => self.config_maps.insert(key, o).map(Object::from),
+            (Object::EndpointSlice(o), _) => {
+                self.endpoint_slices.insert(key, Arc::new(o)).is_some()
+            }
+            (Object::ConfigMap(o), _) => self.config_maps.insert(key, Arc::new(o)).is_some(),
             (Object::Namespace(o), f) => {
                 let f = kept(f.namespace(), || NamespaceFields::parse(&o));
                 self.namespace_fields.insert(key.clone(), f);
-                self.namespaces.insert(key, o).map(Object::from)
+                self.namespaces.insert(key, Arc::new(o)).is_some()
             }
             (Object::NetworkPolicy(o), f) => {
                 let f = kept(f.network_policy(), || NetworkPolicyFields::parse(&o));
                 self.network_policy_fields.insert(key.clone(), f);
-                self.network_policies.insert(key, o).map(Object::from)
+                self.network_policies.insert(key, Arc::new(o)).is_some()
             }
             (Object::ClusterNetworkPolicy(o), f) => {
                 let f = kept(f.cluster_network_policy(), || {
                     ClusterNetworkPolicyFields::parse(&o)
                 });
                 self.cluster_network_policy_fields.insert(key.clone(), f);
-                self.cluster_network_policies
-                    .insert(key, o)
-                    .map(Object::from)
+                (self.cluster_network_policies)
+                    .insert(key, Arc::new(o))
+                    .is_some()
             }
-        })
+        };
+        Ok(replaced)
     }
 
     /// Removes the object of `kind` at `namespace`/`name` (the namespace is ignored for
-    /// cluster-scoped kinds); returns it.
-    pub fn delete(&mut self, kind: Kind, namespace: &str, name: &str) -> Option<Object> {
+    /// cluster-scoped kinds); true when there was one.
+    pub fn delete(&mut self, kind: Kind, namespace: &str, name: &str) -> bool {
         let key = ObjectKey::new(if kind.namespaced() { namespace } else { "" }, name);
         match kind {
-            Kind::Node => self.nodes.remove(&key).map(Object::from),
+            Kind::Node => self.nodes.remove(&key).is_some(),
             Kind::Pod => {
                 self.pod_fields.remove(&key);
-                self.pods.remove(&key).map(Object::from)
+                self.pods.remove(&key).is_some()
             }
             Kind::Service => {
                 self.left_out.remove(&key);
                 self.service_fields.remove(&key);
-                self.services.remove(&key).map(Object::from)
+                self.services.remove(&key).is_some()
             }
-            Kind::EndpointSlice => self.endpoint_slices.remove(&key).map(Object::from),
-            Kind::ConfigMap => self.config_maps.remove(&key).map(Object::from),
+            Kind::EndpointSlice => self.endpoint_slices.remove(&key).is_some(),
+            Kind::ConfigMap => self.config_maps.remove(&key).is_some(),
             Kind::Namespace => {
                 self.namespace_fields.remove(&key);
-                self.namespaces.remove(&key).map(Object::from)
+                self.namespaces.remove(&key).is_some()
             }
             Kind::NetworkPolicy => {
                 self.network_policy_fields.remove(&key);
-                self.network_policies.remove(&key).map(Object::from)
+                self.network_policies.remove(&key).is_some()
             }
             Kind::ClusterNetworkPolicy => {
                 self.cluster_network_policy_fields.remove(&key);
-                self.cluster_network_policies.remove(&key).map(Object::from)
+                self.cluster_network_policies.remove(&key).is_some()
             }
         }
     }
@@ -600,6 +741,21 @@ impl Cluster {
         self.pod_fields.iter().map(|(k, f)| (k, view(f)))
     }
 
+    /// Every Pod with its fields, by namespace and name: one walk of both maps side by
+    /// side, no lookup per Pod (they hold the same keys: [`Cluster::apply`] and
+    /// [`Cluster::delete`] keep them so).
+    pub fn pods_with_fields(
+        &self,
+    ) -> impl Iterator<Item = (&ObjectKey, &Pod, Result<&PodFields, &[FieldError]>)> {
+        let mut pods = self.pods.iter().peekable();
+        self.pod_fields.iter().filter_map(move |(k, f)| {
+            // Skips a Pod put in without its fields (past `apply`), should one be.
+            while pods.next_if(|(p, _)| *p < k).is_some() {}
+            let (_, pod) = pods.next_if(|(p, _)| *p == k)?;
+            Some((k, &**pod, view(f)))
+        })
+    }
+
     /// True when an object of `kind` has `key`.
     pub fn contains(&self, kind: Kind, key: &ObjectKey) -> bool {
         match kind {
@@ -616,12 +772,16 @@ impl Cluster {
 
     /// The Node named `name`.
     pub fn node(&self, name: &str) -> Option<&Node> {
-        self.nodes.get(&ObjectKey::cluster_scoped(name))
+        self.nodes
+            .get(&ObjectKey::cluster_scoped(name))
+            .map(|n| &**n)
     }
 
     /// The ConfigMap `namespace/name`.
     pub fn config_map(&self, namespace: &str, name: &str) -> Option<&ConfigMap> {
-        self.config_maps.get(&ObjectKey::new(namespace, name))
+        self.config_maps
+            .get(&ObjectKey::new(namespace, name))
+            .map(|m| &**m)
     }
 
     /// The EndpointSlices of the Service `namespace/service`: those of its namespace
@@ -634,7 +794,7 @@ impl Cluster {
         self.endpoint_slices
             .range(ObjectKey::new(namespace, "")..)
             .take_while(move |(k, _)| k.namespace == namespace)
-            .map(|(_, s)| s)
+            .map(|(_, s)| &**s)
             .filter(move |s| {
                 s.metadata
                     .labels
@@ -644,25 +804,62 @@ impl Cluster {
             })
     }
 
+    /// Makes `self` share with `older` each object (and its fields) that the two hold
+    /// equal under the same kind and key: a state read again whole (the file datastore
+    /// reads every manifest at each change) then costs [`Cluster::diff`], `==` and
+    /// memory only for what changed. Each object not shared yet is compared once.
+    pub fn share_with(&mut self, older: &Cluster) {
+        fn objects<T: PartialEq>(
+            to: &mut BTreeMap<ObjectKey, Arc<T>>,
+            from: &BTreeMap<ObjectKey, Arc<T>>,
+        ) {
+            take_equal(to, from, |x, y| Arc::ptr_eq(x, y) || x == y);
+        }
+        fn fields<T: PartialEq>(
+            to: &mut BTreeMap<ObjectKey, Parsed<T>>,
+            from: &BTreeMap<ObjectKey, Parsed<T>>,
+        ) {
+            take_equal(to, from, |x, y| x == y);
+        }
+        objects(&mut self.nodes, &older.nodes);
+        objects(&mut self.pods, &older.pods);
+        objects(&mut self.services, &older.services);
+        objects(&mut self.endpoint_slices, &older.endpoint_slices);
+        objects(&mut self.config_maps, &older.config_maps);
+        objects(&mut self.namespaces, &older.namespaces);
+        objects(&mut self.network_policies, &older.network_policies);
+        objects(
+            &mut self.cluster_network_policies,
+            &older.cluster_network_policies,
+        );
+        fields(&mut self.service_fields, &older.service_fields);
+        fields(&mut self.pod_fields, &older.pod_fields);
+        fields(&mut self.namespace_fields, &older.namespace_fields);
+        fields(
+            &mut self.network_policy_fields,
+            &older.network_policy_fields,
+        );
+        fields(
+            &mut self.cluster_network_policy_fields,
+            &older.cluster_network_policy_fields,
+        );
+    }
+
     /// The objects that differ between `self` and `newer`: added, changed or removed,
-    /// by kind and key.
+    /// by kind and key. Kind by kind in [`Kind::ALL`] order: first the changed and the
+    /// removed in key order, then the added in key order.
+    ///
+    /// Each pair of maps is walked side by side, and an object both share (one [`Arc`])
+    /// is the same without a look inside: a change costs a walk of the keys, and a
+    /// compare of only the objects that are not shared.
     pub fn diff(&self, newer: &Cluster) -> Vec<(Kind, ObjectKey)> {
         fn walk<T: PartialEq>(
             kind: Kind,
-            a: &BTreeMap<ObjectKey, T>,
-            b: &BTreeMap<ObjectKey, T>,
+            a: &BTreeMap<ObjectKey, Arc<T>>,
+            b: &BTreeMap<ObjectKey, Arc<T>>,
             out: &mut Vec<(Kind, ObjectKey)>,
         ) {
-            for (k, v) in a {
-                if b.get(k) != Some(v) {
-                    out.push((kind, k.clone()));
-                }
-            }
-            for k in b.keys() {
-                if !a.contains_key(k) {
-                    out.push((kind, k.clone()));
-                }
-            }
+            side_by_side(kind, a, b, |x, y| Arc::ptr_eq(x, y) || **x == **y, out);
         }
         let mut out = Vec::new();
         walk(Kind::Node, &self.nodes, &newer.nodes, &mut out);
@@ -700,10 +897,11 @@ impl Cluster {
         );
         // A Service that wins or loses a frontend changed too.
         let mut frontends = Vec::new();
-        walk(
+        side_by_side(
             Kind::Service,
             &self.left_out,
             &newer.left_out,
+            |x, y| x == y,
             &mut frontends,
         );
         for f in frontends {
@@ -817,11 +1015,16 @@ mod tests {
             metadata: meta(Some("prod"), "web"),
             ..Service::default()
         };
-        assert_eq!(c.apply(svc.clone()).unwrap(), None);
-        assert_eq!(
-            c.apply(svc.clone()).unwrap(),
-            Some(Object::Service(svc.clone()))
-        );
+        assert!(!c.apply(svc.clone()).unwrap());
+        let labelled = Service {
+            metadata: ObjectMeta {
+                labels: Some([("app".to_string(), "web".to_string())].into()),
+                ..svc.metadata.clone()
+            },
+            ..svc.clone()
+        };
+        assert!(c.apply(labelled.clone()).unwrap(), "replaced");
+        assert_eq!(*c.services[&ObjectKey::new("prod", "web")], labelled);
         // Same name, other kind: a separate object.
         c.apply(Pod {
             metadata: meta(Some("prod"), "web"),
@@ -829,8 +1032,8 @@ mod tests {
         })
         .unwrap();
         assert_eq!(c.len(), 2);
-        assert!(c.delete(Kind::Service, "prod", "web").is_some());
-        assert!(c.delete(Kind::Service, "prod", "web").is_none());
+        assert!(c.delete(Kind::Service, "prod", "web"));
+        assert!(!c.delete(Kind::Service, "prod", "web"));
         assert_eq!(c.len(), 1);
     }
 
@@ -886,7 +1089,7 @@ mod tests {
         })
         .unwrap();
         assert!(c.node("n1").is_some());
-        assert!(c.delete(Kind::Node, "whatever", "n1").is_some());
+        assert!(c.delete(Kind::Node, "whatever", "n1"));
     }
 
     #[test]
@@ -953,6 +1156,100 @@ mod tests {
         // What is left to change is what was not taken.
         assert_eq!(part.diff(&new), [(Kind::Pod, ObjectKey::new("a", "p"))]);
         assert_eq!(old.with_changes_of(&new, &changed), new);
+    }
+
+    #[test]
+    fn diff_finds_the_changes_among_shared_objects() {
+        let pod = |name: &str, app: &str| Pod {
+            metadata: ObjectMeta {
+                labels: Some([("app".to_string(), app.to_string())].into()),
+                ..meta(Some("a"), name)
+            },
+            ..Pod::default()
+        };
+        let mut old = Cluster::default();
+        for name in ["same", "copied", "changed", "gone"] {
+            old.apply(pod(name, "web")).unwrap();
+        }
+        let mut new = old.clone();
+        let key = |name: &str| ObjectKey::new("a", name);
+        assert!(
+            Arc::ptr_eq(&old.pods[&key("same")], &new.pods[&key("same")]),
+            "a clone shares the objects"
+        );
+        // An equal copy in an Arc of its own is no change.
+        new.apply((*old.pods[&key("copied")]).clone()).unwrap();
+        assert!(!Arc::ptr_eq(
+            &old.pods[&key("copied")],
+            &new.pods[&key("copied")]
+        ));
+        new.apply(pod("changed", "db")).unwrap();
+        new.delete(Kind::Pod, "a", "gone");
+        // Sorts before the changed and the removed; still comes last, as added.
+        new.apply(pod("added", "web")).unwrap();
+        let changed = [
+            (Kind::Pod, key("changed")),
+            (Kind::Pod, key("gone")),
+            (Kind::Pod, key("added")),
+        ];
+        assert_eq!(old.diff(&new), changed);
+        assert_eq!(
+            new.diff(&old),
+            [
+                (Kind::Pod, key("added")),
+                (Kind::Pod, key("changed")),
+                (Kind::Pod, key("gone")),
+            ]
+        );
+        assert_eq!(old.diff(&old.clone()), []);
+        let part = old.with_changes_of(&new, &changed);
+        assert_eq!(part, new);
+        assert!(Arc::ptr_eq(
+            &part.pods[&key("changed")],
+            &new.pods[&key("changed")]
+        ));
+        assert_eq!(part.pods_with_fields().count(), 4);
+    }
+
+    #[test]
+    fn share_with_takes_the_equal_objects_of_an_older_state() {
+        let pod = |name: &str, app: &str| Pod {
+            metadata: ObjectMeta {
+                labels: Some([("app".to_string(), app.to_string())].into()),
+                ..meta(Some("a"), name)
+            },
+            ..Pod::default()
+        };
+        let read = |apps: &[(&str, &str)]| {
+            let mut c = Cluster::default();
+            for (name, app) in apps {
+                c.apply(pod(name, app)).unwrap();
+            }
+            c
+        };
+        let old = read(&[("kept", "web"), ("changed", "web"), ("gone", "web")]);
+        let mut new = read(&[("kept", "web"), ("changed", "db"), ("added", "web")]);
+        let key = |name: &str| ObjectKey::new("a", name);
+        let before = new.clone();
+        new.share_with(&old);
+        assert_eq!(new, before, "the same state");
+        assert!(Arc::ptr_eq(
+            &new.pods[&key("kept")],
+            &old.pods[&key("kept")]
+        ));
+        assert!(!Arc::ptr_eq(
+            &new.pods[&key("changed")],
+            &old.pods[&key("changed")]
+        ));
+        assert_eq!(
+            old.diff(&new),
+            [
+                (Kind::Pod, key("changed")),
+                (Kind::Pod, key("gone")),
+                (Kind::Pod, key("added")),
+            ]
+        );
+        assert_ne!(old, new);
     }
 
     #[test]

@@ -1,4 +1,5 @@
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ferry_datapath::{
     BackendSpec, MacAddr, ModeSpec, OverlaySpec, PortAddr, PortKind, PortSpec, RouteSpec,
@@ -715,7 +716,7 @@ fn a_bad_pod_address_names_the_pod_and_field() {
     let c =
         cluster(&(one_node() + &pod("default", "web", "node-a", &["10.244.1.5"], "Running", "")));
     let mut c2 = c.clone();
-    let p = c2.pods.get_mut(&ObjectKey::new("default", "web")).unwrap();
+    let p = Arc::make_mut(c2.pods.get_mut(&ObjectKey::new("default", "web")).unwrap());
     p.status.as_mut().unwrap().pod_ips.as_mut().unwrap()[0].ip = "10.244.1.x".into();
     let e = node_tables(
         &c2,
@@ -1321,7 +1322,7 @@ fn services_compiled_alone_match_the_whole_node_and_patch_its_tables() {
         .find(|(k, _)| changed_service(&c, k) == Some(key.clone()))
         .map(|(k, _)| k.clone())
         .expect("a slice of default/web");
-    let s = changed.endpoint_slices.get_mut(&slice).unwrap();
+    let s = Arc::make_mut(changed.endpoint_slices.get_mut(&slice).unwrap());
     let eps = s.endpoints.as_mut().expect("endpoints");
     assert!(eps.len() > 1);
     eps.truncate(1);

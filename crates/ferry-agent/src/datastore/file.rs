@@ -543,7 +543,10 @@ impl FileDatastore {
         }
         self.read = fp;
         match load(&self.dir) {
-            Ok((cluster, notes)) => {
+            Ok((mut cluster, notes)) => {
+                // What did not change stays one object in both states: the compare
+                // below and the agent's diff then look only at what did.
+                cluster.share_with(&self.current);
                 if !self.refused && *self.current == cluster {
                     return None;
                 }

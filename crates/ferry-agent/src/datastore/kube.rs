@@ -715,15 +715,18 @@ impl KubeDatastore {
     fn holds(&self, obj: &Object) -> bool {
         let Some(key) = obj.key() else { return false };
         let c = &self.cluster;
+        fn same<T: PartialEq>(held: Option<&Arc<T>>, o: &T) -> bool {
+            held.is_some_and(|h| **h == *o)
+        }
         match obj {
-            Object::Node(o) => c.nodes.get(&key) == Some(o),
-            Object::Pod(o) => c.pods.get(&key) == Some(o),
-            Object::Service(o) => c.services.get(&key) == Some(o),
-            Object::EndpointSlice(o) => c.endpoint_slices.get(&key) == Some(o),
-            Object::ConfigMap(o) => c.config_maps.get(&key) == Some(o),
-            Object::Namespace(o) => c.namespaces.get(&key) == Some(o),
-            Object::NetworkPolicy(o) => c.network_policies.get(&key) == Some(o),
-            Object::ClusterNetworkPolicy(o) => c.cluster_network_policies.get(&key) == Some(o),
+            Object::Node(o) => same(c.nodes.get(&key), o),
+            Object::Pod(o) => same(c.pods.get(&key), o),
+            Object::Service(o) => same(c.services.get(&key), o),
+            Object::EndpointSlice(o) => same(c.endpoint_slices.get(&key), o),
+            Object::ConfigMap(o) => same(c.config_maps.get(&key), o),
+            Object::Namespace(o) => same(c.namespaces.get(&key), o),
+            Object::NetworkPolicy(o) => same(c.network_policies.get(&key), o),
+            Object::ClusterNetworkPolicy(o) => same(c.cluster_network_policies.get(&key), o),
         }
     }
 

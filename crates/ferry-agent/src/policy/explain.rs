@@ -6,6 +6,7 @@
 //! is what is enforced.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use ferry_api::{DirectionInfo, MatchInfo, PodPolicyInfo, PolicyAnswer, PolicyInfo, RuleInfo};
 use ferry_datapath::policy::{ActionSpec, DirectionSpec, PolicySpec};
@@ -130,14 +131,18 @@ pub fn candidate(
             out.apply(obj).expect("a named object");
         }
     };
-    for (k, o) in &given.namespaces {
-        take(Kind::Namespace, k, o.clone().into());
+    for (k, o) in given.namespaces {
+        take(Kind::Namespace, &k, Arc::unwrap_or_clone(o).into());
     }
-    for (k, o) in &given.network_policies {
-        take(Kind::NetworkPolicy, k, o.clone().into());
+    for (k, o) in given.network_policies {
+        take(Kind::NetworkPolicy, &k, Arc::unwrap_or_clone(o).into());
     }
-    for (k, o) in &given.cluster_network_policies {
-        take(Kind::ClusterNetworkPolicy, k, o.clone().into());
+    for (k, o) in given.cluster_network_policies {
+        take(
+            Kind::ClusterNetworkPolicy,
+            &k,
+            Arc::unwrap_or_clone(o).into(),
+        );
     }
     if objects.is_empty() {
         return Err(

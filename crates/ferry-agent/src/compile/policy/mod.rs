@@ -129,9 +129,15 @@ impl Held {
     /// What [`inputs`] of `cluster` needs.
     pub fn of(cluster: &Cluster) -> Held {
         let mut namespaces = BTreeMap::new();
+        // Pods come in key order, namespace by namespace: each is looked up once.
+        let mut last = None;
         for key in cluster.pods.keys() {
             let ns = key.namespace.as_str();
-            if cluster.namespace_labels(ns).is_none() && !namespaces.contains_key(ns) {
+            if last == Some(ns) {
+                continue;
+            }
+            last = Some(ns);
+            if cluster.namespace_labels(ns).is_none() {
                 let labels = BTreeMap::from([(NAMESPACE_NAME_LABEL.to_string(), ns.to_string())]);
                 namespaces.insert(ns.to_string(), labels);
             }
@@ -149,13 +155,12 @@ impl Held {
 /// whose fields are good (the datastores let no bad one in), and the nodes.
 pub fn inputs<'a>(cluster: &'a Cluster, held: &'a Held) -> Inputs<'a> {
     let pods = cluster
-        .all_pod_fields()
-        .filter_map(|(key, f)| {
+        .pods_with_fields()
+        .filter_map(|(key, pod, f)| {
             let f = f.ok()?;
             if f.host_network || f.finished || f.ips.is_empty() {
                 return None;
             }
-            let pod = cluster.pods.get(key)?;
             Some(PodView {
                 key,
                 labels: pod.metadata.labels.as_ref().unwrap_or(&held.no_labels),

@@ -377,11 +377,19 @@ fn poll_reads_a_change_once_it_has_settled_and_reports_it_once() {
     let (mut ds, _) = FileDatastore::open(dir.path()).unwrap();
     assert_eq!(ds.current().len(), 1);
     assert!(ds.poll().is_none());
+    let first = ds.current();
     fs::write(dir.path().join("web.yaml"), WEB).unwrap();
     // First look: the directory just changed; it may still be being written.
     assert!(ds.poll().is_none());
     match ds.poll() {
-        Some(Update::Applied { cluster, .. }) => assert_eq!(cluster.len(), 2),
+        Some(Update::Applied { cluster, .. }) => {
+            assert_eq!(cluster.len(), 2);
+            let (node, was) = (cluster.nodes.values().next(), first.nodes.values().next());
+            assert!(
+                std::sync::Arc::ptr_eq(node.unwrap(), was.unwrap()),
+                "the Node read again is the one in force"
+            );
+        }
         u => panic!("expected the new state, got {u:?}"),
     }
     assert!(ds.poll().is_none());

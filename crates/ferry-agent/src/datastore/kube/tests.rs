@@ -1,5 +1,6 @@
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::kube::core::{ObjectList, WatchEvent};
@@ -25,11 +26,23 @@ const NODE: &str = "node-a";
 fn expected() -> Cluster {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster");
     let (mut c, _) = file::load(&dir).unwrap();
-    let metas = (c.nodes.values_mut().map(|o| &mut o.metadata))
-        .chain(c.pods.values_mut().map(|o| &mut o.metadata))
-        .chain(c.services.values_mut().map(|o| &mut o.metadata))
-        .chain(c.endpoint_slices.values_mut().map(|o| &mut o.metadata))
-        .chain(c.config_maps.values_mut().map(|o| &mut o.metadata));
+    let metas = (c.nodes.values_mut().map(|o| &mut Arc::make_mut(o).metadata))
+        .chain(c.pods.values_mut().map(|o| &mut Arc::make_mut(o).metadata))
+        .chain(
+            c.services
+                .values_mut()
+                .map(|o| &mut Arc::make_mut(o).metadata),
+        )
+        .chain(
+            c.endpoint_slices
+                .values_mut()
+                .map(|o| &mut Arc::make_mut(o).metadata),
+        )
+        .chain(
+            c.config_maps
+                .values_mut()
+                .map(|o| &mut Arc::make_mut(o).metadata),
+        );
     for m in metas {
         m.managed_fields = None;
     }
@@ -38,10 +51,11 @@ fn expected() -> Cluster {
         .into_iter()
         .find(|o| o.metadata().name.as_deref() == Some(CONFIG_NAME))
         .unwrap();
-    let cm = c
-        .config_maps
-        .get_mut(&ObjectKey::new(CONFIG_NAMESPACE, CONFIG_NAME))
-        .unwrap();
+    let cm = Arc::make_mut(
+        c.config_maps
+            .get_mut(&ObjectKey::new(CONFIG_NAMESPACE, CONFIG_NAME))
+            .unwrap(),
+    );
     cm.metadata.uid = served.metadata().uid.clone();
     cm.metadata.resource_version = served.metadata().resource_version.clone();
     cm.metadata.creation_timestamp = served.metadata().creation_timestamp.clone();
