@@ -369,20 +369,13 @@ struct PodPolicy {
     dirs: [Arc<Dir>; 2],
 }
 
-/// What an index is built from: for each rule of its list, in order, each match's
-/// peer sets (by the address of the compiled set, which equal blocks share: see
-/// [`Reuse`]) and ports.
-type IndexKey = Vec<Vec<(Option<Vec<usize>>, Vec<PortRange>)>>;
+/// What an index is built from, flat: for each rule of its list, in order, its number
+/// of matches, then for each match its peer sets (their count, or `u64::MAX` for every
+/// peer, then each by the address of the compiled set: a compilation takes over the
+/// sets of the one before it that have the same prefixes) and its ports (their count, then each as protocol, first and last port).
+type IndexKey = Vec<u64>;
 
-/// The compiled sets and indexes of a policy, by what they were compiled from, for the
-/// next compilation to take instead of building them again (a policy change patched
-/// into the tables in force, [`crate::Tables::with_policy`]). Never read on the packet
-/// path.
-#[derive(Clone, Debug, Default)]
-struct Reuse {
-    sets: HashMap<Vec<BlockSpec>, Arc<Set>>,
-    indexes: HashMap<IndexKey, Arc<Index>>,
-}
+type Fast<K, V> = HashMap<K, V, ahash::RandomState>;
 
 /// Compiled policy for this node's pods (see the [module](self)).
 #[derive(Clone, Debug)]
@@ -394,7 +387,6 @@ pub struct Policy {
     pods: Vec<Option<PodPolicy>>,
     host_to_pods: bool,
     reevaluate: bool,
-    reuse: Reuse,
 }
 
 impl Default for Policy {
@@ -406,7 +398,6 @@ impl Default for Policy {
             pods: Vec::new(),
             host_to_pods: true,
             reevaluate: false,
-            reuse: Reuse::default(),
         }
     }
 }
@@ -454,16 +445,19 @@ impl PolicySpec {
         port_names: &[(&str, bool)],
         before: Option<&Policy>,
     ) -> Result<Policy, String> {
-        let mut reuse = Reuse::default();
+        // What the policy before has, by what it was built from: its sets by their
+        // prefixes (equal prefixes, equal sets), its indexes by their rules.
+        let old_sets: Fast<&[IpNet], &Arc<Set>> = (before.into_iter())
+            .flat_map(|b| b.sets.iter())
+            .map(|s| (s.prefixes.as_slice(), s))
+            .collect();
         let mut sets = Vec::with_capacity(self.sets.len());
         for (i, s) in self.sets.iter().enumerate() {
-            let set = match (reuse.sets.get(&s.blocks))
-                .or_else(|| before.and_then(|b| b.reuse.sets.get(&s.blocks)))
-            {
+            let prefixes = set_prefixes(s).map_err(|e| format!("policy.sets[{i}]: {e}"))?;
+            let set = match old_sets.get(prefixes.as_slice()) {
                 Some(set) => Arc::clone(set),
-                None => Arc::new(compile_set(s).map_err(|e| format!("policy.sets[{i}]: {e}"))?),
+                None => Arc::new(Set::of(prefixes)),
             };
-            reuse.sets.insert(s.blocks.clone(), Arc::clone(&set));
             sets.push(set);
         }
         let mut rules = Vec::with_capacity(self.rules.len());
@@ -484,13 +478,11 @@ impl PolicySpec {
             pods: vec![None; port_names.len()],
             host_to_pods: self.host_to_pods,
             reevaluate: self.reevaluate,
-            reuse: Reuse::default(),
         };
         let mut build = Build {
-            lists: HashMap::new(),
-            dirs: HashMap::new(),
-            before: before.map(|b| &b.reuse.indexes),
-            indexes: HashMap::new(),
+            lists: Fast::default(),
+            dirs: Fast::default(),
+            before: before.map(Policy::indexes),
         };
         for (i, p) in self.pods.iter().enumerate() {
             let what = || format!("policy.pods[{i}] ({})", p.port);
@@ -516,8 +508,6 @@ impl PolicySpec {
             }
             policy.pods[id] = Some(pod);
         }
-        reuse.indexes = build.indexes;
-        policy.reuse = reuse;
         Ok(policy)
     }
 
@@ -564,53 +554,88 @@ impl PolicySpec {
     }
 }
 
-fn compile_set(s: &SetSpec) -> Result<Set, String> {
-    let mut set = Set::default();
+/// The addresses of `s` as sorted disjoint prefixes; an error names the block whose
+/// exception is not inside it.
+fn set_prefixes(s: &SetSpec) -> Result<Vec<IpNet>, String> {
+    let mut prefixes = Vec::new();
     for (j, b) in s.blocks.iter().enumerate() {
         for e in &b.except {
             if !b.cidr.trunc().contains(e) || e.addr().is_ipv4() != b.cidr.addr().is_ipv4() {
                 return Err(format!("blocks[{j}]: except {e} is not inside {}", b.cidr));
             }
         }
-        subtract(b.cidr, &b.except, &mut set.prefixes);
+        subtract(b.cidr, &b.except, &mut prefixes);
     }
-    set.prefixes.sort();
-    set.prefixes.dedup();
-    for n in &set.prefixes {
-        set.lookup.insert(*n, ());
+    prefixes.sort();
+    prefixes.dedup();
+    Ok(prefixes)
+}
+
+#[cfg(test)]
+fn compile_set(s: &SetSpec) -> Result<Set, String> {
+    set_prefixes(s).map(Set::of)
+}
+
+impl Set {
+    fn of(prefixes: Vec<IpNet>) -> Set {
+        let mut lookup = Fib::new();
+        for n in &prefixes {
+            lookup.insert(*n, ());
+        }
+        Set { prefixes, lookup }
     }
-    Ok(set)
 }
 
 /// What one compilation shares among its pods' directions, and takes from the policy
 /// before it.
 struct Build<'b> {
     /// Indexes by list of rules (ids of this compilation).
-    lists: HashMap<Vec<u32>, Arc<Index>>,
-    dirs: HashMap<DirectionSpec, Arc<Dir>>,
+    lists: Fast<Vec<u32>, Arc<Index>>,
+    dirs: Fast<DirectionSpec, Arc<Dir>>,
     /// The indexes of the policy before, by what they were built from.
-    before: Option<&'b HashMap<IndexKey, Arc<Index>>>,
-    /// This compilation's, by what they were built from.
-    indexes: HashMap<IndexKey, Arc<Index>>,
+    before: Option<Fast<IndexKey, &'b Arc<Index>>>,
 }
 
 impl Policy {
+    /// Its indexes, by what they were built from.
+    fn indexes(&self) -> Fast<IndexKey, &Arc<Index>> {
+        let mut out = Fast::default();
+        for d in self.pods.iter().flatten().flat_map(|p| p.dirs.iter()) {
+            for rules in [&d.admin, &d.allow, &d.baseline] {
+                if !rules.list.is_empty() {
+                    out.entry(self.index_key(&rules.list))
+                        .or_insert(&rules.index);
+                }
+            }
+        }
+        out
+    }
+
     /// What the index of `list` is built from.
     fn index_key(&self, list: &[u32]) -> IndexKey {
-        list.iter()
-            .map(|&r| {
-                (self.rules[r as usize].matches.iter())
-                    .map(|m| {
-                        let peers = m.peers.as_ref().map(|ids| {
-                            ids.iter()
-                                .map(|&s| Arc::as_ptr(&self.sets[s as usize]) as usize)
-                                .collect()
-                        });
-                        (peers, m.ports.clone())
-                    })
-                    .collect()
-            })
-            .collect()
+        let mut key = Vec::with_capacity(list.len() * 6);
+        for &r in list {
+            let matches = &self.rules[r as usize].matches;
+            key.push(matches.len() as u64);
+            for m in matches {
+                match &m.peers {
+                    None => key.push(u64::MAX),
+                    Some(ids) => {
+                        key.push(ids.len() as u64);
+                        key.extend(
+                            (ids.iter()).map(|&s| Arc::as_ptr(&self.sets[s as usize]) as u64),
+                        );
+                    }
+                }
+                key.push(m.ports.len() as u64);
+                key.extend(
+                    m.ports.iter().map(|p| {
+                        u64::from(p.proto) << 32 | u64::from(p.lo) << 16 | u64::from(p.hi)
+                    }),
+                );
+            }
+        }
+        key
     }
 
     /// The index of `list`: one built already by this compilation, or by the policy
@@ -619,13 +644,11 @@ impl Policy {
         if let Some(i) = build.lists.get(list) {
             return Arc::clone(i);
         }
-        let key = self.index_key(list);
-        let index =
-            match (build.indexes.get(&key)).or_else(|| build.before.and_then(|b| b.get(&key))) {
-                Some(i) => Arc::clone(i),
-                None => Arc::new(Index::build(list, &self.rules, &self.sets)),
-            };
-        build.indexes.insert(key, Arc::clone(&index));
+        let old = (build.before.as_ref()).and_then(|b| b.get(&self.index_key(list)).copied());
+        let index = match old {
+            Some(i) => Arc::clone(i),
+            None => Arc::new(Index::build(list, &self.rules, &self.sets)),
+        };
         build.lists.insert(list.to_vec(), Arc::clone(&index));
         index
     }

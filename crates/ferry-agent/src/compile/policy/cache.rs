@@ -49,16 +49,45 @@ struct Subjects {
     network: BTreeSet<ObjectKey>,
 }
 
+type Fast<K, V> = HashMap<K, V, ahash::RandomState>;
+
 /// What one compilation leaves for the next (see the [module](self)).
 #[derive(Clone, Debug, Default)]
 pub struct PolicyCache {
     /// The pods and options it was built for.
     built_for: Option<(BTreeMap<ObjectKey, String>, PolicyOptions)>,
-    rules: HashMap<RuleKey, Arc<Resolved>>,
+    rules: Fast<RuleKey, Arc<Resolved>>,
     sets: HashMap<Vec<BlockSpec>, Blocks>,
     subjects: BTreeMap<ObjectKey, Subjects>,
+    /// What each pod of this node put into the last section, in order.
+    ops: BTreeMap<ObjectKey, Vec<Op>>,
+    /// Pods whose policies changed since: their ops are to be made again.
+    dirty: BTreeSet<ObjectKey>,
+    /// Rules forgotten since the last compilation (by their resolution's allocation,
+    /// which the ops that hold them keep alive): the ops holding one are made again.
+    forgotten: Fast<usize, ()>,
     /// Rules the last compilation resolved (the others it kept).
     resolved: usize,
+}
+
+/// Which list of a direction a rule goes to.
+#[derive(Clone, Copy, Debug)]
+enum List {
+    Admin,
+    Allow,
+    Baseline,
+}
+
+/// One step of putting a pod's policy into the section, kept so that a pod whose
+/// policies did not change is put in again without looking anything up.
+#[derive(Clone, Debug)]
+enum Op {
+    /// The policy the next steps are of.
+    Policy(Arc<str>),
+    /// The policy isolates the pod in this direction (0: ingress, 1: egress).
+    Isolate(usize),
+    /// A rule of the policy, in a direction's list.
+    Rule(usize, List, Arc<Resolved>),
 }
 
 fn np_name(key: &ObjectKey) -> String {
@@ -138,6 +167,9 @@ impl PolicyCache {
         self.built_for = Some((local.clone(), opts));
         self.rules.clear();
         self.subjects.clear();
+        self.ops.clear();
+        self.dirty.clear();
+        self.forgotten.clear();
         let mut by_ns: HashMap<&str, Vec<&ObjectKey>> = HashMap::new();
         for (k, _) in &inputs.network_policies {
             by_ns.entry(k.namespace.as_str()).or_default().push(k);
@@ -184,6 +216,9 @@ impl PolicyCache {
                         let selects = pod_of(inputs, pk).is_some_and(|p| {
                             np.is_some_and(|np| np.pod_selector.matches(p.labels))
                         });
+                        if selects || s.network.contains(key) {
+                            self.dirty.insert(pk.clone());
+                        }
                         if selects {
                             s.network.insert(key.clone());
                         } else {
@@ -197,6 +232,9 @@ impl PolicyCache {
                     for (pk, s) in self.subjects.iter_mut() {
                         let selects = pod_of(inputs, pk)
                             .is_some_and(|p| c.is_some_and(|c| cnp_selects(inputs, c, p)));
+                        if selects || s.cluster.contains(&key.name) {
+                            self.dirty.insert(pk.clone());
+                        }
                         if selects {
                             s.cluster.insert(key.name.clone());
                         } else {
@@ -221,6 +259,7 @@ impl PolicyCache {
                 if pk.namespace != *ns {
                     continue;
                 }
+                self.dirty.insert(pk.clone());
                 s.cluster.clear();
                 let Some(pod) = pod_of(inputs, pk) else {
                     continue;
@@ -242,12 +281,17 @@ impl PolicyCache {
                 (*ns, labels)
             })
             .collect();
+        let forgotten = &mut self.forgotten;
         self.rules.retain(|key, r| {
-            !(policies.contains(&*key.policy)
+            let stale = policies.contains(&*key.policy)
                 || (!labels_of.is_empty() && r.deps.reads_namespace_labels())
                 || ns_labels
                     .iter()
-                    .any(|(ns, labels)| r.deps.reads_pods_of(ns, labels)))
+                    .any(|(ns, labels)| r.deps.reads_pods_of(ns, labels));
+            if stale {
+                forgotten.insert(Arc::as_ptr(r).addr(), ());
+            }
+            !stale
         });
         true
     }
@@ -267,74 +311,46 @@ impl PolicyCache {
             },
             ..Section::default()
         };
-        let mut resolver = Resolver::new(inputs, &mut self.sets);
-        let rules = &mut self.rules;
-        let resolved = &mut self.resolved;
-        *resolved = 0;
-        let mut rule = |key: RuleKey, resolve: &mut dyn FnMut(&mut Resolver) -> Resolved| {
-            let r = match rules.get(&key) {
-                Some(r) => Arc::clone(r),
-                None => {
-                    *resolved += 1;
-                    let r = Arc::new(resolve(&mut resolver));
-                    rules.insert(key.clone(), Arc::clone(&r));
-                    r
-                }
-            };
-            (key, r)
+        self.resolved = 0;
+        let mut rules = Rules {
+            kept: &mut self.rules,
+            resolver: Resolver::new(inputs, &mut self.sets),
+            resolved: &mut self.resolved,
         };
         for (key, port) in local {
             let (Some(pod), Some(subjects)) = (pod_of(inputs, key), self.subjects.get(key)) else {
                 continue;
             };
-            let mut dirs = [DirectionSpec::default(), DirectionSpec::default()];
-            // Tiers in evaluation order: priority, then name (the API leaves ties to
-            // the implementation; by name, every node orders them alike).
-            let mut tiers: Vec<(bool, u16, &str, &ClusterNetworkPolicyFields)> = (subjects.cluster)
-                .iter()
-                .filter_map(|n| {
-                    let c = find_cnp(inputs, n)?;
-                    Some((c.tier == Tier::Baseline, c.priority, n.as_str(), c))
-                })
-                .collect();
-            tiers.sort_by_key(|(b, p, n, _)| (*b, *p, *n));
-            for (baseline, _, name, c) in tiers {
-                let full: Arc<str> = Arc::from(cnp_name(name));
-                let policy = out.policy(&full);
-                for (i, (dir, list)) in [(Dir::Ingress, &c.ingress), (Dir::Egress, &c.egress)]
-                    .into_iter()
-                    .enumerate()
-                {
-                    for r in list {
-                        let k = cnp_rule_key(&full, dir, r, pod);
-                        let (k, resolved) = rule(k, &mut |res| cnp_rule(res, name, dir, r, pod));
-                        let id = out.rule(k, policy, &resolved);
-                        let tier = if baseline {
-                            &mut dirs[i].baseline
-                        } else {
-                            &mut dirs[i].admin
-                        };
-                        tier.push(id);
-                    }
+            let kept = self.ops.get(key).filter(|ops| {
+                !self.dirty.contains(key)
+                    && (self.forgotten.is_empty()
+                        || !ops.iter().any(|op| {
+                            matches!(op, Op::Rule(_, _, r)
+                                if self.forgotten.contains_key(&Arc::as_ptr(r).addr()))
+                        }))
+            });
+            let ops = match kept {
+                Some(ops) => ops,
+                None => {
+                    let ops = pod_ops(inputs, pod, subjects, &mut rules);
+                    self.ops.insert(key.clone(), ops);
+                    &self.ops[key]
                 }
-            }
-            for pkey in &subjects.network {
-                let Some(np) = find_np(inputs, pkey) else {
-                    continue;
-                };
-                let full: Arc<str> = Arc::from(np_name(pkey));
-                let policy = out.policy(&full);
-                for (i, (dir, list)) in [(Dir::Ingress, &np.ingress), (Dir::Egress, &np.egress)]
-                    .into_iter()
-                    .enumerate()
-                {
-                    let Some(list) = list else { continue };
-                    dirs[i].isolated_by.push(policy);
-                    for index in 0..list.len() {
-                        let k = np_rule_key(&full, np, dir, index, pod);
-                        let (k, resolved) =
-                            rule(k, &mut |res| np_rule(res, pkey, np, dir, index, pod));
-                        dirs[i].allow.push(out.rule(k, policy, &resolved));
+            };
+            let mut dirs = [DirectionSpec::default(), DirectionSpec::default()];
+            let mut policy = 0;
+            for op in ops {
+                match op {
+                    Op::Policy(name) => policy = out.policy(name),
+                    Op::Isolate(d) => dirs[*d].isolated_by.push(policy),
+                    Op::Rule(d, list, r) => {
+                        let id = out.rule(policy, r);
+                        let list = match list {
+                            List::Admin => &mut dirs[*d].admin,
+                            List::Allow => &mut dirs[*d].allow,
+                            List::Baseline => &mut dirs[*d].baseline,
+                        };
+                        list.push(id);
                     }
                 }
             }
@@ -347,11 +363,101 @@ impl PolicyCache {
                 });
             }
         }
+        self.dirty.clear();
+        self.forgotten.clear();
+        self.ops.retain(|k, _| local.contains_key(k));
         // What no pod uses any more goes.
-        self.rules.retain(|k, _| out.rule_ids.contains_key(k));
+        self.rules
+            .retain(|_, r| out.rule_ids.contains_key(&Arc::as_ptr(r).addr()));
         self.sets.retain(|_, b| Arc::strong_count(b) > 1);
         out.spec
     }
+}
+
+/// The rules' resolutions, kept or made now.
+struct Rules<'m, 'a, 'c> {
+    kept: &'m mut Fast<RuleKey, Arc<Resolved>>,
+    resolver: Resolver<'a, 'c>,
+    /// How many were made now.
+    resolved: &'m mut usize,
+}
+
+impl Rules<'_, '_, '_> {
+    /// The resolution of the rule `key`: kept, or made now by `resolve`.
+    fn get(
+        &mut self,
+        key: RuleKey,
+        resolve: impl FnOnce(&mut Resolver) -> Resolved,
+    ) -> Arc<Resolved> {
+        if let Some(r) = self.kept.get(&key) {
+            return Arc::clone(r);
+        }
+        *self.resolved += 1;
+        let r = Arc::new(resolve(&mut self.resolver));
+        self.kept.insert(key, Arc::clone(&r));
+        r
+    }
+}
+
+/// What pod `pod`, selected by `subjects`, puts into the section: its
+/// ClusterNetworkPolicies in evaluation order with their rules, then its
+/// NetworkPolicies with theirs, each rule's resolution from `rules_of`.
+fn pod_ops(
+    inputs: &Inputs<'_>,
+    pod: &PodView<'_>,
+    subjects: &Subjects,
+    rules_of: &mut Rules<'_, '_, '_>,
+) -> Vec<Op> {
+    let mut ops = Vec::new();
+    // Tiers in evaluation order: priority, then name (the API leaves ties to the
+    // implementation; by name, every node orders them alike).
+    let mut tiers: Vec<(bool, u16, &str, &ClusterNetworkPolicyFields)> = (subjects.cluster)
+        .iter()
+        .filter_map(|n| {
+            let c = find_cnp(inputs, n)?;
+            Some((c.tier == Tier::Baseline, c.priority, n.as_str(), c))
+        })
+        .collect();
+    tiers.sort_by_key(|(b, p, n, _)| (*b, *p, *n));
+    for (baseline, _, name, c) in tiers {
+        let full: Arc<str> = Arc::from(cnp_name(name));
+        ops.push(Op::Policy(Arc::clone(&full)));
+        let list = if baseline {
+            List::Baseline
+        } else {
+            List::Admin
+        };
+        for (i, (dir, rules)) in [(Dir::Ingress, &c.ingress), (Dir::Egress, &c.egress)]
+            .into_iter()
+            .enumerate()
+        {
+            for r in rules {
+                let k = cnp_rule_key(&full, dir, r, pod);
+                let resolved = rules_of.get(k, |res| cnp_rule(res, name, dir, r, pod));
+                ops.push(Op::Rule(i, list, resolved));
+            }
+        }
+    }
+    for pkey in &subjects.network {
+        let Some(np) = find_np(inputs, pkey) else {
+            continue;
+        };
+        let full: Arc<str> = Arc::from(np_name(pkey));
+        ops.push(Op::Policy(Arc::clone(&full)));
+        for (i, (dir, rules)) in [(Dir::Ingress, &np.ingress), (Dir::Egress, &np.egress)]
+            .into_iter()
+            .enumerate()
+        {
+            let Some(rules) = rules else { continue };
+            ops.push(Op::Isolate(i));
+            for index in 0..rules.len() {
+                let k = np_rule_key(&full, np, dir, index, pod);
+                let resolved = rules_of.get(k, |res| np_rule(res, pkey, np, dir, index, pod));
+                ops.push(Op::Rule(i, List::Allow, resolved));
+            }
+        }
+    }
+    ops
 }
 
 /// The section being put together: policies, rules and sets each listed once, in the
@@ -359,10 +465,11 @@ impl PolicyCache {
 #[derive(Default)]
 struct Section {
     spec: PolicySpec,
-    policy_ids: HashMap<Arc<str>, u32>,
+    policy_ids: Fast<Arc<str>, u32>,
     /// Sets by their blocks' allocation, which the resolver shares among equal blocks.
-    set_ids: HashMap<*const Vec<BlockSpec>, u32>,
-    rule_ids: HashMap<RuleKey, u32>,
+    set_ids: Fast<usize, u32>,
+    /// Rules by their resolution's allocation: one per key.
+    rule_ids: Fast<usize, u32>,
 }
 
 impl Section {
@@ -376,14 +483,15 @@ impl Section {
         id
     }
 
-    fn rule(&mut self, key: RuleKey, policy: u32, r: &Resolved) -> u32 {
+    fn rule(&mut self, policy: u32, r: &Arc<Resolved>) -> u32 {
+        let key = Arc::as_ptr(r).addr();
         if let Some(id) = self.rule_ids.get(&key) {
             return *id;
         }
         let matches = (r.matches.iter())
             .map(|m| MatchSpec {
                 peers: m.peers.as_ref().map(|s| {
-                    let ptr = Arc::as_ptr(&s.blocks);
+                    let ptr = Arc::as_ptr(&s.blocks).addr();
                     let id = match self.set_ids.get(&ptr) {
                         Some(id) => *id,
                         None => {

@@ -249,3 +249,37 @@ fn a_change_it_does_not_follow_compiles_everything_again() {
     let spec = compile(&inputs(&after, &held), &local(), PolicyOptions::default());
     assert_eq!(all, spec.rules.len());
 }
+
+#[test]
+fn a_tier_reordered_puts_the_pods_rules_in_the_new_order() {
+    let (mut cache, before) = start();
+    let tier = |name: &str, priority: u16| {
+        cnp(json!({
+            "apiVersion": "policy.networking.k8s.io/v1alpha2",
+            "kind": "ClusterNetworkPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "tier": "Admin",
+                "priority": priority,
+                "subject": {"namespaces": {"matchLabels": {"team": "blue"}}},
+                "ingress": [{"action": "Pass", "from": [{"networks": ["10.0.9.0/24"]}]}]
+            }
+        }))
+    };
+    let mut after = before.clone();
+    after.apply(tier("pass-first", 20)).unwrap();
+    assert_eq!(step(&mut cache, &before, &after), 1);
+    // Now ahead of deny-red (priority 10): y/a's Admin list changes order, nothing is
+    // resolved again but the edited policy's rule.
+    let mut ahead = after.clone();
+    ahead.apply(tier("pass-first", 5)).unwrap();
+    assert_eq!(step(&mut cache, &after, &ahead), 1);
+    let held = Held::of(&ahead);
+    let spec = compile(&inputs(&ahead, &held), &local(), PolicyOptions::default());
+    let ya = spec.pods.iter().find(|p| p.port == "y.a").unwrap();
+    let first = &spec.rules[ya.ingress.admin[0] as usize];
+    assert_eq!(
+        spec.policies[first.policy as usize],
+        "ClusterNetworkPolicy pass-first"
+    );
+}
