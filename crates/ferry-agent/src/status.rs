@@ -5,13 +5,12 @@
 //! [`AgentStatus::datastore_refused`], [`AgentStatus::synced`], [`AgentStatus::count`]);
 //! [`crate::run::Agent::counters`] copies it into its answer.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_api::{AgentErrors, DatastoreHealth, PolicyEnforcement, SyncLatency};
 
-use crate::cluster::{Cluster, ObjectKey};
+use crate::cluster::Cluster;
 use crate::datastore::{Problem, Refused};
 use crate::policy::enforcement::{self, Sources};
 
@@ -119,14 +118,9 @@ impl AgentStatus {
     /// The policies of `in_force` (the state whose tables are in force, with this node's
     /// pods `local`), and those not enforced as written
     /// ([`crate::policy::enforcement`]).
-    pub fn enforcement(
-        &self,
-        in_force: &Cluster,
-        local: &BTreeSet<ObjectKey>,
-    ) -> PolicyEnforcement {
+    pub fn enforcement(&self, in_force: &Cluster) -> PolicyEnforcement {
         enforcement::report(
             in_force,
-            local,
             Sources {
                 latest: self.latest.as_deref(),
                 not_applied: self.not_applied.as_deref(),
@@ -207,25 +201,22 @@ mod tests {
         let mut s = AgentStatus::new();
         s.set_datastore("file", "/etc/ferry/cluster");
         s.datastore_applied();
-        let none = BTreeSet::new();
         let c = Cluster::default();
-        assert_eq!(s.enforcement(&c, &none).stale, None);
+        assert_eq!(s.enforcement(&c).stale, None);
         let mut r = problem(Some("NetworkPolicy default/deny"));
         r.problems[0].file = "np.yaml".into();
         s.datastore_refused(&r);
-        let e = s.enforcement(&c, &none);
+        let e = s.enforcement(&c);
         assert!(e.stale.is_some(), "{e:?}");
         assert_eq!(e.unenforced[0].policy, "default/deny");
         assert_eq!(e.unenforced[0].reasons, ["refused: np.yaml: bad"]);
         s.datastore_applied();
-        let e = s.enforcement(&c, &none);
+        let e = s.enforcement(&c);
         assert_eq!((e.stale, e.unenforced.len()), (None, 0));
         s.not_applied("the worker is slow");
-        assert!(
-            (s.enforcement(&c, &none).stale).is_some_and(|x| x.ends_with("the worker is slow"))
-        );
+        assert!((s.enforcement(&c).stale).is_some_and(|x| x.ends_with("the worker is slow")));
         s.datastore_applied();
-        assert_eq!(s.enforcement(&c, &none).stale, None);
+        assert_eq!(s.enforcement(&c).stale, None);
     }
 
     #[test]

@@ -90,6 +90,8 @@ pub struct Compiled {
     pub warnings: Vec<String>,
     /// The port name given to each attached pod.
     pub pod_ports: BTreeMap<ObjectKey, String>,
+    /// The addresses of each attached pod's port, which policy knows it by.
+    pub pod_addresses: BTreeMap<ObjectKey, Vec<std::net::IpAddr>>,
     /// What compiling the policy section leaves for the next time: a change that only
     /// policy reads compiles again only what it touched.
     pub policy_cache: policy::PolicyCache,
@@ -169,7 +171,8 @@ pub fn node_tables(
         base.is_none(),
         &mut warnings,
     )?;
-    let held = policy::Held::of(cluster);
+    let pod_addresses = pod_addresses(&pod_ports, &tables);
+    let held = policy::Held::of(cluster).with_ports(pod_addresses.clone());
     let mut policy_cache = policy::PolicyCache::new();
     tables.policy = policy_cache.compile(
         &policy::inputs(cluster, &held),
@@ -197,8 +200,24 @@ pub fn node_tables(
         health_checks: svc.health_checks,
         warnings,
         pod_ports,
+        pod_addresses,
         policy_cache,
     })
+}
+
+/// The addresses of each pod port of `tables`, by pod.
+fn pod_addresses(
+    pod_ports: &BTreeMap<ObjectKey, String>,
+    tables: &TablesSpec,
+) -> BTreeMap<ObjectKey, Vec<std::net::IpAddr>> {
+    let by_name: BTreeMap<&str, &ferry_datapath::PortSpec> =
+        tables.ports.iter().map(|p| (p.name.as_str(), p)).collect();
+    (pod_ports.iter())
+        .filter_map(|(k, name)| {
+            let p = by_name.get(name.as_str())?;
+            Some((k.clone(), p.addresses.iter().map(|a| a.addr).collect()))
+        })
+        .collect()
 }
 
 /// The Services part of a node's tables for the Services `keys` only (those still in

@@ -628,6 +628,32 @@ fn a_cni_attachment_of_a_pod_whose_cached_object_finished_gets_its_port() {
 }
 
 #[test]
+fn a_cni_attachment_whose_pod_object_has_no_address_yet_meets_its_policy() {
+    // The plugin gave web-0 its address; the Pod object does not say it yet (kubelet's
+    // status update has not come) or says the pod finished (a new sandbox of its
+    // name). Either way the policy isolating it applies from the first packet.
+    let deny = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny, namespace: default}\nspec: {podSelector: {matchLabels: {app: web}}, policyTypes: [Ingress]}\n---\n";
+    for (ips, phase) in [(&[][..], "Pending"), (&["10.244.1.9"][..], "Failed")] {
+        let text = two_nodes() + deny + &pod("default", "web-0", "node-a", ips, phase, "");
+        let c = cluster(&text);
+        let att = AttachedPod {
+            namespace: "default".into(),
+            name: "web-0".into(),
+            addresses: vec!["10.244.1.5".parse().unwrap()],
+        };
+        let out = node_tables(&c, "node-a", None, &[att], &CompileOptions::default()).unwrap();
+        let pods: Vec<(&str, &[u32])> = (out.tables.policy.pods.iter())
+            .map(|p| (p.port.as_str(), p.ingress.isolated_by.as_slice()))
+            .collect();
+        assert_eq!(pods, [("pod.default.web-0", &[0][..])], "{phase}");
+        assert_eq!(
+            out.pod_addresses[&ObjectKey::new("default", "web-0")],
+            [ip("10.244.1.5")]
+        );
+    }
+}
+
+#[test]
 fn pods_of_this_node_that_run_with_addresses_and_are_attached_get_ports() {
     let text = two_nodes()
         + &pod(

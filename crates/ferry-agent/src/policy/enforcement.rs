@@ -14,9 +14,9 @@
 //!   at all, or, deleted, still in force;
 //! - it is in force but compiled otherwise than it says in part: a ClusterNetworkPolicy
 //!   peer with no field ferry knows (fails closed: a Deny or Pass rule matches every
-//!   peer, an Accept rule ignores it), a policy selecting a pod of this node that has a
-//!   port but no address in its Pod object (or a finished one: a new sandbox of the
-//!   pod's name), which the policy therefore does not reach.
+//!   peer, an Accept rule ignores it). (A pod of this node is reached by its port's
+//!   addresses, also while its Pod object says none: see
+//!   [`crate::compile::policy::Held::with_ports`].)
 //!
 //! What is the defined meaning of a policy is not reported: a named port no pod has, a
 //! selector that selects nothing, a host-network pod (not subject to policy).
@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ferry_api::{Enforcement, PolicyEnforcement, UnenforcedPolicy};
 
-use super::{Action, ClusterNetworkPolicyFields, NAMESPACE_NAME_LABEL};
+use super::{Action, ClusterNetworkPolicyFields};
 use crate::cluster::{Cluster, Kind, ObjectKey};
 use crate::datastore::Problem;
 
@@ -43,11 +43,7 @@ pub struct Sources<'a> {
 
 /// The policies of `in_force` (the state whose tables are in force, for this node's
 /// pods `local`) and those not enforced as written, by kind and name.
-pub fn report(
-    in_force: &Cluster,
-    local: &BTreeSet<ObjectKey>,
-    sources: Sources<'_>,
-) -> PolicyEnforcement {
+pub fn report(in_force: &Cluster, sources: Sources<'_>) -> PolicyEnforcement {
     let latest = sources.latest.unwrap_or(in_force);
     let mut out: BTreeMap<(Kind, ObjectKey), UnenforcedPolicy> = BTreeMap::new();
     let mut put = |kind: Kind, key: &ObjectKey, u: UnenforcedPolicy| {
@@ -89,19 +85,7 @@ pub fn report(
     let (mut network_policies, mut cluster_network_policies) = (0, 0);
     for (key, f) in in_force.all_network_policy_fields() {
         match f {
-            Ok(f) => {
-                network_policies += 1;
-                let subjects = local_subjects(in_force, local, |ns, labels| {
-                    ns == key.namespace && f.pod_selector.matches(labels)
-                });
-                if !subjects.is_empty() {
-                    put(
-                        Kind::NetworkPolicy,
-                        key,
-                        deviation(in_force, Kind::NetworkPolicy, key, subjects),
-                    );
-                }
-            }
+            Ok(_) => network_policies += 1,
             Err(errors) => {
                 let reasons = errors
                     .iter()
@@ -120,13 +104,7 @@ pub fn report(
         match f {
             Ok(f) => {
                 cluster_network_policies += 1;
-                let mut reasons = unknown_peers(f);
-                reasons.extend(local_subjects(in_force, local, |ns, labels| {
-                    f.subject.pods.matches(labels)
-                        && f.subject
-                            .namespaces
-                            .matches(&namespace_labels(in_force, ns))
-                }));
+                let reasons = unknown_peers(f);
                 if !reasons.is_empty() {
                     put(kind, key, deviation(in_force, kind, key, reasons));
                 }
@@ -288,47 +266,6 @@ fn unknown_peers(f: &ClusterNetworkPolicyFields) -> Vec<String> {
                     w.field
                 ));
             }
-        }
-    }
-    out
-}
-
-/// The labels of namespace `ns`: its object's, or the name label alone.
-fn namespace_labels(c: &Cluster, ns: &str) -> BTreeMap<String, String> {
-    c.namespace_labels(ns)
-        .cloned()
-        .unwrap_or_else(|| BTreeMap::from([(NAMESPACE_NAME_LABEL.to_string(), ns.to_string())]))
-}
-
-/// The pods of `local` (this node's pod ports) that `selects` (namespace, labels)
-/// selects but that policy cannot reach, each as a reason: their Pod object has no
-/// address, or says the pod finished (a new sandbox of the pod's name has the port).
-fn local_subjects(
-    c: &Cluster,
-    local: &BTreeSet<ObjectKey>,
-    selects: impl Fn(&str, &BTreeMap<String, String>) -> bool,
-) -> Vec<String> {
-    let none = BTreeMap::new();
-    let mut out = Vec::new();
-    for key in local {
-        let (Some(pod), Some(Ok(f))) = (c.pods.get(key), c.pod_fields(key)) else {
-            continue;
-        };
-        if f.host_network || !(f.ips.is_empty() || f.finished) {
-            continue;
-        }
-        if selects(
-            &key.namespace,
-            pod.metadata.labels.as_ref().unwrap_or(&none),
-        ) {
-            let why = if f.finished {
-                "says it finished"
-            } else {
-                "has no address yet"
-            };
-            out.push(format!(
-                "selects pod {key} of this node, whose Pod object {why}: not enforced on it until the Pod has an address"
-            ));
         }
     }
     out

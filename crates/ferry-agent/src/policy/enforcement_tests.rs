@@ -35,19 +35,6 @@ fn cnp(action: &str) -> Object {
     Object::ClusterNetworkPolicy(serde_json::from_value(v).unwrap())
 }
 
-fn pod(name: &str, ip: Option<&str>) -> Object {
-    let mut v = json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": "web"}},
-        "spec": {"nodeName": "node1", "containers": [{"name": "c"}]},
-        "status": {"phase": "Running"},
-    });
-    if let Some(ip) = ip {
-        v["status"]["podIPs"] = json!([{"ip": ip}]);
-    }
-    Object::Pod(serde_json::from_value(v).unwrap())
-}
-
 /// A Kubernetes datastore that has listed every kind, empty.
 fn listed() -> KubeDatastore {
     let mut ds = KubeDatastore::new();
@@ -61,7 +48,7 @@ fn listed() -> KubeDatastore {
 
 /// The report of the datastore's state, put in force as it is.
 fn of(ds: &KubeDatastore) -> PolicyEnforcement {
-    report(&ds.current(), &BTreeSet::new(), Sources::default())
+    report(&ds.current(), Sources::default())
 }
 
 /// True when `u` holds a state: the agent hears of the change.
@@ -168,7 +155,7 @@ fn a_peer_ferry_does_not_know_is_a_deviation_saying_what_it_does() {
     ] {
         let mut c = Cluster::default();
         c.apply(cnp(action)).unwrap();
-        let r = report(&c, &BTreeSet::new(), Sources::default());
+        let r = report(&c, Sources::default());
         assert_eq!(r.cluster_network_policies, 1);
         let [u] = &r.unenforced[..] else {
             panic!("{r:?}")
@@ -200,7 +187,6 @@ fn a_latest_state_not_in_force_leaves_its_policy_changes_out_and_says_so() {
     let why = "the tables of node node1 do not compile: boom";
     let r = report(
         &in_force,
-        &BTreeSet::new(),
         Sources {
             latest: Some(&latest),
             not_applied: Some(why),
@@ -233,7 +219,7 @@ fn a_latest_state_not_in_force_leaves_its_policy_changes_out_and_says_so() {
         "{r:?}"
     );
     // Once in force, nothing is left to say.
-    let r = report(&latest, &BTreeSet::new(), Sources::default());
+    let r = report(&latest, Sources::default());
     assert_eq!((r.unenforced.len(), r.stale), (0, None));
 }
 
@@ -255,7 +241,6 @@ fn a_file_datastore_refusal_names_the_policies_it_refuses() {
     ];
     let r = report(
         &in_force,
-        &BTreeSet::new(),
         Sources {
             file_refused: Some(&problems),
             ..Sources::default()
@@ -281,49 +266,11 @@ fn a_file_datastore_refusal_names_the_policies_it_refuses() {
 }
 
 #[test]
-fn a_selected_pod_of_this_node_without_an_address_in_its_pod_object_is_a_deviation() {
-    let mut c = Cluster::default();
-    c.apply(np("deny", "1", "In")).unwrap();
-    c.apply(pod("web", None)).unwrap();
-    c.apply(pod("web-2", Some("10.244.1.6"))).unwrap();
-    let local: BTreeSet<ObjectKey> = [
-        ObjectKey::new("default", "web"),
-        ObjectKey::new("default", "web-2"),
-    ]
-    .into();
-    let r = report(&c, &local, Sources::default());
-    let [u] = &r.unenforced[..] else {
-        panic!("{r:?}")
-    };
-    assert_eq!(
-        (u.policy.as_str(), u.state),
-        ("default/deny", Enforcement::Deviation)
-    );
-    assert_eq!(
-        u.reasons,
-        [
-            "selects pod default/web of this node, whose Pod object has no address yet: not enforced on it until the Pod has an address"
-        ]
-    );
-    // Another node's pod without an address is no subject here.
-    let r = report(&c, &BTreeSet::new(), Sources::default());
-    assert!(r.unenforced.is_empty(), "{r:?}");
-    // Nor is a pod the policy does not select.
-    let mut other = c.clone();
-    other.apply(np("deny", "2", "NotIn")).unwrap();
-    assert!(
-        report(&other, &local, Sources::default())
-            .unenforced
-            .is_empty()
-    );
-}
-
-#[test]
 fn a_policy_in_force_whose_fields_do_not_read_is_not_enforced() {
     // Only a tool's Cluster::apply lets one in; the datastores refuse them.
     let mut c = Cluster::default();
     c.apply(np("deny", "1", "Bogus")).unwrap();
-    let r = report(&c, &BTreeSet::new(), Sources::default());
+    let r = report(&c, Sources::default());
     assert_eq!(r.network_policies, 0);
     assert_eq!(r.unenforced[0].state, Enforcement::NotEnforced);
     assert!(r.unenforced[0].reasons[0].starts_with("not compiled: spec.podSelector"));

@@ -17,13 +17,14 @@ use crate::compile::policy::{self, Held, PolicyOptions};
 
 /// The policies of `cluster`: ClusterNetworkPolicies by tier, priority and name, then
 /// NetworkPolicies by namespace and name, each with the pods of `local` (this node's
-/// pods and their ports) it applies to.
+/// pods and their ports; `addresses`, those of the ports) it applies to.
 pub fn list(
     cluster: &Cluster,
     local: &BTreeMap<ObjectKey, String>,
+    addresses: &BTreeMap<ObjectKey, Vec<std::net::IpAddr>>,
     opts: PolicyOptions,
 ) -> PolicyAnswer {
-    let held = Held::of(cluster);
+    let held = Held::of(cluster).with_ports(addresses.clone());
     let spec = policy::compile(&policy::inputs(cluster, &held), local, opts);
     let by_port: BTreeMap<&str, &ObjectKey> = local.iter().map(|(k, p)| (p.as_str(), k)).collect();
     // The pods each policy (by its name in the spec) applies to.
@@ -328,7 +329,7 @@ mod tests {
     fn list_names_each_policy_with_the_local_pods_it_isolates() {
         let c = cluster();
         let mut local = BTreeMap::from([(ObjectKey::new("x", "a"), "pod-a".to_string())]);
-        let a = list(&c, &local, PolicyOptions::default());
+        let a = list(&c, &local, &BTreeMap::new(), PolicyOptions::default());
         assert_eq!(a.policies.len(), 1);
         let p = &a.policies[0];
         assert_eq!(p.name, "NetworkPolicy x/b-from-a");
@@ -336,7 +337,7 @@ mod tests {
         assert_eq!(p.rules, 1);
         assert!(p.local_pods.is_empty(), "x/a is not selected: {p:?}");
         local.insert(ObjectKey::new("x", "b"), "pod-b".into());
-        let a = list(&c, &local, PolicyOptions::default());
+        let a = list(&c, &local, &BTreeMap::new(), PolicyOptions::default());
         assert_eq!(a.policies[0].local_pods, ["x/b"]);
     }
 

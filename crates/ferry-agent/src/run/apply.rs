@@ -28,6 +28,8 @@ pub(super) struct Last {
     health: BTreeMap<String, HealthCheck>,
     /// The port of each attached pod.
     pub(super) pod_ports: BTreeMap<ObjectKey, String>,
+    /// The addresses of each attached pod's port.
+    pub(super) pod_addresses: BTreeMap<ObjectKey, Vec<std::net::IpAddr>>,
     /// The policy section's compilation of `cluster`, for the next change.
     policy_cache: policy::PolicyCache,
 }
@@ -51,6 +53,7 @@ impl Last {
                 .map(|h| (h.service.clone(), h.clone()))
                 .collect(),
             pod_ports: compiled.pod_ports,
+            pod_addresses: compiled.pod_addresses,
             policy_cache: compiled.policy_cache,
         }
     }
@@ -296,7 +299,7 @@ impl Agent {
         let last = self.last.as_mut().ok_or("nothing in force yet")?;
         let config =
             FerryConfig::of(&cluster).inspect_err(|_| self.status.count(ErrorKind::Compile))?;
-        let held = policy::Held::of(&cluster);
+        let held = policy::Held::of(&cluster).with_ports(last.pod_addresses.clone());
         let spec = last.policy_cache.compile(
             &policy::inputs(&cluster, &held),
             &last.pod_ports,

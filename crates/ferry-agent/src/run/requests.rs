@@ -178,10 +178,7 @@ impl Agent {
             ("invalid", v4.invalid + v6.invalid),
         ];
         let enforcement = match &self.last {
-            Some(last) => {
-                let local = last.pod_ports.keys().cloned().collect();
-                self.status.enforcement(&last.cluster, &local)
-            }
+            Some(last) => self.status.enforcement(&last.cluster),
             None => ferry_api::PolicyEnforcement::default(),
         };
         ferry_api::Counters {
@@ -277,9 +274,8 @@ impl Agent {
             Ok(c) => PolicyOptions::of(&c),
             Err(e) => return Response::error(11, "the ferry-config in force does not read", e),
         };
-        let mut answer = explain::list(cluster, &last.pod_ports, opts);
-        let local = last.pod_ports.keys().cloned().collect();
-        answer.enforcement = Some(self.status.enforcement(&last.cluster, &local));
+        let mut answer = explain::list(cluster, &last.pod_ports, &last.pod_addresses, opts);
+        answer.enforcement = Some(self.status.enforcement(&last.cluster));
         if let Some(pod) = pod {
             match explain::explain(cluster, pod, opts) {
                 Ok(p) => answer.pod = Some(p),
@@ -311,7 +307,7 @@ impl Agent {
             Ok(c) => PolicyOptions::of(&c),
             Err(e) => return Response::error(11, "the ferry-config in force does not read", e),
         };
-        let held = policy::Held::of(&changed);
+        let held = policy::Held::of(&changed).with_ports(last.pod_addresses.clone());
         let spec = policy::compile(&policy::inputs(&changed, &held), &last.pod_ports, opts);
         let tables = match last.tables.with_policy(&spec) {
             Ok(t) => Arc::new(t),

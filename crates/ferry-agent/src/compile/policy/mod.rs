@@ -123,6 +123,8 @@ pub fn compile(
 pub struct Held {
     no_labels: BTreeMap<String, String>,
     namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    /// The addresses of this node's pod ports ([`Held::with_ports`]).
+    ports: BTreeMap<ObjectKey, Vec<IpAddr>>,
 }
 
 impl Held {
@@ -145,12 +147,23 @@ impl Held {
         Held {
             no_labels: BTreeMap::new(),
             namespaces,
+            ports: BTreeMap::new(),
         }
+    }
+
+    /// With the addresses of this node's pod ports (pod key -> the port's addresses):
+    /// a pod of this node is known to policy by its port's, which the CNI plugin gave
+    /// it, also while its Pod object says none yet or that it finished (a new sandbox
+    /// of a pod of that name), so that no pod of this node is ever left out.
+    pub fn with_ports(mut self, ports: BTreeMap<ObjectKey, Vec<IpAddr>>) -> Held {
+        self.ports = ports;
+        self
     }
 }
 
 /// What the compilation reads of `cluster`: the pods that can be peers or subjects
-/// (with addresses, not on the host network, not finished), in key order, the
+/// (with addresses, not on the host network, not finished; this node's pods with the
+/// addresses of their ports, [`Held::with_ports`]), in key order, the
 /// Namespaces' labels (those of `held` for namespaces without an object), the policies
 /// whose fields are good (the datastores let no bad one in), and the nodes.
 pub fn inputs<'a>(cluster: &'a Cluster, held: &'a Held) -> Inputs<'a> {
@@ -158,13 +171,18 @@ pub fn inputs<'a>(cluster: &'a Cluster, held: &'a Held) -> Inputs<'a> {
         .pods_with_fields()
         .filter_map(|(key, pod, f)| {
             let f = f.ok()?;
-            if f.host_network || f.finished || f.ips.is_empty() {
+            let ips = match held.ports.get(key) {
+                Some(port) => port,
+                None if f.finished => return None,
+                None => &f.ips,
+            };
+            if f.host_network || ips.is_empty() {
                 return None;
             }
             Some(PodView {
                 key,
                 labels: pod.metadata.labels.as_ref().unwrap_or(&held.no_labels),
-                ips: &f.ips,
+                ips,
                 named: &f.named_ports,
             })
         })
