@@ -14,36 +14,10 @@ use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::two_nodes::{TwoNodes, pod};
+use common::two_nodes::{ADMIN_DENY, TwoNodes, WEB_FROM_FRIENDS, pod};
 use ferry_agent::api::call;
 use ferry_api::{Request, Response};
 use serde_json::Value;
-
-/// Isolates the web pod for ingress: only pods labelled `role: friend` reach it.
-const WEB_FROM_FRIENDS: &str = "
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: { name: web-from-friends, namespace: default }
-spec:
-  podSelector: { matchLabels: { app: web } }
-  policyTypes: [Ingress]
-  ingress:
-  - from: [{ podSelector: { matchLabels: { role: friend } } }]
-    ports: [{ protocol: TCP, port: 8080 }]
-";
-
-/// Admin tier: denies everything from the default namespace to the web pod.
-const ADMIN_DENY: &str = "
-apiVersion: policy.networking.k8s.io/v1alpha2
-kind: ClusterNetworkPolicy
-metadata: { name: deny-to-web }
-spec:
-  tier: Admin
-  priority: 10
-  subject: { pods: { namespaceSelector: {}, podSelector: { matchLabels: { app: web } } } }
-  ingress:
-  - { name: from-default, action: Deny, from: [{ namespaces: { matchLabels: { kubernetes.io/metadata.name: default } } }] }
-";
 
 /// The lines of the audit log so far, each parsed.
 fn lines(log: &Path) -> Vec<Value> {

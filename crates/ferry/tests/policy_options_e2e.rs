@@ -16,19 +16,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::two_nodes::{SERVICES, TwoNodes};
-
-/// Isolates the web pod for ingress: only pods labelled `role: friend` reach it.
-const WEB_FROM_FRIENDS: &str = "
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: { name: web-from-friends, namespace: default }
-spec:
-  podSelector: { matchLabels: { app: web } }
-  policyTypes: [Ingress]
-  ingress:
-  - from: [{ podSelector: { matchLabels: { role: friend } } }]
-";
+use common::two_nodes::{SERVICES, TwoNodes, WEB_FROM_FRIENDS};
 
 /// Echoes each line it reads, per connection.
 const ECHO: &str = r#"

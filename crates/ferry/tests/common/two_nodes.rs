@@ -55,6 +55,33 @@ status:
     )
 }
 
+/// Isolates the web pod for ingress: only pods labelled `role: friend` reach it, on
+/// TCP 8080.
+pub const WEB_FROM_FRIENDS: &str = "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: web-from-friends, namespace: default }
+spec:
+  podSelector: { matchLabels: { app: web } }
+  policyTypes: [Ingress]
+  ingress:
+  - from: [{ podSelector: { matchLabels: { role: friend } } }]
+    ports: [{ protocol: TCP, port: 8080 }]
+";
+
+/// Admin tier: denies everything from the default namespace to the web pod.
+pub const ADMIN_DENY: &str = "
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: { name: deny-to-web }
+spec:
+  tier: Admin
+  priority: 10
+  subject: { pods: { namespaceSelector: {}, podSelector: { matchLabels: { app: web } } } }
+  ingress:
+  - { name: from-default, action: Deny, from: [{ namespaces: { matchLabels: { kubernetes.io/metadata.name: default } } }] }
+";
+
 /// The two Services selecting the web pod, and ferry-config.
 pub const SERVICES: &str = r#"
 apiVersion: v1

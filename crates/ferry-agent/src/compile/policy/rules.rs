@@ -437,8 +437,8 @@ pub(super) fn has_named(ports: Option<&[PolicyPort]>) -> bool {
     ports.is_some_and(|ps| ps.iter().any(|p| matches!(p, PolicyPort::Named { .. })))
 }
 
-/// The key of the NetworkPolicy rule `index` of `policy` (named `name`) in direction
-/// `dir`, for the pod `pod`.
+/// The key of the NetworkPolicy rule `index` of `np` (named `name`) in direction `dir`,
+/// for the pod `pod`.
 pub(super) fn np_rule_key(
     name: &Arc<str>,
     np: &NetworkPolicyFields,
@@ -446,8 +446,19 @@ pub(super) fn np_rule_key(
     index: usize,
     pod: &PodView<'_>,
 ) -> RuleKey {
-    let rule = &np_rules(np, dir)[index];
-    let ports = rule.ports.as_deref();
+    let ports = np_rules(np, dir)[index].ports.as_deref();
+    rule_key(name, dir, index, ports, pod)
+}
+
+/// The key of rule `index` of the policy named `name` in direction `dir` on `ports`,
+/// for `pod`: an ingress rule's named ports take the pod's numbers.
+fn rule_key(
+    name: &Arc<str>,
+    dir: Dir,
+    index: usize,
+    ports: Option<&[PolicyPort]>,
+    pod: &PodView<'_>,
+) -> RuleKey {
     let resolved = (dir == Dir::Ingress && has_named(ports))
         .then(|| split_ports(ports.unwrap_or_default(), Some(pod)).1);
     RuleKey {
@@ -496,15 +507,7 @@ pub(super) fn cnp_rule_key(
     rule: &ClusterRule,
     pod: &PodView<'_>,
 ) -> RuleKey {
-    let ports = rule.ports.as_deref();
-    let resolved = (dir == Dir::Ingress && has_named(ports))
-        .then(|| split_ports(ports.unwrap_or_default(), Some(pod)).1);
-    RuleKey {
-        policy: Arc::clone(name),
-        dir,
-        index: rule.index,
-        resolved: resolved.unwrap_or_default(),
-    }
+    rule_key(name, dir, rule.index, rule.ports.as_deref(), pod)
 }
 
 /// The ClusterNetworkPolicy rule `rule` of `name` in direction `dir`, for `pod`.
