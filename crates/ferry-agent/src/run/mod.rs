@@ -315,14 +315,7 @@ impl Agent {
     /// not (`/healthz`, health check node ports) and looks for leftovers of other
     /// dataplanes.
     pub fn housekeeping(&mut self) {
-        if let Some(a) = &mut self.audit {
-            a.run(
-                &self.control,
-                self.last.as_ref(),
-                self.generation,
-                self.started,
-            );
-        }
+        self.write_audit();
         for what in self.sessions.expire(&self.control, Instant::now()) {
             tracing::info!(
                 "{what} stopped: no client read it for {:?}",
@@ -340,6 +333,18 @@ impl Agent {
         }
     }
 
+    /// Writes the audit log of the denials the worker handed over, when it is on.
+    fn write_audit(&mut self) {
+        if let Some(a) = &mut self.audit {
+            a.run(
+                &self.control,
+                self.last.as_ref(),
+                self.generation,
+                self.started,
+            );
+        }
+    }
+
     /// Stops the worker and closes every port.
     pub fn stop(mut self) -> Result<WorkerStats, String> {
         self.stop.store(true, Ordering::Relaxed);
@@ -350,14 +355,7 @@ impl Agent {
             Err(_) => Err("the worker panicked".into()),
         };
         // The denials of the worker's last round, handed over as it returned.
-        if let Some(a) = &mut self.audit {
-            a.run(
-                &self.control,
-                self.last.as_ref(),
-                self.generation,
-                self.started,
-            );
-        }
+        self.write_audit();
         r
     }
 
