@@ -55,7 +55,7 @@
 use std::ffi::CString;
 use std::io;
 use std::mem::{offset_of, size_of, zeroed};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -486,6 +486,43 @@ impl AfPacketPort {
             counters: PortCounters::default(),
             gone: false,
         })
+    }
+
+    /// Takes over an AF_PACKET socket bound to `dev` that another process set up for
+    /// [`RxMode::Copy`] and passed on ([`crate::handover`]), with the further sockets of
+    /// its fanout group in `queues`: their options and bindings stay as they were, only
+    /// this process's buffers are made. With `drop_kernel_ingress`, the ingress drop
+    /// filter on `dev` (the other process's, left in place) is taken over.
+    pub fn adopt(
+        fd: OwnedFd,
+        dev: &str,
+        drop_kernel_ingress: bool,
+        queues: Vec<OwnedFd>,
+    ) -> io::Result<AfPacketPort> {
+        let one = |fd: OwnedFd, ingress_drop: Option<IngressDrop>| AfPacketPort {
+            ingress_drop,
+            queues: Vec::new(),
+            rx: Rx::Copy {
+                hdrs: vec![[0; vnet::LEN]; COPY_BATCH],
+                bufs: (0..COPY_BATCH)
+                    .map(|_| Vec::with_capacity(COPY_BUF_LEN))
+                    .collect(),
+                ctrl: vec![[0; COPY_CTRL_WORDS]; COPY_BATCH],
+            },
+            fd,
+            name: dev.to_string(),
+            hdrs: vec![[0; vnet::LEN]; TX_BATCH],
+            counters: PortCounters::default(),
+            gone: false,
+        };
+        let ingress_drop = if drop_kernel_ingress {
+            Some(IngressDrop::install(dev)?)
+        } else {
+            None
+        };
+        let mut port = one(fd, ingress_drop);
+        port.queues = queues.into_iter().map(|q| one(q, None)).collect();
+        Ok(port)
     }
 
     /// The error for a port whose device was deleted: of kind `NotFound`, which tells
@@ -1143,6 +1180,19 @@ impl Port for AfPacketPort {
             .drain(..)
             .map(|q| Box::new(q) as Box<dyn Port>)
             .collect()
+    }
+
+    fn handover(&self) -> Option<(crate::handover::Handed, BorrowedFd<'_>)> {
+        // A ring is mapped into this process with its reading position: only the copy
+        // mode's socket can be read by another process as it is.
+        if !matches!(self.rx, Rx::Copy { .. }) || self.gone {
+            return None;
+        }
+        let h = crate::handover::Handed::AfPacket {
+            dev: self.name.clone(),
+            ingress_drop: self.ingress_drop.is_some(),
+        };
+        Some((h, self.fd.as_fd()))
     }
 }
 

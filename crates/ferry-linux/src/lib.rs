@@ -8,6 +8,8 @@
 pub mod af_packet;
 pub mod cmd;
 pub mod cpu;
+pub mod fdpass;
+pub mod handover;
 pub mod link;
 pub mod memory;
 pub mod netns;

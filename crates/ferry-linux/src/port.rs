@@ -10,7 +10,7 @@
 //! the kind of port.
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 
 use ferry_datapath::VnetHdr;
 
@@ -96,6 +96,12 @@ pub trait Port: Send {
     /// A port of one queue (the default) returns none.
     fn take_queues(&mut self) -> Vec<Box<dyn Port>> {
         Vec::new()
+    }
+    /// What a next agent needs to take this port (this queue of it) over, and the
+    /// descriptor to pass it ([`crate::handover`]); None for a port that cannot be
+    /// handed over (the next agent opens its own).
+    fn handover(&self) -> Option<(crate::handover::Handed, BorrowedFd<'_>)> {
+        None
     }
 }
 

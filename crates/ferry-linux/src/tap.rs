@@ -366,6 +366,23 @@ impl TapPort {
         Ok(port)
     }
 
+    /// Takes over one queue of a TAP another process opened (with a vnet header) and
+    /// passed on ([`crate::handover`]): `fd` is its descriptor, `name` the device's name
+    /// as that process knew it. The header size, byte order and offloads are set again
+    /// (the same values, so the kernel changes nothing).
+    pub fn adopt(fd: std::os::fd::OwnedFd, name: &str) -> io::Result<TapPort> {
+        TapPort::from_tap(Tap {
+            file: File::from(fd),
+            name: name.to_string(),
+            vnet_hdr: true,
+        })
+    }
+
+    /// Adds a further queue of the same device, for the worker loop to take.
+    pub(crate) fn push_queue(&mut self, q: TapPort) {
+        self.queues.push(q);
+    }
+
     fn from_tap(tap: Tap) -> io::Result<TapPort> {
         tap.set_vnet_hdr_size(vnet::LEN_V1 as u32)?;
         tap.set_vnet_le(true)?;
@@ -494,6 +511,11 @@ impl Port for TapPort {
             .drain(..)
             .map(|q| Box::new(q) as Box<dyn Port>)
             .collect()
+    }
+
+    fn handover(&self) -> Option<(crate::handover::Handed, BorrowedFd<'_>)> {
+        let dev = self.name.clone();
+        Some((crate::handover::Handed::Tap { dev }, self.tap.as_fd()))
     }
 }
 

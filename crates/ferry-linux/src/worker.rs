@@ -128,8 +128,8 @@ mod taps_tests;
 mod tests;
 
 pub use control::{
-    Applied, Control, DENIAL_QUEUE, JobError, PortSnapshot, Snapshot, Update, UpdateError,
-    WorkerView,
+    Applied, Control, DENIAL_QUEUE, HandedPort, JobError, PortSnapshot, Snapshot, Update,
+    UpdateError, WorkerView,
 };
 pub use taps::{Captured, Direction, MAX_TRACE_COUNT, Taps, TracedPacket};
 
@@ -930,7 +930,17 @@ fn serve(
         }
     }
     if control.jobs_waiting() {
-        let layout = read(&sh.layout);
+        // An exclusive job waits, as an update does, for the other workers' rounds to
+        // end, and holds them at the start of their next.
+        let exclusive = control.exclusive_waiting();
+        let (shared, held);
+        let layout: &Layout = if exclusive {
+            held = write(&sh.layout);
+            &held
+        } else {
+            shared = read(&sh.layout);
+            &shared
+        };
         let mut core = lock(&sh.core);
         let Core { pipeline, taps, .. } = &mut *core;
         let mut view = WorkerView {
@@ -938,6 +948,8 @@ fn serve(
             taps,
             ports: layout.names(),
             now_ns: clock(),
+            slots: &layout.slots,
+            exclusive,
         };
         control.run_jobs(&mut view);
     }

@@ -172,6 +172,56 @@ pub struct WorkerView<'a> {
     pub ports: Vec<&'a str>,
     /// The pipeline's clock now.
     pub now_ns: u64,
+    /// The ports with their queues, in table order.
+    pub(super) slots: &'a [super::Slot],
+    /// The other workers are held between two rounds ([`Control::run_exclusive`]).
+    pub(super) exclusive: bool,
+}
+
+impl WorkerView<'_> {
+    /// Copies of the descriptors of every port that can be handed over to another
+    /// process ([`crate::handover`]), with what each is: per port of the tables in
+    /// service whose first queue can be handed over, its name and its queues in order.
+    /// Only in a job run with [`Control::run_exclusive`], where no other worker reads
+    /// a port meanwhile; else an error.
+    pub fn handover_ports(&self) -> std::io::Result<Vec<HandedPort>> {
+        if !self.exclusive {
+            return Err(std::io::Error::other(
+                "ports are handed over only while the workers are held",
+            ));
+        }
+        let mut out = Vec::new();
+        for s in self.slots {
+            if s.gone.get().is_some() {
+                continue;
+            }
+            let mut queues = Vec::with_capacity(s.queues.len());
+            for q in &s.queues {
+                let port = lock(q);
+                let Some((h, fd)) = port.handover() else {
+                    break;
+                };
+                queues.push((h, fd.try_clone_to_owned()?));
+            }
+            if queues.len() == s.queues.len() {
+                out.push(HandedPort {
+                    name: s.name.clone(),
+                    queues,
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A port of the tables handed over: its name and its queues' descriptors, in order
+/// ([`WorkerView::handover_ports`]; [`crate::handover::adopt`] makes it again).
+#[derive(Debug)]
+pub struct HandedPort {
+    /// The tables' name of the port.
+    pub name: String,
+    /// Each queue: what it is, and a descriptor of this process for it.
+    pub queues: Vec<(crate::handover::Handed, OwnedFd)>,
 }
 
 /// Work for the worker to run between two rounds on its own state.
@@ -227,6 +277,9 @@ pub struct Control {
     /// Jobs are queued: the worker's other per-round check.
     jobs_waiting: AtomicBool,
     jobs: Mutex<Vec<Job>>,
+    /// Jobs that hold the other workers while they run ([`Control::run_exclusive`]),
+    /// queued with the others (`jobs_waiting` says so for both).
+    exclusive: Mutex<Vec<Job>>,
     /// Denials taken from the pipeline for the audit log, at most [`DENIAL_QUEUE`].
     denials: Mutex<Vec<Denial>>,
     /// An eventfd the worker polls with its ports, so that an update wakes an idle
@@ -258,6 +311,7 @@ impl Control {
             snapshot: Mutex::new(Arc::new(Snapshot::default())),
             jobs_waiting: AtomicBool::new(false),
             jobs: Mutex::new(Vec::new()),
+            exclusive: Mutex::new(Vec::new()),
             denials: Mutex::new(Vec::new()),
             wake: new_eventfd(),
         }
@@ -352,6 +406,28 @@ impl Control {
         timeout: Duration,
         f: impl FnOnce(&mut WorkerView<'_>) -> R + Send + 'static,
     ) -> Result<R, JobError> {
+        self.queue_job(timeout, false, f)
+    }
+
+    /// [`Control::run`], holding every worker between two rounds while `f` runs: no
+    /// port is read and no packet is in a worker's hands meanwhile, as for an update.
+    /// What the pipeline holds when `f` starts is all the workers have; what arrives
+    /// meanwhile waits in the ports' kernel queues. A job may wait there (to hold
+    /// forwarding while another process takes over), but only for a bounded time.
+    pub fn run_exclusive<R: Send + 'static>(
+        &self,
+        timeout: Duration,
+        f: impl FnOnce(&mut WorkerView<'_>) -> R + Send + 'static,
+    ) -> Result<R, JobError> {
+        self.queue_job(timeout, true, f)
+    }
+
+    fn queue_job<R: Send + 'static>(
+        &self,
+        timeout: Duration,
+        exclusive: bool,
+        f: impl FnOnce(&mut WorkerView<'_>) -> R + Send + 'static,
+    ) -> Result<R, JobError> {
         let (tx, rx) = mpsc::sync_channel(1);
         {
             // Checked under the jobs lock, which detach() also takes: a job queued here
@@ -360,9 +436,14 @@ impl Control {
             if !lock(&self.state).running {
                 return Err(JobError::Stopped);
             }
-            jobs.push(Box::new(move |w: &mut WorkerView<'_>| {
+            let job: Job = Box::new(move |w: &mut WorkerView<'_>| {
                 let _ = tx.send(f(w));
-            }));
+            });
+            if exclusive {
+                lock(&self.exclusive).push(job);
+            } else {
+                jobs.push(job);
+            }
             self.jobs_waiting.store(true, Ordering::Release);
         }
         self.ring_wake();
@@ -379,14 +460,26 @@ impl Control {
         self.jobs_waiting.load(Ordering::Acquire)
     }
 
-    /// Runs the queued jobs on `view`.
+    /// True when a queued job must hold the other workers ([`Control::run_exclusive`]).
+    pub(super) fn exclusive_waiting(&self) -> bool {
+        !lock(&self.exclusive).is_empty()
+    }
+
+    /// Runs the queued jobs on `view`: all of them when the view holds the other
+    /// workers, else those that do not need to (the others stay queued).
     pub(super) fn run_jobs(&self, view: &mut WorkerView<'_>) {
-        let jobs = {
+        let (jobs, exclusive) = {
             let mut q = lock(&self.jobs);
-            self.jobs_waiting.store(false, Ordering::Relaxed);
-            std::mem::take(&mut *q)
+            let mut x = lock(&self.exclusive);
+            let exclusive = if view.exclusive {
+                std::mem::take(&mut *x)
+            } else {
+                Vec::new()
+            };
+            self.jobs_waiting.store(!x.is_empty(), Ordering::Relaxed);
+            (std::mem::take(&mut *q), exclusive)
         };
-        for job in jobs {
+        for job in jobs.into_iter().chain(exclusive) {
             job(view);
         }
     }
@@ -418,6 +511,7 @@ impl Control {
         // Jobs nobody will run: dropping them tells their callers the worker stopped.
         let mut jobs = lock(&self.jobs);
         jobs.clear();
+        lock(&self.exclusive).clear();
         self.jobs_waiting.store(false, Ordering::Relaxed);
         let mut st = lock(&self.state);
         st.running = false;

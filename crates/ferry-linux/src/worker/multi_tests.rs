@@ -386,3 +386,49 @@ fn test_a_pod_port_of_two_queues_goes_out_of_service_on_both_workers() {
     let stats = r.expect("the workers kept running");
     assert_eq!(stats.ports_gone, 1, "counted once: {stats:?}");
 }
+
+#[test]
+fn test_an_exclusive_job_holds_every_worker_and_hands_the_ports_over() {
+    let (pa, wa) = fake_queues("a", 2);
+    let (pb, wb) = fake("b");
+    let w = Running::start_workers(2, tables(&["a", "b"]), vec![pa, pb]);
+    // Both queues of `a` forward (one per worker).
+    wa[0].send("10.0.2.5", 1);
+    wb.expect(1);
+    wa[1].send("10.0.2.5", 2);
+    wb.expect(2);
+    // A plain job may not take descriptors: another worker could be reading.
+    let plain = w.control.run(WAIT, |v| v.handover_ports().map(|p| p.len()));
+    assert!(plain.unwrap().is_err());
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let (told, ran) = std::sync::mpsc::channel();
+    let control = Arc::clone(&w.control);
+    let job = thread::spawn(move || {
+        control.run_exclusive(WAIT, move |v| {
+            let ports = v.handover_ports().expect("descriptors");
+            let _ = told.send(
+                ports
+                    .iter()
+                    .map(|p| (p.name.clone(), p.queues.len()))
+                    .collect::<Vec<_>>(),
+            );
+            // Holds the workers until the test lets go.
+            let _ = held.recv_timeout(WAIT);
+        })
+    });
+    let ports = ran.recv_timeout(WAIT).expect("the exclusive job ran");
+    assert_eq!(ports, [("a".to_string(), 2), ("b".to_string(), 1)]);
+    // While it runs, neither worker forwards: frames wait in the ports.
+    wa[0].send("10.0.2.5", 3);
+    wa[1].send("10.0.2.5", 4);
+    wb.expect_nothing();
+    release.send(()).unwrap();
+    job.join().unwrap().unwrap();
+    let mut got = [wb.recv(WAIT), wb.recv(WAIT)];
+    got.sort();
+    assert_eq!(
+        got,
+        [Some(3), Some(4)],
+        "the held frames are forwarded after it"
+    );
+}

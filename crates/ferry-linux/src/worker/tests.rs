@@ -103,6 +103,12 @@ impl Port for FakePort {
     fn take_queues(&mut self) -> Vec<Box<dyn Port>> {
         std::mem::take(&mut self.queues)
     }
+
+    fn handover(&self) -> Option<(crate::handover::Handed, std::os::fd::BorrowedFd<'_>)> {
+        use std::os::fd::AsFd;
+        let dev = self.name.clone();
+        Some((crate::handover::Handed::Tap { dev }, self.sock.as_fd()))
+    }
 }
 
 /// The test's end of a [`FakePort`].
