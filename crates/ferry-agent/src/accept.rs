@@ -5,7 +5,7 @@
 use std::io::{self, Read};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -60,14 +60,61 @@ impl Drop for Acceptor {
 /// Listens on `addr` for an HTTP server of the agent: an IPv6 address takes IPv4 too,
 /// whatever the host's default ([`ferry_linux::tcp::listen`]); the IPv6 wildcard falls
 /// back to the IPv4 one on a host without IPv6 (the error is the IPv6 one when both
-/// fail).
-pub(crate) fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
-    tcp::listen(addr).or_else(|e| match addr.ip() {
-        IpAddr::V6(ip) if ip.is_unspecified() => {
-            tcp::listen(SocketAddr::from((Ipv4Addr::UNSPECIFIED, addr.port()))).map_err(|_| e)
-        }
-        _ => Err(e),
-    })
+/// fail). A listener for `addr` that the previous agent handed over ([`inherit`]) is
+/// taken instead of a new one. The listener is known to [`live_listeners`] while it
+/// lives, to be handed over in turn.
+pub(crate) fn listen(addr: SocketAddr) -> io::Result<Arc<TcpListener>> {
+    let inherited = {
+        let mut held = lock(&INHERITED);
+        let i = held.iter().position(|(a, _)| *a == addr);
+        i.map(|i| held.swap_remove(i).1)
+    };
+    let listener = match inherited {
+        Some(l) => l,
+        None => tcp::listen(addr).or_else(|e| match addr.ip() {
+            IpAddr::V6(ip) if ip.is_unspecified() => {
+                tcp::listen(SocketAddr::from((Ipv4Addr::UNSPECIFIED, addr.port()))).map_err(|_| e)
+            }
+            _ => Err(e),
+        })?,
+    };
+    let listener = Arc::new(listener);
+    if addr.port() != 0 {
+        let mut live = lock(&LIVE);
+        live.retain(|(_, l)| l.strong_count() > 0);
+        live.push((addr, Arc::downgrade(&listener)));
+    }
+    Ok(listener)
+}
+
+/// The listeners [`listen`] made that are still open, by the address asked for (those
+/// of port 0 left out: a next agent picks a port of its own for those).
+static LIVE: Mutex<Vec<(SocketAddr, Weak<TcpListener>)>> = Mutex::new(Vec::new());
+
+/// Listeners handed over by the previous agent, until [`listen`] takes them.
+static INHERITED: Mutex<Vec<(SocketAddr, TcpListener)>> = Mutex::new(Vec::new());
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The listeners open now, by the address each was asked for, to hand over.
+pub(crate) fn live_listeners() -> Vec<(SocketAddr, Arc<TcpListener>)> {
+    lock(&LIVE)
+        .iter()
+        .filter_map(|(a, l)| Some((*a, l.upgrade()?)))
+        .collect()
+}
+
+/// Listeners the previous agent handed over, for [`listen`] to take; those still here
+/// after the agent started are closed by [`drop_inherited`].
+pub(crate) fn inherit(listeners: Vec<(SocketAddr, TcpListener)>) {
+    lock(&INHERITED).extend(listeners);
+}
+
+/// Closes the handed-over listeners no server took (the port is not served any more).
+pub(crate) fn drop_inherited() -> Vec<SocketAddr> {
+    lock(&INHERITED).drain(..).map(|(a, _)| a).collect()
 }
 
 /// Connections an HTTP server of the agent (a health check node port, metrics) serves at

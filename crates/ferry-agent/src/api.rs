@@ -57,6 +57,8 @@ pub struct Pending {
     answer: Sender<Response>,
     /// [`WAITING`], [`TAKEN`] or [`ABANDONED`], shared with the connection's thread.
     claim: Arc<AtomicU8>,
+    /// A handover's connection, which its owner carries on with ([`Pending::take_conversation`]).
+    conn: Option<UnixStream>,
 }
 
 impl Pending {
@@ -65,11 +67,20 @@ impl Pending {
     /// request as `Err`, which must not be carried out. Once taken, the client waits for
     /// the answer however long it takes.
     pub fn take(self) -> Result<(Request, Sender<Response>), Box<Request>> {
+        self.take_conversation().map(|(r, a, _)| (r, a))
+    }
+
+    /// [`Pending::take`], with the connection of a [`Request::Handover`]: its owner
+    /// talks on it, and nothing is written on it for the answer sent.
+    #[allow(clippy::type_complexity)]
+    pub fn take_conversation(
+        self,
+    ) -> Result<(Request, Sender<Response>, Option<UnixStream>), Box<Request>> {
         match self
             .claim
             .compare_exchange(WAITING, TAKEN, Ordering::AcqRel, Ordering::Acquire)
         {
-            Ok(_) => Ok((self.request, self.answer)),
+            Ok(_) => Ok((self.request, self.answer, self.conn)),
             Err(_) => Err(Box::new(self.request)),
         }
     }
@@ -81,6 +92,11 @@ pub struct ApiServer {
     path: PathBuf,
     acceptor: Option<Acceptor>,
     requests: Receiver<Pending>,
+    /// The listening socket (the acceptor's is the same one), for a next agent to take
+    /// over ([`ApiServer::listener`]) and to accept again after a pause.
+    listener: UnixListener,
+    tx: Sender<Pending>,
+    answer_timeout: Duration,
 }
 
 impl ApiServer {
@@ -112,9 +128,42 @@ impl ApiServer {
         }
         let listener = UnixListener::bind(path)?;
         fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
+        ApiServer::serve_on(path, listener, answer_timeout)
+    }
+
+    /// Serves on `listener`, the socket at `path` another agent listened on and handed
+    /// over (`crate::handover`): connections queued on it meanwhile are answered now.
+    pub fn from_listener(path: &Path, listener: UnixListener) -> io::Result<ApiServer> {
+        ApiServer::serve_on(path, listener, ANSWER_TIMEOUT)
+    }
+
+    fn serve_on(
+        path: &Path,
+        listener: UnixListener,
+        answer_timeout: Duration,
+    ) -> io::Result<ApiServer> {
         listener.set_nonblocking(true)?;
         let (tx, requests) = mpsc::channel::<Pending>();
-        let acceptor = Acceptor::spawn(
+        let mut server = ApiServer {
+            path: path.to_path_buf(),
+            acceptor: None,
+            requests,
+            listener,
+            tx,
+            answer_timeout,
+        };
+        server.accept()?;
+        Ok(server)
+    }
+
+    /// Starts accepting connections (again).
+    pub fn accept(&mut self) -> io::Result<()> {
+        if self.acceptor.is_some() {
+            return Ok(());
+        }
+        let listener = self.listener.try_clone()?;
+        let (tx, answer_timeout) = (self.tx.clone(), self.answer_timeout);
+        self.acceptor = Some(Acceptor::spawn(
             "ferry-api".into(),
             move || listener.accept().map(|(c, _)| c),
             move |conn| {
@@ -124,12 +173,19 @@ impl ApiServer {
                     .name("ferry-api-conn".into())
                     .spawn(move || serve(conn, &tx, answer_timeout));
             },
-        )?;
-        Ok(ApiServer {
-            path: path.to_path_buf(),
-            acceptor: Some(acceptor),
-            requests,
-        })
+        )?);
+        Ok(())
+    }
+
+    /// Stops accepting connections: they wait in the socket's backlog, for
+    /// [`ApiServer::accept`] or the agent the socket is handed over to.
+    pub fn pause(&mut self) {
+        drop(self.acceptor.take());
+    }
+
+    /// The listening socket, to hand over.
+    pub fn listener(&self) -> &UnixListener {
+        &self.listener
     }
 
     /// The requests, in arrival order; answer each on its sender.
@@ -156,15 +212,22 @@ fn serve(conn: UnixStream, tx: &Sender<Pending>, answer_timeout: Duration) {
         Ok(request) => {
             let (answer, arx) = mpsc::channel();
             let claim = Arc::new(AtomicU8::new(WAITING));
+            let handover = matches!(request, Request::Handover { .. });
             let pending = Pending {
                 request,
                 answer,
                 claim: Arc::clone(&claim),
+                conn: handover.then(|| conn.try_clone().ok()).flatten(),
             };
             if tx.send(pending).is_err() {
                 Response::error(50, "the agent is stopping", "")
             } else {
-                wait_for_answer(&arx, &claim, answer_timeout)
+                let r = wait_for_answer(&arx, &claim, answer_timeout);
+                if handover && claim.load(Ordering::Acquire) == TAKEN {
+                    // The conversation had the connection; nothing more goes on it.
+                    return;
+                }
+                r
             }
         }
         Err(r) => r,

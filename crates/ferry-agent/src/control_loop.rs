@@ -15,9 +15,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use std::os::unix::net::UnixStream;
+
+use ferry_api::{Request, Response};
+
 use crate::api::{ANSWER_TIMEOUT, ApiServer};
 use crate::cluster::Cluster;
 use crate::datastore::{OpenError, Source, Update};
+use crate::handover::{self, AfterHandover};
 use crate::metrics::MetricsServer;
 use crate::run::{Agent, Applied, Options};
 
@@ -45,6 +50,8 @@ pub struct Settings {
     pub api_socket: PathBuf,
     /// Where to serve Prometheus metrics; None: nowhere.
     pub metrics_addr: Option<SocketAddr>,
+    /// What this agent does once it handed the node over to a new one.
+    pub after_handover: AfterHandover,
 }
 
 /// Why [`run`] stopped before it was told to.
@@ -63,6 +70,8 @@ pub enum Error {
     WorkerStopped(String),
     /// The worker did not stop cleanly.
     Stop(String),
+    /// The agent running on the node did not hand over (it forwards on).
+    Handover(String),
 }
 
 impl fmt::Display for Error {
@@ -70,6 +79,7 @@ impl fmt::Display for Error {
         match self {
             Error::Datastore(e) => write!(f, "{e}"),
             Error::Start(e) | Error::Stop(e) => f.write_str(e),
+            Error::Handover(e) => write!(f, "handover: {e}"),
             Error::ApiSocket(e) => write!(f, "{e}"),
             Error::Metrics(addr, e) => write!(f, "{addr}: {e}"),
             Error::WorkerStopped(e) => write!(f, "the worker stopped: {e}"),
@@ -86,6 +96,7 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
         datastore,
         api_socket,
         metrics_addr,
+        after_handover,
     } = settings;
     let node = opts.node.clone();
     let watch = datastore.open(&node, POLL).map_err(Error::Datastore)?;
@@ -114,8 +125,30 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
             None => {}
         }
     };
+    // An agent running on the socket hands the node over (`crate::handover`); one that
+    // does not want to is left alone, and this one does not start.
+    let taking = handover::ask(&api_socket).map_err(Error::Handover)?;
     let t0 = Instant::now();
-    let (mut agent, applied) = Agent::start(opts, Arc::clone(&in_force)).map_err(Error::Start)?;
+    let (mut agent, applied, api_listener) = match taking {
+        None => {
+            let (agent, applied) =
+                Agent::start(opts, Arc::clone(&in_force)).map_err(Error::Start)?;
+            (agent, applied, None)
+        }
+        Some((mut taking, inherited)) => {
+            let listener = taking.api_listener();
+            match Agent::prepare(opts, Arc::clone(&in_force), inherited) {
+                Err(e) => {
+                    taking.abort(&e);
+                    return Err(Error::Start(e));
+                }
+                Ok(starting) => {
+                    let (agent, applied) = taking.finish(starting).map_err(Error::Handover)?;
+                    (agent, applied, listener)
+                }
+            }
+        }
+    };
     let source = match &datastore {
         Source::File(dir) => dir.display().to_string(),
         Source::Kubernetes { .. } => watch
@@ -131,13 +164,20 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
     status.synced(t0.elapsed());
     status.datastore_applied();
     status.datastore_state(Arc::clone(&in_force));
-    let api = ApiServer::bind(&api_socket).map_err(Error::ApiSocket)?;
+    let mut api = match api_listener {
+        Some(l) => ApiServer::from_listener(&api_socket, l),
+        None => ApiServer::bind(&api_socket),
+    }
+    .map_err(Error::ApiSocket)?;
     let _metrics = match metrics_addr {
         Some(addr) => Some(
             MetricsServer::bind(addr, api_socket.clone()).map_err(|e| Error::Metrics(addr, e))?,
         ),
         None => None,
     };
+    for addr in crate::accept::drop_inherited() {
+        tracing::info!(%addr, "a listener handed over is not served any more: closed");
+    }
     report(&applied);
     tracing::info!(
         node = %node,
@@ -161,7 +201,12 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
             agent.carry_out_queued_dels(&in_force);
             queue_due = Instant::now() + DEL_QUEUE_SCAN;
         }
-        answer_requests(&mut agent, &api, &in_force);
+        if let Some((conn, taker)) = answer_requests(&mut agent, &api, &in_force) {
+            match agent.give_over(conn, &mut api, taker) {
+                handover::Given::Done => handover::leave(after_handover),
+                handover::Given::Failed(_) => {}
+            }
+        }
         match watch.next_update(API_POLL) {
             None => {}
             Some(Update::Refused(r)) => {
@@ -194,11 +239,23 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
     Ok(())
 }
 
-/// Answers the local API's requests waiting now; `in_force` is the state in force.
-fn answer_requests(agent: &mut Agent, api: &ApiServer, in_force: &Arc<Cluster>) {
+/// Answers the local API's requests waiting now; `in_force` is the state in force. A
+/// handover request ends the round: its connection and the asking agent's pid are
+/// returned, for the loop to carry it out.
+fn answer_requests(
+    agent: &mut Agent,
+    api: &ApiServer,
+    in_force: &Arc<Cluster>,
+) -> Option<(UnixStream, u32)> {
     while let Ok(pending) = api.requests().try_recv() {
-        match pending.take() {
-            Ok((req, answer)) => {
+        match pending.take_conversation() {
+            Ok((Request::Handover { version, pid }, answer, Some(conn))) => {
+                tracing::info!(taker = pid, %version, "a new agent asks for the node");
+                // Its connection thread waits for this, and then writes nothing.
+                let _ = answer.send(Response::Ok(Default::default()));
+                return Some((conn, pid));
+            }
+            Ok((req, answer, _)) => {
                 tracing::debug!(?req, "api request");
                 let _ = answer.send(agent.handle(Arc::clone(in_force), req));
             }
@@ -210,6 +267,7 @@ fn answer_requests(agent: &mut Agent, api: &ApiServer, in_force: &Arc<Cluster>) 
             ),
         }
     }
+    None
 }
 
 fn report(a: &Applied) {

@@ -32,6 +32,7 @@ pub mod control_loop;
 pub mod datastore;
 pub mod del_queue;
 pub mod fields;
+pub mod handover;
 pub mod health;
 pub mod host_nat;
 pub mod leftovers;

@@ -184,6 +184,17 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         session: Option<u64>,
     },
+    /// Asks the running agent to hand its ports, listeners and connection state over to
+    /// the asking agent, a new `ferry agent` on the same node. No answer line follows:
+    /// the connection carries the handover's own messages and descriptors from then on
+    /// (see the agent's `handover` module); an agent that cannot hand over answers an
+    /// error line as to any request.
+    Handover {
+        /// The asking agent's version, for the logs.
+        version: String,
+        /// Its process id, for the logs.
+        pid: u32,
+    },
 }
 
 /// The error code of a request the agent cannot serve as things are, for a reason of

@@ -9,6 +9,7 @@ use ferry_agent::ObjectKey;
 use ferry_agent::compile::CompileOptions;
 use ferry_agent::control_loop::{self, Error, Settings};
 use ferry_agent::datastore::{OpenError, Source};
+use ferry_agent::handover::{self, AfterHandover};
 use ferry_agent::policy::audit::{AuditConfig, Target};
 use ferry_agent::run::Options;
 
@@ -90,6 +91,12 @@ pub struct Args {
     /// of as many; what goes over is counted and summed up in a line.
     #[arg(long, value_name = "N", default_value_t = ferry_agent::policy::audit::DEFAULT_RATE.to_string())]
     pub policy_audit_rate: String,
+    /// What this agent does once it has handed the node over to a new agent started
+    /// with the same --api-socket (see docs/agent.md, "Restarts and upgrades"): `exit`
+    /// at once, or `wait`, holding nothing, until it is stopped (a DaemonSet's old pod
+    /// must not end on its own, or it is started again).
+    #[arg(long, value_enum, default_value = "exit")]
+    pub after_handover: AfterHandoverArg,
 }
 
 /// The audit log of `--policy-audit-log` and `--policy-audit-rate`, checked: a rate
@@ -109,6 +116,15 @@ fn parse_audit(log: Option<&str>, rate: &str) -> Result<Option<AuditConfig>> {
             .map_err(|e| anyhow!("--policy-audit-log {}: {e}", path.display()))?;
     }
     Ok(Some(AuditConfig { target, rate }))
+}
+
+/// `--after-handover`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AfterHandoverArg {
+    /// Exit at once.
+    Exit,
+    /// Hold nothing and wait to be stopped.
+    Wait,
 }
 
 /// The default `--healthz-addr`: kube-proxy's health port on every address.
@@ -138,6 +154,10 @@ fn parse_pod(spec: &str) -> Result<(ObjectKey, String)> {
 
 /// Runs the agent until SIGINT, SIGTERM, SIGHUP or SIGQUIT.
 pub fn run(args: &Args) -> Result<()> {
+    if std::env::var_os(handover::HANDED_OVER_ENV).is_some() {
+        let stop = ferry_linux::signal::stop_on_signals().context("installing signal handlers")?;
+        handover::wait_handed_over(stop);
+    }
     let mut pods = BTreeMap::new();
     for p in &args.pods {
         let (k, netns) = parse_pod(p)?;
@@ -172,6 +192,10 @@ pub fn run(args: &Args) -> Result<()> {
         datastore,
         api_socket: args.api_socket.clone(),
         metrics_addr: args.metrics_addr,
+        after_handover: match args.after_handover {
+            AfterHandoverArg::Exit => AfterHandover::Exit,
+            AfterHandoverArg::Wait => AfterHandover::Wait,
+        },
     };
     control_loop::run(settings, stop).map_err(|e| match e {
         Error::Datastore(OpenError::Kube(e)) => anyhow!("--datastore {}: {e}", args.datastore),

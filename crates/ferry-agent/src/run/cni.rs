@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use ferry_api::{Answer, ApiError, ERR_AGENT, ERR_BAD_REQUEST, PodRef, Request, Response};
-use ferry_linux::TapPort;
 use ferry_linux::link;
+use ferry_linux::{Port, TapPort};
 use ipnet::IpNet;
 
 use crate::cluster::{Cluster, ObjectKey};
@@ -24,7 +24,7 @@ pub(super) struct Attachments {
     /// By container ID and interface name.
     pub(super) pods: BTreeMap<(String, String), CniPod>,
     /// TAPs of recorded attachments opened again at start, until their ports open.
-    pub(super) adopted: BTreeMap<ObjectKey, TapPort>,
+    pub(super) adopted: BTreeMap<ObjectKey, Box<dyn Port>>,
     /// Persistent pod TAPs made by the [`Agent::apply`] under way, deleted again when it
     /// fails.
     pub(super) made: Vec<(String, String)>,
@@ -364,11 +364,19 @@ impl Agent {
         });
         for a in recorded {
             let pod = ObjectKey::new(&a.pod_namespace, &a.pod_name);
-            match adopt(&a, self.queues()) {
+            // A port the previous agent handed over is that interface already.
+            let opened = if self.cni.adopted.contains_key(&pod) {
+                Ok(None)
+            } else {
+                adopt(&a, self.queues()).map(Some)
+            };
+            match opened {
                 Ok(tap) => {
                     tracing::info!(container = %a.container_id, %pod, netns = %a.netns,
-                        ifname = %a.ifname, "pod interface adopted");
-                    self.cni.adopted.insert(pod.clone(), tap);
+                        ifname = %a.ifname, handed_over = tap.is_none(), "pod interface adopted");
+                    if let Some(tap) = tap {
+                        self.cni.adopted.insert(pod.clone(), Box::new(tap));
+                    }
                     self.cni.pods.insert(
                         (a.container_id, a.ifname.clone()),
                         CniPod {

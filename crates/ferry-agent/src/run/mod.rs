@@ -42,6 +42,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use ferry_datapath::{MacAddr, Pipeline, Tables, TablesSpec};
+use ferry_linux::Port;
 use ferry_linux::link;
 use ferry_linux::worker::{Control, NamedPort, Snapshot, WorkerStats, Workers};
 use ipnet::IpNet;
@@ -170,11 +171,27 @@ pub const LISTEN_RETRY: Duration = Duration::from_secs(5);
 impl Agent {
     /// Compiles the tables of `cluster`, opens every port, and starts the worker.
     pub fn start(opts: Options, cluster: Arc<Cluster>) -> Result<(Agent, Applied), String> {
+        Agent::prepare(opts, cluster, Inherited::default())?.run()
+    }
+
+    /// Everything [`Agent::start`] does but starting the worker: compiles the tables of
+    /// `cluster` and opens every port, taking the ports of `inherited` (handed over by
+    /// the agent that ran before, [`crate::handover`]) where they are the same. The
+    /// pipeline is made but nothing forwards until [`Starting::run`].
+    pub fn prepare(
+        opts: Options,
+        cluster: Arc<Cluster>,
+        inherited: Inherited,
+    ) -> Result<Starting, String> {
         let t0 = Instant::now();
         let health = Health::new(opts.healthz);
         let audit = (opts.audit.as_ref())
             .map(|cfg| self::audit::Audit::open(cfg, &opts.node))
             .transpose()?;
+        let Inherited {
+            ports: handed,
+            pods,
+        } = inherited;
         let mut agent = Agent {
             opts,
             control: Arc::new(Control::new()),
@@ -194,13 +211,18 @@ impl Agent {
             gone_ports: BTreeSet::new(),
             audit,
         };
+        agent.cni.adopted.extend(pods);
         agent.adopt_recorded();
         let mut compiled = agent.compile(&cluster)?;
         let tables = Arc::clone(&compiled.compiled);
         let compile = t0.elapsed();
+        let mut handed = handed;
         let mut ports: Vec<NamedPort> = Vec::with_capacity(tables.ports.len());
         for p in &tables.ports {
-            let port = agent.open_port(p.name.as_str(), &tables, &compiled)?;
+            let port = match handed.remove(p.name.as_str()) {
+                Some(port) => port,
+                None => agent.open_port(p.name.as_str(), &tables, &compiled)?,
+            };
             ports.push((p.name.clone(), port));
         }
         agent.open = ports.iter().map(|(n, _)| n.clone()).collect();
@@ -209,43 +231,32 @@ impl Agent {
         for key in agent.cni.adopted.keys() {
             tracing::warn!(pod = %key, "adopted pod interface has no port in the tables");
         }
-        let opened = agent.open.iter().cloned().collect();
-        agent.spawn_worker(ports, Arc::clone(&tables))?;
-        agent.health.set(&compiled.health_checks, &mut agent.status);
-        let host_tap = agent.opts.host_tap.as_deref();
-        agent.host.set_nat(host_tap, &tables);
-        agent.host.check_leftovers(host_tap, &tables);
-        agent.health.proxy.set_node(cluster.node(&agent.opts.node));
-        agent.health.proxy.updated();
-        agent.health.serve_healthz(&mut agent.status);
+        for name in handed.keys() {
+            tracing::info!(port = %name, "a port handed over has no place in the tables: closed");
+        }
+        let mut pipeline = Pipeline::new(Arc::clone(&tables));
+        if agent.audit.is_some() {
+            pipeline.audit_denials(ferry_datapath::DEFAULT_AUDIT_BUFFER);
+        }
         let warnings = std::mem::take(&mut compiled.warnings);
-        agent.last = Some(Last::new(cluster, tables, compiled));
-        Ok((
+        Ok(Starting {
             agent,
-            Applied {
-                generation: 1,
-                compile,
-                swap: Duration::ZERO,
-                opened,
-                closed: Vec::new(),
-                ct_removed: 0,
-                policy_cut: 0,
-                incremental: false,
-                warnings,
-            },
-        ))
+            ports,
+            pipeline,
+            cluster,
+            tables,
+            compiled,
+            compile,
+            warnings,
+        })
     }
 
-    /// Starts the worker thread on `ports` with a pipeline of `tables`.
+    /// Starts the worker thread on `ports` with `pipeline`.
     fn spawn_worker(
         &mut self,
         mut ports: Vec<NamedPort>,
-        tables: Arc<Tables>,
+        mut pipeline: Pipeline,
     ) -> Result<(), String> {
-        let mut pipeline = Pipeline::new(tables);
-        if self.audit.is_some() {
-            pipeline.audit_denials(ferry_datapath::DEFAULT_AUDIT_BUFFER);
-        }
         let (control, stop, failed) = (
             Arc::clone(&self.control),
             Arc::clone(&self.stop),
@@ -345,6 +356,26 @@ impl Agent {
         }
     }
 
+    /// The worker's control, for the handover ([`crate::handover`]).
+    pub(crate) fn control(&self) -> &Arc<Control> {
+        &self.control
+    }
+
+    /// The pod whose port the tables in force name `port`.
+    pub(crate) fn pod_of_port(&self, port: &str) -> Option<ObjectKey> {
+        let last = self.last.as_ref()?;
+        last.pod_ports
+            .iter()
+            .find(|(_, n)| n.as_str() == port)
+            .map(|(k, _)| k.clone())
+    }
+
+    /// Writes the audit log of the denials handed over so far (before a handover, after
+    /// which this process writes nothing more).
+    pub(crate) fn write_audit_now(&mut self) {
+        self.write_audit();
+    }
+
     /// Stops the worker and closes every port.
     pub fn stop(mut self) -> Result<WorkerStats, String> {
         self.stop.store(true, Ordering::Relaxed);
@@ -402,6 +433,80 @@ impl Agent {
     /// Queues per port: one per worker.
     fn queues(&self) -> u16 {
         self.opts.workers.count.clamp(1, usize::from(u16::MAX)) as u16
+    }
+}
+
+/// Ports handed over by the agent that ran before ([`crate::handover`]), for
+/// [`Agent::prepare`] to take instead of opening its own.
+#[derive(Default)]
+pub struct Inherited {
+    /// By the tables' port name: the uplink, the host port.
+    pub ports: BTreeMap<String, Box<dyn Port>>,
+    /// Pods' ports, by pod.
+    pub pods: BTreeMap<ObjectKey, Box<dyn Port>>,
+}
+
+/// An agent whose ports are open and whose pipeline is made, not forwarding yet
+/// ([`Agent::prepare`]).
+pub struct Starting {
+    agent: Agent,
+    ports: Vec<NamedPort>,
+    pipeline: Pipeline,
+    cluster: Arc<Cluster>,
+    tables: Arc<Tables>,
+    compiled: Compiled,
+    compile: Duration,
+    warnings: Vec<String>,
+}
+
+impl Starting {
+    /// The pipeline the worker will run, to load a handed-over state into.
+    pub fn pipeline_mut(&mut self) -> &mut Pipeline {
+        &mut self.pipeline
+    }
+
+    /// The pipeline's clock now (the agent's own: nanoseconds since it began).
+    pub fn now_ns(&self) -> u64 {
+        self.agent.started.elapsed().as_nanos() as u64
+    }
+
+    /// Starts the worker: from here on the agent forwards. Then serves its health
+    /// checks and sets the host's NAT.
+    pub fn run(self) -> Result<(Agent, Applied), String> {
+        let Starting {
+            mut agent,
+            ports,
+            pipeline,
+            cluster,
+            tables,
+            compiled,
+            compile,
+            warnings,
+        } = self;
+        let opened = agent.open.iter().cloned().collect();
+        agent.spawn_worker(ports, pipeline)?;
+        agent.health.set(&compiled.health_checks, &mut agent.status);
+        let host_tap = agent.opts.host_tap.as_deref();
+        agent.host.set_nat(host_tap, &tables);
+        agent.host.check_leftovers(host_tap, &tables);
+        agent.health.proxy.set_node(cluster.node(&agent.opts.node));
+        agent.health.proxy.updated();
+        agent.health.serve_healthz(&mut agent.status);
+        agent.last = Some(Last::new(cluster, tables, compiled));
+        Ok((
+            agent,
+            Applied {
+                generation: 1,
+                compile,
+                swap: Duration::ZERO,
+                opened,
+                closed: Vec::new(),
+                ct_removed: 0,
+                policy_cut: 0,
+                incremental: false,
+                warnings,
+            },
+        ))
     }
 }
 

@@ -66,8 +66,8 @@ impl Agent {
                         "eth0".to_string(),
                     ),
                 };
-                if let Some(tap) = self.cni.adopted.remove(&key) {
-                    return Ok(Box::new(tap));
+                if let Some(port) = self.cni.adopted.remove(&key) {
+                    return Ok(port);
                 }
                 let cni = self.cni.pods.values().any(|c| c.pod == key);
                 self.taps += 1;

@@ -40,6 +40,13 @@ impl Agent {
                 ),
             },
             Request::Node => self.node_info(&cluster),
+            // The API server hands a handover's connection to the loop, which carries it
+            // out itself (`crate::handover`); one that got here had none.
+            Request::Handover { .. } => Response::error(
+                ferry_api::ERR_BAD_REQUEST,
+                "a handover is carried out on a connection of its own",
+                "",
+            ),
             Request::Counters => Response::Ok(Answer {
                 counters: Some(Box::new(self.counters())),
                 ..Answer::default()

@@ -245,6 +245,34 @@ impl Lab {
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 
+    /// Waits up to `secs` for a spawned process to end by itself (it is no daemon from
+    /// now on) and returns how it ended and its standard error; one still running then
+    /// is killed and fails the test.
+    #[allow(dead_code)] // not every test binary waits for its processes
+    pub fn wait_exit(&mut self, label: &str, secs: u64) -> (std::process::ExitStatus, String) {
+        let i = self
+            .children
+            .iter()
+            .position(|(l, _, _)| l == label)
+            .expect("a spawned process");
+        let (_, mut c, _) = self.children.remove(i);
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = c.try_wait() {
+                let out = c.wait_with_output().expect("wait");
+                return (
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).into_owned(),
+                );
+            }
+            sleep(Duration::from_millis(20));
+        }
+        // Killed; its pipes are not read: a process it started may hold them open.
+        let _ = c.kill();
+        let _ = c.wait();
+        panic!("{label} did not end within {secs} s");
+    }
+
     /// Waits until `f` is true or fails with `what`.
     pub fn wait_for(&mut self, secs: u64, what: &str, mut f: impl FnMut(&Lab) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(secs);

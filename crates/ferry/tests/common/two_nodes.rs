@@ -307,6 +307,31 @@ impl TwoNodes {
     /// (`--metrics-addr`, say).
     pub fn start_agent_with(&mut self, n: u8, datastore: &str, extra: &[&str]) {
         let ns = format!("n{n}");
+        let args = self.agent_args(n, datastore, extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let tap = format!("{}h{n}", self.lab.prefix);
+        let lab = &mut self.lab;
+        lab.daemon(&ns, &format!("ferry agent on node{n}"), &args);
+        let (t, nsc) = (tap.clone(), ns.clone());
+        lab.wait_for(10, &format!("host TAP {tap}"), |l| {
+            l.exec(&nsc, 2, &["ip", "link", "show", &t])
+                .status
+                .success()
+        });
+        // The same host TAP set-up as the lab's nodes.
+        let mac = format!("02:aa:00:00:00:0{n}");
+        ferry_lab::topology::node_kernel_on_host_tap(
+            &lab.ns(&ns),
+            &tap,
+            &mac,
+            &format!("192.168.77.{n}"),
+        )
+        .unwrap();
+    }
+
+    /// The command line (run in node `n`'s namespace) of node `n`'s agent with
+    /// `datastore` and `extra` arguments, its base tables written.
+    pub fn agent_args(&self, n: u8, datastore: &str, extra: &[&str]) -> Vec<String> {
         let base_file = self.dir.path().join(format!("base{n}.yaml"));
         fs::write(&base_file, base(n)).unwrap();
         let tap = format!("{}h{n}", self.lab.prefix);
@@ -348,25 +373,9 @@ impl TwoNodes {
                 .display()
                 .to_string(),
         ];
-        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
-        args.extend_from_slice(extra);
-        let lab = &mut self.lab;
-        lab.daemon(&ns, &format!("ferry agent on node{n}"), &args);
-        let (t, nsc) = (tap.clone(), ns.clone());
-        lab.wait_for(10, &format!("host TAP {tap}"), |l| {
-            l.exec(&nsc, 2, &["ip", "link", "show", &t])
-                .status
-                .success()
-        });
-        // The same host TAP set-up as the lab's nodes.
-        let mac = format!("02:aa:00:00:00:0{n}");
-        ferry_lab::topology::node_kernel_on_host_tap(
-            &lab.ns(&ns),
-            &tap,
-            &mac,
-            &format!("192.168.77.{n}"),
-        )
-        .unwrap();
+        let mut args = args.to_vec();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
     }
 
     /// Waits for both pods' interfaces, then starts the web pod's server and waits for it.

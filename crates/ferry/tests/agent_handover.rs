@@ -1,0 +1,217 @@
+//! A new agent started on a node while the node's agent runs takes the node over: the
+//! running agent hands over its ports, listeners and connection state and exits, and no
+//! connection breaks on the way: a ping every 20 ms loses nothing, a paced TCP stream
+//! through a Service's cluster IP arrives whole, the API socket answers the new agent.
+//! A taker that goes away or refuses the state midway leaves the running agent
+//! forwarding as before. Needs root, iproute2, ping, nc and python3.
+
+mod common;
+
+use std::fs;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use common::two_nodes::TwoNodes;
+use ferry_agent::api::call;
+use ferry_agent::handover::{GiverSays, TakerSays};
+use ferry_api::{Request, Response};
+use ferry_linux::fdpass;
+
+/// A Service in front of the web pod's stream server on 9000.
+const STREAM: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: { name: stream, namespace: default }
+spec:
+  clusterIP: 10.96.0.20
+  clusterIPs: [10.96.0.20]
+  selector: { app: web }
+  ports: [{ name: s, protocol: TCP, port: 90, targetPort: 9000 }]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: stream-abcde
+  namespace: default
+  labels: { kubernetes.io/service-name: stream }
+addressType: IPv4
+ports: [{ name: s, protocol: TCP, port: 9000 }]
+endpoints: [{ addresses: [10.244.2.5], conditions: { ready: true }, nodeName: node2 }]
+"#;
+
+/// Reads a count N, then sends lines 1..=N, one every 20 ms, and closes.
+const STREAM_SERVER: &str = r#"
+import socket, threading, time
+def serve(c):
+    n = int(c.makefile().readline())
+    for i in range(1, n + 1):
+        c.sendall(b"%06d\n" % i)
+        time.sleep(0.02)
+    c.close()
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 9000))
+s.listen(16)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// Two nodes (node 1's agent with two workers, so that multi-queue TAPs and an
+/// AF_PACKET fanout group are handed over), the web pod's stream server and its
+/// Service.
+fn cluster(tag: &str) -> TwoNodes {
+    common::require(&[("ping", "iputils-ping"), ("nc", "netcat-openbsd")]);
+    let mut c = TwoNodes::with_file_datastore(tag, &["--workers", "2"]);
+    fs::write(c.manifest_dir().join("stream.yaml"), STREAM).unwrap();
+    let server = c.dir.path().join("stream.py");
+    fs::write(&server, STREAM_SERVER).unwrap();
+    let s = server.display().to_string();
+    c.lab.daemon("p2a", "stream server", &["python3", &s]);
+    c.lab.wait_for(10, "the stream Service", |l| {
+        l.exec("p1a", 3, &["sh", "-c", "echo 1 | nc -N -w 2 10.96.0.20 90"])
+            .stdout
+            == b"000001\n"
+    });
+    c
+}
+
+/// Starts, in the client pod, a ping of the web pod every 20 ms for `count` pings and a
+/// stream of `lines` lines (20 ms apart) through the stream Service, each writing to a
+/// file of `dir`.
+fn start_traffic(c: &mut TwoNodes, count: u32, lines: u32) {
+    let dir = c.dir.path().display().to_string();
+    c.lab.spawn(
+        "p1a",
+        "ping",
+        &[
+            "sh",
+            "-c",
+            &format!("exec ping -i 0.02 -c {count} -W 1 10.244.2.5 > {dir}/ping.txt"),
+        ],
+    );
+    fs::write(c.dir.path().join("lines.txt"), format!("{lines}\n")).unwrap();
+    c.lab.spawn(
+        "p1a",
+        "stream",
+        &[
+            "sh",
+            "-c",
+            &format!("exec nc -N -w 3 10.96.0.20 90 < {dir}/lines.txt > {dir}/stream.txt"),
+        ],
+    );
+}
+
+/// Waits for the traffic of [`start_traffic`] to end and checks that no ping was lost
+/// and every line of the stream arrived, in order.
+fn traffic_intact(c: &mut TwoNodes, count: u32, lines: u32, during: &str) {
+    let (status, err) = c.lab.wait_exit("ping", 60);
+    let ping = fs::read_to_string(c.dir.path().join("ping.txt")).unwrap();
+    assert!(status.success(), "ping {during}: {status} {err}\n{ping}");
+    let want = format!("{count} packets transmitted, {count} received");
+    assert!(
+        ping.contains(&want),
+        "pings lost {during}:\n{}",
+        tail(&ping)
+    );
+    let (status, err) = c.lab.wait_exit("stream", 60);
+    assert!(status.success(), "the stream {during}: {status} {err}");
+    let got = fs::read_to_string(c.dir.path().join("stream.txt")).unwrap();
+    let expected: String = (1..=lines).map(|i| format!("{i:06}\n")).collect();
+    assert!(
+        got == expected,
+        "the stream {during}: {} of {lines} lines, last {:?}",
+        got.lines().count(),
+        got.lines().last()
+    );
+}
+
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(4)..].join("\n")
+}
+
+/// A fake new agent: asks the agent at `sock` to hand over and reads its offer and
+/// descriptors; returns the connection and how many ports were offered.
+fn ask(sock: &Path) -> (UnixStream, usize) {
+    let mut conn = UnixStream::connect(sock).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut line = serde_json::to_string(&Request::Handover {
+        version: "test".into(),
+        pid: std::process::id(),
+    })
+    .unwrap();
+    line.push('\n');
+    std::io::Write::write_all(&mut conn, line.as_bytes()).unwrap();
+    let offer = fdpass::recv(&conn).unwrap();
+    let GiverSays::Offer(offer) = serde_json::from_slice(&offer).unwrap() else {
+        panic!("no offer first");
+    };
+    let fds = fdpass::recv_fds(&conn, offer.descriptors()).unwrap();
+    assert_eq!(fds.len(), offer.descriptors());
+    (conn, offer.ports.len())
+}
+
+fn say(conn: &UnixStream, what: &TakerSays) {
+    fdpass::send(conn, &serde_json::to_vec(what).unwrap()).unwrap();
+}
+
+#[test]
+fn a_handover_that_fails_midway_leaves_the_agent_forwarding() {
+    let mut c = cluster("hof");
+    start_traffic(&mut c, 400, 350);
+    let sock = c.socket(1);
+    // The taker goes away after the offer.
+    let (conn, ports) = ask(&sock);
+    assert!(ports >= 3, "uplink, host and pod ports offered: {ports}");
+    drop(conn);
+    // The taker goes away with the state.
+    let (conn, _) = ask(&sock);
+    say(&conn, &TakerSays::Ready);
+    fdpass::recv(&conn).expect("the state");
+    drop(conn);
+    // The taker refuses the state.
+    let (conn, _) = ask(&sock);
+    say(&conn, &TakerSays::Ready);
+    fdpass::recv(&conn).expect("the state");
+    say(
+        &conn,
+        &TakerSays::Refused {
+            reason: "a test".into(),
+        },
+    );
+    // The giver answers no go: it forwards on.
+    assert!(fdpass::recv(&conn).is_err(), "a go after a refusal");
+    drop(conn);
+    // The taker gives up before the state.
+    let (conn, _) = ask(&sock);
+    say(
+        &conn,
+        &TakerSays::Abort {
+            reason: "a test".into(),
+        },
+    );
+    drop(conn);
+    // Each time, the agent forwards on and answers again.
+    c.lab.wait_for(10, "the API socket answering again", |_| {
+        matches!(call(&sock, &Request::Status), Ok(Response::Ok(_)))
+    });
+    traffic_intact(&mut c, 400, 350, "through four failed handovers");
+    c.lab.check_alive();
+    let log = c.lab.stop("ferry agent on node1");
+    for why in [
+        "the new agent went away",
+        "the new agent refused the state: a test",
+        "the new agent gave up: a test",
+    ] {
+        assert!(log.contains(why), "{why:?} not in the log:\n{log}");
+    }
+    assert_eq!(
+        log.matches("handover failed, forwarding goes on here")
+            .count(),
+        4,
+        "{log}"
+    );
+}
