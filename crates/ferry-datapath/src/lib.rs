@@ -42,6 +42,7 @@ mod filter;
 mod flow;
 pub mod gro;
 pub mod gso;
+pub mod handover;
 mod icmp;
 pub mod ipf;
 mod lb;

@@ -40,6 +40,7 @@ mod nat_tests;
 #[cfg(test)]
 mod proptests;
 mod resync;
+pub(crate) mod saved;
 mod spec;
 mod table;
 mod tcp;
@@ -875,6 +876,12 @@ impl Conntrack {
         let n = self.table.retain(keep);
         self.stats.deleted += n as u64;
         n
+    }
+
+    /// Removes every entry without counting it deleted: undoes a restore that was
+    /// refused halfway (`handover`), leaving the counters as they were.
+    pub(crate) fn forget_all(&mut self) {
+        self.table.clear();
     }
 
     /// Turns mid-stream TCP pickup ([`Config::tcp_pickup`]) on or off for connections

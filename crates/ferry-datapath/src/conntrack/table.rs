@@ -556,6 +556,14 @@ impl Table {
         removed
     }
 
+    /// Removes every entry, the highest id first, so that the slots are handed out again
+    /// from id 0 up, as in a new table.
+    pub(crate) fn clear(&mut self) {
+        for id in (0..self.slots.len() as u32).rev() {
+            self.remove(id);
+        }
+    }
+
     /// Marks an entry as having seen a reply: it leaves the eviction FIFO.
     pub(crate) fn set_replied(&mut self, id: u32) {
         let Some(e) = self.get(id) else { return };

@@ -1,0 +1,111 @@
+//! Saving the pipeline's per-flow and learnt state for the next agent, and restoring it
+//! into a new pipeline (see [`crate::handover`] for what is saved and how it is read).
+
+use std::sync::Arc;
+
+use super::Pipeline;
+use super::policy::allows;
+use super::swap::{Removal, removal};
+use crate::conntrack::{Filter, saved};
+use crate::drop::DropReason;
+use crate::handover::{self, Dropped, Meta, RestoreError, Restored, SavedState};
+
+impl Pipeline {
+    /// The state to hand over at `now_ns`: every live connection and affinity record,
+    /// and what the pipeline says of itself. One pass over each table and no change to
+    /// any; the worker calls it while forwarding is paused, so its time is part of the
+    /// handover's gap (`docs/benchmarks.md` has figures).
+    pub fn save_state(&self, now_ns: u64) -> SavedState {
+        let t = &self.ct.config().timeouts;
+        let all = Filter::default();
+        let connections = self
+            .ct
+            .dump(&all)
+            // Due but not yet reaped: expired already.
+            .filter(|(_, e)| e.deadline_ns(t) > now_ns)
+            .map(|(_, e)| saved::record(e, now_ns))
+            .collect();
+        SavedState {
+            meta: Meta {
+                node: self.tables.node.name.clone(),
+                outer_id: self.outer_id,
+            },
+            connections,
+            affinity: self.affinity.saved(&self.tables.services, now_ns),
+            ..SavedState::default()
+        }
+    }
+
+    /// Loads `state` into this new pipeline at `now_ns`, resolving what depends on the
+    /// tables against this pipeline's: what no longer resolves, or does not fit, is
+    /// left out and counted, as [`crate::handover`] says. All or nothing: an `Err`
+    /// changed nothing (the pipeline holds state already, the state is another node's,
+    /// a record is impossible, or two connections share a tuple).
+    pub fn restore_state(
+        &mut self,
+        state: &SavedState,
+        now_ns: u64,
+    ) -> Result<Restored, RestoreError> {
+        if !self.ct.is_empty() || !self.affinity.is_empty() {
+            return Err(RestoreError::NotEmpty {
+                connections: self.ct.len(),
+                affinity: self.affinity.len(),
+            });
+        }
+        let tables = Arc::clone(&self.tables);
+        if state.meta.node != tables.node.name {
+            return Err(RestoreError::OtherNode {
+                saved: state.meta.node.clone(),
+                here: tables.node.name.clone(),
+            });
+        }
+        handover::check_state(state).map_err(RestoreError::Invalid)?;
+
+        let mut r = Restored::default();
+        let mut dropped = Dropped::default();
+        let d = &mut dropped;
+        let reevaluate = tables.policy.reevaluate() && !tables.policy.is_empty();
+        let timeouts = self.ct.config().timeouts;
+        for (index, c) in state.connections.iter().enumerate() {
+            let e = saved::entry(c, now_ns);
+            if e.deadline_ns(&timeouts) <= now_ns {
+                d.ct_expired += 1;
+                continue;
+            }
+            match removal(&tables.services, &e) {
+                Some(Removal::EndpointGone) => {
+                    d.ct_endpoint_gone += 1;
+                    continue;
+                }
+                Some(Removal::NowFrontend) => {
+                    d.ct_now_frontend += 1;
+                    continue;
+                }
+                None => {}
+            }
+            if reevaluate && !allows(&tables, &e) {
+                d.ct_policy_denied += 1;
+                continue;
+            }
+            match self.ct.adopt(e, now_ns) {
+                Ok(_) => r.connections += 1,
+                Err(DropReason::CtTableFull) => d.ct_table_full += 1,
+                Err(_) => {
+                    // Tuples are unique in any table a pipeline saved: undone whole.
+                    self.ct.forget_all();
+                    return Err(RestoreError::SharedTuple { index });
+                }
+            }
+        }
+        let (kept, gone, full) = self
+            .affinity
+            .restore(&tables.services, &state.affinity, now_ns);
+        r.affinity = kept;
+        d.affinity_service_gone = gone;
+        d.affinity_table_full = full;
+        r.dropped = dropped;
+        self.affinity_swept_ns = now_ns;
+        self.outer_id = state.meta.outer_id;
+        Ok(r)
+    }
+}
