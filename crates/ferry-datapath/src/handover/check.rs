@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use super::records::{Affinity, Connection, Tracking, Tuple};
+use super::records::{Affinity, Connection, Datagram, NeighState, Neighbour, Tracking, Tuple};
 use crate::conntrack::saved::reversed;
 use crate::flow::proto;
 
@@ -109,6 +109,72 @@ pub(crate) fn affinity(a: &Affinity) -> Result<(), String> {
     }
     if a.remaining_ns == 0 {
         return Err("lapsed before the save".into());
+    }
+    Ok(())
+}
+
+/// Why a neighbour record is impossible, if it is.
+pub(crate) fn neighbour(n: &Neighbour) -> Result<(), String> {
+    if n.port.is_empty() {
+        return Err("no port name".into());
+    }
+    if n.state == NeighState::Incomplete && n.mac != [0; 6] {
+        return Err("incomplete with a MAC".into());
+    }
+    Ok(())
+}
+
+/// Most fragments a datagram holds (`ipf::Config::MAX_FRAGMENTS_PER_DATAGRAM`).
+const MAX_FRAGMENTS: usize = crate::ipf::Config::MAX_FRAGMENTS_PER_DATAGRAM;
+/// Most data bytes an IP datagram carries.
+const MAX_DATA: u32 = 65535;
+
+/// Why a datagram record is impossible, if it is.
+pub(crate) fn datagram(d: &Datagram) -> Result<(), String> {
+    if d.src.is_ipv4() != d.dst.is_ipv4() {
+        return Err(format!("from {} to {}", family(&d.src), family(&d.dst)));
+    }
+    if d.src.is_ipv6() && d.proto != 0 {
+        return Err("an IPv6 datagram keyed by protocol".into());
+    }
+    if d.fragments.is_empty() || d.fragments.len() > MAX_FRAGMENTS {
+        return Err(format!("{} fragments", d.fragments.len()));
+    }
+    let mut ranges: Vec<(u32, u32)> = Vec::with_capacity(d.fragments.len());
+    for f in &d.fragments {
+        let end = f.offset.saturating_add(f.data.len() as u32);
+        if f.data.is_empty() || end > MAX_DATA || end > d.end.unwrap_or(MAX_DATA) {
+            return Err(format!(
+                "a fragment at {} of {} bytes",
+                f.offset,
+                f.data.len()
+            ));
+        }
+        if ranges.iter().any(|&(a, b)| a < end && f.offset < b) {
+            return Err(format!("fragments overlap at {}", f.offset));
+        }
+        ranges.push((f.offset, end));
+    }
+    let has_first = ranges.iter().any(|&(a, _)| a == 0);
+    match &d.first {
+        Some(h) => {
+            let n = h.bytes.len();
+            if !has_first || usize::from(h.ip_offset) >= n || usize::from(h.next_header_at) >= n {
+                return Err("first fragment's headers do not fit".into());
+            }
+        }
+        None if has_first => return Err("data at offset 0 without headers".into()),
+        None => {}
+    }
+    let received: u32 = d.fragments.iter().map(|f| f.data.len() as u32).sum();
+    if d.first.is_some() && d.end == Some(received) {
+        return Err("complete, yet in reassembly".into());
+    }
+    if d.bytes < received {
+        return Err("fewer bytes counted than held".into());
+    }
+    if d.remaining_ns == 0 {
+        return Err("expired before the save".into());
     }
     Ok(())
 }

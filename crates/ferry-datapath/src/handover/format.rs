@@ -11,7 +11,7 @@ use super::{SavedState, check};
 /// The first bytes of every saved state.
 pub const MAGIC: [u8; 8] = *b"FERRYHOS";
 /// The format version this build writes, and the newest it reads.
-pub const FORMAT: u16 = 1;
+pub const FORMAT: u16 = 2;
 /// The oldest format version this build reads.
 pub const OLDEST_FORMAT: u16 = 1;
 
@@ -26,6 +26,10 @@ impl Tag {
     pub const CONN: Tag = Tag(*b"CONN");
     /// Session affinity records ([`super::Affinity`]).
     pub const AFFN: Tag = Tag(*b"AFFN");
+    /// Neighbours ([`super::Neighbour`]), from version 2.
+    pub const NEIG: Tag = Tag(*b"NEIG");
+    /// Datagrams in reassembly ([`super::Datagram`]), from version 2.
+    pub const FRAG: Tag = Tag(*b"FRAG");
     /// The last section, empty: what comes before it is whole.
     pub const END: Tag = Tag(*b"END.");
 
@@ -35,6 +39,8 @@ impl Tag {
             Tag::META => "producer",
             Tag::CONN => "connections",
             Tag::AFFN => "session affinity",
+            Tag::NEIG => "neighbours",
+            Tag::FRAG => "fragments",
             Tag::END => "end",
             _ => "unknown",
         }
@@ -60,10 +66,13 @@ impl fmt::Debug for Tag {
     }
 }
 
-/// The sections of each format version, every one required, in the order written.
+/// The sections of each format version, every one required, in the order written. A
+/// version whose records are those of the current one reads as it; one whose records
+/// changed since would parse its own structs here and convert them.
 fn sections(version: u16) -> &'static [Tag] {
     match version {
         1 => &[Tag::META, Tag::CONN, Tag::AFFN],
+        2 => &[Tag::META, Tag::CONN, Tag::AFFN, Tag::NEIG, Tag::FRAG],
         _ => &[],
     }
 }
@@ -232,6 +241,8 @@ pub fn encode(state: &SavedState) -> Vec<u8> {
             Tag::META => section(&mut out, tag, &state.meta),
             Tag::CONN => section(&mut out, tag, &state.connections),
             Tag::AFFN => section(&mut out, tag, &state.affinity),
+            Tag::NEIG => section(&mut out, tag, &state.neighbours),
+            Tag::FRAG => section(&mut out, tag, &state.datagrams),
             _ => unreachable!("a section of the current format"),
         }
     }
@@ -289,7 +300,9 @@ fn each<T>(
 /// Checks every record of `state` (see `check`): the first impossible one is the error.
 pub(crate) fn check_state(state: &SavedState) -> Result<(), StateError> {
     each(Tag::CONN, &state.connections, check::connection)?;
-    each(Tag::AFFN, &state.affinity, check::affinity)
+    each(Tag::AFFN, &state.affinity, check::affinity)?;
+    each(Tag::NEIG, &state.neighbours, check::neighbour)?;
+    each(Tag::FRAG, &state.datagrams, check::datagram)
 }
 
 /// The state in `bytes`, of any format version from [`OLDEST_FORMAT`] to [`FORMAT`],
@@ -348,6 +361,8 @@ pub fn decode(bytes: &[u8]) -> Result<SavedState, StateError> {
             Tag::META => state.meta = parse(tag, payload)?,
             Tag::CONN => state.connections = parse(tag, payload)?,
             Tag::AFFN => state.affinity = parse(tag, payload)?,
+            Tag::NEIG => state.neighbours = parse(tag, payload)?,
+            Tag::FRAG => state.datagrams = parse(tag, payload)?,
             _ => unreachable!("a known section"),
         }
     }

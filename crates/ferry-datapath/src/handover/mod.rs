@@ -18,6 +18,12 @@
 //!   Service port's name.
 //! - **The producer** (section `META`): the node's name (a state is restored on that
 //!   node only) and the overlay's next outer IPv4 identification.
+//! - **Neighbours** (section `NEIG`): MAC, state, times and probes, by port name, so
+//!   that the first packets after the handover need no ARP or neighbour discovery.
+//! - **Datagrams in reassembly** (section `FRAG`): the data of each fragment held, the
+//!   first fragment's headers, the sizes and ECN seen and the time left, so that a
+//!   datagram whose fragments straddle the handover still completes (at most
+//!   `ipf.max_bytes`, 4 MiB by default, of fragments).
 //!
 //! Not saved, because a handover loses nothing by it: packets waiting for a neighbour
 //! (in flight, as those on the wire), counters (the new agent counts from zero), the ICMP
@@ -38,8 +44,9 @@
 //! dropped as a table swap drops it (`pipeline/swap.rs`), and counted in [`Restored`]:
 //! connections to a Service endpoint that is gone (UDP: no longer serving), plain UDP
 //! flows to what is now a Service frontend, connections the new policy denies (with
-//! `policy.reevaluate` on), affinity records of Service ports that are gone. What does
-//! not fit the new pipeline's limits is dropped and counted too.
+//! `policy.reevaluate` on), affinity records of Service ports that are gone, neighbours
+//! of ports that are gone (a port that moved keeps its neighbours: they follow its
+//! name). What does not fit the new pipeline's limits is dropped and counted too.
 //!
 //! A restore is all or nothing: it refuses a pipeline that already holds state and a
 //! state with an impossible record before changing anything, and a state in which two
@@ -67,7 +74,9 @@
 //!
 //! # Versions
 //!
-//! Version 1: `META`, `CONN`, `AFFN`.
+//! - Version 1: `META`, `CONN`, `AFFN`.
+//! - Version 2: version 1's, and `NEIG`, `FRAG`. A version 1 state reads with no
+//!   neighbours and no fragments.
 //!
 //! The rules:
 //!
@@ -99,7 +108,10 @@ use std::fmt;
 
 pub(crate) use format::check_state;
 pub use format::{FORMAT, MAGIC, OLDEST_FORMAT, Part, StateError, Tag, decode, encode};
-pub use records::{Affinity, Connection, Meta, Tcp, TcpSide, TcpState, Tracking, Tuple};
+pub use records::{
+    Affinity, Connection, Datagram, FirstHeaders, Fragment, Meta, NeighState, Neighbour, Tcp,
+    TcpSide, TcpState, Tracking, Tuple,
+};
 
 /// The ferry version that writes a state, as its header says.
 pub const PRODUCER: &str = env!("CARGO_PKG_VERSION");
@@ -118,6 +130,10 @@ pub struct SavedState {
     pub connections: Vec<Connection>,
     /// Session affinity records.
     pub affinity: Vec<Affinity>,
+    /// Neighbours (none in a version 1 state).
+    pub neighbours: Vec<Neighbour>,
+    /// Datagrams in reassembly, oldest first (none in a version 1 state).
+    pub datagrams: Vec<Datagram>,
 }
 
 impl Default for SavedState {
@@ -128,6 +144,8 @@ impl Default for SavedState {
             meta: Meta::default(),
             connections: Vec::new(),
             affinity: Vec::new(),
+            neighbours: Vec::new(),
+            datagrams: Vec::new(),
         }
     }
 }
@@ -151,6 +169,12 @@ pub struct Dropped {
     pub affinity_service_gone: usize,
     /// Affinity records over the table's bound.
     pub affinity_table_full: usize,
+    /// Neighbours of ports the new tables do not have.
+    pub neigh_port_gone: usize,
+    /// Neighbours over the table's bound.
+    pub neigh_table_full: usize,
+    /// Datagrams over the reassembler's limits.
+    pub frag_table_full: usize,
 }
 
 impl Dropped {
@@ -163,6 +187,9 @@ impl Dropped {
             + self.ct_table_full
             + self.affinity_service_gone
             + self.affinity_table_full
+            + self.neigh_port_gone
+            + self.neigh_table_full
+            + self.frag_table_full
     }
 }
 
@@ -173,6 +200,10 @@ pub struct Restored {
     pub connections: usize,
     /// Affinity records held again.
     pub affinity: usize,
+    /// Neighbours known again.
+    pub neighbours: usize,
+    /// Datagrams in reassembly again.
+    pub datagrams: usize,
     /// What was left out, and why.
     pub dropped: Dropped,
 }
@@ -183,9 +214,12 @@ impl fmt::Display for Restored {
         let d = &self.dropped;
         write!(
             f,
-            "restored {} connections, {} affinity records; dropped {}",
+            "restored {} connections, {} affinity records, {} neighbours, {} datagrams in \
+             reassembly; dropped {}",
             self.connections,
             self.affinity,
+            self.neighbours,
+            self.datagrams,
             d.total()
         )?;
         let reasons = [
@@ -202,6 +236,9 @@ impl fmt::Display for Restored {
                 "affinity records over the table's size",
                 d.affinity_table_full,
             ),
+            ("neighbours of a port gone", d.neigh_port_gone),
+            ("neighbours over the table's size", d.neigh_table_full),
+            ("datagrams over the reassembler's limits", d.frag_table_full),
         ];
         let mut first = true;
         for (what, n) in reasons.into_iter().filter(|(_, n)| *n > 0) {
@@ -225,6 +262,10 @@ pub enum RestoreError {
         connections: usize,
         /// Affinity records it holds.
         affinity: usize,
+        /// Neighbours it knows.
+        neighbours: usize,
+        /// Datagrams it is reassembling.
+        datagrams: usize,
     },
     /// The state is another node's.
     OtherNode {
@@ -248,10 +289,13 @@ impl fmt::Display for RestoreError {
             RestoreError::NotEmpty {
                 connections,
                 affinity,
+                neighbours,
+                datagrams,
             } => write!(
                 f,
                 "handover state not restored: the pipeline already holds state \
-                 ({connections} connections, {affinity} affinity records)"
+                 ({connections} connections, {affinity} affinity records, {neighbours} \
+                 neighbours, {datagrams} datagrams in reassembly)"
             ),
             RestoreError::OtherNode { saved, here } => write!(
                 f,

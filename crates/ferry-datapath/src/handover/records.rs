@@ -191,3 +191,94 @@ impl From<crate::conntrack::TcpState> for TcpState {
         }
     }
 }
+
+/// Neighbour states, by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NeighState {
+    /// Probed, not answered yet: no MAC.
+    Incomplete,
+    /// Confirmed recently.
+    Reachable,
+    /// Not confirmed.
+    Stale,
+    /// Used while stale, to be probed unless confirmed.
+    Delay,
+    /// Being probed at its MAC.
+    Probe,
+}
+
+/// A neighbour of the uplink or host port (section `NEIG`, from version 2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Neighbour {
+    /// The port's name.
+    pub port: String,
+    /// Its address.
+    pub addr: IpAddr,
+    /// Its MAC (zero while incomplete).
+    pub mac: [u8; 6],
+    /// Its state.
+    pub state: NeighState,
+    /// How long before the save it was created, changed or confirmed.
+    pub updated_ago_ns: u64,
+    /// How long before the save a packet last looked it up.
+    pub used_ago_ns: u64,
+    /// How long before the save it was last probed, if ever.
+    pub probed_ago_ns: Option<u64>,
+    /// Probes sent to its MAC in PROBE.
+    pub probes: u8,
+}
+
+/// The headers of a datagram's first fragment: the frame up to its data (link layer, IP
+/// header, and for IPv6 the extension headers before the fragment header).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FirstHeaders {
+    /// The bytes.
+    pub bytes: Vec<u8>,
+    /// Where the IP header starts in them.
+    pub ip_offset: u16,
+    /// IPv6: the next header named by the fragment header.
+    pub next_header: u8,
+    /// IPv6: where the next-header field that names the fragment header is in them.
+    pub next_header_at: u16,
+}
+
+/// One fragment's data in a datagram.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fragment {
+    /// Offset of its data in the datagram's.
+    pub offset: u32,
+    /// Its data.
+    pub data: Vec<u8>,
+}
+
+/// A datagram in reassembly (section `FRAG`, from version 2), with the fragments it
+/// holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Datagram {
+    /// Conntrack zone of its fragments.
+    pub zone: u16,
+    /// Source address.
+    pub src: IpAddr,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// IPv4: the protocol (0 for IPv6, whose fragments need not agree on it).
+    pub proto: u8,
+    /// Identification.
+    pub id: u32,
+    /// How long after the save it expires incomplete.
+    pub remaining_ns: u64,
+    /// The first fragment's headers, once it came.
+    pub first: Option<FirstHeaders>,
+    /// The data's length, once the last fragment came.
+    pub end: Option<u32>,
+    /// The fragments held, in the order they came.
+    pub fragments: Vec<Fragment>,
+    /// Their whole IP lengths, added up (what the byte limit counts).
+    pub bytes: u32,
+    /// The largest fragment, as a whole IP length.
+    pub mru: u16,
+    /// IPv4: the largest fragment with DF set.
+    pub max_df: u16,
+    /// The ECN codepoints of its fragments, as bits (`1 << ecn`).
+    pub ecn_seen: u8,
+}

@@ -161,6 +161,87 @@ fn state_v1() -> SavedState {
             endpoint_port: 53,
             remaining_ns: 9_500_000_000,
         }],
+        neighbours: vec![],
+        datagrams: vec![],
+    }
+}
+
+/// The state of the fixture's version 2 bytes: version 1's, and a neighbour and a
+/// datagram of each family.
+fn state_v2() -> SavedState {
+    let v4 = Datagram {
+        zone: 0,
+        src: ip("10.244.1.5"),
+        dst: ip("10.244.2.6"),
+        proto: 17,
+        id: 0x1234,
+        remaining_ns: 26_000_000_000,
+        first: Some(FirstHeaders {
+            bytes: (0..34).collect(),
+            ip_offset: 14,
+            next_header: 0,
+            next_header_at: 0,
+        }),
+        end: Some(3000),
+        fragments: vec![
+            Fragment {
+                offset: 0,
+                data: vec![7; 976],
+            },
+            Fragment {
+                offset: 1952,
+                data: vec![9; 1048],
+            },
+        ],
+        bytes: 2064,
+        mru: 996,
+        max_df: 0,
+        ecn_seen: 1,
+    };
+    let v6 = Datagram {
+        zone: 2,
+        src: ip("fd00:10:244:1::5"),
+        dst: ip("fd00:10:244:2::6"),
+        proto: 0,
+        id: 0xdead_beef,
+        remaining_ns: 1,
+        first: None,
+        end: None,
+        fragments: vec![Fragment {
+            offset: 1232,
+            data: vec![3; 1232],
+        }],
+        bytes: 1280,
+        mru: 1280,
+        max_df: 0,
+        ecn_seen: 4,
+    };
+    SavedState {
+        format: 2,
+        neighbours: vec![
+            Neighbour {
+                port: "eth0".into(),
+                addr: ip("192.168.50.1"),
+                mac: [2, 0, 0, 0, 0, 0xfe],
+                state: NeighState::Reachable,
+                updated_ago_ns: 5_000_000_000,
+                used_ago_ns: 1_000,
+                probed_ago_ns: Some(5_000_000_100),
+                probes: 0,
+            },
+            Neighbour {
+                port: "host".into(),
+                addr: ip("fd00:50::1"),
+                mac: [0; 6],
+                state: NeighState::Incomplete,
+                updated_ago_ns: 0,
+                used_ago_ns: 0,
+                probed_ago_ns: None,
+                probes: 2,
+            },
+        ],
+        datagrams: vec![v4, v6],
+        ..state_v1()
     }
 }
 
@@ -189,7 +270,16 @@ fn sections_v1(s: &SavedState) -> Vec<(Tag, Vec<u8>)> {
     ]
 }
 
+/// The sections of `s` as version 2 writes them.
+fn sections_v2(s: &SavedState) -> Vec<(Tag, Vec<u8>)> {
+    let mut v = sections_v1(s);
+    v.push((Tag::NEIG, postcard::to_stdvec(&s.neighbours).unwrap()));
+    v.push((Tag::FRAG, postcard::to_stdvec(&s.datagrams).unwrap()));
+    v
+}
+
 const FIXTURE_V1: &[u8] = include_bytes!("../../tests/data/handover-v1.bin");
+const FIXTURE_V2: &[u8] = include_bytes!("../../tests/data/handover-v2.bin");
 
 /// Writes the current version's fixture instead of checking it, when asked
 /// (`FERRY_WRITE_FIXTURES=1`, after a deliberate format change with a new version).
@@ -210,7 +300,7 @@ fn fixture(version: u16, state: &SavedState, bytes: &[u8]) -> Vec<u8> {
 fn test_a_state_round_trips_through_its_bytes() {
     let s = SavedState {
         format: FORMAT,
-        ..state_v1()
+        ..state_v2()
     };
     let bytes = encode(&s);
     assert_eq!(&bytes[..8], b"FERRYHOS");
@@ -231,6 +321,44 @@ fn test_the_version_1_fixture_decodes_to_the_state_it_holds() {
     );
 }
 
+/// Version skew: a newer build reads the previous version's bytes, what that version
+/// lacks left empty.
+#[test]
+fn test_the_version_2_fixture_decodes_to_the_state_it_holds_and_version_1_still_reads() {
+    let bytes = fixture(2, &state_v2(), FIXTURE_V2);
+    assert_eq!(decode(&bytes), Ok(state_v2()));
+    assert_eq!(bytes, bytes_of(2, &sections_v2(&state_v2())));
+    let v1 = decode(FIXTURE_V1).unwrap();
+    assert_eq!(v1.format, 1);
+    assert!(v1.neighbours.is_empty() && v1.datagrams.is_empty());
+    assert_eq!(
+        encode(&v1),
+        encode(&SavedState {
+            format: 2,
+            ..state_v1()
+        }),
+        "written as version 2"
+    );
+    // Version 1 has no neighbours.
+    let mut sections = sections_v1(&state_v1());
+    sections.push((
+        Tag::NEIG,
+        postcard::to_stdvec(&state_v2().neighbours).unwrap(),
+    ));
+    assert_eq!(
+        decode(&bytes_of(1, &sections)),
+        Err(StateError::UnknownSection {
+            tag: Tag::NEIG,
+            version: 1
+        })
+    );
+    // Version 2 requires them.
+    assert_eq!(
+        decode(&bytes_of(2, &sections)),
+        Err(StateError::MissingSection(Tag::FRAG))
+    );
+}
+
 #[test]
 fn test_bytes_of_something_else_are_not_a_state() {
     for junk in [
@@ -246,10 +374,18 @@ fn test_bytes_of_something_else_are_not_a_state() {
 
 #[test]
 fn test_a_state_cut_short_at_any_byte_is_truncated() {
-    let bytes = encode(&SavedState {
-        connections: vec![tcp_dnat()],
-        ..state_v1()
-    });
+    let mut small = state_v2();
+    small.connections.truncate(1);
+    small.datagrams[0].fragments.truncate(1);
+    small.datagrams[0].fragments[0].data.truncate(8);
+    small.datagrams[0]
+        .first
+        .as_mut()
+        .unwrap()
+        .bytes
+        .truncate(20);
+    small.datagrams.truncate(1);
+    let bytes = encode(&small);
     for n in 0..bytes.len() {
         match decode(&bytes[..n]) {
             Err(StateError::Truncated { needed, left, .. }) => assert!(needed > left, "at {n}"),
@@ -257,7 +393,7 @@ fn test_a_state_cut_short_at_any_byte_is_truncated() {
         }
     }
     let e = decode(&bytes[..bytes.len() - 20]).unwrap_err();
-    assert!(e.to_string().contains("section AFFN"), "{e}");
+    assert!(e.to_string().contains("section FRAG (fragments)"), "{e}");
 }
 
 #[test]
@@ -424,4 +560,48 @@ fn test_sections_must_be_those_of_the_version_once_each() {
     let mut bytes = bytes_of(1, &sections_v1(&s));
     bytes.push(0);
     assert_eq!(decode(&bytes), Err(StateError::TrailingBytes(1)));
+}
+
+/// Makes a datagram record impossible.
+type SpoilDatagram = fn(&mut Datagram);
+
+#[test]
+fn test_impossible_neighbours_and_datagrams_are_refused() {
+    let mut s = state_v2();
+    s.neighbours[1].mac = [1; 6];
+    let e = decode(&encode(&s)).unwrap_err();
+    assert_eq!(
+        e,
+        StateError::Invalid {
+            tag: Tag::NEIG,
+            index: 1,
+            problem: "incomplete with a MAC".into()
+        }
+    );
+    let cases: [(SpoilDatagram, &str); 6] = [
+        (|d| d.dst = ip("fd00::1"), "from IPv4 to IPv6"),
+        (|d| d.fragments[1].offset = 900, "fragments overlap"),
+        (|d| d.end = Some(2000), "a fragment at 1952"),
+        (|d| d.first = None, "offset 0 without headers"),
+        (|d| d.bytes = 100, "fewer bytes counted"),
+        (
+            |d| {
+                d.fragments[1].offset = 976;
+                d.end = Some(2024);
+            },
+            "complete",
+        ),
+    ];
+    for (spoil, what) in cases {
+        let mut s = state_v2();
+        spoil(&mut s.datagrams[0]);
+        match decode(&encode(&s)) {
+            Err(StateError::Invalid {
+                tag: Tag::FRAG,
+                index: 0,
+                problem,
+            }) => assert!(problem.contains(what), "{problem} for {what}"),
+            other => panic!("{what}: {other:?}"),
+        }
+    }
 }

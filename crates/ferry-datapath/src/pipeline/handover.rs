@@ -9,10 +9,12 @@ use super::swap::{Removal, removal};
 use crate::conntrack::{Filter, saved};
 use crate::drop::DropReason;
 use crate::handover::{self, Dropped, Meta, RestoreError, Restored, SavedState};
+use crate::neigh::saved as neigh_saved;
+use crate::packet::PortId;
 
 impl Pipeline {
     /// The state to hand over at `now_ns`: every live connection and affinity record,
-    /// and what the pipeline says of itself. One pass over each table and no change to
+    /// the neighbours, the datagrams in reassembly, and what the pipeline says of itself. One pass over each table and no change to
     /// any; the worker calls it while forwarding is paused, so its time is part of the
     /// handover's gap (`docs/benchmarks.md` has figures).
     pub fn save_state(&self, now_ns: u64) -> SavedState {
@@ -25,6 +27,16 @@ impl Pipeline {
             .filter(|(_, e)| e.deadline_ns(t) > now_ns)
             .map(|(_, e)| saved::record(e, now_ns))
             .collect();
+        let mut neighbours: Vec<_> = self
+            .neigh
+            .iter()
+            .filter_map(|(port, addr, n)| {
+                let name = &self.tables.ports.get(usize::from(port))?.name;
+                Some(neigh_saved::record(name, addr, n, now_ns))
+            })
+            .collect();
+        // In a stable order (the table's is its hasher's): at most a thousand or so.
+        neighbours.sort_unstable_by(|a, b| (&a.port, a.addr).cmp(&(&b.port, b.addr)));
         SavedState {
             meta: Meta {
                 node: self.tables.node.name.clone(),
@@ -32,6 +44,8 @@ impl Pipeline {
             },
             connections,
             affinity: self.affinity.saved(&self.tables.services, now_ns),
+            neighbours,
+            datagrams: self.ipf.saved(now_ns),
             ..SavedState::default()
         }
     }
@@ -46,10 +60,18 @@ impl Pipeline {
         state: &SavedState,
         now_ns: u64,
     ) -> Result<Restored, RestoreError> {
-        if !self.ct.is_empty() || !self.affinity.is_empty() {
+        let held = (
+            self.ct.len(),
+            self.affinity.len(),
+            self.neigh.len(),
+            self.ipf.held_datagrams(),
+        );
+        if held != (0, 0, 0, 0) {
             return Err(RestoreError::NotEmpty {
-                connections: self.ct.len(),
-                affinity: self.affinity.len(),
+                connections: held.0,
+                affinity: held.1,
+                neighbours: held.2,
+                datagrams: held.3,
             });
         }
         let tables = Arc::clone(&self.tables);
@@ -103,6 +125,24 @@ impl Pipeline {
         r.affinity = kept;
         d.affinity_service_gone = gone;
         d.affinity_table_full = full;
+        for n in &state.neighbours {
+            // Neighbours follow their port by name, wherever it is now.
+            let Some(port) = tables.ports.iter().position(|p| p.name == n.port) else {
+                d.neigh_port_gone += 1;
+                continue;
+            };
+            if self
+                .neigh
+                .adopt(port as PortId, n.addr, neigh_saved::neighbour(n, now_ns))
+            {
+                r.neighbours += 1;
+            } else {
+                d.neigh_table_full += 1;
+            }
+        }
+        let (kept, full) = self.ipf.restore(&state.datagrams, now_ns);
+        r.datagrams = kept;
+        d.frag_table_full = full;
         r.dropped = dropped;
         self.affinity_swept_ns = now_ns;
         self.outer_id = state.meta.outer_id;

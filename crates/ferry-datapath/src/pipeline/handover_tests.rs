@@ -49,15 +49,20 @@ fn services(web_v4: bool) -> Vec<ServiceSpec> {
     ]
 }
 
-/// Node 1 with `services`, its pod ports in the other order when `reordered`, its
-/// gateway and node 2 learnt.
-fn node1(services: Vec<ServiceSpec>, reordered: bool) -> Pipeline {
+/// Node 1 with `services`, new: nothing learnt. When `reordered`, its ports are in
+/// another order (the uplink last).
+fn fresh(services: Vec<ServiceSpec>, reordered: bool) -> Pipeline {
     let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
     spec.services = services;
     if reordered {
-        spec.ports.swap(1, 2);
+        spec.ports.rotate_left(1);
     }
-    let mut p = compiled(&spec);
+    compiled(&spec)
+}
+
+/// Node 1 with `services`, its gateway and node 2 learnt.
+fn node1(services: Vec<ServiceSpec>) -> Pipeline {
+    let mut p = fresh(services, false);
     learn(&mut p, 1, "192.168.50.1", GW_MAC);
     learn(&mut p, 1, "192.168.50.20", uplink_mac(2));
     p
@@ -269,12 +274,25 @@ fn open(p: &mut Pipeline) -> Next {
     forward(p, "eth0", pong(1));
     next.push(("echo", "pod-a", ping(2)));
     next.push(("echo", "eth0", pong(2)));
+    // A datagram whose first fragment came before the handover and its last after.
+    let big = build::udp(
+        ip("10.244.1.5"),
+        ip("10.244.2.6"),
+        6000,
+        7000,
+        &build::pattern(1400, 5),
+        &pod_a,
+    );
+    let mut fr = frags(big, 99, 1000);
+    assert_eq!(fr.len(), 2);
+    assert_eq!(send(p, "pod-a", fr.remove(0), SEC).0, Verdict::Held);
+    next.push(("fragments", "pod-a", fr.remove(0)));
     next
 }
 
 /// Node 1 with its connections open, and their next packets.
 fn opened() -> (Pipeline, Next) {
-    let mut p = node1(services(true), false);
+    let mut p = node1(services(true));
     let next = open(&mut p);
     (p, next)
 }
@@ -298,7 +316,20 @@ fn continues(old: &mut Pipeline, new: &mut Pipeline, next: Next) {
         assert_eq!(was.0, Verdict::Forwarded, "{conn}, packet {i}");
         assert_eq!(got, was, "{conn}, packet {i} from {port}");
     }
-    assert_eq!(new.save_state(22 * SEC), old.save_state(7 * SEC));
+    assert_eq!(
+        ordered(new.save_state(22 * SEC)),
+        ordered(old.save_state(7 * SEC))
+    );
+}
+
+/// `s` with its connections in the order of their original tuples (a table's order is
+/// that of its free slots).
+fn ordered(mut s: SavedState) -> SavedState {
+    s.connections.sort_by_key(|c| {
+        let o = &c.original;
+        (c.zone, c.proto, o.src, o.dst, o.src_port, o.dst_port)
+    });
+    s
 }
 
 #[test]
@@ -306,14 +337,24 @@ fn test_connections_continue_in_a_new_pipeline_exactly_as_in_the_old_one() {
     for reordered in [false, true] {
         let (mut old, next) = opened();
         let saved = handed_over(&old);
-        assert_eq!((saved.connections.len(), saved.affinity.len()), (6, 1));
-        let mut new = node1(services(true), reordered);
+        let counts = |s: &SavedState| {
+            (
+                s.connections.len(),
+                s.affinity.len(),
+                s.neighbours.len(),
+                s.datagrams.len(),
+            )
+        };
+        assert_eq!(counts(&saved), (6, 1, 2, 1));
+        let mut new = fresh(services(true), reordered);
         let r = new.restore_state(&saved, 20 * SEC).unwrap();
         assert_eq!(
             r,
             Restored {
                 connections: 6,
                 affinity: 1,
+                neighbours: 2,
+                datagrams: 1,
                 dropped: Dropped::default()
             }
         );
@@ -326,7 +367,7 @@ fn test_connections_continue_in_a_new_pipeline_exactly_as_in_the_old_one() {
 fn test_a_new_pipeline_without_the_state_does_not_continue_them() {
     // What the test above compares would not hold without the state.
     let (mut old, next) = opened();
-    let mut cold = node1(services(true), false);
+    let mut cold = node1(services(true));
     let differs = next.into_iter().any(|(_, port, frame)| {
         send(&mut old, port, frame.clone(), 6 * SEC) != send(&mut cold, port, frame, 21 * SEC)
     });
@@ -337,7 +378,7 @@ fn test_a_new_pipeline_without_the_state_does_not_continue_them() {
 fn test_connections_to_an_endpoint_gone_are_dropped_as_a_swap_drops_them() {
     let (mut old, next) = opened();
     let saved = handed_over(&old);
-    let mut new = node1(services(false), false);
+    let mut new = fresh(services(false), false);
     let r = new.restore_state(&saved, 20 * SEC).unwrap();
     assert_eq!((r.connections, r.dropped.ct_endpoint_gone), (5, 1), "{r}");
     assert!(
@@ -372,9 +413,9 @@ fn test_restored_nat_ports_stay_taken_and_affinity_keeps_its_time() {
         .unwrap();
     let port = np.reply.dst_port;
     let kept = saved.affinity[0].endpoint;
-    let mut new = node1(services(true), false);
+    let mut new = fresh(services(true), false);
     new.restore_state(&saved, 20 * SEC).unwrap();
-    let mut cold = node1(services(true), false);
+    let mut cold = node1(services(true));
     // Another client from the same source port: the node keeps the port when it is free.
     let syn = || {
         tcp("192.168.60.8", NODE1, port, 30081)
@@ -405,7 +446,7 @@ fn test_restored_nat_ports_stay_taken_and_affinity_keeps_its_time() {
         assert_eq!(to, kept);
     }
     // Without another connection from it, the record lapses 6 s after the restore.
-    let mut idle = node1(services(true), false);
+    let mut idle = fresh(services(true), false);
     idle.restore_state(&saved, 20 * SEC).unwrap();
     idle.tick(25 * SEC, &mut Vec::new());
     assert_eq!(idle.affinity().len(), 1);
@@ -417,7 +458,7 @@ fn test_restored_nat_ports_stay_taken_and_affinity_keeps_its_time() {
 fn test_a_refused_restore_leaves_the_pipeline_as_it_was() {
     let (old, _) = opened();
     let saved = handed_over(&old);
-    let mut new = node1(services(true), false);
+    let mut new = fresh(services(true), false);
     let before = *new.conntrack().stats();
 
     let mut other = saved.clone();
@@ -443,6 +484,7 @@ fn test_a_refused_restore_leaves_the_pipeline_as_it_was() {
     assert_eq!(e, RestoreError::SharedTuple { index: 6 });
 
     assert!(new.conntrack().is_empty() && new.affinity().is_empty());
+    assert!(new.neighbours().is_empty() && new.reassembler().held_datagrams() == 0);
     assert_eq!(*new.conntrack().stats(), before);
     assert_eq!(new.save_state(20 * SEC).connections, vec![]);
 
@@ -453,7 +495,9 @@ fn test_a_refused_restore_leaves_the_pipeline_as_it_was() {
         e,
         RestoreError::NotEmpty {
             connections: 6,
-            affinity: 1
+            affinity: 1,
+            neighbours: 2,
+            datagrams: 1
         }
     );
     assert_eq!(new.save_state(20 * SEC), saved);
@@ -464,7 +508,7 @@ fn test_times_are_rebased_and_expired_connections_left_out() {
     let (old, _) = opened();
     let saved = handed_over(&old);
     // A new clock younger than the connections: their times start at its start.
-    let mut young = node1(services(true), false);
+    let mut young = fresh(services(true), false);
     assert_eq!(young.restore_state(&saved, SEC).unwrap().connections, 6);
     let c = &young.save_state(SEC).connections[0];
     assert_eq!((c.first_seen_ago_ns, c.last_seen_ago_ns), (SEC, SEC));
@@ -474,7 +518,47 @@ fn test_times_are_rebased_and_expired_connections_left_out() {
         c.first_seen_ago_ns += 27 * SEC;
         c.last_seen_ago_ns += 27 * SEC;
     }
-    let mut new = node1(services(true), false);
+    let mut new = fresh(services(true), false);
     let r = new.restore_state(&late, 100 * SEC).unwrap();
     assert_eq!((r.connections, r.dropped.ct_expired), (4, 2), "{r}");
+}
+
+/// Version skew: the previous format's state (the version 1 fixture) restores with what
+/// it holds, and its connections go on.
+#[test]
+fn test_a_version_1_state_restores_what_it_holds() {
+    let v1 = decode(include_bytes!("../../tests/data/handover-v1.bin")).unwrap();
+    assert_eq!(v1.format, 1);
+    let mut new = fresh(services(true), false);
+    let r = new.restore_state(&v1, 20 * SEC).unwrap();
+    // Its IPv6 UDP connection went to an endpoint these tables do not have.
+    let want = Restored {
+        connections: 4,
+        affinity: 1,
+        dropped: Dropped {
+            ct_endpoint_gone: 1,
+            ..Dropped::default()
+        },
+        ..Restored::default()
+    };
+    assert_eq!(r, want);
+    // No neighbours in version 1: learnt again.
+    learn(&mut new, 1, "192.168.50.1", GW_MAC);
+    let seg = tcp("10.244.1.5", "10.96.0.10", 40000, 80)
+        .seq(1001, 7001)
+        .flags(ACK)
+        .opts(&from_pod(1, 5))
+        .frame(b"more");
+    let (_, out) = forward(&mut new, "pod-a", seg);
+    let k = key_of(&out[0].1);
+    assert_eq!(out[0].0, "pod-b");
+    assert_eq!((k.dst, k.dst_port), (ip("10.244.1.6").into(), 8080));
+    let answer = tcp("10.244.1.6", "10.244.1.5", 8080, 40000)
+        .seq(7001, 1005)
+        .flags(ACK)
+        .opts(&from_pod(1, 6))
+        .frame(&[]);
+    let (_, out) = forward(&mut new, "pod-b", answer);
+    let k = key_of(&out[0].1);
+    assert_eq!((k.src, k.src_port), (ip("10.96.0.10").into(), 80));
 }
