@@ -878,6 +878,12 @@ impl Conntrack {
         n
     }
 
+    /// Allocates room for `n` entries at once (within [`Config::max_entries`]): a restore
+    /// of `n` handed-over connections (`handover`) then never waits for the table to grow.
+    pub(crate) fn reserve(&mut self, n: usize) {
+        self.table.reserve(n);
+    }
+
     /// Removes every entry without counting it deleted: undoes a restore that was
     /// refused halfway (`handover`), leaving the counters as they were.
     pub(crate) fn forget_all(&mut self) {

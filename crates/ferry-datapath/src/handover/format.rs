@@ -211,13 +211,36 @@ impl fmt::Display for StateError {
 
 impl std::error::Error for StateError {}
 
+/// Postcard written onto the end of a byte vector.
+struct Append<'a>(&'a mut Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for Append<'_> {
+    type Output = ();
+
+    fn try_push(&mut self, b: u8) -> postcard::Result<()> {
+        self.0.push(b);
+        Ok(())
+    }
+
+    fn try_extend(&mut self, b: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(b);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
+}
+
 /// Appends a section: tag, payload length (u32, little-endian), payload.
 fn section(out: &mut Vec<u8>, tag: Tag, value: &impl Serialize) {
-    let payload = postcard::to_stdvec(value).expect("records serialize");
     out.extend_from_slice(&tag.0);
-    let len = u32::try_from(payload.len()).expect("a section under 4 GiB");
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&payload);
+    let at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    // Written in place, its length filled in after: no copy of a large payload.
+    postcard::serialize_with_flavor(value, Append(out)).expect("records serialize");
+    let len = u32::try_from(out.len() - at - 4).expect("a section under 4 GiB");
+    out[at..at + 4].copy_from_slice(&len.to_le_bytes());
 }
 
 /// The bytes of `state`, in the current format ([`FORMAT`]).

@@ -14,9 +14,10 @@ use crate::packet::PortId;
 
 impl Pipeline {
     /// The state to hand over at `now_ns`: every live connection and affinity record,
-    /// the neighbours, the datagrams in reassembly, and what the pipeline says of itself. One pass over each table and no change to
-    /// any; the worker calls it while forwarding is paused, so its time is part of the
-    /// handover's gap (`docs/benchmarks.md` has figures).
+    /// the neighbours, the datagrams in reassembly, and what the pipeline says of
+    /// itself. One pass over each table and no change to any; the worker calls it while
+    /// forwarding is paused, so its time is part of the handover's gap
+    /// (`docs/benchmarks.md` has figures).
     pub fn save_state(&self, now_ns: u64) -> SavedState {
         let t = &self.ct.config().timeouts;
         let all = Filter::default();
@@ -88,6 +89,7 @@ impl Pipeline {
         let d = &mut dropped;
         let reevaluate = tables.policy.reevaluate() && !tables.policy.is_empty();
         let timeouts = self.ct.config().timeouts;
+        self.ct.reserve(state.connections.len());
         for (index, c) in state.connections.iter().enumerate() {
             let e = saved::entry(c, now_ns);
             if e.deadline_ns(&timeouts) <= now_ns {

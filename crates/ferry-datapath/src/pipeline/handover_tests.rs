@@ -562,3 +562,45 @@ fn test_a_version_1_state_restores_what_it_holds() {
     let k = key_of(&out[0].1);
     assert_eq!((k.src, k.src_port), (ip("10.96.0.10").into(), 80));
 }
+
+/// What the new tables' limits and policy do not allow is left out and counted.
+#[test]
+fn test_the_new_tables_limits_and_reevaluated_policy_leave_connections_out() {
+    let (old, _) = opened();
+    let saved = handed_over(&old);
+    let spec = || {
+        let mut s = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
+        s.services = services(true);
+        s
+    };
+    let mut small = spec();
+    small.ct.max_entries = Some(4);
+    small.ipf.max_bytes = Some(500);
+    let mut new = compiled(&small);
+    let r = new.restore_state(&saved, 20 * SEC).unwrap();
+    assert_eq!((r.connections, r.dropped.ct_table_full), (4, 2), "{r}");
+    assert_eq!((r.datagrams, r.dropped.frag_table_full), (0, 1), "{r}");
+    assert!(
+        r.to_string()
+            .contains("2 connections over the table's size"),
+        "{r}"
+    );
+
+    // Nothing may leave pod-a: its four connections go when the policy says to judge
+    // tracked connections again (as a swap to it would), and stay otherwise.
+    for reevaluate in [false, true] {
+        let mut s = spec();
+        s.policy = crate::policy::PolicySpec {
+            reevaluate,
+            ..super::policy_tests::no_egress_from_a()
+        };
+        let mut new = compiled(&s);
+        let r = new.restore_state(&saved, 20 * SEC).unwrap();
+        let denied = if reevaluate { 4 } else { 0 };
+        assert_eq!(
+            (r.connections, r.dropped.ct_policy_denied),
+            (6 - denied, denied),
+            "{r}"
+        );
+    }
+}
