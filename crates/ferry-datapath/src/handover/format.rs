@@ -245,7 +245,13 @@ fn section(out: &mut Vec<u8>, tag: Tag, value: &impl Serialize) {
 
 /// The bytes of `state`, in the current format ([`FORMAT`]).
 pub fn encode(state: &SavedState) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + 80 * state.connections.len());
+    // About what a record takes, so that the bytes of a full table are not moved.
+    let fragments: usize = state.datagrams.iter().map(|d| 64 + d.bytes as usize).sum();
+    let mut out = Vec::with_capacity(
+        256 + 112 * state.connections.len()
+            + 64 * (state.affinity.len() + state.neighbours.len())
+            + fragments,
+    );
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&FORMAT.to_le_bytes());
     // At most 255 bytes of producer, cut at a character boundary.

@@ -21,13 +21,14 @@ impl Pipeline {
     pub fn save_state(&self, now_ns: u64) -> SavedState {
         let t = &self.ct.config().timeouts;
         let all = Filter::default();
-        let connections = self
-            .ct
-            .dump(&all)
-            // Due but not yet reaped: expired already.
-            .filter(|(_, e)| e.deadline_ns(t) > now_ns)
-            .map(|(_, e)| saved::record(e, now_ns))
-            .collect();
+        let mut connections = Vec::with_capacity(self.ct.len());
+        connections.extend(
+            self.ct
+                .dump(&all)
+                // Due but not yet reaped: expired already.
+                .filter(|(_, e)| e.deadline_ns(t) > now_ns)
+                .map(|(_, e)| saved::record(e, now_ns)),
+        );
         let mut neighbours: Vec<_> = self
             .neigh
             .iter()
