@@ -605,3 +605,18 @@ fn test_impossible_neighbours_and_datagrams_are_refused() {
         }
     }
 }
+
+/// A record read into a conntrack entry and saved again is the same record: every field
+/// the entry's compact layout stores (an IPv6 connection with five distinct addresses
+/// among them, TCP flags of both sides).
+#[test]
+fn test_a_connection_record_survives_its_entry() {
+    use crate::conntrack::saved::{entry, record};
+    let now = 50_000_000_000;
+    for c in state_v2().connections {
+        let e = entry(&c, now);
+        assert_eq!(record(&e, now), c);
+        let later = record(&e, now + 7);
+        assert_eq!(later.last_seen_ago_ns, c.last_seen_ago_ns + 7);
+    }
+}
