@@ -23,6 +23,10 @@
 //!
 //! - [`conntrack`]: the connection table and its vocabulary (entries, dump filters,
 //!   timeouts, statistics), for the agent's listing, the worker's counters and benches;
+//! - [`handover`]: the state a pipeline hands over to the next agent's
+//!   ([`handover::SavedState`] from [`Pipeline::save_state`], its bytes by
+//!   [`handover::encode`] and [`handover::decode`], [`Pipeline::restore_state`]'s
+//!   report and errors), for the agent's handover;
 //! - [`ipf`]: fragment reassembly and refragmentation, with their settings and counters;
 //! - [`gso`] and [`gro`]: segmentation and coalescing of super-packets, which the port
 //!   worker calls around the pipeline;
@@ -42,6 +46,7 @@ mod filter;
 mod flow;
 pub mod gro;
 pub mod gso;
+pub mod handover;
 mod icmp;
 pub mod ipf;
 mod lb;

@@ -349,6 +349,30 @@ impl Entry {
         }
     }
 
+    /// An entry as a saved state describes it (`handover`): its tuples (of one family),
+    /// protocol state and status, the packets and bytes counted per direction (none in
+    /// the reply direction before a reply), and the times of its first and last packets.
+    /// Mark, labels and tunnel peer are set on it afterwards.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn restored(
+        original: FlowKey,
+        reply: FlowKey,
+        ps: ProtoState,
+        status: Status,
+        packets: [u64; 2],
+        bytes: [u64; 2],
+        first_seen_ns: u64,
+        last_seen_ns: u64,
+    ) -> Entry {
+        let mut e = Entry::first(original, reply, ps, status, 0, first_seen_ns);
+        // While no reply was seen, the reply count's place holds the unreplied links,
+        // which the table sets on insertion.
+        e.packets = [packets[ORIGINAL], e.reply_count(packets[REPLY])];
+        e.bytes = bytes;
+        e.last_seen_ns = last_seen_ns;
+        e
+    }
+
     /// IPv6: the 16-byte place of address `i` (`O_SRC`...), `None` when it is not
     /// stored (a reply address equal to an original one).
     #[inline]

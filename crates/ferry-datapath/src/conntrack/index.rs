@@ -190,6 +190,15 @@ impl Index {
         }
     }
 
+    /// Grows the array at once to hold `values` values (within its most slots), so that
+    /// inserting that many grows it no more.
+    pub(crate) fn reserve(&mut self, values: usize) {
+        let want = slots_for(values).min(self.max_slots);
+        if self.slots.len() < want {
+            self.resize(want);
+        }
+    }
+
     /// Removes `value` filed under `hash`; false when it is not there.
     pub(crate) fn remove(&mut self, hash: u64, value: u32) -> bool {
         let want = u64::from(value) << 32 | u64::from(tag_of(hash));

@@ -40,6 +40,7 @@ mod nat_tests;
 #[cfg(test)]
 mod proptests;
 mod resync;
+pub(crate) mod saved;
 mod spec;
 mod table;
 mod tcp;
@@ -875,6 +876,18 @@ impl Conntrack {
         let n = self.table.retain(keep);
         self.stats.deleted += n as u64;
         n
+    }
+
+    /// Allocates room for `n` entries at once (within [`Config::max_entries`]): a restore
+    /// of `n` handed-over connections (`handover`) then never waits for the table to grow.
+    pub(crate) fn reserve(&mut self, n: usize) {
+        self.table.reserve(n);
+    }
+
+    /// Removes every entry without counting it deleted: undoes a restore that was
+    /// refused halfway (`handover`), leaving the counters as they were.
+    pub(crate) fn forget_all(&mut self) {
+        self.table.clear();
     }
 
     /// Turns mid-stream TCP pickup ([`Config::tcp_pickup`]) on or off for connections

@@ -466,6 +466,14 @@ impl Table {
         self.index.reserve_all();
     }
 
+    /// Allocates the slab and the index for `n` entries in all (at most `max`), so that
+    /// inserting that many grows neither.
+    pub(crate) fn reserve(&mut self, n: usize) {
+        let n = n.min(self.max);
+        self.slots.reserve_exact(n.saturating_sub(self.slots.len()));
+        self.index.reserve(2 * n);
+    }
+
     /// The big allocations, as addresses and lengths in bytes: the slab and the index.
     pub(crate) fn regions(&self) -> [(*const u8, usize); 2] {
         let slab = (
@@ -554,6 +562,14 @@ impl Table {
             }
         }
         removed
+    }
+
+    /// Removes every entry, the highest id first, so that the slots are handed out again
+    /// from id 0 up, as in a new table.
+    pub(crate) fn clear(&mut self) {
+        for id in (0..self.slots.len() as u32).rev() {
+            self.remove(id);
+        }
     }
 
     /// Marks an entry as having seen a reply: it leaves the eviction FIFO.

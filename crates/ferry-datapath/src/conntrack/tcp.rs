@@ -185,6 +185,18 @@ impl Serialize for TcpConn {
     }
 }
 
+/// The flags of one direction of a TCP connection, by meaning (see
+/// [`TcpConn::side_flags`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SideFlags {
+    /// The window scale option was in this side's SYN.
+    pub window_scale: bool,
+    /// This side's segments pass without window checks (picked up mid-stream).
+    pub liberal: bool,
+    /// This side has data the other has not acknowledged.
+    pub unacknowledged: bool,
+}
+
 /// The fields of a TCP segment that tracking needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Segment {
@@ -731,6 +743,50 @@ impl TcpConn {
     #[inline]
     pub fn reset_kept(&self) -> bool {
         self.flags & RST_KEPT != 0
+    }
+
+    /// The flags of direction `dir`, by meaning: the window scale option was in its
+    /// SYN, its segments pass without window checks (picked up mid-stream), it has data
+    /// the other side has not acknowledged. For a saved state (`handover`).
+    pub(crate) fn side_flags(&self, dir: usize) -> SideFlags {
+        SideFlags {
+            window_scale: self.flag(dir, F_WSCALE),
+            liberal: self.flag(dir, F_LIBERAL),
+            unacknowledged: self.flag(dir, F_UNACK),
+        }
+    }
+
+    /// A connection's TCP state as a saved state gives it (`handover`): every field, the
+    /// flags of each direction by meaning.
+    pub(crate) fn restored(
+        state: TcpState,
+        scale: [u8; 2],
+        end: [u32; 2],
+        maxend: [u32; 2],
+        maxwin: [u32; 2],
+        sides: [SideFlags; 2],
+        reset_kept: bool,
+    ) -> TcpConn {
+        let mut c = TcpConn {
+            state,
+            scale,
+            flags: if reset_kept { RST_KEPT } else { 0 },
+            end,
+            maxend,
+            maxwin,
+        };
+        for (dir, f) in sides.iter().enumerate() {
+            for (on, bit) in [
+                (f.window_scale, F_WSCALE),
+                (f.liberal, F_LIBERAL),
+                (f.unacknowledged, F_UNACK),
+            ] {
+                if on {
+                    c.set_flag(dir, bit);
+                }
+            }
+        }
+        c
     }
 }
 

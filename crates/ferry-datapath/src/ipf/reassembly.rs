@@ -35,6 +35,10 @@ use crate::wire::checksum::set_ipv4_header;
 use crate::wire::ipv6_ext;
 use crate::wire::{L3, Parsed, parse};
 
+/// Datagrams in a handed-over state.
+#[path = "saved.rs"]
+mod saved;
+
 /// The end of the list.
 /// Buckets the sources are counted in for [`Config::max_datagrams_per_source`].
 pub const SOURCE_BUCKETS: usize = 4096;

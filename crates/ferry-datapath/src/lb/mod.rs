@@ -831,3 +831,70 @@ impl Affinity {
 
 #[cfg(test)]
 mod tests;
+
+/// Affinity records in a handed-over state (`handover`): by the Service port's name
+/// (its id is derived from it), with the time each has left.
+impl Affinity {
+    /// The records live at `now_ns` whose Service port `services` has, for a saved
+    /// state: one pass over the records.
+    pub(crate) fn saved(&self, services: &Services, now_ns: u64) -> Vec<crate::handover::Affinity> {
+        let names: HashMap<u64, &str> = services
+            .services
+            .iter()
+            .filter(|s| !s.name.is_empty())
+            .map(|s| (s.id, s.name.as_str()))
+            .collect();
+        self.map
+            .iter()
+            .filter(|(_, r)| r.deadline_ns > now_ns)
+            .filter_map(|((id, client), r)| {
+                Some(crate::handover::Affinity {
+                    service: names.get(id)?.to_string(),
+                    client: *client,
+                    endpoint: r.backend.0,
+                    endpoint_port: r.backend.1,
+                    remaining_ns: r.deadline_ns - now_ns,
+                })
+            })
+            .collect()
+    }
+
+    /// Puts saved records back at `now_ns`, each with the time it had left. Returns how
+    /// many were put back, left out because `services` has no Service port of their
+    /// name, and left out because the table was full.
+    pub(crate) fn restore(
+        &mut self,
+        services: &Services,
+        records: &[crate::handover::Affinity],
+        now_ns: u64,
+    ) -> (usize, usize, usize) {
+        let names: HashSet<&str> = services
+            .services
+            .iter()
+            .filter(|s| !s.name.is_empty())
+            .map(|s| s.name.as_str())
+            .collect();
+        let (mut kept, mut gone, mut full) = (0, 0, 0);
+        for a in records {
+            if !names.contains(a.service.as_str()) {
+                gone += 1;
+                continue;
+            }
+            let key = (stable_id(&a.service), a.client);
+            if self.map.len() >= self.max && !self.map.contains_key(&key) {
+                full += 1;
+                continue;
+            }
+            let deadline_ns = now_ns.saturating_add(a.remaining_ns);
+            self.earliest_ns = self.earliest_ns.min(deadline_ns);
+            let rec = Record {
+                backend: (a.endpoint, a.endpoint_port),
+                deadline_ns,
+            };
+            if self.map.insert(key, rec).is_none() {
+                kept += 1;
+            }
+        }
+        (kept, gone, full)
+    }
+}

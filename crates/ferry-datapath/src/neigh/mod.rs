@@ -27,6 +27,7 @@
 pub mod arp;
 pub mod nd;
 pub mod queue;
+pub(crate) mod saved;
 
 pub use queue::Queue;
 
@@ -457,6 +458,15 @@ impl Neighbours {
         let before = self.map.len();
         self.map.retain(|(port, _), _| keep(*port));
         before - self.map.len()
+    }
+
+    /// Puts a handed-over neighbour in (`handover`); false when the table is full.
+    pub(crate) fn adopt(&mut self, port: PortId, ip: IpAddr, n: Neighbour) -> bool {
+        if self.map.len() >= self.config.max_entries.max(1) && !self.map.contains_key(&(port, ip)) {
+            return false;
+        }
+        self.map.insert((port, ip), n);
+        true
     }
 
     /// The entry for `ip` on `port`.

@@ -43,6 +43,7 @@ mod defrag;
 mod egress;
 mod events;
 mod forward;
+mod handover;
 mod icmp;
 mod ingress;
 mod local;
@@ -432,6 +433,10 @@ mod pod_cidr_tests;
 /// Packets waiting for their next hop's MAC.
 #[cfg(test)]
 mod neigh_tests;
+
+/// The state handed over to a new pipeline.
+#[cfg(test)]
+mod handover_tests;
 
 #[cfg(test)]
 mod test_support;

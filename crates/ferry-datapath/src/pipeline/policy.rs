@@ -278,13 +278,17 @@ impl Pipeline {
     /// [`Pipeline::policy_cuts`]); returns how many.
     pub(super) fn cut_denied(&mut self) -> usize {
         let tables = Arc::clone(&self.tables);
-        self.ct.retain(|e| {
-            judge_entry(&tables, e)
-                .into_iter()
-                .flatten()
-                .all(|d| d.decision.allowed)
-        })
+        self.ct.retain(|e| allows(&tables, e))
     }
+}
+
+/// True when the policy of `tables` allows the tracked connection `e`, judged as if it
+/// started now.
+pub(super) fn allows(tables: &Tables, e: &Entry) -> bool {
+    judge_entry(tables, e)
+        .into_iter()
+        .flatten()
+        .all(|d| d.decision.allowed)
 }
 
 /// The trace's note of a decision.

@@ -57,7 +57,7 @@ use super::{Pipeline, PortStats};
 use crate::conntrack;
 use crate::drop::{DropCounters, DropReason};
 use crate::flow::proto;
-use crate::lb::MARK_SERVICE;
+use crate::lb::{MARK_SERVICE, Services};
 use crate::packet::PortId;
 use crate::tables::{NextHop, Tables};
 
@@ -200,24 +200,7 @@ impl Pipeline {
         report.ct_removed = if !sweep {
             0
         } else {
-            self.ct.retain(|e| {
-                if e.mark & MARK_SERVICE == 0 {
-                    // A UDP flow that started before its destination was a frontend would
-                    // follow its plain entry for as long as the client keeps sending:
-                    // deleted, so that its next packet is load balanced.
-                    let o = e.original();
-                    return o.proto != proto::UDP || !services.is_frontend_of(&o);
-                }
-                // After DNAT the reply comes from the endpoint. A UDP client (whose flow
-                // never ends) also leaves an endpoint that stops serving, as kube-proxy
-                // clears those; a TCP connection stays until its endpoint goes.
-                let r = e.reply();
-                if r.proto == proto::UDP {
-                    services.has_serving_backend(r.proto, r.src.ip(), r.src_port)
-                } else {
-                    services.has_backend(r.proto, r.src.ip(), r.src_port)
-                }
-            })
+            self.ct.retain(|e| removal(services, e).is_none())
         };
 
         self.ipf.set_config(new.ipf.config());
@@ -233,4 +216,35 @@ impl Pipeline {
         }
         report
     }
+}
+
+/// Why a table swap to `services` deletes a connection, if it does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Removal {
+    /// Load balanced to an endpoint no Service has (a UDP one: none has it serving).
+    EndpointGone,
+    /// A plain UDP flow to what is now a Service frontend.
+    NowFrontend,
+}
+
+/// Whether (and why) a swap to `services` deletes `e`; a restore drops the same.
+pub(super) fn removal(services: &Services, e: &conntrack::Entry) -> Option<Removal> {
+    if e.mark & MARK_SERVICE == 0 {
+        // A UDP flow that started before its destination was a frontend would follow
+        // its plain entry for as long as the client keeps sending: deleted, so that its
+        // next packet is load balanced.
+        let o = e.original();
+        return (o.proto == proto::UDP && services.is_frontend_of(&o))
+            .then_some(Removal::NowFrontend);
+    }
+    // After DNAT the reply comes from the endpoint. A UDP client (whose flow never
+    // ends) also leaves an endpoint that stops serving, as kube-proxy clears those; a
+    // TCP connection stays until its endpoint goes.
+    let r = e.reply();
+    let kept = if r.proto == proto::UDP {
+        services.has_serving_backend(r.proto, r.src.ip(), r.src_port)
+    } else {
+        services.has_backend(r.proto, r.src.ip(), r.src_port)
+    };
+    (!kept).then_some(Removal::EndpointGone)
 }

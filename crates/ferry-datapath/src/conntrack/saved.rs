@@ -1,0 +1,133 @@
+//! Connections as a handed-over state saves them ([`handover::Connection`]): every field
+//! of an entry by meaning, times relative to the save, never the entry's layout.
+
+use super::entry::{Entry, ProtoState, Status};
+use super::tcp::{SideFlags, TcpConn};
+use crate::flow::{Addr, FlowKey};
+use crate::handover::{self, Connection, TcpSide, Tracking, Tuple};
+
+fn tuple(k: &FlowKey) -> Tuple {
+    Tuple {
+        src: k.src.ip(),
+        dst: k.dst.ip(),
+        src_port: k.src_port,
+        dst_port: k.dst_port,
+    }
+}
+
+fn key(zone: u16, proto: u8, t: &Tuple) -> FlowKey {
+    FlowKey {
+        zone,
+        src: Addr::from(t.src),
+        dst: Addr::from(t.dst),
+        proto,
+        src_port: t.src_port,
+        dst_port: t.dst_port,
+    }
+}
+
+fn side(c: &TcpConn, dir: usize) -> TcpSide {
+    let f = c.side_flags(dir);
+    TcpSide {
+        end: c.end[dir],
+        max_end: c.maxend[dir],
+        max_window: c.maxwin[dir],
+        window_scale: c.scale[dir],
+        sent_window_scale: f.window_scale,
+        liberal: f.liberal,
+        unacknowledged: f.unacknowledged,
+    }
+}
+
+/// The record of entry `e` saved at `now_ns`.
+pub(crate) fn record(e: &Entry, now_ns: u64) -> Connection {
+    let (o, r) = (e.original(), e.reply());
+    let tracking = match &e.proto_state {
+        ProtoState::Tcp(c) => Tracking::Tcp(handover::Tcp {
+            state: c.state.into(),
+            reset_kept: c.reset_kept(),
+            original: side(c, 0),
+            reply: side(c, 1),
+        }),
+        ProtoState::Udp => Tracking::Udp,
+        ProtoState::Icmp => Tracking::Icmp,
+        ProtoState::Other => Tracking::Other,
+    };
+    Connection {
+        zone: e.zone(),
+        proto: o.proto,
+        original: tuple(&o),
+        reply: tuple(&r),
+        tracking,
+        seen_reply: e.status.has(Status::SEEN_REPLY),
+        assured: e.status.has(Status::ASSURED),
+        dnat: e.status.has(Status::DNAT),
+        snat: e.status.has(Status::SNAT),
+        mark: e.mark,
+        labels: e.labels,
+        tunnel_peer: e.tunnel_peer(),
+        packets: e.packets(),
+        bytes: e.bytes(),
+        first_seen_ago_ns: now_ns.saturating_sub(e.first_seen_ns),
+        last_seen_ago_ns: now_ns.saturating_sub(e.last_seen_ns),
+    }
+}
+
+/// The entry of a record restored at `now_ns`, on a clock of its own: times before the
+/// clock's start are taken as its start. The record must have passed
+/// `handover::check_connection` (tuples of one family).
+pub(crate) fn entry(c: &Connection, now_ns: u64) -> Entry {
+    let ps = match &c.tracking {
+        Tracking::Tcp(t) => {
+            let sides = [&t.original, &t.reply];
+            let flags = sides.map(|s| SideFlags {
+                window_scale: s.sent_window_scale,
+                liberal: s.liberal,
+                unacknowledged: s.unacknowledged,
+            });
+            ProtoState::Tcp(TcpConn::restored(
+                t.state.into(),
+                sides.map(|s| s.window_scale),
+                sides.map(|s| s.end),
+                sides.map(|s| s.max_end),
+                sides.map(|s| s.max_window),
+                flags,
+                t.reset_kept,
+            ))
+        }
+        Tracking::Udp => ProtoState::Udp,
+        Tracking::Icmp => ProtoState::Icmp,
+        Tracking::Other => ProtoState::Other,
+    };
+    let mut status = Status::default();
+    for (on, bit) in [
+        (c.seen_reply, Status::SEEN_REPLY),
+        (c.assured, Status::ASSURED),
+        (c.dnat, Status::DNAT),
+        (c.snat, Status::SNAT),
+    ] {
+        if on {
+            status.set(bit);
+        }
+    }
+    let mut e = Entry::restored(
+        key(c.zone, c.proto, &c.original),
+        key(c.zone, c.proto, &c.reply),
+        ps,
+        status,
+        c.packets,
+        c.bytes,
+        now_ns.saturating_sub(c.first_seen_ago_ns),
+        now_ns.saturating_sub(c.last_seen_ago_ns),
+    );
+    e.mark = c.mark;
+    e.labels = c.labels;
+    e.set_tunnel_peer(c.tunnel_peer);
+    e
+}
+
+/// The reverse of a record's tuple as conntrack reverses keys (ICMP echo: the type
+/// answered, the identifier kept), for checking its NAT.
+pub(crate) fn reversed(zone: u16, proto: u8, t: &Tuple) -> Tuple {
+    tuple(&super::reverse(&key(zone, proto, t)))
+}

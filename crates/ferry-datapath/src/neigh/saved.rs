@@ -1,0 +1,54 @@
+//! Neighbours as a handed-over state saves them ([`handover::Neighbour`]): by port name,
+//! times relative to the save.
+
+use std::net::IpAddr;
+
+use super::{Neighbour, State};
+use crate::handover::{self, NeighState};
+
+fn state_record(s: State) -> NeighState {
+    match s {
+        State::Incomplete => NeighState::Incomplete,
+        State::Reachable => NeighState::Reachable,
+        State::Stale => NeighState::Stale,
+        State::Delay => NeighState::Delay,
+        State::Probe => NeighState::Probe,
+    }
+}
+
+fn state(s: NeighState) -> State {
+    match s {
+        NeighState::Incomplete => State::Incomplete,
+        NeighState::Reachable => State::Reachable,
+        NeighState::Stale => State::Stale,
+        NeighState::Delay => State::Delay,
+        NeighState::Probe => State::Probe,
+    }
+}
+
+/// The record of the neighbour `addr` on the port named `port`, saved at `now_ns`.
+pub(crate) fn record(port: &str, addr: IpAddr, n: &Neighbour, now_ns: u64) -> handover::Neighbour {
+    handover::Neighbour {
+        port: port.to_string(),
+        addr,
+        mac: n.mac,
+        state: state_record(n.state),
+        updated_ago_ns: now_ns.saturating_sub(n.updated_ns),
+        used_ago_ns: now_ns.saturating_sub(n.used_ns),
+        probed_ago_ns: n.probed_ns.map(|t| now_ns.saturating_sub(t)),
+        probes: n.probes,
+    }
+}
+
+/// The neighbour of a record restored at `now_ns` (times before the clock's start taken
+/// as its start).
+pub(crate) fn neighbour(r: &handover::Neighbour, now_ns: u64) -> Neighbour {
+    Neighbour {
+        mac: r.mac,
+        state: state(r.state),
+        updated_ns: now_ns.saturating_sub(r.updated_ago_ns),
+        used_ns: now_ns.saturating_sub(r.used_ago_ns),
+        probed_ns: r.probed_ago_ns.map(|a| now_ns.saturating_sub(a)),
+        probes: r.probes,
+    }
+}
