@@ -132,6 +132,46 @@ fn tail(s: &str) -> String {
     lines[lines.len().saturating_sub(4)..].join("\n")
 }
 
+#[test]
+fn a_new_agent_takes_the_node_over_without_losing_a_packet() {
+    let mut c = cluster("hov");
+    start_traffic(&mut c, 300, 250);
+    std::thread::sleep(Duration::from_millis(1500));
+    let args = c.agent_args(1, &datastore(&c), &["--workers", "2"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    c.lab.daemon("n1", "new agent on node1", &args);
+    let (status, old) = c.lab.wait_exit("ferry agent on node1", 30);
+    assert!(status.success(), "the old agent: {status}\n{old}");
+    assert!(old.contains("handed over to the new agent"), "{old}");
+    traffic_intact(&mut c, 300, 250, "through the handover");
+    // The new agent answers on the API socket it was handed, and forwards: the node's
+    // kernel reaches the web pod through the host TAP, the external client the node
+    // port.
+    let status = call(&c.socket(1), &Request::Status).unwrap();
+    assert!(matches!(status, Response::Ok(_)), "{status:?}");
+    assert_eq!(
+        c.curl("ext", "http://192.168.77.1:30080/hostname"),
+        "web",
+        "a new connection through the node port after the handover"
+    );
+    c.lab.check_alive();
+    let new = c.lab.stop("new agent on node1");
+    assert!(new.contains("took over from the running agent"), "{new}");
+    // The stream's connection came over with its NAT (it would not survive without).
+    assert!(
+        new.contains("restored ") && !new.contains("restored 0 connections"),
+        "{new}"
+    );
+    assert!(
+        !new.contains("pod interface adopted") || new.contains("handed_over=true"),
+        "the pod's interface was opened anew instead of taken over: {new}"
+    );
+}
+
+fn datastore(c: &TwoNodes) -> String {
+    format!("file:{}", c.manifest_dir().display())
+}
+
 /// A fake new agent: asks the agent at `sock` to hand over and reads its offer and
 /// descriptors; returns the connection and how many ports were offered.
 fn ask(sock: &Path) -> (UnixStream, usize) {

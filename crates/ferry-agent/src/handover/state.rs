@@ -1,22 +1,24 @@
 //! The connection state a giver saves and a taker loads: the bytes of the datapath's
-//! versioned format.
+//! versioned format ([`ferry_datapath::handover`]).
 
 use ferry_datapath::Pipeline;
+use ferry_datapath::handover;
 
 /// The state of `pipeline` at `now_ns` (its clock), as bytes to hand over.
-pub(crate) fn save(_pipeline: &Pipeline, _now_ns: u64) -> Vec<u8> {
-    Vec::new()
+pub(crate) fn save(pipeline: &Pipeline, now_ns: u64) -> Vec<u8> {
+    handover::encode(&pipeline.save_state(now_ns))
 }
 
-/// Loads handed-over `bytes` into `pipeline` (which tracks nothing yet), all or
-/// nothing; what was loaded, for the logs, or why nothing was.
-pub(crate) fn load(_pipeline: &mut Pipeline, bytes: &[u8], _now_ns: u64) -> Result<String, String> {
-    if bytes.is_empty() {
-        Ok("no connection state".into())
-    } else {
-        Err(format!(
-            "{} bytes of a state this agent does not read",
-            bytes.len()
-        ))
-    }
+/// Loads handed-over `bytes` into `pipeline` (which holds nothing yet), all or
+/// nothing: what was loaded, as a log line, or why nothing was.
+pub(crate) fn load(pipeline: &mut Pipeline, bytes: &[u8], now_ns: u64) -> Result<String, String> {
+    let state = handover::decode(bytes).map_err(|e| e.to_string())?;
+    let format = state.format;
+    let producer = state.producer.clone();
+    let restored = pipeline
+        .restore_state(&state, now_ns)
+        .map_err(|e| e.to_string())?;
+    Ok(format!(
+        "{restored} (format {format}, written by ferry {producer})"
+    ))
 }
