@@ -11,7 +11,8 @@
 //!   manifests applied to it and deleted; [`agents`]: waiting for the agents to put a
 //!   change in force;
 //! - [`matrix`]: probe matrices between pods; [`netpol`]: the NetworkPolicy suite, the
-//!   Kubernetes e2e cases on them.
+//!   Kubernetes e2e cases on them;
+//! - [`node_agent`]: each node's agent, started from the command recorded for it.
 #![forbid(unsafe_code)]
 
 pub mod agents;
@@ -22,6 +23,7 @@ pub mod lb;
 pub mod manifests;
 pub mod matrix;
 pub mod netpol;
+pub mod node_agent;
 pub mod plan;
 pub mod pods;
 pub mod probe;
