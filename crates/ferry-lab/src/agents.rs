@@ -37,6 +37,14 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Now, in microseconds since the Unix epoch: the clock that processes in different
+/// namespaces share.
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 /// A mark to take before changing the manifests: the time, after a pause that makes
 /// every later sync stamp later than it.
 pub fn mark() -> u64 {

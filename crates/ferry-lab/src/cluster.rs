@@ -386,6 +386,7 @@ mod tests {
                 "x".to_string(),
                 BTreeMap::from([("ns".to_string(), "x".to_string())]),
             )]),
+            agents: Vec::new(),
         }
     }
 

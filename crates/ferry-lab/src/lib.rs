@@ -11,23 +11,31 @@
 //!   manifests applied to it and deleted; [`agents`]: waiting for the agents to put a
 //!   change in force;
 //! - [`matrix`]: probe matrices between pods; [`netpol`]: the NetworkPolicy suite, the
-//!   Kubernetes e2e cases on them.
+//!   Kubernetes e2e cases on them;
+//! - [`node_agent`]: each node's agent, started from the command recorded for it;
+//!   [`restart`]: it replaced as an update or a crash would, the outage measured;
+//!   [`traffic`]: the traffic a restart must not break, and [`download`], its paced
+//!   downloads.
 #![forbid(unsafe_code)]
 
 pub mod agents;
 pub mod check;
 pub mod cluster;
 pub mod cni;
+pub mod download;
 pub mod lb;
 pub mod manifests;
 pub mod matrix;
 pub mod netpol;
+pub mod node_agent;
 pub mod plan;
 pub mod pods;
 pub mod probe;
+pub mod restart;
 pub mod state;
 pub mod sys;
 pub mod topology;
+pub mod traffic;
 
 use std::path::{Path, PathBuf};
 

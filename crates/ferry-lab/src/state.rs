@@ -18,6 +18,40 @@ pub struct Process {
     pub pid: u32,
 }
 
+/// How a node's agent was started: `ferry lab restart` starts the next one from this
+/// record, exactly so, rather than deriving the arguments again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentLaunch {
+    /// The node's number.
+    pub node: u8,
+    /// The node's network namespace (full name).
+    pub netns: String,
+    /// The command, program first.
+    pub command: Vec<String>,
+    /// Its log.
+    pub log: PathBuf,
+    /// Its API socket (`--api-socket`).
+    pub socket: PathBuf,
+    /// The host TAP it makes (`--host-tap`), and what the node's kernel has there.
+    pub host_tap: HostTap,
+}
+
+/// The node kernel's side of an agent's host TAP (as `docs/node.md` describes).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostTap {
+    /// The TAP's name.
+    pub name: String,
+    /// Its MAC: the base's `next_hop_mac` for the node's address.
+    pub mac: String,
+    /// The node's address, put on the TAP as a /32.
+    pub addr: String,
+}
+
+/// The label of node `n`'s agent among the processes.
+pub fn agent_label(n: u8) -> String {
+    format!("ferry agent on node{n}")
+}
+
 /// The namespace of the lab's own pods, and of a pod named without one.
 pub const DEFAULT_NAMESPACE: &str = "default";
 
@@ -144,6 +178,9 @@ pub struct State {
     /// included); `default` is written whether or not it is here.
     #[serde(default)]
     pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    /// How each node's agent was started.
+    #[serde(default)]
+    pub agents: Vec<AgentLaunch>,
 }
 
 /// `NS/NAME`, or `NAME` in namespace `default`: the namespace and the name.
@@ -197,6 +234,35 @@ impl State {
         crate::sys::write_atomic(&State::path(dir), &text)
     }
 
+    /// How node `n`'s agent was started.
+    pub fn agent(&self, n: u8) -> Result<&AgentLaunch> {
+        self.agents.iter().find(|a| a.node == n).with_context(|| {
+            format!(
+                "node{n}: the lab has node1..node{} and records how each agent started",
+                self.plan.nodes
+            )
+        })
+    }
+
+    /// The pid of node `n`'s agent, as last recorded.
+    pub fn agent_pid(&self, n: u8) -> Option<u32> {
+        let label = agent_label(n);
+        self.processes
+            .iter()
+            .rev()
+            .find(|p| p.label == label)
+            .map(|p| p.pid)
+    }
+
+    /// Records `pid` as node `n`'s agent, in place of the one before.
+    pub fn set_agent_pid(&mut self, n: u8, pid: u32) {
+        let label = agent_label(n);
+        match self.processes.iter_mut().find(|p| p.label == label) {
+            Some(p) => p.pid = pid,
+            None => self.processes.push(Process { label, pid }),
+        }
+    }
+
     /// The pod `NS/NAME`, or `NAME` in namespace `default`.
     pub fn pod(&self, name: &str) -> Result<&Pod> {
         self.pods
@@ -223,5 +289,52 @@ impl State {
             .find(|a| !a.contains(':'))
             .cloned()
             .with_context(|| format!("pod {name} has no IPv4 address"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> State {
+        State {
+            plan: Plan::new("t", 2, 1).unwrap(),
+            ferry: "ferry".into(),
+            cni: "ferry-cni".into(),
+            processes: vec![
+                Process {
+                    label: agent_label(1),
+                    pid: 10,
+                },
+                Process {
+                    label: agent_label(2),
+                    pid: 20,
+                },
+            ],
+            pods: Vec::new(),
+            namespaces: BTreeMap::new(),
+            agents: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn test_a_restarted_agents_pid_replaces_the_old_one() {
+        let mut s = state();
+        s.set_agent_pid(1, 11);
+        assert_eq!(s.agent_pid(1), Some(11));
+        assert_eq!(s.agent_pid(2), Some(20));
+        assert_eq!(s.processes.len(), 2, "replaced, not added");
+        s.set_agent_pid(3, 30);
+        assert_eq!(s.agent_pid(3), Some(30));
+    }
+
+    #[test]
+    fn test_a_state_without_agent_records_reads_and_restart_says_why_not() {
+        let mut text = serde_json::to_value(state()).unwrap();
+        text.as_object_mut().unwrap().remove("agents");
+        let s: State = serde_json::from_value(text).unwrap();
+        assert!(s.agents.is_empty());
+        let e = s.agent(1).unwrap_err().to_string();
+        assert!(e.contains("records how each agent started"), "{e}");
     }
 }

@@ -45,6 +45,20 @@ pub fn ip(ns: &str, args: &[&str]) -> Result<String> {
 /// execs the command, so the pid is the command's.
 pub fn start_in(ns: &str, log: &Path, cmd: &[&str]) -> Result<u32> {
     let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    start_logged(ns, out, cmd)
+}
+
+/// Like [`start_in`], its output appended to `log` after what is there.
+pub fn start_in_appending(ns: &str, log: &Path, cmd: &[&str]) -> Result<u32> {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    start_logged(ns, out, cmd)
+}
+
+fn start_logged(ns: &str, out: File, cmd: &[&str]) -> Result<u32> {
     let err = out.try_clone()?;
     let (program, args) = cmd.split_first().context("no command to start")?;
     let child = Cmd::new(*program)
@@ -69,6 +83,17 @@ pub fn alive(pid: u32) -> bool {
             .trim_start()
             .starts_with('Z')
     })
+}
+
+/// Whether process `pid` has exited with all its threads, so that what it held (its
+/// descriptors: an agent's TAPs) is let go. A killed process's first thread shows as a
+/// zombie while its other threads are still exiting, with the descriptors they share.
+pub fn exited(pid: u32) -> bool {
+    if !alive(pid) {
+        let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+        return threads <= 1;
+    }
+    false
 }
 
 /// Sends `signal` (`TERM`, `KILL`) to `pid`, ignoring a process already gone.

@@ -24,7 +24,7 @@ use crate::plan::{
 };
 use crate::state::{DEFAULT_NAMESPACE, Pod, Process, Proto, Served, State};
 use crate::sys::{self, ip};
-use crate::{Binaries, cluster, cni};
+use crate::{Binaries, cluster, cni, node_agent};
 
 /// The manifest directory the agents watch.
 pub fn manifests(dir: &Path) -> std::path::PathBuf {
@@ -78,6 +78,7 @@ pub fn up(plan: &Plan, dir: &Path, bins: &Binaries) -> Result<()> {
         processes: Vec::new(),
         pods: Vec::new(),
         namespaces: BTreeMap::new(),
+        agents: Vec::new(),
     };
     state.save(dir)?;
     network(plan)?;
@@ -86,7 +87,7 @@ pub fn up(plan: &Plan, dir: &Path, bins: &Binaries) -> Result<()> {
     sys::write_atomic(&manifests(dir).join("services.yaml"), &cluster::services())?;
     write_pods(dir, &state)?;
     for n in plan.node_numbers() {
-        start_agent(dir, &mut state, n)?;
+        node_agent::start_first(dir, &mut state, n)?;
     }
     say("agents");
     for p in plan.pods() {
@@ -236,72 +237,7 @@ fn network(plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-/// Starts node `n`'s agent and gives the node's kernel its address on the host TAP,
-/// everything else routed through ferry (as `docs/node.md` describes).
-fn start_agent(dir: &Path, state: &mut State, n: u8) -> Result<()> {
-    let plan = state.plan.clone();
-    let node = plan.ns(&format!("node{n}"));
-    let base = dir.join(format!("base{n}.yaml"));
-    fs::write(&base, cluster::base(&plan, n))?;
-    let tap = format!("{}h{n}", plan.prefix);
-    let sock = dir.join(format!("node{n}.sock"));
-    // Node 2 runs two worker threads, the others one: the checks go through both.
-    let workers = if n == 2 { "2" } else { "1" };
-    let pid = sys::start_in(
-        &node,
-        &dir.join(format!("logs/agent-node{n}.log")),
-        &[
-            &state.ferry.display().to_string(),
-            "agent",
-            "--workers",
-            workers,
-            "--node",
-            &format!("node{n}"),
-            "--datastore",
-            &format!("file:{}", manifests(dir).display()),
-            "--base",
-            &base.display().to_string(),
-            "--uplink",
-            "uplink",
-            "--host-tap",
-            &tap,
-            "--api-socket",
-            &sock.display().to_string(),
-            "--state-dir",
-            &dir.join(format!("state/node{n}")).display().to_string(),
-        ],
-    )?;
-    state.processes.push(Process {
-        label: format!("ferry agent on node{n}"),
-        pid,
-    });
-    state.save(dir)?;
-    let log = dir.join(format!("logs/agent-node{n}.log"));
-    let agent_log = || fs::read_to_string(&log).unwrap_or_default();
-    sys::wait_for(15, &format!("the host TAP {tap} on node{n}"), || {
-        sys::alive(pid) && ip(&node, &["link", "show", &tap]).is_ok()
-    })
-    .with_context(|| format!("ferry agent on node{n}: {}", agent_log()))?;
-    node_kernel_on_host_tap(&node, &tap, &cluster::host_tap_mac(n), &plan.node_ip(n))?;
-    sys::wait_for(10, &format!("node{n}'s API socket"), || sock.exists())
-        .with_context(agent_log)?;
-    Ok(())
-}
-
-/// Gives a node's kernel (namespace `ns`) its address `addr` on the agent's host TAP
-/// `tap`, with MAC `mac` (the base's `next_hop_mac` for the node's address), and routes
-/// everything else through ferry's gateway 169.254.1.1 there (as `docs/node.md`
-/// describes). The agent must have made the TAP.
-pub fn node_kernel_on_host_tap(ns: &str, tap: &str, mac: &str, addr: &str) -> Result<()> {
-    ip(ns, &["link", "set", tap, "address", mac, "up"])?;
-    ip(ns, &["addr", "add", &format!("{addr}/32"), "dev", tap])?;
-    ip(
-        ns,
-        &["route", "add", "169.254.1.1", "dev", tap, "scope", "link"],
-    )?;
-    ip(ns, &["route", "add", "default", "via", "169.254.1.1"])?;
-    Ok(())
-}
+pub use crate::node_agent::node_kernel_on_host_tap;
 
 /// Makes pod `name` (namespace `default`) on node `node` through the CNI plugin and
 /// starts its server; it is not in EndpointSlices until [`write_pods`].

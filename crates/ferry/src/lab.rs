@@ -1,14 +1,18 @@
 //! `ferry lab`: the command line of `ferry-lab` (docs/lab.md).
 
+use std::io::Read;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use ferry_lab::state::{DEFAULT_NAMESPACE, Served};
 use ferry_lab::topology::NewPod;
 use ferry_lab::{
-    Binaries, DEFAULT_DIR, DEFAULT_PREFIX, Plan, check, lb, manifests, matrix, netpol, pods, probe,
-    topology,
+    Binaries, DEFAULT_DIR, DEFAULT_PREFIX, Plan, check, download, lb, manifests, matrix, netpol,
+    pods, probe, restart, topology,
 };
 
 /// Arguments of `ferry lab`.
@@ -94,6 +98,16 @@ enum Sub {
         /// The file, as given to apply.
         file: PathBuf,
     },
+    /// Restart a node's agent as an update does (SIGTERM, then the new agent), or as a
+    /// crash does (--kill), with the command `up` started it with; print the old and
+    /// new pid and how long until the new agent forwarded.
+    Restart {
+        /// The node: node1, or 1.
+        node: String,
+        /// Kill the old agent (SIGKILL), as a crash would.
+        #[arg(long)]
+        kill: bool,
+    },
     /// Up, check, down.
     Demo(Shape),
     /// The load balancer's health checker (started by `up` in the lb namespace).
@@ -109,6 +123,19 @@ enum Sub {
         #[arg(long = "port")]
         ports: Vec<Served>,
     },
+    /// A paced download the restart checks run inside namespaces: `connected SERVER`,
+    /// then what it got as JSON.
+    #[command(hide = true)]
+    ProbeDownload {
+        /// Bytes to download.
+        #[arg(long)]
+        bytes: u64,
+        /// Bytes per second.
+        #[arg(long)]
+        rate: u64,
+        /// The server.
+        to: SocketAddr,
+    },
     /// UDP probes the checks run inside namespaces.
     #[command(hide = true)]
     ProbeUdp {
@@ -122,6 +149,17 @@ enum Sub {
         /// silence in ms.
         #[arg(long)]
         stream: Option<u64>,
+        /// Send this many numbered datagrams, one every --interval-ms, and print what
+        /// came back as JSON.
+        #[arg(long)]
+        flow: Option<u32>,
+        /// The interval of --flow, in ms.
+        #[arg(long, default_value_t = 20)]
+        interval_ms: u64,
+        /// Ask `hostname` every this many ms until standard input closes; print
+        /// `sending`, then the Unix time in microseconds of each answer.
+        #[arg(long)]
+        watch: Option<u64>,
         /// The server.
         to: SocketAddr,
     },
@@ -185,6 +223,21 @@ fn plan(s: &Shape) -> Result<(Plan, Binaries)> {
         Plan::new(&s.prefix, s.nodes, s.zones)?,
         Binaries::current(s.cni_bin.clone())?,
     ))
+}
+
+/// `probe-udp --watch`: until its standard input closes (the lab's end of it dropped,
+/// or the lab gone).
+fn watch_until_stdin_closes(to: SocketAddr, every: Duration) -> Result<()> {
+    let closed = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&closed);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while std::io::stdin().read(&mut buf).is_ok_and(|n| n > 0) {}
+        flag.store(true, Ordering::Relaxed);
+    });
+    probe::watch(to, every, &mut std::io::stdout(), &|| {
+        closed.load(Ordering::Relaxed)
+    })
 }
 
 /// Runs `ferry lab`.
@@ -272,6 +325,20 @@ pub fn run(args: Args) -> Result<()> {
                 matrix::print_answers(&matrix::probe_here(&targets, &ports))
             );
         }
+        Sub::Restart { node, kill } => {
+            let state = ferry_lab::State::load(dir)?;
+            let n = restart::parse_node(&state, &node)?;
+            let how = if kill {
+                restart::How::Kill
+            } else {
+                restart::How::Update
+            };
+            println!("{}", restart::restart(dir, n, how)?);
+        }
+        Sub::ProbeDownload { bytes, rate, to } => {
+            let got = download::download(to, bytes, rate, &mut std::io::stdout());
+            println!("{}", serde_json::to_string(&got)?);
+        }
         Sub::Demo(s) => {
             let (p, b) = plan(&s)?;
             if !ferry_lab::demo(&p, dir, &b)? {
@@ -286,10 +353,21 @@ pub fn run(args: Args) -> Result<()> {
             sizes,
             ask,
             stream,
+            flow,
+            interval_ms,
+            watch,
             to,
         } => {
+            let every = Duration::from_millis(interval_ms.max(1));
             if let Some(q) = ask {
                 println!("{}", probe::ask(to, &q)?);
+            } else if let Some(count) = flow {
+                println!(
+                    "{}",
+                    serde_json::to_string(&probe::flow(to, count, every)?)?
+                );
+            } else if let Some(ms) = watch {
+                watch_until_stdin_closes(to, Duration::from_millis(ms.max(1)))?;
             } else if let Some(secs) = stream {
                 let (answers, gap) = probe::stream(to, secs)?;
                 for a in answers {

@@ -1,7 +1,9 @@
 //! `ferry serve`: the test servers lab pods run, in the spirit of Kubernetes' agnhost
 //! netexec. HTTP on TCP: `/hostname` (the name given), `/clientip` (the peer's
 //! address, as the pod sees it), `/echo?msg=TEXT` (TEXT back), `/bytes?n=N` (N bytes of
-//! a fixed pattern: large responses), `/healthz`; anything else 404. UDP echo on the
+//! a fixed pattern: large responses; `&rate=R`: paced at R bytes per second, a download
+//! that lasts), `/healthz`; anything else 404. `/bytes` names the server in an
+//! `X-Served-By` header. UDP echo on the
 //! UDP port: each datagram comes back as it arrived (up to 65507 bytes, so fragmented
 //! datagrams too), or, when it is `hostname` or `clientip`, that answer. Both listen on
 //! every address, IPv4 and IPv6.
@@ -9,7 +11,7 @@
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
@@ -109,24 +111,18 @@ fn http(conn: TcpStream, name: &str) -> io::Result<()> {
             "200 OK",
             decode(&param("msg").unwrap_or_default()).into_bytes(),
         ),
-        "/bytes" => match param("n").and_then(|n| n.parse::<usize>().ok()) {
-            Some(n) if n <= MAX_BYTES => {
+        "/bytes" => match (bytes_asked(&param("n")), rate_asked(&param("rate"))) {
+            (Some(n), Some(rate)) => {
                 write!(
                     w,
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {n}\r\nConnection: close\r\n\r\n"
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {n}\r\nX-Served-By: {name}\r\nConnection: close\r\n\r\n"
                 )?;
-                let chunk: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
-                let mut left = n;
-                while left > 0 {
-                    let k = left.min(chunk.len());
-                    w.write_all(&chunk[..k])?;
-                    left -= k;
-                }
-                return w.flush();
+                return send_pattern(&mut w, n, rate);
             }
             _ => (
                 "400 Bad Request",
-                b"n must be a byte count up to 1 GiB".to_vec(),
+                b"n must be a byte count up to 1 GiB, rate (if given) bytes per second from 1"
+                    .to_vec(),
             ),
         },
         _ => ("404 Not Found", b"not found".to_vec()),
@@ -137,6 +133,50 @@ fn http(conn: TcpStream, name: &str) -> io::Result<()> {
         body.len()
     )?;
     w.write_all(&body)?;
+    w.flush()
+}
+
+/// `/bytes`'s `n`: a count up to [`MAX_BYTES`].
+fn bytes_asked(n: &Option<String>) -> Option<usize> {
+    n.as_deref()
+        .and_then(|n| n.parse::<usize>().ok())
+        .filter(|&n| n <= MAX_BYTES)
+}
+
+/// `/bytes`'s `rate`: bytes per second from 1 (Some(None): unpaced when not given).
+fn rate_asked(rate: &Option<String>) -> Option<Option<u64>> {
+    match rate {
+        None => Some(None),
+        Some(r) => r.parse::<u64>().ok().filter(|&r| r > 0).map(Some),
+    }
+}
+
+/// How often a paced `/bytes` writes: small slices keep its packets steady, as a
+/// stream's are, so that a gap in them shows an outage of the path.
+const PACE: Duration = Duration::from_millis(10);
+
+/// Writes `n` bytes of the pattern (byte `i` is `i % 65536 % 251`), at `rate` bytes per
+/// second when given.
+fn send_pattern(w: &mut impl Write, n: usize, rate: Option<u64>) -> io::Result<()> {
+    let chunk: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
+    let start = Instant::now();
+    let mut sent = 0;
+    while sent < n {
+        let mut k = (n - sent).min(chunk.len() - sent % chunk.len());
+        if let Some(rate) = rate {
+            // The bytes due by now, at least one slice's worth: the pace holds on
+            // average whatever the sleeps' lateness.
+            let slice = (rate as u128 * PACE.as_micros() / 1_000_000).max(1) as usize;
+            let due = (rate as u128 * start.elapsed().as_micros() / 1_000_000) as usize;
+            k = k.min(slice.max(due.saturating_sub(sent)));
+        }
+        let off = sent % chunk.len();
+        w.write_all(&chunk[off..off + k])?;
+        sent += k;
+        if rate.is_some() && sent < n {
+            thread::sleep(PACE);
+        }
+    }
     w.flush()
 }
 

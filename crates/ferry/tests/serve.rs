@@ -62,8 +62,20 @@ fn http_paths_and_udp_echo_answer_as_documented() {
             .enumerate()
             .all(|(i, &b)| b == (i % 65536 % 251) as u8)
     );
+    assert!(head.contains("\r\nX-Served-By: web-1"), "{head}");
+    // Paced: 300 000 bytes at 1 MB/s last about 0.3 s, in the same pattern.
+    let t = Instant::now();
+    let (head, paced) = get(http, "/bytes?n=300000&rate=1000000");
+    let took = t.elapsed();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(paced[..], body[..300_000]);
+    assert!(
+        took >= Duration::from_millis(280) && took < Duration::from_secs(3),
+        "300 000 bytes at 1 MB/s took {took:?}"
+    );
     assert!(get(http, "/nope").0.starts_with("HTTP/1.1 404"));
     assert!(get(http, "/bytes?n=x").0.starts_with("HTTP/1.1 400"));
+    assert!(get(http, "/bytes?n=5&rate=0").0.starts_with("HTTP/1.1 400"));
 
     let u = UdpSocket::bind("127.0.0.1:0").unwrap();
     u.set_read_timeout(Some(Duration::from_secs(3))).unwrap();

@@ -1,0 +1,141 @@
+//! `ferry lab restart NODE [--kill]`: a node's agent replaced with the command `up`
+//! recorded, as a crash and as an update would, the new pid recorded in place of the
+//! old, the node kernel's host TAP set up again, and the lab forwarding as before. (The
+//! restart rows of `ferry lab check`, which run traffic through it, are in `lab.rs`.)
+//! Needs root, iproute2, nftables, curl, ping.
+
+mod common;
+
+use common::lab::{Lab, text};
+
+/// The pid the lab's state records for node `n`'s agent.
+fn agent_pid(lab: &Lab, n: u8) -> u32 {
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(lab.dir.join("state.json")).unwrap())
+            .unwrap();
+    let label = format!("ferry agent on node{n}");
+    let found: Vec<u64> = state["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["label"] == label.as_str())
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(found.len(), 1, "one record of {label}: {found:?}");
+    found[0] as u32
+}
+
+/// The number after `before` in `line`.
+fn number_after(line: &str, before: &str) -> u64 {
+    let rest = line
+        .split_once(before)
+        .unwrap_or_else(|| panic!("no {before:?} in {line:?}"))
+        .1;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no number after {before:?} in {line:?}"))
+}
+
+/// `ferry lab restart ARGS`, its line, checked: the old pid was the agent's, the new one
+/// is recorded, runs, and the old one is gone.
+fn restart(lab: &Lab, n: u8, args: &[&str], how: &str) -> String {
+    let old = agent_pid(lab, n);
+    let out = lab.run(args);
+    let line = text(&out);
+    assert!(out.status.success(), "ferry lab {args:?}: {line}");
+    assert!(line.starts_with(&format!("node{n}: {how}")), "{line}");
+    assert_eq!(number_after(&line, "): agent "), u64::from(old), "{line}");
+    let new = agent_pid(lab, n);
+    assert_ne!(new, old);
+    assert_eq!(number_after(&line, "; agent "), u64::from(new), "{line}");
+    let forwarding = number_after(&line, " forwarding ");
+    assert!(forwarding < 15_000, "{line}");
+    assert!(
+        std::path::Path::new(&format!("/proc/{new}")).exists(),
+        "the new agent {new} runs"
+    );
+    let stat = std::fs::read_to_string(format!("/proc/{old}/stat")).unwrap_or_default();
+    assert!(
+        stat.is_empty()
+            || stat
+                .rsplit(')')
+                .next()
+                .unwrap()
+                .trim_start()
+                .starts_with('Z'),
+        "the old agent {old} is gone: {stat}"
+    );
+    line
+}
+
+#[test]
+fn a_restarted_agent_forwards_with_its_recorded_command_and_host_tap() {
+    common::require(&[
+        ("ip", "iproute2"),
+        ("nft", "nftables"),
+        ("curl", "curl"),
+        ("ping", "iputils-ping"),
+    ]);
+    let mut lab = Lab::up("frs");
+    // node2 has web; node1 is where the client's node-port connection enters.
+    let crash = restart(&lab, 2, &["restart", "node2", "--kill"], "kill (SIGKILL)");
+    let update = restart(&lab, 1, &["restart", "1"], "update (SIGTERM)");
+    for n in [1, 2] {
+        let tap = format!("{}h{n}", lab.prefix);
+        let out = lab.run(&[
+            "exec",
+            &format!("node{n}"),
+            "--",
+            "ip",
+            "-o",
+            "addr",
+            "show",
+            &tap,
+        ]);
+        let addr = format!("10.10.{}.1{n}/32", n - 1);
+        assert!(
+            text(&out).contains(&addr),
+            "node{n}'s kernel on {tap}: {}",
+            text(&out)
+        );
+    }
+    // Through node1's node port to web on node2, and from pod a on node1 to web.
+    let url = "http://10.10.0.11:30080/clientip";
+    let out = lab.run(&[
+        "exec",
+        "client",
+        "--",
+        "curl",
+        "-sS",
+        "--max-time",
+        "3",
+        url,
+    ]);
+    assert_eq!(text(&out), "10.20.0.2", "after {crash} and {update}");
+    let out = lab.run(&[
+        "exec",
+        "a",
+        "--",
+        "ping",
+        "-c",
+        "2",
+        "-W",
+        "2",
+        "10.244.2.2",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let status = text(&lab.run(&["status"]));
+    assert!(!status.contains("EXITED"), "{status}");
+
+    let out = lab.run(&["restart", "node7"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("node7: not a node of the lab (node1..node3)"),
+        "{}",
+        text(&out)
+    );
+    if let Some(left) = lab.down() {
+        panic!("left behind: {left}");
+    }
+}
