@@ -28,8 +28,8 @@ use crate::sys;
 /// How an agent is replaced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum How {
-    /// An update: the old agent is told to stop (SIGTERM) and the new one starts once it
-    /// has exited. (With the handover, the new one starts while the old one runs.)
+    /// An update: the new agent starts while the old one runs and takes the node over
+    /// from it (a handover); the old one exits.
     Update,
     /// A crash: the old agent is killed (SIGKILL), then the new one starts.
     Kill,
@@ -46,8 +46,8 @@ impl std::fmt::Display for How {
 
 /// How often the watch asks.
 pub const WATCH_EVERY: Duration = Duration::from_millis(5);
-/// How long an old agent has to exit after SIGTERM before it is killed.
-pub const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an old agent has to hand over and exit once the new one started.
+pub const EXIT_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long the new agent has to forward.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -60,10 +60,9 @@ pub struct Restarted {
     pub how: How,
     /// The old agent's pid, when one ran.
     pub old_pid: Option<u32>,
-    /// From the signal to the old agent's exit.
+    /// From the signal (a kill) or the new agent's start (an update) to the old
+    /// agent's exit.
     pub stopped: Option<Duration>,
-    /// Whether the old agent outlived [`EXIT_TIMEOUT`] after SIGTERM and was killed.
-    pub forced: bool,
     /// The new agent's pid.
     pub new_pid: u32,
     /// From the new agent's start (its process spawned) to its forwarding.
@@ -76,7 +75,7 @@ impl std::fmt::Display for Restarted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let n = self.node;
         let signal = match self.how {
-            How::Update => "SIGTERM",
+            How::Update => "handover",
             How::Kill => "SIGKILL",
         };
         match (self.old_pid, self.stopped) {
@@ -87,13 +86,6 @@ impl std::fmt::Display for Restarted {
                 t.as_millis()
             )?,
             _ => write!(f, "node{n}: {}: no agent was running", self.how)?,
-        }
-        if self.forced {
-            write!(
-                f,
-                " (killed: it outlived SIGTERM by {} s)",
-                EXIT_TIMEOUT.as_secs()
-            )?;
         }
         write!(
             f,
@@ -139,7 +131,6 @@ pub fn restart(dir: &Path, node: u8, how: How) -> Result<Restarted> {
         how,
         old_pid: old,
         stopped: t.exited_us.map(|e| micros(e - t.signalled_us)),
-        forced: t.forced,
         new_pid: t.new_pid,
         forwarding: micros(first.saturating_sub(t.started_us)),
         outage: micros(first.saturating_sub(before)),
@@ -154,15 +145,16 @@ fn micros(us: u64) -> Duration {
 struct Timeline {
     signalled_us: u64,
     exited_us: Option<u64>,
-    forced: bool,
     started_us: u64,
     new_pid: u32,
 }
 
-/// Stops the old agent and starts the new one as `how` says: the one place that changes
-/// when agents hand over. Then an update starts the new agent first and waits for the
-/// old one to exit (the new one asks it for its ports and state over the API socket);
-/// a kill stays as it is. The new agent's pid is recorded in the state at once.
+/// Replaces the old agent as `how` says: the one place that knows how agents take over
+/// from each other. An update starts the new agent while the old one runs: the new one
+/// asks the old one over the API socket for its ports and state (a handover), and the
+/// old one exits once the new one forwards. A kill stops the old agent with SIGKILL
+/// and then starts the new one (a crash). The new agent's pid is recorded in the state
+/// at once.
 fn replace(
     dir: &Path,
     state: &mut State,
@@ -171,32 +163,24 @@ fn replace(
     how: How,
 ) -> Result<Timeline> {
     let signalled_us = now_us();
-    let (mut exited_us, mut forced) = (None, false);
-    if let Some(pid) = old {
-        match how {
-            How::Kill => {
-                sys::signal(pid, "KILL");
-                exited_us = Some(exit_of(pid, Duration::from_secs(3))?);
-            }
-            How::Update => {
-                sys::signal(pid, "TERM");
-                exited_us = Some(match exit_of(pid, EXIT_TIMEOUT) {
-                    Ok(t) => t,
-                    Err(_) => {
-                        forced = true;
-                        sys::signal(pid, "KILL");
-                        exit_of(pid, Duration::from_secs(3))?
-                    }
-                });
-            }
-        }
+    let mut exited_us = None;
+    if let (Some(pid), How::Kill) = (old, how) {
+        sys::signal(pid, "KILL");
+        exited_us = Some(exit_of(pid, Duration::from_secs(3))?);
     }
     let started_us = now_us();
     let new_pid = node_agent::start(dir, state, launch, true)?;
+    if let (Some(pid), How::Update) = (old, how) {
+        exited_us = Some(exit_of(pid, EXIT_TIMEOUT).with_context(|| {
+            format!(
+                "the handover from agent {pid} to agent {new_pid}: {}",
+                std::fs::read_to_string(&launch.log).unwrap_or_default()
+            )
+        })?);
+    }
     Ok(Timeline {
         signalled_us,
         exited_us,
-        forced,
         started_us,
         new_pid,
     })

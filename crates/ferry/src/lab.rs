@@ -98,8 +98,8 @@ enum Sub {
         /// The file, as given to apply.
         file: PathBuf,
     },
-    /// Restart a node's agent as an update does (SIGTERM, then the new agent), or as a
-    /// crash does (--kill), with the command `up` started it with; print the old and
+    /// Restart a node's agent as an update does (the new agent takes the node over from
+    /// the running one), or as a crash does (--kill), with the command `up` started it with; print the old and
     /// new pid and how long until the new agent forwarded.
     Restart {
         /// The node: node1, or 1.

@@ -128,7 +128,6 @@ mod tests {
             how,
             old_pid: Some(10),
             stopped: Some(Duration::from_millis(5)),
-            forced: false,
             new_pid: 11,
             forwarding: Duration::from_millis(outage_ms),
             outage: Duration::from_millis(outage_ms),
