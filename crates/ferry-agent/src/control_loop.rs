@@ -228,7 +228,9 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
         }
     }
     // The CNI plugin's pod interfaces stay (persistent TAPs, recorded in the state
-    // directory) for the next agent; `--pod` pods' interfaces go with the agent.
+    // directory) for the next agent; `--pod` pods' interfaces go with the agent, and the
+    // connection state is written for the next agent.
+    agent.checkpoint();
     let stats = agent.stop().map_err(Error::Stop)?;
     tracing::info!(
         rx = stats.rx_frames,

@@ -97,6 +97,11 @@ pub struct Args {
     /// must not end on its own, or it is started again).
     #[arg(long, value_enum, default_value = "exit")]
     pub after_handover: AfterHandoverArg,
+    /// How often, in seconds (0.1 to 3600), the connection state is written to the
+    /// state directory, for an agent started after a crash to go on with (see
+    /// docs/agent.md, "Restarts and upgrades"); `off`: never, and none is read at start.
+    #[arg(long, value_name = "SECONDS|off", default_value = "1", value_parser = parse_checkpoint_interval)]
+    pub checkpoint_interval: CheckpointInterval,
 }
 
 /// The audit log of `--policy-audit-log` and `--policy-audit-rate`, checked: a rate
@@ -116,6 +121,26 @@ fn parse_audit(log: Option<&str>, rate: &str) -> Result<Option<AuditConfig>> {
             .map_err(|e| anyhow!("--policy-audit-log {}: {e}", path.display()))?;
     }
     Ok(Some(AuditConfig { target, rate }))
+}
+
+/// `--checkpoint-interval`: None for `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckpointInterval(pub Option<std::time::Duration>);
+
+/// `--checkpoint-interval`: seconds between 0.1 and 3600, or `off`.
+fn parse_checkpoint_interval(s: &str) -> Result<CheckpointInterval, String> {
+    if s == "off" {
+        return Ok(CheckpointInterval(None));
+    }
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?}: expected seconds (0.1 to 3600) or off"))?;
+    if !(0.1..=3600.0).contains(&secs) {
+        return Err(format!("{s}: between 0.1 and 3600 seconds, or off"));
+    }
+    Ok(CheckpointInterval(Some(
+        std::time::Duration::from_secs_f64(secs),
+    )))
 }
 
 /// `--after-handover`.
@@ -183,6 +208,7 @@ pub fn run(args: &Args) -> Result<()> {
         del_queue: Some(ferry_api::del_queue_dir(&args.api_socket)),
         healthz: parse_healthz_addr(&args.healthz_addr)?,
         audit: parse_audit(args.policy_audit_log.as_deref(), &args.policy_audit_rate)?,
+        checkpoint_every: args.checkpoint_interval.0,
     };
     let stop = ferry_linux::signal::stop_on_signals().context("installing signal handlers")?;
     let datastore = Source::parse(&args.datastore)
@@ -208,6 +234,40 @@ pub fn run(args: &Args) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checkpoint_intervals_parse_or_say_what_is_wrong() {
+        use std::time::Duration;
+        assert_eq!(
+            parse_checkpoint_interval("0.25").unwrap().0,
+            Some(Duration::from_millis(250))
+        );
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            agent: Args,
+        }
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["ferry", "--node", "n", "--datastore", "file:/nowhere"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv)
+                .unwrap()
+                .agent
+                .checkpoint_interval
+                .0
+        };
+        assert_eq!(parse(&[]), Some(Duration::from_secs(1)), "the default");
+        assert_eq!(parse(&["--checkpoint-interval", "off"]), None);
+        assert_eq!(
+            parse(&["--checkpoint-interval", "2"]),
+            Some(Duration::from_secs(2))
+        );
+        for bad in ["0", "0.01", "7200", "-1", "soon", "NaN", ""] {
+            let e = parse_checkpoint_interval(bad).unwrap_err();
+            assert!(e.contains("off"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn pod_attachments_parse_or_say_what_is_wrong() {

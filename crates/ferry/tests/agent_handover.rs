@@ -61,9 +61,9 @@ while True:
 /// Two nodes (node 1's agent with two workers, so that multi-queue TAPs and an
 /// AF_PACKET fanout group are handed over), the web pod's stream server and its
 /// Service.
-fn cluster(tag: &str) -> TwoNodes {
+fn cluster(tag: &str, node1: &[&str]) -> TwoNodes {
     common::require(&[("ping", "iputils-ping"), ("nc", "netcat-openbsd")]);
-    let mut c = TwoNodes::with_file_datastore(tag, &["--workers", "2"]);
+    let mut c = TwoNodes::with_file_datastore(tag, node1);
     fs::write(c.manifest_dir().join("stream.yaml"), STREAM).unwrap();
     let server = c.dir.path().join("stream.py");
     fs::write(&server, STREAM_SERVER).unwrap();
@@ -134,15 +134,44 @@ fn tail(s: &str) -> String {
 
 #[test]
 fn a_new_agent_takes_the_node_over_without_losing_a_packet() {
-    let mut c = cluster("hov");
+    // The old agent stays, as a DaemonSet's old pod does until it is deleted.
+    let node1 = ["--workers", "2", "--after-handover", "wait"];
+    let mut c = cluster("hov", &node1);
+    let sock = c.socket(1).display().to_string();
+    let pids = || common::sh(&["pgrep", "-f", &format!("ferry agent .*{sock}")]);
+    let old_pid = pids().trim().to_string();
     start_traffic(&mut c, 300, 250);
     std::thread::sleep(Duration::from_millis(1500));
-    let args = c.agent_args(1, &datastore(&c), &["--workers", "2"]);
+    let args = c.agent_args(1, &datastore(&c), &node1);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     c.lab.daemon("n1", "new agent on node1", &args);
-    let (status, old) = c.lab.wait_exit("ferry agent on node1", 30);
-    assert!(status.success(), "the old agent: {status}\n{old}");
-    assert!(old.contains("handed over to the new agent"), "{old}");
+    // Handed over, the old agent holds no socket, TAP or event descriptor.
+    let fds = format!("/proc/{old_pid}/fd");
+    let held = || -> Vec<String> {
+        fs::read_dir(&fds)
+            .map(|d| {
+                d.filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+                    .map(|l| l.display().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // (What its parent passed it at start, the test's pipes, it keeps.)
+    let ours = |l: &String| {
+        l.starts_with("socket:") || l.starts_with("anon_inode:") || l.contains("/dev/net/tun")
+    };
+    for _ in 0..300 {
+        let h = held();
+        if !h.is_empty() && !h.iter().any(ours) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let h = held();
+    assert!(
+        !h.is_empty() && !h.iter().any(ours),
+        "the old agent holds {h:?}"
+    );
     traffic_intact(&mut c, 300, 250, "through the handover");
     // The new agent answers on the API socket it was handed, and forwards: the node's
     // kernel reaches the web pod through the host TAP, the external client the node
@@ -155,6 +184,12 @@ fn a_new_agent_takes_the_node_over_without_losing_a_packet() {
         "a new connection through the node port after the handover"
     );
     c.lab.check_alive();
+    let old = c.lab.stop("ferry agent on node1");
+    assert!(old.contains("handed over to the new agent"), "{old}");
+    assert!(
+        old.contains("holds nothing and waits to be stopped"),
+        "{old}"
+    );
     let new = c.lab.stop("new agent on node1");
     assert!(new.contains("took over from the running agent"), "{new}");
     // The stream's connection came over with its NAT (it would not survive without).
@@ -200,7 +235,7 @@ fn say(conn: &UnixStream, what: &TakerSays) {
 
 #[test]
 fn a_handover_that_fails_midway_leaves_the_agent_forwarding() {
-    let mut c = cluster("hof");
+    let mut c = cluster("hof", &["--workers", "2"]);
     start_traffic(&mut c, 400, 350);
     let sock = c.socket(1);
     // The taker goes away after the offer.

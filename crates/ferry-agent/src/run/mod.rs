@@ -25,6 +25,7 @@
 
 mod apply;
 mod audit;
+mod checkpoint;
 mod cni;
 mod health;
 mod host;
@@ -99,6 +100,10 @@ pub struct Options {
     pub healthz: Option<SocketAddr>,
     /// The audit log of denied connections ([`crate::policy::audit`]); None: off.
     pub audit: Option<crate::policy::audit::AuditConfig>,
+    /// How often the connection state is written to the state directory for the next
+    /// agent ([`crate::checkpoint`]); None (or no state directory): never, and no
+    /// checkpoint is read at start.
+    pub checkpoint_every: Option<Duration>,
 }
 
 /// What one applied cluster state did.
@@ -157,6 +162,8 @@ pub struct Agent {
     gone_ports: BTreeSet<String>,
     /// The audit log of denied connections, when on.
     audit: Option<self::audit::Audit>,
+    /// When the next checkpoint is due, and whether the last one failed.
+    checkpoint: (Instant, bool),
 }
 
 /// How often the agent looks for kernel routes and netfilter rules left by another
@@ -170,8 +177,12 @@ pub const LISTEN_RETRY: Duration = Duration::from_secs(5);
 
 impl Agent {
     /// Compiles the tables of `cluster`, opens every port, and starts the worker.
+    /// A checkpoint its predecessor left in the state directory is restored first
+    /// ([`crate::checkpoint`]).
     pub fn start(opts: Options, cluster: Arc<Cluster>) -> Result<(Agent, Applied), String> {
-        Agent::prepare(opts, cluster, Inherited::default())?.run()
+        let mut starting = Agent::prepare(opts, cluster, Inherited::default())?;
+        starting.load_checkpoint();
+        starting.run()
     }
 
     /// Everything [`Agent::start`] does but starting the worker: compiles the tables of
@@ -210,6 +221,7 @@ impl Agent {
             sessions: observe::Sessions::default(),
             gone_ports: BTreeSet::new(),
             audit,
+            checkpoint: (Instant::now(), false),
         };
         agent.cni.adopted.extend(pods);
         agent.adopt_recorded();
@@ -327,6 +339,12 @@ impl Agent {
     /// dataplanes.
     pub fn housekeeping(&mut self) {
         self.write_audit();
+        if let Some(every) = self.opts.checkpoint_every
+            && Instant::now() >= self.checkpoint.0
+        {
+            self.checkpoint.0 = Instant::now() + every;
+            self.checkpoint();
+        }
         for what in self.sessions.expire(&self.control, Instant::now()) {
             tracing::info!(
                 "{what} stopped: no client read it for {:?}",
