@@ -4,7 +4,9 @@
 //! the interface and the record. Recorded attachments that cannot be adopted are
 //! dropped, and a corrupt state file is moved aside. A DEL the CNI plugin queued while
 //! no agent ran is carried out before the next agent adopts anything, and one queued
-//! while an agent runs soon after. Needs root, iproute2 and ping.
+//! while an agent runs soon after. The connection state is checkpointed in the state
+//! directory and the next agent restores it; a checkpoint that does not read is moved
+//! aside. Needs root, iproute2 and ping.
 
 mod common;
 
@@ -329,4 +331,54 @@ fn a_del_queued_while_the_agent_runs_is_carried_out() {
     let log = node.lab.stop("ferry agent");
     assert!(log.contains("queued CNI DEL carried out"), "{log}");
     assert!(log.contains("queued CNI DEL dropped"), "{log}");
+}
+
+#[test]
+fn the_connection_state_is_checkpointed_restored_and_a_bad_checkpoint_refused() {
+    let mut node = Node::new("rck");
+    node.start("ferry agent 1", &["--checkpoint-interval", "0.2"]);
+    let add = Request::Add {
+        container_id: "ck".into(),
+        netns: format!("/var/run/netns/{}", node.lab.ns("p1")),
+        ifname: "eth0".into(),
+        pod: PodRef {
+            namespace: "default".into(),
+            name: "web".into(),
+        },
+        addresses: vec!["10.244.1.5/24".into()],
+    };
+    ok(call(&node.sock, &add).unwrap());
+    node.lab.ping("p1", "192.168.77.100", 56, 2);
+    // Written while the agent runs, in the handover's format, with the ping's connection.
+    let file = ferry_agent::checkpoint::path(&node.state);
+    let tracked = |f: &Path| {
+        fs::read(f)
+            .ok()
+            .and_then(|b| ferry_datapath::handover::decode(&b).ok())
+            .map_or(0, |s| s.connections.len())
+    };
+    node.lab
+        .wait_for(5, "a checkpoint with the ping", |_| tracked(&file) >= 1);
+    let log = node.lab.stop("ferry agent 1");
+    assert!(tracked(&file) >= 1, "no checkpoint after the stop: {log}");
+    // The next agent goes on with it.
+    node.start("ferry agent 2", &[]);
+    let log = node.lab.stop("ferry agent 2");
+    assert!(
+        log.contains("the previous agent's checkpoint: restored ")
+            && !log.contains("restored 0 connections"),
+        "{log}"
+    );
+    // A checkpoint that does not read is moved aside; the agent starts cold.
+    fs::write(&file, b"not a state").unwrap();
+    node.start("ferry agent 3", &[]);
+    node.lab.ping("p1", "192.168.77.100", 56, 1);
+    let log = node.lab.stop("ferry agent 3");
+    assert!(log.contains("the checkpoint is refused"), "{log}");
+    let aside = file.with_file_name("datapath.state.refused");
+    assert_eq!(fs::read(aside).unwrap(), b"not a state");
+    assert!(
+        ferry_datapath::handover::decode(&fs::read(&file).unwrap()).is_ok(),
+        "the agent's own checkpoint replaces it"
+    );
 }
