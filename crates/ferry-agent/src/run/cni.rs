@@ -451,8 +451,24 @@ fn adopt(a: &state::Attachment, queues: u16) -> Result<TapPort, String> {
     }
     let first = a.addresses.first().ok_or("no address recorded")?;
     let mac = crate::compile::pod_mac(first.addr());
-    link::reopen_pod_tap(&a.netns, &a.ifname, mac.0, queues).map_err(|e| e.to_string())
+    // A single-queue TAP is busy while another process holds it: the previous agent,
+    // killed a moment ago, whose last threads are still going. It lets go soon.
+    let deadline = std::time::Instant::now() + ADOPT_BUSY_WAIT;
+    loop {
+        match link::reopen_pod_tap(&a.netns, &a.ifname, mac.0, queues) {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ResourceBusy
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            r => return r.map_err(|e| e.to_string()),
+        }
+    }
 }
+
+/// How long adoption waits for a TAP another process still holds.
+const ADOPT_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// A pod's network namespace as an `add` names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
