@@ -73,10 +73,10 @@ pub(crate) fn record(e: &Entry, now_ns: u64) -> Connection {
     }
 }
 
-/// The entry of a record restored at `now_ns`, on a clock of its own: times before the
-/// clock's start are taken as its start. The record must have passed
-/// `handover::check_connection` (tuples of one family).
-pub(crate) fn entry(c: &Connection, now_ns: u64) -> Entry {
+/// The entry of a record saved `age_ns` before its restore at `now_ns`, on a clock of
+/// its own: times before the clock's start are taken as its start. The record must have
+/// passed `handover::check_connection` (tuples of one family).
+pub(crate) fn entry(c: &Connection, now_ns: u64, age_ns: u64) -> Entry {
     let ps = match &c.tracking {
         Tracking::Tcp(t) => {
             let sides = [&t.original, &t.reply];
@@ -117,13 +117,28 @@ pub(crate) fn entry(c: &Connection, now_ns: u64) -> Entry {
         status,
         c.packets,
         c.bytes,
-        now_ns.saturating_sub(c.first_seen_ago_ns),
-        now_ns.saturating_sub(c.last_seen_ago_ns),
+        now_ns.saturating_sub(c.first_seen_ago_ns.saturating_add(age_ns)),
+        now_ns.saturating_sub(idle_ns(c, age_ns)),
     );
     e.mark = c.mark;
     e.labels = c.labels;
     e.set_tunnel_peer(c.tunnel_peer);
     e
+}
+
+/// How long before a restore `age_ns` after the save the record's last refreshing
+/// packet came: what its expiry is judged by, whatever the new clock's age.
+pub(crate) fn idle_ns(c: &Connection, age_ns: u64) -> u64 {
+    c.last_seen_ago_ns.saturating_add(age_ns)
+}
+
+/// Makes a restored entry of a stale state go on although its sequence numbers moved on
+/// meanwhile: a TCP connection's windows are forgotten, to be learnt again as a
+/// connection picked up mid-stream learns them; anything else is as it was.
+pub(crate) fn forget_windows(e: &mut Entry) {
+    if let ProtoState::Tcp(c) = &mut e.proto_state {
+        c.forget_windows();
+    }
 }
 
 /// The reverse of a record's tuple as conntrack reverses keys (ICMP echo: the type

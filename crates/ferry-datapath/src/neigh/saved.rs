@@ -40,15 +40,16 @@ pub(crate) fn record(port: &str, addr: IpAddr, n: &Neighbour, now_ns: u64) -> ha
     }
 }
 
-/// The neighbour of a record restored at `now_ns` (times before the clock's start taken
-/// as its start).
-pub(crate) fn neighbour(r: &handover::Neighbour, now_ns: u64) -> Neighbour {
+/// The neighbour of a record saved `age_ns` before its restore at `now_ns` (times
+/// before the clock's start taken as its start).
+pub(crate) fn neighbour(r: &handover::Neighbour, now_ns: u64, age_ns: u64) -> Neighbour {
+    let at = |ago: u64| now_ns.saturating_sub(ago.saturating_add(age_ns));
     Neighbour {
         mac: r.mac,
         state: state(r.state),
-        updated_ns: now_ns.saturating_sub(r.updated_ago_ns),
-        used_ns: now_ns.saturating_sub(r.used_ago_ns),
-        probed_ns: r.probed_ago_ns.map(|a| now_ns.saturating_sub(a)),
+        updated_ns: at(r.updated_ago_ns),
+        used_ns: at(r.used_ago_ns),
+        probed_ns: r.probed_ago_ns.map(at),
         probes: r.probes,
     }
 }

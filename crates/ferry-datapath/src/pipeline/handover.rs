@@ -1,6 +1,7 @@
 //! Saving the pipeline's per-flow and learnt state for the next agent, and restoring it
 //! into a new pipeline (see [`crate::handover`] for what is saved and how it is read).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::Pipeline;
@@ -8,7 +9,9 @@ use super::policy::allows;
 use super::swap::{Removal, removal};
 use crate::conntrack::{Filter, saved};
 use crate::drop::DropReason;
-use crate::handover::{self, Dropped, Meta, RestoreError, Restored, SavedState};
+use crate::handover::{
+    self, Affinity, Dropped, Meta, RestoreError, RestoreOptions, Restored, SavedState,
+};
 use crate::neigh::saved as neigh_saved;
 use crate::packet::PortId;
 
@@ -56,12 +59,26 @@ impl Pipeline {
     /// tables against this pipeline's: what no longer resolves, or does not fit, is
     /// left out and counted, as [`crate::handover`] says. All or nothing: an `Err`
     /// changed nothing (the pipeline holds state already, the state is another node's,
-    /// a record is impossible, or two connections share a tuple).
+    /// a record is impossible, or two connections share a tuple). For a handover: the
+    /// state as it was saved, just now ([`RestoreOptions::default`]).
     pub fn restore_state(
         &mut self,
         state: &SavedState,
         now_ns: u64,
     ) -> Result<Restored, RestoreError> {
+        self.restore_state_with(state, now_ns, RestoreOptions::default())
+    }
+
+    /// [`Pipeline::restore_state`], taking the state as `options` say: for a checkpoint
+    /// saved a while ago ([`RestoreOptions::checkpoint`]), times aged by its age and TCP
+    /// windows learnt again (see [`crate::handover`], "Stale states").
+    pub fn restore_state_with(
+        &mut self,
+        state: &SavedState,
+        now_ns: u64,
+        options: RestoreOptions,
+    ) -> Result<Restored, RestoreError> {
+        let age = options.age_ns;
         let held = (
             self.ct.len(),
             self.affinity.len(),
@@ -92,10 +109,15 @@ impl Pipeline {
         let timeouts = self.ct.config().timeouts;
         self.ct.reserve(state.connections.len());
         for (index, c) in state.connections.iter().enumerate() {
-            let e = saved::entry(c, now_ns);
-            if e.deadline_ns(&timeouts) <= now_ns {
+            let mut e = saved::entry(c, now_ns, age);
+            // By durations, not by the new clock's times: those of a clock younger than
+            // the record are taken as its start.
+            if saved::idle_ns(c, age) >= e.timeout_ns(&timeouts) {
                 d.ct_expired += 1;
                 continue;
+            }
+            if options.stale {
+                saved::forget_windows(&mut e);
             }
             match removal(&tables.services, &e) {
                 Some(Removal::EndpointGone) => {
@@ -122,9 +144,9 @@ impl Pipeline {
                 }
             }
         }
-        let (kept, gone, full) = self
-            .affinity
-            .restore(&tables.services, &state.affinity, now_ns);
+        let affinity = aged_affinity(&state.affinity, age);
+        d.affinity_expired = state.affinity.len() - affinity.len();
+        let (kept, gone, full) = self.affinity.restore(&tables.services, &affinity, now_ns);
         r.affinity = kept;
         d.affinity_service_gone = gone;
         d.affinity_table_full = full;
@@ -134,21 +156,46 @@ impl Pipeline {
                 d.neigh_port_gone += 1;
                 continue;
             };
-            if self
-                .neigh
-                .adopt(port as PortId, n.addr, neigh_saved::neighbour(n, now_ns))
-            {
+            if self.neigh.adopt(
+                port as PortId,
+                n.addr,
+                neigh_saved::neighbour(n, now_ns, age),
+            ) {
                 r.neighbours += 1;
             } else {
                 d.neigh_table_full += 1;
             }
         }
-        let (kept, full) = self.ipf.restore(&state.datagrams, now_ns);
-        r.datagrams = kept;
-        d.frag_table_full = full;
+        if options.stale {
+            // Their other fragments went to the agent that is gone, or nowhere.
+            d.frag_stale = state.datagrams.len();
+        } else {
+            let (kept, full, expired) = self.ipf.restore(&state.datagrams, now_ns, age);
+            r.datagrams = kept;
+            d.frag_table_full = full;
+            d.frag_expired = expired;
+        }
         r.dropped = dropped;
         self.affinity_swept_ns = now_ns;
         self.outer_id = state.meta.outer_id;
         Ok(r)
     }
+}
+
+/// The affinity records with time left `age_ns` after their save, with that much less
+/// (the records themselves when no time passed).
+fn aged_affinity(records: &[Affinity], age_ns: u64) -> Cow<'_, [Affinity]> {
+    if age_ns == 0 {
+        return Cow::Borrowed(records);
+    }
+    Cow::Owned(
+        records
+            .iter()
+            .filter(|a| a.remaining_ns > age_ns)
+            .map(|a| Affinity {
+                remaining_ns: a.remaining_ns - age_ns,
+                ..a.clone()
+            })
+            .collect(),
+    )
 }
