@@ -166,6 +166,12 @@ fn bench(c: &mut Criterion) {
                 took
             })
         });
+        // A checkpoint's save into the state the last one gave back.
+        let mut reused = old.save_state(100 * SEC);
+        g.bench_function(format!("save_into/{n}"), |b| {
+            b.iter(|| black_box(&old).save_state_into(101 * SEC, black_box(&mut reused)))
+        });
+        drop(reused);
         g.bench_function(format!("save_encode/{n}"), |b| {
             b.iter(|| handover::encode(&black_box(&old).save_state(101 * SEC)))
         });

@@ -343,3 +343,26 @@ fn test_an_aged_state_that_is_not_stale_keeps_its_windows_and_fragments() {
     );
     assert!(r.to_string().contains("1 datagrams expired"), "{r}");
 }
+
+/// A checkpoint saved into the last one's state (its memory reused) is the state a new
+/// save gives, whatever the old one held: more connections and neighbours, another
+/// producer and format.
+#[test]
+fn test_a_state_saved_into_an_older_one_is_a_new_save() {
+    let (old, _) = opened();
+    let mut reused = handed_over(&old);
+    let mut extra = reused.neighbours[0].clone();
+    extra.port = "a port with a long name".into();
+    reused.neighbours.push(extra);
+    (reused.format, reused.producer) = (1, "0.0.1".into());
+    reused.meta.node = "another node".into();
+    let p = node1(services(true));
+    let fresh = p.save_state(3 * SEC);
+    assert_eq!((fresh.connections.len(), fresh.neighbours.len()), (0, 2));
+    p.save_state_into(3 * SEC, &mut reused);
+    assert_eq!(reused, fresh);
+    // And the other way: fewer records before than after.
+    let mut small = fresh.clone();
+    old.save_state_into(5 * SEC, &mut small);
+    assert_eq!(small, old.save_state(5 * SEC));
+}

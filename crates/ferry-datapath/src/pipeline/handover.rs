@@ -7,10 +7,10 @@ use std::sync::Arc;
 use super::Pipeline;
 use super::policy::allows;
 use super::swap::{Removal, removal};
-use crate::conntrack::{Filter, saved};
+use crate::conntrack::saved;
 use crate::drop::DropReason;
 use crate::handover::{
-    self, Affinity, Dropped, Meta, RestoreError, RestoreOptions, Restored, SavedState,
+    self, Affinity, Dropped, RestoreError, RestoreOptions, Restored, SavedState,
 };
 use crate::neigh::saved as neigh_saved;
 use crate::packet::PortId;
@@ -22,37 +22,47 @@ impl Pipeline {
     /// forwarding is paused, so its time is part of the handover's gap
     /// (`docs/benchmarks.md` has figures).
     pub fn save_state(&self, now_ns: u64) -> SavedState {
-        let t = &self.ct.config().timeouts;
-        let all = Filter::default();
-        let mut connections = Vec::with_capacity(self.ct.len());
-        connections.extend(
-            self.ct
-                .dump(&all)
-                // Due but not yet reaped: expired already.
-                .filter(|(_, e)| e.deadline_ns(t) > now_ns)
-                .map(|(_, e)| saved::record(e, now_ns)),
-        );
-        let mut neighbours: Vec<_> = self
-            .neigh
-            .iter()
-            .filter_map(|(port, addr, n)| {
-                let name = &self.tables.ports.get(usize::from(port))?.name;
-                Some(neigh_saved::record(name, addr, n, now_ns))
-            })
-            .collect();
-        // In a stable order (the table's is its hasher's): at most a thousand or so.
-        neighbours.sort_unstable_by(|a, b| (&a.port, a.addr).cmp(&(&b.port, b.addr)));
-        SavedState {
-            meta: Meta {
-                node: self.tables.node.name.clone(),
-                outer_id: self.outer_id,
-            },
-            connections,
-            affinity: self.affinity.saved(&self.tables.services, now_ns),
-            neighbours,
-            datagrams: self.ipf.saved(now_ns),
-            ..SavedState::default()
+        let mut state = SavedState::default();
+        self.save_state_into(now_ns, &mut state);
+        state
+    }
+
+    /// [`Pipeline::save_state`] into `state`, replacing what it held and reusing its
+    /// memory: for a checkpoint every second, whose worker pauses for the save, a state
+    /// given back after encoding spares the allocation and the first touch of its
+    /// pages (most of the save's time at a full table: `docs/benchmarks.md`).
+    pub fn save_state_into(&self, now_ns: u64, state: &mut SavedState) {
+        state.format = handover::FORMAT;
+        if state.producer != handover::PRODUCER {
+            state.producer = handover::PRODUCER.to_string();
         }
+        state.meta.node.clone_from(&self.tables.node.name);
+        state.meta.outer_id = self.outer_id;
+        state.connections.clear();
+        self.ct.save_into(now_ns, &mut state.connections);
+        let ports = &self.tables.ports;
+        let live = self.neigh.iter().filter_map(|(port, addr, n)| {
+            let name = &ports.get(usize::from(port))?.name;
+            Some((name, addr, n))
+        });
+        let mut kept = 0;
+        for (name, addr, n) in live {
+            // Written over the last save's records, so that their port names are too.
+            match state.neighbours.get_mut(kept) {
+                Some(r) => neigh_saved::record_into(r, name, addr, n, now_ns),
+                None => state
+                    .neighbours
+                    .push(neigh_saved::record(name, addr, n, now_ns)),
+            }
+            kept += 1;
+        }
+        state.neighbours.truncate(kept);
+        // In a stable order (the table's is its hasher's): at most a thousand or so.
+        state
+            .neighbours
+            .sort_unstable_by(|a, b| (&a.port, a.addr).cmp(&(&b.port, b.addr)));
+        state.affinity = self.affinity.saved(&self.tables.services, now_ns);
+        state.datagrams = self.ipf.saved(now_ns);
     }
 
     /// Loads `state` into this new pipeline at `now_ns`, resolving what depends on the

@@ -61,7 +61,7 @@ pub(super) fn fresh(services: Vec<ServiceSpec>, reordered: bool) -> Pipeline {
 }
 
 /// Node 1 with `services`, its gateway and node 2 learnt.
-fn node1(services: Vec<ServiceSpec>) -> Pipeline {
+pub(super) fn node1(services: Vec<ServiceSpec>) -> Pipeline {
     let mut p = fresh(services, false);
     learn(&mut p, 1, "192.168.50.1", GW_MAC);
     learn(&mut p, 1, "192.168.50.20", uplink_mac(2));
