@@ -30,7 +30,7 @@ impl Pipeline {
     /// [`Pipeline::save_state`] into `state`, replacing what it held and reusing its
     /// memory: for a checkpoint every second, whose worker pauses for the save, a state
     /// given back after encoding spares the allocation and the first touch of its
-    /// pages (most of the save's time at a full table: `docs/benchmarks.md`).
+    /// pages (half the save of a full table: `docs/benchmarks.md`).
     pub fn save_state_into(&self, now_ns: u64, state: &mut SavedState) {
         state.format = handover::FORMAT;
         if state.producer != handover::PRODUCER {
