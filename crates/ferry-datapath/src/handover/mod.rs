@@ -68,11 +68,13 @@
 //!
 //! - **Times** are aged by `age_ns` (connections, neighbours, affinity records):
 //!   a connection idle for longer than its timeout, an affinity record whose time ran
-//!   out, are dropped and counted as expired (`ct_expired`, `affinity_expired`).
+//!   out, are dropped and counted as expired (`ct_expired`, `affinity_expired`). The
+//!   restarted agent's clock is young, so most aged times fall before its start and are
+//!   taken as its start, as above; expiry is judged by the durations all the same.
 //! - **TCP windows** are forgotten: both sides sent and acknowledged more since the
 //!   save (a download through a cluster IP moves megabytes a second), and their next
-//!   segments, out of the saved windows, would be INVALID and dropped (the client then
-//!   resets the connection, its server's segment reaching it untranslated). Each
+//!   segments, out of the saved windows, would be INVALID and dropped, and so would
+//!   every retransmission of them, until the connection dies. Each
 //!   connection starts as one picked up mid-stream does (`conntrack/tcp.rs`): each
 //!   side's window is learnt from its next segment, and segments pass without window
 //!   checks for the connection's lifetime. Its state, both tuples and so its NAT both
