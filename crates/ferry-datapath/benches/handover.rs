@@ -1,11 +1,16 @@
 //! Handover benchmarks: the old pipeline's save and encode of its state, and the new
 //! pipeline's decode and restore of it, at 10 000 and 262 143 connections (the default
 //! table holds 262 144). Both run while forwarding is paused, so their sum is the
-//! handover's gap. Figures and the machine they ran on: docs/benchmarks.md.
+//! handover's gap. The save alone is what a checkpoint (issue 24: saved every second
+//! for crash recovery, encoded off the worker) holds forwarding for. Figures and the
+//! machine they ran on: docs/benchmarks.md.
+// The save is timed by hand, so that dropping the state is not.
+#![allow(clippy::disallowed_methods)]
 
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use ferry_datapath::handover::{self, Connection, Tcp, TcpSide, TcpState, Tracking, Tuple};
@@ -147,6 +152,26 @@ fn bench(c: &mut Criterion) {
     for n in [10_000u32, 262_143] {
         g.throughput(Throughput::Elements(u64::from(n)));
         let old = filled(&tables, n);
+        // The state is dropped off the clock: the agent drops it after encoding, on
+        // another thread than the worker's.
+        g.bench_function(format!("save/{n}"), |b| {
+            b.iter_custom(|iters| {
+                let mut took = Duration::ZERO;
+                for _ in 0..iters {
+                    let start = Instant::now();
+                    let saved = black_box(&old).save_state(101 * SEC);
+                    took += start.elapsed();
+                    drop(black_box(saved));
+                }
+                took
+            })
+        });
+        // A checkpoint's save into the state the last one gave back.
+        let mut reused = old.save_state(100 * SEC);
+        g.bench_function(format!("save_into/{n}"), |b| {
+            b.iter(|| black_box(&old).save_state_into(101 * SEC, black_box(&mut reused)))
+        });
+        drop(reused);
         g.bench_function(format!("save_encode/{n}"), |b| {
             b.iter(|| handover::encode(&black_box(&old).save_state(101 * SEC)))
         });

@@ -26,7 +26,8 @@
 //! - [`handover`]: the state a pipeline hands over to the next agent's
 //!   ([`handover::SavedState`] from [`Pipeline::save_state`], its bytes by
 //!   [`handover::encode`] and [`handover::decode`], [`Pipeline::restore_state`]'s
-//!   report and errors), for the agent's handover;
+//!   report and errors), for the agent's handover, and its checkpoints restored after
+//!   a crash ([`Pipeline::restore_state_with`]);
 //! - [`ipf`]: fragment reassembly and refragmentation, with their settings and counters;
 //! - [`gso`] and [`gro`]: segmentation and coalescing of super-packets, which the port
 //!   worker calls around the pipeline;

@@ -1,6 +1,7 @@
 //! Connections as a handed-over state saves them ([`handover::Connection`]): every field
 //! of an entry by meaning, times relative to the save, never the entry's layout.
 
+use super::Conntrack;
 use super::entry::{Entry, ProtoState, Status};
 use super::tcp::{SideFlags, TcpConn};
 use crate::flow::{Addr, FlowKey};
@@ -39,7 +40,10 @@ fn side(c: &TcpConn, dir: usize) -> TcpSide {
     }
 }
 
-/// The record of entry `e` saved at `now_ns`.
+/// The record of entry `e` saved at `now_ns`. Inlined into the save's loop, so that the
+/// record is written where it goes: returned, it was copied there (a third of the save
+/// of a full table).
+#[inline]
 pub(crate) fn record(e: &Entry, now_ns: u64) -> Connection {
     let (o, r) = (e.original(), e.reply());
     let tracking = match &e.proto_state {
@@ -73,10 +77,27 @@ pub(crate) fn record(e: &Entry, now_ns: u64) -> Connection {
     }
 }
 
-/// The entry of a record restored at `now_ns`, on a clock of its own: times before the
-/// clock's start are taken as its start. The record must have passed
-/// `handover::check_connection` (tuples of one family).
-pub(crate) fn entry(c: &Connection, now_ns: u64) -> Entry {
+impl Conntrack {
+    /// Appends the record of every connection live at `now_ns` to `out`: one pass over
+    /// the table's slots, no filter, and no allocation when `out` has room (a checkpoint
+    /// reuses the last one's).
+    pub(crate) fn save_into(&self, now_ns: u64, out: &mut Vec<Connection>) {
+        let t = &self.config.timeouts;
+        out.reserve(self.table.len());
+        out.extend(
+            self.table
+                .iter()
+                // Due but not yet reaped: expired already.
+                .filter(|(_, e)| e.deadline_ns(t) > now_ns)
+                .map(|(_, e)| record(e, now_ns)),
+        );
+    }
+}
+
+/// The entry of a record saved `age_ns` before its restore at `now_ns`, on a clock of
+/// its own: times before the clock's start are taken as its start. The record must have
+/// passed `handover::check_connection` (tuples of one family).
+pub(crate) fn entry(c: &Connection, now_ns: u64, age_ns: u64) -> Entry {
     let ps = match &c.tracking {
         Tracking::Tcp(t) => {
             let sides = [&t.original, &t.reply];
@@ -117,13 +138,28 @@ pub(crate) fn entry(c: &Connection, now_ns: u64) -> Entry {
         status,
         c.packets,
         c.bytes,
-        now_ns.saturating_sub(c.first_seen_ago_ns),
-        now_ns.saturating_sub(c.last_seen_ago_ns),
+        now_ns.saturating_sub(c.first_seen_ago_ns.saturating_add(age_ns)),
+        now_ns.saturating_sub(idle_ns(c, age_ns)),
     );
     e.mark = c.mark;
     e.labels = c.labels;
     e.set_tunnel_peer(c.tunnel_peer);
     e
+}
+
+/// How long before a restore `age_ns` after the save the record's last refreshing
+/// packet came: what its expiry is judged by, whatever the new clock's age.
+pub(crate) fn idle_ns(c: &Connection, age_ns: u64) -> u64 {
+    c.last_seen_ago_ns.saturating_add(age_ns)
+}
+
+/// Makes a restored entry of a stale state go on although its sequence numbers moved on
+/// meanwhile: a TCP connection's windows are forgotten, to be learnt again as a
+/// connection picked up mid-stream learns them; anything else is as it was.
+pub(crate) fn forget_windows(e: &mut Entry) {
+    if let ProtoState::Tcp(c) = &mut e.proto_state {
+        c.forget_windows();
+    }
 }
 
 /// The reverse of a record's tuple as conntrack reverses keys (ICMP echo: the type

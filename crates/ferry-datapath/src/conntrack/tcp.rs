@@ -788,6 +788,20 @@ impl TcpConn {
         }
         c
     }
+
+    /// Forgets the windows, as a connection of a stale state needs (a checkpoint restored
+    /// after a crash, `handover`: both sides sent and acknowledged more since, unseen).
+    /// The connection then starts as one picked up mid-stream: each side's window is
+    /// learnt again from its next segment, and its segments pass without window checks
+    /// for the connection's lifetime. What still holds stays: the state, the window
+    /// scales the SYNs agreed, and the flags of unacknowledged data and of a kept RST
+    /// (they bound the timeout; the next segments each way set them right).
+    pub(crate) fn forget_windows(&mut self) {
+        self.end = [0; 2];
+        self.maxend = [0; 2];
+        self.maxwin = [0; 2];
+        self.flags |= both(F_LIBERAL);
+    }
 }
 
 #[cfg(test)]
@@ -1096,6 +1110,50 @@ mod tests {
             Verdict::Invalid,
             "the stale connection's sequence numbers are out of window now"
         );
+    }
+
+    /// A connection whose windows were forgotten (a stale state) takes both sides'
+    /// next segments, far past what it saw, and learns its windows from them as a
+    /// picked-up connection does; its state, scales and unacknowledged data stay.
+    #[test]
+    fn forgotten_windows_are_learnt_again_from_the_next_segments() {
+        let mut c = established();
+        c.scale = [7, 7];
+        c.set_flag(0, F_WSCALE);
+        c.set_flag(1, F_WSCALE);
+        assert_eq!(
+            c.packet(0, &seg(1001, 5001, ACK | PSH, 100)),
+            Verdict::Accept
+        );
+        let (far0, far1) = (1101 + 1_000_000, 5001 + 1_000_000);
+        let next = [
+            (0, seg(far0, far1, ACK | PSH, 1000)),
+            (1, seg(far1, far0 + 1000, ACK | PSH, 500)),
+            (0, seg(far0 + 1000, far1 + 500, ACK, 0)),
+        ];
+        let mut kept = c;
+        assert_eq!(kept.packet(next[0].0, &next[0].1), Verdict::Invalid);
+        c.forget_windows();
+        assert!(c.liberal());
+        assert_eq!(
+            (c.state, c.scale, c.unacknowledged()),
+            (TcpState::Established, [7, 7], true)
+        );
+        for (dir, s) in next {
+            assert_eq!(c.packet(dir, &s), Verdict::Accept, "{s:?}");
+        }
+        assert_eq!(c.end, [far0 + 1000, far1 + 500]);
+        assert_eq!(
+            c.maxwin,
+            [65535 << 7; 2],
+            "windows scaled as the SYNs agreed"
+        );
+        assert!(
+            !c.unacknowledged(),
+            "each side acknowledged all of the other"
+        );
+        assert_eq!(c.state, TcpState::Established);
+        assert_eq!(c.packet(1, &seg(far1 + 77, 0, RST, 0)), Verdict::Reset);
     }
 
     /// Handshake with the given window scale options; the server then advertises a

@@ -38,6 +38,8 @@
 //! A restore re-bases them on the new clock; a time that would fall before the new
 //! clock's start is taken as its start (the entry then lives at most that much longer
 //! than it would have: a clock that starts at the system's monotonic time avoids it).
+//! Whether a connection expired is judged by its durations, so that a young clock keeps
+//! nothing that ran out.
 //!
 //! Nothing saved is an index into the producer's tables. Whatever depends on the tables
 //! is resolved against the new pipeline's when restored, and what no longer resolves is
@@ -55,6 +57,42 @@
 //!
 //! The connections are a flat list, in no order of any table or shard, so that a
 //! restore can hand each to the worker that owns it (issue 27).
+//!
+//! # Stale states (a checkpoint restored after a crash)
+//!
+//! An agent that is killed hands nothing over, so the agent writes a checkpoint of its
+//! state (this format) every second, and the next agent restores the latest with
+//! [`Pipeline::restore_state_with`] and [`RestoreOptions::checkpoint`]`(age_ns)`, the
+//! wall-clock time since its save. Its connections went on meanwhile without either
+//! agent, so the restore changes what time and their packets made untrue:
+//!
+//! - **Times** are aged by `age_ns` (connections, neighbours, affinity records):
+//!   a connection idle for longer than its timeout, an affinity record whose time ran
+//!   out, are dropped and counted as expired (`ct_expired`, `affinity_expired`). The
+//!   restarted agent's clock is young, so most aged times fall before its start and are
+//!   taken as its start, as above; expiry is judged by the durations all the same.
+//! - **TCP windows** are forgotten: both sides sent and acknowledged more since the
+//!   save (a download through a cluster IP moves megabytes a second), and their next
+//!   segments, out of the saved windows, would be INVALID and dropped, and so would
+//!   every retransmission of them, until the connection dies. Each
+//!   connection starts as one picked up mid-stream does (`conntrack/tcp.rs`): each
+//!   side's window is learnt from its next segment, and segments pass without window
+//!   checks for the connection's lifetime. Its state, both tuples and so its NAT both
+//!   ways, mark, labels, tunnel peer, counts, the window scales its SYNs agreed and its
+//!   flags of unacknowledged data stay.
+//! - **Datagrams in reassembly** are dropped (`frag_stale`): their other fragments came
+//!   meanwhile to an agent that was gone.
+//! - **Neighbours** stay, their times aged: one not confirmed for long is probed as
+//!   usual. The overlay's outer identification is the saved one (the lost agent's next
+//!   ones are not known).
+//!
+//! What the new tables do not resolve is dropped as in a handover. [`RestoreOptions`]
+//! can also age a state without making it stale (`stale: false`): times aged, datagrams
+//! kept with what is left of their time (`frag_expired` when none), windows as saved.
+//! A checkpoint holds the worker for [`Pipeline::save_state`] (the encoding can be
+//! done elsewhere); [`Pipeline::save_state_into`] saves into the last checkpoint's
+//! state, given back once encoded, sparing the allocation and first touch of its pages
+//! (half the save of a full table; figures in `docs/benchmarks.md`).
 //!
 //! # Bytes
 //!
@@ -95,7 +133,9 @@
 //! - The producer string is for the log line only.
 //!
 //! [`Pipeline::save_state`]: crate::Pipeline::save_state
+//! [`Pipeline::save_state_into`]: crate::Pipeline::save_state_into
 //! [`Pipeline::restore_state`]: crate::Pipeline::restore_state
+//! [`Pipeline::restore_state_with`]: crate::Pipeline::restore_state_with
 
 mod check;
 mod format;
@@ -150,6 +190,31 @@ impl Default for SavedState {
     }
 }
 
+/// How a restore takes a state: as it was saved (a handover, [`RestoreOptions::default`])
+/// or as a checkpoint saved a while ago ([`RestoreOptions::checkpoint`]; see the module
+/// documentation, "Stale states").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RestoreOptions {
+    /// The connections went on without this pipeline since the save (a checkpoint
+    /// restored after a crash): TCP windows are learnt again as on a connection picked
+    /// up mid-stream, and datagrams in reassembly are dropped.
+    pub stale: bool,
+    /// Time between the save and the restore, in nanoseconds (wall-clock, as the agent
+    /// measures it: the pipelines' clocks are their agents'): every record's times are
+    /// aged by it, and what ran out of time meanwhile is dropped as expired.
+    pub age_ns: u64,
+}
+
+impl RestoreOptions {
+    /// A checkpoint saved `age_ns` ago: stale, and aged by that much.
+    pub fn checkpoint(age_ns: u64) -> Self {
+        RestoreOptions {
+            stale: true,
+            age_ns,
+        }
+    }
+}
+
 /// Records left out of a restore, by reason.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Dropped {
@@ -165,6 +230,9 @@ pub struct Dropped {
     pub ct_policy_denied: usize,
     /// Connections over the new table's `ct.max_entries`.
     pub ct_table_full: usize,
+    /// Affinity records whose time ran out by the restore (aged by
+    /// [`RestoreOptions::age_ns`]).
+    pub affinity_expired: usize,
     /// Affinity records of Service ports the new tables do not have.
     pub affinity_service_gone: usize,
     /// Affinity records over the table's bound.
@@ -175,6 +243,11 @@ pub struct Dropped {
     pub neigh_table_full: usize,
     /// Datagrams over the reassembler's limits.
     pub frag_table_full: usize,
+    /// Datagrams whose time ran out by the restore (aged by [`RestoreOptions::age_ns`]).
+    pub frag_expired: usize,
+    /// Datagrams of a stale state ([`RestoreOptions::stale`]): their other fragments
+    /// came meanwhile to no one.
+    pub frag_stale: usize,
 }
 
 impl Dropped {
@@ -185,11 +258,14 @@ impl Dropped {
             + self.ct_now_frontend
             + self.ct_policy_denied
             + self.ct_table_full
+            + self.affinity_expired
             + self.affinity_service_gone
             + self.affinity_table_full
             + self.neigh_port_gone
             + self.neigh_table_full
             + self.frag_table_full
+            + self.frag_expired
+            + self.frag_stale
     }
 }
 
@@ -228,6 +304,7 @@ impl fmt::Display for Restored {
             ("UDP flows to a new frontend", d.ct_now_frontend),
             ("connections denied by policy", d.ct_policy_denied),
             ("connections over the table's size", d.ct_table_full),
+            ("affinity records expired", d.affinity_expired),
             (
                 "affinity records of a Service gone",
                 d.affinity_service_gone,
@@ -239,6 +316,8 @@ impl fmt::Display for Restored {
             ("neighbours of a port gone", d.neigh_port_gone),
             ("neighbours over the table's size", d.neigh_table_full),
             ("datagrams over the reassembler's limits", d.frag_table_full),
+            ("datagrams expired", d.frag_expired),
+            ("datagrams of a stale state", d.frag_stale),
         ];
         let mut first = true;
         for (what, n) in reasons.into_iter().filter(|(_, n)| *n > 0) {

@@ -614,7 +614,7 @@ fn test_a_connection_record_survives_its_entry() {
     use crate::conntrack::saved::{entry, record};
     let now = 50_000_000_000;
     for c in state_v2().connections {
-        let e = entry(&c, now);
+        let e = entry(&c, now, 0);
         assert_eq!(record(&e, now), c);
         let later = record(&e, now + 7);
         assert_eq!(later.last_seen_ago_ns, c.last_seen_ago_ns + 7);

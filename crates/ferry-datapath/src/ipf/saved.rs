@@ -61,16 +61,21 @@ impl Reassembler {
         out
     }
 
-    /// Puts saved datagrams back at `now_ns`, in their order, each with the time it had
-    /// left (records checked by `handover`). Returns how many were put back and how
-    /// many the limits left out.
+    /// Puts datagrams saved `age_ns` before `now_ns` back, in their order, each with the
+    /// time it had left less that age (records checked by `handover`). Returns how many
+    /// were put back, how many the limits left out, and how many ran out of time.
     pub(crate) fn restore(
         &mut self,
         records: &[handover::Datagram],
         now_ns: u64,
-    ) -> (usize, usize) {
-        let (mut kept, mut full) = (0, 0);
+        age_ns: u64,
+    ) -> (usize, usize, usize) {
+        let (mut kept, mut full, mut expired) = (0, 0, 0);
         for r in records {
+            if r.remaining_ns <= age_ns {
+                expired += 1;
+                continue;
+            }
             let key = Key {
                 zone: r.zone,
                 src: Addr::from(r.src),
@@ -96,7 +101,7 @@ impl Reassembler {
                 key,
                 source: source as u16,
                 v6: r.src.is_ipv6(),
-                deadline: now_ns.saturating_add(r.remaining_ns),
+                deadline: now_ns.saturating_add(r.remaining_ns - age_ns),
                 prev: NIL,
                 next: NIL,
                 state: State::Live(dg),
@@ -115,7 +120,7 @@ impl Reassembler {
             self.map.insert(key, idx);
             kept += 1;
         }
-        (kept, full)
+        (kept, full, expired)
     }
 }
 

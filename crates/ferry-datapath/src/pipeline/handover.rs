@@ -1,14 +1,17 @@
 //! Saving the pipeline's per-flow and learnt state for the next agent, and restoring it
 //! into a new pipeline (see [`crate::handover`] for what is saved and how it is read).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::Pipeline;
 use super::policy::allows;
 use super::swap::{Removal, removal};
-use crate::conntrack::{Filter, saved};
+use crate::conntrack::saved;
 use crate::drop::DropReason;
-use crate::handover::{self, Dropped, Meta, RestoreError, Restored, SavedState};
+use crate::handover::{
+    self, Affinity, Dropped, RestoreError, RestoreOptions, Restored, SavedState,
+};
 use crate::neigh::saved as neigh_saved;
 use crate::packet::PortId;
 
@@ -19,49 +22,73 @@ impl Pipeline {
     /// forwarding is paused, so its time is part of the handover's gap
     /// (`docs/benchmarks.md` has figures).
     pub fn save_state(&self, now_ns: u64) -> SavedState {
-        let t = &self.ct.config().timeouts;
-        let all = Filter::default();
-        let mut connections = Vec::with_capacity(self.ct.len());
-        connections.extend(
-            self.ct
-                .dump(&all)
-                // Due but not yet reaped: expired already.
-                .filter(|(_, e)| e.deadline_ns(t) > now_ns)
-                .map(|(_, e)| saved::record(e, now_ns)),
-        );
-        let mut neighbours: Vec<_> = self
-            .neigh
-            .iter()
-            .filter_map(|(port, addr, n)| {
-                let name = &self.tables.ports.get(usize::from(port))?.name;
-                Some(neigh_saved::record(name, addr, n, now_ns))
-            })
-            .collect();
-        // In a stable order (the table's is its hasher's): at most a thousand or so.
-        neighbours.sort_unstable_by(|a, b| (&a.port, a.addr).cmp(&(&b.port, b.addr)));
-        SavedState {
-            meta: Meta {
-                node: self.tables.node.name.clone(),
-                outer_id: self.outer_id,
-            },
-            connections,
-            affinity: self.affinity.saved(&self.tables.services, now_ns),
-            neighbours,
-            datagrams: self.ipf.saved(now_ns),
-            ..SavedState::default()
+        let mut state = SavedState::default();
+        self.save_state_into(now_ns, &mut state);
+        state
+    }
+
+    /// [`Pipeline::save_state`] into `state`, replacing what it held and reusing its
+    /// memory: for a checkpoint every second, whose worker pauses for the save, a state
+    /// given back after encoding spares the allocation and the first touch of its
+    /// pages (half the save of a full table: `docs/benchmarks.md`).
+    pub fn save_state_into(&self, now_ns: u64, state: &mut SavedState) {
+        state.format = handover::FORMAT;
+        if state.producer != handover::PRODUCER {
+            state.producer = handover::PRODUCER.to_string();
         }
+        state.meta.node.clone_from(&self.tables.node.name);
+        state.meta.outer_id = self.outer_id;
+        state.connections.clear();
+        self.ct.save_into(now_ns, &mut state.connections);
+        let ports = &self.tables.ports;
+        let live = self.neigh.iter().filter_map(|(port, addr, n)| {
+            let name = &ports.get(usize::from(port))?.name;
+            Some((name, addr, n))
+        });
+        let mut kept = 0;
+        for (name, addr, n) in live {
+            // Written over the last save's records, so that their port names are too.
+            match state.neighbours.get_mut(kept) {
+                Some(r) => neigh_saved::record_into(r, name, addr, n, now_ns),
+                None => state
+                    .neighbours
+                    .push(neigh_saved::record(name, addr, n, now_ns)),
+            }
+            kept += 1;
+        }
+        state.neighbours.truncate(kept);
+        // In a stable order (the table's is its hasher's): at most a thousand or so.
+        state
+            .neighbours
+            .sort_unstable_by(|a, b| (&a.port, a.addr).cmp(&(&b.port, b.addr)));
+        state.affinity = self.affinity.saved(&self.tables.services, now_ns);
+        state.datagrams = self.ipf.saved(now_ns);
     }
 
     /// Loads `state` into this new pipeline at `now_ns`, resolving what depends on the
     /// tables against this pipeline's: what no longer resolves, or does not fit, is
     /// left out and counted, as [`crate::handover`] says. All or nothing: an `Err`
     /// changed nothing (the pipeline holds state already, the state is another node's,
-    /// a record is impossible, or two connections share a tuple).
+    /// a record is impossible, or two connections share a tuple). For a handover: the
+    /// state as it was saved, just now ([`RestoreOptions::default`]).
     pub fn restore_state(
         &mut self,
         state: &SavedState,
         now_ns: u64,
     ) -> Result<Restored, RestoreError> {
+        self.restore_state_with(state, now_ns, RestoreOptions::default())
+    }
+
+    /// [`Pipeline::restore_state`], taking the state as `options` say: for a checkpoint
+    /// saved a while ago ([`RestoreOptions::checkpoint`]), times aged by its age and TCP
+    /// windows learnt again (see [`crate::handover`], "Stale states").
+    pub fn restore_state_with(
+        &mut self,
+        state: &SavedState,
+        now_ns: u64,
+        options: RestoreOptions,
+    ) -> Result<Restored, RestoreError> {
+        let age = options.age_ns;
         let held = (
             self.ct.len(),
             self.affinity.len(),
@@ -92,10 +119,15 @@ impl Pipeline {
         let timeouts = self.ct.config().timeouts;
         self.ct.reserve(state.connections.len());
         for (index, c) in state.connections.iter().enumerate() {
-            let e = saved::entry(c, now_ns);
-            if e.deadline_ns(&timeouts) <= now_ns {
+            let mut e = saved::entry(c, now_ns, age);
+            // By durations, not by the new clock's times: those of a clock younger than
+            // the record are taken as its start.
+            if saved::idle_ns(c, age) >= e.timeout_ns(&timeouts) {
                 d.ct_expired += 1;
                 continue;
+            }
+            if options.stale {
+                saved::forget_windows(&mut e);
             }
             match removal(&tables.services, &e) {
                 Some(Removal::EndpointGone) => {
@@ -122,9 +154,9 @@ impl Pipeline {
                 }
             }
         }
-        let (kept, gone, full) = self
-            .affinity
-            .restore(&tables.services, &state.affinity, now_ns);
+        let affinity = aged_affinity(&state.affinity, age);
+        d.affinity_expired = state.affinity.len() - affinity.len();
+        let (kept, gone, full) = self.affinity.restore(&tables.services, &affinity, now_ns);
         r.affinity = kept;
         d.affinity_service_gone = gone;
         d.affinity_table_full = full;
@@ -134,21 +166,46 @@ impl Pipeline {
                 d.neigh_port_gone += 1;
                 continue;
             };
-            if self
-                .neigh
-                .adopt(port as PortId, n.addr, neigh_saved::neighbour(n, now_ns))
-            {
+            if self.neigh.adopt(
+                port as PortId,
+                n.addr,
+                neigh_saved::neighbour(n, now_ns, age),
+            ) {
                 r.neighbours += 1;
             } else {
                 d.neigh_table_full += 1;
             }
         }
-        let (kept, full) = self.ipf.restore(&state.datagrams, now_ns);
-        r.datagrams = kept;
-        d.frag_table_full = full;
+        if options.stale {
+            // Their other fragments went to the agent that is gone, or nowhere.
+            d.frag_stale = state.datagrams.len();
+        } else {
+            let (kept, full, expired) = self.ipf.restore(&state.datagrams, now_ns, age);
+            r.datagrams = kept;
+            d.frag_table_full = full;
+            d.frag_expired = expired;
+        }
         r.dropped = dropped;
         self.affinity_swept_ns = now_ns;
         self.outer_id = state.meta.outer_id;
         Ok(r)
     }
+}
+
+/// The affinity records with time left `age_ns` after their save, with that much less
+/// (the records themselves when no time passed).
+fn aged_affinity(records: &[Affinity], age_ns: u64) -> Cow<'_, [Affinity]> {
+    if age_ns == 0 {
+        return Cow::Borrowed(records);
+    }
+    Cow::Owned(
+        records
+            .iter()
+            .filter(|a| a.remaining_ns > age_ns)
+            .map(|a| Affinity {
+                remaining_ns: a.remaining_ns - age_ns,
+                ..a.clone()
+            })
+            .collect(),
+    )
 }

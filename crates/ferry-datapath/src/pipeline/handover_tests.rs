@@ -7,13 +7,13 @@ use super::test_support::*;
 use super::*;
 use crate::handover::{Dropped, RestoreError, Restored, SavedState, decode, encode};
 
-const CLIENT: &str = "192.168.60.7";
-const NODE1: &str = "192.168.50.10";
+pub(super) const CLIENT: &str = "192.168.60.7";
+pub(super) const NODE1: &str = "192.168.50.10";
 
 /// The Service ports of node 1: a TCP Service with a local endpoint of each family, a
 /// UDP one with session affinity and endpoints on both nodes, and a node port whose
 /// endpoint is on node 2, reached from this node's address (SNAT).
-fn services(web_v4: bool) -> Vec<ServiceSpec> {
+pub(super) fn services(web_v4: bool) -> Vec<ServiceSpec> {
     let mut web = vec![be("fd00:10:244:1::6", 8080, 1)];
     if web_v4 {
         web.push(be("10.244.1.6", 8080, 1));
@@ -51,7 +51,7 @@ fn services(web_v4: bool) -> Vec<ServiceSpec> {
 
 /// Node 1 with `services`, new: nothing learnt. When `reordered`, its ports are in
 /// another order (the uplink last).
-fn fresh(services: Vec<ServiceSpec>, reordered: bool) -> Pipeline {
+pub(super) fn fresh(services: Vec<ServiceSpec>, reordered: bool) -> Pipeline {
     let mut spec = node_spec(1, ModeSpec::Always, vec![peer(2, "192.168.50.20")]);
     spec.services = services;
     if reordered {
@@ -61,7 +61,7 @@ fn fresh(services: Vec<ServiceSpec>, reordered: bool) -> Pipeline {
 }
 
 /// Node 1 with `services`, its gateway and node 2 learnt.
-fn node1(services: Vec<ServiceSpec>) -> Pipeline {
+pub(super) fn node1(services: Vec<ServiceSpec>) -> Pipeline {
     let mut p = fresh(services, false);
     learn(&mut p, 1, "192.168.50.1", GW_MAC);
     learn(&mut p, 1, "192.168.50.20", uplink_mac(2));
@@ -70,9 +70,9 @@ fn node1(services: Vec<ServiceSpec>) -> Pipeline {
 
 /// A frame sent to `port` (by name), and what came out: each packet with its port's
 /// name.
-type Out = (Verdict, Vec<(String, Vec<u8>)>);
+pub(super) type Out = (Verdict, Vec<(String, Vec<u8>)>);
 
-fn send(p: &mut Pipeline, port: &str, frame: Vec<u8>, t: u64) -> Out {
+pub(super) fn send(p: &mut Pipeline, port: &str, frame: Vec<u8>, t: u64) -> Out {
     let id = p
         .tables()
         .ports
@@ -95,7 +95,7 @@ fn forward(p: &mut Pipeline, port: &str, frame: Vec<u8>) -> Out {
     got
 }
 
-fn client() -> IpOpts {
+pub(super) fn client() -> IpOpts {
     IpOpts {
         src_mac: GW_MAC,
         dst_mac: uplink_mac(1),
@@ -104,7 +104,7 @@ fn client() -> IpOpts {
 }
 
 /// The inner frame of VXLAN from node 2 (its MACs are ignored).
-fn from_node2() -> IpOpts {
+pub(super) fn from_node2() -> IpOpts {
     IpOpts {
         src_mac: [0x0e, 0xfe, 0, 0, 0, 2],
         dst_mac: [0x0e, 0xfe, 0, 0, 0, 1],
@@ -112,16 +112,16 @@ fn from_node2() -> IpOpts {
     }
 }
 
-fn tunnelled(inner: Vec<u8>) -> Vec<u8> {
+pub(super) fn tunnelled(inner: Vec<u8>) -> Vec<u8> {
     overlay::encapsulate(&inner, &tunnel(2, 1, 7))
 }
 
 /// The next packets of one connection: its name, then each packet's port and frame.
-type Next = Vec<(&'static str, &'static str, Vec<u8>)>;
+pub(super) type Next = Vec<(&'static str, &'static str, Vec<u8>)>;
 
-const ACK: u8 = tcp_flags::ACK;
+pub(super) const ACK: u8 = tcp_flags::ACK;
 const SYN: u8 = tcp_flags::SYN;
-const PSH: u8 = tcp_flags::PSH;
+pub(super) const PSH: u8 = tcp_flags::PSH;
 
 /// A TCP handshake from `a` (on port `pa`, with `oa`) to `b` (`pb`, `ob`; `b_to` is
 /// where `b` answers to and `b_from` what it answers from), then the next packets: data
@@ -291,14 +291,14 @@ fn open(p: &mut Pipeline) -> Next {
 }
 
 /// Node 1 with its connections open, and their next packets.
-fn opened() -> (Pipeline, Next) {
+pub(super) fn opened() -> (Pipeline, Next) {
     let mut p = node1(services(true));
     let next = open(&mut p);
     (p, next)
 }
 
 /// The state saved at 5 s, through its bytes.
-fn handed_over(old: &Pipeline) -> SavedState {
+pub(super) fn handed_over(old: &Pipeline) -> SavedState {
     let saved = old.save_state(5 * SEC);
     let back = decode(&encode(&saved)).unwrap();
     assert_eq!(back, saved);
@@ -308,7 +308,7 @@ fn handed_over(old: &Pipeline) -> SavedState {
 /// The next packets sent to `old` (from 6 s on) and `new` (from 21 s on, its clock 15 s
 /// ahead): the same verdicts and the same frames out of the same ports; then the same
 /// state in both.
-fn continues(old: &mut Pipeline, new: &mut Pipeline, next: Next) {
+pub(super) fn continues(old: &mut Pipeline, new: &mut Pipeline, next: Next) {
     for (i, (conn, port, frame)) in next.into_iter().enumerate() {
         let t = i as u64 * 1000;
         let was = send(old, port, frame.clone(), 6 * SEC + t);
@@ -324,7 +324,7 @@ fn continues(old: &mut Pipeline, new: &mut Pipeline, next: Next) {
 
 /// `s` with its connections in the order of their original tuples (a table's order is
 /// that of its free slots).
-fn ordered(mut s: SavedState) -> SavedState {
+pub(super) fn ordered(mut s: SavedState) -> SavedState {
     s.connections.sort_by_key(|c| {
         let o = &c.original;
         (c.zone, c.proto, o.src, o.dst, o.src_port, o.dst_port)

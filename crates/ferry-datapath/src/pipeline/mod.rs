@@ -438,5 +438,9 @@ mod neigh_tests;
 #[cfg(test)]
 mod handover_tests;
 
+/// A checkpoint of the state restored after a crash.
+#[cfg(test)]
+mod checkpoint_tests;
+
 #[cfg(test)]
 mod test_support;
