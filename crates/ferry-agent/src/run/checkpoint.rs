@@ -20,14 +20,21 @@ impl Agent {
             return;
         };
         let begun = Instant::now();
+        // The state of the last checkpoint is saved into again: its memory is reused,
+        // which halves the time the worker holds forwarding at a full table.
+        let mut state = *self.checkpoint_state.take().unwrap_or_default();
         let r = self
             .control
-            .run(SAVE_TIMEOUT, |v| v.pipeline.save_state(v.now_ns))
+            .run(SAVE_TIMEOUT, move |v| {
+                v.pipeline.save_state_into(v.now_ns, &mut state);
+                state
+            })
             .map_err(|e| e.to_string())
             .and_then(|s| {
-                checkpoint::write(&dir, &handover::encode(&s))
-                    .map(|()| s.connections.len())
-                    .map_err(|e| e.to_string())
+                let n = s.connections.len();
+                let written = checkpoint::write(&dir, &handover::encode(&s));
+                self.checkpoint_state = Some(Box::new(s));
+                written.map(|()| n).map_err(|e| e.to_string())
             });
         match r {
             Ok(n) => {
@@ -71,11 +78,12 @@ impl Starting {
             }
         };
         let now = self.now_ns();
+        let age = u64::try_from(read.age.as_nanos()).unwrap_or(u64::MAX);
         let restored = handover::decode(&read.bytes)
             .map_err(|e| e.to_string())
             .and_then(|s| {
                 self.pipeline
-                    .restore_state(&s, now)
+                    .restore_state_with(&s, now, handover::RestoreOptions::checkpoint(age))
                     .map_err(|e| e.to_string())
             });
         match restored {

@@ -164,6 +164,8 @@ pub struct Agent {
     audit: Option<self::audit::Audit>,
     /// When the next checkpoint is due, and whether the last one failed.
     checkpoint: (Instant, bool),
+    /// The last checkpoint's state, saved into again by the next.
+    checkpoint_state: Option<Box<ferry_datapath::handover::SavedState>>,
 }
 
 /// How often the agent looks for kernel routes and netfilter rules left by another
@@ -222,6 +224,7 @@ impl Agent {
             gone_ports: BTreeSet::new(),
             audit,
             checkpoint: (Instant::now(), false),
+            checkpoint_state: None,
         };
         agent.cni.adopted.extend(pods);
         agent.adopt_recorded();
