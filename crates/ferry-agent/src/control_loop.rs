@@ -99,6 +99,8 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
         after_handover,
     } = settings;
     let node = opts.node.clone();
+    tracing::info!(node = %node, pid = std::process::id(), version = env!("CARGO_PKG_VERSION"),
+        "ferry agent starting");
     let watch = datastore.open(&node, POLL).map_err(Error::Datastore)?;
     // The first good state starts the node (the Kubernetes datastore gives it once every
     // kind is listed).

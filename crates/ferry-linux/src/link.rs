@@ -54,13 +54,16 @@ pub fn move_to_netns(dev: &str, pod: &PodInterface<'_>) -> io::Result<()> {
 
 /// A pod's interface as a kubelet's CNI plugin would set it up: in the pod's namespace,
 /// with the pod's MAC, MTU and addresses, and default routes through the link-local
-/// gateway (169.254.1.1 for IPv4, fe80::1 for IPv6) that ferry answers for.
+/// gateway (169.254.1.1 for IPv4, fe80::1 for IPv6) that ferry answers for, whose MAC
+/// the pod knows from the start ([`pin_gateway`]).
 #[derive(Clone, Debug)]
 pub struct Pod<'a> {
     /// The interface, its namespace, MTU and addresses.
     pub interface: PodInterface<'a>,
     /// The MAC the pod's interface gets.
     pub mac: [u8; 6],
+    /// The gateway's MAC: that of ferry's end of the interface.
+    pub gateway_mac: [u8; 6],
 }
 
 /// The IPv4 gateway pods route through.
@@ -86,6 +89,56 @@ pub fn attach_pod(dev: &str, pod: &Pod<'_>) -> io::Result<()> {
     if i.addresses.iter().any(|a| a.addr().is_ipv6()) {
         ip(&[
             "-n", ns, "-6", "route", "add", "default", "via", GATEWAY_V6, "dev", i.name,
+        ])?;
+    }
+    let v4 = i.addresses.iter().any(|a| a.addr().is_ipv4());
+    let v6 = i.addresses.iter().any(|a| a.addr().is_ipv6());
+    pin_gateway(ns, i.name, pod.gateway_mac, v4, v6)
+}
+
+/// Gives the pod's interface `ifname` in namespace `netns` permanent neighbour entries
+/// for the gateways (IPv4 when `v4`, IPv6 when `v6`) at `mac`; again on an interface
+/// that has them, it changes nothing.
+///
+/// A TAP loses its carrier while no process holds it, as between an agent that died and
+/// the next one, and the pod's kernel then forgets the neighbours it learnt on it. Its
+/// next packet would ask for the gateway again, and if that first request went out
+/// before the new agent read the TAP, the kernel asks again only a second later (its
+/// `retrans_time`) while every packet waits. A permanent entry is kept across carrier
+/// changes, so the pod's traffic goes on the moment the TAP is read again. The gateway's
+/// MAC never changes: it is the port's, fixed by the agent.
+pub fn pin_gateway(netns: &str, ifname: &str, mac: [u8; 6], v4: bool, v6: bool) -> io::Result<()> {
+    let mac = format_mac(mac);
+    if v4 {
+        ip(&[
+            "-n",
+            netns,
+            "neigh",
+            "replace",
+            GATEWAY_V4,
+            "lladdr",
+            &mac,
+            "dev",
+            ifname,
+            "nud",
+            "permanent",
+        ])?;
+    }
+    if v6 {
+        ip(&[
+            "-n",
+            netns,
+            "-6",
+            "neigh",
+            "replace",
+            GATEWAY_V6,
+            "lladdr",
+            &mac,
+            "dev",
+            ifname,
+            "nud",
+            "permanent",
+            "router",
         ])?;
     }
     Ok(())
@@ -144,6 +197,7 @@ pub fn pod_tap(
             addresses: &addresses,
         },
         mac,
+        gateway_mac: port.mac,
     };
     attach_pod(dev, &pod)?;
     Ok(tap)

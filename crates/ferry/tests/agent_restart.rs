@@ -83,8 +83,41 @@ fn adopts_across_a_restart(tag: &str, first: &[&str], second: &[&str]) {
             .success(),
         "a reply without an agent"
     );
+    // The TAP has no carrier now; the pod's kernel still knows its gateway, so its
+    // first packet to an agent that starts goes out at once.
+    let gateway = |node: &Node| {
+        let out = node
+            .lab
+            .exec("p1", 5, &["ip", "neigh", "show", "dev", "eth0"]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let kept = gateway(&node);
+    assert!(
+        kept.lines().any(|l| l.starts_with("169.254.1.1 ")
+            && l.contains("ee:ee:ee:ee:ee:ee")
+            && l.contains("PERMANENT")),
+        "the gateway's neighbour entry without an agent: {kept}"
+    );
+    // An interface made without the entry (by an earlier agent) gets it at adoption.
+    node.lab.exec(
+        "p1",
+        5,
+        &["ip", "neigh", "del", "169.254.1.1", "dev", "eth0"],
+    );
+    assert!(
+        !gateway(&node).contains("169.254.1.1 "),
+        "{}",
+        gateway(&node)
+    );
 
     node.start("ferry agent 2", second);
+    let pinned = gateway(&node);
+    assert!(
+        pinned
+            .lines()
+            .any(|l| l.starts_with("169.254.1.1 ") && l.contains("PERMANENT")),
+        "the gateway's neighbour entry after adoption: {pinned}"
+    );
     node.lab.ping("p1", "192.168.77.100", 56, 2);
     let check = Request::Check {
         container_id: "c0ffee".into(),

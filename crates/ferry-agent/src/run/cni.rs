@@ -12,6 +12,7 @@ use ferry_linux::{Port, TapPort};
 use ipnet::IpNet;
 
 use crate::cluster::{Cluster, ObjectKey};
+use crate::compile::POD_GATEWAY_MAC;
 use crate::del_queue;
 use crate::state;
 use crate::status::ErrorKind;
@@ -365,6 +366,7 @@ impl Agent {
         for a in recorded {
             let pod = ObjectKey::new(&a.pod_namespace, &a.pod_name);
             // A port the previous agent handed over is that interface already.
+            let t0 = std::time::Instant::now();
             let opened = if self.cni.adopted.contains_key(&pod) {
                 Ok(None)
             } else {
@@ -373,7 +375,19 @@ impl Agent {
             match opened {
                 Ok(tap) => {
                     tracing::info!(container = %a.container_id, %pod, netns = %a.netns,
-                        ifname = %a.ifname, handed_over = tap.is_none(), "pod interface adopted");
+                        ifname = %a.ifname, handed_over = tap.is_none(),
+                        took_ms = t0.elapsed().as_secs_f64() * 1e3, "pod interface adopted");
+                    // An interface made before the gateway's neighbours were pinned
+                    // ([`link::pin_gateway`]) gets them now.
+                    let v4 = a.addresses.iter().any(|n| n.addr().is_ipv4());
+                    let v6 = a.addresses.iter().any(|n| n.addr().is_ipv6());
+                    if let Err(e) =
+                        link::pin_gateway(&a.netns, &a.ifname, POD_GATEWAY_MAC.0, v4, v6)
+                    {
+                        tracing::warn!(%pod, netns = %a.netns, ifname = %a.ifname, error = %e,
+                            "the pod's neighbour entries for its gateway were not set: its \
+                             traffic may wait for the gateway's MAC after a restart");
+                    }
                     if let Some(tap) = tap {
                         self.cni.adopted.insert(pod.clone(), Box::new(tap));
                     }
@@ -454,7 +468,7 @@ fn adopt(a: &state::Attachment, queues: u16) -> Result<TapPort, String> {
     // A single-queue TAP is busy while another process holds it: the previous agent,
     // killed a moment ago, whose last threads are still going. It lets go soon.
     let deadline = std::time::Instant::now() + ADOPT_BUSY_WAIT;
-    loop {
+    let tap = loop {
         match link::reopen_pod_tap(&a.netns, &a.ifname, mac.0, queues) {
             Err(e)
                 if e.kind() == std::io::ErrorKind::ResourceBusy
@@ -462,9 +476,10 @@ fn adopt(a: &state::Attachment, queues: u16) -> Result<TapPort, String> {
             {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            r => return r.map_err(|e| e.to_string()),
+            r => break r.map_err(|e| e.to_string())?,
         }
-    }
+    };
+    Ok(tap)
 }
 
 /// How long adoption waits for a TAP another process still holds.
