@@ -1,6 +1,7 @@
 //! Service benchmarks: compiling 1 K / 10 K / 100 K Service ports with 10 endpoints each
 //! (time, and resident memory the result adds), an established cluster IP connection's packets
-//! through the pipeline, and new connections with endpoint choice. Figures:
+//! through the pipeline, new connections with endpoint choice (Maglev and random, side by
+//! side), the endpoint choice alone, and filling a Maglev table. Figures:
 //! docs/benchmarks.md.
 // Benchmarks time themselves (and read their memory use): the purity is the library's.
 #![allow(clippy::disallowed_methods)]
@@ -13,8 +14,8 @@ use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, 
 use ferry_datapath::Packet;
 use ferry_datapath::wire::build::{self, IpOpts};
 use ferry_datapath::{
-    BackendSpec, MacAddr, Pipeline, PortSpec, RouteSpec, ServiceSpec, Services, TablesSpec, Trace,
-    Verdict,
+    Addr, BackendSpec, BalanceMode, BalanceSpec, FlowKey, MacAddr, NodeSpec, Pipeline, PortSpec,
+    RouteSpec, ServiceSpec, Services, TablesSpec, Trace, Verdict, maglev, proto,
 };
 
 /// The process's resident memory in bytes (VmRSS), to report what compiled Services
@@ -80,8 +81,13 @@ fn compile(c: &mut Criterion) {
 }
 
 /// A pipeline with 10 K Services between a client port and a port towards the
-/// endpoints.
+/// endpoints, spreading connections by Maglev.
 fn pipeline() -> Pipeline {
+    pipeline_balanced(BalanceSpec::default())
+}
+
+/// The same, spreading connections as `balance` says.
+fn pipeline_balanced(balance: BalanceSpec) -> Pipeline {
     let port = |name: &str, last: u8| PortSpec {
         name: name.into(),
         mac: MacAddr([2, 0, 0, 0, 0, last]),
@@ -104,6 +110,13 @@ fn pipeline() -> Pipeline {
             },
         ],
         services: specs(10_000),
+        balance,
+        // Where connections of clients outside the cluster leave from.
+        node: NodeSpec {
+            name: "node0".into(),
+            addresses: vec![IpAddr::V4(Ipv4Addr::new(192, 168, 0, 1))],
+            ..NodeSpec::default()
+        },
         ..TablesSpec::default()
     };
     Pipeline::new(Arc::new(spec.compile().unwrap()))
@@ -134,13 +147,17 @@ fn packets(c: &mut Criterion) {
     let mut p = pipeline();
     let client = IpAddr::V4(Ipv4Addr::from(0x0a00_0001));
     let syn = to_service(1, 40000, 4321);
-    p.process(Packet::new(syn, 0, 1), &mut out, &mut trace);
-    let backend = ferry_datapath::wire::parse(&out[0].1.data, 0).unwrap().key;
+    assert_eq!(
+        p.process(Packet::new(syn, 0, 1), &mut out, &mut trace),
+        Verdict::Forwarded
+    );
+    // The client is outside the cluster: the connection leaves with the node's address.
+    let sent = ferry_datapath::wire::parse(&out[0].1.data, 0).unwrap().key;
     let synack = build::tcp(
-        backend.dst.ip(),
-        client,
-        backend.dst_port,
-        40000,
+        sent.dst.ip(),
+        sent.src.ip(),
+        sent.dst_port,
+        sent.src_port,
         100,
         2,
         build::tcp_flags::SYN | build::tcp_flags::ACK,
@@ -180,28 +197,105 @@ fn packets(c: &mut Criterion) {
 
     // New connections: a fresh client address and port each time, to one of 10 K
     // Services; the table stays at its default bound by evicting unreplied entries.
-    let mut p = pipeline();
-    let mut n = 0u32;
-    g.bench_function("new_connection_with_endpoint_choice", |b| {
-        b.iter_batched(
-            || {
-                n = n.wrapping_add(1);
-                Packet::new(
-                    to_service(n >> 8, 1024 + (n & 0xff) as u16, n % 10_000),
-                    0,
-                    u64::from(n),
-                )
-            },
-            |pkt| {
-                out.clear();
-                p.process(pkt, &mut out, &mut trace)
-            },
-            BatchSize::SmallInput,
-        )
-    });
-    assert!(p.stats().service_balanced > 0);
+    // Maglev (the default) and random, one after the other in this run.
+    let random = BalanceSpec {
+        mode: BalanceMode::Random,
+        ..BalanceSpec::default()
+    };
+    for (name, balance) in [
+        (
+            "new_connection_with_endpoint_choice",
+            BalanceSpec::default(),
+        ),
+        ("new_connection_with_endpoint_choice_random", random),
+    ] {
+        let mut p = pipeline_balanced(balance);
+        let mut n = 0u32;
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    n = n.wrapping_add(1);
+                    Packet::new(
+                        to_service(n >> 8, 1024 + (n & 0xff) as u16, n % 10_000),
+                        0,
+                        u64::from(n),
+                    )
+                },
+                |pkt| {
+                    out.clear();
+                    p.process(pkt, &mut out, &mut trace)
+                },
+                BatchSize::SmallInput,
+            )
+        });
+        assert!(p.stats().service_balanced > 0);
+    }
     g.finish();
 }
 
-criterion_group!(benches, compile, packets);
+/// Flow `i` of a stream of new connections: clients and ports that change every time.
+fn flow(i: u32) -> FlowKey {
+    FlowKey {
+        src: Addr::from(Ipv4Addr::from(0x0a00_0000 + (i >> 8))),
+        dst: Addr::from(Ipv4Addr::from(0x0a60_0000 + (i % 10_000))),
+        zone: 0,
+        proto: proto::TCP,
+        src_port: 1024 + (i & 0xff) as u16,
+        dst_port: 80,
+    }
+}
+
+/// The endpoint choice alone, for one Service port of 10 endpoints and across 10 K of
+/// them (each a table, or a set, of its own: the memory a choice touches): a Maglev
+/// table's lookup against the random choice, a keyed hash of the flow modulo the number
+/// of endpoints (what `random` and the choice before Maglev do).
+fn choice(c: &mut Criterion) {
+    let mut g = c.benchmark_group("endpoint_choice");
+    g.throughput(Throughput::Elements(1));
+    let endpoints = |s: u32| -> Vec<(IpAddr, u16)> {
+        (0..10u32)
+            .map(|j| (IpAddr::V4(Ipv4Addr::from(0x0af4_0000 + s * 10 + j)), 8080))
+            .collect()
+    };
+    let seed = maglev::DEFAULT_SEED;
+    for services in [1u32, 10_000] {
+        let tables: Vec<maglev::Table> = (0..services)
+            .map(|s| maglev::Table::new(&endpoints(s), seed))
+            .collect();
+        let sets: Vec<Vec<u16>> = (0..services).map(|_| (0..10).collect()).collect();
+        let hasher = ahash::RandomState::new();
+        let mut i = 0u32;
+        g.bench_function(BenchmarkId::new("maglev", services), |b| {
+            b.iter(|| {
+                i = i.wrapping_add(1);
+                let k = flow(i);
+                let t = &tables[(i % services) as usize];
+                black_box(t.pick(black_box(&k), seed))
+            })
+        });
+        let mut i = 0u32;
+        g.bench_function(BenchmarkId::new("random", services), |b| {
+            b.iter(|| {
+                i = i.wrapping_add(1);
+                let k = flow(i);
+                let set = &sets[(i % services) as usize];
+                black_box(set[(hasher.hash_one(black_box(&k)) % set.len() as u64) as usize])
+            })
+        });
+    }
+    g.finish();
+    let mut g = c.benchmark_group("maglev_fill");
+    g.sample_size(20);
+    for n in [2u32, 10, 100, 1000] {
+        let eps: Vec<(IpAddr, u16)> = (0..n)
+            .map(|j| (IpAddr::V4(Ipv4Addr::from(0x0af4_0000 + j)), 8080))
+            .collect();
+        g.bench_with_input(BenchmarkId::from_parameter(n), &eps, |b, eps| {
+            b.iter(|| maglev::Table::new(black_box(eps), seed))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, compile, packets, choice);
 criterion_main!(benches);

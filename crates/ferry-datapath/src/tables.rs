@@ -239,6 +239,9 @@ pub struct TablesSpec {
     /// The other nodes (needs `overlay`).
     #[serde(default)]
     pub nodes: Vec<PeerSpec>,
+    /// How Service ports spread new connections over their endpoints.
+    #[serde(default, skip_serializing_if = "crate::lb::BalanceSpec::is_default")]
+    pub balance: crate::lb::BalanceSpec,
     /// Service ports and their endpoints.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<crate::lb::ServiceSpec>,
@@ -604,7 +607,12 @@ impl TablesSpec {
                 .flat_map(|p| p.addresses.iter().copied())
                 .filter(|a| *a != GATEWAY_V4 && *a != GATEWAY_V6),
         );
-        let services = crate::lb::Services::compile(&self.services, &node.name, local_addrs)?;
+        let services = crate::lb::Services::compile_balanced(
+            &self.services,
+            &node.name,
+            local_addrs,
+            self.balance,
+        )?;
         let names: Vec<(&str, bool)> = ports
             .iter()
             .map(|p| (p.name.as_str(), p.kind == PortKind::Pod))

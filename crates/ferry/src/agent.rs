@@ -102,6 +102,52 @@ pub struct Args {
     /// docs/agent.md, "Restarts and upgrades"); `off`: never, and none is read at start.
     #[arg(long, value_name = "SECONDS|off", default_value = "1", value_parser = parse_checkpoint_interval)]
     pub checkpoint_interval: CheckpointInterval,
+    /// How a Service spreads new connections over its endpoints (see docs/services.md,
+    /// "Choosing an endpoint"): `maglev`, consistent hashing of the flow that every node
+    /// and every restart agrees on, or `random`, a hash keyed anew by each process.
+    #[arg(long, value_enum, default_value = "maglev")]
+    pub service_balance: ServiceBalanceArg,
+    /// The Maglev seed, the same on every node of the cluster: a number, decimal or
+    /// 0x-prefixed hexadecimal (64 bits). Default: ferry's own.
+    #[arg(long, value_name = "N", value_parser = parse_maglev_seed)]
+    pub maglev_seed: Option<u64>,
+}
+
+/// `--service-balance`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ServiceBalanceArg {
+    /// Maglev consistent hashing.
+    Maglev,
+    /// A hash keyed by each process.
+    Random,
+}
+
+/// `--maglev-seed`: a 64-bit number, decimal or 0x-prefixed hexadecimal.
+fn parse_maglev_seed(s: &str) -> Result<u64, String> {
+    let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    parsed
+        .map_err(|_| format!("{s:?}: expected a 64-bit number, decimal or 0x-prefixed hexadecimal"))
+}
+
+/// The tables' `balance` of `--service-balance` and `--maglev-seed`; a seed with
+/// `random` is an error, as it would change nothing.
+fn balance(mode: ServiceBalanceArg, seed: Option<u64>) -> Result<ferry_datapath::BalanceSpec> {
+    let mode = match mode {
+        ServiceBalanceArg::Maglev => ferry_datapath::BalanceMode::Maglev,
+        ServiceBalanceArg::Random => {
+            if seed.is_some() {
+                bail!("--maglev-seed: only with --service-balance maglev");
+            }
+            ferry_datapath::BalanceMode::Random
+        }
+    };
+    Ok(ferry_datapath::BalanceSpec {
+        mode,
+        seed: seed.unwrap_or(ferry_datapath::BalanceSpec::default().seed),
+    })
 }
 
 /// The audit log of `--policy-audit-log` and `--policy-audit-rate`, checked: a rate
@@ -202,6 +248,7 @@ pub fn run(args: &Args) -> Result<()> {
         compile: CompileOptions {
             external_snat: args.external_snat,
             base_file: args.base.as_ref().map(|b| b.display().to_string()),
+            balance: balance(args.service_balance, args.maglev_seed)?,
             ..CompileOptions::default()
         },
         state_dir: Some(args.state_dir.clone()),
@@ -267,6 +314,30 @@ mod tests {
             let e = parse_checkpoint_interval(bad).unwrap_err();
             assert!(e.contains("off"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn service_balance_and_maglev_seed_parse_or_say_what_is_wrong() {
+        use ferry_datapath::{BalanceMode, BalanceSpec};
+        assert_eq!(parse_maglev_seed("42"), Ok(42));
+        assert_eq!(parse_maglev_seed("0x2a"), Ok(42));
+        assert_eq!(parse_maglev_seed("0XFFFFFFFFFFFFFFFF"), Ok(u64::MAX));
+        for bad in ["", "-1", "0x", "0x1ffffffffffffffff", "seed", "1e3"] {
+            let e = parse_maglev_seed(bad).unwrap_err();
+            assert!(e.contains("64-bit number"), "{bad}: {e}");
+        }
+        assert_eq!(
+            balance(ServiceBalanceArg::Maglev, None).unwrap(),
+            BalanceSpec::default()
+        );
+        let b = balance(ServiceBalanceArg::Maglev, Some(7)).unwrap();
+        assert_eq!((b.mode, b.seed), (BalanceMode::Maglev, 7));
+        assert_eq!(
+            balance(ServiceBalanceArg::Random, None).unwrap().mode,
+            BalanceMode::Random
+        );
+        let e = balance(ServiceBalanceArg::Random, Some(7)).unwrap_err();
+        assert!(e.to_string().contains("--maglev-seed"), "{e}");
     }
 
     #[test]

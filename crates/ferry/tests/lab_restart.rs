@@ -80,7 +80,7 @@ fn a_restarted_agent_forwards_with_its_recorded_command_and_host_tap() {
     let mut lab = Lab::up("frs");
     // node2 has web; node1 is where the client's node-port connection enters.
     let crash = restart(&lab, 2, &["restart", "node2", "--kill"], "kill (SIGKILL)");
-    let update = restart(&lab, 1, &["restart", "1"], "update (SIGTERM)");
+    let update = restart(&lab, 1, &["restart", "1"], "update (handover)");
     for n in [1, 2] {
         let tap = format!("{}h{n}", lab.prefix);
         let out = lab.run(&[

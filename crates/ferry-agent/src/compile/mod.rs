@@ -61,6 +61,9 @@ pub struct CompileOptions {
     /// The file a given base was read from, named when the tables do not compile on it
     /// (the fault may be in the base as well as in the cluster).
     pub base_file: Option<String>,
+    /// How Service ports spread new connections (`--service-balance`, `--maglev-seed`);
+    /// the default leaves a given base's `balance` as it says.
+    pub balance: ferry_datapath::BalanceSpec,
 }
 
 /// A health check node port this node must serve: kube-proxy's for a LoadBalancer
@@ -137,6 +140,9 @@ pub fn node_tables(
             b
         }
     };
+    if base.is_none() || !opts.balance.is_default() {
+        tables.balance = opts.balance;
+    }
     let config = FerryConfig::of(cluster)?;
 
     tables.node.name = node.to_string();

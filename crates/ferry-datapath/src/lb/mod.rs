@@ -16,21 +16,29 @@
 //!   unreachable); one whose policy leaves no local endpoint drops silently;
 //! - `affinity_timeout_s` pins a client address to its endpoint until that many seconds
 //!   pass without a new connection from it ([`Affinity`]).
+//!
+//! Among the eligible endpoints, a new connection's is chosen as [`BalanceSpec`] says:
+//! by Maglev consistent hashing of the flow ([`maglev`], the default), the same on every
+//! node and in every agent while the endpoints are the same, or by a hash of the flow
+//! keyed anew in every process (`random`). A Service port's Maglev tables (one per
+//! family and traffic policy) are filled by the first connection that needs each, and
+//! kept while the Service port is.
 
 mod balance;
+pub mod maglev;
 pub mod reject;
 mod spec;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 use ahash::RandomState;
 
 use crate::flow::{FlowKey, proto};
 
 pub use balance::{Balanced, Cluster, Source, balance};
-pub use spec::{BackendSpec, Policy, ServiceSpec};
+pub use spec::{BackendSpec, BalanceMode, BalanceSpec, Policy, ServiceSpec};
 
 /// Conntrack mark bit: the connection was load balanced to a Service endpoint by this
 /// node (its DNAT points at a backend; removing that backend removes the connection).
@@ -89,6 +97,9 @@ pub struct Service {
     affinity_ns: Option<u64>,
     /// Stable across table swaps: keys affinity records.
     id: u64,
+    /// The Maglev tables of the eligible sets, by family and policy (0 cluster, 1
+    /// local), each filled when a connection first needs it.
+    maglev: [[OnceLock<maglev::Table>; 2]; 2],
 }
 
 impl Service {
@@ -124,6 +135,7 @@ impl Service {
             local: [Vec::new(), Vec::new()],
             affinity_ns: None,
             id: 0,
+            maglev: Default::default(),
         }
     }
 
@@ -133,6 +145,26 @@ impl Service {
             Policy::Cluster => &self.cluster[family],
             Policy::Local => &self.local[family],
         }
+    }
+
+    /// The Maglev table of the endpoints eligible for `family` under `policy` (indices
+    /// into [`Service::eligible`]), filled with `seed` on first use.
+    pub fn maglev(&self, family: usize, policy: Policy, seed: u64) -> &maglev::Table {
+        let p = match policy {
+            Policy::Cluster => 0,
+            Policy::Local => 1,
+        };
+        self.maglev[family][p].get_or_init(|| {
+            let set: Vec<(IpAddr, u16)> = self
+                .eligible(family, policy)
+                .iter()
+                .map(|&i| {
+                    let b = &self.backends[usize::from(i)];
+                    (b.addr, b.port)
+                })
+                .collect();
+            maglev::Table::new(&set, seed)
+        })
     }
 }
 
@@ -162,6 +194,8 @@ pub struct Services {
     backends: HashMap<(u8, IpAddr, u16), u32, RandomState>,
     /// The same for the Service ports where the endpoint serves (ready or serving).
     serving: HashMap<(u8, IpAddr, u16), u32, RandomState>,
+    /// How new connections are spread over the eligible endpoints.
+    balance: BalanceSpec,
     /// This node's name: endpoints on it are local.
     node: String,
     /// Service ports in force (not emptied slots).
@@ -237,10 +271,22 @@ impl Services {
         node: &str,
         local_addrs: impl IntoIterator<Item = IpAddr>,
     ) -> Result<Services, String> {
+        Services::compile_balanced(specs, node, local_addrs, BalanceSpec::default())
+    }
+
+    /// [`Services::compile`], new connections spread as `balance` says (kept by every
+    /// [`Services::update`] of the result).
+    pub fn compile_balanced(
+        specs: &[ServiceSpec],
+        node: &str,
+        local_addrs: impl IntoIterator<Item = IpAddr>,
+        balance: BalanceSpec,
+    ) -> Result<Services, String> {
         let mut s = Services {
             local_addrs: local_addrs.into_iter().collect(),
             node: node.to_string(),
             id: Lineage::fresh(),
+            balance,
             ..Services::default()
         };
         let mut names = HashSet::with_capacity(specs.len());
@@ -294,7 +340,8 @@ impl Services {
                 .map(|v| v.to_spec())
                 .collect();
             let node = std::mem::take(&mut s.node);
-            let mut c = Services::compile(&live, &node, s.local_addrs.iter().copied())?;
+            let mut c =
+                Services::compile_balanced(&live, &node, s.local_addrs.iter().copied(), s.balance)?;
             c.parent = self.lineage();
             c.gone = s.gone;
             c.udp_frontends_added = s.udp_frontends_added;
@@ -358,6 +405,11 @@ impl Services {
     /// Service ports in force.
     pub fn len(&self) -> usize {
         self.live
+    }
+
+    /// How new connections are spread over the eligible endpoints.
+    pub fn balance(&self) -> BalanceSpec {
+        self.balance
     }
 
     /// True when there is none.
@@ -567,6 +619,7 @@ impl Services {
                 .affinity_timeout_s
                 .map(|t| u64::from(t) * 1_000_000_000),
             id: stable_id(&spec.name),
+            maglev: Default::default(),
         }));
         self.live += 1;
         Ok(())
@@ -671,9 +724,14 @@ impl Services {
                     b.addr == addr && b.port == port
                 })
             });
-        Ok(usize::from(
-            kept.unwrap_or_else(|| set[affinity.pick(key, set.len())]),
-        ))
+        Ok(usize::from(kept.unwrap_or_else(|| {
+            set[match self.balance.mode {
+                BalanceMode::Maglev => svc
+                    .maglev(fam, policy, self.balance.seed)
+                    .pick(key, self.balance.seed),
+                BalanceMode::Random => affinity.pick(key, set.len()),
+            }]
+        })))
     }
 
     /// Records that the client of a new connection with `key` to frontend `f` got
@@ -823,7 +881,8 @@ impl Affinity {
         n
     }
 
-    /// An index below `n` from the connection's key.
+    /// An index below `n` from the connection's key, hashed with this table's key (one
+    /// per process): the `random` balance.
     fn pick(&self, key: &FlowKey, n: usize) -> usize {
         (self.hasher.hash_one(key) % n as u64) as usize
     }

@@ -25,6 +25,62 @@ impl Policy {
     }
 }
 
+/// How new connections are spread over a Service port's eligible endpoints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BalanceMode {
+    /// Maglev consistent hashing of the flow with the seed: the same endpoint on every
+    /// node and after a restart, while the endpoints are the same.
+    #[default]
+    Maglev,
+    /// A hash of the flow keyed anew by every process: another agent (a restart, another
+    /// node) may choose another endpoint for the same flow.
+    Random,
+}
+
+impl BalanceMode {
+    /// Lower-case name, as the tables file writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BalanceMode::Maglev => "maglev",
+            BalanceMode::Random => "random",
+        }
+    }
+}
+
+/// The tables' `balance`: how every Service port spreads new connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalanceSpec {
+    /// `maglev` (default) or `random`.
+    #[serde(default)]
+    pub mode: BalanceMode,
+    /// The Maglev seed: every node of a cluster must have the same (default
+    /// [`super::maglev::DEFAULT_SEED`]).
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+}
+
+fn default_seed() -> u64 {
+    super::maglev::DEFAULT_SEED
+}
+
+impl Default for BalanceSpec {
+    fn default() -> BalanceSpec {
+        BalanceSpec {
+            mode: BalanceMode::Maglev,
+            seed: default_seed(),
+        }
+    }
+}
+
+impl BalanceSpec {
+    /// True for the default (left out of a written tables file).
+    pub fn is_default(&self) -> bool {
+        *self == BalanceSpec::default()
+    }
+}
+
 /// One port of a Kubernetes Service, with its frontends and endpoints (both address
 /// families may appear; a frontend only ever goes to endpoints of its own family).
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]

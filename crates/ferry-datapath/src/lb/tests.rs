@@ -402,3 +402,141 @@ fn test_a_full_affinity_table_of_live_records_is_swept_at_most_once_a_second() {
     a.put(1, client(99), b, later, 2 * MS);
     assert_eq!(a.get(1, client(99), later + 1), Some(b));
 }
+
+/// Endpoints `10.244.N.5:8080` for N in `nodes`, endpoint N on node `nN` ("n1" local).
+fn spread(name: &str, nodes: std::ops::RangeInclusive<u8>) -> ServiceSpec {
+    let mut s = svc(name, "tcp");
+    s.backends = nodes
+        .map(|n| BackendSpec {
+            addr: ip(&format!("10.244.{n}.5")),
+            port: 8080,
+            node: Some(format!("n{n}")),
+            no_node: false,
+            ready: true,
+            serving: None,
+            terminating: false,
+        })
+        .collect();
+    s
+}
+
+/// The endpoint address each of `count` flows to the cluster IP gets.
+fn chosen(s: &Services, affinity: &Affinity, count: u16, from_node: bool) -> Vec<IpAddr> {
+    (0..count)
+        .map(|i| {
+            let k = FlowKey {
+                src_port: 10_000 + i,
+                ..key("10.96.0.10", 80)
+            };
+            let f = s.frontend(&k).unwrap();
+            let b = s.choose(f, &k, from_node, affinity, 0).unwrap();
+            s.services[f.service as usize].backends[b].addr
+        })
+        .collect()
+}
+
+/// With Maglev (the default), the endpoint of a flow depends on nothing this node or
+/// this process holds: two nodes, or an agent and the one after it, with their own
+/// tables and affinity keys, choose alike. With `random`, each process keys its own hash.
+#[test]
+fn test_maglev_chooses_alike_on_every_node_and_random_does_not() {
+    let spec = spread("x", 1..=4);
+    let here = Services::compile(std::slice::from_ref(&spec), "n1", []).unwrap();
+    let there = Services::compile(std::slice::from_ref(&spec), "n3", []).unwrap();
+    assert_eq!(here.balance().mode, BalanceMode::Maglev);
+    let a = chosen(&here, &Affinity::default(), 2000, false);
+    assert_eq!(a, chosen(&there, &Affinity::default(), 2000, false));
+    for n in 1..=4 {
+        let got = a
+            .iter()
+            .filter(|e| **e == ip(&format!("10.244.{n}.5")))
+            .count();
+        assert!((400..600).contains(&got), "endpoint {n}: {got} of 2000");
+    }
+    // The order the endpoints come in changes nothing.
+    let mut reversed = spec.clone();
+    reversed.backends.reverse();
+    let r = Services::compile(&[reversed], "n1", []).unwrap();
+    assert_eq!(a, chosen(&r, &Affinity::default(), 2000, false));
+
+    let random = BalanceSpec {
+        mode: BalanceMode::Random,
+        ..BalanceSpec::default()
+    };
+    let one = Services::compile_balanced(std::slice::from_ref(&spec), "n1", [], random).unwrap();
+    let two = Services::compile_balanced(std::slice::from_ref(&spec), "n1", [], random).unwrap();
+    let differ = chosen(&one, &Affinity::default(), 2000, false)
+        .iter()
+        .zip(chosen(&two, &Affinity::default(), 2000, false))
+        .filter(|(x, y)| **x != *y)
+        .count();
+    assert!(
+        differ > 1000,
+        "random: {differ} of 2000 flows differ between processes"
+    );
+    // Another seed: another table.
+    let seeded = BalanceSpec {
+        seed: 7,
+        ..BalanceSpec::default()
+    };
+    let s7 = Services::compile_balanced(&[spec], "n1", [], seeded).unwrap();
+    let moved = (a.iter().zip(chosen(&s7, &Affinity::default(), 2000, false)))
+        .filter(|(x, y)| **x != *y)
+        .count();
+    assert!(moved > 1000, "seed 7: {moved} of 2000 flows moved");
+}
+
+/// An update that removes one endpoint of four moves its flows and few others; the
+/// traffic policies keep their sets (local traffic only to this node's endpoints), and
+/// affinity still wins over the table.
+#[test]
+fn test_maglev_moves_few_flows_when_an_endpoint_goes_and_keeps_policies_and_affinity() {
+    let spec = spread("x", 1..=4);
+    let s = Services::compile(std::slice::from_ref(&spec), "n1", []).unwrap();
+    let before = chosen(&s, &Affinity::default(), 4000, false);
+    let mut less = spec.clone();
+    less.backends.retain(|b| b.addr != ip("10.244.3.5"));
+    let u = s.update(&[], &[less]).unwrap();
+    let after = chosen(&u, &Affinity::default(), 4000, false);
+    let gone = ip("10.244.3.5");
+    let others_moved = before
+        .iter()
+        .zip(&after)
+        .filter(|(b, a)| **b != gone && b != a)
+        .count();
+    let kept_others = before.iter().filter(|b| **b != gone).count();
+    assert!(after.iter().all(|a| *a != gone));
+    assert!(
+        (others_moved as f64) < 0.05 * kept_others as f64,
+        "{others_moved} of {kept_others} flows of the staying endpoints moved"
+    );
+
+    let mut local = spec.clone();
+    local.internal_policy = Policy::Local;
+    let l = Services::compile(&[local], "n1", []).unwrap();
+    assert!(
+        chosen(&l, &Affinity::default(), 500, false)
+            .iter()
+            .all(|e| *e == ip("10.244.1.5")),
+        "internalTrafficPolicy Local: this node's endpoint only"
+    );
+
+    let mut sticky = spec;
+    sticky.affinity_timeout_s = Some(60);
+    let st = Services::compile(&[sticky], "n1", []).unwrap();
+    let mut affinity = Affinity::default();
+    let k = key("10.96.0.10", 80);
+    let f = st.frontend(&k).unwrap();
+    // A record for the client names endpoint 4; every port of the client follows it.
+    let four = st.services[f.service as usize]
+        .backends
+        .iter()
+        .position(|b| b.addr == ip("10.244.4.5"))
+        .unwrap();
+    st.remember(f, &k, four, &mut affinity, 0);
+    assert!(
+        chosen(&st, &affinity, 200, false)
+            .iter()
+            .all(|e| *e == ip("10.244.4.5"))
+    );
+}
