@@ -276,9 +276,19 @@ fn daemon_set_runs_the_agent_on_every_node_in_the_host_network() {
             "--node",
             "$(NODE_NAME)",
             "--datastore",
-            "kubernetes"
+            "kubernetes",
+            "--after-handover",
+            "wait"
         ]
     );
+    // An update starts the new pod beside the old one, which hands the node over to it
+    // (docs/agent.md, "Restarts and upgrades") and then waits to be stopped.
+    let strategy = ds.spec.update_strategy.as_ref().unwrap();
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+    let rolling = strategy.rolling_update.as_ref().unwrap();
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    assert_eq!(rolling.max_surge, Some(IntOrString::Int(1)));
+    assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(0)));
     let node = c
         .env
         .iter()
