@@ -1,7 +1,8 @@
 //! `ferry lab restart NODE [--kill]`: a node's agent replaced with the command `up`
 //! recorded, as a crash and as an update would, the new pid recorded in place of the
-//! old, the node kernel's host TAP set up again, and the lab forwarding as before. (The
-//! restart rows of `ferry lab check`, which run traffic through it, are in `lab.rs`.)
+//! old, the node kernel's host TAP set up again, and the lab forwarding as before; every
+//! node, before and after its agent was replaced, choosing the same endpoint for a new
+//! connection to a Service (Maglev). (The restart rows of `ferry lab check`, which run traffic through it, are in `lab.rs`.)
 //! Needs root, iproute2, nftables, curl, ping.
 
 mod common;
@@ -69,6 +70,33 @@ fn restart(lab: &Lab, n: u8, args: &[&str], how: &str) -> String {
     line
 }
 
+/// The endpoint node `n`'s agent chooses for each of 16 new connections from the
+/// external client to `multi`'s cluster IP (two endpoints, on node1 and node3), as
+/// `ferry trace` says on a copy of its live state.
+fn chosen(lab: &Lab, n: u8) -> Vec<String> {
+    let sock = lab.dir.join(format!("node{n}.sock"));
+    (40001..=40016)
+        .map(|port| {
+            let packet = format!("tcp 10.20.0.2:{port} -> 10.96.0.13:80 syn");
+            let out = std::process::Command::new(common::lab::FERRY)
+                .args(["trace", "--no-reply", "--in", "uplink", "--api-socket"])
+                .arg(&sock)
+                .arg(&packet)
+                .output()
+                .unwrap();
+            let t = text(&out);
+            assert!(out.status.success(), "node{n}: {packet}: {t}");
+            let endpoint = t
+                .lines()
+                .find_map(|l| l.trim_start().strip_prefix("service "))
+                .and_then(|l| l.split_once("-> endpoint "))
+                .and_then(|(_, e)| e.split_whitespace().next())
+                .unwrap_or_else(|| panic!("node{n}: no endpoint in the trace of {packet}: {t}"));
+            endpoint.to_string()
+        })
+        .collect()
+}
+
 #[test]
 fn a_restarted_agent_forwards_with_its_recorded_command_and_host_tap() {
     common::require(&[
@@ -78,9 +106,22 @@ fn a_restarted_agent_forwards_with_its_recorded_command_and_host_tap() {
         ("ping", "iputils-ping"),
     ]);
     let mut lab = Lab::up("frs");
+    // Maglev: every node, and every agent of a node, chooses the endpoint of a new
+    // connection alike (with both endpoints among the choices).
+    let before = chosen(&lab, 1);
+    assert!(
+        before.contains(&"10.244.1.4:8080".to_string())
+            && before.contains(&"10.244.3.2:8080".to_string()),
+        "{before:?}"
+    );
+    assert_eq!(chosen(&lab, 2), before, "node2 and node1");
+    assert_eq!(chosen(&lab, 3), before, "node3 and node1");
     // node2 has web; node1 is where the client's node-port connection enters.
     let crash = restart(&lab, 2, &["restart", "node2", "--kill"], "kill (SIGKILL)");
     let update = restart(&lab, 1, &["restart", "1"], "update (handover)");
+    let crash1 = restart(&lab, 1, &["restart", "1", "--kill"], "kill (SIGKILL)");
+    assert_eq!(chosen(&lab, 1), before, "node1 after {update} and {crash1}");
+    assert_eq!(chosen(&lab, 2), before, "node2 after {crash}");
     for n in [1, 2] {
         let tap = format!("{}h{n}", lab.prefix);
         let out = lab.run(&[

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+pub const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 
 /// The CNI plugin next to ferry, built if this test runs before it was (cargo builds a
 /// workspace's binaries for `cargo test --workspace`, not for `-p ferry`).
