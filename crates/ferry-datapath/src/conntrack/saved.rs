@@ -72,7 +72,10 @@ pub(crate) fn record(e: &Entry, now_ns: u64) -> Connection {
         tunnel_peer: e.tunnel_peer(),
         packets: e.packets(),
         bytes: e.bytes(),
-        first_seen_ago_ns: now_ns.saturating_sub(e.first_seen_ns),
+        // An entry made due at once (a connection reset before any reply) has its last
+        // time set back by a timeout, which may fall before its first packet: in the
+        // record the first packet is no later than the last.
+        first_seen_ago_ns: now_ns.saturating_sub(e.first_seen_ns.min(e.last_seen_ns)),
         last_seen_ago_ns: now_ns.saturating_sub(e.last_seen_ns),
     }
 }

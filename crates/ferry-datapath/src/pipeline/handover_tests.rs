@@ -523,6 +523,38 @@ fn test_times_are_rebased_and_expired_connections_left_out() {
     assert_eq!((r.connections, r.dropped.ct_expired), (4, 2), "{r}");
 }
 
+/// A connection reset before any reply is due at once: its last time is set back by a
+/// timeout, before its first packet when the clock is young. Its record must still be
+/// one a restore takes (an agent that had just started after a crash refused every
+/// handover while it held one).
+#[test]
+fn test_a_connection_reset_before_its_reply_on_a_young_clock_is_handed_over() {
+    let mut old = node1(services(true));
+    let pod_a = from_pod(1, 5);
+    let syn = tcp("10.244.1.5", "10.96.0.10", 41000, 80)
+        .seq(1000, 0)
+        .flags(SYN)
+        .opts(&pod_a)
+        .frame(&[]);
+    assert_eq!(send(&mut old, "pod-a", syn, SEC).0, Verdict::Forwarded);
+    let rst = tcp("10.244.1.5", "10.96.0.10", 41000, 80)
+        .seq(1001, 0)
+        .flags(tcp_flags::RST)
+        .opts(&pod_a)
+        .frame(&[]);
+    assert_eq!(send(&mut old, "pod-a", rst, 2 * SEC).0, Verdict::Forwarded);
+    let saved = old.save_state(2 * SEC);
+    assert_eq!(saved.connections.len(), 1, "due, not yet reaped");
+    let c = &saved.connections[0];
+    assert!(c.first_seen_ago_ns >= c.last_seen_ago_ns, "{c:?}");
+    let bytes = encode(&saved);
+    let mut new = fresh(services(true), false);
+    let r = new
+        .restore_state(&decode(&bytes).unwrap(), 2 * SEC)
+        .unwrap();
+    assert_eq!(r.connections + r.dropped.ct_expired, 1, "{r}");
+}
+
 /// Version skew: the previous format's state (the version 1 fixture) restores with what
 /// it holds, and its connections go on.
 #[test]
