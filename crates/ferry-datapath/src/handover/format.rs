@@ -310,6 +310,26 @@ fn parse<T: DeserializeOwned>(tag: Tag, payload: &[u8]) -> Result<T, StateError>
     Ok(v)
 }
 
+/// A section's payload of records parsed whole, into a vector of the length it
+/// announces (bounded by its bytes, each record at least one): serde's own reading of a
+/// sequence grows its vector from a cautious guess, copying a full table's records
+/// several times over.
+fn parse_records<T: DeserializeOwned>(tag: Tag, payload: &[u8]) -> Result<Vec<T>, StateError> {
+    let fail = |reason: String| StateError::Section { tag, reason };
+    let (n, mut rest) =
+        postcard::take_from_bytes::<u64>(payload).map_err(|e| fail(e.to_string()))?;
+    let mut out = Vec::with_capacity(usize::try_from(n).unwrap_or(usize::MAX).min(rest.len()));
+    for _ in 0..n {
+        let (v, r) = postcard::take_from_bytes(rest).map_err(|e| fail(e.to_string()))?;
+        out.push(v);
+        rest = r;
+    }
+    if !rest.is_empty() {
+        return Err(fail(format!("{} bytes after its records", rest.len())));
+    }
+    Ok(out)
+}
+
 /// Checks every record of a section with `check`.
 fn each<T>(
     tag: Tag,
@@ -388,10 +408,10 @@ pub fn decode(bytes: &[u8]) -> Result<SavedState, StateError> {
         seen.push(tag);
         match tag {
             Tag::META => state.meta = parse(tag, payload)?,
-            Tag::CONN => state.connections = parse(tag, payload)?,
-            Tag::AFFN => state.affinity = parse(tag, payload)?,
-            Tag::NEIG => state.neighbours = parse(tag, payload)?,
-            Tag::FRAG => state.datagrams = parse(tag, payload)?,
+            Tag::CONN => state.connections = parse_records(tag, payload)?,
+            Tag::AFFN => state.affinity = parse_records(tag, payload)?,
+            Tag::NEIG => state.neighbours = parse_records(tag, payload)?,
+            Tag::FRAG => state.datagrams = parse_records(tag, payload)?,
             _ => unreachable!("a known section"),
         }
     }
