@@ -468,7 +468,7 @@ fn adopt(a: &state::Attachment, queues: u16) -> Result<TapPort, String> {
     // A single-queue TAP is busy while another process holds it: the previous agent,
     // killed a moment ago, whose last threads are still going. It lets go soon.
     let deadline = std::time::Instant::now() + ADOPT_BUSY_WAIT;
-    let tap = loop {
+    loop {
         match link::reopen_pod_tap(&a.netns, &a.ifname, mac.0, queues) {
             Err(e)
                 if e.kind() == std::io::ErrorKind::ResourceBusy
@@ -476,10 +476,9 @@ fn adopt(a: &state::Attachment, queues: u16) -> Result<TapPort, String> {
             {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            r => break r.map_err(|e| e.to_string())?,
+            r => return r.map_err(|e| e.to_string()),
         }
-    };
-    Ok(tap)
+    }
 }
 
 /// How long adoption waits for a TAP another process still holds.
