@@ -109,37 +109,27 @@ pub fn attach_pod(dev: &str, pod: &Pod<'_>) -> io::Result<()> {
 /// MAC never changes: it is the port's, fixed by the agent.
 pub fn pin_gateway(netns: &str, ifname: &str, mac: [u8; 6], v4: bool, v6: bool) -> io::Result<()> {
     let mac = format_mac(mac);
-    if v4 {
-        ip(&[
+    let families = [
+        (v4, "-4", GATEWAY_V4, None),
+        (v6, "-6", GATEWAY_V6, Some("router")),
+    ];
+    for (_, family, gateway, flag) in families.into_iter().filter(|f| f.0) {
+        let mut args = vec![
             "-n",
             netns,
+            family,
             "neigh",
             "replace",
-            GATEWAY_V4,
+            gateway,
             "lladdr",
             &mac,
             "dev",
             ifname,
             "nud",
             "permanent",
-        ])?;
-    }
-    if v6 {
-        ip(&[
-            "-n",
-            netns,
-            "-6",
-            "neigh",
-            "replace",
-            GATEWAY_V6,
-            "lladdr",
-            &mac,
-            "dev",
-            ifname,
-            "nud",
-            "permanent",
-            "router",
-        ])?;
+        ];
+        args.extend(flag);
+        ip(&args)?;
     }
     Ok(())
 }
