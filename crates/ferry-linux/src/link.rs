@@ -78,7 +78,9 @@ pub fn attach_pod(dev: &str, pod: &Pod<'_>) -> io::Result<()> {
     ip(&["link", "set", "dev", dev, "address", &mac])?;
     move_to_netns(dev, i)?;
     let ns = i.netns;
-    if i.addresses.iter().any(|a| a.addr().is_ipv4()) {
+    let v4 = i.addresses.iter().any(|a| a.addr().is_ipv4());
+    let v6 = i.addresses.iter().any(|a| a.addr().is_ipv6());
+    if v4 {
         ip(&[
             "-n", ns, "route", "add", GATEWAY_V4, "dev", i.name, "scope", "link",
         ])?;
@@ -86,13 +88,11 @@ pub fn attach_pod(dev: &str, pod: &Pod<'_>) -> io::Result<()> {
             "-n", ns, "route", "add", "default", "via", GATEWAY_V4, "dev", i.name,
         ])?;
     }
-    if i.addresses.iter().any(|a| a.addr().is_ipv6()) {
+    if v6 {
         ip(&[
             "-n", ns, "-6", "route", "add", "default", "via", GATEWAY_V6, "dev", i.name,
         ])?;
     }
-    let v4 = i.addresses.iter().any(|a| a.addr().is_ipv4());
-    let v6 = i.addresses.iter().any(|a| a.addr().is_ipv6());
     pin_gateway(ns, i.name, pod.gateway_mac, v4, v6)
 }
 

@@ -11,7 +11,8 @@
 //! of the flows, those it had, and adding one takes about 1/(N+1) to it.
 //!
 //! The table of a set of N endpoints has M slots, M the smallest prime of [`SIZES`] over
-//! 100 N (at most the largest, 131071): each endpoint gets M/N slots give or take one, so
+//! 100 N (at most the largest, 262139, so beyond 2621 endpoints M is less than 100 N):
+//! each endpoint gets M/N slots give or take one, so
 //! shares differ by under 1 % (the paper's measure: M well over 100 N). Each endpoint
 //! walks its own permutation of the slots, from `offset` in steps of `skip` (both from a
 //! hash of its address and port), and the endpoints take turns claiming the next free
@@ -35,8 +36,7 @@ pub const SIZES: [u32; 11] = [
     251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071, 262139,
 ];
 
-/// The largest table (the last of [`SIZES`] is only reached with more endpoints than
-/// that over 100).
+/// The largest table: that of every set of more than 1310 endpoints.
 const MAX_SIZE: u32 = SIZES[SIZES.len() - 1];
 
 /// The table size for `n` endpoints: the smallest of [`SIZES`] over 100 `n`, or the
@@ -141,7 +141,8 @@ impl Table {
     }
 
     /// How many slots each endpoint has, by index.
-    pub fn shares(&self, n: usize) -> Vec<usize> {
+    #[cfg(test)]
+    fn shares(&self, n: usize) -> Vec<usize> {
         let mut c = vec![0; n];
         match &self.slots {
             Slots::Narrow(s) => s.iter().for_each(|&i| c[usize::from(i)] += 1),

@@ -38,16 +38,6 @@ pub enum BalanceMode {
     Random,
 }
 
-impl BalanceMode {
-    /// Lower-case name, as the tables file writes it.
-    pub fn name(self) -> &'static str {
-        match self {
-            BalanceMode::Maglev => "maglev",
-            BalanceMode::Random => "random",
-        }
-    }
-}
-
 /// The tables' `balance`: how every Service port spreads new connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
