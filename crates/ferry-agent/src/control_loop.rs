@@ -203,8 +203,8 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
             agent.carry_out_queued_dels(&in_force);
             queue_due = Instant::now() + DEL_QUEUE_SCAN;
         }
-        if let Some((conn, taker)) = answer_requests(&mut agent, &api, &in_force) {
-            match agent.give_over(conn, &mut api, taker) {
+        if let Some(asked) = answer_requests(&mut agent, &api, &in_force) {
+            match agent.give_over(asked.conn, &mut api, asked.taker, asked.precopy) {
                 handover::Given::Done => handover::leave(after_handover),
                 handover::Given::Failed(_) => {}
             }
@@ -243,21 +243,36 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
     Ok(())
 }
 
+/// A new agent that asked for the node.
+struct Asked {
+    conn: UnixStream,
+    taker: u32,
+    precopy: bool,
+}
+
 /// Answers the local API's requests waiting now; `in_force` is the state in force. A
-/// handover request ends the round: its connection and the asking agent's pid are
-/// returned, for the loop to carry it out.
-fn answer_requests(
-    agent: &mut Agent,
-    api: &ApiServer,
-    in_force: &Arc<Cluster>,
-) -> Option<(UnixStream, u32)> {
+/// handover request ends the round: its connection, the asking agent's pid and whether
+/// it takes a pre-copy are returned, for the loop to carry it out.
+fn answer_requests(agent: &mut Agent, api: &ApiServer, in_force: &Arc<Cluster>) -> Option<Asked> {
     while let Ok(pending) = api.requests().try_recv() {
         match pending.take_conversation() {
-            Ok((Request::Handover { version, pid }, answer, Some(conn))) => {
-                tracing::info!(taker = pid, %version, "a new agent asks for the node");
+            Ok((
+                Request::Handover {
+                    version,
+                    pid,
+                    precopy,
+                },
+                answer,
+                Some(conn),
+            )) => {
+                tracing::info!(taker = pid, %version, precopy, "a new agent asks for the node");
                 // Its connection thread waits for this, and then writes nothing.
                 let _ = answer.send(Response::Ok(Default::default()));
-                return Some((conn, pid));
+                return Some(Asked {
+                    conn,
+                    taker: pid,
+                    precopy,
+                });
             }
             Ok((req, answer, _)) => {
                 tracing::debug!(?req, "api request");

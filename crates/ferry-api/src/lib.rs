@@ -194,6 +194,11 @@ pub enum Request {
         version: String,
         /// Its process id, for the logs.
         pid: u32,
+        /// It takes the state as a pre-copy: a base saved while the running agent
+        /// forwards, then the changes since (absent: one state, as agents before the
+        /// pre-copy ask).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        precopy: bool,
     },
 }
 

@@ -194,5 +194,60 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// Slots of the table a pre-copy saves of its base in one hold (the agent's
+/// `PRECOPY_PART`).
+const PART: usize = 16_384;
+
+/// A pre-copy of a full table: one part of its base (what one hold of the workers
+/// costs while the base is saved), and the pause at its end with `k` connections
+/// changed since the base began: the giver's save and encode of the changes, the
+/// taker's decode and apply of them over the base (the handover's gap but for the
+/// socket).
+fn precopy(c: &mut Criterion) {
+    let tables = tables();
+    let n = 262_143u32;
+    let mut g = c.benchmark_group("handover");
+    g.sample_size(10);
+    let mut old = filled(&tables, n);
+    old.track_changes();
+    let mut part = handover::SavedState::default();
+    g.throughput(Throughput::Elements(PART as u64));
+    g.bench_function(format!("precopy_part/{n}"), |b| {
+        b.iter(|| black_box(&old).save_base_into(101 * SEC, 0, PART, black_box(&mut part)))
+    });
+    drop(part);
+    let mut base = handover::SavedState::default();
+    let mut from = Some(0);
+    while let Some(f) = from {
+        from = old.save_base_into(101 * SEC, f, PART, &mut base);
+    }
+    let mut new = Pipeline::new(Arc::clone(&tables));
+    new.restore_state(&base, 5 * SEC).unwrap();
+    drop(base);
+    for k in [0u32, n / 100, n / 10] {
+        g.throughput(Throughput::Elements(u64::from(k.max(1))));
+        g.bench_function(format!("precopy_pause/{n}/{k}"), |b| {
+            b.iter_custom(|iters| {
+                let mut took = Duration::ZERO;
+                for _ in 0..iters {
+                    old.track_changes();
+                    for id in (0..n).step_by((n / k.max(1)) as usize).take(k as usize) {
+                        black_box(old.conntrack_mut().get_mut(id));
+                    }
+                    let start = Instant::now();
+                    let bytes = handover::encode(&old.save_changes(101 * SEC));
+                    let changes = handover::decode(black_box(&bytes)).unwrap();
+                    let r = new.apply_changes(&changes, 5 * SEC).unwrap();
+                    took += start.elapsed();
+                    assert_eq!(r.connections, k as usize);
+                }
+                took
+            })
+        });
+    }
+    assert_eq!(new.conntrack().len(), n as usize);
+    g.finish();
+}
+
+criterion_group!(benches, bench, precopy);
 criterion_main!(benches);

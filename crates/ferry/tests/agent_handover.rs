@@ -192,11 +192,17 @@ fn a_new_agent_takes_the_node_over_without_losing_a_packet() {
     );
     let new = c.lab.stop("new agent on node1");
     assert!(new.contains("took over from the running agent"), "{new}");
-    // The stream's connection came over with its NAT (it would not survive without).
+    // The stream's connection came over with its NAT (it would not survive without),
+    // in the pre-copy's base, saved while the old agent forwarded.
+    let base = new
+        .lines()
+        .find(|l| l.contains("the pre-copy's base is loaded"))
+        .unwrap_or_else(|| panic!("no pre-copy: {new}"));
     assert!(
-        new.contains("restored ") && !new.contains("restored 0 connections"),
-        "{new}"
+        base.contains("restored ") && !base.contains("restored 0 connections"),
+        "{base}"
     );
+    assert!(new.contains("changes since the base: restored"), "{new}");
     assert!(
         !new.contains("pod interface adopted") || new.contains("handed_over=true"),
         "the pod's interface was opened anew instead of taken over: {new}"
@@ -207,15 +213,17 @@ fn datastore(c: &TwoNodes) -> String {
     format!("file:{}", c.manifest_dir().display())
 }
 
-/// A fake new agent: asks the agent at `sock` to hand over and reads its offer and
+/// A fake new agent: asks the agent at `sock` to hand over (as a pre-copy when
+/// `precopy`, as an agent before the pre-copy asks otherwise) and reads its offer and
 /// descriptors; returns the connection and how many ports were offered.
-fn ask(sock: &Path) -> (UnixStream, usize) {
+fn ask(sock: &Path, precopy: bool) -> (UnixStream, usize) {
     let mut conn = UnixStream::connect(sock).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     let mut line = serde_json::to_string(&Request::Handover {
         version: "test".into(),
         pid: std::process::id(),
+        precopy,
     })
     .unwrap();
     line.push('\n');
@@ -224,6 +232,7 @@ fn ask(sock: &Path) -> (UnixStream, usize) {
     let GiverSays::Offer(offer) = serde_json::from_slice(&offer).unwrap() else {
         panic!("no offer first");
     };
+    assert_eq!(offer.precopy, precopy, "a pre-copy as asked");
     let fds = fdpass::recv_fds(&conn, offer.descriptors()).unwrap();
     assert_eq!(fds.len(), offer.descriptors());
     (conn, offer.ports.len())
@@ -239,16 +248,16 @@ fn a_handover_that_fails_midway_leaves_the_agent_forwarding() {
     start_traffic(&mut c, 400, 350);
     let sock = c.socket(1);
     // The taker goes away after the offer.
-    let (conn, ports) = ask(&sock);
+    let (conn, ports) = ask(&sock, false);
     assert!(ports >= 3, "uplink, host and pod ports offered: {ports}");
     drop(conn);
     // The taker goes away with the state.
-    let (conn, _) = ask(&sock);
+    let (conn, _) = ask(&sock, false);
     say(&conn, &TakerSays::Ready);
     fdpass::recv(&conn).expect("the state");
     drop(conn);
     // The taker refuses the state.
-    let (conn, _) = ask(&sock);
+    let (conn, _) = ask(&sock, false);
     say(&conn, &TakerSays::Ready);
     fdpass::recv(&conn).expect("the state");
     say(
@@ -261,7 +270,7 @@ fn a_handover_that_fails_midway_leaves_the_agent_forwarding() {
     assert!(fdpass::recv(&conn).is_err(), "a go after a refusal");
     drop(conn);
     // The taker gives up before the state.
-    let (conn, _) = ask(&sock);
+    let (conn, _) = ask(&sock, false);
     say(
         &conn,
         &TakerSays::Abort {
@@ -269,24 +278,78 @@ fn a_handover_that_fails_midway_leaves_the_agent_forwarding() {
         },
     );
     drop(conn);
+    // A pre-copy: the taker goes away with the base.
+    let base = |conn: &UnixStream| {
+        let said = fdpass::recv(conn).expect("the base's age");
+        let GiverSays::Base { .. } = serde_json::from_slice(&said).unwrap() else {
+            panic!("no base announced: {}", String::from_utf8_lossy(&said));
+        };
+        let bytes = fdpass::recv(conn).expect("the base");
+        let base = ferry_datapath::handover::decode(&bytes).expect("a state");
+        assert!(base.removed.is_none() && base.affinity.is_empty());
+        base
+    };
+    let (conn, _) = ask(&sock, true);
+    say(&conn, &TakerSays::Ready);
+    let b = base(&conn);
+    assert!(
+        !b.connections.is_empty(),
+        "the downloads' connections in the base"
+    );
+    drop(conn);
+    // It refuses the base.
+    let (conn, _) = ask(&sock, true);
+    say(&conn, &TakerSays::Ready);
+    base(&conn);
+    say(
+        &conn,
+        &TakerSays::Refused {
+            reason: "a base test".into(),
+        },
+    );
+    assert!(fdpass::recv(&conn).is_err(), "changes after a refusal");
+    drop(conn);
+    // It loads the base and refuses the changes.
+    let (conn, _) = ask(&sock, true);
+    say(&conn, &TakerSays::Ready);
+    base(&conn);
+    say(
+        &conn,
+        &TakerSays::BaseLoaded {
+            summary: "a test".into(),
+        },
+    );
+    let changes = fdpass::recv(&conn).expect("the changes");
+    let changes = ferry_datapath::handover::decode(&changes).expect("a state");
+    assert!(changes.removed.is_some(), "changes, not a whole state");
+    say(
+        &conn,
+        &TakerSays::Refused {
+            reason: "a changes test".into(),
+        },
+    );
+    assert!(fdpass::recv(&conn).is_err(), "a go after a refusal");
+    drop(conn);
     // Each time, the agent forwards on and answers again.
     c.lab.wait_for(10, "the API socket answering again", |_| {
         matches!(call(&sock, &Request::Status), Ok(Response::Ok(_)))
     });
-    traffic_intact(&mut c, 400, 350, "through four failed handovers");
+    traffic_intact(&mut c, 400, 350, "through seven failed handovers");
     c.lab.check_alive();
     let log = c.lab.stop("ferry agent on node1");
     for why in [
         "the new agent went away",
         "the new agent refused the state: a test",
         "the new agent gave up: a test",
+        "the new agent refused the state: a base test",
+        "the new agent refused the state: a changes test",
     ] {
         assert!(log.contains(why), "{why:?} not in the log:\n{log}");
     }
     assert_eq!(
         log.matches("handover failed, forwarding goes on here")
             .count(),
-        4,
+        7,
         "{log}"
     );
 }

@@ -9,7 +9,12 @@ use std::time::{Duration, Instant};
 use ferry_linux::fdpass;
 use ferry_linux::worker::HandedPort;
 
-use super::{GiverSays, HOLD_TIMEOUT, Offer, OfferedPort, READY_TIMEOUT, TakerSays, from_json};
+use ferry_datapath::handover::{self as format, SavedState};
+use ferry_linux::worker::Control;
+
+use super::{
+    GiverSays, HOLD_TIMEOUT, Offer, OfferedPort, PRECOPY_PART, READY_TIMEOUT, TakerSays, from_json,
+};
 use crate::accept;
 use crate::api::ApiServer;
 use crate::run::Agent;
@@ -36,13 +41,26 @@ pub enum Given {
 }
 
 impl Agent {
-    /// Hands the node over to the agent at the other end of `conn` (pid `taker`), as the
-    /// module docs describe; `api` stops accepting meanwhile, and accepts again when the
-    /// handover fails.
-    pub fn give_over(&mut self, conn: UnixStream, api: &mut ApiServer, taker: u32) -> Given {
+    /// Hands the node over to the agent at the other end of `conn` (pid `taker`, which
+    /// takes a pre-copy when `precopy`), as the module docs describe; `api` stops
+    /// accepting meanwhile, and accepts again when the handover fails.
+    pub fn give_over(
+        &mut self,
+        conn: UnixStream,
+        api: &mut ApiServer,
+        taker: u32,
+        precopy: bool,
+    ) -> Given {
         let begun = Instant::now();
         api.pause();
-        match self.give(&conn, api) {
+        let given = self.give(&conn, api, precopy);
+        if given.is_err() && precopy {
+            // A pre-copy given up midway records nothing more.
+            let _ = self
+                .control()
+                .run_exclusive(HOLD_TIMEOUT, |v| v.pipeline.stop_tracking());
+        }
+        match given {
             Ok(gap) => {
                 tracing::info!(
                     taker,
@@ -62,8 +80,13 @@ impl Agent {
         }
     }
 
-    /// Steps 2 to 6; the time the workers were held, once the taker has the node.
-    fn give(&mut self, conn: &UnixStream, api: &ApiServer) -> Result<Duration, String> {
+    /// Steps 2 to 7; the time the workers were held last, once the taker has the node.
+    fn give(
+        &mut self,
+        conn: &UnixStream,
+        api: &ApiServer,
+        precopy: bool,
+    ) -> Result<Duration, String> {
         fn io(what: &'static str) -> impl Fn(std::io::Error) -> String {
             move |e| format!("{what}: {e}")
         }
@@ -86,6 +109,7 @@ impl Agent {
                 .collect(),
             listeners: listeners.iter().map(|(a, _)| *a).collect(),
             api: true,
+            precopy,
         };
         let mut fds: Vec<BorrowedFd<'_>> = ports
             .iter()
@@ -106,9 +130,22 @@ impl Agent {
             other => return Err(format!("the new agent said {other:?} before it was ready")),
         }
         self.write_audit_now();
-        // Holds the workers from here: the state saved is all the state there is. The
-        // job lets them go when `release` is dropped (the handover failed) or after
-        // HOLD_TIMEOUT; told that the taker has the node, it never lets them go.
+        if precopy {
+            self.send_base(conn)?;
+            match recv_taker(conn)? {
+                TakerSays::BaseLoaded { summary } => {
+                    tracing::info!("the new agent loaded the pre-copy's base: {summary}");
+                }
+                TakerSays::Refused { reason } => {
+                    return Err(format!("the new agent refused the state: {reason}"));
+                }
+                other => return Err(format!("the new agent said {other:?} for the base")),
+            }
+        }
+        // Holds the workers from here: the state saved is all the state there is (after
+        // a pre-copy, what changed since its base). The job lets them go when `release`
+        // is dropped (the handover failed) or after HOLD_TIMEOUT; told that the taker
+        // has the node, it never lets them go.
         let (state_tx, state_rx) = mpsc::sync_channel(1);
         let (release, held) = mpsc::channel::<()>();
         let control = std::sync::Arc::clone(self.control());
@@ -116,7 +153,12 @@ impl Agent {
             .name("ferry-handover".into())
             .spawn(move || {
                 control.run_exclusive(HOLD_TIMEOUT, move |v| {
-                    let _ = state_tx.send(super::state::save(v.pipeline, v.now_ns));
+                    let state = if precopy {
+                        format::encode(&v.pipeline.save_changes(v.now_ns))
+                    } else {
+                        super::state::save(v.pipeline, v.now_ns)
+                    };
+                    let _ = state_tx.send(state);
                     if held.recv_timeout(HOLD_TIMEOUT).is_ok() {
                         // Handed over: this process forwards no more until it goes.
                         loop {
@@ -160,6 +202,59 @@ impl Agent {
             }
         }
     }
+}
+
+impl Agent {
+    /// The pre-copy's base (step 4 of a pre-copy): saved a part at a time while the
+    /// workers forward between the parts, then encoded and sent, told how old it is.
+    fn send_base(&self, conn: &UnixStream) -> Result<(), String> {
+        let begun = Instant::now();
+        let (base, parts) = save_base(self.control())?;
+        let bytes = format::encode(&base);
+        let connections = base.connections.len();
+        drop(base);
+        let age_ns = u64::try_from(begun.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        tracing::info!(
+            connections,
+            parts,
+            bytes = bytes.len(),
+            took_ms = begun.elapsed().as_secs_f64() * 1e3,
+            "pre-copy: the base is saved while forwarding goes on"
+        );
+        fdpass::send(conn, &super::to_json(&GiverSays::Base { age_ns }))
+            .map_err(|e| format!("sending the base's age: {e}"))?;
+        fdpass::send(conn, &bytes).map_err(|e| format!("sending the base: {e}"))
+    }
+}
+
+/// Begins the pre-copy and saves its base, [`PRECOPY_PART`] slots of the connection
+/// table a hold, every record as of the first hold (where the changes begin to be
+/// recorded): what changes after it is in the changes, not in the base. The base and
+/// how many holds it took.
+fn save_base(control: &std::sync::Arc<Control>) -> Result<(SavedState, usize), String> {
+    let held = |e| format!("saving the pre-copy's base: {e}");
+    let (mut base, mut next, at) = control
+        .run_exclusive(HOLD_TIMEOUT, |v| {
+            v.pipeline.track_changes();
+            let mut base = SavedState::default();
+            let next = v
+                .pipeline
+                .save_base_into(v.now_ns, 0, PRECOPY_PART, &mut base);
+            (base, next, v.now_ns)
+        })
+        .map_err(held)?;
+    let mut parts = 1;
+    while let Some(from) = next {
+        let r = control
+            .run_exclusive(HOLD_TIMEOUT, move |v| {
+                let next = v.pipeline.save_base_into(at, from, PRECOPY_PART, &mut base);
+                (base, next)
+            })
+            .map_err(held)?;
+        (base, next) = r;
+        parts += 1;
+    }
+    Ok((base, parts))
 }
 
 fn recv_taker(conn: &UnixStream) -> Result<TakerSays, String> {

@@ -16,22 +16,31 @@
 //! 3. taker: compiles its tables from its own datastore, makes its ports from the
 //!    descriptors (opening those it was not given), and says [`TakerSays::Ready`] (or
 //!    [`TakerSays::Abort`]).
-//! 4. giver: holds every worker between two rounds (nothing is read from a port from
+//! 4. giver, when the taker asked for a pre-copy (an older taker does not, and an
+//!    older giver's offer does not say it gives one): begins recording what changes
+//!    and saves the base of its state, [`PRECOPY_PART`] connection table slots per
+//!    hold of its workers (about 0.4 ms a hold), forwarding between the holds; sends
+//!    [`GiverSays::Base`] with the base's age, then the base, in the versioned format of
+//!    `ferry_datapath::handover` (see its "Pre-copy"). The taker restores it while the
+//!    giver forwards and says [`TakerSays::BaseLoaded`] (or [`TakerSays::Refused`]).
+//! 5. giver: holds every worker between two rounds (nothing is read from a port from
 //!    then on; what arrives waits in the kernel's queues), saves the pipeline's state
-//!    and sends it as one message, in the versioned format of
-//!    `ferry_datapath::handover`.
-//! 5. taker: loads the state into its pipeline, all or nothing, and says
-//!    [`TakerSays::Loaded`], or [`TakerSays::Refused`] with the reason.
-//! 6. giver: says [`GiverSays::Go`] and is done: it forwards no more, whatever comes
+//!    (after a pre-copy, only what changed since its base) and sends it as one message.
+//! 6. taker: loads the state into its pipeline (applies the changes over the base),
+//!    all or nothing, and says [`TakerSays::Loaded`], or [`TakerSays::Refused`] with
+//!    the reason.
+//! 7. giver: says [`GiverSays::Go`] and is done: it forwards no more, whatever comes
 //!    ([`AfterHandover`]: it exits at once, or closes every descriptor and waits to be
 //!    stopped). The taker starts its workers, which read what waited in the queues.
 //!
-//! Forwarding stops at step 4 and starts again at step 6: the gap is the time to save,
-//! send and load the state, and no packet is lost on the way (the queues hold them).
-//! Anything that goes wrong before step 6 (the taker dies, says so, is too slow, or
-//! refuses the state) leaves the giver forwarding as before, with its state as it was,
-//! and the taker exits with an error that says why; a taker that did not get its
-//! [`GiverSays::Go`] never forwards.
+//! Forwarding stops at step 5 and starts again at step 7: the gap is the time to save,
+//! send and load the state (after a pre-copy, its changes: about a millisecond when a
+//! hundredth of a full table had packets during the pre-copy), and no packet is lost on
+//! the way (the queues hold them). Anything that goes wrong before step 7 (the taker
+//! dies, says so, is too slow, or refuses the state) leaves the giver forwarding as
+//! before, with its state as it was (a pre-copy's recording stopped), and the taker
+//! exits with an error that says why; a taker that did not get its [`GiverSays::Go`]
+//! never forwards.
 //!
 //! A port that cannot be handed over (an AF_PACKET ring) is opened anew by the taker,
 //! and the giver's closes when it goes. The host's NAT rules and the uplink's ingress
@@ -61,6 +70,11 @@ pub const HOLD_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the taker waits for each of the giver's messages.
 pub const GIVER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Slots of the connection table the giver saves of a pre-copy's base in one hold of
+/// its workers: about a millisecond's worth (a full table of 262 143 entries takes 16
+/// holds).
+pub const PRECOPY_PART: usize = 16_384;
+
 /// What the giver hands over (step 2).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Offer {
@@ -74,6 +88,10 @@ pub struct Offer {
     pub listeners: Vec<SocketAddr>,
     /// The API socket's listener comes last.
     pub api: bool,
+    /// The state comes as a pre-copy (the taker asked for one): a base, then the
+    /// changes since. Absent from an older giver's offer: one state.
+    #[serde(default)]
+    pub precopy: bool,
 }
 
 impl Offer {
@@ -108,8 +126,13 @@ pub enum TakerSays {
         /// Why.
         reason: String,
     },
-    /// The state is loaded (step 5).
+    /// The state is loaded (step 6).
     Loaded {
+        /// What was loaded, for the giver's log.
+        summary: String,
+    },
+    /// The pre-copy's base is loaded: the changes may come.
+    BaseLoaded {
         /// What was loaded, for the giver's log.
         summary: String,
     },
@@ -126,7 +149,12 @@ pub enum TakerSays {
 pub enum GiverSays {
     /// The offer (step 2).
     Offer(Offer),
-    /// The taker may forward: the giver has stopped for good (step 6).
+    /// The pre-copy's base follows, its records as they were `age_ns` ago.
+    Base {
+        /// Nanoseconds since the base's records were taken, when it is sent.
+        age_ns: u64,
+    },
+    /// The taker may forward: the giver has stopped for good (step 7).
     Go,
 }
 

@@ -37,6 +37,7 @@ pub fn ask(socket: &Path) -> Result<Option<(Taking, Inherited)>, String> {
     let mut line = serde_json::to_string(&Request::Handover {
         version: env!("CARGO_PKG_VERSION").to_string(),
         pid: std::process::id(),
+        precopy: true,
     })
     .map_err(|e| e.to_string())?;
     line.push('\n');
@@ -79,6 +80,7 @@ pub fn ask(socket: &Path) -> Result<Option<(Taking, Inherited)>, String> {
         version = %offer.version,
         ports = offer.ports.len(),
         listeners = offer.listeners.len(),
+        precopy = offer.precopy,
         "the running agent hands over; it forwards until this one is ready"
     );
     Ok(Some((Taking { conn, offer, api }, inherited)))
@@ -141,32 +143,53 @@ impl Taking {
         );
     }
 
-    /// Steps 3 to 6: says this agent is ready, loads the giver's state into `starting`'s
+    /// Steps 3 to 7: says this agent is ready, loads the giver's state into `starting`'s
     /// pipeline and, told to go, starts forwarding. An error leaves the giver
     /// forwarding (this agent must then stop without forwarding).
     pub fn finish(self, mut starting: Starting) -> Result<(Agent, Applied), String> {
         let begun = Instant::now();
         let talk = |e: std::io::Error| format!("the running agent: {e}");
         say(&self.conn, &TakerSays::Ready)?;
+        let refused = |reason: String| {
+            tracing::error!("the handed-over state is refused: {reason}");
+            let _ = say(
+                &self.conn,
+                &TakerSays::Refused {
+                    reason: reason.clone(),
+                },
+            );
+            format!(
+                "the handed-over state is refused ({reason}); the running agent \
+                 forwards on: stop it to start this one without its state"
+            )
+        };
+        if self.offer.precopy {
+            let said = fdpass::recv(&self.conn).map_err(talk)?;
+            let GiverSays::Base { age_ns } = from_json(&said, "the running agent's base")? else {
+                return Err("the running agent did not announce its base".into());
+            };
+            let got = Instant::now();
+            let base = fdpass::recv(&self.conn).map_err(talk)?;
+            let now = starting.now_ns();
+            let age_ns = age_ns.saturating_add(got.elapsed().as_nanos() as u64);
+            let summary = super::state::load_base(starting.pipeline_mut(), &base, now, age_ns)
+                .map_err(refused)?;
+            tracing::info!(
+                restore_ms = got.elapsed().as_secs_f64() * 1e3,
+                "the pre-copy's base is loaded while the running agent forwards: {summary}"
+            );
+            say(&self.conn, &TakerSays::BaseLoaded { summary })?;
+        }
+        let held = Instant::now();
         let state = fdpass::recv(&self.conn).map_err(talk)?;
         let now = starting.now_ns();
-        let loaded = super::state::load(starting.pipeline_mut(), &state, now);
-        let summary = match loaded {
-            Ok(s) => s,
-            Err(reason) => {
-                tracing::error!("the handed-over state is refused: {reason}");
-                let _ = say(
-                    &self.conn,
-                    &TakerSays::Refused {
-                        reason: reason.clone(),
-                    },
-                );
-                return Err(format!(
-                    "the handed-over state is refused ({reason}); the running agent \
-                     forwards on: stop it to start this one without its state"
-                ));
-            }
+        let pipeline = starting.pipeline_mut();
+        let loaded = if self.offer.precopy {
+            super::state::load_changes(pipeline, &state, now)
+        } else {
+            super::state::load(pipeline, &state, now)
         };
+        let summary = loaded.map_err(refused)?;
         say(
             &self.conn,
             &TakerSays::Loaded {
@@ -178,10 +201,12 @@ impl Taking {
             GiverSays::Go => {}
             other => return Err(format!("the running agent said {other:?} instead of go")),
         }
+        let last_ms = held.elapsed().as_secs_f64() * 1e3;
         let r = starting.run()?;
         tracing::info!(
             giver = self.offer.pid,
-            gap_ms = begun.elapsed().as_secs_f64() * 1e3,
+            took_ms = begun.elapsed().as_secs_f64() * 1e3,
+            last_state_to_go_ms = last_ms,
             "took over from the running agent: {summary}"
         );
         Ok(r)

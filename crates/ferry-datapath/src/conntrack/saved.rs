@@ -5,7 +5,7 @@ use super::Conntrack;
 use super::entry::{Entry, ProtoState, Status};
 use super::tcp::{SideFlags, TcpConn};
 use crate::flow::{Addr, FlowKey};
-use crate::handover::{self, Connection, TcpSide, Tracking, Tuple};
+use crate::handover::{self, Connection, Removed, TcpSide, Tracking, Tuple};
 
 fn tuple(k: &FlowKey) -> Tuple {
     Tuple {
@@ -16,7 +16,7 @@ fn tuple(k: &FlowKey) -> Tuple {
     }
 }
 
-fn key(zone: u16, proto: u8, t: &Tuple) -> FlowKey {
+pub(crate) fn key(zone: u16, proto: u8, t: &Tuple) -> FlowKey {
     FlowKey {
         zone,
         src: Addr::from(t.src),
@@ -94,6 +94,103 @@ impl Conntrack {
                 .filter(|(_, e)| e.deadline_ns(t) > now_ns)
                 .map(|(_, e)| record(e, now_ns)),
         );
+    }
+}
+
+impl Conntrack {
+    /// Records from now on which entries change and which are removed, for a pre-copy
+    /// ([`Conntrack::save_unchanged_into`], [`Conntrack::save_changed`]); forgets what an
+    /// earlier tracking recorded. At most a full table's worth of removals is kept.
+    pub(crate) fn track_changes(&mut self) {
+        self.table.track(self.config.max_entries);
+    }
+
+    /// Stops recording changes.
+    pub(crate) fn untrack(&mut self) {
+        self.table.untrack();
+    }
+
+    /// True while changes are recorded.
+    pub(crate) fn is_tracking(&self) -> bool {
+        self.table.tracked().is_some()
+    }
+
+    /// Appends the record of every connection live at `now_ns` among slab slots
+    /// `from..from + count` that did not change since [`Conntrack::track_changes`] (all
+    /// of them when changes are not tracked); the slot to go on from, or None when
+    /// there are no more. Saved a part at a time while the worker forwards between the
+    /// parts: what changes meanwhile is saved by [`Conntrack::save_changed`].
+    pub(crate) fn save_unchanged_into(
+        &self,
+        now_ns: u64,
+        from: usize,
+        count: usize,
+        out: &mut Vec<Connection>,
+    ) -> Option<usize> {
+        let t = &self.config.timeouts;
+        let tracked = self.table.tracked();
+        let to = from.saturating_add(count);
+        out.extend(
+            self.table
+                .iter_slots(from, to)
+                .filter(|(id, e)| {
+                    e.deadline_ns(t) > now_ns && !tracked.is_some_and(|c| c.written(*id))
+                })
+                .map(|(_, e)| record(e, now_ns)),
+        );
+        (to < self.table.slots_len()).then_some(to)
+    }
+
+    /// Stops recording changes, and saves them at `now_ns`: the record of every live
+    /// connection that changed or was made since [`Conntrack::track_changes`] appended
+    /// to `out`, and the original tuples of those removed since (and of those changed
+    /// that are due, expired already). None, and nothing appended, when changes were not
+    /// tracked or more were removed than a full table holds: then only a whole state
+    /// will do.
+    pub(crate) fn save_changed(
+        &mut self,
+        now_ns: u64,
+        out: &mut Vec<Connection>,
+    ) -> Option<Vec<Removed>> {
+        let tracked = self.table.untrack()?;
+        let gone = tracked.removed()?;
+        let removed_record = |k: &FlowKey| Removed {
+            zone: k.zone,
+            proto: k.proto,
+            original: tuple(k),
+        };
+        let mut removed: Vec<Removed> = gone.iter().map(removed_record).collect();
+        let t = &self.config.timeouts;
+        for id in tracked.written_ids() {
+            let Some(e) = self.table.get(id) else {
+                continue;
+            };
+            if e.deadline_ns(t) > now_ns {
+                out.push(record(e, now_ns));
+            } else {
+                removed.push(removed_record(&e.original()));
+            }
+        }
+        Some(removed)
+    }
+
+    /// Removes the entry whose original tuple is `key` (not its reply tuple), without
+    /// counting it deleted; true when there was one. For changes applied over a
+    /// pre-copy's base (`handover`).
+    pub(crate) fn forget(&mut self, key: &FlowKey) -> bool {
+        match self.table.lookup(key) {
+            Some((id, 0)) => self.table.remove(id).is_some(),
+            _ => false,
+        }
+    }
+
+    /// Removes whatever entry has the tuple `key`, in either direction, without
+    /// counting it deleted; true when there was one.
+    pub(crate) fn forget_any(&mut self, key: &FlowKey) -> bool {
+        match self.table.lookup(key) {
+            Some((id, _)) => self.table.remove(id).is_some(),
+            None => false,
+        }
     }
 }
 

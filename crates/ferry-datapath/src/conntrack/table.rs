@@ -115,6 +115,62 @@ pub(crate) struct Table {
     /// Insertions and removals so far: while it stays the same, a tuple found free stays
     /// free (see `Pending`).
     changes: u64,
+    /// What changed since [`Table::track`], while tracked (a handover's pre-copy).
+    tracked: Option<Box<Tracked>>,
+}
+
+/// What changed in a table since [`Table::track`]: the slots written to (an entry
+/// inserted, or handed out for a change by [`Table::get_mut`]), and the original tuples
+/// of the entries removed, up to a bound. A handover's pre-copy saves the entries
+/// unchanged meanwhile while the worker forwards, then, paused, only these
+/// (`handover`).
+pub(crate) struct Tracked {
+    /// A bit per slot id.
+    written: Vec<u64>,
+    /// The original tuples of the entries removed, in order.
+    removed: Vec<FlowKey>,
+    /// Most tuples `removed` keeps; past it, `overflowed` is set and no more are kept.
+    bound: usize,
+    overflowed: bool,
+}
+
+impl Tracked {
+    #[inline(always)]
+    fn write(&mut self, id: u32) {
+        let w = id as usize / 64;
+        if w >= self.written.len() {
+            self.written.resize(w + 1, 0);
+        }
+        self.written[w] |= 1 << (id % 64);
+    }
+
+    /// True when slot `id` was written to since tracking began.
+    #[inline]
+    pub(crate) fn written(&self, id: u32) -> bool {
+        self.written
+            .get(id as usize / 64)
+            .is_some_and(|w| w & (1 << (id % 64)) != 0)
+    }
+
+    /// The slot ids written to, in order.
+    pub(crate) fn written_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.written.iter().enumerate().flat_map(|(i, &w)| {
+            let mut w = w;
+            std::iter::from_fn(move || {
+                (w != 0).then(|| {
+                    let b = w.trailing_zeros();
+                    w &= w - 1;
+                    (i * 64) as u32 + b
+                })
+            })
+        })
+    }
+
+    /// The original tuples of the entries removed, or None when there were more than
+    /// the bound.
+    pub(crate) fn removed(&self) -> Option<&[FlowKey]> {
+        (!self.overflowed).then_some(&self.removed[..])
+    }
 }
 
 /// A key of the batch (see [`Table::prefetch_batch`]): its hash, and the first index value
@@ -173,7 +229,51 @@ impl Table {
             prefetch: None,
             stamp: Arc::new(Stamp),
             changes: 0,
+            tracked: None,
         }
+    }
+
+    /// Records from now on what changes (see [`Tracked`]), forgetting what an earlier
+    /// tracking recorded; at most `bound` removals are kept.
+    pub(crate) fn track(&mut self, bound: usize) {
+        self.tracked = Some(Box::new(Tracked {
+            written: vec![0; self.slots.len().div_ceil(64)],
+            removed: Vec::new(),
+            bound,
+            overflowed: false,
+        }));
+    }
+
+    /// What changed since [`Table::track`], while tracked.
+    pub(crate) fn tracked(&self) -> Option<&Tracked> {
+        self.tracked.as_deref()
+    }
+
+    /// Stops tracking; returns what was recorded.
+    pub(crate) fn untrack(&mut self) -> Option<Box<Tracked>> {
+        self.tracked.take()
+    }
+
+    /// Live entries with their ids among slots `from..to`.
+    pub(crate) fn iter_slots(
+        &self,
+        from: usize,
+        to: usize,
+    ) -> impl Iterator<Item = (u32, &Entry)> + '_ {
+        let to = to.min(self.slots.len());
+        let from = from.min(to);
+        self.slots[from..to]
+            .iter()
+            .enumerate()
+            .filter_map(move |(i, s)| match s {
+                Slot::Used(e) => Some(((from + i) as u32, e)),
+                Slot::Free(_) => None,
+            })
+    }
+
+    /// Slab slots in use or free (ids below it have been handed out).
+    pub(crate) fn slots_len(&self) -> usize {
+        self.slots.len()
     }
 
     /// The keyed hash of a tuple, fed to the hasher in as few words as possible: an IPv4
@@ -418,8 +518,18 @@ impl Table {
         }
     }
 
+    /// The entry `id`, to change: while tracked, its slot is recorded as written.
     #[inline]
     pub(crate) fn get_mut(&mut self, id: u32) -> Option<&mut Entry> {
+        if let Some(t) = self.tracked.as_deref_mut() {
+            t.write(id);
+        }
+        self.entry_mut(id)
+    }
+
+    /// The entry `id`, for the table's own links (not recorded as a change).
+    #[inline]
+    fn entry_mut(&mut self, id: u32) -> Option<&mut Entry> {
         match self.slots.get_mut(id as usize)? {
             Slot::Used(e) => Some(e),
             Slot::Free(_) => None,
@@ -513,6 +623,9 @@ impl Table {
         let replied = entry.status.has(Status::SEEN_REPLY);
         self.nat_ports += usize::from(holds_nat_port(&entry));
         let id = self.alloc(entry);
+        if let Some(t) = self.tracked.as_deref_mut() {
+            t.write(id);
+        }
         for (dir, h) in hashes.into_iter().enumerate() {
             self.index.insert(h, id << 1 | dir as u32);
         }
@@ -534,6 +647,13 @@ impl Table {
         self.nat_ports -= usize::from(holds_nat_port(e));
         for (dir, k) in keys.iter().enumerate() {
             self.index.remove(self.hash(k), id << 1 | dir as u32);
+        }
+        if let Some(t) = self.tracked.as_deref_mut() {
+            if t.removed.len() < t.bound {
+                t.removed.push(keys[0]);
+            } else {
+                t.overflowed = true;
+            }
         }
         self.wheel.unlink(&mut self.slots, id);
         if !replied {
@@ -666,7 +786,7 @@ impl Table {
     }
 
     fn set_ulinks(&mut self, id: u32, prev: Option<u32>, next: Option<u32>) {
-        if let Some(e) = self.get_mut(id) {
+        if let Some(e) = self.entry_mut(id) {
             let (p, n) = e.unreplied_links();
             e.set_unreplied_links(prev.unwrap_or(p), next.unwrap_or(n));
         }

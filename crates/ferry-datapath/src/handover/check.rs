@@ -3,7 +3,9 @@
 
 use std::net::IpAddr;
 
-use super::records::{Affinity, Connection, Datagram, NeighState, Neighbour, Tracking, Tuple};
+use super::records::{
+    Affinity, Connection, Datagram, NeighState, Neighbour, Removed, Tracking, Tuple,
+};
 use crate::conntrack::saved::reversed;
 use crate::flow::proto;
 
@@ -16,6 +18,19 @@ fn family(a: &IpAddr) -> &'static str {
 
 fn one_family(t: &Tuple) -> bool {
     t.src.is_ipv4() == t.dst.is_ipv4()
+}
+
+/// Why a removed connection's record is impossible, if it is.
+pub(crate) fn removed(r: &Removed) -> Result<(), String> {
+    let o = &r.original;
+    if !one_family(o) {
+        return Err(format!(
+            "original tuple from {} to {}",
+            family(&o.src),
+            family(&o.dst)
+        ));
+    }
+    Ok(())
 }
 
 /// Why a connection record is impossible, if it is.

@@ -11,7 +11,7 @@ use super::{SavedState, check};
 /// The first bytes of every saved state.
 pub const MAGIC: [u8; 8] = *b"FERRYHOS";
 /// The format version this build writes, and the newest it reads.
-pub const FORMAT: u16 = 2;
+pub const FORMAT: u16 = 3;
 /// The oldest format version this build reads.
 pub const OLDEST_FORMAT: u16 = 1;
 
@@ -30,6 +30,9 @@ impl Tag {
     pub const NEIG: Tag = Tag(*b"NEIG");
     /// Datagrams in reassembly ([`super::Datagram`]), from version 2.
     pub const FRAG: Tag = Tag(*b"FRAG");
+    /// Whether the state is whole or the changes since a pre-copy's base, and then the
+    /// connections removed since ([`super::Removed`]), from version 3.
+    pub const GONE: Tag = Tag(*b"GONE");
     /// The last section, empty: what comes before it is whole.
     pub const END: Tag = Tag(*b"END.");
 
@@ -41,6 +44,7 @@ impl Tag {
             Tag::AFFN => "session affinity",
             Tag::NEIG => "neighbours",
             Tag::FRAG => "fragments",
+            Tag::GONE => "removed connections",
             Tag::END => "end",
             _ => "unknown",
         }
@@ -73,6 +77,14 @@ fn sections(version: u16) -> &'static [Tag] {
     match version {
         1 => &[Tag::META, Tag::CONN, Tag::AFFN],
         2 => &[Tag::META, Tag::CONN, Tag::AFFN, Tag::NEIG, Tag::FRAG],
+        3 => &[
+            Tag::META,
+            Tag::CONN,
+            Tag::AFFN,
+            Tag::NEIG,
+            Tag::FRAG,
+            Tag::GONE,
+        ],
         _ => &[],
     }
 }
@@ -250,6 +262,7 @@ pub fn encode(state: &SavedState) -> Vec<u8> {
     let mut out = Vec::with_capacity(
         256 + 112 * state.connections.len()
             + 64 * (state.affinity.len() + state.neighbours.len())
+            + 48 * state.removed.as_ref().map_or(0, Vec::len)
             + fragments,
     );
     out.extend_from_slice(&MAGIC);
@@ -272,6 +285,7 @@ pub fn encode(state: &SavedState) -> Vec<u8> {
             Tag::AFFN => section(&mut out, tag, &state.affinity),
             Tag::NEIG => section(&mut out, tag, &state.neighbours),
             Tag::FRAG => section(&mut out, tag, &state.datagrams),
+            Tag::GONE => section(&mut out, tag, &state.removed),
             _ => unreachable!("a section of the current format"),
         }
     }
@@ -351,7 +365,12 @@ pub(crate) fn check_state(state: &SavedState) -> Result<(), StateError> {
     each(Tag::CONN, &state.connections, check::connection)?;
     each(Tag::AFFN, &state.affinity, check::affinity)?;
     each(Tag::NEIG, &state.neighbours, check::neighbour)?;
-    each(Tag::FRAG, &state.datagrams, check::datagram)
+    each(Tag::FRAG, &state.datagrams, check::datagram)?;
+    each(
+        Tag::GONE,
+        state.removed.as_deref().unwrap_or_default(),
+        check::removed,
+    )
 }
 
 /// The state in `bytes`, of any format version from [`OLDEST_FORMAT`] to [`FORMAT`],
@@ -412,6 +431,7 @@ pub fn decode(bytes: &[u8]) -> Result<SavedState, StateError> {
             Tag::AFFN => state.affinity = parse_records(tag, payload)?,
             Tag::NEIG => state.neighbours = parse_records(tag, payload)?,
             Tag::FRAG => state.datagrams = parse_records(tag, payload)?,
+            Tag::GONE => state.removed = parse(tag, payload)?,
             _ => unreachable!("a known section"),
         }
     }

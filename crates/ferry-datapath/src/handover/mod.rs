@@ -58,6 +58,35 @@
 //! The connections are a flat list, in no order of any table or shard, so that a
 //! restore can hand each to the worker that owns it (issue 27).
 //!
+//! # Pre-copy
+//!
+//! Saving, encoding, decoding and restoring a full table takes about 0.2 s, too long to
+//! hold forwarding for. So a handover moves most of the state while the old agent still
+//! forwards, and pauses only for what changed meanwhile:
+//!
+//! 1. [`Pipeline::track_changes`]: from now on the connection table records which of
+//!    its slots are written to (a connection's packet, its creation, a stage setting its
+//!    mark) and the original tuple of every connection removed. Nothing else changes
+//!    on the packet path.
+//! 2. [`Pipeline::save_base_into`], a part of the table at a time, the worker forwarding
+//!    between the parts: the base, the connections not written to since step 1, all as
+//!    of step 1 (none of them had a packet since). Restored into the new pipeline with
+//!    [`Pipeline::restore_state_with`], aged by the time since step 1, while the old one
+//!    forwards.
+//! 3. [`Pipeline::save_changes`], forwarding paused: the connections written to since
+//!    step 1 (live ones as records, those already due by tuple), those removed since (by
+//!    tuple, section `GONE`), and the rest of the state whole (affinity, neighbours,
+//!    datagrams). Step 1's recording ends. [`Pipeline::apply_changes`] removes from the
+//!    new pipeline every connection removed and the base's copy of every one changed,
+//!    then restores the changed ones and the rest: the new pipeline then holds what a
+//!    whole save at step 3 would have given it.
+//!
+//! The pause is the changes' save, encoding, sending, decoding and applying: about
+//! 0.8 µs a changed connection (`docs/benchmarks.md`), so it grows with the connections
+//! that had packets during the pre-copy, not with the table. A table in which more
+//! connections were removed during the pre-copy than it holds gives up recording the
+//! removals, and step 3 saves the whole state instead, which replaces the base.
+//!
 //! # Stale states (a checkpoint restored after a crash)
 //!
 //! An agent that is killed hands nothing over, so the agent writes a checkpoint of its
@@ -115,6 +144,9 @@
 //! - Version 1: `META`, `CONN`, `AFFN`.
 //! - Version 2: version 1's, and `NEIG`, `FRAG`. A version 1 state reads with no
 //!   neighbours and no fragments.
+//! - Version 3: version 2's, and `GONE`: whether the state is whole or a pre-copy's
+//!   changes, and then the connections removed since its base. An older state reads as
+//!   a whole one.
 //!
 //! The rules:
 //!
@@ -136,6 +168,10 @@
 //! [`Pipeline::save_state_into`]: crate::Pipeline::save_state_into
 //! [`Pipeline::restore_state`]: crate::Pipeline::restore_state
 //! [`Pipeline::restore_state_with`]: crate::Pipeline::restore_state_with
+//! [`Pipeline::track_changes`]: crate::Pipeline::track_changes
+//! [`Pipeline::save_base_into`]: crate::Pipeline::save_base_into
+//! [`Pipeline::save_changes`]: crate::Pipeline::save_changes
+//! [`Pipeline::apply_changes`]: crate::Pipeline::apply_changes
 
 mod check;
 mod format;
@@ -149,8 +185,8 @@ use std::fmt;
 pub(crate) use format::check_state;
 pub use format::{FORMAT, MAGIC, OLDEST_FORMAT, Part, StateError, Tag, decode, encode};
 pub use records::{
-    Affinity, Connection, Datagram, FirstHeaders, Fragment, Meta, NeighState, Neighbour, Tcp,
-    TcpSide, TcpState, Tracking, Tuple,
+    Affinity, Connection, Datagram, FirstHeaders, Fragment, Meta, NeighState, Neighbour, Removed,
+    Tcp, TcpSide, TcpState, Tracking, Tuple,
 };
 
 /// The ferry version that writes a state, as its header says.
@@ -174,6 +210,12 @@ pub struct SavedState {
     pub neighbours: Vec<Neighbour>,
     /// Datagrams in reassembly, oldest first (none in a version 1 state).
     pub datagrams: Vec<Datagram>,
+    /// None for a whole state. Some for the changes since a pre-copy's base
+    /// ([`Pipeline::save_changes`]): the connections removed since, while `connections`
+    /// holds only those changed or made since (always None before version 3).
+    ///
+    /// [`Pipeline::save_changes`]: crate::Pipeline::save_changes
+    pub removed: Option<Vec<Removed>>,
 }
 
 impl Default for SavedState {
@@ -186,6 +228,7 @@ impl Default for SavedState {
             affinity: Vec::new(),
             neighbours: Vec::new(),
             datagrams: Vec::new(),
+            removed: None,
         }
     }
 }
@@ -360,6 +403,9 @@ pub enum RestoreError {
         /// Its index among the connections.
         index: usize,
     },
+    /// The state holds only the changes since a pre-copy's base, and is no state on its
+    /// own ([`crate::Pipeline::apply_changes`] applies it over its base).
+    OnlyChanges,
 }
 
 impl fmt::Display for RestoreError {
@@ -385,6 +431,10 @@ impl fmt::Display for RestoreError {
                 f,
                 "handover state not restored: connection {index} has a tuple of an \
                  earlier one"
+            ),
+            RestoreError::OnlyChanges => f.write_str(
+                "handover state not restored: it holds only the changes since a \
+                 pre-copy's base",
             ),
         }
     }

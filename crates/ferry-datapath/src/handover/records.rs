@@ -144,6 +144,18 @@ pub struct Connection {
     pub last_seen_ago_ns: u64,
 }
 
+/// A connection removed since the base of a pre-copy (section `GONE` of a state of
+/// changes, from version 3), by its original tuple.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Removed {
+    /// Conntrack zone.
+    pub zone: u16,
+    /// IP protocol number.
+    pub proto: u8,
+    /// The original direction.
+    pub original: Tuple,
+}
+
 /// A session affinity record (section `AFFN`): a client of a Service port kept on its
 /// endpoint.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

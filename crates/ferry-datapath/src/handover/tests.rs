@@ -163,6 +163,7 @@ fn state_v1() -> SavedState {
         }],
         neighbours: vec![],
         datagrams: vec![],
+        removed: None,
     }
 }
 
@@ -245,6 +246,37 @@ fn state_v2() -> SavedState {
     }
 }
 
+/// The state of the fixture's version 3 bytes: version 2's as the changes since a
+/// pre-copy's base, with a removed connection of each family.
+fn state_v3() -> SavedState {
+    SavedState {
+        format: 3,
+        removed: Some(vec![
+            Removed {
+                zone: 0,
+                proto: 6,
+                original: Tuple {
+                    src: ip("10.244.1.5"),
+                    dst: ip("10.96.0.10"),
+                    src_port: 40100,
+                    dst_port: 80,
+                },
+            },
+            Removed {
+                zone: 1,
+                proto: 17,
+                original: Tuple {
+                    src: ip("fd00:10::5"),
+                    dst: ip("fd00:96::a"),
+                    src_port: 5353,
+                    dst_port: 53,
+                },
+            },
+        ]),
+        ..state_v2()
+    }
+}
+
 /// Bytes of a state of `version` made of `sections`, as the format lays them out.
 fn bytes_of(version: u16, sections: &[(Tag, Vec<u8>)]) -> Vec<u8> {
     let mut v = MAGIC.to_vec();
@@ -278,8 +310,16 @@ fn sections_v2(s: &SavedState) -> Vec<(Tag, Vec<u8>)> {
     v
 }
 
+/// The sections of `s` as version 3 writes them.
+fn sections_v3(s: &SavedState) -> Vec<(Tag, Vec<u8>)> {
+    let mut v = sections_v2(s);
+    v.push((Tag::GONE, postcard::to_stdvec(&s.removed).unwrap()));
+    v
+}
+
 const FIXTURE_V1: &[u8] = include_bytes!("../../tests/data/handover-v1.bin");
 const FIXTURE_V2: &[u8] = include_bytes!("../../tests/data/handover-v2.bin");
+const FIXTURE_V3: &[u8] = include_bytes!("../../tests/data/handover-v3.bin");
 
 /// Writes the current version's fixture instead of checking it, when asked
 /// (`FERRY_WRITE_FIXTURES=1`, after a deliberate format change with a new version).
@@ -300,7 +340,7 @@ fn fixture(version: u16, state: &SavedState, bytes: &[u8]) -> Vec<u8> {
 fn test_a_state_round_trips_through_its_bytes() {
     let s = SavedState {
         format: FORMAT,
-        ..state_v2()
+        ..state_v3()
     };
     let bytes = encode(&s);
     assert_eq!(&bytes[..8], b"FERRYHOS");
@@ -337,7 +377,7 @@ fn test_the_version_2_fixture_decodes_to_the_state_it_holds_and_version_1_still_
             format: 2,
             ..state_v1()
         }),
-        "written as version 2"
+        "written as the current version"
     );
     // Version 1 has no neighbours.
     let mut sections = sections_v1(&state_v1());
@@ -356,6 +396,39 @@ fn test_the_version_2_fixture_decodes_to_the_state_it_holds_and_version_1_still_
     assert_eq!(
         decode(&bytes_of(2, &sections)),
         Err(StateError::MissingSection(Tag::FRAG))
+    );
+}
+
+/// Version skew again: version 3 adds the removed connections of a pre-copy's changes;
+/// a version 2 state reads as a whole state.
+#[test]
+fn test_the_version_3_fixture_decodes_to_the_state_it_holds_and_version_2_still_reads() {
+    let bytes = fixture(3, &state_v3(), FIXTURE_V3);
+    assert_eq!(decode(&bytes), Ok(state_v3()));
+    assert_eq!(bytes, bytes_of(3, &sections_v3(&state_v3())));
+    let v2 = decode(FIXTURE_V2).unwrap();
+    assert_eq!(v2.format, 2);
+    assert_eq!(v2.removed, None, "a version 2 state is whole");
+    // Version 2 has no removed connections; version 3 requires the section.
+    assert_eq!(
+        decode(&bytes_of(2, &sections_v3(&state_v3()))),
+        Err(StateError::UnknownSection {
+            tag: Tag::GONE,
+            version: 2
+        })
+    );
+    assert_eq!(
+        decode(&bytes_of(3, &sections_v2(&state_v2()))),
+        Err(StateError::MissingSection(Tag::GONE))
+    );
+    // A removed connection of two families is no record.
+    let mut bad = state_v3();
+    bad.removed.as_mut().unwrap()[1].original.dst = ip("10.96.0.10");
+    let e = decode(&encode(&bad)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("section GONE (removed connections) record 1"),
+        "{e}"
     );
 }
 

@@ -10,10 +10,11 @@ use super::swap::{Removal, removal};
 use crate::conntrack::saved;
 use crate::drop::DropReason;
 use crate::handover::{
-    self, Affinity, Dropped, RestoreError, RestoreOptions, Restored, SavedState,
+    self, Affinity, Connection, RestoreError, RestoreOptions, Restored, SavedState,
 };
 use crate::neigh::saved as neigh_saved;
 use crate::packet::PortId;
+use crate::tables::Tables;
 
 impl Pipeline {
     /// The state to hand over at `now_ns`: every live connection and affinity record,
@@ -36,10 +37,16 @@ impl Pipeline {
         if state.producer != handover::PRODUCER {
             state.producer = handover::PRODUCER.to_string();
         }
-        state.meta.node.clone_from(&self.tables.node.name);
-        state.meta.outer_id = self.outer_id;
+        state.removed = None;
         state.connections.clear();
         self.ct.save_into(now_ns, &mut state.connections);
+        self.save_rest_into(now_ns, state);
+    }
+
+    /// What [`Pipeline::save_state_into`] saves besides the connections, into `state`.
+    fn save_rest_into(&self, now_ns: u64, state: &mut SavedState) {
+        state.meta.node.clone_from(&self.tables.node.name);
+        state.meta.outer_id = self.outer_id;
         let ports = &self.tables.ports;
         let live = self.neigh.iter().filter_map(|(port, addr, n)| {
             let name = &ports.get(usize::from(port))?.name;
@@ -88,7 +95,6 @@ impl Pipeline {
         now_ns: u64,
         options: RestoreOptions,
     ) -> Result<Restored, RestoreError> {
-        let age = options.age_ns;
         let held = (
             self.ct.len(),
             self.affinity.len(),
@@ -110,15 +116,34 @@ impl Pipeline {
                 here: tables.node.name.clone(),
             });
         }
+        if state.removed.is_some() {
+            return Err(RestoreError::OnlyChanges);
+        }
         handover::check_state(state).map_err(RestoreError::Invalid)?;
 
         let mut r = Restored::default();
-        let mut dropped = Dropped::default();
-        let d = &mut dropped;
+        self.restore_connections(&tables, &state.connections, now_ns, options, &mut r)?;
+        self.restore_rest(&tables, state, now_ns, options, &mut r);
+        Ok(r)
+    }
+
+    /// Tracks `connections` again, each checked as [`Pipeline::restore_state_with`]
+    /// says; counted in `r`. A tuple taken already undoes every connection of the
+    /// pipeline.
+    fn restore_connections(
+        &mut self,
+        tables: &Tables,
+        connections: &[Connection],
+        now_ns: u64,
+        options: RestoreOptions,
+        r: &mut Restored,
+    ) -> Result<(), RestoreError> {
+        let age = options.age_ns;
+        let d = &mut r.dropped;
         let reevaluate = tables.policy.reevaluate() && !tables.policy.is_empty();
         let timeouts = self.ct.config().timeouts;
-        self.ct.reserve(state.connections.len());
-        for (index, c) in state.connections.iter().enumerate() {
+        self.ct.reserve(self.ct.len() + connections.len());
+        for (index, c) in connections.iter().enumerate() {
             let mut e = saved::entry(c, now_ns, age);
             // By durations, not by the new clock's times: those of a clock younger than
             // the record are taken as its start.
@@ -140,7 +165,7 @@ impl Pipeline {
                 }
                 None => {}
             }
-            if reevaluate && !allows(&tables, &e) {
+            if reevaluate && !allows(tables, &e) {
                 d.ct_policy_denied += 1;
                 continue;
             }
@@ -154,6 +179,21 @@ impl Pipeline {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Restores what `state` holds besides its connections: affinity records,
+    /// neighbours, datagrams in reassembly and the overlay's next identification.
+    fn restore_rest(
+        &mut self,
+        tables: &Tables,
+        state: &SavedState,
+        now_ns: u64,
+        options: RestoreOptions,
+        r: &mut Restored,
+    ) {
+        let age = options.age_ns;
+        let d = &mut r.dropped;
         let affinity = aged_affinity(&state.affinity, age);
         d.affinity_expired = state.affinity.len() - affinity.len();
         let (kept, gone, full) = self.affinity.restore(&tables.services, &affinity, now_ns);
@@ -185,9 +225,133 @@ impl Pipeline {
             d.frag_table_full = full;
             d.frag_expired = expired;
         }
-        r.dropped = dropped;
         self.affinity_swept_ns = now_ns;
         self.outer_id = state.meta.outer_id;
+    }
+
+    /// Begins a pre-copy (see [`crate::handover`], "Pre-copy"): from now on the
+    /// pipeline records which connections change and which are removed, so that a
+    /// base saved a part at a time while forwarding ([`Pipeline::save_base_into`])
+    /// and the changes saved at the end ([`Pipeline::save_changes`]) make the state of
+    /// that end. Forgets what an earlier pre-copy recorded; costs the packet path a
+    /// bit set per connection written to until [`Pipeline::save_changes`] or
+    /// [`Pipeline::stop_tracking`].
+    pub fn track_changes(&mut self) {
+        self.ct.track_changes();
+    }
+
+    /// Ends a pre-copy without saving its changes (a handover that failed).
+    pub fn stop_tracking(&mut self) {
+        self.ct.untrack();
+    }
+
+    /// True while a pre-copy records changes.
+    pub fn is_tracking(&self) -> bool {
+        self.ct.is_tracking()
+    }
+
+    /// A part of a pre-copy's base at `now_ns`: appends to `state` the connections of
+    /// slab slots `from..from + slots` that did not change since
+    /// [`Pipeline::track_changes`], and, for the first part (`from` 0), what the
+    /// pipeline says of itself. Returns where the next part starts, or None after the
+    /// last. The base holds connections only, each as it was when its part was saved:
+    /// the base itself is restored with [`Pipeline::restore_state`], and what changed
+    /// meanwhile comes with [`Pipeline::save_changes`].
+    pub fn save_base_into(
+        &self,
+        now_ns: u64,
+        from: usize,
+        slots: usize,
+        state: &mut SavedState,
+    ) -> Option<usize> {
+        if from == 0 {
+            state.format = handover::FORMAT;
+            state.producer = handover::PRODUCER.to_string();
+            state.meta.node.clone_from(&self.tables.node.name);
+            state.meta.outer_id = self.outer_id;
+            state.connections.clear();
+            state.affinity.clear();
+            state.neighbours.clear();
+            state.datagrams.clear();
+            state.removed = None;
+        }
+        self.ct
+            .save_unchanged_into(now_ns, from, slots.max(1), &mut state.connections)
+    }
+
+    /// Ends a pre-copy at `now_ns` and saves what changed since
+    /// [`Pipeline::track_changes`]: the connections changed or made since, those
+    /// removed since (by tuple), and all the rest of the state as
+    /// [`Pipeline::save_state`] saves it (affinity records, neighbours, datagrams in
+    /// reassembly, what the pipeline says of itself). Applied over the base with
+    /// [`Pipeline::apply_changes`]. When changes were not tracked, or more were removed
+    /// than a full table holds, the whole state instead (its `removed` None), which
+    /// [`Pipeline::apply_changes`] puts in the base's place. The worker calls it
+    /// paused: its time is part of the handover's gap.
+    pub fn save_changes(&mut self, now_ns: u64) -> SavedState {
+        let mut state = SavedState::default();
+        match self.ct.save_changed(now_ns, &mut state.connections) {
+            Some(removed) => {
+                self.save_rest_into(now_ns, &mut state);
+                state.removed = Some(removed);
+            }
+            None => self.save_state_into(now_ns, &mut state),
+        }
+        state
+    }
+
+    /// Applies the changes of a pre-copy ([`Pipeline::save_changes`]) at `now_ns` over
+    /// its base, restored into this pipeline: removes the connections removed since and
+    /// the base's record of each changed one, then restores the changed ones and the
+    /// rest of the state, as [`Pipeline::restore_state`] restores them. A whole state
+    /// (`removed` None) replaces the base. An `Err` changes nothing (the state is
+    /// another node's, a record is impossible, the pipeline holds affinity records,
+    /// neighbours or datagrams already), except when the changes do not fit the base
+    /// (a tuple shared): then the pipeline is left with no connections.
+    pub fn apply_changes(
+        &mut self,
+        state: &SavedState,
+        now_ns: u64,
+    ) -> Result<Restored, RestoreError> {
+        let Some(removed) = &state.removed else {
+            self.ct.forget_all();
+            return self.restore_state(state, now_ns);
+        };
+        let held = (
+            self.affinity.len(),
+            self.neigh.len(),
+            self.ipf.held_datagrams(),
+        );
+        if held != (0, 0, 0) {
+            return Err(RestoreError::NotEmpty {
+                connections: self.ct.len(),
+                affinity: held.0,
+                neighbours: held.1,
+                datagrams: held.2,
+            });
+        }
+        let tables = Arc::clone(&self.tables);
+        if state.meta.node != tables.node.name {
+            return Err(RestoreError::OtherNode {
+                saved: state.meta.node.clone(),
+                here: tables.node.name.clone(),
+            });
+        }
+        handover::check_state(state).map_err(RestoreError::Invalid)?;
+        for g in removed {
+            self.ct.forget(&saved::key(g.zone, g.proto, &g.original));
+        }
+        // The base's record of a connection that changed since is older than the one
+        // here; whatever else holds one of its tuples was removed or changed since.
+        for c in &state.connections {
+            self.ct
+                .forget_any(&saved::key(c.zone, c.proto, &c.original));
+            self.ct.forget_any(&saved::key(c.zone, c.proto, &c.reply));
+        }
+        let mut r = Restored::default();
+        let options = RestoreOptions::default();
+        self.restore_connections(&tables, &state.connections, now_ns, options, &mut r)?;
+        self.restore_rest(&tables, state, now_ns, options, &mut r);
         Ok(r)
     }
 }

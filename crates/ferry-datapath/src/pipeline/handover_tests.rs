@@ -88,7 +88,7 @@ pub(super) fn send(p: &mut Pipeline, port: &str, frame: Vec<u8>, t: u64) -> Out 
 }
 
 /// [`send`], which must forward.
-fn forward(p: &mut Pipeline, port: &str, frame: Vec<u8>) -> Out {
+pub(super) fn forward(p: &mut Pipeline, port: &str, frame: Vec<u8>) -> Out {
     let got = send(p, port, frame, SEC);
     assert_eq!(got.0, Verdict::Forwarded, "from {port}");
     assert!(!got.1.is_empty());
@@ -127,7 +127,7 @@ pub(super) const PSH: u8 = tcp_flags::PSH;
 /// where `b` answers to and `b_from` what it answers from), then the next packets: data
 /// both ways.
 #[allow(clippy::too_many_arguments)]
-fn handshake(
+pub(super) fn handshake(
     p: &mut Pipeline,
     name: &'static str,
     (pa, a, sa, oa): (&'static str, &str, u16, IpOpts),
@@ -161,7 +161,7 @@ fn handshake(
     next.push((name, pb, back(7001, 1006, ACK | PSH, b"200 OK")));
 }
 
-fn same(f: Vec<u8>) -> Vec<u8> {
+pub(super) fn same(f: Vec<u8>) -> Vec<u8> {
     f
 }
 

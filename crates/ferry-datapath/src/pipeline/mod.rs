@@ -442,5 +442,9 @@ mod handover_tests;
 #[cfg(test)]
 mod checkpoint_tests;
 
+/// A handover's pre-copy: a base saved while forwarding, then the changes.
+#[cfg(test)]
+mod precopy_tests;
+
 #[cfg(test)]
 mod test_support;
