@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use ferry_api::{EndpointInfo, FrontendInfo, ServiceInfo, ServicePortInfo};
-use ferry_datapath::{MARK_SERVICE, Services, Tables};
+use ferry_datapath::{BalanceMode, MARK_SERVICE, Services, Tables, maglev};
 use ferry_linux::worker::Control;
 
 /// How long the connection count may wait for the worker; without it the answer has no
@@ -64,6 +64,8 @@ pub fn list(tables: &Tables, conns: Option<&Connections>) -> Vec<ServiceInfo> {
 
 fn list_services(services: &Services, conns: Option<&Connections>) -> Vec<ServiceInfo> {
     let mut by_key: BTreeMap<(String, String), Vec<ServicePortInfo>> = BTreeMap::new();
+    let balance = services.balance();
+    let is_maglev = balance.mode == BalanceMode::Maglev;
     for s in services.services.iter().filter(|s| !s.name.is_empty()) {
         let (svc, port_name) = s.name.rsplit_once(':').unwrap_or((&s.name, ""));
         let (ns, name) = svc.split_once('/').unwrap_or(("", svc));
@@ -124,6 +126,14 @@ fn list_services(services: &Services, conns: Option<&Connections>) -> Vec<Servic
                 external_policy: spec.external_policy.name().into(),
                 affinity_timeout_s: spec.affinity_timeout_s,
                 external_snat: spec.external_snat,
+                balance: match balance.mode {
+                    BalanceMode::Maglev => "maglev",
+                    BalanceMode::Random => "random",
+                }
+                .into(),
+                maglev_seed: is_maglev.then_some(balance.seed),
+                maglev_table: (is_maglev && !s.backends.is_empty())
+                    .then(|| maglev::size_for(s.backends.len())),
                 endpoints,
                 connections: conns.map(|c| c.by_service.get(&s.name).copied().unwrap_or(0)),
             });
@@ -237,5 +247,30 @@ mod tests {
         assert_eq!(local.connections, Some(0));
         assert_eq!(l[1].ports[0].connections, Some(0));
         assert!(list_services(&s, None)[0].ports[0].connections.is_none());
+        // Maglev by default, with its seed and the table size of two endpoints.
+        assert_eq!(web.balance, "maglev");
+        assert_eq!(web.maglev_seed, Some(maglev::DEFAULT_SEED));
+        assert_eq!(web.maglev_table, Some(maglev::size_for(2)));
+    }
+
+    #[test]
+    fn the_balance_shown_is_the_tables_own() {
+        let balance = ferry_datapath::BalanceSpec {
+            mode: BalanceMode::Maglev,
+            seed: 7,
+        };
+        let addrs = ["192.168.77.1".parse().unwrap()];
+        let specs = [spec("default/web:http", 80)];
+        let s = Services::compile_balanced(&specs, "node1", addrs, balance).unwrap();
+        let p = &list_services(&s, None)[0].ports[0];
+        assert_eq!((p.balance.as_str(), p.maglev_seed), ("maglev", Some(7)));
+        let random = ferry_datapath::BalanceSpec {
+            mode: BalanceMode::Random,
+            seed: 7,
+        };
+        let s = Services::compile_balanced(&specs, "node1", addrs, random).unwrap();
+        let p = &list_services(&s, None)[0].ports[0];
+        assert_eq!(p.balance, "random");
+        assert_eq!((p.maglev_seed, p.maglev_table), (None, None));
     }
 }

@@ -9,7 +9,7 @@
 //! device found again).
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -51,7 +51,7 @@ pub fn launch(dir: &Path, state: &State, n: u8) -> Result<AgentLaunch> {
         "--api-socket",
         &path(&socket),
         "--state-dir",
-        &path(&dir.join(format!("state/node{n}"))),
+        &path(&state_dir(dir, n)),
     ]
     .map(str::to_string)
     .to_vec();
@@ -146,4 +146,15 @@ pub fn node_kernel_on_host_tap(ns: &str, tap: &str, mac: &str, addr: &str) -> Re
     )?;
     ip(ns, &["route", "replace", "default", "via", "169.254.1.1"])?;
     Ok(())
+}
+
+/// Node `n`'s `--state-dir` in lab `dir`.
+fn state_dir(dir: &Path, n: u8) -> PathBuf {
+    dir.join(format!("state/node{n}"))
+}
+
+/// The checkpoint node `n`'s agent writes in its state directory (the agent's
+/// `checkpoint::FILE`; the lab does not link the agent).
+pub fn checkpoint(dir: &Path, n: u8) -> PathBuf {
+    state_dir(dir, n).join("datapath.state")
 }

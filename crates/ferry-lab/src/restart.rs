@@ -33,6 +33,10 @@ pub enum How {
     Update,
     /// A crash: the old agent is killed (SIGKILL), then the new one starts.
     Kill,
+    /// A crash that also lost the checkpoint: the old agent is killed, its checkpoint
+    /// removed (a state directory on a disk that went), then the new one starts with no
+    /// connection state at all.
+    Cold,
 }
 
 impl std::fmt::Display for How {
@@ -40,6 +44,7 @@ impl std::fmt::Display for How {
         f.write_str(match self {
             How::Update => "update",
             How::Kill => "kill",
+            How::Cold => "kill without checkpoint",
         })
     }
 }
@@ -77,6 +82,7 @@ impl std::fmt::Display for Restarted {
         let signal = match self.how {
             How::Update => "handover",
             How::Kill => "SIGKILL",
+            How::Cold => "SIGKILL, checkpoint removed",
         };
         match (self.old_pid, self.stopped) {
             (Some(pid), Some(t)) => write!(
@@ -164,9 +170,17 @@ fn replace(
 ) -> Result<Timeline> {
     let signalled_us = now_us();
     let mut exited_us = None;
-    if let (Some(pid), How::Kill) = (old, how) {
+    if let (Some(pid), How::Kill | How::Cold) = (old, how) {
         sys::signal(pid, "KILL");
         exited_us = Some(exit_of(pid, Duration::from_secs(3))?);
+    }
+    if how == How::Cold {
+        let file = node_agent::checkpoint(dir, launch.node);
+        match std::fs::remove_file(&file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => bail!("removing {}: {e}", file.display()),
+        }
     }
     let started_us = now_us();
     let new_pid = node_agent::start(dir, state, launch, true)?;

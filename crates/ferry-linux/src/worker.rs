@@ -383,8 +383,11 @@ impl From<usize> for Workers {
 
 /// Allocates the connection table whole and advises huge pages over it (see the module
 /// docs). Best effort: a kernel without transparent huge pages refuses the advice, and
-/// the table works the same on small pages.
-fn prepare_conntrack(pipeline: &mut Pipeline) {
+/// the table works the same on small pages. The workers do this as they start; a
+/// pipeline that is to be filled before (a handover's state, a checkpoint) is better
+/// prepared before it is filled, so that the start neither moves the slab nor indexes
+/// its entries again, and their pages come huge. Done twice, the second does nothing.
+pub fn prepare_conntrack(pipeline: &mut Pipeline) {
     crate::memory::retain_freed_heap();
     let ct = pipeline.conntrack_mut();
     ct.preallocate();

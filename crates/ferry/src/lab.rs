@@ -107,6 +107,10 @@ enum Sub {
         /// Kill the old agent (SIGKILL), as a crash would.
         #[arg(long)]
         kill: bool,
+        /// With --kill: remove its checkpoint too, so that the new agent starts with no
+        /// connection state (connections go on by TCP pickup and Maglev alone).
+        #[arg(long, requires = "kill")]
+        without_checkpoint: bool,
     },
     /// Up, check, down.
     Demo(Shape),
@@ -325,13 +329,17 @@ pub fn run(args: Args) -> Result<()> {
                 matrix::print_answers(&matrix::probe_here(&targets, &ports))
             );
         }
-        Sub::Restart { node, kill } => {
+        Sub::Restart {
+            node,
+            kill,
+            without_checkpoint,
+        } => {
             let state = ferry_lab::State::load(dir)?;
             let n = restart::parse_node(&state, &node)?;
-            let how = if kill {
-                restart::How::Kill
-            } else {
-                restart::How::Update
+            let how = match (kill, without_checkpoint) {
+                (true, true) => restart::How::Cold,
+                (true, false) => restart::How::Kill,
+                (false, _) => restart::How::Update,
             };
             println!("{}", restart::restart(dir, n, how)?);
         }

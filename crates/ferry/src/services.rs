@@ -66,9 +66,17 @@ fn render(services: &[ServiceInfo]) -> String {
             let affinity = p
                 .affinity_timeout_s
                 .map_or_else(|| "none".into(), |t| format!("ClientIP {t}s"));
+            let mut balance = p.balance.clone();
+            if let Some(seed) = p.maglev_seed {
+                let _ = write!(balance, " seed {seed:#x}");
+            }
+            if let Some(m) = p.maglev_table {
+                let _ = write!(balance, " table {m}");
+            }
             let _ = writeln!(
                 s,
-                "{}/{}:{}  {}  policy internal={} external={}{}  affinity {}  connections {}",
+                "{}/{}:{}  {}  policy internal={} external={}{}  affinity {}  balance {}  \
+                 connections {}",
                 svc.namespace,
                 svc.name,
                 p.port_name,
@@ -77,6 +85,7 @@ fn render(services: &[ServiceInfo]) -> String {
                 p.external_policy,
                 if p.external_snat { " (snat)" } else { "" },
                 affinity,
+                if balance.is_empty() { "?" } else { &balance },
                 connections(p.connections),
             );
             for f in &p.frontends {
@@ -159,10 +168,13 @@ mod tests {
                     connections: Some(2),
                 }],
                 connections: Some(2),
+                balance: "maglev".into(),
+                maglev_seed: Some(0x2a),
+                maglev_table: Some(251),
                 ..ServicePortInfo::default()
             }],
         };
-        let t = render(&[svc]);
+        let t = render(std::slice::from_ref(&svc));
         assert!(
             t.starts_with("default/web:http  tcp  policy internal=cluster external=local"),
             "{t}"
@@ -174,6 +186,13 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("ready") && t.contains("connections 2"), "{t}");
+        assert!(t.contains("balance maglev seed 0x2a table 251"), "{t}");
+        let mut random = svc;
+        random.ports[0].balance = "random".into();
+        random.ports[0].maglev_seed = None;
+        random.ports[0].maglev_table = None;
+        let t = render(&[random]);
+        assert!(t.contains("  balance random  connections 2"), "{t}");
         assert_eq!(render(&[]), "no Services\n");
     }
 }

@@ -250,6 +250,9 @@ impl Agent {
             tracing::info!(port = %name, "a port handed over has no place in the tables: closed");
         }
         let mut pipeline = Pipeline::new(Arc::clone(&tables));
+        // Before a handover's state or a checkpoint fills it: the workers' start would
+        // otherwise move the filled slab into the whole one, forwarding held.
+        ferry_linux::worker::prepare_conntrack(&mut pipeline);
         if agent.audit.is_some() {
             pipeline.audit_denials(ferry_datapath::DEFAULT_AUDIT_BUFFER);
         }

@@ -96,7 +96,7 @@ pub fn verdict(how: How, restarted: &Restarted, report: &Report) -> Vec<String> 
             How::Update if o.kind == Kind::Ping && o.lost > 0 => {
                 wrong.push(format!("{} of {} pings lost", o.lost, o.sent));
             }
-            How::Kill => {
+            How::Kill | How::Cold => {
                 let allowed = if o.kind.datagrams() {
                     outage + DATAGRAM_MARGIN_MS
                 } else {
