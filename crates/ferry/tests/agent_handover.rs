@@ -62,19 +62,24 @@ while True:
 /// AF_PACKET fanout group are handed over), the web pod's stream server and its
 /// Service.
 fn cluster(tag: &str, node1: &[&str]) -> TwoNodes {
-    common::require(&[("ping", "iputils-ping"), ("nc", "netcat-openbsd")]);
     let mut c = TwoNodes::with_file_datastore(tag, node1);
+    serve_stream(&mut c);
+    c
+}
+
+/// The web pod's stream server and its Service, on a running cluster.
+fn serve_stream(c: &mut TwoNodes) {
+    common::require(&[("ping", "iputils-ping"), ("nc", "netcat-openbsd")]);
     fs::write(c.manifest_dir().join("stream.yaml"), STREAM).unwrap();
     let server = c.dir.path().join("stream.py");
     fs::write(&server, STREAM_SERVER).unwrap();
     let s = server.display().to_string();
     c.lab.daemon("p2a", "stream server", &["python3", &s]);
-    c.lab.wait_for(10, "the stream Service", |l| {
+    c.lab.wait_for(20, "the stream Service", |l| {
         l.exec("p1a", 3, &["sh", "-c", "echo 1 | nc -N -w 2 10.96.0.20 90"])
             .stdout
             == b"000001\n"
     });
-    c
 }
 
 /// Starts, in the client pod, a ping of the web pod every 20 ms for `count` pings and a
@@ -315,18 +320,7 @@ fn a_near_full_table_is_handed_over_with_a_short_pause() {
     fs::create_dir_all(&state).unwrap();
     fs::write(state.join("datapath.state"), many_connections()).unwrap();
     c.start_file_datastore(&node1, &[], &[]);
-    common::require(&[("ping", "iputils-ping"), ("nc", "netcat-openbsd")]);
-    fs::write(c.manifest_dir().join("stream.yaml"), STREAM).unwrap();
-    let server = c.dir.path().join("stream.py");
-    fs::write(&server, STREAM_SERVER).unwrap();
-    let s = server.display().to_string();
-    c.lab.daemon("p2a", "stream server", &["python3", &s]);
-    c.lab.wait_for(20, "the stream Service", |l| {
-        l.exec("p1a", 3, &["sh", "-c", "echo 1 | nc -N -w 2 10.96.0.20 90"])
-            .stdout
-            == b"000001
-"
-    });
+    serve_stream(&mut c);
     start_traffic(&mut c, 300, 250);
     std::thread::sleep(Duration::from_millis(1500));
     let args = c.agent_args(1, &datastore(&c), &node1);
@@ -407,6 +401,18 @@ fn say(conn: &UnixStream, what: &TakerSays) {
     fdpass::send(conn, &serde_json::to_vec(what).unwrap()).unwrap();
 }
 
+/// The fake new agent refuses what it got, for `reason`: the giver must say nothing
+/// more (no go, no changes) and forward on.
+fn refuse(conn: UnixStream, reason: &str) {
+    say(
+        &conn,
+        &TakerSays::Refused {
+            reason: reason.into(),
+        },
+    );
+    assert!(fdpass::recv(&conn).is_err(), "a message after a refusal");
+}
+
 #[test]
 fn a_handover_that_fails_midway_leaves_the_agent_forwarding() {
     let mut c = cluster("hof", &["--workers", "2"]);
@@ -425,15 +431,7 @@ fn a_handover_that_fails_midway_leaves_the_agent_forwarding() {
     let (conn, _) = ask(&sock, false);
     say(&conn, &TakerSays::Ready);
     fdpass::recv(&conn).expect("the state");
-    say(
-        &conn,
-        &TakerSays::Refused {
-            reason: "a test".into(),
-        },
-    );
-    // The giver answers no go: it forwards on.
-    assert!(fdpass::recv(&conn).is_err(), "a go after a refusal");
-    drop(conn);
+    refuse(conn, "a test");
     // The taker gives up before the state.
     let (conn, _) = ask(&sock, false);
     say(
@@ -466,14 +464,7 @@ fn a_handover_that_fails_midway_leaves_the_agent_forwarding() {
     let (conn, _) = ask(&sock, true);
     say(&conn, &TakerSays::Ready);
     base(&conn);
-    say(
-        &conn,
-        &TakerSays::Refused {
-            reason: "a base test".into(),
-        },
-    );
-    assert!(fdpass::recv(&conn).is_err(), "changes after a refusal");
-    drop(conn);
+    refuse(conn, "a base test");
     // It loads the base and refuses the changes.
     let (conn, _) = ask(&sock, true);
     say(&conn, &TakerSays::Ready);
@@ -487,14 +478,7 @@ fn a_handover_that_fails_midway_leaves_the_agent_forwarding() {
     let changes = fdpass::recv(&conn).expect("the changes");
     let changes = ferry_datapath::handover::decode(&changes).expect("a state");
     assert!(changes.removed.is_some(), "changes, not a whole state");
-    say(
-        &conn,
-        &TakerSays::Refused {
-            reason: "a changes test".into(),
-        },
-    );
-    assert!(fdpass::recv(&conn).is_err(), "a go after a refusal");
-    drop(conn);
+    refuse(conn, "a changes test");
     // Each time, the agent forwards on and answers again.
     c.lab.wait_for(10, "the API socket answering again", |_| {
         matches!(call(&sock, &Request::Status), Ok(Response::Ok(_)))

@@ -95,27 +95,8 @@ impl Pipeline {
         now_ns: u64,
         options: RestoreOptions,
     ) -> Result<Restored, RestoreError> {
-        let held = (
-            self.ct.len(),
-            self.affinity.len(),
-            self.neigh.len(),
-            self.ipf.held_datagrams(),
-        );
-        if held != (0, 0, 0, 0) {
-            return Err(RestoreError::NotEmpty {
-                connections: held.0,
-                affinity: held.1,
-                neighbours: held.2,
-                datagrams: held.3,
-            });
-        }
-        let tables = Arc::clone(&self.tables);
-        if state.meta.node != tables.node.name {
-            return Err(RestoreError::OtherNode {
-                saved: state.meta.node.clone(),
-                here: tables.node.name.clone(),
-            });
-        }
+        self.refuse_held(true)?;
+        let tables = self.refuse_other_node(state)?;
         if state.removed.is_some() {
             return Err(RestoreError::OnlyChanges);
         }
@@ -125,6 +106,37 @@ impl Pipeline {
         self.restore_connections(&tables, &state.connections, now_ns, options, &mut r)?;
         self.restore_rest(&tables, state, now_ns, options, &mut r);
         Ok(r)
+    }
+
+    /// Refuses a restore into this pipeline while it holds affinity records,
+    /// neighbours or datagrams in reassembly, or, when `connections`, connections.
+    fn refuse_held(&self, connections: bool) -> Result<(), RestoreError> {
+        let held = (
+            self.ct.len(),
+            self.affinity.len(),
+            self.neigh.len(),
+            self.ipf.held_datagrams(),
+        );
+        if (connections && held.0 > 0) || (held.1, held.2, held.3) != (0, 0, 0) {
+            return Err(RestoreError::NotEmpty {
+                connections: held.0,
+                affinity: held.1,
+                neighbours: held.2,
+                datagrams: held.3,
+            });
+        }
+        Ok(())
+    }
+
+    /// The tables in force, unless `state` is another node's.
+    fn refuse_other_node(&self, state: &SavedState) -> Result<Arc<Tables>, RestoreError> {
+        if state.meta.node != self.tables.node.name {
+            return Err(RestoreError::OtherNode {
+                saved: state.meta.node.clone(),
+                here: self.tables.node.name.clone(),
+            });
+        }
+        Ok(Arc::clone(&self.tables))
     }
 
     /// Tracks `connections` again, each checked as [`Pipeline::restore_state_with`]
@@ -317,26 +329,8 @@ impl Pipeline {
             self.ct.forget_all();
             return self.restore_state(state, now_ns);
         };
-        let held = (
-            self.affinity.len(),
-            self.neigh.len(),
-            self.ipf.held_datagrams(),
-        );
-        if held != (0, 0, 0) {
-            return Err(RestoreError::NotEmpty {
-                connections: self.ct.len(),
-                affinity: held.0,
-                neighbours: held.1,
-                datagrams: held.2,
-            });
-        }
-        let tables = Arc::clone(&self.tables);
-        if state.meta.node != tables.node.name {
-            return Err(RestoreError::OtherNode {
-                saved: state.meta.node.clone(),
-                here: tables.node.name.clone(),
-            });
-        }
+        self.refuse_held(false)?;
+        let tables = self.refuse_other_node(state)?;
         handover::check_state(state).map_err(RestoreError::Invalid)?;
         for g in removed {
             self.ct.forget(&saved::key(g.zone, g.proto, &g.original));
