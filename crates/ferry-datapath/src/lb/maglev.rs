@@ -129,6 +129,16 @@ impl Table {
         self.len() == 0
     }
 
+    /// The slots of a table of at most 256 endpoints, a byte each (the index of the
+    /// endpoint a flow hashing to the slot gets), for a copy kept elsewhere; None for a
+    /// wider table.
+    pub fn narrow_slots(&self) -> Option<&[u8]> {
+        match &self.slots {
+            Slots::Narrow(s) => Some(s),
+            Slots::Wide(_) => None,
+        }
+    }
+
     /// The endpoint (an index into the set the table was made from) for the flow
     /// `key`, hashed with `seed`.
     #[inline]
