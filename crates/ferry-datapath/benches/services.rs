@@ -230,6 +230,31 @@ fn packets(c: &mut Criterion) {
         });
         // (When a filter left this benchmark out, nothing was sent.)
         assert!(n == 0 || p.stats().service_balanced > 0);
+        // The same in receive batches of 32, as a worker runs them (figures per packet):
+        // with Maglev, the batch reads the Maglev slots of its SYNs together first.
+        g.throughput(Throughput::Elements(32));
+        g.bench_function(format!("{name}_batch32"), |b| {
+            b.iter_batched(
+                || {
+                    (0..32)
+                        .map(|_| {
+                            n = n.wrapping_add(1);
+                            Packet::new(
+                                to_service(n >> 8, 1024 + (n & 0xff) as u16, n % 10_000),
+                                0,
+                                u64::from(n),
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                },
+                |pkts| {
+                    out.clear();
+                    p.process_batch(pkts, &mut out, &mut trace)
+                },
+                BatchSize::SmallInput,
+            )
+        });
+        g.throughput(Throughput::Elements(1));
     }
     g.finish();
 }
