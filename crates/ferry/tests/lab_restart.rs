@@ -121,6 +121,27 @@ fn a_restarted_agent_forwards_with_its_recorded_command_and_host_tap() {
     let update = restart(&lab, 1, &["restart", "1"], "update (handover)");
     let crash1 = restart(&lab, 1, &["restart", "1", "--kill"], "kill (SIGKILL)");
     assert_eq!(chosen(&lab, 1), before, "node1 after {update} and {crash1}");
+    // A crash that loses the checkpoint too: the new agent starts with no state at all,
+    // and still chooses the same endpoints.
+    let log = lab.dir.join("logs/agent-node1.log");
+    let restores = || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .matches("the previous agent's checkpoint")
+            .count()
+    };
+    let restored = restores();
+    assert!(restored >= 1, "the kill restored node1's checkpoint");
+    let cold = restart(
+        &lab,
+        1,
+        &["restart", "1", "--kill", "--without-checkpoint"],
+        "kill without checkpoint (SIGKILL, checkpoint removed)",
+    );
+    assert_eq!(restores(), restored, "no checkpoint restored after {cold}");
+    assert_eq!(chosen(&lab, 1), before, "node1 after {cold}");
+    let out = lab.run(&["restart", "1", "--without-checkpoint"]);
+    assert!(!out.status.success(), "--without-checkpoint without --kill");
     assert_eq!(chosen(&lab, 2), before, "node2 after {crash}");
     for n in [1, 2] {
         let tap = format!("{}h{n}", lab.prefix);

@@ -33,7 +33,11 @@ pub(crate) fn load_base(
     age_ns: u64,
 ) -> Result<String, String> {
     let state = handover::decode(bytes).map_err(|e| e.to_string())?;
-    if state.removed.is_some() || !state.affinity.is_empty() || !state.neighbours.is_empty() {
+    if state.removed.is_some()
+        || !state.affinity.is_empty()
+        || !state.neighbours.is_empty()
+        || !state.datagrams.is_empty()
+    {
         return Err("the pre-copy's base holds more than connections".into());
     }
     let options = RestoreOptions {
