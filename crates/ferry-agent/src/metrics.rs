@@ -175,6 +175,18 @@ pub fn render(c: &Counters) -> String {
         "New connections to a Service refused without endpoints",
         c.service_rejected,
     );
+    counter(
+        &mut reg,
+        "conntrack_recovered_packets",
+        "Segments of a Service endpoint whose connection was lost, translated back through the frontend that chose it",
+        c.ct_recovered,
+    );
+    counter(
+        &mut reg,
+        "conntrack_recovery_refuted",
+        "Frontends tried for such segments that the client refused or left unanswered",
+        c.ct_recovery_refuted,
+    );
     gauge(
         &mut reg,
         "neighbour_waiting_packets",

@@ -352,6 +352,14 @@ pub struct Counters {
     pub service_balanced: u64,
     /// New connections to a Service refused at once.
     pub service_rejected: u64,
+    /// Segments from a Service endpoint of no tracked connection translated back as
+    /// replies through the frontend that chose the endpoint (connections recovered after
+    /// their entries were lost).
+    #[serde(default)]
+    pub ct_recovered: u64,
+    /// Frontends tried for those that the client refused or left unanswered.
+    #[serde(default)]
+    pub ct_recovery_refuted: u64,
     /// Packets waiting now for their next hop's MAC (sent once it answers).
     #[serde(default)]
     pub neigh_waiting: u64,

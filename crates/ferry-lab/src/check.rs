@@ -115,6 +115,14 @@ pub const SCENARIOS: &[(&str, Scenario)] = &[
         "restart web's node (kill) under traffic",
         restart::kill_endpoint,
     ),
+    (
+        "restart node1 (kill, checkpoint lost) under traffic",
+        restart::cold_ingress,
+    ),
+    (
+        "restart web's node (kill, checkpoint lost) under traffic",
+        restart::cold_endpoint,
+    ),
 ];
 
 /// Runs every scenario, writing a row each and a summary; true when all passed.

@@ -86,6 +86,13 @@ fn render(c: &Counters) -> String {
         "services: {} connections balanced, {} refused without endpoints; {} datagrams reassembled",
         c.service_balanced, c.service_rejected, c.reassembled
     );
+    if c.ct_recovered > 0 || c.ct_recovery_refuted > 0 {
+        let _ = writeln!(
+            s,
+            "recovered: {} segments of lost Service connections translated back, {} frontends refuted",
+            c.ct_recovered, c.ct_recovery_refuted
+        );
+    }
     s.push_str(&render_enforcement(&c.enforcement));
     let _ = writeln!(
         s,

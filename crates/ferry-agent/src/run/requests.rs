@@ -218,6 +218,8 @@ impl Agent {
             reassembled: snap.pipeline.reassembled,
             service_balanced: snap.pipeline.service_balanced,
             service_rejected: snap.pipeline.service_rejected,
+            ct_recovered: snap.pipeline.ct_recovered,
+            ct_recovery_refuted: snap.pipeline.ct_recovery_refuted,
             policy_allowed: snap.pipeline.policy_allowed,
             policy_denied: snap.pipeline.policy_denied,
             policies: snap

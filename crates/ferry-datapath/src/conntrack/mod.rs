@@ -301,6 +301,14 @@ pub struct Start {
     hash: u64,
 }
 
+impl Start {
+    /// The packet is a TCP segment other than a SYN, taken up mid-stream
+    /// ([`Config::tcp_pickup`]): its connection began before this tracker saw it.
+    pub fn mid_stream(&self) -> bool {
+        matches!(&self.state, ProtoState::Tcp(c) if c.state == TcpState::Established)
+    }
+}
+
 /// Conntrack counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -941,7 +949,11 @@ impl Conntrack {
 }
 
 /// Rewrites a packet to the tuple `to` and makes `to` its key.
-fn translate(pkt: &mut Packet, parsed: &mut Parsed, to: &FlowKey) -> Result<(), DropReason> {
+pub(crate) fn translate(
+    pkt: &mut Packet,
+    parsed: &mut Parsed,
+    to: &FlowKey,
+) -> Result<(), DropReason> {
     if *to != parsed.key {
         rewrite(&mut pkt.data, parsed, pkt.meta.vnet.needs_csum(), to)?;
         parsed.key = *to;

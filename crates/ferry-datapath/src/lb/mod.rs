@@ -26,6 +26,7 @@
 
 mod balance;
 pub mod maglev;
+mod recover;
 pub mod reject;
 mod spec;
 
@@ -34,10 +35,12 @@ use std::net::IpAddr;
 use std::sync::{Arc, OnceLock, Weak};
 
 use ahash::RandomState;
+use smallvec::SmallVec;
 
 use crate::flow::{FlowKey, proto};
 
 pub use balance::{Balanced, Cluster, Source, balance};
+pub(crate) use recover::Candidate;
 pub use spec::{BackendSpec, BalanceMode, BalanceSpec, Policy, ServiceSpec};
 
 /// Conntrack mark bit: the connection was load balanced to a Service endpoint by this
@@ -189,9 +192,9 @@ pub struct Services {
     node_ports: HashMap<(u8, u16), u32, RandomState>,
     /// This node's addresses, where node ports are reached.
     local_addrs: HashSet<IpAddr, RandomState>,
-    /// (protocol, address, port) of every endpoint, with the number of Service ports
-    /// that have it.
-    backends: HashMap<(u8, IpAddr, u16), u32, RandomState>,
+    /// (protocol, address, port) of every endpoint, with the Service ports that have it
+    /// (indices into `services`, in the order they came in).
+    backends: HashMap<(u8, IpAddr, u16), SmallVec<[u32; 2]>, RandomState>,
     /// The same for the Service ports where the endpoint serves (ready or serving).
     serving: HashMap<(u8, IpAddr, u16), u32, RandomState>,
     /// How new connections are spread over the eligible endpoints.
@@ -454,21 +457,23 @@ impl Services {
         for b in &old.backends {
             let k = (proto, b.addr, b.port);
             let mut last = false;
+            if let Some(held) = self.backends.get_mut(&k) {
+                held.retain(|s| *s != idx);
+                if held.is_empty() {
+                    self.backends.remove(&k);
+                    last = true;
+                }
+            }
             // Only what `add` counted: an endpoint this Service port has neither ready
             // nor serving was not counted in `serving`, and another Service port's count
             // of it must stay.
-            let counted: &mut [_] = if b.ready || b.serving {
-                &mut [&mut self.backends, &mut self.serving]
-            } else {
-                &mut [&mut self.backends]
-            };
-            for held in counted {
-                if let Some(n) = held.get_mut(&k) {
-                    *n -= 1;
-                    if *n == 0 {
-                        held.remove(&k);
-                        last = true;
-                    }
+            if (b.ready || b.serving)
+                && let Some(n) = self.serving.get_mut(&k)
+            {
+                *n -= 1;
+                if *n == 0 {
+                    self.serving.remove(&k);
+                    last = true;
                 }
             }
             if last {
@@ -541,7 +546,7 @@ impl Services {
                 terminating: b.terminating,
             });
             let k = (proto, b.addr, b.port);
-            *self.backends.entry(k).or_default() += 1;
+            self.backends.entry(k).or_default().push(idx);
             if b.ready || b.serving.unwrap_or(b.ready) {
                 *self.serving.entry(k).or_default() += 1;
             }
@@ -671,6 +676,14 @@ impl Services {
     /// True when some Service has the endpoint (protocol, address, port).
     pub fn has_backend(&self, proto: u8, addr: IpAddr, port: u16) -> bool {
         self.backends.contains_key(&(proto, addr, port))
+    }
+
+    /// The Service ports that have the endpoint (protocol, address, port), as indices
+    /// into [`Services::services`] in the order they came in.
+    pub fn holders(&self, proto: u8, addr: IpAddr, port: u16) -> &[u32] {
+        self.backends
+            .get(&(proto, addr, port))
+            .map_or(&[], |h| h.as_slice())
     }
 
     /// True when some Service has the endpoint (protocol, address, port) ready or

@@ -332,6 +332,33 @@ pub enum TraceEvent {
         /// How the connection reaches it.
         path: ServicePath,
     },
+    /// A Service endpoint's segment of no tracked connection, taken as the reply of a
+    /// connection through this frontend (which would choose that endpoint for its
+    /// client) and translated back, committing nothing: the client's answer starts the
+    /// connection.
+    ServiceRecovered {
+        /// The Service.
+        service: String,
+        /// Where its frontend is reached from.
+        #[serde(with = "forms::ScopeDef")]
+        scope: Scope,
+        /// The frontend's address.
+        frontend: IpAddr,
+        /// The frontend's port.
+        frontend_port: u16,
+        /// The endpoint's address.
+        endpoint: IpAddr,
+        /// The endpoint's port.
+        endpoint_port: u16,
+        /// The other node whose node port the frontend is: the segment goes back to it
+        /// through the tunnel, untranslated.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        through: Option<IpAddr>,
+        /// Which candidate frontend this is, from 1.
+        candidate: u8,
+        /// Candidate frontends.
+        candidates: u8,
+    },
     /// A static NAT rule gave a new connection its translation.
     StaticNat {
         /// New destination address.
@@ -654,7 +681,8 @@ impl TraceEvent {
             ServiceReset
             | ServiceNoEndpoint { .. }
             | ServiceNoNodeAddress { .. }
-            | ServiceBalanced { .. } => Stage::Service,
+            | ServiceBalanced { .. }
+            | ServiceRecovered { .. } => Stage::Service,
             StaticNat { .. } => Stage::Nat,
             Ct { .. } => Stage::Ct,
             Policy { .. } => Stage::Policy,
@@ -813,6 +841,29 @@ impl fmt::Display for TraceEvent {
                         ", client address kept, through the tunnel so that replies return through this node",
                     ),
                     ServicePath::Direct => Ok(()),
+                }
+            }
+            ServiceRecovered {
+                service,
+                scope,
+                frontend,
+                frontend_port,
+                endpoint,
+                endpoint_port,
+                through,
+                candidate,
+                candidates,
+            } => {
+                write!(
+                    f,
+                    "endpoint {} of {service}, no connection: taken as a reply through its {} frontend {} (candidate {candidate} of {candidates}), until the client answers",
+                    SockAddr(*endpoint, *endpoint_port),
+                    scope_name(*scope),
+                    SockAddr(*frontend, *frontend_port),
+                )?;
+                match through {
+                    Some(n) => write!(f, "; back through node {n}, which translates it"),
+                    None => Ok(()),
                 }
             }
             StaticNat {

@@ -121,6 +121,20 @@ fn every_event() -> Vec<(TraceEvent, String)> {
             ),
         ),
         (
+            ServiceRecovered {
+                service: "default/web:http".into(),
+                scope: Scope::Internal,
+                frontend: ip("10.96.0.10"),
+                frontend_port: 80,
+                endpoint: ip("10.244.2.6"),
+                endpoint_port: 8080,
+                through: None,
+                candidate: 1,
+                candidates: 2,
+            },
+            "endpoint 10.244.2.6:8080 of default/web:http, no connection: taken as a reply through its cluster IP frontend 10.96.0.10:80 (candidate 1 of 2), until the client answers".into(),
+        ),
+        (
             ServiceBalanced {
                 service: "default/web:http".into(),
                 scope: Scope::Internal,

@@ -46,7 +46,15 @@ impl Pipeline {
             Ok(Begin::Tracked(r)) => r,
             Ok(Begin::Starts(s)) => {
                 let s = *s;
-                started = self.open(tables, s, &mut pkt, &mut parsed, tunnel_peer, &mut opening);
+                started = self.open(
+                    tables,
+                    s,
+                    &mut pkt,
+                    &mut parsed,
+                    tunnel_peer,
+                    &mut opening,
+                    trace,
+                );
                 match &mut started {
                     Ok(r) => r,
                     Err(r) => {

@@ -5,7 +5,8 @@
 //! defrag    reassembly, key rebuilt               (defrag.rs)
 //! decap     VXLAN from a known node               (decap.rs)
 //! forward   admission: source check, ND, martians, TTL; then the stages below (forward.rs)
-//! track     Service choice and conntrack with NAT (track.rs, service.rs)
+//! track     Service choice and conntrack with NAT (track.rs, service.rs; replies of
+//!           Service connections conntrack lost: recover.rs)
 //! policy    NetworkPolicy and ClusterNetworkPolicy (policy.rs; denials audited: audit.rs)
 //! route     egress port and next hop              (route.rs)
 //! egress    MTU check, next-hop resolution, rewrite, encap, segmentation and
@@ -48,6 +49,7 @@ mod icmp;
 mod ingress;
 mod local;
 mod policy;
+mod recover;
 mod resolve;
 mod route;
 mod service;
@@ -116,6 +118,8 @@ pub struct Pipeline {
     icmp: RateLimiter,
     affinity: Affinity,
     affinity_swept_ns: u64,
+    /// Service connections being recovered from their endpoint's side (`recover`).
+    recovering: recover::Recovering,
     drops: DropCounters,
     stats: Stats,
     ports: Vec<PortStats>,
@@ -163,6 +167,7 @@ impl Pipeline {
             icmp,
             affinity: Affinity::default(),
             affinity_swept_ns: 0,
+            recovering: recover::Recovering::default(),
             drops: DropCounters::default(),
             stats: Stats::default(),
             scratch: Vec::new(),
@@ -260,6 +265,7 @@ impl Pipeline {
         if now_ns.saturating_sub(self.affinity_swept_ns) >= AFFINITY_SWEEP_NS {
             self.affinity_swept_ns = now_ns;
             self.affinity.expire(now_ns, usize::MAX);
+            self.recovering.expire(now_ns);
         }
     }
 
@@ -418,6 +424,9 @@ mod overlay_tests;
 
 #[cfg(test)]
 mod service_tests;
+
+#[cfg(test)]
+mod recover_tests;
 
 #[cfg(test)]
 mod policy_tests;

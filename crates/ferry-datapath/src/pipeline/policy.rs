@@ -112,6 +112,21 @@ fn judge(
     out
 }
 
+/// True when policy allows both directions it decides of a connection with `key`
+/// (after NAT) from the pod port `from` of this node or from its own stack
+/// (`from_host`), as [`judge`] decides them.
+pub(super) fn allows_key(
+    tables: &Tables,
+    from: Option<PortId>,
+    key: &FlowKey,
+    from_host: bool,
+) -> bool {
+    judge(tables, from, key, from_host)
+        .into_iter()
+        .flatten()
+        .all(|d| d.decision.allowed)
+}
+
 /// A tracked connection that a policy would not allow (see [`Pipeline::policy_cuts`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicyCut {

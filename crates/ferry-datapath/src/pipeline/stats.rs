@@ -73,6 +73,13 @@ pub struct Stats {
     /// New connections to a Service refused at once (no endpoint: TCP reset or ICMP port
     /// unreachable sent).
     pub service_rejected: u64,
+    /// TCP segments from a Service endpoint of no tracked connection translated back as
+    /// replies through the frontend that chose the endpoint for their client (a
+    /// connection recovered after its entry was lost, see `recover`).
+    pub ct_recovered: u64,
+    /// Frontends tried for such segments that the client refused (a reset) or left
+    /// unanswered.
+    pub ct_recovery_refuted: u64,
     /// Directions of new connections that a policy rule allowed (egress from a pod of
     /// this node, ingress to one; a direction no policy applies to is not counted).
     pub policy_allowed: u64,

@@ -2,7 +2,9 @@
 //! to a connection or starts one; for one that starts a connection the Service frontend
 //! it reaches gives it an endpoint ([`lb::balance`]), or else the static NAT rules
 //! translate it; conntrack records the NAT and translates the packet. Packets of known
-//! connections follow their entry and pay neither the Service lookup nor the rules.
+//! connections follow their entry and pay neither the Service lookup nor the rules. A
+//! Service endpoint's segment of a connection conntrack lost is translated back through
+//! the frontend that chose the endpoint (`recover`).
 
 use std::net::IpAddr;
 
@@ -26,6 +28,10 @@ pub(super) struct Opening {
     balanced: Option<Balanced>,
     /// The static NAT rule's translation, when no frontend was reached.
     static_nat: Option<Nat>,
+    /// A Service endpoint's segment of a connection conntrack lost, recovered as a reply
+    /// of one another node translated: that node, which the segment returns through
+    /// (`recover`).
+    pub(super) recovered_via: Option<IpAddr>,
 }
 
 /// What routing needs to know of the packet's connection.
@@ -44,6 +50,7 @@ impl Pipeline {
     /// reaches (the endpoint choice), else from the first static rule that matches (a
     /// pod egress masquerade rule must not turn Services off); then conntrack decides the
     /// connection with it. What was decided is left in `opening`.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
     pub(super) fn open(
         &mut self,
@@ -53,6 +60,7 @@ impl Pipeline {
         parsed: &mut Parsed,
         tunnel_peer: Option<IpAddr>,
         opening: &mut Opening,
+        trace: &mut Trace,
     ) -> Result<CtResult, DropReason> {
         let in_id = pkt.meta.in_port;
         let kind = tables.ports[usize::from(in_id)].kind;
@@ -68,6 +76,15 @@ impl Pipeline {
         });
         let nat = match f {
             None => {
+                // A Service endpoint's segment of a connection conntrack lost: the reply
+                // of a Service connection, translated back (before the static rules: a
+                // pod's egress masquerade would take it as the pod's own connection).
+                if start.mid_stream()
+                    && let Some(r) = self.recover(tables, pkt, parsed, opening, trace)
+                {
+                    return r;
+                }
+                let key = &parsed.key;
                 opening.static_nat = Self::nat_for(tables, in_id, key);
                 opening.static_nat
             }
@@ -158,8 +175,13 @@ impl Pipeline {
             key: parsed.key,
             translated: *before != parsed.key,
         });
-        if ct.state == CtState::Invalid && !tables.ct.pass_invalid {
-            return Err(DropReason::CtInvalid);
+        if ct.state == CtState::Invalid {
+            if ct.entry.is_none() {
+                self.refute_recovery(parsed);
+            }
+            if !tables.ct.pass_invalid {
+                return Err(DropReason::CtInvalid);
+            }
         }
         let pending = &mut ct.pending;
         if let (Some(b), Some(p)) = (&balanced, pending.as_mut()) {
@@ -191,6 +213,7 @@ impl Pipeline {
             ct.entry
                 .and_then(|id| self.ct.get(id))
                 .and_then(|e| e.tunnel_peer())
+                .or(opening.recovered_via)
         } else {
             None
         };

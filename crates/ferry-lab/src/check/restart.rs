@@ -40,6 +40,15 @@ pub(super) fn kill_endpoint(c: &mut Ctx) -> Result<()> {
     under_traffic(c, n, How::Kill)
 }
 
+pub(super) fn cold_ingress(c: &mut Ctx) -> Result<()> {
+    under_traffic(c, INGRESS, How::Cold)
+}
+
+pub(super) fn cold_endpoint(c: &mut Ctx) -> Result<()> {
+    let n = endpoint_node(c)?;
+    under_traffic(c, n, How::Cold)
+}
+
 /// `web`'s node, which must not be the ingress node.
 fn endpoint_node(c: &Ctx) -> Result<u8> {
     let n = c.state.pod("web")?.node;
