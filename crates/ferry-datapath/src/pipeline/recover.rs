@@ -49,7 +49,7 @@ use crate::tables::{PortKind, Tables};
 use crate::wire::Parsed;
 
 /// Connections being recovered at most; a new one beyond finds no room (taken up as
-/// before) until records expire.
+/// before) until records expire (swept once a second).
 pub const MAX_RECOVERING: usize = 4096;
 /// A record unused this long is forgotten (10 s).
 pub const RECOVERING_KEEP_NS: u64 = 10_000_000_000;
@@ -103,11 +103,10 @@ impl Recovering {
             return None;
         }
         let Some(t) = self.flows.get_mut(reply) else {
+            // Full: no room until the once-a-second sweep (`Pipeline::tick`) makes some,
+            // so that a flood of such segments costs no pass over the records each.
             if self.flows.len() >= MAX_RECOVERING {
-                self.expire(now_ns);
-                if self.flows.len() >= MAX_RECOVERING {
-                    return None;
-                }
+                return None;
             }
             let t = Tentative {
                 refused: 0,

@@ -439,3 +439,25 @@ fn test_a_connection_policy_would_deny_now_is_not_recovered() {
     assert_eq!(source_of(&out), (ip("10.96.0.10"), 80));
     assert_eq!(a.stats().ct_recovered, 1);
 }
+
+#[test]
+fn test_connections_being_recovered_are_bounded_and_swept() {
+    let mut a = node(
+        1,
+        ModeSpec::Always,
+        vec![web(vec![be("10.244.1.6", 8080, 1)])],
+    );
+    for i in 0..recover::MAX_RECOVERING {
+        let port = 1024 + i as u16;
+        run(&mut a, server_data(1, 6, "10.244.1.5", port), POD2, SEC);
+    }
+    assert_eq!(a.stats().ct_recovered, recover::MAX_RECOVERING as u64);
+    // Full: the next is taken up as before.
+    let (_, out) = run(&mut a, server_data(1, 6, "10.244.1.5", 60000), POD2, SEC);
+    assert_eq!(source_of(&out), (ip("10.244.1.6"), 8080));
+    // Once the records' time has passed, the sweep makes room again.
+    let later = SEC + recover::RECOVERING_KEEP_NS;
+    a.tick(later, &mut Vec::new());
+    let (_, out) = run(&mut a, server_data(1, 6, "10.244.1.5", 60001), POD2, later);
+    assert_eq!(source_of(&out), (ip("10.96.0.10"), 80));
+}
