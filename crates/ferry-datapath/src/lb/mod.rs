@@ -40,7 +40,7 @@ use smallvec::SmallVec;
 use crate::flow::{FlowKey, proto};
 
 pub use balance::{Balanced, Cluster, Source, balance};
-pub(crate) use recover::Candidate;
+pub(crate) use recover::{Candidate, MAX_RECOVERY_CANDIDATES};
 pub use spec::{BackendSpec, BalanceMode, BalanceSpec, Policy, ServiceSpec};
 
 /// Conntrack mark bit: the connection was load balanced to a Service endpoint by this

@@ -215,6 +215,10 @@ impl Pipeline {
                     return self.drop(DropReason::MtuTooSmall, trace);
                 }
                 pkt.meta.vnet.gso_size = max as u16;
+            } else if uso && headers + usize::from(pkt.meta.vnet.gso_size) > mtu {
+                // One datagram shorter than its gso_size: the receiver must still see a
+                // segment size that fits, so cut it to the MTU (the datagram is unchanged).
+                pkt.meta.vnet.gso_size = (mtu - headers.min(mtu)) as u16;
             }
             trace.note(|| TraceEvent::SentGso {
                 port: out_name().to_string(),

@@ -43,7 +43,7 @@ use super::{Pipeline, Stats, Trace, TraceEvent, policy};
 use crate::conntrack::{CtResult, CtState, translate};
 use crate::drop::DropReason;
 use crate::flow::{FlowKey, proto};
-use crate::lb::{Candidate, Cluster, Source};
+use crate::lb::{Candidate, Cluster, MAX_RECOVERY_CANDIDATES, Source};
 use crate::packet::{Packet, PortId};
 use crate::tables::{PortKind, Tables};
 use crate::wire::Parsed;
@@ -98,7 +98,7 @@ impl Recovering {
         now_ns: u64,
         stats: &mut Stats,
     ) -> Option<usize> {
-        let n = client_keys.len().min(8);
+        let n = client_keys.len().min(MAX_RECOVERY_CANDIDATES);
         if n == 0 {
             return None;
         }
@@ -130,7 +130,11 @@ impl Recovering {
         let refused = t.refused;
         let open = |j: usize| refused & (1 << j) == 0;
         let from = match pos {
-            Some(i) if open(i) && !unanswered => return Some(i),
+            Some(i) if open(i) && !unanswered => {
+                // Its place in a list a table swap reordered: a reset refuses this one.
+                t.current = i as u8;
+                return Some(i);
+            }
             Some(i) => i,
             None => n - 1,
         };
@@ -227,6 +231,9 @@ impl Pipeline {
                 .iter()
                 .map(|p| p.address)
                 .filter(|a| a.is_ipv6() == v6)
+                // No more than the candidates could be found among, whatever the cluster's
+                // size: a segment's cost stays bounded.
+                .take(4 * MAX_RECOVERY_CANDIDATES)
                 .collect(),
             _ => smallvec::SmallVec::new(),
         };
@@ -249,7 +256,7 @@ impl Pipeline {
         if !tables.policy.is_empty() && !policy::allows_key(tables, pod, &conn, host) {
             return None;
         }
-        let client_keys: smallvec::SmallVec<[FlowKey; 8]> = candidates
+        let client_keys: smallvec::SmallVec<[FlowKey; MAX_RECOVERY_CANDIDATES]> = candidates
             .iter()
             .map(|c| FlowKey {
                 dst: c.addr,

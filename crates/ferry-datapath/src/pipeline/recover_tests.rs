@@ -3,24 +3,9 @@
 
 use super::test_support::*;
 use super::*;
-use crate::lb::ServiceSpec;
 
 const CLIENT: &str = "192.168.60.7";
 const NODE1: &str = "192.168.50.10";
-
-fn web(backends: Vec<BackendSpec>) -> ServiceSpec {
-    ServiceSpec {
-        name: "default/web:http".into(),
-        proto: "tcp".into(),
-        port: 80,
-        cluster_ips: vec![ip("10.96.0.10")],
-        node_port: Some(30080),
-        external_ips: vec![ip("192.168.70.9")],
-        load_balancer_ips: vec![ip("192.168.70.10")],
-        backends,
-        ..ServiceSpec::default()
-    }
-}
 
 /// A data segment of pod `last` of node `n` from its port 8080 to `to`:`dport`.
 fn server_data(n: u8, last: u8, to: &str, dport: u16) -> Vec<u8> {
@@ -35,6 +20,49 @@ fn server_data(n: u8, last: u8, to: &str, dport: u16) -> Vec<u8> {
         b"data",
         &from_pod(n, last),
     )
+}
+
+/// Node 1, whose pod 10.244.1.6 is web's one endpoint.
+fn web_on_node1() -> Pipeline {
+    node(
+        1,
+        ModeSpec::Always,
+        vec![web(vec![be("10.244.1.6", 8080, 1)])],
+    )
+}
+
+/// A segment of endpoint 10.244.2.5 (node 2) from its port 8080 to the client's port
+/// 50000, acknowledging 101.
+fn to_client(seq: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
+    build::tcp(
+        ip("10.244.2.5"),
+        ip(CLIENT),
+        8080,
+        50000,
+        seq,
+        101,
+        flags,
+        payload,
+        &from_pod(2, 5),
+    )
+}
+
+/// The client's segment to node 1's node port from its port 50000.
+fn to_node_port(o: &IpOpts, seq: u32, ack: u32, flags: u8) -> Vec<u8> {
+    tcp(CLIENT, NODE1, 50000, 30080)
+        .seq(seq, ack)
+        .flags(flags)
+        .opts(o)
+        .frame(&[])
+}
+
+/// Frame options of what the gateway sends to node `n`'s uplink.
+fn from_gateway(n: u8) -> IpOpts {
+    IpOpts {
+        src_mac: GW_MAC,
+        dst_mac: uplink_mac(n),
+        ..IpOpts::default()
+    }
 }
 
 /// A segment of pod 10.244.1.5 (node 1) from its port 40000.
@@ -53,11 +81,7 @@ fn source_of(out: &[(PortId, Packet)]) -> (IpAddr, u16) {
 
 #[test]
 fn test_a_lost_cluster_ip_connection_is_translated_back_until_the_client_answers() {
-    let mut a = node(
-        1,
-        ModeSpec::Always,
-        vec![web(vec![be("10.244.1.6", 8080, 1)])],
-    );
+    let mut a = web_on_node1();
     let (v, out, tr) = traced(&mut a, server_data(1, 6, "10.244.1.5", 40000), POD2, SEC);
     assert_eq!(v, Verdict::Forwarded, "{:?}", tr.events);
     assert_eq!(out[0].0, POD);
@@ -105,11 +129,7 @@ fn test_a_lost_cluster_ip_connection_is_translated_back_until_the_client_answers
 
 #[test]
 fn test_a_candidate_the_client_refuses_or_leaves_unanswered_gives_way_to_the_next() {
-    let mut a = node(
-        1,
-        ModeSpec::Always,
-        vec![web(vec![be("10.244.1.6", 8080, 1)])],
-    );
+    let mut a = web_on_node1();
     let seg = || server_data(1, 6, "10.244.1.5", 40000);
     let (_, out) = run(&mut a, seg(), POD2, SEC);
     assert_eq!(source_of(&out), (ip("10.96.0.10"), 80));
@@ -134,37 +154,20 @@ fn test_a_candidate_the_client_refuses_or_leaves_unanswered_gives_way_to_the_nex
     assert_eq!(source_of(&out), (ip("192.168.70.10"), 80));
     assert_eq!(a.stats().ct_recovery_refuted, 2);
     // A reset for a frontend not being tried refutes nothing.
-    run(
-        &mut a,
-        client_seg("192.168.70.9", 80, tcp_flags::RST),
-        POD,
-        2 * SEC,
-    );
+    let reset = |a: &mut Pipeline, to: &str, port: u16| {
+        run(a, client_seg(to, port, tcp_flags::RST), POD, 2 * SEC);
+    };
+    reset(&mut a, "192.168.70.9", 80);
     assert_eq!(a.stats().ct_recovery_refuted, 2);
-    run(
-        &mut a,
-        client_seg("192.168.70.10", 80, tcp_flags::RST),
-        POD,
-        2 * SEC,
-    );
+    reset(&mut a, "192.168.70.10", 80);
     let (_, out) = run(&mut a, seg(), POD2, 2 * SEC);
     assert_eq!(source_of(&out), (ip(NODE1), 30080), "the node port, last");
-    run(
-        &mut a,
-        client_seg(NODE1, 30080, tcp_flags::RST),
-        POD,
-        2 * SEC,
-    );
+    reset(&mut a, NODE1, 30080);
     assert_eq!(a.stats().ct_recovery_refuted, 4);
     // Only the one left unanswered remains: tried again.
     let (_, out) = run(&mut a, seg(), POD2, 2 * SEC);
     assert_eq!(source_of(&out), (ip("192.168.70.9"), 80));
-    run(
-        &mut a,
-        client_seg("192.168.70.9", 80, tcp_flags::RST),
-        POD,
-        2 * SEC,
-    );
+    reset(&mut a, "192.168.70.9", 80);
     // Every candidate refused: taken up as it stands, as before.
     let recovered = a.stats().ct_recovered;
     let (v, out) = run(&mut a, seg(), POD2, 2 * SEC);
@@ -215,45 +218,17 @@ fn test_a_lost_node_port_connection_is_recovered_at_the_ingress_node() {
     let svc = || web(vec![be("10.244.2.5", 8080, 2)]);
     let mut a = node(1, ModeSpec::CrossSubnet, vec![svc()]);
     let mut b = node(2, ModeSpec::CrossSubnet, vec![svc()]);
-    let client = IpOpts {
-        src_mac: GW_MAC,
-        dst_mac: uplink_mac(1),
-        ..IpOpts::default()
-    };
-    let syn = tcp(CLIENT, NODE1, 50000, 30080)
-        .seq(100, 0)
-        .flags(tcp_flags::SYN)
-        .opts(&client)
-        .frame(&[]);
+    let client = from_gateway(1);
+    let syn = to_node_port(&client, 100, 0, tcp_flags::SYN);
     let (_, out) = run(&mut a, syn, UPLINK, SEC);
     let (v, _) = run(&mut b, out[0].1.data.clone(), UPLINK, SEC);
     assert_eq!(v, Verdict::Forwarded);
     // Node 1's agent starts again with nothing: the endpoint's data, which node 2
     // returns through the tunnel, goes to the client from the node port.
     let mut a = node(1, ModeSpec::CrossSubnet, vec![svc()]);
-    let synack = build::tcp(
-        ip("10.244.2.5"),
-        ip(CLIENT),
-        8080,
-        50000,
-        7000,
-        101,
-        tcp_flags::SYN | tcp_flags::ACK,
-        &[],
-        &from_pod(2, 5),
-    );
+    let synack = to_client(7000, tcp_flags::SYN | tcp_flags::ACK, &[]);
     run(&mut b, synack, POD, SEC);
-    let data = build::tcp(
-        ip("10.244.2.5"),
-        ip(CLIENT),
-        8080,
-        50000,
-        7001,
-        101,
-        tcp_flags::ACK | tcp_flags::PSH,
-        b"data",
-        &from_pod(2, 5),
-    );
+    let data = to_client(7001, tcp_flags::ACK | tcp_flags::PSH, b"data");
     let (_, back) = run(&mut b, data, POD, SEC);
     assert_eq!(key_of(&back[0].1.data).dst, ip(NODE1), "through the tunnel");
     let (v, out, tr) = traced(&mut a, back[0].1.data.clone(), UPLINK, SEC);
@@ -266,11 +241,7 @@ fn test_a_lost_node_port_connection_is_recovered_at_the_ingress_node() {
     );
     // The client's answer takes the connection to the same endpoint, its address kept,
     // through the tunnel.
-    let ack = tcp(CLIENT, NODE1, 50000, 30080)
-        .seq(101, 7005)
-        .flags(tcp_flags::ACK)
-        .opts(&client)
-        .frame(&[]);
+    let ack = to_node_port(&client, 101, 7005, tcp_flags::ACK);
     let (v, out) = run(&mut a, ack, UPLINK, SEC);
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(key_of(&out[0].1.data).dst, ip("192.168.50.20"));
@@ -283,11 +254,7 @@ fn test_a_lost_node_port_connection_is_recovered_at_the_ingress_node() {
 
 #[test]
 fn test_a_client_on_another_node_is_not_recovered_here() {
-    let mut a = node(
-        1,
-        ModeSpec::Always,
-        vec![web(vec![be("10.244.1.6", 8080, 1)])],
-    );
+    let mut a = web_on_node1();
     // Its node translated the connection: the reply leaves untranslated, as before.
     let (v, out) = run(&mut a, server_data(1, 6, "10.244.2.9", 40000), POD2, SEC);
     assert_eq!(v, Verdict::Forwarded);
@@ -313,67 +280,27 @@ fn test_without_tcp_pickup_nothing_is_recovered() {
 fn test_a_lost_node_port_connection_returns_through_its_ingress_node_from_the_endpoints() {
     let svc = || web(vec![be("10.244.2.5", 8080, 2)]);
     let mut a = node(1, ModeSpec::Always, vec![svc()]);
-    let client = IpOpts {
-        src_mac: GW_MAC,
-        dst_mac: uplink_mac(1),
-        ..IpOpts::default()
-    };
-    let syn = tcp(CLIENT, NODE1, 50000, 30080)
-        .seq(100, 0)
-        .flags(tcp_flags::SYN)
-        .opts(&client)
-        .frame(&[]);
+    let client = from_gateway(1);
+    let syn = to_node_port(&client, 100, 0, tcp_flags::SYN);
     // The handshake, through node 1 and node 2.
     let mut b = node(2, ModeSpec::Always, vec![svc()]);
     let (_, fwd) = run(&mut a, syn, UPLINK, SEC);
     run(&mut b, fwd[0].1.data.clone(), UPLINK, SEC);
-    let synack = build::tcp(
-        ip("10.244.2.5"),
-        ip(CLIENT),
-        8080,
-        50000,
-        7000,
-        101,
-        tcp_flags::SYN | tcp_flags::ACK,
-        &[],
-        &from_pod(2, 5),
-    );
+    let synack = to_client(7000, tcp_flags::SYN | tcp_flags::ACK, &[]);
     let (_, back) = run(&mut b, synack, POD, SEC);
     let (v, _) = run(&mut a, back[0].1.data.clone(), UPLINK, SEC);
     assert_eq!(v, Verdict::Forwarded);
-    let ack = || {
-        tcp(CLIENT, NODE1, 50000, 30080)
-            .seq(101, 7001)
-            .flags(tcp_flags::ACK)
-            .opts(&client)
-            .frame(&[])
-    };
+    let ack = || to_node_port(&client, 101, 7001, tcp_flags::ACK);
     let (_, fwd) = run(&mut a, ack(), UPLINK, SEC);
     run(&mut b, fwd[0].1.data.clone(), UPLINK, SEC);
     // Node 2's agent starts again with nothing; node 1 kept the connection.
     let mut b = node(2, ModeSpec::Always, vec![svc()]);
-    let data = || {
-        build::tcp(
-            ip("10.244.2.5"),
-            ip(CLIENT),
-            8080,
-            50000,
-            7001,
-            101,
-            tcp_flags::ACK | tcp_flags::PSH,
-            b"data",
-            &from_pod(2, 5),
-        )
-    };
+    let data = || to_client(7001, tcp_flags::ACK | tcp_flags::PSH, b"data");
     // First this node's own node port: the client, which does not know it, resets.
     let (_, out) = run(&mut b, data(), POD, SEC);
     let k = key_of(&out[0].1.data);
     assert_eq!((k.src.ip(), k.src_port), (ip("192.168.50.20"), 30080));
-    let o = IpOpts {
-        src_mac: GW_MAC,
-        dst_mac: uplink_mac(2),
-        ..IpOpts::default()
-    };
+    let o = from_gateway(2);
     let rst = tcp(CLIENT, "192.168.50.20", 50000, 30080)
         .seq(101, 0)
         .flags(tcp_flags::RST)
@@ -442,11 +369,7 @@ fn test_a_connection_policy_would_deny_now_is_not_recovered() {
 
 #[test]
 fn test_connections_being_recovered_are_bounded_and_swept() {
-    let mut a = node(
-        1,
-        ModeSpec::Always,
-        vec![web(vec![be("10.244.1.6", 8080, 1)])],
-    );
+    let mut a = web_on_node1();
     for i in 0..recover::MAX_RECOVERING {
         let port = 1024 + i as u16;
         run(&mut a, server_data(1, 6, "10.244.1.5", port), POD2, SEC);

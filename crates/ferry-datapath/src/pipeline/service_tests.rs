@@ -10,20 +10,6 @@ const CLIENT: &str = "192.168.60.7";
 const NODE1: &str = "192.168.50.10";
 const GW: &str = "192.168.50.1";
 
-fn web(backends: Vec<BackendSpec>) -> ServiceSpec {
-    ServiceSpec {
-        name: "default/web:http".into(),
-        proto: "tcp".into(),
-        port: 80,
-        cluster_ips: vec![ip("10.96.0.10"), ip("fd00:96::10")],
-        node_port: Some(30080),
-        external_ips: vec![ip("192.168.70.9")],
-        load_balancer_ips: vec![ip("192.168.70.10")],
-        backends,
-        ..ServiceSpec::default()
-    }
-}
-
 /// A TCP segment from pod 10.244.1.5, sequence 1000.
 fn tcp_from_pod(dst: &str, sport: u16, dport: u16, flags: u8) -> Vec<u8> {
     tcp("10.244.1.5", dst, sport, dport)

@@ -353,3 +353,19 @@ pub(super) fn quoted(frame: &[u8], pe: &Parsed) -> (IpAddr, u16) {
     };
     (dst, u16::from_be_bytes([q[l4 + 2], q[l4 + 3]]))
 }
+
+/// Service `default/web:http`: TCP port 80 at a cluster IP of each family, node port
+/// 30080, an external IP and a load-balancer IP.
+pub(super) fn web(backends: Vec<BackendSpec>) -> ServiceSpec {
+    ServiceSpec {
+        name: "default/web:http".into(),
+        proto: "tcp".into(),
+        port: 80,
+        cluster_ips: vec![ip("10.96.0.10"), ip("fd00:96::10")],
+        node_port: Some(30080),
+        external_ips: vec![ip("192.168.70.9")],
+        load_balancer_ips: vec![ip("192.168.70.10")],
+        backends,
+        ..ServiceSpec::default()
+    }
+}

@@ -843,4 +843,10 @@ fn test_a_uso_packet_of_one_short_datagram_is_not_too_big() {
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].0, 2);
+    // Left as one GSO packet, its segment size is cut to what the port's MTU holds:
+    // 20 bytes of IPv4 and 8 of UDP under 1450.
+    let vnet = &out[0].1.meta.vnet;
+    assert!(crate::gso::is_uso(vnet));
+    assert_eq!(vnet.gso_size, 1450 - 28);
+    assert_eq!(out[0].1.data.len(), 14 + 128);
 }

@@ -3,21 +3,8 @@
 use super::test_support::*;
 use super::*;
 use crate::describe::Described;
-use crate::lb::{BackendSpec, ServiceSpec};
 
 const GW: &str = "192.168.50.1";
-
-fn web(backends: Vec<BackendSpec>) -> ServiceSpec {
-    ServiceSpec {
-        name: "default/web:http".into(),
-        proto: "tcp".into(),
-        port: 80,
-        cluster_ips: vec![ip("10.96.0.10")],
-        node_port: Some(30080),
-        backends,
-        ..ServiceSpec::default()
-    }
-}
 
 fn described(p: &Pipeline, s: &str, port: PortId) -> Vec<u8> {
     Described::parse(s)
