@@ -62,10 +62,19 @@ pub fn list(tables: &Tables, conns: Option<&Connections>) -> Vec<ServiceInfo> {
     list_services(&tables.services, conns)
 }
 
+/// True when a set of `n` endpoints is chosen from by a Maglev table under `mode`.
+fn uses_maglev(mode: BalanceMode, n: usize) -> bool {
+    match mode {
+        BalanceMode::Maglev => n > 0,
+        BalanceMode::Consistent => n > ferry_datapath::rendezvous::MAX_ENDPOINTS,
+        BalanceMode::Random => false,
+    }
+}
+
 fn list_services(services: &Services, conns: Option<&Connections>) -> Vec<ServiceInfo> {
     let mut by_key: BTreeMap<(String, String), Vec<ServicePortInfo>> = BTreeMap::new();
     let balance = services.balance();
-    let is_maglev = balance.mode == BalanceMode::Maglev;
+    let consistent = balance.mode != BalanceMode::Random;
     for s in services.services.iter().filter(|s| !s.name.is_empty()) {
         let (svc, port_name) = s.name.rsplit_once(':').unwrap_or((&s.name, ""));
         let (ns, name) = svc.split_once('/').unwrap_or(("", svc));
@@ -127,12 +136,13 @@ fn list_services(services: &Services, conns: Option<&Connections>) -> Vec<Servic
                 affinity_timeout_s: spec.affinity_timeout_s,
                 external_snat: spec.external_snat,
                 balance: match balance.mode {
+                    BalanceMode::Consistent => "consistent",
                     BalanceMode::Maglev => "maglev",
                     BalanceMode::Random => "random",
                 }
                 .into(),
-                maglev_seed: is_maglev.then_some(balance.seed),
-                maglev_table: (is_maglev && !s.backends.is_empty())
+                seed: consistent.then_some(balance.seed),
+                maglev_table: uses_maglev(balance.mode, s.backends.len())
                     .then(|| maglev::size_for(s.backends.len())),
                 endpoints,
                 connections: conns.map(|c| c.by_service.get(&s.name).copied().unwrap_or(0)),
@@ -247,10 +257,10 @@ mod tests {
         assert_eq!(local.connections, Some(0));
         assert_eq!(l[1].ports[0].connections, Some(0));
         assert!(list_services(&s, None)[0].ports[0].connections.is_none());
-        // Maglev by default, with its seed and the table size of two endpoints.
-        assert_eq!(web.balance, "maglev");
-        assert_eq!(web.maglev_seed, Some(maglev::DEFAULT_SEED));
-        assert_eq!(web.maglev_table, Some(maglev::size_for(2)));
+        // Consistent by default, with its seed; two endpoints need no Maglev table.
+        assert_eq!(web.balance, "consistent");
+        assert_eq!(web.seed, Some(maglev::DEFAULT_SEED));
+        assert_eq!(web.maglev_table, None);
     }
 
     #[test]
@@ -263,7 +273,8 @@ mod tests {
         let specs = [spec("default/web:http", 80)];
         let s = Services::compile_balanced(&specs, "node1", addrs, balance).unwrap();
         let p = &list_services(&s, None)[0].ports[0];
-        assert_eq!((p.balance.as_str(), p.maglev_seed), ("maglev", Some(7)));
+        assert_eq!((p.balance.as_str(), p.seed), ("maglev", Some(7)));
+        assert_eq!(p.maglev_table, Some(maglev::size_for(1)));
         let random = ferry_datapath::BalanceSpec {
             mode: BalanceMode::Random,
             seed: 7,
@@ -271,6 +282,6 @@ mod tests {
         let s = Services::compile_balanced(&specs, "node1", addrs, random).unwrap();
         let p = &list_services(&s, None)[0].ports[0];
         assert_eq!(p.balance, "random");
-        assert_eq!((p.maglev_seed, p.maglev_table), (None, None));
+        assert_eq!((p.seed, p.maglev_table), (None, None));
     }
 }

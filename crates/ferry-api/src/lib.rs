@@ -979,16 +979,21 @@ pub struct ServicePortInfo {
     /// External traffic to another node's endpoint leaves with this node's address.
     #[serde(default)]
     pub external_snat: bool,
-    /// How new connections choose their endpoint: `maglev` (consistent hashing, the
-    /// same choice on every node with the same seed) or `random`.
+    /// How new connections choose their endpoint: `consistent` or `maglev` (consistent
+    /// hashing, the same choice on every node with the same seed) or `random`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub balance: String,
-    /// The Maglev seed, with `maglev`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub maglev_seed: Option<u64>,
-    /// With `maglev`: the size of the lookup table of all its endpoints (a prime over
-    /// 100 times their number; the tables of the endpoints one address family or traffic
-    /// policy may choose are no larger).
+    /// The seed of a consistent balance (`consistent` or `maglev`).
+    #[serde(
+        default,
+        alias = "maglev_seed",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub seed: Option<u64>,
+    /// When the set of all its endpoints is chosen from by a Maglev table (`maglev`, or
+    /// `consistent` past the endpoints rendezvous hashing serves): the table's size (a
+    /// prime over 100 times their number; the tables of the endpoints one address family
+    /// or traffic policy may choose are no larger).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maglev_table: Option<u32>,
     /// The endpoints.

@@ -15,7 +15,7 @@ use ferry_datapath::Packet;
 use ferry_datapath::wire::build::{self, IpOpts};
 use ferry_datapath::{
     Addr, BackendSpec, BalanceMode, BalanceSpec, FlowKey, MacAddr, NodeSpec, Pipeline, PortSpec,
-    RouteSpec, ServiceSpec, Services, TablesSpec, Trace, Verdict, maglev, proto,
+    RouteSpec, ServiceSpec, Services, TablesSpec, Trace, Verdict, maglev, proto, rendezvous,
 };
 
 /// The process's resident memory in bytes (VmRSS), to report what compiled Services
@@ -197,9 +197,9 @@ fn packets(c: &mut Criterion) {
 
     // New connections: a fresh client address and port each time, to one of 10 K
     // Services; the table stays at its default bound by evicting unreplied entries.
-    // Maglev (the default) and random, one after the other in this run.
-    let random = BalanceSpec {
-        mode: BalanceMode::Random,
+    // Consistent (the default), Maglev and random, one after the other in this run.
+    let mode = |mode| BalanceSpec {
+        mode,
         ..BalanceSpec::default()
     };
     for (name, balance) in [
@@ -207,7 +207,14 @@ fn packets(c: &mut Criterion) {
             "new_connection_with_endpoint_choice",
             BalanceSpec::default(),
         ),
-        ("new_connection_with_endpoint_choice_random", random),
+        (
+            "new_connection_with_endpoint_choice_maglev",
+            mode(BalanceMode::Maglev),
+        ),
+        (
+            "new_connection_with_endpoint_choice_random",
+            mode(BalanceMode::Random),
+        ),
     ] {
         let mut p = pipeline_balanced(balance);
         let mut n = 0u32;
@@ -230,8 +237,7 @@ fn packets(c: &mut Criterion) {
         });
         // (When a filter left this benchmark out, nothing was sent.)
         assert!(n == 0 || p.stats().service_balanced > 0);
-        // The same in receive batches of 32, as a worker runs them (figures per packet):
-        // with Maglev, the batch reads the Maglev slots of its SYNs together first.
+        // The same in receive batches of 32, as a worker runs them (figures per packet).
         g.throughput(Throughput::Elements(32));
         g.bench_function(format!("{name}_batch32"), |b| {
             b.iter_batched(
@@ -273,8 +279,10 @@ fn flow(i: u32) -> FlowKey {
 
 /// The endpoint choice alone, for one Service port of 10 endpoints and across 10 K of
 /// them (each a table, or a set, of its own: the memory a choice touches): a Maglev
-/// table's lookup against the random choice, a keyed hash of the flow modulo the number
-/// of endpoints (what `random` and the choice before Maglev do).
+/// table's lookup and rendezvous hashing against the random choice, a keyed hash of the
+/// flow modulo the number of endpoints (what `random` and the choice before Maglev do);
+/// and both consistent choices across 10 K Service ports of 64 endpoints, the largest
+/// set `consistent` chooses from by rendezvous hashing.
 fn choice(c: &mut Criterion) {
     let mut g = c.benchmark_group("endpoint_choice");
     g.throughput(Throughput::Elements(1));
@@ -308,6 +316,18 @@ fn choice(c: &mut Criterion) {
                 })
             });
         }
+        let weights: Vec<rendezvous::Weights> = (0..services)
+            .map(|s| rendezvous::Weights::new(&endpoints(s), seed))
+            .collect();
+        let mut i = 0u32;
+        g.bench_function(BenchmarkId::new("rendezvous", services), |b| {
+            b.iter(|| {
+                i = i.wrapping_add(1);
+                let k = flow(i);
+                let w = &weights[(i % services) as usize];
+                black_box(w.pick(maglev::flow_hash(black_box(&k), seed)))
+            })
+        });
         let sets: Vec<Vec<u16>> = (0..services).map(|_| (0..10).collect()).collect();
         let hasher = ahash::RandomState::new();
         let mut i = 0u32;
@@ -329,6 +349,36 @@ fn choice(c: &mut Criterion) {
             })
         });
     }
+    let wide = |s: u32| -> Vec<(IpAddr, u16)> {
+        (0..64u32)
+            .map(|j| (IpAddr::V4(Ipv4Addr::from(0x0b00_0000 + s * 64 + j)), 8080))
+            .collect()
+    };
+    let services = 10_000u32;
+    let weights: Vec<rendezvous::Weights> = (0..services)
+        .map(|s| rendezvous::Weights::new(&wide(s), seed))
+        .collect();
+    let mut i = 0u32;
+    g.bench_function(BenchmarkId::new("rendezvous_64", services), |b| {
+        b.iter(|| {
+            i = i.wrapping_add(1);
+            let k = flow(i);
+            let w = &weights[(i % services) as usize];
+            black_box(w.pick(maglev::flow_hash(black_box(&k), seed)))
+        })
+    });
+    drop(weights);
+    let tables: Vec<maglev::Table> = (0..services)
+        .map(|s| maglev::Table::new(&wide(s), seed))
+        .collect();
+    let mut i = 0u32;
+    g.bench_function(BenchmarkId::new("maglev_64", services), |b| {
+        b.iter(|| {
+            i = i.wrapping_add(1);
+            let k = flow(i);
+            black_box(tables[(i % services) as usize].pick(black_box(&k), seed))
+        })
+    });
     g.finish();
     let mut g = c.benchmark_group("maglev_fill");
     g.sample_size(20);

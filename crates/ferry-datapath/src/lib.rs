@@ -67,11 +67,11 @@ pub use drop::{DropCounters, DropReason};
 pub use fib::Fib;
 pub use filter::Match as CaptureFilter;
 pub use flow::{Addr, FlowKey, proto, proto_name};
-pub use lb::maglev;
 pub use lb::{
     BackendSpec, BalanceMode, BalanceSpec, MARK_SERVICE, Policy as TrafficPolicy, ServiceSpec,
     Services,
 };
+pub use lb::{maglev, rendezvous};
 pub use overlay::{DEFAULT_PORT as DEFAULT_VXLAN_PORT, DEFAULT_VNI, MAX_VNI};
 pub use packet::{Meta, Packet, PortId, VnetHdr};
 pub use pipeline::{

@@ -103,27 +103,31 @@ pub struct Args {
     #[arg(long, value_name = "SECONDS|off", default_value = "1", value_parser = parse_checkpoint_interval)]
     pub checkpoint_interval: CheckpointInterval,
     /// How a Service spreads new connections over its endpoints (see docs/services.md,
-    /// "Choosing an endpoint"): `maglev`, consistent hashing of the flow that every node
-    /// and every restart agrees on, or `random`, a hash keyed anew by each process.
-    #[arg(long, value_enum, default_value = "maglev")]
+    /// "Choosing an endpoint"): `consistent`, consistent hashing of the flow that every
+    /// node and every restart agrees on (rendezvous hashing for up to 64 endpoints, a
+    /// Maglev table for more), `maglev`, the same with a Maglev table for any number,
+    /// or `random`, a hash keyed anew by each process.
+    #[arg(long, value_enum, default_value = "consistent")]
     pub service_balance: ServiceBalanceArg,
-    /// The Maglev seed, the same on every node of the cluster: a number, decimal or
-    /// 0x-prefixed hexadecimal (64 bits). Default: ferry's own.
-    #[arg(long, value_name = "N", value_parser = parse_maglev_seed)]
-    pub maglev_seed: Option<u64>,
+    /// The seed of a consistent balance, the same on every node of the cluster: a
+    /// number, decimal or 0x-prefixed hexadecimal (64 bits). Default: ferry's own.
+    #[arg(long, alias = "maglev-seed", value_name = "N", value_parser = parse_balance_seed)]
+    pub balance_seed: Option<u64>,
 }
 
 /// `--service-balance`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ServiceBalanceArg {
+    /// Consistent hashing: rendezvous for small sets, Maglev for large ones.
+    Consistent,
     /// Maglev consistent hashing.
     Maglev,
     /// A hash keyed by each process.
     Random,
 }
 
-/// `--maglev-seed`: a 64-bit number, decimal or 0x-prefixed hexadecimal.
-fn parse_maglev_seed(s: &str) -> Result<u64, String> {
+/// `--balance-seed`: a 64-bit number, decimal or 0x-prefixed hexadecimal.
+fn parse_balance_seed(s: &str) -> Result<u64, String> {
     let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(hex) => u64::from_str_radix(hex, 16),
         None => s.parse(),
@@ -132,14 +136,15 @@ fn parse_maglev_seed(s: &str) -> Result<u64, String> {
         .map_err(|_| format!("{s:?}: expected a 64-bit number, decimal or 0x-prefixed hexadecimal"))
 }
 
-/// The tables' `balance` of `--service-balance` and `--maglev-seed`; a seed with
+/// The tables' `balance` of `--service-balance` and `--balance-seed`; a seed with
 /// `random` is an error, as it would change nothing.
 fn balance(mode: ServiceBalanceArg, seed: Option<u64>) -> Result<ferry_datapath::BalanceSpec> {
     let mode = match mode {
+        ServiceBalanceArg::Consistent => ferry_datapath::BalanceMode::Consistent,
         ServiceBalanceArg::Maglev => ferry_datapath::BalanceMode::Maglev,
         ServiceBalanceArg::Random => {
             if seed.is_some() {
-                bail!("--maglev-seed: only with --service-balance maglev");
+                bail!("--balance-seed: not with --service-balance random, which has no seed");
             }
             ferry_datapath::BalanceMode::Random
         }
@@ -248,7 +253,7 @@ pub fn run(args: &Args) -> Result<()> {
         compile: CompileOptions {
             external_snat: args.external_snat,
             base_file: args.base.as_ref().map(|b| b.display().to_string()),
-            balance: balance(args.service_balance, args.maglev_seed)?,
+            balance: balance(args.service_balance, args.balance_seed)?,
             ..CompileOptions::default()
         },
         state_dir: Some(args.state_dir.clone()),
@@ -317,17 +322,17 @@ mod tests {
     }
 
     #[test]
-    fn service_balance_and_maglev_seed_parse_or_say_what_is_wrong() {
+    fn service_balance_and_balance_seed_parse_or_say_what_is_wrong() {
         use ferry_datapath::{BalanceMode, BalanceSpec};
-        assert_eq!(parse_maglev_seed("42"), Ok(42));
-        assert_eq!(parse_maglev_seed("0x2a"), Ok(42));
-        assert_eq!(parse_maglev_seed("0XFFFFFFFFFFFFFFFF"), Ok(u64::MAX));
+        assert_eq!(parse_balance_seed("42"), Ok(42));
+        assert_eq!(parse_balance_seed("0x2a"), Ok(42));
+        assert_eq!(parse_balance_seed("0XFFFFFFFFFFFFFFFF"), Ok(u64::MAX));
         for bad in ["", "-1", "0x", "0x1ffffffffffffffff", "seed", "1e3"] {
-            let e = parse_maglev_seed(bad).unwrap_err();
+            let e = parse_balance_seed(bad).unwrap_err();
             assert!(e.contains("64-bit number"), "{bad}: {e}");
         }
         assert_eq!(
-            balance(ServiceBalanceArg::Maglev, None).unwrap(),
+            balance(ServiceBalanceArg::Consistent, None).unwrap(),
             BalanceSpec::default()
         );
         let b = balance(ServiceBalanceArg::Maglev, Some(7)).unwrap();
@@ -337,7 +342,23 @@ mod tests {
             BalanceMode::Random
         );
         let e = balance(ServiceBalanceArg::Random, Some(7)).unwrap_err();
-        assert!(e.to_string().contains("--maglev-seed"), "{e}");
+        assert!(e.to_string().contains("--balance-seed"), "{e}");
+        // The flag's old name still parses.
+        let cli = <crate::Cli as clap::Parser>::try_parse_from([
+            "ferry",
+            "agent",
+            "--node",
+            "node1",
+            "--datastore",
+            "file:/nonexistent",
+            "--maglev-seed",
+            "0x2a",
+        ]);
+        match cli.map(|c| c.command) {
+            Ok(crate::Command::Agent(a)) => assert_eq!(a.balance_seed, Some(42)),
+            Ok(_) => panic!("not the agent's arguments"),
+            Err(e) => panic!("{e}"),
+        }
     }
 
     #[test]

@@ -67,11 +67,15 @@ fn render(services: &[ServiceInfo]) -> String {
                 .affinity_timeout_s
                 .map_or_else(|| "none".into(), |t| format!("ClientIP {t}s"));
             let mut balance = p.balance.clone();
-            if let Some(seed) = p.maglev_seed {
+            if let Some(seed) = p.seed {
                 let _ = write!(balance, " seed {seed:#x}");
             }
-            if let Some(m) = p.maglev_table {
-                let _ = write!(balance, " table {m}");
+            match p.maglev_table {
+                Some(m) => {
+                    let _ = write!(balance, " table {m}");
+                }
+                None if p.balance == "consistent" => balance.push_str(" rendezvous"),
+                None => {}
             }
             let _ = writeln!(
                 s,
@@ -169,7 +173,7 @@ mod tests {
                 }],
                 connections: Some(2),
                 balance: "maglev".into(),
-                maglev_seed: Some(0x2a),
+                seed: Some(0x2a),
                 maglev_table: Some(251),
                 ..ServicePortInfo::default()
             }],
@@ -189,10 +193,15 @@ mod tests {
         assert!(t.contains("balance maglev seed 0x2a table 251"), "{t}");
         let mut random = svc;
         random.ports[0].balance = "random".into();
-        random.ports[0].maglev_seed = None;
+        let mut small = random.clone();
+        random.ports[0].seed = None;
         random.ports[0].maglev_table = None;
         let t = render(&[random]);
         assert!(t.contains("  balance random  connections 2"), "{t}");
+        small.ports[0].balance = "consistent".into();
+        small.ports[0].maglev_table = None;
+        let t = render(&[small]);
+        assert!(t.contains("balance consistent seed 0x2a rendezvous"), "{t}");
         assert_eq!(render(&[]), "no Services\n");
     }
 }

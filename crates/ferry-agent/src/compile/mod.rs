@@ -61,7 +61,7 @@ pub struct CompileOptions {
     /// The file a given base was read from, named when the tables do not compile on it
     /// (the fault may be in the base as well as in the cluster).
     pub base_file: Option<String>,
-    /// How Service ports spread new connections (`--service-balance`, `--maglev-seed`);
+    /// How Service ports spread new connections (`--service-balance`, `--balance-seed`);
     /// the default leaves a given base's `balance` as it says.
     pub balance: ferry_datapath::BalanceSpec,
 }

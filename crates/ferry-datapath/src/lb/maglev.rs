@@ -173,7 +173,7 @@ fn step(c: u32, skip: u32, m: u32) -> u32 {
 }
 
 /// An endpoint as hashed: its address in 16 bytes (IPv4 mapped) and its port.
-fn endpoint_bytes((addr, port): (IpAddr, u16)) -> [u8; 18] {
+pub(super) fn endpoint_bytes((addr, port): (IpAddr, u16)) -> [u8; 18] {
     let mut b = [0u8; 18];
     b[..16].copy_from_slice(&v6_bytes(addr));
     b[16..].copy_from_slice(&port.to_be_bytes());

@@ -18,16 +18,18 @@
 //!   pass without a new connection from it ([`Affinity`]).
 //!
 //! Among the eligible endpoints, a new connection's is chosen as [`BalanceSpec`] says:
-//! by Maglev consistent hashing of the flow ([`maglev`], the default), the same on every
-//! node and in every agent while the endpoints are the same, or by a hash of the flow
-//! keyed anew in every process (`random`). A Service port's Maglev tables (one per
-//! family and traffic policy) are filled by the first connection that needs each, and
-//! kept while the Service port is.
+//! by consistent hashing of the flow, the same on every node and in every agent while
+//! the endpoints are the same (`consistent`, the default: [`rendezvous`] hashing for a
+//! set of at most [`rendezvous::MAX_ENDPOINTS`], a [`maglev`] table for a larger one;
+//! `maglev`: a Maglev table for every set), or by a hash of the flow keyed anew in every
+//! process (`random`). A Service port's choosers (one per family and traffic policy) are
+//! made by the first connection that needs each, and kept while the Service port is.
 
 mod balance;
 pub mod maglev;
 mod recover;
 pub mod reject;
+pub mod rendezvous;
 mod spec;
 
 use std::collections::{HashMap, HashSet};
@@ -100,9 +102,9 @@ pub struct Service {
     affinity_ns: Option<u64>,
     /// Stable across table swaps: keys affinity records.
     id: u64,
-    /// The Maglev tables of the eligible sets, by family and policy (0 cluster, 1
-    /// local), each filled when a connection first needs it.
-    maglev: [[OnceLock<maglev::Table>; 2]; 2],
+    /// The choosers of the eligible sets, by family and policy (0 cluster, 1 local),
+    /// each made when a connection first needs it (under a consistent balance).
+    choosers: [[OnceLock<Chooser>; 2]; 2],
 }
 
 impl Service {
@@ -138,7 +140,7 @@ impl Service {
             local: [Vec::new(), Vec::new()],
             affinity_ns: None,
             id: 0,
-            maglev: Default::default(),
+            choosers: Default::default(),
         }
     }
 
@@ -150,14 +152,15 @@ impl Service {
         }
     }
 
-    /// The Maglev table of the endpoints eligible for `family` under `policy` (indices
-    /// into [`Service::eligible`]), filled with `seed` on first use.
-    pub fn maglev(&self, family: usize, policy: Policy, seed: u64) -> &maglev::Table {
+    /// The consistent chooser of the endpoints eligible for `family` under `policy`
+    /// (its picks are indices into [`Service::eligible`]) for the balance `mode` (not
+    /// `random`), made with `seed` on first use.
+    pub fn chooser(&self, family: usize, policy: Policy, mode: BalanceMode, seed: u64) -> &Chooser {
         let p = match policy {
             Policy::Cluster => 0,
             Policy::Local => 1,
         };
-        self.maglev[family][p].get_or_init(|| {
+        self.choosers[family][p].get_or_init(|| {
             let set: Vec<(IpAddr, u16)> = self
                 .eligible(family, policy)
                 .iter()
@@ -166,8 +169,32 @@ impl Service {
                     (b.addr, b.port)
                 })
                 .collect();
-            maglev::Table::new(&set, seed)
+            if mode == BalanceMode::Consistent && set.len() <= rendezvous::MAX_ENDPOINTS {
+                Chooser::Rendezvous(rendezvous::Weights::new(&set, seed))
+            } else {
+                Chooser::Maglev(maglev::Table::new(&set, seed))
+            }
         })
+    }
+}
+
+/// How a consistent balance chooses among one eligible set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Chooser {
+    /// Rendezvous hashing: the set is small.
+    Rendezvous(rendezvous::Weights),
+    /// A Maglev table.
+    Maglev(maglev::Table),
+}
+
+impl Chooser {
+    /// The endpoint (an index into the set) of the flow `key`, hashed with `seed`.
+    #[inline]
+    pub fn pick(&self, key: &FlowKey, seed: u64) -> usize {
+        match self {
+            Chooser::Rendezvous(w) => w.pick(maglev::flow_hash(key, seed)),
+            Chooser::Maglev(t) => t.pick(key, seed),
+        }
     }
 }
 
@@ -624,7 +651,7 @@ impl Services {
                 .affinity_timeout_s
                 .map(|t| u64::from(t) * 1_000_000_000),
             id: stable_id(&spec.name),
-            maglev: Default::default(),
+            choosers: Default::default(),
         }));
         self.live += 1;
         Ok(())
@@ -739,10 +766,10 @@ impl Services {
             });
         Ok(usize::from(kept.unwrap_or_else(|| {
             set[match self.balance.mode {
-                BalanceMode::Maglev => svc
-                    .maglev(fam, policy, self.balance.seed)
-                    .pick(key, self.balance.seed),
                 BalanceMode::Random => affinity.pick(key, set.len()),
+                mode => svc
+                    .chooser(fam, policy, mode, self.balance.seed)
+                    .pick(key, self.balance.seed),
             }]
         })))
     }

@@ -2,8 +2,8 @@
 //! for a packet in the reply direction of a Service connection that conntrack no longer
 //! has (a crash that lost the checkpoint, a connection younger than it, an entry
 //! evicted), the frontends whose choice for the client's tuple gives exactly that
-//! endpoint. The endpoint choice is a function of the tuple (Maglev's table is the same
-//! in every agent while the endpoints are), so the reply can be translated back without
+//! endpoint. The endpoint choice is a function of the tuple (a consistent balance's is the
+//! same in every agent while the endpoints are), so the reply can be translated back without
 //! the state that chose it, or sent back to the node that translated the connection
 //! (see `pipeline::recover`).
 
@@ -49,7 +49,7 @@ impl Services {
     /// endpoint, when the Service's external traffic policy is `Cluster` and the client
     /// address is kept: such a node sent the connection here through the tunnel, and
     /// the reply must return through it ([`Candidate::via`]). The choice is the same on
-    /// every node while the endpoints are (Maglev), but another node's affinity records
+    /// every node while the endpoints are (a consistent balance), but another node's affinity records
     /// are not known here.
     ///
     /// In a stable order, the likeliest first: for a client on this node cluster IPs,
@@ -70,7 +70,7 @@ impl Services {
     ) -> SmallVec<[Candidate; MAX_RECOVERY_CANDIDATES]> {
         let mut out = SmallVec::<[Candidate; MAX_RECOVERY_CANDIDATES]>::new();
         // A random choice is made anew in every process: nothing to find it by.
-        if self.balance.mode != BalanceMode::Maglev {
+        if self.balance.mode == BalanceMode::Random {
             return out;
         }
         let (endpoint, endpoint_port) = (reply.src.ip(), reply.src_port);

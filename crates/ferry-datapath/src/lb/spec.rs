@@ -29,9 +29,13 @@ impl Policy {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BalanceMode {
-    /// Maglev consistent hashing of the flow with the seed: the same endpoint on every
-    /// node and after a restart, while the endpoints are the same.
+    /// Consistent hashing of the flow with the seed: the same endpoint on every node
+    /// and after a restart, while the endpoints are the same. Rendezvous hashing for a
+    /// set of at most [`super::rendezvous::MAX_ENDPOINTS`] endpoints (no table; only the
+    /// flows of an endpoint that goes move), a Maglev table for a larger one.
     #[default]
+    Consistent,
+    /// The same with a Maglev table for every set, as Cilium and Calico choose.
     Maglev,
     /// A hash of the flow keyed anew by every process: another agent (a restart, another
     /// node) may choose another endpoint for the same flow.
@@ -42,10 +46,10 @@ pub enum BalanceMode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BalanceSpec {
-    /// `maglev` (default) or `random`.
+    /// `consistent` (default), `maglev` or `random`.
     #[serde(default)]
     pub mode: BalanceMode,
-    /// The Maglev seed: every node of a cluster must have the same (default
+    /// The seed of a consistent balance: every node of a cluster must have the same (default
     /// [`super::maglev::DEFAULT_SEED`]).
     #[serde(default = "default_seed")]
     pub seed: u64,
@@ -58,7 +62,7 @@ fn default_seed() -> u64 {
 impl Default for BalanceSpec {
     fn default() -> BalanceSpec {
         BalanceSpec {
-            mode: BalanceMode::Maglev,
+            mode: BalanceMode::Consistent,
             seed: default_seed(),
         }
     }

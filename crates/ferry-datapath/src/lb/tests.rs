@@ -420,6 +420,15 @@ fn spread(name: &str, nodes: std::ops::RangeInclusive<u8>) -> ServiceSpec {
     s
 }
 
+/// `spec` compiled on `node` with the balance `mode` and the default seed.
+fn balanced(spec: &ServiceSpec, node: &str, mode: BalanceMode) -> Services {
+    let balance = BalanceSpec {
+        mode,
+        ..BalanceSpec::default()
+    };
+    Services::compile_balanced(std::slice::from_ref(spec), node, [], balance).unwrap()
+}
+
 /// The endpoint address each of `count` flows to the cluster IP gets.
 fn chosen(s: &Services, affinity: &Affinity, count: u16, from_node: bool) -> Vec<IpAddr> {
     (0..count)
@@ -435,29 +444,62 @@ fn chosen(s: &Services, affinity: &Affinity, count: u16, from_node: bool) -> Vec
         .collect()
 }
 
-/// With Maglev (the default), the endpoint of a flow depends on nothing this node or
-/// this process holds: two nodes, or an agent and the one after it, with their own
-/// tables and affinity keys, choose alike. With `random`, each process keys its own hash.
+/// With a consistent balance (`consistent`, the default, or `maglev`), the endpoint of a
+/// flow depends on nothing this node or this process holds: two nodes, or an agent and
+/// the one after it, with their own tables and affinity keys, choose alike. With
+/// `random`, each process keys its own hash.
 #[test]
-fn test_maglev_chooses_alike_on_every_node_and_random_does_not() {
+fn test_a_consistent_balance_chooses_alike_on_every_node_and_random_does_not() {
     let spec = spread("x", 1..=4);
-    let here = Services::compile(std::slice::from_ref(&spec), "n1", []).unwrap();
-    let there = Services::compile(std::slice::from_ref(&spec), "n3", []).unwrap();
-    assert_eq!(here.balance().mode, BalanceMode::Maglev);
-    let a = chosen(&here, &Affinity::default(), 2000, false);
-    assert_eq!(a, chosen(&there, &Affinity::default(), 2000, false));
-    for n in 1..=4 {
-        let got = a
-            .iter()
-            .filter(|e| **e == ip(&format!("10.244.{n}.5")))
+    assert_eq!(
+        Services::compile(std::slice::from_ref(&spec), "n1", [])
+            .unwrap()
+            .balance()
+            .mode,
+        BalanceMode::Consistent
+    );
+    for mode in [BalanceMode::Consistent, BalanceMode::Maglev] {
+        let here = balanced(&spec, "n1", mode);
+        let a = chosen(&here, &Affinity::default(), 2000, false);
+        assert_eq!(
+            a,
+            chosen(
+                &balanced(&spec, "n3", mode),
+                &Affinity::default(),
+                2000,
+                false
+            )
+        );
+        for n in 1..=4 {
+            let got = a
+                .iter()
+                .filter(|e| **e == ip(&format!("10.244.{n}.5")))
+                .count();
+            assert!(
+                (400..600).contains(&got),
+                "{mode:?}: endpoint {n}: {got} of 2000"
+            );
+        }
+        // The order the endpoints come in changes nothing.
+        let mut reversed = spec.clone();
+        reversed.backends.reverse();
+        assert_eq!(
+            a,
+            chosen(
+                &balanced(&reversed, "n1", mode),
+                &Affinity::default(),
+                2000,
+                false
+            )
+        );
+        // Another seed: another choice.
+        let seeded = BalanceSpec { mode, seed: 7 };
+        let s7 = Services::compile_balanced(std::slice::from_ref(&spec), "n1", [], seeded).unwrap();
+        let moved = (a.iter().zip(chosen(&s7, &Affinity::default(), 2000, false)))
+            .filter(|(x, y)| **x != *y)
             .count();
-        assert!((400..600).contains(&got), "endpoint {n}: {got} of 2000");
+        assert!(moved > 1000, "{mode:?} seed 7: {moved} of 2000 flows moved");
     }
-    // The order the endpoints come in changes nothing.
-    let mut reversed = spec.clone();
-    reversed.backends.reverse();
-    let r = Services::compile(&[reversed], "n1", []).unwrap();
-    assert_eq!(a, chosen(&r, &Affinity::default(), 2000, false));
 
     let random = BalanceSpec {
         mode: BalanceMode::Random,
@@ -474,42 +516,41 @@ fn test_maglev_chooses_alike_on_every_node_and_random_does_not() {
         differ > 1000,
         "random: {differ} of 2000 flows differ between processes"
     );
-    // Another seed: another table.
-    let seeded = BalanceSpec {
-        seed: 7,
-        ..BalanceSpec::default()
-    };
-    let s7 = Services::compile_balanced(&[spec], "n1", [], seeded).unwrap();
-    let moved = (a.iter().zip(chosen(&s7, &Affinity::default(), 2000, false)))
-        .filter(|(x, y)| **x != *y)
-        .count();
-    assert!(moved > 1000, "seed 7: {moved} of 2000 flows moved");
 }
 
-/// An update that removes one endpoint of four moves its flows and few others; the
-/// traffic policies keep their sets (local traffic only to this node's endpoints), and
-/// affinity still wins over the table.
+/// An update that removes one endpoint of four moves its flows and few others (none
+/// with rendezvous hashing, a few percent with Maglev); the traffic policies keep their
+/// sets (local traffic only to this node's endpoints), and affinity still wins over the
+/// hash.
 #[test]
-fn test_maglev_moves_few_flows_when_an_endpoint_goes_and_keeps_policies_and_affinity() {
+fn test_a_consistent_balance_moves_few_flows_when_an_endpoint_goes_and_keeps_policies_and_affinity()
+{
     let spec = spread("x", 1..=4);
-    let s = Services::compile(std::slice::from_ref(&spec), "n1", []).unwrap();
-    let before = chosen(&s, &Affinity::default(), 4000, false);
-    let mut less = spec.clone();
-    less.backends.retain(|b| b.addr != ip("10.244.3.5"));
-    let u = s.update(&[], &[less]).unwrap();
-    let after = chosen(&u, &Affinity::default(), 4000, false);
-    let gone = ip("10.244.3.5");
-    let others_moved = before
-        .iter()
-        .zip(&after)
-        .filter(|(b, a)| **b != gone && b != a)
-        .count();
-    let kept_others = before.iter().filter(|b| **b != gone).count();
-    assert!(after.iter().all(|a| *a != gone));
-    assert!(
-        (others_moved as f64) < 0.05 * kept_others as f64,
-        "{others_moved} of {kept_others} flows of the staying endpoints moved"
-    );
+    for mode in [BalanceMode::Consistent, BalanceMode::Maglev] {
+        let s = balanced(&spec, "n1", mode);
+        let before = chosen(&s, &Affinity::default(), 4000, false);
+        let mut less = spec.clone();
+        less.backends.retain(|b| b.addr != ip("10.244.3.5"));
+        let u = s.update(&[], &[less]).unwrap();
+        assert_eq!(u.balance().mode, mode);
+        let after = chosen(&u, &Affinity::default(), 4000, false);
+        let gone = ip("10.244.3.5");
+        let others_moved = before
+            .iter()
+            .zip(&after)
+            .filter(|(b, a)| **b != gone && b != a)
+            .count();
+        let kept_others = before.iter().filter(|b| **b != gone).count();
+        assert!(after.iter().all(|a| *a != gone));
+        let most = match mode {
+            BalanceMode::Consistent => 0.0,
+            _ => 0.05 * kept_others as f64,
+        };
+        assert!(
+            others_moved as f64 <= most,
+            "{mode:?}: {others_moved} of {kept_others} flows of the staying endpoints moved"
+        );
+    }
 
     let mut local = spec.clone();
     local.internal_policy = Policy::Local;
@@ -539,4 +580,73 @@ fn test_maglev_moves_few_flows_when_an_endpoint_goes_and_keeps_policies_and_affi
             .iter()
             .all(|e| *e == ip("10.244.4.5"))
     );
+}
+
+/// `consistent` chooses by rendezvous hashing up to its largest set and by a Maglev
+/// table past it; `maglev` by a table at any size. A set's chooser is that of its own
+/// size: local traffic's set of one endpoint needs no table.
+#[test]
+fn test_the_chooser_of_a_set_follows_its_size_and_the_mode() {
+    let many = |n: u16| {
+        let mut s = svc("x", "tcp");
+        s.backends = (0..n)
+            .map(|i| BackendSpec {
+                addr: ip(&format!("10.244.{}.{}", i / 200, i % 200 + 1)),
+                port: 8080,
+                node: Some(if i == 0 { "n1".into() } else { "n2".into() }),
+                no_node: false,
+                ready: true,
+                serving: None,
+                terminating: false,
+            })
+            .collect();
+        s
+    };
+    let max = rendezvous::MAX_ENDPOINTS as u16;
+    let kind = |n: u16, mode: BalanceMode, policy: Policy| {
+        let s = balanced(&many(n), "n1", mode);
+        let svc = &s.services[0];
+        assert_eq!(
+            svc.eligible(0, policy).len(),
+            if policy == Policy::Local {
+                1
+            } else {
+                usize::from(n)
+            }
+        );
+        match svc.chooser(0, policy, mode, s.balance().seed) {
+            Chooser::Rendezvous(w) => ("rendezvous", w.len()),
+            Chooser::Maglev(t) => ("maglev", t.len()),
+        }
+    };
+    let c = BalanceMode::Consistent;
+    assert_eq!(
+        kind(max, c, Policy::Cluster),
+        ("rendezvous", usize::from(max))
+    );
+    let m = maglev::size_for(usize::from(max) + 1) as usize;
+    assert_eq!(kind(max + 1, c, Policy::Cluster), ("maglev", m));
+    assert_eq!(kind(max + 1, c, Policy::Local), ("rendezvous", 1));
+    let m = maglev::size_for(2) as usize;
+    assert_eq!(kind(2, BalanceMode::Maglev, Policy::Cluster), ("maglev", m));
+    // Past the boundary the choice is the table's: what every node computes alike.
+    let s = balanced(&many(max + 1), "n1", c);
+    let t = maglev::Table::new(
+        &s.services[0]
+            .eligible(0, Policy::Cluster)
+            .iter()
+            .map(|&i| (s.services[0].backends[usize::from(i)].addr, 8080))
+            .collect::<Vec<_>>(),
+        s.balance().seed,
+    );
+    for i in 0..200u16 {
+        let k = FlowKey {
+            src_port: 10_000 + i,
+            ..key("10.96.0.10", 80)
+        };
+        let f = s.frontend(&k).unwrap();
+        let b = s.choose(f, &k, false, &Affinity::default(), 0).unwrap();
+        let set = s.services[0].eligible(0, Policy::Cluster);
+        assert_eq!(usize::from(set[t.pick(&k, s.balance().seed)]), b);
+    }
 }

@@ -5,8 +5,8 @@
 //! Taken up as it stands (TCP pickup), it would be tracked untranslated and reach the
 //! client from the endpoint's address, which the client's socket does not know: the
 //! client answers with a reset and the connection is lost, although the client's own
-//! next packet would have been balanced to the same endpoint (Maglev chooses by the
-//! tuple alone).
+//! next packet would have been balanced to the same endpoint (a consistent balance
+//! chooses by the tuple alone).
 //!
 //! So such a segment, from an endpoint of some Service port to a client on this node (a
 //! pod, the node's own stack) or outside the cluster, is matched against the frontends
