@@ -24,6 +24,7 @@
 
 mod accept;
 pub mod api;
+pub mod build;
 pub mod checkpoint;
 pub mod cluster;
 pub mod compile;

@@ -17,6 +17,7 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, N
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::info::Info;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
@@ -119,6 +120,20 @@ pub fn render(c: &Counters) -> String {
                 })
                 .inc_by(*n);
         }
+    }
+    if let Some(b) = &c.build {
+        let labels: Vec<(String, String)> = [
+            ("version", b.version.as_str()),
+            ("commit", b.commit.as_str()),
+            ("dirty", if b.dirty { "true" } else { "false" }),
+            ("profile", b.profile.as_str()),
+            ("target", b.target.as_str()),
+            ("rustc", b.rustc.as_str()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        reg.register("build", "The agent's build", Info::new(labels));
     }
     let drops = Family::<ReasonLabel, Counter>::default();
     reg.register("drops", "Packets dropped, by reason", drops.clone());
@@ -704,6 +719,19 @@ mod tests {
         assert!(t.contains("ferry_conntrack_entries 5"), "{t}");
         assert!(t.contains("# TYPE ferry_conntrack_inserts counter"), "{t}");
         assert!(t.trim_end().ends_with("# EOF"), "{t}");
+        assert!(!t.contains("ferry_build_info"), "no build known: {t}");
+        let built = Counters {
+            build: Some(crate::build::info()),
+            ..c
+        };
+        let t = render(&built);
+        let b = crate::build::info();
+        let line = format!(
+            "ferry_build_info{{version=\"{}\",commit=\"{}\",dirty=\"{}\",profile=\"{}\",target=\"{}\",rustc=\"{}\"}} 1",
+            b.version, b.commit, b.dirty, b.profile, b.target, b.rustc
+        );
+        assert!(t.contains(&line), "{line} in {t}");
+        assert!(t.contains("# TYPE ferry_build info"), "{t}");
     }
 
     #[test]

@@ -330,10 +330,47 @@ pub struct PolicyAuditCounters {
     pub write_errors: u64,
 }
 
+/// What a ferry binary was built from and how.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BuildInfo {
+    /// The release (the workspace's version).
+    pub version: String,
+    /// The commit built, 40 hexadecimal digits; `unknown` when the sources were not a
+    /// git checkout.
+    pub commit: String,
+    /// The checkout had changes that no commit holds.
+    pub dirty: bool,
+    /// `release` or `debug` (debug assertions on).
+    pub profile: String,
+    /// The target triple.
+    pub target: String,
+    /// The compiler's version.
+    pub rustc: String,
+}
+
+impl BuildInfo {
+    /// One line: `ferry VERSION (commit C[, dirty], PROFILE, TARGET, rustc V)`.
+    pub fn line(&self) -> String {
+        format!(
+            "ferry {} (commit {}{}, {}, {}, rustc {})",
+            self.version,
+            self.commit,
+            if self.dirty { ", dirty" } else { "" },
+            self.profile,
+            self.target,
+            self.rustc
+        )
+    }
+}
+
 /// What the node's dataplane has counted (as of its last snapshot, at most 100 ms old).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Counters {
+    /// The agent's build.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<BuildInfo>,
     /// The generation of the tables in force (1 at start, one more per change).
     pub generation: u64,
     /// Per port, in table order.

@@ -234,6 +234,7 @@ pub fn run(args: &Args) -> Result<()> {
         let stop = ferry_linux::signal::stop_on_signals().context("installing signal handlers")?;
         handover::wait_handed_over(stop);
     }
+    tracing::info!(build = %ferry_agent::build::info().line(), "agent starting");
     let mut pods = BTreeMap::new();
     for p in &args.pods {
         let (k, netns) = parse_pod(p)?;

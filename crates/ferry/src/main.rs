@@ -90,6 +90,9 @@ enum Command {
     /// Compile one node's tables from a directory of Kubernetes manifests and print
     /// them (YAML) on stdout.
     Tables(tables::Args),
+    /// This build: its version, the commit it was built from, its profile, target and
+    /// compiler.
+    Version,
     /// The built-in replay demo: fragments reassembled, forwarded and refragmented, a
     /// coalesced TCP packet segmented, path MTU discovery, refused attacks.
     Demo {
@@ -97,6 +100,23 @@ enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+}
+
+/// `ferry version`'s lines.
+fn version_text(b: &ferry_api::BuildInfo) -> String {
+    format!(
+        "ferry {}\ncommit {}{}\nbuild {}, {}, rustc {}\n",
+        b.version,
+        b.commit,
+        if b.dirty {
+            " (with uncommitted changes)"
+        } else {
+            ""
+        },
+        b.profile,
+        b.target,
+        b.rustc
+    )
 }
 
 fn main() -> ExitCode {
@@ -107,6 +127,10 @@ fn main() -> ExitCode {
             print!("{}", s.render());
         }),
         Command::Demo { dir } => demo::run(dir),
+        Command::Version => {
+            print!("{}", version_text(&ferry_agent::build::info()));
+            Ok(())
+        }
         Command::Node(args) => node::run(&args),
         Command::Agent(args) => agent::run(&args),
         Command::Serve(args) => serve::run(&args),
@@ -125,5 +149,31 @@ fn main() -> ExitCode {
             eprintln!("ferry: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_version_names_the_commit_and_says_when_the_tree_had_changes() {
+        let mut b = ferry_api::BuildInfo {
+            version: "1.2.3".into(),
+            commit: "ab".repeat(20),
+            dirty: false,
+            profile: "release".into(),
+            target: "x86_64-unknown-linux-gnu".into(),
+            rustc: "1.95.0".into(),
+        };
+        assert_eq!(
+            version_text(&b),
+            format!(
+                "ferry 1.2.3\ncommit {}\nbuild release, x86_64-unknown-linux-gnu, rustc 1.95.0\n",
+                "ab".repeat(20)
+            )
+        );
+        b.dirty = true;
+        assert!(version_text(&b).contains(" (with uncommitted changes)\n"));
     }
 }

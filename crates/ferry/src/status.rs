@@ -40,6 +40,13 @@ fn ms(us: u64) -> String {
 /// The counters as a few human-readable tables.
 fn render(c: &Counters) -> String {
     let mut s = String::new();
+    if let Some(b) = &c.build {
+        let _ = writeln!(s, "agent {}", b.line());
+        let own = ferry_agent::build::info();
+        if own.version != b.version || own.commit != b.commit {
+            let _ = writeln!(s, "  this command is another build: {}", own.line());
+        }
+    }
     let d = &c.datastore;
     let _ = writeln!(
         s,
@@ -358,6 +365,33 @@ mod tests {
         assert!(t.contains("compile 1"), "{t}");
         assert!(
             t.contains("3 datagrams") && t.contains("(overlapped 2)"),
+            "{t}"
+        );
+        assert!(!t.contains("agent ferry"), "no build reported: {t}");
+    }
+
+    #[test]
+    fn the_agents_build_is_shown_and_another_than_this_commands_is_said() {
+        let own = ferry_agent::build::info();
+        let same = Counters {
+            build: Some(own.clone()),
+            ..Counters::default()
+        };
+        let t = render(&same);
+        assert!(t.starts_with(&format!("agent {}\n", own.line())), "{t}");
+        assert!(!t.contains("another build"), "{t}");
+        let older = Counters {
+            build: Some(ferry_api::BuildInfo {
+                version: "0.0.1".into(),
+                commit: "0".repeat(40),
+                ..own.clone()
+            }),
+            ..Counters::default()
+        };
+        let t = render(&older);
+        assert!(t.starts_with("agent ferry 0.0.1 (commit 0000"), "{t}");
+        assert!(
+            t.contains(&format!("  this command is another build: {}", own.line())),
             "{t}"
         );
     }

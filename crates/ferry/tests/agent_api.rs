@@ -110,6 +110,25 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
         "{text}"
     );
     assert!(text.contains("workers (frames): 0: "), "{text}");
+    // The agent says what it is: the build of this test's binary.
+    let version = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .arg("version")
+        .output()
+        .unwrap();
+    let version = String::from_utf8_lossy(&version.stdout).into_owned();
+    let commit = version
+        .lines()
+        .find_map(|l| l.strip_prefix("commit "))
+        .and_then(|l| l.split(' ').next())
+        .unwrap_or_else(|| panic!("no commit in {version:?}"))
+        .to_string();
+    assert!(
+        text.starts_with(&format!(
+            "agent ferry {} (commit {commit}",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{text}"
+    );
     // The workers busy polled after receiving.
     assert!(text.contains("rounds busy polling"), "{text}");
 
@@ -127,6 +146,13 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
     );
     assert!(
         m.contains("ferry_port_rx_packets_total{port=\"pod.default.web\"}"),
+        "{m}"
+    );
+    assert!(
+        m.contains(&format!(
+            "ferry_build_info{{version=\"{}\",commit=\"{commit}\"",
+            env!("CARGO_PKG_VERSION")
+        )),
         "{m}"
     );
     assert!(

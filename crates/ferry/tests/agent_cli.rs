@@ -103,3 +103,35 @@ fn a_node_missing_from_the_cluster_is_an_error() {
     assert!(!ok);
     assert!(err.contains("no Node named \"no-such-node\""), "{err}");
 }
+
+/// `ferry version` names the commit the binary was built from: in a checkout, the one
+/// git says HEAD is (the build script runs again when HEAD moves).
+#[test]
+fn the_version_names_the_commit_it_was_built_from() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .arg("version")
+        .output()
+        .expect("run ferry");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!("ferry {}", env!("CARGO_PKG_VERSION")),
+        "{text}"
+    );
+    assert!(lines[2].starts_with("build "), "{text}");
+    let head = Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run git");
+    // CI and every test run build from a git checkout.
+    assert!(
+        head.status.success(),
+        "not a checkout: the test cannot check the commit"
+    );
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    let commit = lines[1].strip_prefix("commit ").unwrap_or_default();
+    assert!(commit.starts_with(&head), "{text} against HEAD {head}");
+}

@@ -2,7 +2,8 @@
 //! recorded, as a crash and as an update would, the new pid recorded in place of the
 //! old, the node kernel's host TAP set up again, and the lab forwarding as before; every
 //! node, before and after its agent was replaced, choosing the same endpoint for a new
-//! connection to a Service (Maglev). (The restart rows of `ferry lab check`, which run traffic through it, are in `lab.rs`.)
+//! connection to a Service (consistent hashing). (The restart rows of `ferry lab check`,
+//! which run traffic through it, are in `lab.rs`.)
 //! Needs root, iproute2, nftables, curl, ping.
 
 mod common;

@@ -189,6 +189,7 @@ impl Agent {
             None => ferry_api::PolicyEnforcement::default(),
         };
         ferry_api::Counters {
+            build: Some(crate::build::info()),
             enforcement,
             generation: self.generation,
             ports: snap
