@@ -600,6 +600,7 @@ pub fn parse(text: &str) -> Result<Vec<Sample>, String> {
         let suffixes: &[&str] = match ty.as_str() {
             "counter" => &["_total", "_created"],
             "histogram" => &["_bucket", "_sum", "_count", "_created"],
+            "info" => &["_info"],
             _ => &[""],
         };
         if !suffixes.iter().any(|s| name == format!("{fam}{s}")) {
@@ -732,6 +733,7 @@ mod tests {
         );
         assert!(t.contains(&line), "{line} in {t}");
         assert!(t.contains("# TYPE ferry_build info"), "{t}");
+        parse(&t).unwrap_or_else(|e| panic!("{e}\n{t}"));
     }
 
     #[test]
