@@ -207,18 +207,15 @@ impl Pipeline {
         };
         if egress.gso && (fits || !uso) {
             // The receiving kernel segments at gso_size: never above the MTU, and into no
-            // more segments than ferry would cut.
-            if !fits {
-                let max = mtu - headers.min(mtu);
+            // more segments than ferry would cut. (A USO packet that fits holds one
+            // datagram shorter than its gso_size: cut too, the datagram is unchanged.)
+            let max = mtu - headers.min(mtu);
+            if usize::from(pkt.meta.vnet.gso_size) > max {
                 let payload = parsed.ip_end - parsed.l3_off - headers;
-                if max == 0 || payload.div_ceil(max) > gso::MAX_SEGMENTS_TCP {
+                if !fits && (max == 0 || payload.div_ceil(max) > gso::MAX_SEGMENTS_TCP) {
                     return self.drop(DropReason::MtuTooSmall, trace);
                 }
                 pkt.meta.vnet.gso_size = max as u16;
-            } else if uso && headers + usize::from(pkt.meta.vnet.gso_size) > mtu {
-                // One datagram shorter than its gso_size: the receiver must still see a
-                // segment size that fits, so cut it to the MTU (the datagram is unchanged).
-                pkt.meta.vnet.gso_size = (mtu - headers.min(mtu)) as u16;
             }
             trace.note(|| TraceEvent::SentGso {
                 port: out_name().to_string(),
