@@ -24,14 +24,18 @@ pub const KEY_POLICY_HOST_TO_PODS: &str = "policy-host-to-pods";
 /// Key: `keep` (default) or `reevaluate`: what a policy change does to tracked
 /// connections it no longer allows.
 pub const KEY_POLICY_ON_CHANGE: &str = "policy-on-change";
+/// Key: the uplink's interface name, or several separated by commas (the first that
+/// exists on a node is its uplink), for agents not given `--uplink`; default: detected.
+pub const KEY_UPLINK: &str = "uplink";
 
-const KEYS: [&str; 6] = [
+const KEYS: [&str; 7] = [
     KEY_VXLAN_VNI,
     KEY_VXLAN_PORT,
     KEY_ENCAPSULATION,
     KEY_EXTERNAL_SNAT,
     KEY_POLICY_HOST_TO_PODS,
     KEY_POLICY_ON_CHANGE,
+    KEY_UPLINK,
 ];
 
 /// The settings `kube-system/ferry-config` gives, with their defaults.
@@ -49,6 +53,8 @@ pub struct FerryConfig {
     pub policy_host_to_pods: bool,
     /// A policy change ends the tracked connections it no longer allows.
     pub policy_reevaluate: bool,
+    /// The uplink's interface names to try, in order; empty: detected.
+    pub uplink: Vec<String>,
 }
 
 impl Default for FerryConfig {
@@ -64,8 +70,31 @@ impl Default for FerryConfig {
             policy_host_to_pods: true,
             // As Calico and Antrea: a change meets new connections only.
             policy_reevaluate: false,
+            uplink: Vec::new(),
         }
     }
+}
+
+/// `uplink`: interface names separated by commas, each one Linux takes (1 to 15 bytes,
+/// no `/`, `:` or white space, not `.` or `..`).
+fn parse_uplink(v: &str) -> Result<Vec<String>, String> {
+    let mut names = Vec::new();
+    for name in v.split(',').map(str::trim) {
+        let ok = !name.is_empty()
+            && name.len() <= 15
+            && name != "."
+            && name != ".."
+            && !name
+                .chars()
+                .any(|c| c == '/' || c == ':' || c.is_whitespace());
+        if !ok {
+            return Err(format!(
+                "{v:?}: expected interface names separated by commas (each 1 to 15 bytes, no '/', ':' or spaces)"
+            ));
+        }
+        names.push(name.to_string());
+    }
+    Ok(names)
 }
 
 impl FerryConfig {
@@ -117,6 +146,7 @@ impl FerryConfig {
                     _ => Err(format!("{v:?}: expected keep or reevaluate")),
                 }
                 .map(|b| c.policy_reevaluate = b),
+                KEY_UPLINK => parse_uplink(v).map(|names| c.uplink = names),
                 _ => Ok(()),
             };
             if let Err(m) = r {
@@ -189,6 +219,7 @@ mod tests {
                 external_snat: None,
                 policy_host_to_pods: true,
                 policy_reevaluate: false,
+                uplink: vec![],
             }
         );
     }
@@ -202,8 +233,10 @@ mod tests {
             ("external-snat", "true"),
             ("policy-host-to-pods", "policy"),
             ("policy-on-change", "reevaluate"),
+            ("uplink", "ens5, eth0"),
         ]))
         .unwrap();
+        assert_eq!(c.uplink, ["ens5", "eth0"]);
         assert_eq!(
             (c.vxlan_vni, c.vxlan_port, c.encapsulation, c.external_snat),
             (7, 8472, ModeSpec::Always, Some(true))
@@ -220,6 +253,7 @@ mod tests {
             ("vxlan-vnii", "1"),
             ("policy-host-to-pods", "deny"),
             ("policy-on-change", "cut"),
+            ("uplink", "eth0,,eth1"),
         ]))
         .unwrap_err();
         let fields: Vec<_> = e.iter().map(|e| e.field.as_str()).collect();
@@ -229,6 +263,7 @@ mod tests {
                 "data.encapsulation",
                 "data.policy-host-to-pods",
                 "data.policy-on-change",
+                "data.uplink",
                 "data.vxlan-port",
                 "data.vxlan-vni"
             ]
@@ -248,8 +283,8 @@ mod tests {
         assert_eq!(
             unknown,
             [
-                "data.a: unknown key, ignored (known: vxlan-vni, vxlan-port, encapsulation, external-snat, policy-host-to-pods, policy-on-change)",
-                "data.vxlan-mtu: unknown key, ignored (known: vxlan-vni, vxlan-port, encapsulation, external-snat, policy-host-to-pods, policy-on-change)",
+                "data.a: unknown key, ignored (known: vxlan-vni, vxlan-port, encapsulation, external-snat, policy-host-to-pods, policy-on-change, uplink)",
+                "data.vxlan-mtu: unknown key, ignored (known: vxlan-vni, vxlan-port, encapsulation, external-snat, policy-host-to-pods, policy-on-change, uplink)",
             ]
         );
     }

@@ -46,6 +46,7 @@ pub mod run;
 pub mod services;
 pub mod state;
 pub mod status;
+pub mod takeover;
 #[cfg(test)]
 mod testing;
 

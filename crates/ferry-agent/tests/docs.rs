@@ -2,7 +2,10 @@
 //! docs/observability.md every metric it serves: the documentation cannot fall behind
 //! the code.
 
-use ferry_agent::config::{KEY_ENCAPSULATION, KEY_EXTERNAL_SNAT, KEY_VXLAN_PORT, KEY_VXLAN_VNI};
+use ferry_agent::config::{
+    KEY_ENCAPSULATION, KEY_EXTERNAL_SNAT, KEY_POLICY_HOST_TO_PODS, KEY_POLICY_ON_CHANGE,
+    KEY_UPLINK, KEY_VXLAN_PORT, KEY_VXLAN_VNI,
+};
 use ferry_agent::fields::{
     ANNOTATION_EXTERNAL_SNAT, ANNOTATION_IPV4_ADDRESS, ANNOTATION_IPV4_GATEWAY,
     ANNOTATION_IPV6_ADDRESS, ANNOTATION_IPV6_GATEWAY,
@@ -21,6 +24,9 @@ fn agent_doc_names_every_annotation_and_config_key() {
         KEY_VXLAN_PORT,
         KEY_ENCAPSULATION,
         KEY_EXTERNAL_SNAT,
+        KEY_POLICY_HOST_TO_PODS,
+        KEY_POLICY_ON_CHANGE,
+        KEY_UPLINK,
     ] {
         assert!(
             doc.contains(&format!("`{name}`")),

@@ -80,8 +80,8 @@ pub use pipeline::{
     TraceEvent, TraceOut, TracePass, TraceReport, TraceStage, Verdict, summarize, trace,
 };
 pub use tables::{
-    DEFAULT_MTU, GATEWAY_V4, GATEWAY_V6, NextHop, NodeSpec, Port, PortAddr, PortKind, PortSpec,
-    RouteSpec, Tables, TablesSpec, Target,
+    DEFAULT_MTU, GATEWAY_V4, GATEWAY_V6, MIN_MTU, NextHop, NodeSpec, Port, PortAddr, PortKind,
+    PortSpec, RouteSpec, Tables, TablesSpec, Target,
 };
 // The specs a `TablesSpec` holds, from the modules that own them.
 pub use conntrack::CtSpec;

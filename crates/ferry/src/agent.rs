@@ -35,11 +35,21 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub base: Option<PathBuf>,
     /// The Linux interface of the uplink port (read and written through AF_PACKET).
+    /// Default: the first existing name of the ferry-config ConfigMap's `uplink`, else
+    /// the interface that holds the Node's InternalIP, else the default route's.
     #[arg(long, value_name = "IFNAME")]
     pub uplink: Option<String>,
-    /// The name of a TAP for the base's host port (the node's own stack).
+    /// The name of a TAP for the base's host port (the node's own stack); with
+    /// --take-uplink, default ferry0.
     #[arg(long, value_name = "NAME")]
     pub host_tap: Option<String>,
+    /// Move the node's own stack (its addresses, routes and permanent neighbours) from
+    /// the uplink onto the host TAP once ferry forwards, so that kubelet, SSH and the
+    /// node's established connections keep working, and give it back when the agent
+    /// stops without handing over (see docs/agent.md, "Taking the uplink"). Default
+    /// base only.
+    #[arg(long)]
+    pub take_uplink: bool,
     /// A pod attached to this node: NAMESPACE/NAME=NETNS puts its eth0 (a TAP with its
     /// addresses, MAC and MTU) into network namespace NETNS once the pod is in the
     /// cluster state; repeatable.
@@ -248,6 +258,7 @@ pub fn run(args: &Args) -> Result<()> {
         base,
         uplink: args.uplink.clone(),
         host_tap: args.host_tap.clone(),
+        take_uplink: args.take_uplink,
         pods,
         share_uplink: args.share_uplink,
         workers: crate::node::workers(args.workers, args.pin_workers, args.busy_poll)?,

@@ -23,7 +23,7 @@ use crate::fields::{
     ANNOTATION_IPV6_GATEWAY, FieldError, NodeFields, describe,
 };
 
-pub use base::{UPLINK_PORT, default_base};
+pub use base::{HOST_PORT, HOST_PORT_MAC, UPLINK_PORT, carry_taken, default_base};
 pub use pods::{POD_GATEWAY_MAC, pod_mac, pod_port};
 
 /// A pod whose interface exists on this node (the CNI plugin made it): only these get a
@@ -64,6 +64,10 @@ pub struct CompileOptions {
     /// How Service ports spread new connections (`--service-balance`, `--balance-seed`);
     /// the default leaves a given base's `balance` as it says.
     pub balance: ferry_datapath::BalanceSpec,
+    /// The node's own stack the agent moved from the uplink onto the host TAP
+    /// (`--take-uplink`, [`crate::takeover`]): the default base carries it
+    /// ([`base::carry_taken`]). A given base is kept as is.
+    pub taken: Option<std::sync::Arc<crate::takeover::Taken>>,
 }
 
 /// A health check node port this node must serve: kube-proxy's for a LoadBalancer
@@ -136,6 +140,9 @@ pub fn node_tables(
                 && let Some(p) = b.ports.iter_mut().find(|p| p.name == UPLINK_PORT)
             {
                 p.mac = mac;
+            }
+            if let Some(t) = &opts.taken {
+                base::carry_taken(&mut b, node, &this_fields.internal_ips, t, &mut warnings);
             }
             b
         }

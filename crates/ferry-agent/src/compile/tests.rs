@@ -210,6 +210,109 @@ fn default_base_is_an_uplink_from_the_node_and_its_annotations() {
 }
 
 #[test]
+fn a_taken_uplink_gives_the_default_base_its_addresses_routes_and_a_host_port() {
+    use crate::takeover::{Address, HOST_TAP_MAC, Neighbour, RECORD_VERSION, Route, Taken};
+    let c = cluster(&node(
+        "node-a",
+        &[
+            ("InternalIP", "192.168.10.2"),
+            ("InternalIP", "192.168.99.9"),
+        ],
+        &[],
+        &[("ferry.io/ipv4-gateway", "192.168.10.254")],
+    ));
+    let route = |dst: &str, gw: Option<&str>, metric: Option<u32>| Route {
+        dst: dst.parse().unwrap(),
+        gateway: gw.map(|g| g.parse().unwrap()),
+        table: None,
+        metric,
+        protocol: None,
+        scope: None,
+        prefsrc: None,
+        onlink: false,
+    };
+    let taken = Taken {
+        version: RECORD_VERSION,
+        uplink: "eth0".into(),
+        tap: "ferry0".into(),
+        tap_mac: HOST_TAP_MAC,
+        mtu: 9001,
+        addresses: vec![Address {
+            addr: "192.168.10.2/24".parse().unwrap(),
+            broadcast: None,
+            noprefixroute: false,
+        }],
+        routes: vec![
+            route("0.0.0.0/0", Some("192.168.10.1"), Some(100)),
+            // A second default route of a higher metric loses, as in the kernel.
+            route("0.0.0.0/0", Some("192.168.10.3"), Some(200)),
+            Route {
+                protocol: Some("kernel".into()),
+                ..route("192.168.10.0/24", None, None)
+            },
+            route("10.50.0.0/16", None, None),
+            Route {
+                table: Some("100".into()),
+                ..route("172.16.0.0/12", Some("192.168.10.1"), None)
+            },
+        ],
+        neighbours: vec![Neighbour {
+            addr: "192.168.10.77".parse().unwrap(),
+            mac: "02:00:00:00:00:77".parse().unwrap(),
+        }],
+    };
+    let opts = CompileOptions {
+        taken: Some(std::sync::Arc::new(taken)),
+        ..CompileOptions::default()
+    };
+    let out = compile_with(&c, "node-a", None, &opts);
+    let t = &out.tables;
+    let names: Vec<&str> = t.ports.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["uplink", "host"]);
+    let up = &t.ports[0];
+    assert_eq!(up.addresses.len(), 1);
+    assert_eq!(up.addresses[0].to_string(), "192.168.10.2/24");
+    assert_eq!(up.mtu, Some(9001));
+    let host = &t.ports[1];
+    assert_eq!(host.kind, PortKind::Host);
+    assert_eq!(host.addresses[0].addr, ip("169.254.1.1"));
+    let routes: Vec<String> = t
+        .routes
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {} {:?} {:?}",
+                r.prefix,
+                r.port,
+                r.via,
+                r.next_hop_mac.map(|m| m.to_string())
+            )
+        })
+        .collect();
+    assert_eq!(
+        routes,
+        [
+            "0.0.0.0/0 uplink Some(192.168.10.1) None",
+            "10.50.0.0/16 uplink None None",
+            "192.168.10.77/32 uplink None Some(\"02:00:00:00:00:77\")",
+            "192.168.10.2/32 host None Some(\"02:fe:00:00:00:01\")",
+        ]
+    );
+    let warned = |what: &str| out.warnings.iter().any(|w| w.contains(what));
+    assert!(
+        warned("InternalIP 192.168.99.9 is not on the uplink"),
+        "{:?}",
+        out.warnings
+    );
+    assert!(
+        warned("stands in place of the gateway annotation"),
+        "{:?}",
+        out.warnings
+    );
+    assert!(warned("172.16.0.0/12 of table 100"), "{:?}", out.warnings);
+}
+
+#[test]
 fn default_base_mac_comes_from_the_name_without_an_ipv4_address() {
     let c = cluster(&node("node-6", &[("InternalIP", "fd00:50::6")], &[], &[]));
     let (base, _) = default_base(&c, "node-6").unwrap();

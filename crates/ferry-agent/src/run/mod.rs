@@ -33,6 +33,7 @@ mod ports;
 mod requests;
 #[cfg(test)]
 mod tests;
+mod uplink;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -77,6 +78,10 @@ pub struct Options {
     pub uplink: Option<String>,
     /// The name of a TAP for the tables' host port (the node's own stack).
     pub host_tap: Option<String>,
+    /// Move the node's own stack (addresses, routes, permanent neighbours) from the
+    /// uplink onto the host TAP once ferry forwards, and give it back when the agent
+    /// stops without handing over ([`crate::takeover`]); the default base only.
+    pub take_uplink: bool,
     /// Attached pods and their network namespaces (`ip netns` names).
     pub pods: BTreeMap<ObjectKey, String>,
     /// Leave the host kernel processing what arrives on the uplink as well.
@@ -166,6 +171,10 @@ pub struct Agent {
     checkpoint: (Instant, bool),
     /// The last checkpoint's state, saved into again by the next.
     checkpoint_state: Option<Box<ferry_datapath::handover::SavedState>>,
+    /// The node's stack to move onto the host TAP once the worker runs.
+    pending_take: Option<Arc<crate::takeover::Taken>>,
+    /// The node's stack this agent moved onto the host TAP, to give back at its stop.
+    taken: Option<Arc<crate::takeover::Taken>>,
 }
 
 /// How often the agent looks for kernel routes and netfilter rules left by another
@@ -225,7 +234,10 @@ impl Agent {
             audit,
             checkpoint: (Instant::now(), false),
             checkpoint_state: None,
+            pending_take: None,
+            taken: None,
         };
+        agent.resolve_uplink(&cluster)?;
         agent.cni.adopted.extend(pods);
         agent.adopt_recorded();
         let mut compiled = agent.compile(&cluster)?;
@@ -400,8 +412,12 @@ impl Agent {
         self.write_audit();
     }
 
-    /// Stops the worker and closes every port.
+    /// Gives the node's stack back to the uplink (when the agent took it), stops the
+    /// worker and closes every port.
     pub fn stop(mut self) -> Result<WorkerStats, String> {
+        // While ferry still forwards: the kernel is back on the uplink before the
+        // ingress filter goes with the worker's ports.
+        self.give_back_uplink();
         self.stop.store(true, Ordering::Relaxed);
         self.host.remove_nat();
         let w = self.worker.take().ok_or("no worker")?;
@@ -509,6 +525,7 @@ impl Starting {
         } = self;
         let opened = agent.open.iter().cloned().collect();
         agent.spawn_worker(ports, pipeline)?;
+        agent.take_uplink()?;
         agent.health.set(&compiled.health_checks, &mut agent.status);
         let host_tap = agent.opts.host_tap.as_deref();
         agent.host.set_nat(host_tap, &tables);
@@ -536,6 +553,9 @@ impl Starting {
 
 impl Drop for Agent {
     fn drop(&mut self) {
+        // An agent that ends on an error (its worker failed) gives the node back too; one
+        // that handed over never gets here (its process exits), nor one that crashed.
+        self.give_back_uplink();
         self.stop.store(true, Ordering::Relaxed);
         self.host.remove_nat();
         if let Some(w) = self.worker.take() {

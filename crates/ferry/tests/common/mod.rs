@@ -245,6 +245,21 @@ impl Lab {
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 
+    /// Kills a spawned process with SIGKILL (a crash) and returns its standard error.
+    #[allow(dead_code)] // not every test binary crashes its processes
+    pub fn kill(&mut self, label: &str) -> String {
+        let i = self
+            .children
+            .iter()
+            .position(|(l, _, _)| l == label)
+            .expect("a spawned process");
+        let (_, mut c, _) = self.children.remove(i);
+        // `ip netns exec` execs the command: the child is the process itself.
+        let _ = c.kill();
+        let out = c.wait_with_output().expect("wait");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
     /// Waits up to `secs` for a spawned process to end by itself (it is no daemon from
     /// now on) and returns how it ended and its standard error; one still running then
     /// is killed and fails the test.

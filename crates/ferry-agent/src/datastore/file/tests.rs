@@ -326,7 +326,7 @@ fn an_unknown_ferry_config_key_is_left_out_with_a_note() {
     assert_eq!(
         notes,
         [
-            "cm.yaml:1: ConfigMap kube-system/ferry-config: data.vxlan-mtu: unknown key, ignored (known: vxlan-vni, vxlan-port, encapsulation, external-snat, policy-host-to-pods, policy-on-change)"
+            "cm.yaml:1: ConfigMap kube-system/ferry-config: data.vxlan-mtu: unknown key, ignored (known: vxlan-vni, vxlan-port, encapsulation, external-snat, policy-host-to-pods, policy-on-change, uplink)"
         ]
     );
     assert_eq!(crate::config::FerryConfig::of(&c).unwrap().vxlan_port, 8472);

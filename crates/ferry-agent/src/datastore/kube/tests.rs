@@ -817,7 +817,7 @@ fn an_unknown_ferry_config_key_is_a_note_and_the_rest_applies() {
     assert_eq!(
         notes,
         [
-            "kubernetes: ConfigMap kube-system/ferry-config: data.vxlan-mtu: unknown key, ignored (known: vxlan-vni, vxlan-port, encapsulation, external-snat, policy-host-to-pods, policy-on-change)"
+            "kubernetes: ConfigMap kube-system/ferry-config: data.vxlan-mtu: unknown key, ignored (known: vxlan-vni, vxlan-port, encapsulation, external-snat, policy-host-to-pods, policy-on-change, uplink)"
         ]
     );
     assert_eq!(FerryConfig::of(cluster).unwrap().vxlan_port, 8472);

@@ -1,0 +1,390 @@
+//! `ferry agent --take-uplink` on a node set up the way a cloud VM is: its address and
+//! routes on its uplink `eth0`, a default route through a gateway, and a TCP session from
+//! outside standing in for SSH and kubelet's connection to the API server, IPv6's
+//! default route through the router's link-local address. The agent,
+//! given no `--uplink`, finds the uplink by the Node's InternalIP, moves the node's
+//! stack onto its host TAP, and the session carries data all along: through the
+//! takeover, a crash of the agent and its successor taking the stack up again, and the
+//! stop that gives the node back exactly as it was.
+//!
+//! Needs root, iproute2, python3 and curl.
+
+mod common;
+
+use std::fs;
+use std::time::Duration;
+
+use common::{Lab, require};
+use serde_json::Value;
+
+/// The TCP session's client: a line every 50 ms for `secs` seconds, each echoed; prints
+/// the lines echoed and the longest wait for one in milliseconds, and fails on any
+/// error (a reset, a 10 s silence).
+const SESSION_CLIENT: &str = r#"
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+s.settimeout(10)
+end = time.time() + float(sys.argv[3])
+n, last, gap = 0, time.time(), 0.0
+while time.time() < end:
+    s.sendall(b"x" * 100 + b"\n")
+    buf = b""
+    while not buf.endswith(b"\n"):
+        d = s.recv(4096)
+        if not d:
+            sys.exit("the server closed the session")
+        buf += d
+    now = time.time()
+    gap, last, n = max(gap, now - last), now, n + 1
+    time.sleep(0.05)
+print(n, int(gap * 1000))
+"#;
+
+/// The echo server of the session.
+const ECHO_SERVER: &str = r#"
+import socketserver
+class Echo(socketserver.StreamRequestHandler):
+    def handle(self):
+        for line in self.rfile:
+            self.wfile.write(line)
+socketserver.ThreadingTCPServer.allow_reuse_address = True
+socketserver.ThreadingTCPServer(("0.0.0.0", 2222), Echo).serve_forever()
+"#;
+
+const NODE: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: { name: vm }
+spec: { podCIDR: 10.244.5.0/24, podCIDRs: [10.244.5.0/24] }
+status:
+  addresses:
+  - { type: InternalIP, address: 10.0.0.5 }
+  - { type: InternalIP, address: "2001:db8::5" }
+"#;
+
+/// What the node's kernel has: the uplink's addresses, and the routes of both families
+/// in every table, sorted, without what changes by itself (lifetimes, preferences).
+fn node_stack(lab: &Lab) -> (Vec<String>, Vec<String>) {
+    let addrs: Value =
+        serde_json::from_str(&lab.ip("vm", &["-j", "address", "show", "dev", "eth0"])).unwrap();
+    let mut a: Vec<String> = addrs[0]["addr_info"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["scope"] == "global")
+        .map(|a| format!("{}/{} brd {}", a["local"], a["prefixlen"], a["broadcast"]))
+        .collect();
+    a.sort();
+    let mut r = Vec::new();
+    for family in ["-4", "-6"] {
+        let routes: Value =
+            serde_json::from_str(&lab.ip("vm", &["-j", family, "route", "show", "table", "all"]))
+                .unwrap();
+        for mut route in routes.as_array().unwrap().iter().cloned() {
+            // The uplink's own link-local address, which is not moved, may still be
+            // tentative when the first look is taken.
+            if route["dst"]
+                .as_str()
+                .is_some_and(|d| d.starts_with("fe80::"))
+                && route["table"] == "local"
+            {
+                continue;
+            }
+            for volatile in ["expires", "pref"] {
+                route.as_object_mut().unwrap().remove(volatile);
+            }
+            r.push(route.to_string());
+        }
+    }
+    r.sort();
+    (a, r)
+}
+
+#[test]
+fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
+    require(&[("ip", "iproute2"), ("python3", "python3"), ("curl", "curl")]);
+    let mut lab = Lab::new("tu");
+    for ns in ["vm", "gw", "ext"] {
+        lab.add_ns(ns);
+    }
+    lab.veth("vm", "eth0", "gw", "gw0");
+    lab.veth("ext", "eth0", "gw", "gw1");
+    lab.run("gw", 5, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    lab.run(
+        "gw",
+        5,
+        &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"],
+    );
+    for (ns, args) in [
+        ("gw", vec!["address", "add", "10.0.0.1/24", "dev", "gw0"]),
+        (
+            "gw",
+            vec!["address", "add", "2001:db8::1/64", "dev", "gw0", "nodad"],
+        ),
+        (
+            "gw",
+            vec!["address", "add", "192.168.100.1/24", "dev", "gw1"],
+        ),
+        (
+            "gw",
+            vec![
+                "address",
+                "add",
+                "2001:db8:100::1/64",
+                "dev",
+                "gw1",
+                "nodad",
+            ],
+        ),
+        (
+            "ext",
+            vec!["address", "add", "192.168.100.2/24", "dev", "eth0"],
+        ),
+        (
+            "ext",
+            vec![
+                "address",
+                "add",
+                "2001:db8:100::2/64",
+                "dev",
+                "eth0",
+                "nodad",
+            ],
+        ),
+        (
+            "ext",
+            vec!["route", "add", "default", "via", "192.168.100.1"],
+        ),
+        (
+            "ext",
+            vec!["route", "add", "default", "via", "2001:db8:100::1"],
+        ),
+        // The VM: an address with its broadcast, a default route as DHCP would give
+        // it, a route of another table, a static route and a permanent neighbour.
+        (
+            "vm",
+            vec!["address", "add", "10.0.0.5/24", "brd", "+", "dev", "eth0"],
+        ),
+        (
+            "vm",
+            vec!["address", "add", "2001:db8::5/64", "dev", "eth0", "nodad"],
+        ),
+        (
+            "vm",
+            vec![
+                "route", "add", "default", "via", "10.0.0.1", "proto", "dhcp", "metric", "100",
+            ],
+        ),
+        (
+            "vm",
+            vec![
+                "route",
+                "add",
+                "172.16.0.0/12",
+                "via",
+                "10.0.0.1",
+                "table",
+                "100",
+            ],
+        ),
+        (
+            "vm",
+            vec![
+                "route",
+                "add",
+                "198.51.100.0/24",
+                "via",
+                "10.0.0.1",
+                "proto",
+                "static",
+            ],
+        ),
+        (
+            "vm",
+            vec![
+                "neigh",
+                "add",
+                "10.0.0.77",
+                "lladdr",
+                "02:00:00:00:00:77",
+                "dev",
+                "eth0",
+                "nud",
+                "permanent",
+            ],
+        ),
+    ] {
+        lab.ip(ns, &args);
+    }
+    // IPv6's default route through the router's link-local address, as a router
+    // advertisement gives it.
+    let mut router = String::new();
+    lab.wait_for(10, "the gateway's link-local address", |l| {
+        let a = l.ip(
+            "gw",
+            &[
+                "-6", "-br", "address", "show", "dev", "gw0", "scope", "link",
+            ],
+        );
+        if a.contains("tentative") {
+            return false;
+        }
+        router = a
+            .split_whitespace()
+            .nth(2)
+            .unwrap_or("")
+            .trim_end_matches("/64")
+            .to_string();
+        router.starts_with("fe80::")
+    });
+    lab.ip(
+        "vm",
+        &[
+            "route", "add", "default", "via", &router, "dev", "eth0", "metric", "1024",
+        ],
+    );
+    lab.daemon("vm", "echo server", &["python3", "-c", ECHO_SERVER]);
+    lab.daemon(
+        "vm",
+        "web server",
+        &["python3", "-m", "http.server", "-b", "::", "8080"],
+    );
+    lab.wait_for(10, "the node's servers", |l| {
+        l.exec(
+            "ext",
+            3,
+            &["curl", "-sf", "-o", "/dev/null", "http://10.0.0.5:8080/"],
+        )
+        .status
+        .success()
+            && l.exec(
+                "ext",
+                3,
+                &[
+                    "python3",
+                    "-c",
+                    "import socket; socket.create_connection(('10.0.0.5', 2222), 2)",
+                ],
+            )
+            .status
+            .success()
+    });
+    let before = node_stack(&lab);
+
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("cluster");
+    fs::create_dir(&manifests).unwrap();
+    fs::write(manifests.join("node.yaml"), NODE).unwrap();
+    let state = dir.path().join("state");
+    let (datastore, socket) = (
+        format!("file:{}", manifests.display()),
+        dir.path().join("ferry.sock").display().to_string(),
+    );
+    let agent: Vec<&str> = vec![
+        env!("CARGO_BIN_EXE_ferry"),
+        "agent",
+        "--node",
+        "vm",
+        "--datastore",
+        &datastore,
+        "--take-uplink",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--api-socket",
+        &socket,
+        "--healthz-addr",
+        "off",
+    ];
+    // The session runs across everything below, and must not break.
+    lab.spawn(
+        "ext",
+        "session",
+        &["python3", "-c", SESSION_CLIENT, "10.0.0.5", "2222", "30"],
+    );
+    std::thread::sleep(Duration::from_secs(1));
+
+    lab.daemon("vm", "agent", &agent);
+    let on_tap = |l: &Lab| {
+        let a = l.exec("vm", 2, &["ip", "-br", "address", "show", "dev", "ferry0"]);
+        String::from_utf8_lossy(&a.stdout).contains("10.0.0.5/24")
+    };
+    lab.wait_for(15, "the node's address on ferry0", on_tap);
+    let eth0 = lab.ip("vm", &["-br", "address", "show", "dev", "eth0"]);
+    assert!(
+        !eth0.contains("10.0.0.5") && !eth0.contains("2001:db8::5"),
+        "{eth0}"
+    );
+    let record: Value =
+        serde_json::from_slice(&fs::read(state.join("uplink.json")).unwrap()).unwrap();
+    assert_eq!(record["uplink"], "eth0", "{record}");
+    let routes = lab.ip("vm", &["route", "show"]);
+    assert!(
+        routes.contains("default via 169.254.1.1 dev ferry0 proto dhcp metric 100")
+            && routes.contains("198.51.100.0/24 via 169.254.1.1 dev ferry0 proto static"),
+        "{routes}"
+    );
+    let table100 = lab.ip("vm", &["route", "show", "table", "100"]);
+    assert!(
+        table100.contains("172.16.0.0/12 via 169.254.1.1 dev ferry0"),
+        "{table100}"
+    );
+
+    // New connections, both ways and both families, through ferry.
+    let new_connections = |l: &Lab| {
+        l.exec(
+            "ext",
+            3,
+            &["curl", "-sf", "-o", "/dev/null", "http://10.0.0.5:8080/"],
+        )
+        .status
+        .success()
+            && l.exec(
+                "ext",
+                3,
+                &[
+                    "curl",
+                    "-sf",
+                    "-o",
+                    "/dev/null",
+                    "http://[2001:db8::5]:8080/",
+                ],
+            )
+            .status
+            .success()
+            && l.exec("vm", 3, &["ping", "-c", "1", "-W", "2", "192.168.100.2"])
+                .status
+                .success()
+            && l.exec("vm", 3, &["ping", "-c", "1", "-W", "2", "2001:db8:100::2"])
+                .status
+                .success()
+    };
+    lab.wait_for(
+        10,
+        "new connections to and from the taken node",
+        new_connections,
+    );
+
+    // A crash: the host TAP goes with the agent, and the node's stack with it; the next
+    // agent takes the stack up again from the record.
+    let log = lab.kill("agent");
+    assert!(
+        log.contains("the node's own stack is on the host TAP"),
+        "{log}"
+    );
+    lab.daemon("vm", "agent", &agent);
+    lab.wait_for(15, "the node's address on ferry0 again", on_tap);
+    lab.wait_for(10, "new connections after the crash", new_connections);
+
+    // The stop gives the node back as it was.
+    let log = lab.stop("agent");
+    assert!(
+        log.contains("taking up the node's stack") && log.contains("back on the uplink"),
+        "{log}"
+    );
+    assert_eq!(node_stack(&lab), before, "the node's stack given back");
+    assert!(!state.join("uplink.json").exists());
+    assert!(new_connections(&lab), "the node without ferry");
+
+    let (status, err) = lab.wait_exit("session", 40);
+    assert!(status.success(), "the session broke: {err}");
+}
