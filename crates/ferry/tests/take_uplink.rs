@@ -4,8 +4,8 @@
 //! default route through the router's link-local address. The agent,
 //! given no `--uplink`, finds the uplink by the Node's InternalIP, moves the node's
 //! stack onto its host TAP, and the session carries data all along: through the
-//! takeover, a crash of the agent and its successor taking the stack up again, and the
-//! stop that gives the node back exactly as it was.
+//! takeover, a crash of the agent and its successor taking the stack up again, a
+//! handover to a third agent, and the stop that gives the node back exactly as it was.
 //!
 //! Needs root, iproute2, python3 and curl.
 
@@ -17,16 +17,16 @@ use std::time::Duration;
 use common::{Lab, require};
 use serde_json::Value;
 
-/// The TCP session's client: a line every 50 ms for `secs` seconds, each echoed; prints
-/// the lines echoed and the longest wait for one in milliseconds, and fails on any
-/// error (a reset, a 10 s silence).
+/// The TCP session's client: a line every 50 ms until file `stop` exists (120 s at
+/// most), each echoed; prints (on standard error) the lines echoed and the longest wait
+/// for one in milliseconds, and fails on any error (a reset, a 10 s silence).
 const SESSION_CLIENT: &str = r#"
-import socket, sys, time
+import os, socket, sys, time
 s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
 s.settimeout(10)
-end = time.time() + float(sys.argv[3])
+end = time.time() + 120
 n, last, gap = 0, time.time(), 0.0
-while time.time() < end:
+while time.time() < end and not os.path.exists(sys.argv[3]):
     s.sendall(b"x" * 100 + b"\n")
     buf = b""
     while not buf.endswith(b"\n"):
@@ -37,7 +37,7 @@ while time.time() < end:
     now = time.time()
     gap, last, n = max(gap, now - last), now, n + 1
     time.sleep(0.05)
-print(n, int(gap * 1000))
+print(n, int(gap * 1000), file=sys.stderr)
 "#;
 
 /// The echo server of the session.
@@ -295,11 +295,20 @@ fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
         "--healthz-addr",
         "off",
     ];
-    // The session runs across everything below, and must not break.
-    lab.spawn(
+    // The session runs across everything below, and must not break (a daemon: the waits
+    // below fail at once if it ends).
+    let stop_file = dir.path().join("session.stop");
+    lab.daemon(
         "ext",
         "session",
-        &["python3", "-c", SESSION_CLIENT, "10.0.0.5", "2222", "30"],
+        &[
+            "python3",
+            "-c",
+            SESSION_CLIENT,
+            "10.0.0.5",
+            "2222",
+            stop_file.to_str().unwrap(),
+        ],
     );
     std::thread::sleep(Duration::from_secs(1));
 
@@ -375,8 +384,20 @@ fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
     lab.wait_for(15, "the node's address on ferry0 again", on_tap);
     lab.wait_for(10, "new connections after the crash", new_connections);
 
+    // An update: a new agent on the same socket takes the node over, the host TAP with
+    // it; the old one exits without giving the stack back.
+    lab.spawn("vm", "new agent", &agent);
+    let (status, log) = lab.wait_exit("agent", 20);
+    assert!(status.success(), "{log}");
+    assert!(!log.contains("back on the uplink"), "{log}");
+    assert!(
+        on_tap(&lab),
+        "the stack stays on the TAP through the handover"
+    );
+    lab.wait_for(10, "new connections after the handover", new_connections);
+
     // The stop gives the node back as it was.
-    let log = lab.stop("agent");
+    let log = lab.stop("new agent");
     assert!(
         log.contains("taking up the node's stack") && log.contains("back on the uplink"),
         "{log}"
@@ -385,6 +406,19 @@ fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
     assert!(!state.join("uplink.json").exists());
     assert!(new_connections(&lab), "the node without ferry");
 
-    let (status, err) = lab.wait_exit("session", 40);
+    fs::write(&stop_file, "").unwrap();
+    let (status, err) = lab.wait_exit("session", 10);
     assert!(status.success(), "the session broke: {err}");
+    let figures: Vec<u64> = err
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(
+        figures.len() == 2 && figures[0] >= 20,
+        "lines echoed, longest gap: {err}"
+    );
+    eprintln!(
+        "the session: {} lines echoed, longest gap {} ms",
+        figures[0], figures[1]
+    );
 }
