@@ -277,10 +277,49 @@ fn daemon_set_runs_the_agent_on_every_node_in_the_host_network() {
             "$(NODE_NAME)",
             "--datastore",
             "kubernetes",
+            "--take-uplink",
             "--after-handover",
-            "wait"
+            "wait",
+            "--healthz-addr",
+            "[::]:10256",
+            "--metrics-addr",
+            "[::]:9250",
         ]
     );
+    assert_eq!(
+        pod.node_selector
+            .as_ref()
+            .and_then(|s| s.get("kubernetes.io/os"))
+            .map(String::as_str),
+        Some("linux")
+    );
+    // The scrape annotations name the port of --metrics-addr.
+    let annotations = ds
+        .spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .expect("the pod template's annotations");
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+    assert_eq!(annotations["prometheus.io/port"], "9250");
+    assert_eq!(annotations["prometheus.io/path"], "/metrics");
+    // Every image is this version's.
+    for c in pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+    {
+        assert_eq!(
+            c.image.as_deref(),
+            Some(concat!("ferry:", env!("CARGO_PKG_VERSION"))),
+            "{}",
+            c.name
+        );
+        // A port declared in the host network is a host port, which would keep the
+        // update's second pod off the node.
+        assert!(c.ports.is_none(), "{} declares ports", c.name);
+    }
     // An update starts the new pod beside the old one, which hands the node over to it
     // (docs/agent.md, "Restarts and upgrades") and then waits to be stopped.
     let strategy = ds.spec.update_strategy.as_ref().unwrap();
@@ -314,18 +353,25 @@ fn daemon_set_runs_the_agent_on_every_node_in_the_host_network() {
         .collect();
     assert_eq!(caps, BTreeSet::from(["NET_ADMIN", "NET_RAW", "SYS_ADMIN"]));
 
-    // The agent serves no probe yet: none may point at nothing.
-    for c in pod
-        .containers
-        .iter()
-        .chain(pod.init_containers.iter().flatten())
-    {
-        assert!(
-            c.liveness_probe.is_none() && c.readiness_probe.is_none() && c.startup_probe.is_none(),
-            "{} has a probe",
-            c.name
-        );
-    }
+    // The probes ask the agent's health address, kube-proxy's paths.
+    use k8s_openapi::api::core::v1::Probe;
+    let http = |p: &Option<Probe>| {
+        let g = p
+            .as_ref()
+            .and_then(|p| p.http_get.as_ref())
+            .expect("an HTTP probe");
+        (g.path.clone().unwrap_or_default(), g.port.clone())
+    };
+    let healthz = IntOrString::Int(10256);
+    assert_eq!(http(&c.startup_probe), ("/livez".into(), healthz.clone()));
+    assert_eq!(http(&c.liveness_probe), ("/livez".into(), healthz.clone()));
+    assert_eq!(http(&c.readiness_probe), ("/healthz".into(), healthz));
+    let requests = c
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .unwrap();
+    assert!(requests.contains_key("cpu") && requests.contains_key("memory"));
 }
 
 /// `(container mount path, host path, propagation)` of a container's hostPath mounts.

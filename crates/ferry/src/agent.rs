@@ -373,6 +373,40 @@ mod tests {
         }
     }
 
+    /// The agent's command line in deploy/ferry.yaml is one this build takes.
+    #[test]
+    fn the_manifests_agent_arguments_parse() {
+        let text = include_str!("../../../deploy/ferry.yaml");
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(text).unwrap();
+        let ds = docs
+            .iter()
+            .find(|d| d["kind"] == "DaemonSet")
+            .expect("a DaemonSet");
+        let agent = &ds["spec"]["template"]["spec"]["containers"][0];
+        let mut argv: Vec<String> = agent["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .chain(agent["args"].as_array().unwrap())
+            .map(|a| a.as_str().unwrap().replace("$(NODE_NAME)", "node1"))
+            .collect();
+        assert_eq!(argv[0], "ferry");
+        let cli =
+            <crate::Cli as clap::Parser>::try_parse_from(&argv).unwrap_or_else(|e| panic!("{e}"));
+        let crate::Command::Agent(a) = cli.command else {
+            panic!("not the agent's arguments: {argv:?}");
+        };
+        assert!(a.take_uplink && a.uplink.is_none());
+        assert_eq!(a.after_handover, AfterHandoverArg::Wait);
+        assert_eq!(a.metrics_addr.map(|m| m.port()), Some(9250));
+        assert_eq!(
+            parse_healthz_addr(&a.healthz_addr)
+                .unwrap()
+                .map(|h| h.port()),
+            Some(10256)
+        );
+    }
+
     #[test]
     fn pod_attachments_parse_or_say_what_is_wrong() {
         assert_eq!(
