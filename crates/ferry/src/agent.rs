@@ -383,7 +383,7 @@ mod tests {
             .find(|d| d["kind"] == "DaemonSet")
             .expect("a DaemonSet");
         let agent = &ds["spec"]["template"]["spec"]["containers"][0];
-        let mut argv: Vec<String> = agent["command"]
+        let argv: Vec<String> = agent["command"]
             .as_array()
             .unwrap()
             .iter()
