@@ -181,6 +181,18 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
         tracing::info!(%addr, "a listener handed over is not served any more: closed");
     }
     report(&applied);
+    if let Some(t) = agent.taken() {
+        let ips = in_force
+            .node(&node)
+            .and_then(|n| crate::fields::NodeFields::parse(n).ok())
+            .map(|f| f.internal_ips)
+            .unwrap_or_default();
+        let annotations = crate::takeover::annotations(t, &ips);
+        if !watch.annotate_node(annotations.clone()) {
+            tracing::info!(annotations = ?annotations,
+                "the file datastore is not written: the Node's manifest keeps its own annotations");
+        }
+    }
     tracing::info!(
         node = %node,
         ports = applied.opened.len(),

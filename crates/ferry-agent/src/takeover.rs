@@ -613,6 +613,46 @@ pub fn forget(dir: &Path) -> io::Result<()> {
     }
 }
 
+/// The annotations of the Node that say what its uplink held, for the agent to write:
+/// `ferry.io/ipv4-address` and `ferry.io/ipv6-address`, an address of each family with
+/// its prefix (the one that is an InternalIP, else the first), and
+/// `ferry.io/ipv4-gateway` and `ferry.io/ipv6-gateway`, the gateway of the main table's
+/// default route of least metric. A family the uplink lacks gets none.
+pub fn annotations(t: &Taken, internal_ips: &[IpAddr]) -> crate::datastore::Annotations {
+    use crate::fields::{
+        ANNOTATION_IPV4_ADDRESS, ANNOTATION_IPV4_GATEWAY, ANNOTATION_IPV6_ADDRESS,
+        ANNOTATION_IPV6_GATEWAY,
+    };
+    let mut out = crate::datastore::Annotations::new();
+    for (v6, addr_key, gw_key) in [
+        (false, ANNOTATION_IPV4_ADDRESS, ANNOTATION_IPV4_GATEWAY),
+        (true, ANNOTATION_IPV6_ADDRESS, ANNOTATION_IPV6_GATEWAY),
+    ] {
+        let family: Vec<&Address> = t
+            .addresses
+            .iter()
+            .filter(|a| a.addr.addr().is_ipv6() == v6)
+            .collect();
+        if let Some(a) = family
+            .iter()
+            .find(|a| internal_ips.contains(&a.addr.addr()))
+            .or(family.first())
+        {
+            out.insert(addr_key.to_string(), a.addr.to_string());
+        }
+        if let Some(gw) = t
+            .routes
+            .iter()
+            .filter(|r| r.main() && r.dst.prefix_len() == 0 && r.dst.addr().is_ipv6() == v6)
+            .min_by_key(|r| r.metric.unwrap_or(0))
+            .and_then(|r| r.gateway)
+        {
+            out.insert(gw_key.to_string(), gw.to_string());
+        }
+    }
+    out
+}
+
 /// The node addresses of `t`, each once.
 pub fn addresses(t: &Taken) -> BTreeSet<IpAddr> {
     t.addresses.iter().map(|a| a.addr.addr()).collect()
@@ -742,6 +782,20 @@ mod tests {
         );
         let s = give_back_script(&taken(), false);
         assert!(!s.contains("ferry0"), "{s}");
+    }
+
+    #[test]
+    fn the_node_annotations_say_the_uplinks_addresses_and_gateways() {
+        let a = annotations(&taken(), &["10.0.0.5".parse().unwrap()]);
+        let a: Vec<(&str, &str)> = a.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(
+            a,
+            [
+                ("ferry.io/ipv4-address", "10.0.0.5/24"),
+                ("ferry.io/ipv4-gateway", "10.0.0.1"),
+                ("ferry.io/ipv6-address", "2001:db8::5/64"),
+            ]
+        );
     }
 
     #[test]

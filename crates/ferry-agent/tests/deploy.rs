@@ -153,7 +153,7 @@ fn grants(rules: &[PolicyRule], namespace: Option<&str>, out: &mut BTreeSet<Gran
 }
 
 #[test]
-fn rbac_grants_exactly_what_the_kubernetes_datastore_watches() {
+fn rbac_grants_exactly_what_the_kubernetes_datastore_watches_and_writes() {
     let m = load();
     let (sa_ns, sa) = m.service_account();
     let is_agent = |subjects: &Option<Vec<k8s_openapi::api::rbac::v1::Subject>>| {
@@ -216,6 +216,16 @@ fn rbac_grants_exactly_what_the_kubernetes_datastore_watches() {
                 verb.to_string(),
             ));
         }
+    }
+    // And the one write: this node's annotations.
+    for (group, resource, verb) in ferry_agent::datastore::kube::WRITES {
+        wanted.insert((
+            group.to_string(),
+            resource.to_string(),
+            None,
+            None,
+            verb.to_string(),
+        ));
     }
     assert_eq!(granted, wanted);
 }

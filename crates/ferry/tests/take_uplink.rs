@@ -380,6 +380,12 @@ fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
         log.contains("the node's own stack is on the host TAP"),
         "{log}"
     );
+    // What the annotations would say; the file datastore is not written.
+    assert!(
+        log.contains("the file datastore is not written")
+            && log.contains("\"ferry.io/ipv4-gateway\": \"10.0.0.1\""),
+        "{log}"
+    );
     lab.daemon("vm", "agent", &agent);
     lab.wait_for(15, "the node's address on ferry0 again", on_tap);
     lab.wait_for(10, "new connections after the crash", new_connections);

@@ -830,6 +830,8 @@ where
         let client = connect().await?;
         Ok::<_, KubeError>(telling_watch_starts(client, &scopes, started))
     })?;
+    let (annotate, annotations) = mpsc_async::unbounded();
+    rt.spawn(annotate_node(client.clone(), node.clone(), annotations));
     let mut events = stream::select_all(scopes.iter().map(|s| watch_scope(&client, s)));
     events.push(starts.map(|kind| (kind, Told::Started)).boxed());
     let current = Arc::new(Mutex::new(Arc::new(Cluster::default())));
@@ -845,7 +847,61 @@ where
             rt.shutdown_timeout(Duration::from_millis(100));
         })
         .map_err(KubeError::Runtime)?;
-    Ok(Watch::new(updates, current, stop, thread))
+    let mut w = Watch::new(updates, current, stop, thread);
+    w.annotate = Some(annotate);
+    Ok(w)
+}
+
+/// What the datastore writes, as RBAC names it (API group, resource, verb): its own
+/// Node's annotations, by merge patch ([`Watch::annotate_node`]).
+pub const WRITES: [(&str, &str, &str); 1] = [("", "nodes", "patch")];
+
+/// How long the writer of the Node's annotations waits before it tries again.
+pub const ANNOTATE_RETRY: Duration = Duration::from_secs(5);
+
+/// Writes the annotations `wanted` brings on Node `node`, each as a JSON merge patch of
+/// `metadata.annotations` (the `patch` verb on nodes; no other field is touched), the
+/// latest first: a failed write is tried again after [`ANNOTATE_RETRY`], or at once
+/// with a newer set. Ends with the datastore.
+async fn annotate_node(
+    client: Client,
+    node: String,
+    mut wanted: mpsc_async::UnboundedReceiver<super::Annotations>,
+) {
+    use kube::api::{Patch, PatchParams};
+    let nodes: Api<Node> = Api::all(client);
+    let mut pending = None;
+    loop {
+        if pending.is_none() {
+            match wanted.next().await {
+                Some(a) => pending = Some(a),
+                None => return,
+            }
+        }
+        while let Ok(a) = wanted.try_recv() {
+            pending = Some(a);
+        }
+        let Some(a) = pending.clone() else { continue };
+        let patch = serde_json::json!({ "metadata": { "annotations": a } });
+        match nodes
+            .patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(node = %node, annotations = ?a, "the Node's annotations are written");
+                pending = None;
+            }
+            Err(e) => {
+                tracing::warn!(node = %node, error = %with_causes(&e),
+                    "the Node's annotations were not written; trying again in {ANNOTATE_RETRY:?}");
+                match tokio::time::timeout(ANNOTATE_RETRY, wanted.next()).await {
+                    Ok(Some(a)) => pending = Some(a),
+                    Ok(None) => return,
+                    Err(_) => {}
+                }
+            }
+        }
+    }
 }
 
 /// What the watches tell the datastore, each tagged with its kind.

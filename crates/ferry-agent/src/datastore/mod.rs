@@ -256,7 +256,13 @@ pub struct Watch {
     /// Where the state comes from, as the datastore knows it (the Kubernetes
     /// datastore's API server URL).
     pub(crate) source: Option<String>,
+    /// Where this node's annotations to write go (the Kubernetes datastore's writer);
+    /// None: the datastore is not written.
+    pub(crate) annotate: Option<futures::channel::mpsc::UnboundedSender<Annotations>>,
 }
+
+/// Annotations of this node's Node object for the datastore to write, by key.
+pub type Annotations = std::collections::BTreeMap<String, String>;
 
 impl Watch {
     /// A watch on the thread `thread`, which sends on the other end of `updates`, keeps
@@ -273,7 +279,18 @@ impl Watch {
             stop: Some(Box::new(stop)),
             thread: Some(thread),
             source: None,
+            annotate: None,
         }
+    }
+
+    /// Has the datastore write `annotations` on this node's Node object (a merge patch:
+    /// other annotations stay), trying again every few seconds until it succeeds, a
+    /// newer call replacing what is not written yet. False when the datastore is not
+    /// written (the file datastore: the manifests are the user's).
+    pub fn annotate_node(&self, annotations: Annotations) -> bool {
+        self.annotate
+            .as_ref()
+            .is_some_and(|tx| tx.unbounded_send(annotations).is_ok())
     }
 
     /// Where the state comes from when the datastore knows more than it was given: the

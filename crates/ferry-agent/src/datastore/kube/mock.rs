@@ -262,9 +262,53 @@ impl MockApi {
     + 'static {
         let api = self.clone();
         tower::service_fn(move |req: Request<::kube::client::Body>| {
-            let r = api.answer(&req);
-            async move { r }
+            let api = api.clone();
+            async move {
+                if req.method() != http::Method::PATCH {
+                    return api.answer(&req);
+                }
+                use http_body_util::BodyExt;
+                let (parts, body) = req.into_parts();
+                let body = body.collect().await?.to_bytes();
+                api.patch(&parts, &body)
+            }
         })
+    }
+
+    /// A JSON merge patch (RFC 7386) of a Node, the one write the agent makes: the
+    /// patched object is stored with a new version (the watches are told) and sent back.
+    fn patch(&self, req: &http::request::Parts, body: &[u8]) -> Result<Response<Body>, BoxError> {
+        let path = req.uri.path();
+        let mut s = self.lock();
+        s.requests.push(format!("PATCH {path}"));
+        if let Some(n) = s.failures.get_mut("nodes").filter(|n| **n > 0) {
+            *n -= 1;
+            return Err("connection refused (mock)".into());
+        }
+        let name = path
+            .strip_prefix("/api/v1/nodes/")
+            .unwrap_or_else(|| panic!("the mock patches only Nodes: {path}"));
+        let content_type = req.headers.get(http::header::CONTENT_TYPE);
+        assert_eq!(
+            content_type.and_then(|c| c.to_str().ok()),
+            Some("application/merge-patch+json")
+        );
+        let key = (String::new(), name.to_string());
+        let mut obj = s
+            .objects
+            .get("nodes")
+            .and_then(|o| o.get(&key))
+            .cloned()
+            .expect("a Node to patch");
+        merge(&mut obj, &serde_json::from_slice(body)?);
+        s.put("nodes", obj.clone());
+        let obj = &s.objects["nodes"][&key];
+        let mut typed = obj.clone();
+        typed["kind"] = "Node".into();
+        typed["apiVersion"] = "v1".into();
+        Ok(Response::new(body_of(
+            stream::iter([Bytes::from(serde_json::to_vec(&typed).unwrap())]).boxed(),
+        )))
     }
 
     fn answer<B>(&self, req: &Request<B>) -> Result<Response<Body>, BoxError> {
@@ -353,6 +397,25 @@ impl MockApi {
             body_of(stream::iter([Bytes::from(serde_json::to_vec(&list).unwrap())]).boxed())
         };
         Ok(Response::new(body))
+    }
+}
+
+/// RFC 7386: `patch` merged into `target` (null removes a member).
+fn merge(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let t = target.as_object_mut().expect("an object");
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
     }
 }
 

@@ -1270,3 +1270,50 @@ fn a_missing_kubeconfig_or_node_name_is_an_error_at_start() {
     .unwrap_err();
     assert!(matches!(e, KubeError::NoNode), "{e:?}");
 }
+
+#[test]
+fn the_nodes_annotations_are_written_by_a_merge_patch_and_tried_again_until_they_are() {
+    let api = example_api();
+    let w = start(&api);
+    applied(next(&w));
+    // The first write finds the server unreachable, the second goes through.
+    api.fail("nodes", 1);
+    let wanted = crate::datastore::Annotations::from([
+        (
+            "ferry.io/ipv4-address".to_string(),
+            "192.168.10.2/24".to_string(),
+        ),
+        (
+            "ferry.io/ipv4-gateway".to_string(),
+            "192.168.10.1".to_string(),
+        ),
+    ]);
+    assert!(w.annotate_node(wanted));
+    let deadline = std::time::Instant::now() + WAIT + ANNOTATE_RETRY;
+    let node = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the annotations were not written"
+        );
+        if let Some(Update::Applied { cluster, .. }) = w.next_update(Duration::from_millis(200)) {
+            let n = cluster.node(NODE).unwrap();
+            if n.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("ferry.io/ipv4-gateway"))
+            {
+                break n.clone();
+            }
+        }
+    };
+    let a = node.metadata.annotations.unwrap();
+    assert_eq!(a["ferry.io/ipv4-address"], "192.168.10.2/24");
+    assert_eq!(a["ferry.io/ipv4-gateway"], "192.168.10.1");
+    let patches: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.starts_with("PATCH"))
+        .collect();
+    let p = format!("PATCH /api/v1/nodes/{NODE}");
+    assert_eq!(patches, [p.clone(), p], "one failed, one written");
+}
