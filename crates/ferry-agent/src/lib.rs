@@ -26,6 +26,7 @@ mod accept;
 pub mod api;
 pub mod build;
 pub mod checkpoint;
+pub mod cleanup;
 pub mod cluster;
 pub mod compile;
 pub mod config;

@@ -177,6 +177,7 @@ fn package(program: &str) -> Option<&'static str> {
     match program {
         "ip" | "tc" | "bridge" => Some("iproute2"),
         "nft" => Some("nftables"),
+        p if p.starts_with("iptables") || p.starts_with("ip6tables") => Some("iptables"),
         _ => None,
     }
 }
@@ -217,6 +218,11 @@ impl Error {
     /// How it failed.
     pub fn failure(&self) -> &Failure {
         &self.failure
+    }
+
+    /// True when its program is not installed.
+    pub fn is_not_found(&self) -> bool {
+        matches!(&self.failure, Failure::Start(e) if e.kind() == io::ErrorKind::NotFound)
     }
 
     /// Its exit status, when it ran to the end.

@@ -50,6 +50,11 @@ pub struct Args {
     /// base only.
     #[arg(long)]
     pub take_uplink: bool,
+    /// At start, remove what kube-proxy and flannel left on the node, as `ferry cleanup`
+    /// does (but not CNI configuration files), logging each; off: the agent warns about
+    /// the leftovers it sees, and removes nothing.
+    #[arg(long)]
+    pub cleanup_legacy: bool,
     /// A pod attached to this node: NAMESPACE/NAME=NETNS puts its eth0 (a TAP with its
     /// addresses, MAC and MTU) into network namespace NETNS once the pod is in the
     /// cluster state; repeatable.
@@ -245,6 +250,9 @@ pub fn run(args: &Args) -> Result<()> {
         handover::wait_handed_over(stop);
     }
     tracing::info!(build = %ferry_agent::build::info().line(), "agent starting");
+    if args.cleanup_legacy {
+        crate::cleanup::at_agent_start();
+    }
     let mut pods = BTreeMap::new();
     for p in &args.pods {
         let (k, netns) = parse_pod(p)?;

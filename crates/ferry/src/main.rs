@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod agent;
 mod ask;
 mod capture;
+mod cleanup;
 mod conntrack;
 mod demo;
 mod lab;
@@ -62,6 +63,10 @@ enum Command {
     /// Run one node of a cluster: its tables compiled from cluster state and swapped
     /// into the running dataplane as the cluster changes.
     Agent(agent::Args),
+    /// Remove what kube-proxy and flannel left on this node (iptables chains of both
+    /// back ends, nftables tables, kube-ipvs0, flannel.N, cni0, flannel's CNI
+    /// configuration), listing each; --dry-run only lists.
+    Cleanup(cleanup::Args),
     /// The running agent's health and counters: datastore, table sync latency, errors,
     /// ports, drops by reason, conntrack, fragments, Services (asked over its local API
     /// socket).
@@ -133,6 +138,7 @@ fn main() -> ExitCode {
         }
         Command::Node(args) => node::run(&args),
         Command::Agent(args) => agent::run(&args),
+        Command::Cleanup(args) => cleanup::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Status(args) => status::run(&args),
         Command::Trace(args) => trace::run(&args),

@@ -7,7 +7,10 @@
 //! takeover, a crash of the agent and its successor taking the stack up again, a
 //! handover to a third agent, and the stop that gives the node back exactly as it was.
 //!
-//! Needs root, iproute2, python3 and curl.
+//! The agent runs with `--cleanup-legacy`, and removes the kube-proxy chain and flannel
+//! device left on the node.
+//!
+//! Needs root, iproute2, iptables, python3 and curl.
 
 mod common;
 
@@ -102,7 +105,12 @@ fn node_stack(lab: &Lab) -> (Vec<String>, Vec<String>) {
 
 #[test]
 fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
-    require(&[("ip", "iproute2"), ("python3", "python3"), ("curl", "curl")]);
+    require(&[
+        ("ip", "iproute2"),
+        ("iptables-nft", "iptables"),
+        ("python3", "python3"),
+        ("curl", "curl"),
+    ]);
     let mut lab = Lab::new("tu");
     for ns in ["vm", "gw", "ext"] {
         lab.add_ns(ns);
@@ -270,6 +278,18 @@ fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
             .success()
     });
     let before = node_stack(&lab);
+    // What kube-proxy and flannel left, for --cleanup-legacy to remove.
+    lab.run(
+        "vm",
+        5,
+        &[
+            "sh",
+            "-ec",
+            "iptables-nft -t nat -N KUBE-SERVICES
+             iptables-nft -t nat -A OUTPUT -j KUBE-SERVICES
+             ip link add flannel.1 type vxlan id 1 dstport 8472 dev eth0",
+        ],
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let manifests = dir.path().join("cluster");
@@ -288,6 +308,7 @@ fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
         "--datastore",
         &datastore,
         "--take-uplink",
+        "--cleanup-legacy",
         "--state-dir",
         state.to_str().unwrap(),
         "--api-socket",
@@ -318,6 +339,9 @@ fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
         String::from_utf8_lossy(&a.stdout).contains("10.0.0.5/24")
     };
     lab.wait_for(15, "the node's address on ferry0", on_tap);
+    let nat = lab.run("vm", 5, &["iptables-nft-save", "-t", "nat"]);
+    assert!(!nat.contains("KUBE-SERVICES"), "{nat}");
+    assert!(!lab.ip("vm", &["-br", "link"]).contains("flannel.1"));
     let eth0 = lab.ip("vm", &["-br", "address", "show", "dev", "eth0"]);
     assert!(
         !eth0.contains("10.0.0.5") && !eth0.contains("2001:db8::5"),
@@ -377,7 +401,9 @@ fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
     // agent takes the stack up again from the record.
     let log = lab.kill("agent");
     assert!(
-        log.contains("the node's own stack is on the host TAP"),
+        log.contains("the node's own stack is on the host TAP")
+            && log.contains("--cleanup-legacy: removed")
+            && log.contains("vxlan device flannel.1"),
         "{log}"
     );
     // What the annotations would say; the file datastore is not written.
