@@ -21,8 +21,9 @@ pub struct Args {
     /// Which frames (tcpdump-like: `tcp port 80 and host 10.0.1.5`); all by default.
     #[arg(long = "match", value_name = "FILTER", default_value = "")]
     pub filter: String,
-    /// The pcapng file to write.
-    #[arg(short = 'w', value_name = "FILE")]
+    /// The pcapng file to write; `-`: standard output, flushed after each read, to pipe
+    /// into Wireshark (`ferry capture --port uplink -w - | wireshark -k -i -`).
+    #[arg(short = 'w', value_name = "FILE|-")]
     pub write: PathBuf,
     /// Stop after this many frames.
     #[arg(short = 'c', long, value_name = "N")]
@@ -56,6 +57,17 @@ fn write(
         *written += 1;
     }
     Ok(())
+}
+
+/// True when `e` is a write to a pipe whose reader is gone.
+fn broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            || c.downcast_ref::<pcap_file::PcapError>().is_some_and(|p| {
+                matches!(p, pcap_file::PcapError::IoError(io) if io.kind() == std::io::ErrorKind::BrokenPipe)
+            })
+    })
 }
 
 /// Runs `ferry capture`.
@@ -104,9 +116,19 @@ pub fn run(args: &Args) -> Result<()> {
             let a = ask(args, &Request::CaptureRead { session })?;
             lost += a.lost.unwrap_or(0);
             write(&mut w, a.captured.unwrap_or_default(), &mut written, limit)?;
+            w.flush()?;
         }
         Ok(())
     })();
+    // The reader of the pipe went away (Wireshark closed): the capture ends as if
+    // stopped.
+    if let Err(e) = &r
+        && broken_pipe(e)
+    {
+        let _ = ask(args, &Request::CaptureStop { session });
+        eprintln!("{written} frames written; the reader of standard output closed it");
+        return Ok(());
+    }
     if let Err(e) = r {
         // Replaced by another client's capture: what was written is this capture's own,
         // so the file is kept, and there is nothing to stop.

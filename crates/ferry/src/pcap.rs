@@ -168,20 +168,33 @@ pub enum Way {
 /// flags (inbound or outbound, as Wireshark shows them) and a comment saying where the
 /// frame was seen (before or after ferry rewrote it).
 pub struct NgWriter {
-    inner: pcap_file::pcapng::PcapNgWriter<BufWriter<File>>,
+    inner: pcap_file::pcapng::PcapNgWriter<BufWriter<Box<dyn std::io::Write>>>,
     interfaces: std::collections::HashMap<String, u32>,
 }
 
 impl NgWriter {
-    /// Creates (truncates) `path`.
+    /// Creates (truncates) `path`; `-` is standard output.
     pub fn create(path: &Path) -> Result<NgWriter> {
-        let f = File::create(path).with_context(|| format!("{}: cannot create", path.display()))?;
-        let inner = pcap_file::pcapng::PcapNgWriter::new(BufWriter::new(f))
+        let out: Box<dyn std::io::Write> = if path == Path::new("-") {
+            Box::new(std::io::stdout())
+        } else {
+            Box::new(
+                File::create(path).with_context(|| format!("{}: cannot create", path.display()))?,
+            )
+        };
+        let inner = pcap_file::pcapng::PcapNgWriter::new(BufWriter::new(out))
             .with_context(|| format!("{}: cannot write", path.display()))?;
         Ok(NgWriter {
             inner,
             interfaces: std::collections::HashMap::new(),
         })
+    }
+
+    /// Writes out what is buffered, so that a reader of a pipe sees the frames so far.
+    pub fn flush(&mut self) -> Result<()> {
+        use std::io::Write;
+        self.inner.get_mut().flush()?;
+        Ok(())
     }
 
     /// Appends a frame seen at `port` at `time_ns` since the epoch.

@@ -296,4 +296,31 @@ fn live_trace_and_capture_see_real_packets() {
             .any(|l| l.contains("after ferry") && l.contains("192.168.77.1,192.168.77.100")),
         "encapsulated from node 1, the client's address kept inside: {text}"
     );
+
+    // To standard output, piped into tshark as into Wireshark: the frames arrive while
+    // the capture runs.
+    let pipe = format!(
+        "{} capture --api-socket {s1} --port uplink --match 'port 30080' -w - --duration 4 \
+         | tshark -l -r - -T fields -e frame.interface_name -e frame.comment",
+        env!("CARGO_BIN_EXE_ferry")
+    );
+    let piped = Command::new("sh")
+        .args(["-c", &pipe])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(
+        c.curl("ext", "http://192.168.77.1:30080/clientip"),
+        "192.168.77.100"
+    );
+    let (ok, out, err) = wait(piped, 15);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("uplink\t") && l.contains("received on uplink")),
+        "{out}{err}"
+    );
+    assert!(err.contains("frames written to -"), "{err}");
 }
