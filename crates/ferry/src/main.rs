@@ -63,6 +63,19 @@ enum Command {
     /// Run one node of a cluster: its tables compiled from cluster state and swapped
     /// into the running dataplane as the cluster changes.
     Agent(agent::Args),
+    /// A shell completion script for SHELL, on standard output (e.g. `ferry completions
+    /// bash > /etc/bash_completion.d/ferry`).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Manual pages made from the command line's definition: ferry(1) on standard
+    /// output, or with --dir ferry.1 and ferry-COMMAND.1 for every command written there.
+    Man {
+        /// Write every page into this directory (made if missing).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// Remove what kube-proxy and flannel left on this node (iptables chains of both
     /// back ends, nftables tables, kube-ipvs0, flannel.N, cni0, flannel's CNI
     /// configuration), listing each; --dry-run only lists.
@@ -124,6 +137,23 @@ fn version_text(b: &ferry_api::BuildInfo) -> String {
     )
 }
 
+/// `ferry man`: ferry(1) on standard output, or every page into `dir`.
+fn man(dir: Option<PathBuf>) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let cmd = <Cli as clap::CommandFactory>::command();
+    match dir {
+        None => clap_mangen::Man::new(cmd)
+            .render(&mut std::io::stdout())
+            .context("writing the page"),
+        Some(d) => {
+            std::fs::create_dir_all(&d).with_context(|| format!("{}", d.display()))?;
+            clap_mangen::generate_to(cmd, &d).with_context(|| format!("{}", d.display()))?;
+            eprintln!("manual pages written to {}", d.display());
+            Ok(())
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logs(cli.log_format);
@@ -139,6 +169,17 @@ fn main() -> ExitCode {
         Command::Node(args) => node::run(&args),
         Command::Agent(args) => agent::run(&args),
         Command::Cleanup(args) => cleanup::run(&args),
+        Command::Completions { shell } => {
+            use std::io::Write;
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            // Made whole first: written straight to a pipe closed early, it would panic.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "ferry", &mut script);
+            std::io::stdout()
+                .write_all(&script)
+                .map_err(anyhow::Error::from)
+        }
+        Command::Man { dir } => man(dir),
         Command::Serve(args) => serve::run(&args),
         Command::Status(args) => status::run(&args),
         Command::Trace(args) => trace::run(&args),
