@@ -24,10 +24,10 @@ enum Command {
         /// List at most this many (the count says how many matched).
         #[arg(long, value_name = "N", default_value_t = ferry_api::DEFAULT_CT_LIMIT)]
         limit: usize,
-        /// Print the answer as JSON: both tuples, state, counters and the line of every
-        /// connection.
-        #[arg(long)]
-        json: bool,
+        /// -o json or yaml: the answer whole, both tuples, state, counters and the line of
+        /// every connection.
+        #[command(flatten)]
+        output: crate::output::Output,
         #[command(flatten)]
         socket: Socket,
     },
@@ -39,9 +39,8 @@ enum Command {
         /// Delete every connection (needed when no filter is given).
         #[arg(long)]
         all: bool,
-        /// Print the answer as JSON.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        output: crate::output::Output,
         #[command(flatten)]
         socket: Socket,
     },
@@ -121,7 +120,7 @@ pub fn run(args: &Args) -> Result<()> {
         Command::List {
             filter,
             limit,
-            json,
+            output,
             socket,
         } => {
             let req = Request::Conntrack {
@@ -130,13 +129,9 @@ pub fn run(args: &Args) -> Result<()> {
                 limit: Some(*limit),
             };
             let a = ask(socket, &req)?;
-            if *json {
-                println!("{}", serde_json::to_string_pretty(&a)?);
-            } else {
-                for e in &a.entries {
-                    println!("{}", e.line);
-                }
-            }
+            output.print(&a, || {
+                a.entries.iter().map(|e| format!("{}\n", e.line)).collect()
+            })?;
             eprintln!(
                 "ferry conntrack: {} flow entries have been shown.",
                 a.entries.len()
@@ -152,7 +147,7 @@ pub fn run(args: &Args) -> Result<()> {
         Command::Delete {
             filter,
             all,
-            json,
+            output,
             socket,
         } => {
             let f = filter.to_filter()?;
@@ -168,11 +163,9 @@ pub fn run(args: &Args) -> Result<()> {
                 limit: None,
             };
             let a = ask(socket, &req)?;
-            if *json {
-                println!("{}", serde_json::to_string_pretty(&a)?);
-            } else {
-                println!("{} flow entries have been deleted.", a.deleted);
-            }
+            output.print(&a, || {
+                format!("{} flow entries have been deleted.\n", a.deleted)
+            })?;
         }
     }
     Ok(())

@@ -14,6 +14,7 @@ mod conntrack;
 mod demo;
 mod lab;
 mod node;
+mod output;
 mod pcap;
 mod policy;
 mod replay;

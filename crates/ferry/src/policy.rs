@@ -20,9 +20,8 @@ pub struct Args {
     /// The agent's local API socket.
     #[arg(long, global = true, value_name = "PATH", default_value = ferry_api::DEFAULT_SOCKET)]
     pub api_socket: PathBuf,
-    /// Print the answer as JSON.
-    #[arg(long, global = true)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: crate::output::Output,
 }
 
 /// What to show.
@@ -73,24 +72,18 @@ pub fn run(args: &Args) -> Result<()> {
             .ok_or_else(|| anyhow!("the agent's answer has no policy"))?,
         Response::Error(e) => bail!("the agent refused: {} ({})", e.msg, e.details),
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&answer)?);
-        return Ok(());
-    }
-    match &args.what {
-        What::List | What::Preview { .. } => print!(
-            "{}",
+    let text = match &args.what {
+        What::List | What::Preview { .. } => {
             render_list(&answer.policies, answer.enforcement.as_ref())
-        ),
-        What::Explain { .. } => {
-            let pod = answer
+        }
+        What::Explain { .. } => render_pod(
+            answer
                 .pod
                 .as_ref()
-                .ok_or_else(|| anyhow!("the agent's answer has no pod"))?;
-            print!("{}", render_pod(pod));
-        }
-    }
-    Ok(())
+                .ok_or_else(|| anyhow!("the agent's answer has no pod"))?,
+        ),
+    };
+    args.output.print(&answer, || text)
 }
 
 fn preview(args: &Args, file: &std::path::Path, delete: bool) -> Result<()> {
@@ -110,12 +103,7 @@ fn preview(args: &Args, file: &std::path::Path, delete: bool) -> Result<()> {
             .ok_or_else(|| anyhow!("the agent's answer has no preview"))?,
         Response::Error(e) => bail!("the agent refused: {} ({})", e.msg, e.details),
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&p)?);
-    } else {
-        print!("{}", render_preview(&p, delete));
-    }
-    Ok(())
+    args.output.print(&p, || render_preview(&p, delete))
 }
 
 fn render_preview(p: &PolicyPreview, delete: bool) -> String {

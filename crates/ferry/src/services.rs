@@ -13,9 +13,8 @@ pub struct Args {
     /// The agent's local API socket.
     #[arg(long, value_name = "PATH", default_value = ferry_api::DEFAULT_SOCKET)]
     pub api_socket: PathBuf,
-    /// Print the Services as JSON.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: crate::output::Output,
 }
 
 /// Asks the agent and prints its Services.
@@ -27,12 +26,7 @@ pub fn run(args: &Args) -> Result<()> {
             .ok_or_else(|| anyhow!("the agent's answer has no Services"))?,
         Response::Error(e) => bail!("the agent refused: {} ({})", e.msg, e.details),
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&services)?);
-    } else {
-        print!("{}", render(&services));
-    }
-    Ok(())
+    args.output.print(&services, || render(&services))
 }
 
 fn frontend(f: &FrontendInfo) -> String {

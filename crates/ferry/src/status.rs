@@ -13,9 +13,8 @@ pub struct Args {
     /// The agent's local API socket.
     #[arg(long, value_name = "PATH", default_value = ferry_api::DEFAULT_SOCKET)]
     pub api_socket: PathBuf,
-    /// Print the counters as JSON.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: crate::output::Output,
 }
 
 /// Asks the agent and prints its counters.
@@ -25,12 +24,7 @@ pub fn run(args: &Args) -> Result<()> {
         Response::Ok(a) => a.counters.unwrap_or_default(),
         Response::Error(e) => bail!("the agent refused: {} ({})", e.msg, e.details),
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&c)?);
-    } else {
-        print!("{}", render(&c));
-    }
-    Ok(())
+    args.output.print(&c, || render(&c))
 }
 
 fn ms(us: u64) -> String {
@@ -65,7 +59,7 @@ fn render(c: &Counters) -> String {
         let more = e.lines().count().saturating_sub(1);
         let _ = write!(s, "  last error: {first}");
         if more > 0 {
-            let _ = write!(s, " (and {more} more lines; see --json)");
+            let _ = write!(s, " (and {more} more lines; see -o json)");
         }
         let _ = writeln!(s);
     }

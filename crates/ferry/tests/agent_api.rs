@@ -131,6 +131,31 @@ fn the_cni_plugins_requests_make_and_remove_a_pods_interface() {
     );
     // The workers busy polled after receiving.
     assert!(text.contains("rounds busy polling"), "{text}");
+    // The same counters as JSON and as YAML: one document, the same values.
+    let as_format = |format: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["status", "-o", format, "--api-socket", &s])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let json: serde_json::Value = serde_json::from_str(&as_format("json")).unwrap();
+    let yaml: serde_json::Value = serde_saphyr::from_str(&as_format("yaml")).unwrap();
+    for v in [&json, &yaml] {
+        assert_eq!(v["workers"].as_array().map(Vec::len), Some(2), "{v}");
+        assert!(
+            v["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["name"] == "pod.default.web")
+        );
+    }
 
     // The same counters as Prometheus metrics, on the node's loopback.
     let m = lab.run(
