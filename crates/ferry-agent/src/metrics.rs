@@ -84,18 +84,30 @@ fn us_to_s(us: u64) -> f64 {
 }
 
 /// `c` in the Prometheus text format: every metric named `ferry_*`, counters ending in
-/// `_total`, per-port and per-reason values as labels.
+/// `_total`, per-port and per-reason values as labels; and kube-proxy's
+/// `kubeproxy_sync_proxy_rules_duration_seconds` (see [`render_agent`]).
 pub fn render(c: &Counters) -> String {
-    let mut reg = Registry::with_prefix("ferry");
+    render_with(c, None)
+}
+
+/// [`render`], with the standard `process_*` metrics of `process` (the agent's own
+/// figures, [`ferry_linux::process`]) when given.
+pub fn render_with(c: &Counters, process: Option<&ferry_linux::process::ProcessStats>) -> String {
+    let mut root = Registry::default();
+    if let Some(p) = process {
+        render_process(&mut root, p);
+    }
+    render_kube_proxy(&mut root, c);
+    let reg = root.sub_registry_with_prefix("ferry");
     let family = |reg: &mut Registry, name: &str, help: &str| {
         let f = Family::<PortLabel, Counter>::default();
         reg.register(name, help, f.clone());
         f
     };
-    let rx_packets = family(&mut reg, "port_rx_packets", "Packets received per port");
-    let rx_bytes = family(&mut reg, "port_rx_bytes", "Bytes received per port");
-    let tx_packets = family(&mut reg, "port_tx_packets", "Packets sent per port");
-    let tx_bytes = family(&mut reg, "port_tx_bytes", "Bytes sent per port");
+    let rx_packets = family(reg, "port_rx_packets", "Packets received per port");
+    let rx_bytes = family(reg, "port_rx_bytes", "Bytes received per port");
+    let tx_packets = family(reg, "port_tx_packets", "Packets sent per port");
+    let tx_bytes = family(reg, "port_tx_bytes", "Bytes sent per port");
     for p in &c.ports {
         let l = PortLabel {
             port: p.name.clone(),
@@ -155,85 +167,85 @@ pub fn render(c: &Counters) -> String {
         reg.register(name, help, c);
     };
     gauge(
-        &mut reg,
+        reg,
         "conntrack_entries",
         "Connections tracked",
         c.ct_entries as i64,
     );
     counter(
-        &mut reg,
+        reg,
         "conntrack_inserts",
         "Connections inserted",
         c.ct_inserted,
     );
     counter(
-        &mut reg,
+        reg,
         "conntrack_insert_failures",
         "New connections refused because the table was full",
         c.ct_insert_failed,
     );
     counter(
-        &mut reg,
+        reg,
         "reassembled_datagrams",
         "Datagrams completed from fragments",
         c.reassembled,
     );
     counter(
-        &mut reg,
+        reg,
         "service_connections",
         "New connections to a Service given an endpoint",
         c.service_balanced,
     );
     counter(
-        &mut reg,
+        reg,
         "service_rejects",
         "New connections to a Service refused without endpoints",
         c.service_rejected,
     );
     counter(
-        &mut reg,
+        reg,
         "conntrack_recovered_packets",
         "Segments of a Service endpoint whose connection was lost, translated back through the frontend that chose it",
         c.ct_recovered,
     );
     counter(
-        &mut reg,
+        reg,
         "conntrack_recovery_refuted",
         "Frontends tried for such segments that the client refused or left unanswered",
         c.ct_recovery_refuted,
     );
     gauge(
-        &mut reg,
+        reg,
         "neighbour_waiting_packets",
         "Packets waiting for their next hop's MAC",
         c.neigh_waiting as i64,
     );
     counter(
-        &mut reg,
+        reg,
         "neighbour_queued_packets",
         "Packets that waited for their next hop's MAC",
         c.neigh_queued,
     );
     gauge(
-        &mut reg,
+        reg,
         "tables_generation",
         "Generation of the tables in force",
         c.generation as i64,
     );
-    render_fragments(&mut reg, c);
-    render_policies(&mut reg, c);
-    render_policy_audit(&mut reg, c);
-    render_enforcement(&mut reg, c);
+    render_fragments(reg, c);
+    render_policies(reg, c);
+    render_policy_audit(reg, c);
+    render_enforcement(reg, c);
     gauge(
-        &mut reg,
+        reg,
         "nat_ports_in_use",
         "Source NAT ports and ICMP identifiers in use",
         c.nat_ports_in_use as i64,
     );
-    render_workers(&mut reg, c);
-    render_agent(&mut reg, c);
+    render_workers(reg, c);
+    render_agent(reg, c);
     let mut out = String::new();
-    if encode(&mut out, &reg).is_err() {
+    if encode(&mut out, &root).is_err() {
         let _ = writeln!(out, "# encoding failed");
     }
     out
@@ -410,13 +422,13 @@ fn render_fragments(reg: &mut Registry, c: &Counters) {
     let g = Gauge::<i64>::default();
     g.set(c.fragments_held as i64);
     reg.register(
-        "fragment_datagrams_held",
+        "fragment_held_datagrams",
         "Datagrams whose fragments are held waiting for the rest",
         g,
     );
     let g = Gauge::<i64>::default();
     g.set(c.fragment_bytes_held as i64);
-    reg.register("fragment_bytes_held", "Bytes of fragments held", g);
+    reg.register("fragment_held_bytes", "Bytes of fragments held", g);
     let e = Counter::<u64>::default();
     e.inc_by(c.fragments_expired);
     reg.register(
@@ -439,32 +451,91 @@ fn render_fragments(reg: &mut Registry, c: &Counters) {
     }
 }
 
+/// The table sync histogram of `c`.
+fn sync_histogram(c: &Counters) -> Counted {
+    let s = &c.sync;
+    Counted {
+        sum: us_to_s(s.sum_us),
+        count: s.count,
+        buckets: s
+            .buckets
+            .iter()
+            .map(|&(le, n)| {
+                let le = if le == u64::MAX {
+                    f64::INFINITY
+                } else {
+                    us_to_s(le)
+                };
+                (le, n)
+            })
+            .collect(),
+    }
+}
+
+/// kube-proxy's metric of what ferry does in its place, for the dashboards and alerts
+/// written for kube-proxy: `kubeproxy_sync_proxy_rules_duration_seconds`, the time from
+/// changes reaching the proxy to its rules (ferry's tables) in force, which is
+/// `ferry_table_sync_duration_seconds` under kube-proxy's name.
+fn render_kube_proxy(root: &mut Registry, c: &Counters) {
+    root.register(
+        "kubeproxy_sync_proxy_rules_duration_seconds",
+        "From changes reaching the proxy to its rules in force (ferry_table_sync_duration_seconds)",
+        sync_histogram(c),
+    );
+}
+
+/// The standard process metrics, as the Go and Python clients name them.
+fn render_process(root: &mut Registry, p: &ferry_linux::process::ProcessStats) {
+    let f = |v: f64| {
+        let g = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        g.set(v);
+        g
+    };
+    let cpu = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+    cpu.inc_by(p.cpu_seconds);
+    root.register(
+        "process_cpu_seconds",
+        "Total user and system CPU time spent in seconds",
+        cpu,
+    );
+    root.register(
+        "process_resident_memory_bytes",
+        "Resident memory size in bytes",
+        f(p.resident_bytes as f64),
+    );
+    root.register(
+        "process_virtual_memory_bytes",
+        "Virtual memory size in bytes",
+        f(p.virtual_bytes as f64),
+    );
+    root.register(
+        "process_open_fds",
+        "Number of open file descriptors",
+        f(p.open_fds as f64),
+    );
+    root.register(
+        "process_max_fds",
+        "Maximum number of open file descriptors",
+        f(p.max_fds as f64),
+    );
+    root.register(
+        "process_start_time_seconds",
+        "Start time of the process since unix epoch in seconds",
+        f(p.start_time_seconds),
+    );
+}
+
 fn render_agent(reg: &mut Registry, c: &Counters) {
     let s = &c.sync;
     reg.register(
-        "table_sync_latency_seconds",
+        "table_sync_duration_seconds",
         "From a cluster change reaching the agent to the worker using the tables made from it",
-        Counted {
-            sum: us_to_s(s.sum_us),
-            count: s.count,
-            buckets: s
-                .buckets
-                .iter()
-                .map(|&(le, n)| {
-                    let le = if le == u64::MAX {
-                        f64::INFINITY
-                    } else {
-                        us_to_s(le)
-                    };
-                    (le, n)
-                })
-                .collect(),
-        },
+        sync_histogram(c),
     );
     let max = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
     max.set(us_to_s(s.max_us));
     reg.register(
-        "table_sync_latency_max_seconds",
+        "table_sync_max_duration_seconds",
         "The longest table sync since start",
         max,
     );
@@ -666,7 +737,10 @@ fn respond(conn: &TcpStream, head: &[u8], api_socket: &std::path::Path) -> io::R
             Ok(Response::Ok(a)) => (
                 "200 OK",
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                render(&a.counters.unwrap_or_default()),
+                render_with(
+                    &a.counters.unwrap_or_default(),
+                    ferry_linux::process::stats().ok().as_ref(),
+                ),
             ),
             Ok(Response::Error(e)) => ("503 Service Unavailable", "text/plain", e.msg + "\n"),
             Err(e) => (
@@ -688,6 +762,50 @@ fn respond(conn: &TcpStream, head: &[u8], api_socket: &std::path::Path) -> io::R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_process_metrics_and_kube_proxys_sync_histogram_are_there() {
+        let c = Counters {
+            sync: ferry_api::SyncLatency {
+                count: 2,
+                sum_us: 3_000,
+                buckets: vec![(1_000, 1), (5_000, 2), (u64::MAX, 2)],
+                ..Default::default()
+            },
+            ..Counters::default()
+        };
+        let p = ferry_linux::process::ProcessStats {
+            cpu_seconds: 1.5,
+            resident_bytes: 1 << 20,
+            virtual_bytes: 1 << 30,
+            open_fds: 12,
+            max_fds: 1024,
+            start_time_seconds: 1_700_000_000.0,
+        };
+        let samples = parse(&render_with(&c, Some(&p))).unwrap();
+        let value = |name: &str| {
+            samples
+                .iter()
+                .find(|s| s.name == name)
+                .map(|s| s.value)
+                .unwrap_or_else(|| panic!("no {name}"))
+        };
+        assert_eq!(value("process_cpu_seconds_total"), 1.5);
+        assert_eq!(value("process_resident_memory_bytes"), 1_048_576.0);
+        assert_eq!(value("process_open_fds"), 12.0);
+        assert_eq!(value("process_max_fds"), 1024.0);
+        assert_eq!(value("process_start_time_seconds"), 1_700_000_000.0);
+        assert_eq!(
+            value("kubeproxy_sync_proxy_rules_duration_seconds_count"),
+            2.0
+        );
+        assert_eq!(
+            value("kubeproxy_sync_proxy_rules_duration_seconds_sum"),
+            value("ferry_table_sync_duration_seconds_sum")
+        );
+        // Without the process's figures, no process metrics.
+        assert!(!render(&c).contains("process_"));
+    }
     use std::time::Duration;
 
     #[test]
@@ -857,21 +975,24 @@ mod tests {
                 .map(|s| s.value)
                 .unwrap_or_else(|| panic!("no {name} {labels:?} in\n{t}"))
         };
-        assert_eq!(value("ferry_table_sync_latency_seconds_count", &[]), 2.0);
-        assert_eq!(value("ferry_table_sync_latency_seconds_sum", &[]), 9.003);
+        assert_eq!(value("ferry_table_sync_duration_seconds_count", &[]), 2.0);
+        assert_eq!(value("ferry_table_sync_duration_seconds_sum", &[]), 9.003);
         assert_eq!(
             value(
-                "ferry_table_sync_latency_seconds_bucket",
+                "ferry_table_sync_duration_seconds_bucket",
                 &[("le", "0.005")]
             ),
             1.0
         );
         assert_eq!(
-            value("ferry_table_sync_latency_seconds_bucket", &[("le", "+Inf")]),
+            value(
+                "ferry_table_sync_duration_seconds_bucket",
+                &[("le", "+Inf")]
+            ),
             2.0,
             "buckets are cumulative"
         );
-        assert_eq!(value("ferry_table_sync_latency_max_seconds", &[]), 9.0);
+        assert_eq!(value("ferry_table_sync_max_duration_seconds", &[]), 9.0);
         assert_eq!(value("ferry_agent_errors_total", &[("kind", "api")]), 1.0);
         assert_eq!(
             value("ferry_agent_errors_total", &[("kind", "compile")]),
@@ -880,8 +1001,8 @@ mod tests {
         assert_eq!(value("ferry_datastore_synced", &[]), 1.0);
         assert_eq!(value("ferry_datastore_errors_total", &[]), 0.0);
         assert!(value("ferry_datastore_last_sync_timestamp_seconds", &[]) > 1.7e9);
-        assert_eq!(value("ferry_fragment_datagrams_held", &[]), 2.0);
-        assert_eq!(value("ferry_fragment_bytes_held", &[]), 0.0);
+        assert_eq!(value("ferry_fragment_held_datagrams", &[]), 2.0);
+        assert_eq!(value("ferry_fragment_held_bytes", &[]), 0.0);
         assert_eq!(value("ferry_fragments_expired_total", &[]), 4.0);
         assert_eq!(
             value("ferry_fragments_refused_total", &[("reason", "overlapped")]),

@@ -14,6 +14,7 @@ pub mod link;
 pub mod memory;
 pub mod netns;
 pub mod port;
+pub mod process;
 pub mod signal;
 pub mod tap;
 pub mod tc;

@@ -214,13 +214,22 @@ fn conntrack_services_status_and_metrics_of_a_running_agent() {
     };
     assert_eq!(value("ferry_datastore_synced", None), 1.0);
     assert_eq!(value("ferry_datastore_errors_total", None), 0.0);
-    assert!(value("ferry_table_sync_latency_seconds_count", None) >= 1.0);
+    assert!(value("ferry_table_sync_duration_seconds_count", None) >= 1.0);
     assert!(
         value(
-            "ferry_table_sync_latency_seconds_bucket",
+            "ferry_table_sync_duration_seconds_bucket",
             Some(("le", "+Inf"))
         ) >= 1.0
     );
+    assert_eq!(
+        value("kubeproxy_sync_proxy_rules_duration_seconds_count", None),
+        value("ferry_table_sync_duration_seconds_count", None)
+    );
+    // The agent process's own figures.
+    assert!(value("process_resident_memory_bytes", None) > 1e6);
+    assert!(value("process_cpu_seconds_total", None) > 0.0);
+    assert!(value("process_open_fds", None) >= 3.0);
+    assert!(value("process_start_time_seconds", None) > 1.7e9);
     assert_eq!(
         value("ferry_agent_errors_total", Some(("kind", "api"))),
         2.0
@@ -230,11 +239,11 @@ fn conntrack_services_status_and_metrics_of_a_running_agent() {
         0.0
     );
     for name in [
-        "ferry_fragment_datagrams_held",
-        "ferry_fragment_bytes_held",
+        "ferry_fragment_held_datagrams",
+        "ferry_fragment_held_bytes",
         "ferry_fragments_expired_total",
         "ferry_nat_ports_in_use",
-        "ferry_table_sync_latency_max_seconds",
+        "ferry_table_sync_max_duration_seconds",
     ] {
         value(name, None);
     }
