@@ -25,8 +25,9 @@ apiVersion) at start, then `POST /_push` with `{"type": "ADDED|MODIFIED|DELETED"
 "object": {...}}` or an array of those (`type` may be left out: ADDED or MODIFIED as the
 object is new or not). Pushed objects get a new resourceVersion and, when new, a uid and
 creationTimestamp; they are not validated, so a test can push what a real server would
-refuse. Every request is appended to `--log FILE` as a JSON line: client address,
-method, path, and the decoded query.
+refuse. `PATCH /api/v1/nodes/NAME` with a JSON merge patch changes a Node as the
+real server does (the agent writes its annotations so). Every request is appended to
+`--log FILE` as a JSON line: client address, method, path, and the decoded query.
 """
 
 import argparse
@@ -214,6 +215,20 @@ class Store:
         }
 
 
+def merge(target, patch):
+    """RFC 7386: `patch` merged into `target` (None removes a member)."""
+    if not isinstance(patch, dict):
+        return patch
+    if not isinstance(target, dict):
+        target = {}
+    for k, v in patch.items():
+        if v is None:
+            target.pop(k, None)
+        else:
+            target[k] = merge(target.get(k), v)
+    return target
+
+
 STORE = None
 LOG = None
 LOG_LOCK = threading.Lock()
@@ -265,6 +280,30 @@ class Handler(BaseHTTPRequestHandler):
         except (ValueError, KeyError) as e:
             return self.fail(400, "BadRequest", str(e))
         self.send_json(200, {"resourceVersion": str(version)})
+
+    def do_PATCH(self):
+        """A JSON merge patch (RFC 7386) of a Node, the one write ferry's agent makes:
+        stored as a MODIFIED event and the object sent back."""
+        url = urllib.parse.urlsplit(self.path)
+        self.record(url, {})
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        prefix = "/api/v1/nodes/"
+        if not url.path.startswith(prefix) or "/" in url.path[len(prefix) :]:
+            return self.fail(405, "MethodNotAllowed", f"this fake patches only Nodes: {url.path}")
+        if self.headers.get("Content-Type") != "application/merge-patch+json":
+            return self.fail(415, "UnsupportedMediaType", "expected application/merge-patch+json")
+        name = url.path[len(prefix) :]
+        try:
+            patch = json.loads(body)
+        except ValueError as e:
+            return self.fail(400, "BadRequest", str(e))
+        with STORE.lock:
+            old = STORE.objects.get(("Node", "", name))
+            if old is None:
+                return self.fail(404, "NotFound", f'nodes "{name}" not found')
+            obj = merge(copy.deepcopy(old), patch)
+            STORE.put_locked("MODIFIED", obj)
+        self.send_json(200, obj)
 
     def do_GET(self):
         url = urllib.parse.urlsplit(self.path)
