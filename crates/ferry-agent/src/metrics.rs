@@ -498,31 +498,35 @@ fn render_process(root: &mut Registry, p: &ferry_linux::process::ProcessStats) {
         "Total user and system CPU time spent in seconds",
         cpu,
     );
-    root.register(
-        "process_resident_memory_bytes",
-        "Resident memory size in bytes",
-        f(p.resident_bytes as f64),
-    );
-    root.register(
-        "process_virtual_memory_bytes",
-        "Virtual memory size in bytes",
-        f(p.virtual_bytes as f64),
-    );
-    root.register(
-        "process_open_fds",
-        "Number of open file descriptors",
-        f(p.open_fds as f64),
-    );
-    root.register(
-        "process_max_fds",
-        "Maximum number of open file descriptors",
-        f(p.max_fds as f64),
-    );
-    root.register(
-        "process_start_time_seconds",
-        "Start time of the process since unix epoch in seconds",
-        f(p.start_time_seconds),
-    );
+    for (name, help, v) in [
+        (
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+            p.resident_bytes as f64,
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes",
+            p.virtual_bytes as f64,
+        ),
+        (
+            "process_open_fds",
+            "Number of open file descriptors",
+            p.open_fds as f64,
+        ),
+        (
+            "process_max_fds",
+            "Maximum number of open file descriptors",
+            p.max_fds as f64,
+        ),
+        (
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds",
+            p.start_time_seconds,
+        ),
+    ] {
+        root.register(name, help, f(v));
+    }
 }
 
 fn render_agent(reg: &mut Registry, c: &Counters) {

@@ -103,6 +103,11 @@ fn node_stack(lab: &Lab) -> (Vec<String>, Vec<String>) {
     (a, r)
 }
 
+/// True when `cmd` succeeds in namespace `ns` within 3 s.
+fn ok(lab: &Lab, ns: &str, cmd: &[&str]) -> bool {
+    lab.exec(ns, 3, cmd).status.success()
+}
+
 #[test]
 fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
     require(&[
@@ -258,24 +263,19 @@ fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
         &["python3", "-m", "http.server", "-b", "::", "8080"],
     );
     lab.wait_for(10, "the node's servers", |l| {
-        l.exec(
+        ok(
+            l,
             "ext",
-            3,
             &["curl", "-sf", "-o", "/dev/null", "http://10.0.0.5:8080/"],
+        ) && ok(
+            l,
+            "ext",
+            &[
+                "python3",
+                "-c",
+                "import socket; socket.create_connection(('10.0.0.5', 2222), 2)",
+            ],
         )
-        .status
-        .success()
-            && l.exec(
-                "ext",
-                3,
-                &[
-                    "python3",
-                    "-c",
-                    "import socket; socket.create_connection(('10.0.0.5', 2222), 2)",
-                ],
-            )
-            .status
-            .success()
     });
     let before = node_stack(&lab);
     // What kube-proxy and flannel left, for --cleanup-legacy to remove.
@@ -364,32 +364,12 @@ fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
 
     // New connections, both ways and both families, through ferry.
     let new_connections = |l: &Lab| {
-        l.exec(
-            "ext",
-            3,
-            &["curl", "-sf", "-o", "/dev/null", "http://10.0.0.5:8080/"],
-        )
-        .status
-        .success()
-            && l.exec(
-                "ext",
-                3,
-                &[
-                    "curl",
-                    "-sf",
-                    "-o",
-                    "/dev/null",
-                    "http://[2001:db8::5]:8080/",
-                ],
-            )
-            .status
-            .success()
-            && l.exec("vm", 3, &["ping", "-c", "1", "-W", "2", "192.168.100.2"])
-                .status
-                .success()
-            && l.exec("vm", 3, &["ping", "-c", "1", "-W", "2", "2001:db8:100::2"])
-                .status
-                .success()
+        ["http://10.0.0.5:8080/", "http://[2001:db8::5]:8080/"]
+            .iter()
+            .all(|url| ok(l, "ext", &["curl", "-sf", "-o", "/dev/null", url]))
+            && ["192.168.100.2", "2001:db8:100::2"]
+                .iter()
+                .all(|to| ok(l, "vm", &["ping", "-c", "1", "-W", "2", to]))
     };
     lab.wait_for(
         10,

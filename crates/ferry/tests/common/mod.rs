@@ -222,14 +222,19 @@ impl Lab {
         }
     }
 
-    /// Stops a spawned process with SIGTERM and returns its standard error.
-    pub fn stop(&mut self, label: &str) -> String {
+    /// The spawned process `label`, no longer the lab's to watch or stop.
+    fn take(&mut self, label: &str) -> Child {
         let i = self
             .children
             .iter()
             .position(|(l, _, _)| l == label)
             .expect("a spawned process");
-        let (_, mut c, _) = self.children.remove(i);
+        self.children.remove(i).1
+    }
+
+    /// Stops a spawned process with SIGTERM and returns its standard error.
+    pub fn stop(&mut self, label: &str) -> String {
+        let mut c = self.take(label);
         let _ = Command::new("kill")
             .args(["-TERM", &c.id().to_string()])
             .status();
@@ -248,12 +253,7 @@ impl Lab {
     /// Kills a spawned process with SIGKILL (a crash) and returns its standard error.
     #[allow(dead_code)] // not every test binary crashes its processes
     pub fn kill(&mut self, label: &str) -> String {
-        let i = self
-            .children
-            .iter()
-            .position(|(l, _, _)| l == label)
-            .expect("a spawned process");
-        let (_, mut c, _) = self.children.remove(i);
+        let mut c = self.take(label);
         // `ip netns exec` execs the command: the child is the process itself.
         let _ = c.kill();
         let out = c.wait_with_output().expect("wait");
@@ -265,12 +265,7 @@ impl Lab {
     /// is killed and fails the test.
     #[allow(dead_code)] // not every test binary waits for its processes
     pub fn wait_exit(&mut self, label: &str, secs: u64) -> (std::process::ExitStatus, String) {
-        let i = self
-            .children
-            .iter()
-            .position(|(l, _, _)| l == label)
-            .expect("a spawned process");
-        let (_, mut c, _) = self.children.remove(i);
+        let mut c = self.take(label);
         let deadline = Instant::now() + Duration::from_secs(secs);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = c.try_wait() {
