@@ -392,6 +392,19 @@ fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
             && log.contains("\"ferry.io/ipv4-gateway\": \"10.0.0.1\""),
         "{log}"
     );
+    // An agent that would not take the stack up is refused: the record says where the
+    // node's addresses were.
+    let plain: Vec<&str> = agent
+        .iter()
+        .copied()
+        .filter(|a| *a != "--take-uplink")
+        .collect();
+    lab.spawn("vm", "plain agent", &plain);
+    let (status, log) = lab.wait_exit("plain agent", 10);
+    assert!(
+        !status.success() && log.contains("start with --take-uplink to take it up"),
+        "{log}"
+    );
     lab.daemon("vm", "agent", &agent);
     lab.wait_for(15, "the node's address on ferry0 again", on_tap);
     lab.wait_for(10, "new connections after the crash", new_connections);

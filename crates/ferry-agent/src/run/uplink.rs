@@ -31,6 +31,19 @@ impl Agent {
         }
         let tap = self.opts.host_tap.clone().unwrap_or_default();
         let dir = self.opts.state_dir.clone();
+        // The stack an agent before moved, without --take-uplink now: taking the uplink
+        // without taking the stack up would leave the node without its addresses.
+        if !take
+            && let Some(d) = &dir
+            && let Ok(Some(r)) = takeover::load(d)
+        {
+            return Err(format!(
+                "{}: an agent before this one moved the node's stack off {} onto {}; start with --take-uplink to take it up (the agent gives it back when it stops)",
+                takeover::record_path(d).display(),
+                r.uplink,
+                r.tap
+            ));
+        }
         let record = match (&dir, take) {
             (Some(d), true) => takeover::load(d)
                 .map_err(|e| format!("--take-uplink: the record of the node's stack: {e}"))?,
