@@ -7,8 +7,10 @@
 //! takeover, a crash of the agent and its successor taking the stack up again, a
 //! handover to a third agent, and the stop that gives the node back exactly as it was.
 //!
-//! The agent runs with `--cleanup-legacy`, and removes the kube-proxy chain and flannel
-//! device left on the node.
+//! Pods made through the CNI plugin reach each other, the node reaches them, and a
+//! NodePort of one answers from outside on the node's address, through each of those
+//! steps. The agent runs with `--cleanup-legacy`, and removes the kube-proxy chain and
+//! flannel device left on the node.
 //!
 //! Needs root, iproute2, iptables, python3 and curl.
 
@@ -103,6 +105,51 @@ fn node_stack(lab: &Lab) -> (Vec<String>, Vec<String>) {
     (a, r)
 }
 
+/// What `curl URL` in namespace `ns` gets (empty when it fails).
+fn fetch(lab: &Lab, ns: &str, url: &str) -> String {
+    let out = lab.exec(ns, 3, &["curl", "-sf", "--max-time", "2", url]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Pods `a` and `b` on the node, and the NodePort Service `web` (node port 30080) whose
+/// endpoint is b at `b_ip`.
+fn service(b_ip: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{ name: a, namespace: default }}
+spec: {{ nodeName: vm, containers: [{{ name: c, image: x }}] }}
+status: {{ phase: Running }}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{ name: b, namespace: default, labels: {{ app: web }} }}
+spec: {{ nodeName: vm, containers: [{{ name: c, image: x }}] }}
+status: {{ phase: Running, podIP: {b_ip}, podIPs: [{{ ip: {b_ip} }}] }}
+---
+apiVersion: v1
+kind: Service
+metadata: {{ name: web, namespace: default }}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  selector: {{ app: web }}
+  ports: [{{ port: 80, targetPort: 8080, nodePort: 30080 }}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: default
+  labels: {{ kubernetes.io/service-name: web }}
+addressType: IPv4
+ports: [{{ port: 8080 }}]
+endpoints: [{{ addresses: ["{b_ip}"], nodeName: vm, conditions: {{ ready: true }} }}]
+"#
+    )
+}
+
 /// True when `cmd` succeeds in namespace `ns` within 3 s.
 fn ok(lab: &Lab, ns: &str, cmd: &[&str]) -> bool {
     lab.exec(ns, 3, cmd).status.success()
@@ -117,7 +164,7 @@ fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
         ("curl", "curl"),
     ]);
     let mut lab = Lab::new("tu");
-    for ns in ["vm", "gw", "ext"] {
+    for ns in ["vm", "gw", "ext", "pa", "pb"] {
         lab.add_ns(ns);
     }
     lab.veth("vm", "eth0", "gw", "gw0");
@@ -377,6 +424,49 @@ fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
         new_connections,
     );
 
+    // Pods made through the CNI plugin, as a container runtime makes them, and a
+    // NodePort Service to one of them: pod to pod, the node to a pod, and from outside
+    // through the node's own address, which ferry now holds.
+    let plugin = common::lab::cni_plugin();
+    let conf = serde_json::json!({
+        "cniVersion": "1.0.0", "name": "ferry", "type": "ferry-cni",
+        "socket": socket, "dataDir": dir.path().join("cni"),
+    })
+    .to_string();
+    let mut ips = Vec::new();
+    for (pod, ns) in [("a", "pa"), ("b", "pb")] {
+        let got = ferry_lab::cni::add(
+            &plugin,
+            &conf,
+            &format!("sandbox-{pod}"),
+            &lab.ns(ns),
+            ("default", pod),
+        )
+        .unwrap();
+        ips.push(got[0].clone());
+    }
+    let b = ips[1].clone();
+    fs::write(manifests.join("service.yaml"), service(&b)).unwrap();
+    lab.daemon(
+        "pb",
+        "pod b's server",
+        &[
+            env!("CARGO_BIN_EXE_ferry"),
+            "serve",
+            "--name",
+            "b",
+            "--udp-port",
+            "0",
+        ],
+    );
+    let pods_reached = |l: &Lab| {
+        let url = format!("http://{b}:8080/hostname");
+        fetch(l, "pa", &url) == "b"
+            && fetch(l, "vm", &url) == "b"
+            && fetch(l, "ext", "http://10.0.0.5:30080/hostname") == "b"
+    };
+    lab.wait_for(15, "the pods, and the NodePort from outside", pods_reached);
+
     // A crash: the host TAP goes with the agent, and the node's stack with it; the next
     // agent takes the stack up again from the record.
     let log = lab.kill("agent");
@@ -408,6 +498,7 @@ fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
     lab.daemon("vm", "agent", &agent);
     lab.wait_for(15, "the node's address on ferry0 again", on_tap);
     lab.wait_for(10, "new connections after the crash", new_connections);
+    lab.wait_for(10, "the pods after the crash", pods_reached);
 
     // An update: a new agent on the same socket takes the node over, the host TAP with
     // it; the old one exits without giving the stack back.
@@ -420,6 +511,7 @@ fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
         "the stack stays on the TAP through the handover"
     );
     lab.wait_for(10, "new connections after the handover", new_connections);
+    lab.wait_for(10, "the pods after the handover", pods_reached);
 
     // The stop gives the node back as it was.
     let log = lab.stop("new agent");
