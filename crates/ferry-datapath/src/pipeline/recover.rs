@@ -318,3 +318,55 @@ impl Pipeline {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+
+    /// The client's tuple for a candidate: the client to frontend `n`.
+    fn candidate(n: u8) -> FlowKey {
+        FlowKey {
+            src: Ipv4Addr::new(192, 0, 2, 1).into(),
+            dst: Ipv4Addr::new(10, 96, 0, n).into(),
+            zone: 0,
+            proto: proto::TCP,
+            src_port: 40000,
+            dst_port: 80,
+        }
+    }
+
+    #[test]
+    fn a_reset_refuses_the_candidate_tried_after_a_swap_moved_it_in_the_list() {
+        let mut r = Recovering::default();
+        let mut stats = Stats::default();
+        let reply = FlowKey {
+            src: Ipv4Addr::new(10, 244, 2, 5).into(),
+            dst: Ipv4Addr::new(192, 0, 2, 1).into(),
+            zone: 0,
+            proto: proto::TCP,
+            src_port: 8080,
+            dst_port: 40000,
+        };
+        let (k0, k1, k2) = (candidate(1), candidate(2), candidate(3));
+        assert_eq!(r.choose(&reply, &[k0, k1, k2], 0, &mut stats), Some(0));
+        // A table swap puts the candidate being tried second.
+        assert_eq!(r.choose(&reply, &[k1, k0, k2], 1, &mut stats), Some(1));
+        // The client resets it: that candidate, not the one now first, is refused.
+        assert!(r.refute(&k0));
+        assert_eq!(
+            r.choose(&reply, &[k1, k0, k2], 2, &mut stats),
+            Some(2),
+            "the next after the refused one"
+        );
+        assert!(r.refute(&k2));
+        assert_eq!(r.choose(&reply, &[k1, k0, k2], 3, &mut stats), Some(0));
+        assert!(r.refute(&k1));
+        assert_eq!(
+            r.choose(&reply, &[k1, k0, k2], 4, &mut stats),
+            None,
+            "every candidate refused"
+        );
+    }
+}
