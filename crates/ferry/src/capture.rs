@@ -142,8 +142,15 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let a = ask(args, &Request::CaptureStop { session })?;
     lost += a.lost.unwrap_or(0);
-    write(&mut w, a.captured.unwrap_or_default(), &mut written, limit)?;
-    w.finish()?;
+    let last = write(&mut w, a.captured.unwrap_or_default(), &mut written, limit)
+        .and_then(|()| w.finish());
+    match last {
+        Err(e) if broken_pipe(&e) => {
+            eprintln!("{written} frames written; the reader of standard output closed it");
+            return Ok(());
+        }
+        r => r?,
+    }
     eprintln!(
         "{written} frames written to {}{}",
         args.write.display(),

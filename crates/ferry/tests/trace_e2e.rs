@@ -323,4 +323,27 @@ fn live_trace_and_capture_see_real_packets() {
         "{out}{err}"
     );
     assert!(err.contains("frames written to -"), "{err}");
+
+    // A reader that closes the pipe ends the capture, and the command with success.
+    let closing = format!(
+        "{} capture --api-socket {s1} --port uplink -w - --duration 10 | head -c 1 >/dev/null; \
+         echo \"ferry exit ${{PIPESTATUS[0]}}\"",
+        env!("CARGO_BIN_EXE_ferry")
+    );
+    let piped = Command::new("bash")
+        .args(["-c", &closing])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    for _ in 0..3 {
+        c.curl("ext", "http://192.168.77.1:30080/clientip");
+    }
+    let (ok, out, err) = wait(piped, 15);
+    assert!(ok && out.contains("ferry exit 0"), "{out}{err}");
+    assert!(
+        err.contains("the reader of standard output closed it"),
+        "{err}"
+    );
 }

@@ -862,7 +862,8 @@ pub const ANNOTATE_RETRY: Duration = Duration::from_secs(5);
 /// Writes the annotations `wanted` brings on Node `node`, each as a JSON merge patch of
 /// `metadata.annotations` (the `patch` verb on nodes; no other field is touched), the
 /// latest first: a failed write is tried again after [`ANNOTATE_RETRY`], or at once
-/// with a newer set. Ends with the datastore.
+/// with a newer set, and its error is logged when it is not the one logged last (an
+/// RBAC refusal is said once, not every 5 s). Ends with the datastore.
 async fn annotate_node(
     client: Client,
     node: String,
@@ -871,6 +872,8 @@ async fn annotate_node(
     use kube::api::{Patch, PatchParams};
     let nodes: Api<Node> = Api::all(client);
     let mut pending = None;
+    // The last failure's message: a failure that repeats itself is logged once.
+    let mut failing: Option<String> = None;
     loop {
         if pending.is_none() {
             match wanted.next().await {
@@ -890,10 +893,15 @@ async fn annotate_node(
             Ok(_) => {
                 tracing::info!(node = %node, annotations = ?a, "the Node's annotations are written");
                 pending = None;
+                failing = None;
             }
             Err(e) => {
-                tracing::warn!(node = %node, error = %with_causes(&e),
-                    "the Node's annotations were not written; trying again in {ANNOTATE_RETRY:?}");
+                let why = with_causes(&e);
+                if failing.as_deref() != Some(why.as_str()) {
+                    tracing::warn!(node = %node, error = %why,
+                        "the Node's annotations were not written; trying again every {ANNOTATE_RETRY:?} (said once while the error stays the same)");
+                    failing = Some(why);
+                }
                 match tokio::time::timeout(ANNOTATE_RETRY, wanted.next()).await {
                     Ok(Some(a)) => pending = Some(a),
                     Ok(None) => return,
