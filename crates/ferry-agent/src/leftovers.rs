@@ -23,29 +23,13 @@
 //! Rules made with iptables-legacy are not seen.
 
 use std::collections::BTreeSet;
-use std::net::IpAddr;
 
 use ferry_datapath::{PortKind, Tables};
 use ferry_linux::cmd;
 use ipnet::IpNet;
 use serde::Deserialize;
 
-/// One route as `ip -json route show` prints it (the fields read here).
-#[derive(Debug, Deserialize)]
-struct Route {
-    /// `default`, `ADDR` or `ADDR/LEN`.
-    dst: String,
-    #[serde(default)]
-    dev: Option<String>,
-    #[serde(default)]
-    gateway: Option<String>,
-    /// Absent for the main table.
-    #[serde(default)]
-    table: Option<String>,
-    /// Absent for unicast.
-    #[serde(default, rename = "type")]
-    kind: Option<String>,
-}
+use crate::takeover::{IpRoute, parse_dst};
 
 /// A route that takes the node's traffic to cluster addresses past ferry.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -93,7 +77,7 @@ pub fn strays(
     prefixes: &[(IpNet, String)],
     host_dev: &str,
 ) -> Result<Vec<Stray>, String> {
-    let routes: Vec<Route> =
+    let routes: Vec<IpRoute> =
         serde_json::from_str(json).map_err(|e| format!("reading `ip -json route`: {e}"))?;
     let mut out = BTreeSet::new();
     for r in routes {
@@ -103,11 +87,7 @@ pub fn strays(
         if !matches!(r.kind.as_deref(), None | Some("unicast" | "local")) {
             continue;
         }
-        let Ok(dst) = r
-            .dst
-            .parse::<IpNet>()
-            .or_else(|_| r.dst.parse::<IpAddr>().map(IpNet::from))
-        else {
+        let Some(dst) = parse_dst(&r.dst, false) else {
             continue;
         };
         if dst.prefix_len() == 0 {

@@ -170,28 +170,28 @@ struct IpAddrInfo {
     noprefixroute: bool,
 }
 
-/// The `ip -json route` view of a route.
-#[derive(Deserialize)]
-struct IpRoute {
+/// The `ip -json route` view of a route (read here and by [`crate::leftovers`]).
+#[derive(Debug, Deserialize)]
+pub(crate) struct IpRoute {
     #[serde(rename = "type", default)]
-    kind: Option<String>,
-    dst: String,
+    pub(crate) kind: Option<String>,
+    pub(crate) dst: String,
     #[serde(default)]
-    gateway: Option<IpAddr>,
+    pub(crate) gateway: Option<IpAddr>,
     #[serde(default)]
-    dev: Option<String>,
+    pub(crate) dev: Option<String>,
     #[serde(default)]
-    table: Option<String>,
+    pub(crate) table: Option<String>,
     #[serde(default)]
-    metric: Option<u32>,
+    pub(crate) metric: Option<u32>,
     #[serde(default)]
-    protocol: Option<String>,
+    pub(crate) protocol: Option<String>,
     #[serde(default)]
-    scope: Option<String>,
+    pub(crate) scope: Option<String>,
     #[serde(default)]
-    prefsrc: Option<IpAddr>,
+    pub(crate) prefsrc: Option<IpAddr>,
     #[serde(default)]
-    flags: Vec<String>,
+    pub(crate) flags: Vec<String>,
 }
 
 /// The `ip -json neigh` view of an entry.
@@ -214,7 +214,7 @@ fn ip_json<T: serde::de::DeserializeOwned>(args: &[&str]) -> Result<T, String> {
 }
 
 /// `dst` of `ip -json route` in family `v6`: `default`, `ADDR/LEN` or `ADDR`.
-fn parse_dst(dst: &str, v6: bool) -> Option<IpNet> {
+pub(crate) fn parse_dst(dst: &str, v6: bool) -> Option<IpNet> {
     if dst == "default" {
         let any = if v6 {
             IpAddr::V6(Ipv6Addr::UNSPECIFIED)

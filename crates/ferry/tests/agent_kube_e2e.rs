@@ -29,25 +29,6 @@ const PORT: u16 = 8080;
 /// The server's log of requests, in the lab's directory: a JSON line per request.
 const REQUESTS: &str = "requests.jsonl";
 
-/// A kubeconfig for the API server at `server`: plain HTTP, no credentials.
-fn kubeconfig(server: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Config
-clusters:
-- name: fake
-  cluster: {{ server: "{server}" }}
-users:
-- name: ferry
-  user: {{}}
-contexts:
-- name: fake
-  context: {{ cluster: fake, user: ferry }}
-current-context: fake
-"#
-    )
-}
-
 /// The object of a YAML document, as JSON.
 fn object(yaml: &str) -> Value {
     serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}: {yaml}"))
@@ -172,7 +153,11 @@ fn start_with(tag: &str, extra2: &[&str]) -> KubeLab {
                 l.exec(&node, 2, &["curl", "-sf", &url]).status.success()
             });
         let config = c.dir.path().join(format!("kubeconfig{n}"));
-        fs::write(&config, kubeconfig(&format!("http://10.255.{n}.1:{PORT}"))).unwrap();
+        fs::write(
+            &config,
+            common::kubeconfig(&format!("http://10.255.{n}.1:{PORT}")),
+        )
+        .unwrap();
         let extra = if n == 2 { extra2 } else { &[] };
         c.start_agent_with(n, &format!("kubernetes:{}", config.display()), extra);
     }

@@ -209,12 +209,7 @@ fn the_image_runs_the_manifests_agent_in_a_node_namespace() {
             .success()
     });
     let kubeconfig = dir.path().join("kubeconfig");
-    fs::write(
-        &kubeconfig,
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: \"http://127.0.0.1:18080\"}\n\
-         users:\n- name: u\n  user: {}\ncontexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\n",
-    )
-    .unwrap();
+    fs::write(&kubeconfig, common::kubeconfig("http://127.0.0.1:18080")).unwrap();
 
     // The manifest's agent, privileged in the node's namespace, /run/ferry mounted as
     // the DaemonSet mounts it.

@@ -585,3 +585,22 @@ while True:
     answer += b
 print(size, hashlib.sha256(data).hexdigest(), answer.decode().strip())
 "#;
+
+/// A kubeconfig for the API server at `server`: plain HTTP, no credentials.
+pub fn kubeconfig(server: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Config
+clusters:
+- name: fake
+  cluster: {{ server: "{server}" }}
+users:
+- name: ferry
+  user: {{}}
+contexts:
+- name: fake
+  context: {{ cluster: fake, user: ferry }}
+current-context: fake
+"#
+    )
+}
