@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-ensure_packages cc:build-essential ip:iproute2 tshark:tshark ping:iputils-ping nc:netcat-openbsd iperf3:iperf3 ethtool:ethtool python3:python3 curl:curl nft:nftables sysctl:procps iptables-legacy:iptables podman:podman runc:runc mmdebstrap:mmdebstrap
+ensure_packages cc:build-essential protoc:protobuf-compiler ip:iproute2 tshark:tshark ping:iputils-ping nc:netcat-openbsd iperf3:iperf3 ethtool:ethtool python3:python3 curl:curl nft:nftables sysctl:procps iptables-legacy:iptables podman:podman runc:runc mmdebstrap:mmdebstrap containerd:containerd /usr/lib/cni/loopback:containernetworking-plugins busybox:busybox-static
 
 echo "== cargo fmt"
 cargo fmt --all -- --check

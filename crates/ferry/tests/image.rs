@@ -15,76 +15,15 @@
 mod common;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Lab, require};
+use common::podman::Podman;
+use common::{Lab, manifest_agent, require};
 use serde_json::Value;
 
 const SERVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fake_apiserver.py");
-
-/// Podman with the test's own configuration and storage.
-struct Podman {
-    conf: PathBuf,
-    storage: PathBuf,
-}
-
-impl Podman {
-    fn new(dir: &Path) -> Podman {
-        let conf = dir.join("containers.conf");
-        fs::write(
-            &conf,
-            "[containers]\ndefault_ulimits = []\n[engine]\nruntime = \"runc\"\n",
-        )
-        .unwrap();
-        let storage = dir.join("storage.conf");
-        fs::write(
-            &storage,
-            format!(
-                "[storage]\ndriver = \"vfs\"\ngraphroot = \"{}\"\nrunroot = \"{}\"\n",
-                dir.join("graph").display(),
-                dir.join("run").display()
-            ),
-        )
-        .unwrap();
-        Podman { conf, storage }
-    }
-
-    fn command(&self, program: &str) -> Command {
-        let mut c = Command::new(program);
-        c.env("CONTAINERS_CONF", &self.conf)
-            .env("CONTAINERS_STORAGE_CONF", &self.storage);
-        c
-    }
-
-    fn podman(&self, args: &[&str]) -> String {
-        let out = self.command("podman").args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "podman {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-/// The agent's container of deploy/ferry.yaml: its command and arguments (the node's
-/// name put in for `$(NODE_NAME)`) and its image.
-fn manifest_agent(node: &str) -> (Vec<String>, String) {
-    let text = include_str!("../../../deploy/ferry.yaml");
-    let docs: Vec<Value> = serde_saphyr::from_multiple(text).unwrap();
-    let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
-    let c = &ds["spec"]["template"]["spec"]["containers"][0];
-    let argv = c["command"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .chain(c["args"].as_array().unwrap())
-        .map(|a| a.as_str().unwrap().replace("$(NODE_NAME)", node))
-        .collect();
-    (argv, c["image"].as_str().unwrap().to_string())
-}
 
 /// The running container, removed on drop.
 struct Container<'a> {

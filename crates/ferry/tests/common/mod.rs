@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 pub mod lab;
 pub mod one_node;
+pub mod podman;
 pub mod two_nodes;
 
 /// Runs `ferry ARGS` (the binary under test, on the test's side); its exit status,
@@ -603,4 +604,24 @@ contexts:
 current-context: fake
 "#
     )
+}
+
+/// The agent's container of deploy/ferry.yaml: its command and arguments (the node's
+/// name put in for `$(NODE_NAME)`) and its image.
+pub fn manifest_agent(node: &str) -> (Vec<String>, String) {
+    let text = include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/ferry.yaml"
+    ));
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(text).unwrap();
+    let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    let argv = c["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(c["args"].as_array().unwrap())
+        .map(|a| a.as_str().unwrap().replace("$(NODE_NAME)", node))
+        .collect();
+    (argv, c["image"].as_str().unwrap().to_string())
 }
