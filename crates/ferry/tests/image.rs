@@ -1,16 +1,23 @@
-//! ferry's image, built the way `scripts/image.sh` builds it (a Debian base made by
-//! mmdebstrap and imported into podman, `deploy/image/Containerfile`, the binaries
-//! stripped), then run privileged in a node's network namespace with the agent's command
-//! and arguments read from `deploy/ferry.yaml`: against a fake API server it takes the
-//! node's uplink (the node still answers on its address), writes its Node's annotations,
-//! answers `ferry status` on the socket the manifest's mount gives, and when the
-//! container stops gives the node's stack back.
+//! A node taken over end to end: ferry's image, built the way `scripts/image.sh` builds
+//! it (a Debian base made by mmdebstrap and imported into podman,
+//! `deploy/image/Containerfile`, the binaries stripped), run privileged in the network
+//! namespace of a node set up as a cloud VM is, with the agent's command and arguments
+//! read from `deploy/ferry.yaml` and against a fake API server. The node has what
+//! kube-proxy and flannel left (chains in iptables-nft and iptables-legacy, an nftables
+//! `kube-proxy` table, `flannel.1` with a route, the `cni0` bridge, flannel's CNI
+//! configuration), and a TCP session from outside runs from before the agent starts
+//! until after it stops. The agent takes the node's uplink (the session goes on, the
+//! node answers new connections on its address), writes its Node's annotations and
+//! answers `ferry status` on the socket the manifest's mount gives; `ferry cleanup` run
+//! in the container lists the leftovers and removes them; pods made through the CNI
+//! plugin reach each other, the node reaches them and a NodePort answers from outside;
+//! and when the container stops, the node's uplink is given back as it was.
 //!
 //! Podman runs with runc, `default_ulimits = []` and storage of the test's own (vfs, in a
 //! temporary directory): nothing outside the test is changed or left behind.
 //!
 //! Needs root, podman, runc, mmdebstrap (and Debian's mirror), binutils, iproute2,
-//! python3 and curl.
+//! iptables, nftables, python3 and curl.
 
 mod common;
 
@@ -46,14 +53,144 @@ impl Drop for Container<'_> {
     }
 }
 
+/// kube-proxy's and flannel's state on a node they ran on: chains in both iptables, an
+/// nftables table, flannel's VXLAN device with a route through it, and its bridge
+/// holding the pod CIDR's gateway address.
+const LEFTOVERS: &str = "
+iptables-nft -t nat -N KUBE-SERVICES
+iptables-nft -t nat -A PREROUTING -j KUBE-SERVICES
+iptables-nft -N FLANNEL-FWD
+iptables-nft -A FORWARD -j FLANNEL-FWD
+iptables-legacy -N KUBE-FIREWALL
+iptables-legacy -A INPUT -j KUBE-FIREWALL
+nft add table ip kube-proxy
+nft add chain ip kube-proxy services
+ip link add flannel.1 type vxlan id 1 dstport 8472 dev eth0
+ip link set flannel.1 up
+ip route add 10.244.9.0/24 via 10.244.9.0 dev flannel.1 onlink
+ip link add cni0 type bridge
+ip address add 10.244.5.1/24 dev cni0
+ip link set cni0 up
+";
+
+/// Whether every one of [`LEFTOVERS`] (and flannel's configuration in `net_d`) is gone.
+fn leftovers_gone(lab: &Lab, net_d: &Path) -> bool {
+    let text = |cmd: &[&str]| String::from_utf8_lossy(&lab.exec("vm", 5, cmd).stdout).into_owned();
+    let nat = text(&["iptables-nft", "-t", "nat", "-S"]) + &text(&["iptables-nft", "-S"]);
+    let legacy = text(&["iptables-legacy", "-S"]);
+    let links = text(&["ip", "-o", "link", "show"]);
+    !nat.contains("KUBE-")
+        && !nat.contains("FLANNEL")
+        && !legacy.contains("KUBE-")
+        && !text(&["nft", "list", "tables"]).contains("kube-proxy")
+        && !links.contains("flannel.1")
+        && !links.contains("cni0")
+        && !text(&["ip", "route", "show", "table", "all"]).contains("10.244.9.0")
+        && !net_d.join("10-flannel.conflist").exists()
+}
+
+/// The uplink's global addresses and the routes through it, sorted (its link-local
+/// address's aside).
+fn uplink(lab: &Lab) -> (Vec<String>, Vec<String>) {
+    let mut a: Vec<String> = lab
+        .ip(
+            "vm",
+            &["-o", "address", "show", "dev", "eth0", "scope", "global"],
+        )
+        .lines()
+        .map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    a.sort();
+    let mut r: Vec<String> = lab
+        .ip("vm", &["route", "show", "table", "all", "dev", "eth0"])
+        .lines()
+        // The uplink's own link-local address, which is not moved, may still be
+        // tentative at the first look.
+        .filter(|r| !r.starts_with("local fe80::"))
+        .map(str::to_string)
+        .collect();
+    r.sort();
+    (a, r)
+}
+
+/// Whether a new TCP connection from outside (namespace `gw`) reaches the node's echo
+/// server.
+fn connects(lab: &Lab) -> bool {
+    lab.exec(
+        "gw",
+        3,
+        &[
+            "python3",
+            "-c",
+            "import socket; socket.create_connection(('10.0.0.5', 2222), 2)",
+        ],
+    )
+    .status
+    .success()
+}
+
+/// What `curl URL` in namespace `ns` gets (empty when it fails).
+fn fetch(lab: &Lab, ns: &str, url: &str) -> String {
+    let out = lab.exec(ns, 3, &["curl", "-sf", "--max-time", "2", url]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Pods `a` and `b` and the NodePort Service `web` (node port 30080) whose endpoint is b
+/// at `b_ip`, as the fake API server takes them.
+fn web_service(b_ip: &str) -> Value {
+    let pod = |name: &str, labels: Value, ip: Option<&str>| {
+        serde_json::json!({
+            "kind": "Pod", "apiVersion": "v1",
+            "metadata": {"name": name, "namespace": "default", "labels": labels},
+            "spec": {"nodeName": "vm", "containers": [{"name": "c", "image": "x"}]},
+            "status": match ip {
+                Some(ip) => serde_json::json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}),
+                None => serde_json::json!({"phase": "Running"}),
+            },
+        })
+    };
+    serde_json::json!([
+        {"object": pod("a", serde_json::json!({}), None)},
+        {"object": pod("b", serde_json::json!({"app": "web"}), Some(b_ip))},
+        {"object": {
+            "kind": "Service", "apiVersion": "v1",
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {
+                "type": "NodePort", "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
+                "selector": {"app": "web"},
+                "ports": [{"port": 80, "targetPort": 8080, "nodePort": 30080, "protocol": "TCP"}],
+            },
+        }},
+        {"object": {
+            "kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+            "metadata": {
+                "name": "web-1", "namespace": "default",
+                "labels": {"kubernetes.io/service-name": "web"},
+            },
+            "addressType": "IPv4",
+            "ports": [{"port": 8080, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [b_ip], "nodeName": "vm", "conditions": {"ready": true}}],
+        }},
+    ])
+}
+
 #[test]
-fn the_image_runs_the_manifests_agent_in_a_node_namespace() {
+fn the_image_takes_a_node_over_from_kube_proxy_and_flannel_with_the_manifests_arguments() {
     require(&[
         ("podman", "podman"),
         ("runc", "runc"),
         ("mmdebstrap", "mmdebstrap"),
         ("objcopy", "binutils"),
         ("ip", "iproute2"),
+        ("iptables-nft", "iptables"),
+        ("iptables-legacy", "iptables"),
+        ("nft", "nftables"),
         ("python3", "python3"),
         ("curl", "curl"),
     ]);
@@ -150,6 +287,36 @@ fn the_image_runs_the_manifests_agent_in_a_node_namespace() {
     let kubeconfig = dir.path().join("kubeconfig");
     fs::write(&kubeconfig, common::kubeconfig("http://127.0.0.1:18080")).unwrap();
 
+    // What kube-proxy and flannel left on the node, made with the real tools, and
+    // flannel's CNI configuration in the directory the manifest mounts.
+    lab.run("vm", 10, &["sh", "-ec", LEFTOVERS]);
+    let net_d = dir.path().join("net.d");
+    fs::create_dir(&net_d).unwrap();
+    fs::write(
+        net_d.join("10-flannel.conflist"),
+        r#"{"name":"cbr0","cniVersion":"0.3.1","plugins":[{"type":"flannel","delegate":{"hairpinMode":true,"isDefaultGateway":true}},{"type":"portmap","capabilities":{"portMappings":true}}]}"#,
+    )
+    .unwrap();
+    let uplink_before = uplink(&lab);
+
+    // A session from outside to the node (SSH, or kubelet's connection seen from the
+    // API server), carrying data from before the agent starts until after it stops.
+    lab.daemon("vm", "echo server", &["python3", "-c", common::ECHO_SERVER]);
+    lab.wait_for(10, "the echo server", connects);
+    let stop_file = dir.path().join("session.stop");
+    lab.daemon(
+        "gw",
+        "session",
+        &[
+            "python3",
+            "-c",
+            common::SESSION_CLIENT,
+            "10.0.0.5",
+            "2222",
+            stop_file.to_str().unwrap(),
+        ],
+    );
+
     // The manifest's agent, privileged in the node's namespace, /run/ferry mounted as
     // the DaemonSet mounts it.
     let run_ferry = dir.path().join("run-ferry");
@@ -175,6 +342,12 @@ fn the_image_runs_the_manifests_agent_in_a_node_namespace() {
     run.push(format!("{}:/etc/ferry/kubeconfig:ro", kubeconfig.display()));
     run.push("-v".into());
     run.push(format!("{}:/run/ferry", run_ferry.display()));
+    run.push("-v".into());
+    run.push(format!("{}:/etc/cni/net.d", net_d.display()));
+    // The manifest's `netns` volume: the pods' namespaces, where the agent makes their
+    // interfaces (Bidirectional there, rshared here).
+    run.push("-v".into());
+    run.push("/var/run/netns:/var/run/netns:rshared".into());
     run.push(tag.clone());
     run.extend(argv);
     let child = podman
@@ -213,6 +386,7 @@ fn the_image_runs_the_manifests_agent_in_a_node_namespace() {
         std::thread::sleep(Duration::from_millis(200));
     }
     lab.run("gw", 5, &["ping", "-c", "1", "-W", "2", "10.0.0.5"]);
+    lab.wait_for(10, "new connections to the taken node", connects);
     let status = Command::new(env!("CARGO_BIN_EXE_ferry"))
         .args(["status", "-o", "json", "--api-socket"])
         .arg(&socket)
@@ -234,6 +408,94 @@ fn the_image_runs_the_manifests_agent_in_a_node_namespace() {
         String::from_utf8_lossy(&node.stdout).contains("\"ferry.io/ipv4-address\": \"10.0.0.5/24\"")
     });
 
+    // `ferry cleanup`, from the image, as docs/install.md migrates a node: a dry run
+    // lists every leftover and removes nothing; the run removes them; a second finds none.
+    let cleanup = |args: &[&str]| {
+        let mut c = vec!["exec", name.as_str(), "ferry", "cleanup"];
+        c.extend_from_slice(args);
+        podman.podman(&c)
+    };
+    let listed = cleanup(&["--dry-run"]);
+    for item in [
+        "KUBE-SERVICES",
+        "KUBE-FIREWALL",
+        "FLANNEL-FWD",
+        "kube-proxy",
+        "flannel.1",
+        "cni0",
+        "10-flannel.conflist",
+    ] {
+        assert!(
+            listed.contains(item),
+            "the dry run does not list {item}: {listed}"
+        );
+    }
+    assert!(
+        !leftovers_gone(&lab, &net_d),
+        "the dry run removed something"
+    );
+    cleanup(&[]);
+    assert!(leftovers_gone(&lab, &net_d), "ferry cleanup left something");
+    let again = cleanup(&["--dry-run"]);
+    assert_eq!(again.trim(), "nothing left by kube-proxy or flannel");
+
+    // Pods made through the CNI plugin on the agent's socket, and a NodePort Service to
+    // one of them, as the API server would tell it: pod to pod, the node to a pod, and
+    // from outside through the node's own address.
+    lab.add_ns("pa");
+    lab.add_ns("pb");
+    let plugin = common::lab::cni_plugin();
+    let conf = serde_json::json!({
+        "cniVersion": "1.0.0", "name": "ferry", "type": "ferry-cni",
+        "socket": socket, "dataDir": dir.path().join("cni"),
+    })
+    .to_string();
+    let mut ips = Vec::new();
+    for (pod, ns) in [("a", "pa"), ("b", "pb")] {
+        let got = ferry_lab::cni::add(
+            &plugin,
+            &conf,
+            &format!("sandbox-{pod}"),
+            &lab.ns(ns),
+            ("default", pod),
+        )
+        .unwrap();
+        ips.push(got[0].clone());
+    }
+    let b = ips[1].clone();
+    let push = web_service(&b).to_string();
+    lab.run(
+        "vm",
+        5,
+        &[
+            "curl",
+            "-sf",
+            "-X",
+            "POST",
+            "--data-binary",
+            &push,
+            "http://127.0.0.1:18080/_push",
+        ],
+    );
+    lab.daemon(
+        "pb",
+        "pod b's server",
+        &[
+            env!("CARGO_BIN_EXE_ferry"),
+            "serve",
+            "--name",
+            "b",
+            "--udp-port",
+            "0",
+        ],
+    );
+    lab.wait_for(20, "the pods, and the NodePort from outside", |l| {
+        let url = format!("http://{b}:8080/hostname");
+        fetch(l, "pa", &url) == "b"
+            && fetch(l, "vm", &url) == "b"
+            && fetch(l, "gw", "http://10.0.0.5:30080/hostname") == "b"
+    });
+
     // Stopped as a pod is deleted: SIGTERM, and the node's stack back on eth0.
     podman.podman(&["stop", "-t", "10", &name]);
     let out = container.child.take().unwrap().wait_with_output().unwrap();
@@ -242,6 +504,15 @@ fn the_image_runs_the_manifests_agent_in_a_node_namespace() {
     let eth0 = lab.ip("vm", &["-br", "address", "show", "dev", "eth0"]);
     assert!(eth0.contains("10.0.0.5/24"), "{eth0}");
     lab.run("gw", 5, &["ping", "-c", "1", "-W", "2", "10.0.0.5"]);
+    assert_eq!(
+        uplink(&lab),
+        uplink_before,
+        "the uplink given back as it was"
+    );
+    assert!(connects(&lab), "new connections to the node without ferry");
+    let (lines, gap) = common::end_session(&mut lab, "session", &stop_file);
+    assert!(lines >= 20, "{lines} lines echoed");
+    eprintln!("the session: {lines} lines echoed, longest gap {gap} ms");
     drop(container);
     podman.podman(&["rmi", "-a", "-f"]);
 }

@@ -19,42 +19,8 @@ mod common;
 use std::fs;
 use std::time::Duration;
 
-use common::{Lab, require};
+use common::{ECHO_SERVER, Lab, SESSION_CLIENT, require};
 use serde_json::Value;
-
-/// The TCP session's client: a line every 50 ms until file `stop` exists (120 s at
-/// most), each echoed; prints (on standard error) the lines echoed and the longest wait
-/// for one in milliseconds, and fails on any error (a reset, a 10 s silence).
-const SESSION_CLIENT: &str = r#"
-import os, socket, sys, time
-s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
-s.settimeout(10)
-end = time.time() + 120
-n, last, gap = 0, time.time(), 0.0
-while time.time() < end and not os.path.exists(sys.argv[3]):
-    s.sendall(b"x" * 100 + b"\n")
-    buf = b""
-    while not buf.endswith(b"\n"):
-        d = s.recv(4096)
-        if not d:
-            sys.exit("the server closed the session")
-        buf += d
-    now = time.time()
-    gap, last, n = max(gap, now - last), now, n + 1
-    time.sleep(0.05)
-print(n, int(gap * 1000), file=sys.stderr)
-"#;
-
-/// The echo server of the session.
-const ECHO_SERVER: &str = r#"
-import socketserver
-class Echo(socketserver.StreamRequestHandler):
-    def handle(self):
-        for line in self.rfile:
-            self.wfile.write(line)
-socketserver.ThreadingTCPServer.allow_reuse_address = True
-socketserver.ThreadingTCPServer(("0.0.0.0", 2222), Echo).serve_forever()
-"#;
 
 const NODE: &str = r#"
 apiVersion: v1
@@ -523,19 +489,7 @@ fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
     assert!(!state.join("uplink.json").exists());
     assert!(new_connections(&lab), "the node without ferry");
 
-    fs::write(&stop_file, "").unwrap();
-    let (status, err) = lab.wait_exit("session", 10);
-    assert!(status.success(), "the session broke: {err}");
-    let figures: Vec<u64> = err
-        .split_whitespace()
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    assert!(
-        figures.len() == 2 && figures[0] >= 20,
-        "lines echoed, longest gap: {err}"
-    );
-    eprintln!(
-        "the session: {} lines echoed, longest gap {} ms",
-        figures[0], figures[1]
-    );
+    let (lines, gap) = common::end_session(&mut lab, "session", &stop_file);
+    assert!(lines >= 20, "{lines} lines echoed");
+    eprintln!("the session: {lines} lines echoed, longest gap {gap} ms");
 }

@@ -625,3 +625,52 @@ pub fn manifest_agent(node: &str) -> (Vec<String>, String) {
         .collect();
     (argv, c["image"].as_str().unwrap().to_string())
 }
+
+/// The TCP session's client: a line every 50 ms until file `stop` exists (120 s at
+/// most), each echoed; prints (on standard error) the lines echoed and the longest wait
+/// for one in milliseconds, and fails on any error (a reset, a 10 s silence).
+pub const SESSION_CLIENT: &str = r#"
+import os, socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+s.settimeout(10)
+end = time.time() + 120
+n, last, gap = 0, time.time(), 0.0
+while time.time() < end and not os.path.exists(sys.argv[3]):
+    s.sendall(b"x" * 100 + b"\n")
+    buf = b""
+    while not buf.endswith(b"\n"):
+        d = s.recv(4096)
+        if not d:
+            sys.exit("the server closed the session")
+        buf += d
+    now = time.time()
+    gap, last, n = max(gap, now - last), now, n + 1
+    time.sleep(0.05)
+print(n, int(gap * 1000), file=sys.stderr)
+"#;
+
+/// The echo server of the session, on port 2222.
+pub const ECHO_SERVER: &str = r#"
+import socketserver
+class Echo(socketserver.StreamRequestHandler):
+    def handle(self):
+        for line in self.rfile:
+            self.wfile.write(line)
+socketserver.ThreadingTCPServer.allow_reuse_address = True
+socketserver.ThreadingTCPServer(("0.0.0.0", 2222), Echo).serve_forever()
+"#;
+
+/// Ends the session client `label` (started with [`SESSION_CLIENT`] and stop file
+/// `stop`): the lines it echoed and its longest wait for one, in ms; fails the test if
+/// the session broke.
+pub fn end_session(lab: &mut Lab, label: &str, stop: &std::path::Path) -> (u64, u64) {
+    std::fs::write(stop, "").unwrap();
+    let (status, err) = lab.wait_exit(label, 10);
+    assert!(status.success(), "the session broke: {err}");
+    let figures: Vec<u64> = err
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(figures.len(), 2, "lines echoed, longest gap: {err}");
+    (figures[0], figures[1])
+}
