@@ -408,7 +408,8 @@ fn the_image_takes_a_node_over_from_kube_proxy_and_flannel_with_the_manifests_ar
         String::from_utf8_lossy(&node.stdout).contains("\"ferry.io/ipv4-address\": \"10.0.0.5/24\"")
     });
 
-    // `ferry cleanup`, from the image, as docs/install.md migrates a node: a dry run
+    // `ferry cleanup`, from the image, as docs/install.md migrates a node (the CNI
+    // configuration directory mounted into the container for it): a dry run
     // lists every leftover and removes nothing; the run removes them; a second finds none.
     let cleanup = |args: &[&str]| {
         let mut c = vec!["exec", name.as_str(), "ferry", "cleanup"];
