@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 use std::os::unix::net::UnixStream;
 
 use ferry_api::{Request, Response};
+use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{ANSWER_TIMEOUT, ApiServer};
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Kind, ObjectKey};
 use crate::datastore::{OpenError, Source, Update};
 use crate::handover::{self, AfterHandover};
 use crate::metrics::MetricsServer;
@@ -131,6 +132,9 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
     // does not want to is left alone, and this one does not start.
     let taking = handover::ask(&api_socket).map_err(Error::Handover)?;
     let t0 = Instant::now();
+    // Trigger times before this are of changes made before the agent ran, whose wait it
+    // did not see (kube-proxy leaves them out of its programming latency too).
+    let started = Timestamp::now();
     let (mut agent, applied, api_listener) = match taking {
         None => {
             let (agent, applied) =
@@ -234,11 +238,11 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
                 agent.status_mut().datastore_state(Arc::clone(&cluster));
                 // A newer state replaces one waiting to be tried again.
                 retry.clear();
-                put_in_force(&mut agent, &mut in_force, cluster, &mut retry);
+                put_in_force(&mut agent, &mut in_force, cluster, &mut retry, started);
             }
         }
         if let Some(cluster) = retry.due(Instant::now()) {
-            put_in_force(&mut agent, &mut in_force, cluster, &mut retry);
+            put_in_force(&mut agent, &mut in_force, cluster, &mut retry, started);
         }
     }
     // The CNI plugin's pod interfaces stay (persistent TAPs, recorded in the state
@@ -385,6 +389,40 @@ impl Retry {
     }
 }
 
+/// The annotation on an EndpointSlice of the time of the change it records, in the API
+/// server (set by the EndpointSlice controller, in whole seconds).
+const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// kube-proxy's network programming latencies of a state put in force at `now`: for
+/// each EndpointSlice of `changed` that `cluster` holds (a deleted slice has none) and
+/// whose trigger time is not before `started`, from that time to `now` (0 when the
+/// API server's clock is ahead of the node's). A slice changed several times before
+/// the state was put in force counts once, with its latest trigger time; a trigger
+/// time that does not parse is left out.
+fn programming_latencies(
+    cluster: &Cluster,
+    changed: &[(Kind, ObjectKey)],
+    started: Timestamp,
+    now: Timestamp,
+) -> Vec<Duration> {
+    changed
+        .iter()
+        .filter(|(kind, _)| *kind == Kind::EndpointSlice)
+        .filter_map(|(_, key)| cluster.endpoint_slices.get(key))
+        .filter_map(|slice| {
+            let t: Timestamp = slice
+                .metadata
+                .annotations
+                .as_ref()?
+                .get(TRIGGER_TIME)?
+                .parse()
+                .ok()?;
+            (t >= started)
+                .then(|| Duration::try_from(now.duration_since(t)).unwrap_or(Duration::ZERO))
+        })
+        .collect()
+}
+
 /// Puts `cluster` in force in `agent` (compiling what differs from `in_force`) and
 /// reports it; on an error, `retry` schedules it again, and its changes of Services and
 /// EndpointSlices alone are put in force (`in_force` becomes the state in force with
@@ -394,6 +432,7 @@ fn put_in_force(
     in_force: &mut Arc<Cluster>,
     cluster: Arc<Cluster>,
     retry: &mut Retry,
+    started: Timestamp,
 ) {
     let t0 = Instant::now();
     let changed = in_force.diff(&cluster);
@@ -411,6 +450,9 @@ fn put_in_force(
             let latency = retry.in_force(t0, diffed + a.compile + a.swap, Instant::now());
             let status = agent.status_mut();
             status.synced(latency);
+            for l in programming_latencies(&cluster, &changed, started, Timestamp::now()) {
+                status.programmed(l);
+            }
             status.datastore_applied();
             if failures > 0 {
                 tracing::info!(failures, "cluster state applied on another try");
@@ -460,6 +502,52 @@ fn put_in_force(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+    fn slice(name: &str, trigger: Option<&str>) -> (ObjectKey, Arc<EndpointSlice>) {
+        let mut s = EndpointSlice::default();
+        s.metadata.name = Some(name.into());
+        s.metadata.namespace = Some("default".into());
+        s.metadata.annotations =
+            trigger.map(|t| [(TRIGGER_TIME.to_string(), t.to_string())].into());
+        (ObjectKey::new("default", name), Arc::new(s))
+    }
+
+    #[test]
+    fn programming_latencies_count_from_the_trigger_times_of_the_changed_slices() {
+        let mut cluster = Cluster::default();
+        for (k, s) in [
+            slice("a", Some("2026-11-20T10:02:14Z")),
+            slice("old", Some("2026-11-20T09:00:00Z")),
+            slice("none", None),
+            slice("bad", Some("yesterday")),
+            slice("ahead", Some("2026-11-20T10:02:20Z")),
+            slice("unchanged", Some("2026-11-20T10:02:15Z")),
+        ] {
+            cluster.endpoint_slices.insert(k, s);
+        }
+        let started: Timestamp = "2026-11-20T10:00:00Z".parse().unwrap();
+        let now: Timestamp = "2026-11-20T10:02:16.5Z".parse().unwrap();
+        let key = |n: &str| (Kind::EndpointSlice, ObjectKey::new("default", n));
+        let changed = vec![
+            key("a"),
+            key("old"),
+            key("none"),
+            key("bad"),
+            key("ahead"),
+            // Deleted: no longer in the state.
+            key("gone"),
+            // Another kind of the same name.
+            (Kind::Service, ObjectKey::new("default", "unchanged")),
+        ];
+        assert_eq!(
+            programming_latencies(&cluster, &changed, started, now),
+            // a: 2.5 s; old: before the agent started; none, bad: no trigger time;
+            // ahead: the API server's clock ahead, 0; unchanged: not changed.
+            vec![Duration::from_millis(2_500), Duration::ZERO]
+        );
+    }
 
     #[test]
     fn a_state_not_applied_is_tried_again_after_a_doubling_delay() {

@@ -453,7 +453,11 @@ fn render_fragments(reg: &mut Registry, c: &Counters) {
 
 /// The table sync histogram of `c`.
 fn sync_histogram(c: &Counters) -> Counted {
-    let s = &c.sync;
+    histogram(&c.sync)
+}
+
+/// The histogram of the figures `s`.
+fn histogram(s: &ferry_api::SyncLatency) -> Counted {
     Counted {
         sum: us_to_s(s.sum_us),
         count: s.count,
@@ -475,12 +479,19 @@ fn sync_histogram(c: &Counters) -> Counted {
 /// kube-proxy's metric of what ferry does in its place, for the dashboards and alerts
 /// written for kube-proxy: `kubeproxy_sync_proxy_rules_duration_seconds`, the time from
 /// changes reaching the proxy to its rules (ferry's tables) in force, which is
-/// `ferry_table_sync_duration_seconds` under kube-proxy's name.
+/// `ferry_table_sync_duration_seconds` under kube-proxy's name; and
+/// `kubeproxy_network_programming_duration_seconds`, from each EndpointSlice change's
+/// trigger time in the API server to its tables in force.
 fn render_kube_proxy(root: &mut Registry, c: &Counters) {
     root.register(
         "kubeproxy_sync_proxy_rules_duration_seconds",
         "From changes reaching the proxy to its rules in force (ferry_table_sync_duration_seconds)",
         sync_histogram(c),
+    );
+    root.register(
+        "kubeproxy_network_programming_duration_seconds",
+        "From an EndpointSlice's change in the API server (its last-change-trigger-time) to the proxy's rules with it in force",
+        histogram(&c.programming),
     );
 }
 
@@ -776,6 +787,12 @@ mod tests {
                 buckets: vec![(1_000, 1), (5_000, 2), (u64::MAX, 2)],
                 ..Default::default()
             },
+            programming: ferry_api::SyncLatency {
+                count: 1,
+                sum_us: 1_500_000,
+                buckets: vec![(1_000_000, 0), (2_000_000, 1), (u64::MAX, 0)],
+                ..Default::default()
+            },
             ..Counters::default()
         };
         let p = ferry_linux::process::ProcessStats {
@@ -807,6 +824,26 @@ mod tests {
             value("kubeproxy_sync_proxy_rules_duration_seconds_sum"),
             value("ferry_table_sync_duration_seconds_sum")
         );
+        assert_eq!(
+            value("kubeproxy_network_programming_duration_seconds_count"),
+            1.0
+        );
+        assert_eq!(
+            value("kubeproxy_network_programming_duration_seconds_sum"),
+            1.5
+        );
+        let bucket = |le: &str| {
+            samples
+                .iter()
+                .find(|s| {
+                    s.name == "kubeproxy_network_programming_duration_seconds_bucket"
+                        && s.labels.iter().any(|(k, v)| k == "le" && v == le)
+                })
+                .map(|s| s.value)
+                .unwrap_or_else(|| panic!("no bucket {le}"))
+        };
+        assert_eq!(bucket("1.0"), 0.0);
+        assert_eq!(bucket("2.0"), 1.0);
         // Without the process's figures, no process metrics.
         assert!(!render(&c).contains("process_"));
     }

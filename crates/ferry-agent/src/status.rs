@@ -21,6 +21,46 @@ pub const SYNC_BUCKETS_US: [u64; 12] = [
     5_000_000,
 ];
 
+/// Upper bounds of the network programming latency histogram's buckets, in
+/// microseconds: kube-proxy's (0.25 s and 0.5 s, each second to 59 s, every 5 s to
+/// 115 s, every 30 s to 300 s; above that, +Inf). The trigger times it measures from
+/// have whole seconds.
+pub const PROGRAMMING_BUCKETS_US: [u64; 80] = programming_buckets();
+
+const fn programming_buckets() -> [u64; 80] {
+    let mut b = [0u64; 80];
+    b[0] = 250_000;
+    b[1] = 500_000;
+    let mut i = 0;
+    while i < 59 {
+        b[2 + i] = (i as u64 + 1) * 1_000_000;
+        i += 1;
+    }
+    i = 0;
+    while i < 12 {
+        b[61 + i] = (60 + 5 * i as u64) * 1_000_000;
+        i += 1;
+    }
+    i = 0;
+    while i < 7 {
+        b[73 + i] = (120 + 30 * i as u64) * 1_000_000;
+        i += 1;
+    }
+    b
+}
+
+/// Adds `latency` to the figures `s` and to the bucket of `bounds` (then +Inf) in
+/// `buckets` it falls in.
+fn observe(s: &mut SyncLatency, bounds: &[u64], buckets: &mut [u64], latency: Duration) {
+    let us = latency.as_micros().min(u128::from(u64::MAX)) as u64;
+    s.count += 1;
+    s.sum_us = s.sum_us.saturating_add(us);
+    s.last_us = us;
+    s.max_us = s.max_us.max(us);
+    let i = bounds.iter().position(|&b| us <= b).unwrap_or(bounds.len());
+    buckets[i] += 1;
+}
+
 /// The kinds of errors the agent counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -47,6 +87,9 @@ pub struct AgentStatus {
     sync: SyncLatency,
     /// Per bucket of [`SYNC_BUCKETS_US`], then +Inf.
     buckets: [u64; SYNC_BUCKETS_US.len() + 1],
+    programming: SyncLatency,
+    /// Per bucket of [`PROGRAMMING_BUCKETS_US`], then +Inf.
+    programming_buckets: Vec<u64>,
     errors: AgentErrors,
     /// The datastore's latest state, in force or not: its refusals of policies.
     latest: Option<Arc<Cluster>>,
@@ -131,17 +174,39 @@ impl AgentStatus {
 
     /// A cluster change was in force in the worker `latency` after the agent saw it.
     pub fn synced(&mut self, latency: Duration) {
-        let us = latency.as_micros().min(u128::from(u64::MAX)) as u64;
-        let s = &mut self.sync;
-        s.count += 1;
-        s.sum_us = s.sum_us.saturating_add(us);
-        s.last_us = us;
-        s.max_us = s.max_us.max(us);
-        let i = SYNC_BUCKETS_US
-            .iter()
-            .position(|&b| us <= b)
-            .unwrap_or(SYNC_BUCKETS_US.len());
-        self.buckets[i] += 1;
+        observe(&mut self.sync, &SYNC_BUCKETS_US, &mut self.buckets, latency);
+    }
+
+    /// An EndpointSlice change was in force in the worker `latency` after its trigger
+    /// time in the API server.
+    pub fn programmed(&mut self, latency: Duration) {
+        if self.programming_buckets.is_empty() {
+            self.programming_buckets = vec![0; PROGRAMMING_BUCKETS_US.len() + 1];
+        }
+        observe(
+            &mut self.programming,
+            &PROGRAMMING_BUCKETS_US,
+            &mut self.programming_buckets,
+            latency,
+        );
+    }
+
+    /// The network programming latency figures, with the histogram's buckets.
+    pub fn programming(&self) -> SyncLatency {
+        SyncLatency {
+            buckets: PROGRAMMING_BUCKETS_US
+                .iter()
+                .copied()
+                .chain([u64::MAX])
+                .zip(
+                    self.programming_buckets
+                        .iter()
+                        .copied()
+                        .chain(std::iter::repeat(0)),
+                )
+                .collect(),
+            ..self.programming.clone()
+        }
     }
 
     /// Counts one error of `kind`.
@@ -232,6 +297,28 @@ mod tests {
         assert_eq!(l.buckets[0], (1_000, 1));
         assert_eq!(l.buckets[2], (5_000, 1), "3 ms: at most 5 ms");
         assert_eq!(*l.buckets.last().unwrap(), (u64::MAX, 1));
+    }
+
+    #[test]
+    fn programming_latencies_fall_into_kube_proxys_buckets() {
+        let mut s = AgentStatus::new();
+        let l = s.programming();
+        assert_eq!((l.count, l.buckets.len()), (0, 81));
+        assert!(l.buckets.iter().all(|&(_, n)| n == 0));
+        s.programmed(Duration::from_millis(200));
+        s.programmed(Duration::from_millis(1_500));
+        s.programmed(Duration::from_secs(62));
+        s.programmed(Duration::from_secs(400));
+        let l = s.programming();
+        assert_eq!(l.count, 4);
+        let n = |le: u64| l.buckets.iter().find(|b| b.0 == le).unwrap().1;
+        assert_eq!(n(250_000), 1);
+        assert_eq!(n(2_000_000), 1, "1.5 s: at most 2 s");
+        assert_eq!(n(65_000_000), 1, "62 s: at most 65 s");
+        assert_eq!(n(u64::MAX), 1);
+        let bounds: Vec<u64> = l.buckets.iter().map(|b| b.0).collect();
+        assert!(bounds.windows(2).all(|w| w[0] < w[1]), "{bounds:?}");
+        assert_eq!(bounds[bounds.len() - 2], 300_000_000);
     }
 
     #[test]

@@ -442,6 +442,10 @@ pub struct Counters {
     /// How long cluster changes took to be in force in the worker.
     #[serde(default)]
     pub sync: SyncLatency,
+    /// How long EndpointSlice changes took from the API server (their
+    /// `endpoints.kubernetes.io/last-change-trigger-time`) to be in force in the worker.
+    #[serde(default)]
+    pub programming: SyncLatency,
     /// The agent's errors by kind.
     #[serde(default)]
     pub errors: AgentErrors,

@@ -270,6 +270,7 @@ impl Agent {
                 .collect(),
             datastore: self.status.datastore(),
             sync: self.status.sync(),
+            programming: self.status.programming(),
             errors: self.status.errors(),
         }
     }
