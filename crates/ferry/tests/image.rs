@@ -445,25 +445,7 @@ fn the_image_takes_a_node_over_from_kube_proxy_and_flannel_with_the_manifests_ar
     // from outside through the node's own address.
     lab.add_ns("pa");
     lab.add_ns("pb");
-    let plugin = common::lab::cni_plugin();
-    let conf = serde_json::json!({
-        "cniVersion": "1.0.0", "name": "ferry", "type": "ferry-cni",
-        "socket": socket, "dataDir": dir.path().join("cni"),
-    })
-    .to_string();
-    let mut ips = Vec::new();
-    for (pod, ns) in [("a", "pa"), ("b", "pb")] {
-        let got = ferry_lab::cni::add(
-            &plugin,
-            &conf,
-            &format!("sandbox-{pod}"),
-            &lab.ns(ns),
-            ("default", pod),
-        )
-        .unwrap();
-        ips.push(got[0].clone());
-    }
-    let b = ips[1].clone();
+    let b = common::cni_pods(&lab, &socket, &dir.path().join("cni"))[1].clone();
     let push = web_service(&b).to_string();
     lab.run(
         "vm",

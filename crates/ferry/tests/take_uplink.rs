@@ -393,25 +393,7 @@ fn the_node_keeps_its_network_through_the_takeover_a_crash_and_the_give_back() {
     // Pods made through the CNI plugin, as a container runtime makes them, and a
     // NodePort Service to one of them: pod to pod, the node to a pod, and from outside
     // through the node's own address, which ferry now holds.
-    let plugin = common::lab::cni_plugin();
-    let conf = serde_json::json!({
-        "cniVersion": "1.0.0", "name": "ferry", "type": "ferry-cni",
-        "socket": socket, "dataDir": dir.path().join("cni"),
-    })
-    .to_string();
-    let mut ips = Vec::new();
-    for (pod, ns) in [("a", "pa"), ("b", "pb")] {
-        let got = ferry_lab::cni::add(
-            &plugin,
-            &conf,
-            &format!("sandbox-{pod}"),
-            &lab.ns(ns),
-            ("default", pod),
-        )
-        .unwrap();
-        ips.push(got[0].clone());
-    }
-    let b = ips[1].clone();
+    let b = common::cni_pods(&lab, &socket, &dir.path().join("cni"))[1].clone();
     fs::write(manifests.join("service.yaml"), service(&b)).unwrap();
     lab.daemon(
         "pb",

@@ -674,3 +674,33 @@ pub fn end_session(lab: &mut Lab, label: &str, stop: &std::path::Path) -> (u64, 
     assert_eq!(figures.len(), 2, "lines echoed, longest gap: {err}");
     (figures[0], figures[1])
 }
+
+/// Pods `default/a` and `default/b` in namespaces `pa` and `pb` of `lab`, made through
+/// the CNI plugin on the agent's socket `socket` (leases in `data_dir`) as a container
+/// runtime makes them; the first address of each.
+pub fn cni_pods(
+    lab: &Lab,
+    socket: impl AsRef<std::path::Path>,
+    data_dir: &std::path::Path,
+) -> Vec<String> {
+    let conf = serde_json::json!({
+        "cniVersion": "1.0.0", "name": "ferry", "type": "ferry-cni",
+        "socket": socket.as_ref(), "dataDir": data_dir,
+    })
+    .to_string();
+    let plugin = lab::cni_plugin();
+    [("a", "pa"), ("b", "pb")]
+        .into_iter()
+        .map(|(pod, ns)| {
+            ferry_lab::cni::add(
+                &plugin,
+                &conf,
+                &format!("sandbox-{pod}"),
+                &lab.ns(ns),
+                ("default", pod),
+            )
+            .unwrap()[0]
+                .clone()
+        })
+        .collect()
+}
