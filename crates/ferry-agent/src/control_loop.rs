@@ -132,8 +132,8 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
     // does not want to is left alone, and this one does not start.
     let taking = handover::ask(&api_socket).map_err(Error::Handover)?;
     let t0 = Instant::now();
-    // Trigger times before this are of changes made before the agent ran, whose wait it
-    // did not see (kube-proxy leaves them out of its programming latency too).
+    // Trigger times before this are of changes made before the agent ran: their wait is
+    // not counted (a restart would count every change made while no agent ran).
     let started = Timestamp::now();
     let (mut agent, applied, api_listener) = match taking {
         None => {
