@@ -393,13 +393,16 @@ impl Retry {
 /// server (set by the EndpointSlice controller, in whole seconds).
 const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
-/// kube-proxy's network programming latencies of a state put in force at `now`: for
-/// each EndpointSlice of `changed` that `cluster` holds (a deleted slice has none) and
-/// whose trigger time is not before `started`, from that time to `now` (0 when the
-/// API server's clock is ahead of the node's). A slice changed several times before
-/// the state was put in force counts once, with its latest trigger time; a trigger
-/// time that does not parse is left out.
+/// kube-proxy's network programming latencies of a state `cluster` put in force at
+/// `now` in place of `before`: for each EndpointSlice of `changed` whose endpoints or
+/// ports differ from `before`'s (a change of its metadata alone is none; a deleted slice
+/// has none), that is a Service's (labelled `kubernetes.io/service-name`, not of
+/// `addressType` FQDN) and whose trigger time is after `started`, from that time to
+/// `now` (0 when the API server's clock is ahead of the node's). A slice changed several
+/// times before the state was put in force counts once, with its latest trigger time; a
+/// trigger time that does not parse is left out.
 fn programming_latencies(
+    before: &Cluster,
     cluster: &Cluster,
     changed: &[(Kind, ObjectKey)],
     started: Timestamp,
@@ -408,7 +411,20 @@ fn programming_latencies(
     changed
         .iter()
         .filter(|(kind, _)| *kind == Kind::EndpointSlice)
-        .filter_map(|(_, key)| cluster.endpoint_slices.get(key))
+        .filter_map(|(_, key)| {
+            let slice = cluster.endpoint_slices.get(key)?;
+            let moved = before
+                .endpoint_slices
+                .get(key)
+                .is_none_or(|old| old.endpoints != slice.endpoints || old.ports != slice.ports);
+            let a_services = slice.address_type != "FQDN"
+                && slice
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key(crate::fields::SERVICE_NAME_LABEL));
+            (moved && a_services).then_some(slice)
+        })
         .filter_map(|slice| {
             let t: Timestamp = slice
                 .metadata
@@ -417,7 +433,7 @@ fn programming_latencies(
                 .get(TRIGGER_TIME)?
                 .parse()
                 .ok()?;
-            (t >= started)
+            (t > started)
                 .then(|| Duration::try_from(now.duration_since(t)).unwrap_or(Duration::ZERO))
         })
         .collect()
@@ -450,7 +466,8 @@ fn put_in_force(
             let latency = retry.in_force(t0, diffed + a.compile + a.swap, Instant::now());
             let status = agent.status_mut();
             status.synced(latency);
-            for l in programming_latencies(&cluster, &changed, started, Timestamp::now()) {
+            for l in programming_latencies(in_force, &cluster, &changed, started, Timestamp::now())
+            {
                 status.programmed(l);
             }
             status.datastore_applied();
@@ -506,9 +523,19 @@ mod tests {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
 
     fn slice(name: &str, trigger: Option<&str>) -> (ObjectKey, Arc<EndpointSlice>) {
-        let mut s = EndpointSlice::default();
+        let mut s = EndpointSlice {
+            address_type: "IPv4".into(),
+            ..EndpointSlice::default()
+        };
         s.metadata.name = Some(name.into());
         s.metadata.namespace = Some("default".into());
+        s.metadata.labels = Some(
+            [(
+                crate::fields::SERVICE_NAME_LABEL.to_string(),
+                "web".to_string(),
+            )]
+            .into(),
+        );
         s.metadata.annotations =
             trigger.map(|t| [(TRIGGER_TIME.to_string(), t.to_string())].into());
         (ObjectKey::new("default", name), Arc::new(s))
@@ -524,9 +551,29 @@ mod tests {
             slice("bad", Some("yesterday")),
             slice("ahead", Some("2026-11-20T10:02:20Z")),
             slice("unchanged", Some("2026-11-20T10:02:15Z")),
+            slice("labels", Some("2026-11-20T10:02:15Z")),
+            slice("fqdn", Some("2026-11-20T10:02:15Z")),
+            slice("unowned", Some("2026-11-20T10:02:15Z")),
         ] {
             cluster.endpoint_slices.insert(k, s);
         }
+        // Before: `labels` with the same endpoints and ports, other labels.
+        let mut before = Cluster::default();
+        let mut old = (*cluster.endpoint_slices[&ObjectKey::new("default", "labels")]).clone();
+        old.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("team".into(), "a".into());
+        before
+            .endpoint_slices
+            .insert(ObjectKey::new("default", "labels"), Arc::new(old));
+        let k = |n: &str| ObjectKey::new("default", n);
+        Arc::make_mut(cluster.endpoint_slices.get_mut(&k("fqdn")).unwrap()).address_type =
+            "FQDN".into();
+        Arc::make_mut(cluster.endpoint_slices.get_mut(&k("unowned")).unwrap())
+            .metadata
+            .labels = None;
         let started: Timestamp = "2026-11-20T10:00:00Z".parse().unwrap();
         let now: Timestamp = "2026-11-20T10:02:16.5Z".parse().unwrap();
         let key = |n: &str| (Kind::EndpointSlice, ObjectKey::new("default", n));
@@ -540,11 +587,15 @@ mod tests {
             key("gone"),
             // Another kind of the same name.
             (Kind::Service, ObjectKey::new("default", "unchanged")),
+            key("labels"),
+            key("fqdn"),
+            key("unowned"),
         ];
         assert_eq!(
-            programming_latencies(&cluster, &changed, started, now),
+            programming_latencies(&before, &cluster, &changed, started, now),
             // a: 2.5 s; old: before the agent started; none, bad: no trigger time;
-            // ahead: the API server's clock ahead, 0; unchanged: not changed.
+            // ahead: the API server's clock ahead, 0; unchanged: not changed; labels:
+            // its metadata alone changed; fqdn, unowned: no Service's slice.
             vec![Duration::from_millis(2_500), Duration::ZERO]
         );
     }

@@ -22,28 +22,28 @@ pub const SYNC_BUCKETS_US: [u64; 12] = [
 ];
 
 /// Upper bounds of the network programming latency histogram's buckets, in
-/// microseconds: kube-proxy's (0.25 s and 0.5 s, each second to 59 s, every 5 s to
+/// microseconds: kube-proxy's (0, 0.25 s and 0.5 s, each second to 59 s, every 5 s to
 /// 115 s, every 30 s to 300 s; above that, +Inf). The trigger times it measures from
 /// have whole seconds.
-pub const PROGRAMMING_BUCKETS_US: [u64; 80] = programming_buckets();
+pub const PROGRAMMING_BUCKETS_US: [u64; 81] = programming_buckets();
 
-const fn programming_buckets() -> [u64; 80] {
-    let mut b = [0u64; 80];
-    b[0] = 250_000;
-    b[1] = 500_000;
+const fn programming_buckets() -> [u64; 81] {
+    let mut b = [0u64; 81];
+    b[1] = 250_000;
+    b[2] = 500_000;
     let mut i = 0;
     while i < 59 {
-        b[2 + i] = (i as u64 + 1) * 1_000_000;
+        b[3 + i] = (i as u64 + 1) * 1_000_000;
         i += 1;
     }
     i = 0;
     while i < 12 {
-        b[61 + i] = (60 + 5 * i as u64) * 1_000_000;
+        b[62 + i] = (60 + 5 * i as u64) * 1_000_000;
         i += 1;
     }
     i = 0;
     while i < 7 {
-        b[73 + i] = (120 + 30 * i as u64) * 1_000_000;
+        b[74 + i] = (120 + 30 * i as u64) * 1_000_000;
         i += 1;
     }
     b
@@ -303,15 +303,17 @@ mod tests {
     fn programming_latencies_fall_into_kube_proxys_buckets() {
         let mut s = AgentStatus::new();
         let l = s.programming();
-        assert_eq!((l.count, l.buckets.len()), (0, 81));
+        assert_eq!((l.count, l.buckets.len()), (0, 82));
         assert!(l.buckets.iter().all(|&(_, n)| n == 0));
+        s.programmed(Duration::ZERO);
         s.programmed(Duration::from_millis(200));
         s.programmed(Duration::from_millis(1_500));
         s.programmed(Duration::from_secs(62));
         s.programmed(Duration::from_secs(400));
         let l = s.programming();
-        assert_eq!(l.count, 4);
+        assert_eq!(l.count, 5);
         let n = |le: u64| l.buckets.iter().find(|b| b.0 == le).unwrap().1;
+        assert_eq!(n(0), 1, "a clock ahead: the 0 bucket");
         assert_eq!(n(250_000), 1);
         assert_eq!(n(2_000_000), 1, "1.5 s: at most 2 s");
         assert_eq!(n(65_000_000), 1, "62 s: at most 65 s");
