@@ -466,8 +466,8 @@ pub struct ServiceFields {
     pub publish_not_ready: bool,
     /// The `ferry.io/external-snat` annotation.
     pub external_snat: Option<bool>,
-    /// spec.loadBalancerSourceRanges, as written (not enforced: only warned about).
-    pub source_ranges: Vec<String>,
+    /// spec.loadBalancerSourceRanges, their host bits cleared.
+    pub source_ranges: Vec<IpNet>,
     /// What was skipped: a bad `ferry.io/external-snat` annotation.
     pub warnings: Vec<FieldError>,
 }
@@ -494,7 +494,7 @@ impl ServiceFields {
             }
         };
         cluster_ips(spec, &mut e, &mut f);
-        f.source_ranges = spec.load_balancer_source_ranges.clone().unwrap_or_default();
+        source_ranges(spec, f.type_, &mut e, &mut f);
         for (i, s) in spec.external_ips.iter().flatten().enumerate() {
             f.external_ips
                 .extend(e.take(parse_ip(s, format!("spec.externalIPs[{i}]"))));
@@ -574,6 +574,29 @@ fn cluster_ips(spec: &ServiceSpec, e: &mut Errors, f: &mut ServiceFields) {
         } else {
             f.cluster_ips.extend(e.take(parse_ip(s, field)));
         }
+    }
+}
+
+/// spec.loadBalancerSourceRanges of a Service into `f`, as the API validates them:
+/// only for type LoadBalancer, each a CIDR once the spaces around it are trimmed (a
+/// leftover of the annotation they replaced); host bits are cleared, as kube-proxy
+/// parses them.
+fn source_ranges(spec: &ServiceSpec, type_: ServiceType, e: &mut Errors, f: &mut ServiceFields) {
+    let ranges = spec
+        .load_balancer_source_ranges
+        .as_deref()
+        .unwrap_or_default();
+    if !ranges.is_empty() && type_ != ServiceType::LoadBalancer {
+        e.push(
+            "spec.loadBalancerSourceRanges",
+            "only for type LoadBalancer",
+        );
+        return;
+    }
+    for (i, r) in ranges.iter().enumerate() {
+        let field = format!("spec.loadBalancerSourceRanges[{i}]");
+        f.source_ranges
+            .extend(e.take(parse_cidr(r.trim(), field)).map(|n| n.trunc()));
     }
 }
 
@@ -953,6 +976,35 @@ status:
         );
         let f = ServiceFields::parse(&service(&lb.replace("TYPE", "ClusterIP"))).unwrap();
         assert!(f.load_balancer_ips.is_empty());
+    }
+
+    #[test]
+    fn source_ranges_are_trimmed_and_truncated_and_refused_when_bad_or_not_for_a_load_balancer() {
+        let svc = |ty: &str, ranges: &str| {
+            service(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: lb}}\nspec: {{type: {ty}, ports: [{{port: 80}}], loadBalancerSourceRanges: {ranges}}}\n"
+            ))
+        };
+        let f = ServiceFields::parse(&svc(
+            "LoadBalancer",
+            r#"[" 203.0.113.9/24 ", "2001:db8::1/64"]"#,
+        ))
+        .unwrap();
+        assert_eq!(
+            f.source_ranges,
+            [
+                "203.0.113.0/24".parse::<IpNet>().unwrap(),
+                "2001:db8::/64".parse().unwrap()
+            ]
+        );
+        let e = ServiceFields::parse(&svc("LoadBalancer", r#"["10.0.0.0/8", "10.1.2.3"]"#))
+            .unwrap_err();
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].field, "spec.loadBalancerSourceRanges[1]");
+        assert!(e[0].message.contains("\"10.1.2.3\" is not a CIDR"), "{e:?}");
+        let e = ServiceFields::parse(&svc("NodePort", r#"["10.0.0.0/8"]"#)).unwrap_err();
+        assert_eq!(e[0].field, "spec.loadBalancerSourceRanges");
+        assert!(e[0].message.contains("only for type LoadBalancer"), "{e:?}");
     }
 
     #[test]

@@ -47,6 +47,11 @@ struct PolicyLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceLabel {
+    service: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WorkerLabel {
     worker: String,
 }
@@ -232,6 +237,18 @@ pub fn render_with(c: &Counters, process: Option<&ferry_linux::process::ProcessS
         "Generation of the tables in force",
         c.generation as i64,
     );
+    let family = Family::<ServiceLabel, Counter>::default();
+    reg.register(
+        "service_source_denied",
+        "New connections to a Service's load balancer IPs refused by its loadBalancerSourceRanges, per Service port",
+        family.clone(),
+    );
+    for (service, n) in &c.service_source_denied {
+        let l = ServiceLabel {
+            service: service.clone(),
+        };
+        family.get_or_create(&l).inc_by(*n);
+    }
     render_fragments(reg, c);
     render_policies(reg, c);
     render_policy_audit(reg, c);
@@ -861,9 +878,14 @@ mod tests {
             }],
             drops: [("ct_invalid".to_string(), 3)].into(),
             ct_entries: 5,
+            service_source_denied: [("default/lb:http".to_string(), 4)].into(),
             ..Counters::default()
         };
         let t = render(&c);
+        assert!(
+            t.contains("ferry_service_source_denied_total{service=\"default/lb:http\"} 4"),
+            "{t}"
+        );
         assert!(
             t.contains("ferry_port_drops_total{port=\"uplink\",reason=\"ct_invalid\"} 3"),
             "{t}"

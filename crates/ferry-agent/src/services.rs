@@ -134,6 +134,7 @@ fn list_services(services: &Services, conns: Option<&Connections>) -> Vec<Servic
                 internal_policy: spec.internal_policy.name().into(),
                 external_policy: spec.external_policy.name().into(),
                 affinity_timeout_s: spec.affinity_timeout_s,
+                source_ranges: spec.source_ranges.iter().map(|r| r.to_string()).collect(),
                 external_snat: spec.external_snat,
                 balance: match balance.mode {
                     BalanceMode::Consistent => "consistent",

@@ -389,6 +389,11 @@ pub struct Counters {
     pub service_balanced: u64,
     /// New connections to a Service refused at once.
     pub service_rejected: u64,
+    /// New connections to a Service's load balancer IPs refused by its
+    /// loadBalancerSourceRanges, by Service port (`namespace/name:port`), those that
+    /// refused any.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub service_source_denied: std::collections::BTreeMap<String, u64>,
     /// Segments from a Service endpoint of no tracked connection translated back as
     /// replies through the frontend that chose the endpoint (connections recovered after
     /// their entries were lost).
@@ -1017,6 +1022,11 @@ pub struct ServicePortInfo {
     /// ClientIP session affinity: its timeout in seconds, when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity_timeout_s: Option<u32>,
+    /// The only sources of new connections to its load balancer IPs
+    /// (loadBalancerSourceRanges, with the load balancer IPs the node may reach them
+    /// from); a family without any accepts every source.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_ranges: Vec<String>,
     /// External traffic to another node's endpoint leaves with this node's address.
     #[serde(default)]
     pub external_snat: bool,

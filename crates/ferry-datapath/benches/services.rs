@@ -1,7 +1,8 @@
 //! Service benchmarks: compiling 1 K / 10 K / 100 K Service ports with 10 endpoints each
 //! (time, and resident memory the result adds), an established cluster IP connection's packets
 //! through the pipeline, new connections with endpoint choice (Maglev and random, side by
-//! side), the endpoint choice alone, and filling a Maglev table. Figures:
+//! side), the endpoint choice alone, filling a Maglev table, and what load balancer
+//! source ranges cost new and established connections. Figures:
 //! docs/benchmarks.md.
 // Benchmarks time themselves (and read their memory use): the purity is the library's.
 #![allow(clippy::disallowed_methods)]
@@ -88,6 +89,11 @@ fn pipeline() -> Pipeline {
 
 /// The same, spreading connections as `balance` says.
 fn pipeline_balanced(balance: BalanceSpec) -> Pipeline {
+    pipeline_with(balance, specs(10_000))
+}
+
+/// The same with `services`.
+fn pipeline_with(balance: BalanceSpec, services: Vec<ServiceSpec>) -> Pipeline {
     let port = |name: &str, last: u8| PortSpec {
         name: name.into(),
         mac: MacAddr([2, 0, 0, 0, 0, last]),
@@ -109,7 +115,7 @@ fn pipeline_balanced(balance: BalanceSpec) -> Pipeline {
                 via: None,
             },
         ],
-        services: specs(10_000),
+        services,
         balance,
         // Where connections of clients outside the cluster leave from.
         node: NodeSpec {
@@ -123,9 +129,14 @@ fn pipeline_balanced(balance: BalanceSpec) -> Pipeline {
 }
 
 fn to_service(client: u32, sport: u16, svc: u32) -> Vec<u8> {
+    to_frontend(client, sport, 0x0a60_0000 + svc)
+}
+
+/// A SYN from client `client` (10.0.0.0/8) at port `sport` to `frontend`:80.
+fn to_frontend(client: u32, sport: u16, frontend: u32) -> Vec<u8> {
     build::tcp(
         IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + client)),
-        IpAddr::V4(Ipv4Addr::from(0x0a60_0000 + svc)),
+        IpAddr::V4(Ipv4Addr::from(frontend)),
         sport,
         80,
         1,
@@ -265,6 +276,124 @@ fn packets(c: &mut Criterion) {
     g.finish();
 }
 
+/// The load balancer IP of Service port `i` of [`ranged`].
+fn lb_ip(i: u32) -> u32 {
+    0x0b60_0000 + i
+}
+
+/// [`specs`] with a load balancer IP each, and with `ranges` as their
+/// loadBalancerSourceRanges.
+fn ranged(n: usize, ranges: &[&str]) -> Vec<ServiceSpec> {
+    let mut s = specs(n);
+    for (i, spec) in s.iter_mut().enumerate() {
+        spec.load_balancer_ips = vec![IpAddr::V4(Ipv4Addr::from(lb_ip(i as u32)))];
+        spec.source_ranges = ranges.iter().map(|r| r.parse().unwrap()).collect();
+    }
+    s
+}
+
+/// What loadBalancerSourceRanges cost, side by side in one run: new connections to the
+/// load balancer IPs of 10 000 Service ports without ranges, and with four ranges whose
+/// last holds the client (every range is compared); then one established connection's
+/// segments to such an IP, with and without ranges (they never look at them).
+fn source_ranges(c: &mut Criterion) {
+    let mut g = c.benchmark_group("source_ranges");
+    g.throughput(Throughput::Elements(1));
+    let mut out = Vec::with_capacity(4);
+    let mut trace = Trace::disabled();
+    let four = [
+        "192.0.2.0/24",
+        "198.51.100.0/24",
+        "203.0.113.0/24",
+        "10.0.0.0/8",
+    ];
+    for (name, ranges) in [("none", &[][..]), ("four", &four[..])] {
+        let mut p = pipeline_with(BalanceSpec::default(), ranged(10_000, ranges));
+        let mut n = 0u32;
+        g.bench_function(format!("new_connection/{name}"), |b| {
+            b.iter_batched(
+                || {
+                    n = n.wrapping_add(1);
+                    Packet::new(
+                        to_frontend(n >> 8, 1024 + (n & 0xff) as u16, lb_ip(n % 10_000)),
+                        0,
+                        u64::from(n),
+                    )
+                },
+                |pkt| {
+                    out.clear();
+                    p.process(pkt, &mut out, &mut trace)
+                },
+                BatchSize::SmallInput,
+            )
+        });
+        assert!(n == 0 || p.stats().service_balanced > 0);
+        assert_eq!(
+            p.drops()
+                .get(ferry_datapath::DropReason::ServiceSourceDenied),
+            0,
+            "every client is in a range"
+        );
+
+        // One established connection: SYN, SYN-ACK, then its ACKs.
+        let mut p = pipeline_with(BalanceSpec::default(), ranged(10_000, ranges));
+        let syn = to_frontend(1, 40000, lb_ip(4321));
+        out.clear();
+        assert_eq!(
+            p.process(Packet::new(syn, 0, 1), &mut out, &mut trace),
+            Verdict::Forwarded
+        );
+        let sent = ferry_datapath::wire::parse(&out[0].1.data, 0).unwrap().key;
+        let synack = build::tcp(
+            sent.dst.ip(),
+            sent.src.ip(),
+            sent.dst_port,
+            sent.src_port,
+            100,
+            2,
+            build::tcp_flags::SYN | build::tcp_flags::ACK,
+            &[],
+            &IpOpts::default(),
+        );
+        assert_eq!(
+            p.process(Packet::new(synack, 1, 2), &mut out, &mut trace),
+            Verdict::Forwarded
+        );
+        let ack = build::tcp(
+            IpAddr::V4(Ipv4Addr::from(0x0a00_0001)),
+            IpAddr::V4(Ipv4Addr::from(lb_ip(4321))),
+            40000,
+            80,
+            2,
+            101,
+            build::tcp_flags::ACK,
+            &[0u8; 6],
+            &IpOpts::default(),
+        );
+        g.bench_function(format!("established/{name}"), |b| {
+            b.iter_batched(
+                || Packet::new(ack.clone(), 0, 3),
+                |pkt| {
+                    out.clear();
+                    p.process(pkt, &mut out, &mut trace)
+                },
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    // The check alone, on a Service port with four ranges: a source in the last, and
+    // one in none.
+    let services = Services::compile(&ranged(1, &four), "node0", []).unwrap();
+    let svc = &services.services[0];
+    for (name, src) in [("in_the_last", "10.1.2.3"), ("in_none", "100.64.0.1")] {
+        let src: IpAddr = src.parse().unwrap();
+        g.bench_function(format!("check/{name}"), |b| {
+            b.iter(|| svc.source_allowed(black_box(src)))
+        });
+    }
+    g.finish();
+}
+
 /// Flow `i` of a stream of new connections: clients and ports that change every time.
 fn flow(i: u32) -> FlowKey {
     FlowKey {
@@ -393,7 +522,7 @@ fn choice(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, compile, packets, choice);
+criterion_group!(benches, compile, packets, choice, source_ranges);
 criterion_main!(benches);
 
 /// Asks for transparent huge pages over the whole 2 MiB pages of `[ptr, ptr + len)`,

@@ -148,6 +148,9 @@ drop_reasons! {
     /// the tunnel's reach) when the node has no address of its family: refused, since
     /// with the client address kept the replies would not come back to be translated.
     ServiceNoNodeAddress => "service_no_node_address",
+    /// A new connection to a Service's load balancer IP from a source outside the
+    /// Service's `loadBalancerSourceRanges`: dropped, as kube-proxy drops it.
+    ServiceSourceDenied => "service_source_denied",
     // --- policy
     /// A new connection that NetworkPolicy or ClusterNetworkPolicy does not allow: a
     /// rule denied it, or policies isolate the pod and none of their rules matched.

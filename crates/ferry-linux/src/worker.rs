@@ -1107,6 +1107,10 @@ fn publish(control: &Control, now: u64, layout: &Layout, core: &mut Core<'_>) {
             .policy_counts()
             .map(|(n, c)| (n.to_string(), c))
             .collect(),
+        source_denied: pipeline
+            .source_denied_counts()
+            .map(|(n, c)| (n.to_string(), c))
+            .collect(),
         ports: layout
             .slots
             .iter()

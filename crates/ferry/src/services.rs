@@ -89,6 +89,9 @@ fn render(services: &[ServiceInfo]) -> String {
             for f in &p.frontends {
                 let _ = writeln!(s, "  frontend  {}", frontend(f));
             }
+            if !p.source_ranges.is_empty() {
+                let _ = writeln!(s, "  load balancer sources  {}", p.source_ranges.join(", "));
+            }
             if p.endpoints.is_empty() {
                 let _ = writeln!(s, "  endpoint  none");
             }

@@ -5,11 +5,12 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 use ferry_datapath::{BackendSpec, ServiceSpec, TrafficPolicy};
+use ipnet::IpNet;
 
 use crate::cluster::{Cluster, ObjectKey};
 use crate::config::FerryConfig;
 use crate::fields::{
-    Protocol, SERVICE_NAME_LABEL, ServicePortFields, ServiceType, SliceFields, describe,
+    NodeFields, Protocol, SERVICE_NAME_LABEL, ServicePortFields, ServiceType, SliceFields, describe,
 };
 
 use super::{CompileOptions, HealthCheck, read};
@@ -54,11 +55,12 @@ pub(super) fn compile(
             .or_default()
             .push(f);
     }
+    let here = node_ips(cluster, node);
     for key in cluster.services.keys() {
         let slices = by_service
             .get(&(key.namespace.as_str(), key.name.as_str()))
             .map_or(&[][..], Vec::as_slice);
-        one(cluster, key, slices, node, config, opts, &mut out)?;
+        one(cluster, key, slices, node, here, config, opts, &mut out)?;
     }
     Ok(out)
 }
@@ -77,6 +79,7 @@ pub(super) fn compile_some(
         health_checks: Vec::new(),
         warnings: Vec::new(),
     };
+    let here = node_ips(cluster, node);
     for key in keys {
         if !cluster.services.contains_key(key) {
             continue;
@@ -93,7 +96,7 @@ pub(super) fn compile_some(
                 .extend(f.warnings.iter().map(|w| format!("{what}: {w}")));
             slices.push(f);
         }
-        one(cluster, key, &slices, node, config, opts, &mut out)?;
+        one(cluster, key, &slices, node, here, config, opts, &mut out)?;
     }
     Ok(out)
 }
@@ -101,11 +104,13 @@ pub(super) fn compile_some(
 /// Compiles the Service `key` of `cluster`: its ports' tables entries (without the
 /// frontends another Service wins, [`Cluster::left_out`]), and its health check node
 /// port.
+#[allow(clippy::too_many_arguments)]
 fn one(
     cluster: &Cluster,
     key: &ObjectKey,
     slices: &[SliceFields],
     node: &str,
+    node_ips: [Option<IpAddr>; 2],
     config: &FerryConfig,
     opts: &CompileOptions,
     out: &mut Out,
@@ -123,13 +128,19 @@ fn one(
     if f.type_ == ServiceType::ExternalName || f.headless {
         return Ok(());
     }
-    // kube-proxy applies them to load balancer IPs only; ferry does not yet, and a
-    // Service that counts on them is open to every source.
-    if f.type_ == ServiceType::LoadBalancer && !f.source_ranges.is_empty() {
-        out.warnings.push(format!(
-            "Service {key}: spec.loadBalancerSourceRanges ({}) are not enforced: its load balancer IPs accept every source",
-            f.source_ranges.join(", ")
-        ));
+    let source_ranges = source_ranges(&f.source_ranges, &f.load_balancer_ips, node_ips);
+    for v6 in [false, true] {
+        let family = |ip: &IpAddr| ip.is_ipv6() == v6;
+        if !f.source_ranges.is_empty()
+            && !f.source_ranges.iter().any(|r| family(&r.addr()))
+            && f.load_balancer_ips.iter().any(family)
+        {
+            out.warnings.push(format!(
+                "Service {key}: spec.loadBalancerSourceRanges has no IPv{} range: its IPv{} load balancer IPs accept every source, as kube-proxy reads the ranges per family",
+                if v6 { 6 } else { 4 },
+                if v6 { 6 } else { 4 },
+            ));
+        }
     }
     let node_ports = matches!(f.type_, ServiceType::NodePort | ServiceType::LoadBalancer);
     // The external policy only concerns traffic from outside: node ports, external
@@ -175,6 +186,7 @@ fn one(
             node_port: p.node_port.filter(|_| node_ports),
             external_ips: kept(&f.external_ips),
             load_balancer_ips: kept(&f.load_balancer_ips),
+            source_ranges: source_ranges.clone(),
             external_policy: if external {
                 f.external_policy
             } else {
@@ -207,6 +219,41 @@ fn one(
         });
     }
     Ok(())
+}
+
+/// This node's address of each family (IPv4, IPv6) as kube-proxy's node IP: its first
+/// InternalIP of the family, else its first ExternalIP.
+fn node_ips(cluster: &Cluster, node: &str) -> [Option<IpAddr>; 2] {
+    let Some(Ok(f)) = cluster.node(node).map(NodeFields::parse) else {
+        return [None, None];
+    };
+    let first = |v6: bool| {
+        f.internal_ips
+            .iter()
+            .chain(&f.external_ips)
+            .find(|a| a.is_ipv6() == v6)
+            .copied()
+    };
+    [first(false), first(true)]
+}
+
+/// The source ranges of a Service's load balancer IPs, as kube-proxy makes its
+/// firewall: the ranges, and when a range of a family holds this node's address of it,
+/// the load balancer IPs of that family too (a VIP the node holds, reached from the
+/// node, arrives with the VIP as its source).
+fn source_ranges(ranges: &[IpNet], lb_ips: &[IpAddr], node_ips: [Option<IpAddr>; 2]) -> Vec<IpNet> {
+    let mut out = ranges.to_vec();
+    for node_ip in node_ips.into_iter().flatten() {
+        if ranges.iter().any(|r| r.contains(&node_ip)) {
+            out.extend(
+                lb_ips
+                    .iter()
+                    .filter(|a| a.is_ipv6() == node_ip.is_ipv6())
+                    .map(|a| IpNet::from(*a)),
+            );
+        }
+    }
+    out
 }
 
 /// The endpoints of Service port `p`: from each IPv4/IPv6 slice, the slice port of the

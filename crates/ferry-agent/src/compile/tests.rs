@@ -1025,28 +1025,59 @@ fn sctp_ports_are_skipped_with_a_warning_and_the_rest_kept() {
     );
 }
 
+/// kube-proxy's firewall of load balancer IPs: the ranges, plus the load balancer IPs
+/// of a family whose ranges hold this node's address (node-a is 192.168.10.2); a family
+/// of load balancer IPs without a range is open, with a warning.
 #[test]
-fn load_balancer_source_ranges_are_warned_about_as_not_enforced() {
+fn load_balancer_source_ranges_go_to_the_tables_with_the_nodes_allowance() {
+    let lb = |name: &str, ranges: &str| {
+        service(
+            name,
+            &format!(
+                "  type: LoadBalancer\n  ipFamilyPolicy: PreferDualStack\n  clusterIPs: [10.96.0.31, \"fd00:96::31\"]\n  ports:\n  - {{port: 80, nodePort: 30031}}\n  loadBalancerSourceRanges: {ranges}\nstatus:\n  loadBalancer:\n    ingress:\n    - {{ip: 203.0.113.10}}\n    - {{ip: \"2001:db8::10\"}}\n"
+            ),
+        )
+    };
     let c = cluster(
         &(two_nodes()
-            + &service(
-                "lb",
-                "  type: LoadBalancer\n  clusterIP: 10.96.0.31\n  ports:\n  - {port: 80, nodePort: 30031}\n  loadBalancerSourceRanges: [203.0.113.0/24, 198.51.100.7/32]\n",
-            )
-            + &service(
-                "plain",
-                "  clusterIP: 10.96.0.32\n  ports:\n  - {port: 80}\n  loadBalancerSourceRanges: [203.0.113.0/24]\n",
-            )),
+            + &lb("lb", "[198.51.100.0/24, \" 192.168.10.0/24 \"]")
+            + &lb("lb6", "[\"2001:db8:1::/48\"]")
+                .replace("96::31", "96::32")
+                .replace("0.31", "0.32")
+                .replace("30031", "30032")),
     );
     let out = compile(&c, "node-a");
-    assert_eq!(out.tables.services.len(), 2, "the Services still apply");
+    let ranges = |name: &str| -> Vec<String> {
+        let s = out
+            .tables
+            .services
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("{name} in {:?}", out.tables.services));
+        s.source_ranges.iter().map(|r| r.to_string()).collect()
+    };
+    assert_eq!(
+        ranges("default/lb:80"),
+        ["198.51.100.0/24", "192.168.10.0/24", "203.0.113.10/32"],
+        "the node's address is in a range: the IPv4 load balancer IP may reach itself"
+    );
+    assert_eq!(ranges("default/lb6:80"), ["2001:db8:1::/48"]);
     assert_eq!(
         out.warnings,
         [
-            "Service default/lb: spec.loadBalancerSourceRanges (203.0.113.0/24, 198.51.100.7/32) are not enforced: its load balancer IPs accept every source"
-        ],
-        "kube-proxy ignores the ranges of a Service that is no load balancer"
+            "Service default/lb: spec.loadBalancerSourceRanges has no IPv6 range: its IPv6 load balancer IPs accept every source, as kube-proxy reads the ranges per family",
+            "Service default/lb6: spec.loadBalancerSourceRanges has no IPv4 range: its IPv4 load balancer IPs accept every source, as kube-proxy reads the ranges per family",
+        ]
     );
+    // On node-b (192.168.20.2) the allowance does not apply.
+    let out = compile(&c, "node-b");
+    let lb = out
+        .tables
+        .services
+        .iter()
+        .find(|s| s.name == "default/lb:80")
+        .unwrap();
+    assert_eq!(lb.source_ranges.len(), 2);
 }
 
 #[test]

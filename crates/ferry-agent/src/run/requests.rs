@@ -219,6 +219,7 @@ impl Agent {
             reassembled: snap.pipeline.reassembled,
             service_balanced: snap.pipeline.service_balanced,
             service_rejected: snap.pipeline.service_rejected,
+            service_source_denied: snap.source_denied.iter().cloned().collect(),
             ct_recovered: snap.pipeline.ct_recovered,
             ct_recovery_refuted: snap.pipeline.ct_recovery_refuted,
             policy_allowed: snap.pipeline.policy_allowed,

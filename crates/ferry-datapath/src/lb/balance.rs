@@ -41,7 +41,8 @@ pub struct Balanced {
 }
 
 /// Chooses the endpoint of a new connection to frontend `f` and the NAT that takes it
-/// there: DNAT to the endpoint; SNAT to the frontend address when the client is the
+/// there (refused, `service_source_denied`, when `f` is a load balancer IP and the source
+/// is outside the Service's source ranges): DNAT to the endpoint; SNAT to the frontend address when the client is the
 /// endpoint itself (hairpin). When the endpoint is not on this node and the connection
 /// is external traffic from elsewhere than this node, or cluster IP traffic from the
 /// network whose source is outside the cluster (as kube-proxy masquerades those), the
@@ -59,6 +60,11 @@ pub fn balance(
     affinity: &Affinity,
     now: u64,
 ) -> Result<Balanced, DropReason> {
+    // loadBalancerSourceRanges, before anything else: a source outside them learns
+    // nothing of the Service, not even that it has no endpoint.
+    if f.source_checked && !services.services[f.service as usize].source_allowed(key.src.ip()) {
+        return Err(DropReason::ServiceSourceDenied);
+    }
     let i = services
         .choose(f, key, source == Source::Node, affinity, now)
         .map_err(|m| match m {

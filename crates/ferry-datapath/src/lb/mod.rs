@@ -37,6 +37,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, OnceLock, Weak};
 
 use ahash::RandomState;
+use ipnet::IpNet;
 use smallvec::SmallVec;
 
 use crate::flow::{FlowKey, proto};
@@ -100,6 +101,9 @@ pub struct Service {
     local: [Vec<u16>; 2],
     /// Affinity timeout in nanoseconds.
     affinity_ns: Option<u64>,
+    /// The source ranges of load balancer IP traffic, per family, as (network,
+    /// mask) with the host bits cleared (IPv4 in the low 32 bits).
+    ranges: [Vec<(u128, u128)>; 2],
     /// Stable across table swaps: keys affinity records.
     id: u64,
     /// The choosers of the eligible sets, by family and policy (0 cluster, 1 local),
@@ -139,9 +143,19 @@ impl Service {
             cluster: [Vec::new(), Vec::new()],
             local: [Vec::new(), Vec::new()],
             affinity_ns: None,
+            ranges: [Vec::new(), Vec::new()],
             id: 0,
             choosers: Default::default(),
         }
+    }
+
+    /// True when a new connection from `src` may reach this Service port's load
+    /// balancer IPs: its family has no source range, or one holds it.
+    #[inline]
+    pub fn source_allowed(&self, src: IpAddr) -> bool {
+        let (fam, a) = bits(src);
+        let r = &self.ranges[fam];
+        r.is_empty() || r.iter().any(|&(net, mask)| a & mask == net)
     }
 
     /// The endpoints a packet of `family` (0 IPv4, 1 IPv6) may go to under `policy`.
@@ -205,6 +219,9 @@ pub struct Frontend {
     pub service: u32,
     /// Cluster IP or external.
     pub scope: Scope,
+    /// A load balancer IP whose Service port has source ranges of its family: a new
+    /// connection's source must be in one ([`Service::source_allowed`]).
+    pub source_checked: bool,
 }
 
 /// The compiled Services of a node.
@@ -267,6 +284,22 @@ pub enum Miss {
 
 fn family(a: &IpAddr) -> usize {
     usize::from(a.is_ipv6())
+}
+
+/// An address's family and its bits (IPv4 in the low 32).
+#[inline]
+fn bits(a: IpAddr) -> (usize, u128) {
+    match a {
+        IpAddr::V4(a) => (0, u128::from(u32::from(a))),
+        IpAddr::V6(a) => (1, u128::from(a)),
+    }
+}
+
+/// A source range as [`Service::source_allowed`] matches it.
+fn range(n: &IpNet) -> (usize, (u128, u128)) {
+    let (fam, net) = bits(n.network());
+    let (_, mask) = bits(n.netmask());
+    (fam, (net & mask, mask))
 }
 
 fn stable_id(name: &str) -> u64 {
@@ -590,26 +623,44 @@ impl Services {
         };
         let cluster = [of(0, false), of(1, false)];
         let local = [of(0, true), of(1, true)];
+        let mut ranges = [Vec::new(), Vec::new()];
+        for n in &spec.source_ranges {
+            let (fam, r) = range(n);
+            if !ranges[fam].contains(&r) {
+                ranges[fam].push(r);
+            }
+        }
         let frontends = spec
             .cluster_ips
             .iter()
-            .map(|a| (*a, Scope::Internal))
+            .map(|a| (*a, Scope::Internal, false))
             .chain(
                 spec.external_ips
                     .iter()
-                    .chain(&spec.load_balancer_ips)
-                    .map(|a| (*a, Scope::External)),
+                    .map(|a| (*a, Scope::External, false)),
+            )
+            .chain(
+                spec.load_balancer_ips
+                    .iter()
+                    .map(|a| (*a, Scope::External, !ranges[family(a)].is_empty())),
             );
-        for (addr, scope) in frontends {
+        for (addr, scope, source_checked) in frontends {
             let f = Frontend {
                 service: idx,
                 scope,
+                source_checked,
             };
             if let Some(prev) = self.frontends.insert((proto, addr, spec.port), f) {
                 if prev.service == idx {
                     // This Service names the address twice (an external IP that is also
-                    // its load balancer's, say): the first naming, and its scope, stand.
-                    self.frontends.insert((proto, addr, spec.port), prev);
+                    // its load balancer's, say): the first naming, and its scope, stand;
+                    // as a load balancer IP it is checked all the same (kube-proxy checks
+                    // the sources of whatever is addressed to a load balancer IP).
+                    let f = Frontend {
+                        source_checked: prev.source_checked || source_checked,
+                        ..prev
+                    };
+                    self.frontends.insert((proto, addr, spec.port), f);
                     continue;
                 }
                 return Err(format!(
@@ -638,6 +689,7 @@ impl Services {
                 node_port: spec.node_port,
                 external_ips: spec.external_ips.clone(),
                 load_balancer_ips: spec.load_balancer_ips.clone(),
+                source_ranges: spec.source_ranges.clone(),
                 external_policy: spec.external_policy,
                 internal_policy: spec.internal_policy,
                 affinity_timeout_s: spec.affinity_timeout_s,
@@ -650,6 +702,7 @@ impl Services {
             affinity_ns: spec
                 .affinity_timeout_s
                 .map(|t| u64::from(t) * 1_000_000_000),
+            ranges,
             id: stable_id(&spec.name),
             choosers: Default::default(),
         }));
@@ -674,6 +727,7 @@ impl Services {
             .map(|&service| Frontend {
                 service,
                 scope: Scope::External,
+                source_checked: false,
             })
     }
 
@@ -691,6 +745,7 @@ impl Services {
         .then_some(Frontend {
             service,
             scope: Scope::External,
+            source_checked: false,
         })
     }
 

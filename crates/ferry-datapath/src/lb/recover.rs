@@ -131,7 +131,11 @@ impl Services {
                 } else {
                     Scope::External
                 };
-                let frontend = Frontend { service: s, scope };
+                let mut frontend = Frontend {
+                    service: s,
+                    scope,
+                    source_checked: false,
+                };
                 let forward = FlowKey {
                     src: reply.dst,
                     dst: a.into(),
@@ -149,9 +153,14 @@ impl Services {
                 } else {
                     // What a packet to it reaches: not this Service port when another
                     // one's frontend takes the address and port first.
-                    self.frontend(&forward) == Some(frontend)
-                        && balance(self, cluster, frontend, &forward, source, affinity, now_ns)
-                            .is_ok_and(|b| b.nat.snat.is_none() && is_endpoint(b.backend))
+                    match self.frontend(&forward) {
+                        Some(f) if f.service == s && f.scope == scope => {
+                            frontend = f;
+                            balance(self, cluster, f, &forward, source, affinity, now_ns)
+                                .is_ok_and(|b| b.nat.snat.is_none() && is_endpoint(b.backend))
+                        }
+                        _ => false,
+                    }
                 };
                 if !chosen {
                     continue;

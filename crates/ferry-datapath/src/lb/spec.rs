@@ -2,6 +2,7 @@
 
 use std::net::IpAddr;
 
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 /// Which endpoints a traffic policy allows.
@@ -100,6 +101,12 @@ pub struct ServiceSpec {
     /// status.loadBalancer.ingress[].ip, reached with `port`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub load_balancer_ips: Vec<IpAddr>,
+    /// spec.loadBalancerSourceRanges: the only sources a new connection to one of
+    /// `load_balancer_ips` may come from, read per family as kube-proxy reads them: the
+    /// load balancer IPs of a family without any range accept every source. Cluster IPs,
+    /// external IPs and the node port are not checked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_ranges: Vec<IpNet>,
     /// externalTrafficPolicy: endpoints for node port, external and load balancer
     /// traffic (default cluster).
     #[serde(default)]

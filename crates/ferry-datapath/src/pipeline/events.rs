@@ -311,6 +311,14 @@ pub enum TraceEvent {
         #[serde(with = "forms::FlowKeyDef")]
         key: FlowKey,
     },
+    /// A new connection to a Service's load balancer IP from outside its source ranges.
+    ServiceSourceDenied {
+        /// The Service.
+        service: String,
+        /// The packet's key.
+        #[serde(with = "forms::FlowKeyDef")]
+        key: FlowKey,
+    },
     /// A Service chose an endpoint for a new connection.
     ServiceBalanced {
         /// The Service.
@@ -681,6 +689,7 @@ impl TraceEvent {
             ServiceReset
             | ServiceNoEndpoint { .. }
             | ServiceNoNodeAddress { .. }
+            | ServiceSourceDenied { .. }
             | ServiceBalanced { .. }
             | ServiceRecovered { .. } => Stage::Service,
             StaticNat { .. } => Stage::Nat,
@@ -811,6 +820,10 @@ impl fmt::Display for TraceEvent {
             } => write!(
                 f,
                 "{service} ({scope:?}): {key} must leave from this node's address, and it has none of the family"
+            ),
+            ServiceSourceDenied { service, key } => write!(
+                f,
+                "{service}: {key}: its source is in none of the Service's loadBalancerSourceRanges"
             ),
             ServiceBalanced {
                 service,

@@ -121,6 +121,15 @@ fn every_event() -> Vec<(TraceEvent, String)> {
             ),
         ),
         (
+            ServiceSourceDenied {
+                service: "default/web:http".into(),
+                key: k,
+            },
+            format!(
+                "default/web:http: {k}: its source is in none of the Service's loadBalancerSourceRanges"
+            ),
+        ),
+        (
             ServiceRecovered {
                 service: "default/web:http".into(),
                 scope: Scope::Internal,

@@ -137,6 +137,9 @@ pub struct Pipeline {
     dry_run: bool,
     /// Connections decided per policy, indexed like the tables' policies.
     policy_counts: Vec<PolicyCount>,
+    /// New connections refused by a Service port's source ranges, by its name (those
+    /// that refused any; kept while the Service port is).
+    source_denied: std::collections::BTreeMap<String, u64>,
     /// Denials recorded for the audit log, when it is on.
     audit: audit::Audit,
     /// The IPv4 identification of the next outer datagram through the overlay (see
@@ -175,6 +178,7 @@ impl Pipeline {
             batch_keys: Vec::new(),
             dry_run: false,
             policy_counts: Vec::new(),
+            source_denied: std::collections::BTreeMap::new(),
             audit: audit::Audit::default(),
             outer_id: 0,
         }

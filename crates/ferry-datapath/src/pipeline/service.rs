@@ -47,6 +47,23 @@ impl Pipeline {
         }
     }
 
+    /// Counts a new connection the source ranges of Service port `name` refused.
+    pub(super) fn count_source_denied(&mut self, name: &str) {
+        match self.source_denied.get_mut(name) {
+            Some(n) => *n += 1,
+            None => {
+                self.source_denied.insert(name.to_string(), 1);
+            }
+        }
+    }
+
+    /// New connections refused by a Service port's `loadBalancerSourceRanges`, by the
+    /// Service port's name (`namespace/name:port`), those of Service ports in force that
+    /// refused any.
+    pub fn source_denied_counts(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.source_denied.iter().map(|(n, c)| (n.as_str(), *c))
+    }
+
     /// Notes why a new connection to frontend `f` was refused, when it was the Service's
     /// doing.
     pub(super) fn note_refused(
@@ -64,6 +81,12 @@ impl Pipeline {
             trace.note(|| TraceEvent::ServiceNoEndpoint {
                 service: tables.services.services[f.service as usize].name.clone(),
                 scope: f.scope,
+                key: *before,
+            });
+        }
+        if r == DropReason::ServiceSourceDenied {
+            trace.note(|| TraceEvent::ServiceSourceDenied {
+                service: tables.services.services[f.service as usize].name.clone(),
                 key: *before,
             });
         }

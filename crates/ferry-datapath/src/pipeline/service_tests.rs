@@ -1249,3 +1249,175 @@ fn test_a_connection_needing_the_node_address_of_a_family_the_node_lacks_is_drop
     assert_eq!(v, Verdict::Forwarded);
     assert_eq!(key_of(vxlan_inner(&out[0].1.data)).src.ip(), ip(NODE1));
 }
+
+/// The client's SYN from `src` (on the uplink, as `from_client`'s).
+fn syn_from(src: &str, dst: &str, sport: u16, dport: u16) -> Vec<u8> {
+    let o = IpOpts {
+        src_mac: GW_MAC,
+        dst_mac: uplink_mac(1),
+        ..IpOpts::default()
+    };
+    tcp(src, dst, sport, dport)
+        .seq(1, 0)
+        .flags(tcp_flags::SYN)
+        .opts(&o)
+        .frame(&[])
+}
+
+/// `web` whose load balancer IPs only `ranges` may reach.
+fn ranged_web(ranges: &[&str], backends: Vec<BackendSpec>) -> ServiceSpec {
+    ServiceSpec {
+        source_ranges: ranges.iter().map(|r| r.parse().unwrap()).collect(),
+        ..web(backends)
+    }
+}
+
+/// kube-proxy's firewall of load balancer IPs: a new connection to one from a source
+/// outside the ranges is dropped silently (no reset, even without endpoints), counted
+/// per Service port and named in the trace; the ranges' sources get through, and the
+/// other frontends of the Service (external IP, node port, cluster IP) do not look.
+#[test]
+fn test_load_balancer_source_ranges_drop_other_sources_of_load_balancer_ips_only() {
+    // The host bits of a range are ignored, as kube-proxy parses ranges.
+    let svc = ranged_web(
+        &["192.168.60.0/29", "203.0.113.9/24"],
+        vec![be("10.244.1.6", 8080, 1)],
+    );
+    let mut a = node1(vec![svc]);
+    let lb = "192.168.70.10";
+    for (i, src) in [CLIENT, "203.0.113.200"].into_iter().enumerate() {
+        let (v, out) = run(&mut a, syn_from(src, lb, 50000 + i as u16, 80), UPLINK, SEC);
+        assert_eq!(v, Verdict::Forwarded, "{src} is in a range");
+        assert_eq!(key_of(&out[0].1.data).dst, ip("10.244.1.6"));
+    }
+    let outside = "192.168.60.8";
+    let (v, out, tr) = traced(&mut a, syn_from(outside, lb, 50010, 80), UPLINK, SEC);
+    assert_eq!(v, Verdict::Dropped(DropReason::ServiceSourceDenied));
+    assert!(
+        out.is_empty(),
+        "nothing answers a source outside the ranges"
+    );
+    let note = event(&tr, "service");
+    assert!(
+        note.contains("default/web:http") && note.contains("loadBalancerSourceRanges"),
+        "{note}"
+    );
+    assert_eq!(a.conntrack().len(), 2, "no connection for the refused one");
+    // A retransmitted SYN is refused again, and counted again.
+    let (v, _) = run(&mut a, syn_from(outside, lb, 50010, 80), UPLINK, SEC);
+    assert_eq!(v, Verdict::Dropped(DropReason::ServiceSourceDenied));
+    let counts: Vec<_> = a.source_denied_counts().collect();
+    assert_eq!(counts, [("default/web:http", 2)]);
+    assert_eq!(a.drops().get(DropReason::ServiceSourceDenied), 2);
+    // The same source reaches the external IP and the node port; a pod of this node
+    // outside the ranges does not reach the load balancer IP, but its cluster IP.
+    for (i, (dst, port)) in [("192.168.70.9", 80), (NODE1, 30080)]
+        .into_iter()
+        .enumerate()
+    {
+        let (v, _) = run(
+            &mut a,
+            syn_from(outside, dst, 50020 + i as u16, port),
+            UPLINK,
+            SEC,
+        );
+        assert_eq!(v, Verdict::Forwarded, "{dst}:{port} is not checked");
+    }
+    let (v, _) = run(&mut a, pod_syn(lb, 40000, 80), POD, SEC);
+    assert_eq!(v, Verdict::Dropped(DropReason::ServiceSourceDenied));
+    let (v, _) = run(&mut a, pod_syn("10.96.0.10", 40001, 80), POD, SEC);
+    assert_eq!(v, Verdict::Forwarded);
+
+    // Without endpoints, the ranges' sources get a reset, the others nothing.
+    let mut b = node1(vec![ranged_web(&["192.168.60.0/29"], vec![])]);
+    let (v, out) = run(&mut b, syn_from(CLIENT, lb, 50000, 80), UPLINK, SEC);
+    assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoEndpoints));
+    assert_eq!(out.len(), 1, "a reset");
+    let (v, out) = run(&mut b, syn_from(outside, lb, 50001, 80), UPLINK, SEC);
+    assert_eq!(v, Verdict::Dropped(DropReason::ServiceSourceDenied));
+    assert!(out.is_empty());
+}
+
+/// Ranges are read per family, as kube-proxy reads them: an IPv6 load balancer IP of a
+/// Service with only IPv4 ranges accepts every source, one with an IPv6 range checks
+/// IPv6 sources. An address that is both an external IP and a load balancer IP of the
+/// Service is checked.
+#[test]
+fn test_source_ranges_apply_per_family_and_to_an_external_ip_that_is_also_the_lbs() {
+    let v6_lb = "fd00:70::10";
+    let v6_syn = |src: &str, sport: u16| {
+        let o = IpOpts {
+            src_mac: GW_MAC,
+            dst_mac: uplink_mac(1),
+            ..IpOpts::default()
+        };
+        tcp(src, v6_lb, sport, 80)
+            .seq(1, 0)
+            .flags(tcp_flags::SYN)
+            .opts(&o)
+            .frame(&[])
+    };
+    let two = |ranges: &[&str]| ServiceSpec {
+        load_balancer_ips: vec![ip("192.168.70.10"), ip(v6_lb)],
+        external_ips: vec![ip("192.168.70.10")],
+        ..ranged_web(
+            ranges,
+            vec![be("10.244.1.6", 8080, 1), be("fd00:10:244:1::6", 8080, 1)],
+        )
+    };
+    let mut a = node1(vec![two(&["192.168.60.0/29"])]);
+    let (v, _) = run(&mut a, v6_syn("fd00:60::99", 50000), UPLINK, SEC);
+    assert_eq!(v, Verdict::Forwarded, "no IPv6 range: every IPv6 source");
+    let (v, _) = run(
+        &mut a,
+        syn_from("192.168.60.99", "192.168.70.10", 50001, 80),
+        UPLINK,
+        SEC,
+    );
+    assert_eq!(
+        v,
+        Verdict::Dropped(DropReason::ServiceSourceDenied),
+        "an external IP that is the load balancer's too is checked"
+    );
+    let mut b = node1(vec![two(&["192.168.60.0/29", "fd00:60::/120"])]);
+    let (v, _) = run(&mut b, v6_syn("fd00:60::99", 50000), UPLINK, SEC);
+    assert_eq!(v, Verdict::Forwarded, "in the IPv6 range");
+    let (v, _) = run(&mut b, v6_syn("fd00:61::99", 50001), UPLINK, SEC);
+    assert_eq!(v, Verdict::Dropped(DropReason::ServiceSourceDenied));
+}
+
+/// The per-Service count follows the Service port through a swap and goes with it.
+#[test]
+fn test_source_denied_counts_follow_their_service_port_through_swaps() {
+    let svc = || ranged_web(&["192.168.60.0/29"], vec![be("10.244.1.6", 8080, 1)]);
+    let mut a = node1(vec![svc()]);
+    run(
+        &mut a,
+        syn_from("192.168.60.99", "192.168.70.10", 50000, 80),
+        UPLINK,
+        SEC,
+    );
+    a.set_tables(node_tables(1, ModeSpec::Always, vec![svc()]));
+    assert_eq!(
+        a.source_denied_counts().collect::<Vec<_>>(),
+        [("default/web:http", 1)]
+    );
+    // Ranges that now hold the source let it in.
+    a.set_tables(node_tables(
+        1,
+        ModeSpec::Always,
+        vec![ranged_web(
+            &["192.168.60.0/24"],
+            vec![be("10.244.1.6", 8080, 1)],
+        )],
+    ));
+    let (v, _) = run(
+        &mut a,
+        syn_from("192.168.60.99", "192.168.70.10", 50001, 80),
+        UPLINK,
+        SEC,
+    );
+    assert_eq!(v, Verdict::Forwarded);
+    a.set_tables(node_tables(1, ModeSpec::Always, vec![]));
+    assert_eq!(a.source_denied_counts().count(), 0);
+}

@@ -146,6 +146,9 @@ impl Pipeline {
                     .unwrap_or_default()
             })
             .collect();
+        // As do the counts of Service ports' source ranges.
+        self.source_denied
+            .retain(|name, _| new.services.get(name).is_some());
         let new_names: HashSet<&str> = new.ports.iter().map(|p| p.name.as_str()).collect();
         report.ports_removed = old
             .ports

@@ -129,6 +129,9 @@ impl Pipeline {
     ) -> Verdict {
         if let Some(f) = opening.frontend {
             Self::note_refused(tables, f, r, before, trace);
+            if r == DropReason::ServiceSourceDenied {
+                self.count_source_denied(&tables.services.services[f.service as usize].name);
+            }
         }
         if r == DropReason::ServiceNoEndpoints {
             self.reject(pkt, parsed, out, trace);

@@ -159,6 +159,8 @@ pub struct Snapshot {
     pub ports: Vec<PortSnapshot>,
     /// New connections decided per policy, by policy name.
     pub policies: Vec<(String, ferry_datapath::PolicyCount)>,
+    /// New connections refused by a Service port's source ranges, by its name.
+    pub source_denied: Vec<(String, u64)>,
 }
 
 /// What a job sees of the worker: its pipeline (tables, connections, counters), the
