@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use ferry_linux::cmd::Cmd;
 
-use crate::plan::{CLIENT_IP, CLIENT_IP6, Plan, VIP_CROSS_ZONE, cluster_ip, lb_port, node_port};
+use crate::plan::{
+    CLIENT_IP, CLIENT_IP6, CLIENT2_IP, Plan, VIP_CROSS_ZONE, VIP_ROUTED, cluster_ip, lb_port,
+    node_port,
+};
 use crate::state::State;
 use crate::sys;
 
@@ -77,6 +80,10 @@ pub const SCENARIOS: &[(&str, Scenario)] = &[
         lb_zonal_cluster,
     ),
     ("LB health checks steer Local", lb_local),
+    (
+        "LB source ranges: the client in, a second client out",
+        lb_source_ranges,
+    ),
     (
         "fragmented UDP pod to pod (4000-16000 B)",
         fragmented_udp_pod,
@@ -465,6 +472,53 @@ fn lb_local(c: &mut Ctx) -> Result<()> {
 }
 
 const FRAGMENTED: &str = "4000,9000,16000";
+
+/// `web-ranged`'s load balancer IP, which the load balancer routes to node1 as it is;
+/// its loadBalancerSourceRanges hold the first client only (kube-proxy's firewall of
+/// load balancer IPs). The client gets through, its address kept (the endpoint is on
+/// web's node); the second client's SYNs get no answer at all (curl times out, it is
+/// not refused) and node1 counts them for the Service port; its node port, which no
+/// range restricts, answers the second client.
+fn lb_source_ranges(c: &mut Ctx) -> Result<()> {
+    let url = format!("http://{VIP_ROUTED}/clientip");
+    c.expect("client", &url, CLIENT_IP)?;
+    let before = source_denied(c)?;
+    let (code, out) = c.curl_code("client2", &url, 2)?;
+    ensure!(
+        code == 28,
+        "the second client is outside the ranges: wanted curl to time out (exit 28), got exit {code}: {out:?}"
+    );
+    let mut after = before;
+    sys::wait_for(
+        5,
+        "node1 counting the second client's SYNs for default/web-ranged:http",
+        || {
+            after = source_denied(c).unwrap_or(before);
+            after > before
+        },
+    )?;
+    let node_port = format!(
+        "http://{}:{}/clientip",
+        c.plan().node_ip(1),
+        node_port::WEB_RANGED_HTTP
+    );
+    c.expect("client2", &node_port, CLIENT2_IP)?;
+    c.note = Some(format!(
+        "node1 dropped {} SYNs of the second client",
+        after - before
+    ));
+    Ok(())
+}
+
+/// New connections node1 refused by `web-ranged`'s source ranges.
+fn source_denied(c: &Ctx) -> Result<u64> {
+    let counters = crate::agents::counters(&c.dir.join("node1.sock"))?;
+    Ok(counters
+        .service_source_denied
+        .get("default/web-ranged:http")
+        .copied()
+        .unwrap_or(0))
+}
 
 fn fragmented_udp_pod(c: &mut Ctx) -> Result<()> {
     let web = c.pod_ip("web")?;

@@ -83,6 +83,20 @@ spec:
 ---
 apiVersion: v1
 kind: Service
+metadata: {{ name: web-ranged, namespace: default }}
+spec:
+  type: LoadBalancer
+  clusterIP: {ranged}
+  clusterIPs: [{ranged}]
+  selector: {{ app: web }}
+  ports: [{{ name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: {rh} }}]
+  loadBalancerSourceRanges: ["{client}/32"]
+status:
+  loadBalancer:
+    ingress: [{{ ip: {vip}, ipMode: VIP }}]
+---
+apiVersion: v1
+kind: Service
 metadata: {{ name: multi-sticky, namespace: default }}
 spec:
   clusterIP: {sticky}
@@ -125,6 +139,10 @@ spec:
         multi = cluster_ip::MULTI,
         empty = cluster_ip::EMPTY,
         echo = cluster_ip::ECHO,
+        ranged = cluster_ip::WEB_RANGED,
+        rh = node_port::WEB_RANGED_HTTP,
+        client = crate::plan::CLIENT_IP,
+        vip = crate::plan::VIP_ROUTED,
         wh = node_port::WEB_HTTP,
         wu = node_port::WEB_UDP,
         lh = node_port::WEB_LOCAL_HTTP,
@@ -226,7 +244,7 @@ pub fn namespaces(state: &State) -> String {
 
 /// The EndpointSlice of every Service: the ready pods its selector picks.
 pub fn slices(state: &State) -> String {
-    let services: [(&str, &str, &str); 6] = [
+    let services: [(&str, &str, &str); 7] = [
         (
             "web",
             "web",
@@ -234,6 +252,11 @@ pub fn slices(state: &State) -> String {
         ),
         (
             "web-local",
+            "web",
+            "[{ name: http, protocol: TCP, port: 8080 }]",
+        ),
+        (
+            "web-ranged",
             "web",
             "[{ name: http, protocol: TCP, port: 8080 }]",
         ),

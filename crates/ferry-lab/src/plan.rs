@@ -27,6 +27,18 @@ pub const CLIENT_SUBNET: &str = "10.20.0.0/24";
 pub const LB_FABRIC_IP: &str = "10.10.0.250";
 /// The load balancer's listener when it balances across zones.
 pub const VIP_CROSS_ZONE: &str = "10.30.100.1";
+/// A second external client, on a subnet of its own behind the load balancer: outside
+/// `web-ranged`'s source ranges.
+pub const CLIENT2_IP: &str = "10.20.1.2";
+/// The load balancer's address on the second client's subnet.
+pub const LB_CLIENT2_SIDE_IP: &str = "10.20.1.1";
+/// The second client's subnet, routed back to the load balancer by the fabric.
+pub const CLIENT2_SUBNET: &str = "10.20.1.0/24";
+/// `web-ranged`'s load balancer IP: the load balancer routes it to node1 unchanged, as
+/// a load balancer that keeps the VIP as the destination does (MetalLB, a cloud NLB
+/// with IP targets), so node1 sees traffic to a load balancer IP and checks its
+/// source ranges (a NAT load balancer's traffic to node ports is never checked).
+pub const VIP_ROUTED: &str = "10.31.0.1";
 
 /// The cluster IPs of the lab's Services.
 pub mod cluster_ip {
@@ -44,6 +56,9 @@ pub mod cluster_ip {
     pub const EMPTY: &str = "10.96.0.14";
     /// `echo`: UDP only, its pod replaced during a check.
     pub const ECHO: &str = "10.96.0.15";
+    /// `web-ranged`: LoadBalancer at [`super::VIP_ROUTED`], only the first client in its
+    /// loadBalancerSourceRanges.
+    pub const WEB_RANGED: &str = "10.96.0.16";
 }
 
 /// Node ports of the lab's Services.
@@ -56,6 +71,8 @@ pub mod node_port {
     pub const WEB_LOCAL_HTTP: u16 = 30082;
     /// `web-local`'s health check node port.
     pub const WEB_LOCAL_HEALTH: u16 = 32000;
+    /// `web-ranged` HTTP (not restricted by its source ranges).
+    pub const WEB_RANGED_HTTP: u16 = 30083;
 }
 
 /// The load balancer's ports: one per Service it fronts.

@@ -19,8 +19,9 @@ use anyhow::{Context, Result};
 use ferry_linux::cmd::Cmd;
 
 use crate::plan::{
-    CLIENT_IP, CLIENT_IP6, CLIENT_SUBNET, CLIENT_SUBNET6, LB_CLIENT_SIDE_IP, LB_CLIENT_SIDE_IP6,
-    LB_FABRIC_IP, LB_FABRIC_IP6, Plan,
+    CLIENT_IP, CLIENT_IP6, CLIENT_SUBNET, CLIENT_SUBNET6, CLIENT2_IP, CLIENT2_SUBNET,
+    LB_CLIENT_SIDE_IP, LB_CLIENT_SIDE_IP6, LB_CLIENT2_SIDE_IP, LB_FABRIC_IP, LB_FABRIC_IP6, Plan,
+    VIP_ROUTED,
 };
 use crate::state::{DEFAULT_NAMESPACE, Pod, Process, Proto, Served, State};
 use crate::sys::{self, ip};
@@ -131,8 +132,8 @@ fn say(what: &str) {
 /// The namespaces and links (docs/lab.md has the picture).
 fn network(plan: &Plan) -> Result<()> {
     let fabric = plan.ns("fabric");
-    let (lb, client) = (plan.ns("lb"), plan.ns("client"));
-    for ns in [&fabric, &lb, &client] {
+    let (lb, client, client2) = (plan.ns("lb"), plan.ns("client"), plan.ns("client2"));
+    for ns in [&fabric, &lb, &client, &client2] {
         add_ns(ns)?;
     }
     forwarding(&fabric)?;
@@ -208,6 +209,32 @@ fn network(plan: &Plan) -> Result<()> {
         &client,
         &["route", "add", "default", "via", LB_CLIENT_SIDE_IP],
     )?;
+    // The second client, on a subnet of its own behind the load balancer.
+    veth(&client2, "eth0", &lb, "cli2")?;
+    ip(
+        &lb,
+        &[
+            "addr",
+            "add",
+            &format!("{LB_CLIENT2_SIDE_IP}/24"),
+            "dev",
+            "cli2",
+        ],
+    )?;
+    ip(
+        &client2,
+        &["addr", "add", &format!("{CLIENT2_IP}/24"), "dev", "eth0"],
+    )?;
+    ip(
+        &client2,
+        &["route", "add", "default", "via", LB_CLIENT2_SIDE_IP],
+    )?;
+    ip(
+        &fabric,
+        &["route", "add", CLIENT2_SUBNET, "via", LB_FABRIC_IP],
+    )?;
+    // web-ranged's VIP, routed to node1 as it is.
+    ip(&lb, &["route", "add", VIP_ROUTED, "via", &plan.node_ip(1)])?;
     // IPv6 from the client to the nodes: routed through the load balancer, no listener.
     let nodad =
         |ns: &str, addr: String, dev: &str| ip(ns, &["addr", "add", &addr, "dev", dev, "nodad"]);
@@ -543,20 +570,20 @@ pub fn status(dir: &Path) -> Result<String> {
 }
 
 /// `ferry lab exec TARGET -- CMD...`: runs CMD in a node (`node1`), a pod (`web`, `x/a`), or
-/// `client`, `lb`, `fabric`; returns its exit code.
+/// `client`, `client2`, `lb`, `fabric`; returns its exit code.
 pub fn exec(dir: &Path, target: &str, cmd: &[String]) -> Result<i32> {
     let s = State::load(dir)?;
     let ns = match s.pods.iter().find(|p| p.is(target)) {
         Some(p) => p.netns.clone(),
         None => {
-            let known = ["client", "lb", "fabric"].contains(&target)
+            let known = ["client", "client2", "lb", "fabric"].contains(&target)
                 || target
                     .strip_prefix("node")
                     .and_then(|n| n.parse::<u8>().ok())
                     .is_some_and(|n| (1..=s.plan.nodes).contains(&n));
             anyhow::ensure!(
                 known,
-                "{target}: not a node (node1..node{}), pod, client, lb or fabric",
+                "{target}: not a node (node1..node{}), pod, client, client2, lb or fabric",
                 s.plan.nodes
             );
             s.plan.ns(target)

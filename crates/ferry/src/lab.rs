@@ -55,7 +55,7 @@ enum Sub {
     },
     /// Nodes, pods, processes, the load balancer's healthy nodes.
     Status,
-    /// Run a command in a node (node1), a pod (web), client, lb or fabric.
+    /// Run a command in a node (node1), a pod (web), client, client2, lb or fabric.
     Exec {
         /// Where.
         target: String,

@@ -87,6 +87,12 @@ fn render(c: &Counters) -> String {
         "services: {} connections balanced, {} refused without endpoints; {} datagrams reassembled",
         c.service_balanced, c.service_rejected, c.reassembled
     );
+    for (service, n) in &c.service_source_denied {
+        let _ = writeln!(
+            s,
+            "services: {service}: {n} new connections refused by loadBalancerSourceRanges"
+        );
+    }
     if c.ct_recovered > 0 || c.ct_recovery_refuted > 0 {
         let _ = writeln!(
             s,
@@ -260,10 +266,17 @@ mod tests {
                 ..Default::default()
             }],
             drops: [("ct_invalid".to_string(), 2)].into(),
+            service_source_denied: [("default/lb:http".to_string(), 5)].into(),
             ..Counters::default()
         };
         let t = render(&c);
         assert!(t.contains("tables generation 3"), "{t}");
+        assert!(
+            t.contains(
+                "services: default/lb:http: 5 new connections refused by loadBalancerSourceRanges\n"
+            ),
+            "{t}"
+        );
         assert!(t.contains("datastore ?") && t.contains("NOT synced"), "{t}");
         assert!(t.contains("uplink") && t.contains("10"), "{t}");
         assert!(t.contains("ct_invalid") && t.contains(" 2"), "{t}");
