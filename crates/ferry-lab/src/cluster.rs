@@ -467,6 +467,7 @@ mod tests {
         let mut s = state();
         s.pods[1].app = "web".into();
         let text = slices(&s);
-        assert_eq!(text.matches("10.244.1.2").count(), 2, "{text}");
+        // web, web-local and web-ranged select it.
+        assert_eq!(text.matches("10.244.1.2").count(), 3, "{text}");
     }
 }
