@@ -26,6 +26,12 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 /// The label that ties an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// The Service label that hands the Service to the proxy it names: kube-proxy leaves
+/// every Service that has it alone.
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+/// The EndpointSlice label of a headless Service's slices, which kube-proxy does not
+/// read.
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
 
 /// Node annotation: this node's IPv4 address with its prefix length, `ADDR/LEN` (as
 /// Calico's `projectcalico.org/IPv4Address`), for the on-link subnet of the uplink.
@@ -736,6 +742,10 @@ pub struct EndpointFields {
     pub serving: bool,
     /// conditions.terminating; absent means false.
     pub terminating: bool,
+    /// hints.forZones[].name.
+    pub hint_zones: Vec<String>,
+    /// hints.forNodes[].name.
+    pub hint_nodes: Vec<String>,
 }
 
 /// What ferry reads of an EndpointSlice.
@@ -823,6 +833,18 @@ impl SliceFields {
                 ready,
                 serving: c.and_then(|c| c.serving).unwrap_or(true),
                 terminating: c.and_then(|c| c.terminating).unwrap_or(false),
+                hint_zones: ep
+                    .hints
+                    .iter()
+                    .flat_map(|h| h.for_zones.iter().flatten())
+                    .map(|z| z.name.clone())
+                    .collect(),
+                hint_nodes: ep
+                    .hints
+                    .iter()
+                    .flat_map(|h| h.for_nodes.iter().flatten())
+                    .map(|n| n.name.clone())
+                    .collect(),
             });
         }
         e.finish(f)

@@ -183,6 +183,7 @@ mod tests {
                     ready: true,
                     serving: None,
                     terminating: false,
+                    hints: Default::default(),
                 },
                 BackendSpec {
                     addr: "10.244.1.7".parse().unwrap(),
@@ -192,6 +193,7 @@ mod tests {
                     ready: false,
                     serving: Some(true),
                     terminating: true,
+                    hints: Default::default(),
                 },
             ],
             ..ServiceSpec::default()

@@ -64,6 +64,7 @@ fn tables() -> Arc<Tables> {
                     ready: true,
                     serving: None,
                     terminating: false,
+                    hints: Default::default(),
                 })
                 .collect(),
             ..ServiceSpec::default()

@@ -51,6 +51,7 @@ fn specs(n: usize) -> Vec<ServiceSpec> {
                         ready: true,
                         serving: None,
                         terminating: false,
+                        hints: Default::default(),
                     })
                     .collect(),
                 ..ServiceSpec::default()

@@ -68,8 +68,8 @@ pub use fib::Fib;
 pub use filter::Match as CaptureFilter;
 pub use flow::{Addr, FlowKey, proto, proto_name};
 pub use lb::{
-    BackendSpec, BalanceMode, BalanceSpec, MARK_SERVICE, Policy as TrafficPolicy, ServiceSpec,
-    Services,
+    BackendSpec, BalanceMode, BalanceSpec, HintsSpec, MARK_SERVICE, Policy as TrafficPolicy,
+    ServiceSpec, Services,
 };
 pub use lb::{maglev, rendezvous};
 pub use overlay::{DEFAULT_PORT as DEFAULT_VXLAN_PORT, DEFAULT_VNI, MAX_VNI};

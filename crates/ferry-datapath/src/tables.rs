@@ -207,6 +207,10 @@ pub struct NodeSpec {
     /// unreachable, never sent along a shorter route (default none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pod_cidrs: Vec<IpNet>,
+    /// Its zone (the Node's `topology.kubernetes.io/zone` label): the zone that
+    /// endpoints' zone hints name (default none: zone hints are not used here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 /// The whole tables file.
@@ -607,9 +611,10 @@ impl TablesSpec {
                 .flat_map(|p| p.addresses.iter().copied())
                 .filter(|a| *a != GATEWAY_V4 && *a != GATEWAY_V6),
         );
-        let services = crate::lb::Services::compile_balanced(
+        let services = crate::lb::Services::compile_on(
             &self.services,
             &node.name,
+            self.node.zone.as_deref(),
             local_addrs,
             self.balance,
         )?;

@@ -100,6 +100,10 @@ pub const SCENARIOS: &[(&str, Scenario)] = &[
         "large TCP across nodes, MTU 9000 pod vs 1450 path",
         large_tcp_no_fragments,
     ),
+    (
+        "trafficDistribution: PreferSameZone, PreferSameNode",
+        traffic_distribution,
+    ),
     ("session affinity ClientIP", session_affinity),
     ("Service without endpoints refused at once", no_endpoints),
     ("hairpin: a pod through its own Service", hairpin),
@@ -518,6 +522,58 @@ fn source_denied(c: &Ctx) -> Result<u64> {
         .get("default/web-ranged:http")
         .copied()
         .unwrap_or(0))
+}
+
+/// The pods that answer 24 connections from `from` to `ip`'s `/hostname`, sorted.
+fn answering(c: &Ctx, from: &str, ip: &str) -> Result<Vec<String>> {
+    let url = format!("http://{ip}/hostname");
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..24 {
+        seen.insert(c.curl(from, &url)?);
+    }
+    Ok(seen.into_iter().collect())
+}
+
+/// `zonal` (PreferSameZone) and `nodal` (PreferSameNode) over web (node2) and the
+/// multi pods (node1 and multi-2's node), their slices hinted as the EndpointSlice
+/// controller hints them: from `a` on node1, zonal answers only from node1's zone
+/// and nodal only from node1; from web (node2, the other zone) both answer only from
+/// web itself, through the hairpin.
+fn traffic_distribution(c: &mut Ctx) -> Result<()> {
+    let plan = c.plan().clone();
+    let web = plan.web_node();
+    if plan.zone_of(web) == plan.zone_of(1) {
+        return Err(NotApplicable("web's node is in node1's zone: one zone only").into());
+    }
+    let near: Vec<String> = ["multi-1", "multi-2"]
+        .into_iter()
+        .filter(|p| {
+            c.state
+                .pods
+                .iter()
+                .any(|q| q.name == *p && plan.zone_of(q.node) == plan.zone_of(1))
+        })
+        .map(str::to_string)
+        .collect();
+    let zonal = answering(c, "a", cluster_ip::ZONAL)?;
+    ensure!(
+        zonal.iter().all(|p| near.contains(p)) && zonal.contains(&"multi-1".to_string()),
+        "zonal from a (node1's zone): answered by {zonal:?}, wanted only {near:?}"
+    );
+    let nodal = answering(c, "a", cluster_ip::NODAL)?;
+    ensure!(
+        nodal == ["multi-1"],
+        "nodal from a (node1): answered by {nodal:?}, wanted only multi-1"
+    );
+    for ip in [cluster_ip::ZONAL, cluster_ip::NODAL] {
+        let got = answering(c, "web", ip)?;
+        ensure!(
+            got == ["web"],
+            "{ip} from web: answered by {got:?}, wanted only web"
+        );
+    }
+    c.note = Some(format!("zonal from a: {}", zonal.join(", ")));
+    Ok(())
 }
 
 fn fragmented_udp_pod(c: &mut Ctx) -> Result<()> {

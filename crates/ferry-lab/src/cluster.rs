@@ -97,6 +97,24 @@ status:
 ---
 apiVersion: v1
 kind: Service
+metadata: {{ name: zonal, namespace: default }}
+spec:
+  clusterIP: {zonal}
+  clusterIPs: [{zonal}]
+  trafficDistribution: PreferSameZone
+  ports: [{{ name: http, protocol: TCP, port: 80, targetPort: 8080 }}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{ name: nodal, namespace: default }}
+spec:
+  clusterIP: {nodal}
+  clusterIPs: [{nodal}]
+  trafficDistribution: PreferSameNode
+  ports: [{{ name: http, protocol: TCP, port: 80, targetPort: 8080 }}]
+---
+apiVersion: v1
+kind: Service
 metadata: {{ name: multi-sticky, namespace: default }}
 spec:
   clusterIP: {sticky}
@@ -140,6 +158,8 @@ spec:
         empty = cluster_ip::EMPTY,
         echo = cluster_ip::ECHO,
         ranged = cluster_ip::WEB_RANGED,
+        zonal = cluster_ip::ZONAL,
+        nodal = cluster_ip::NODAL,
         rh = node_port::WEB_RANGED_HTTP,
         client = crate::plan::CLIENT_IP,
         vip = crate::plan::VIP_ROUTED,
@@ -328,6 +348,49 @@ endpoints: [{endpoints}]
             endpoints = endpoints.join(", "),
         );
     }
+    // `zonal` and `nodal` have no selector: their slice holds web and the multi pods,
+    // with the hints the EndpointSlice controller writes for their trafficDistribution
+    // (PreferSameZone: each endpoint for its own zone; PreferSameNode: for its own node,
+    // and its zone for proxies that read only zone hints).
+    for (service, nodes) in [("zonal", false), ("nodal", true)] {
+        let endpoints: Vec<String> = state
+            .pods
+            .iter()
+            .filter(|p| {
+                matches!(p.app.as_str(), "web" | "multi")
+                    && p.ready
+                    && p.namespace == DEFAULT_NAMESPACE
+            })
+            .map(|p| {
+                let zone = Plan::zone_name(state.plan.zone_of(p.node));
+                let for_nodes = if nodes {
+                    format!(", forNodes: [{{ name: node{} }}]", p.node)
+                } else {
+                    String::new()
+                };
+                let v4 = p.ips.iter().find(|a| !a.contains(':')).unwrap_or(&p.ips[0]);
+                format!(
+                    "{{ addresses: [{v4}], conditions: {{ ready: true }}, nodeName: node{}, zone: {zone}, hints: {{ forZones: [{{ name: {zone} }}]{for_nodes} }} }}",
+                    p.node
+                )
+            })
+            .collect();
+        let _ = write!(
+            out,
+            r#"---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {service}-lab
+  namespace: default
+  labels: {{ kubernetes.io/service-name: {service} }}
+addressType: IPv4
+ports: [{{ name: http, protocol: TCP, port: 8080 }}]
+endpoints: [{endpoints}]
+"#,
+            endpoints = endpoints.join(", "),
+        );
+    }
     out
 }
 
@@ -467,7 +530,7 @@ mod tests {
         let mut s = state();
         s.pods[1].app = "web".into();
         let text = slices(&s);
-        // web, web-local and web-ranged select it.
-        assert_eq!(text.matches("10.244.1.2").count(), 3, "{text}");
+        // web, web-local and web-ranged select it; zonal and nodal hold it.
+        assert_eq!(text.matches("10.244.1.2").count(), 5, "{text}");
     }
 }

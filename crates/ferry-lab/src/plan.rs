@@ -59,6 +59,10 @@ pub mod cluster_ip {
     /// `web-ranged`: LoadBalancer at [`super::VIP_ROUTED`], only the first client in its
     /// loadBalancerSourceRanges.
     pub const WEB_RANGED: &str = "10.96.0.16";
+    /// `zonal`: `web` and the `multi` pods, trafficDistribution PreferSameZone.
+    pub const ZONAL: &str = "10.96.0.17";
+    /// `nodal`: the same pods, trafficDistribution PreferSameNode.
+    pub const NODAL: &str = "10.96.0.18";
 }
 
 /// Node ports of the lab's Services.

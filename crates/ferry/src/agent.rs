@@ -128,6 +128,11 @@ pub struct Args {
     /// number, decimal or 0x-prefixed hexadecimal (64 bits). Default: ferry's own.
     #[arg(long, alias = "maglev-seed", value_name = "N", value_parser = parse_balance_seed)]
     pub balance_seed: Option<u64>,
+    /// Proxy only the Services whose `service.kubernetes.io/service-proxy-name` label is
+    /// NAME, leaving the others to their proxies; without it, the Services without that
+    /// label, as kube-proxy (see docs/services.md).
+    #[arg(long, value_name = "NAME", value_parser = parse_service_proxy_name)]
+    pub service_proxy_name: Option<String>,
 }
 
 /// `--service-balance`.
@@ -149,6 +154,25 @@ fn parse_balance_seed(s: &str) -> Result<u64, String> {
     };
     parsed
         .map_err(|_| format!("{s:?}: expected a 64-bit number, decimal or 0x-prefixed hexadecimal"))
+}
+
+/// `--service-proxy-name`: a label value, as the API allows one (at most 63
+/// characters, alphanumeric at both ends, `-`, `_` and `.` between); not empty, since a
+/// Service with an empty value is for no proxy by name.
+fn parse_service_proxy_name(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "{s:?}: expected a label value: 1 to 63 letters, digits, '-', '_' or '.', a letter or digit at both ends"
+        ))
+    }
 }
 
 /// The tables' `balance` of `--service-balance` and `--balance-seed`; a seed with
@@ -274,6 +298,7 @@ pub fn run(args: &Args) -> Result<()> {
             external_snat: args.external_snat,
             base_file: args.base.as_ref().map(|b| b.display().to_string()),
             balance: balance(args.service_balance, args.balance_seed)?,
+            service_proxy_name: args.service_proxy_name.clone(),
             ..CompileOptions::default()
         },
         state_dir: Some(args.state_dir.clone()),
@@ -338,6 +363,17 @@ mod tests {
         for bad in ["0", "0.01", "7200", "-1", "soon", "NaN", ""] {
             let e = parse_checkpoint_interval(bad).unwrap_err();
             assert!(e.contains("off"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn service_proxy_name_is_a_label_value() {
+        for good in ["ferry", "a", "my-proxy.v2_x", &"x".repeat(63)] {
+            assert_eq!(parse_service_proxy_name(good).as_deref(), Ok(good));
+        }
+        for bad in ["", "-ferry", "ferry.", "two words", "a/b", &"x".repeat(64)] {
+            let e = parse_service_proxy_name(bad).unwrap_err();
+            assert!(e.contains("label value"), "{bad}: {e}");
         }
     }
 

@@ -63,7 +63,7 @@ enum Command {
     Node(node::Args),
     /// Run one node of a cluster: its tables compiled from cluster state and swapped
     /// into the running dataplane as the cluster changes.
-    Agent(agent::Args),
+    Agent(Box<agent::Args>),
     /// A shell completion script for SHELL, on standard output (e.g. `ferry completions
     /// bash > /etc/bash_completion.d/ferry`).
     Completions {

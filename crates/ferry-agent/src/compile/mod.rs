@@ -24,6 +24,9 @@ use crate::fields::{
 };
 
 pub use base::{HOST_PORT, HOST_PORT_MAC, UPLINK_PORT, carry_taken, default_base};
+
+/// The Node label that names its zone (`topologyModeFromHints` reads it).
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 pub use pods::{POD_GATEWAY_MAC, pod_mac, pod_port};
 
 /// A pod whose interface exists on this node (the CNI plugin made it): only these get a
@@ -64,6 +67,11 @@ pub struct CompileOptions {
     /// How Service ports spread new connections (`--service-balance`, `--balance-seed`);
     /// the default leaves a given base's `balance` as it says.
     pub balance: ferry_datapath::BalanceSpec,
+    /// `--service-proxy-name`: the Services this node proxies are those whose
+    /// `service.kubernetes.io/service-proxy-name` label has this value; `None` (the
+    /// default): those without the label, as kube-proxy. The others are left to the
+    /// proxy their label names.
+    pub service_proxy_name: Option<String>,
     /// The node's own stack the agent moved from the uplink onto the host TAP
     /// (`--take-uplink`, [`crate::takeover`]): the default base carries it
     /// ([`base::carry_taken`]). A given base is kept as is.
@@ -168,6 +176,16 @@ pub fn node_tables(
     if tables.node.pod_cidrs.is_empty() {
         // Its pods' addresses come from these: the rest of them routes nowhere.
         tables.node.pod_cidrs = this_fields.pod_cidrs.clone();
+    }
+    if tables.node.zone.is_none() {
+        // The zone that endpoints' zone hints name, as kube-proxy reads it.
+        tables.node.zone = this
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(ZONE_LABEL))
+            .filter(|z| !z.is_empty())
+            .cloned();
     }
     if tables.node.addresses.is_empty() {
         warnings.push(format!(

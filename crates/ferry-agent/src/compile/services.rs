@@ -4,13 +4,14 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
-use ferry_datapath::{BackendSpec, ServiceSpec, TrafficPolicy};
+use ferry_datapath::{BackendSpec, HintsSpec, ServiceSpec, TrafficPolicy};
 use ipnet::IpNet;
 
 use crate::cluster::{Cluster, ObjectKey};
 use crate::config::FerryConfig;
 use crate::fields::{
-    NodeFields, Protocol, SERVICE_NAME_LABEL, ServicePortFields, ServiceType, SliceFields, describe,
+    HEADLESS_LABEL, NodeFields, Protocol, SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL,
+    ServicePortFields, ServiceType, SliceFields, describe,
 };
 
 use super::{CompileOptions, HealthCheck, read};
@@ -36,14 +37,14 @@ pub(super) fn compile(
     // Each slice once, grouped by its Service (namespace, kubernetes.io/service-name).
     let mut by_service: HashMap<(&str, &str), Vec<SliceFields>> = HashMap::new();
     for (key, s) in &cluster.endpoint_slices {
-        let Some(service) = s
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(SERVICE_NAME_LABEL))
-        else {
+        let labels = s.metadata.labels.as_ref();
+        let Some(service) = labels.and_then(|l| l.get(SERVICE_NAME_LABEL)) else {
             continue;
         };
+        // A headless Service's slices: kube-proxy does not read them.
+        if labels.is_some_and(|l| l.contains_key(HEADLESS_LABEL)) {
+            continue;
+        }
         let f = read(SliceFields::parse(s), &format_args!("EndpointSlice {key}"))?;
         out.warnings.extend(
             f.warnings
@@ -86,6 +87,13 @@ pub(super) fn compile_some(
         }
         let mut slices = Vec::new();
         for s in cluster.endpoint_slices_of(&key.namespace, &key.name) {
+            if s.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(HEADLESS_LABEL))
+            {
+                continue;
+            }
             let what = format!(
                 "EndpointSlice {}/{}",
                 key.namespace,
@@ -119,6 +127,16 @@ fn one(
     let Some(f) = cluster.service_fields(key) else {
         return Ok(());
     };
+    // A Service for another proxy (service.kubernetes.io/service-proxy-name) is left to
+    // it, as kube-proxy leaves it.
+    let proxy = cluster
+        .services
+        .get(key)
+        .and_then(|s| s.metadata.labels.as_ref())
+        .and_then(|l| l.get(SERVICE_PROXY_NAME_LABEL));
+    if proxy.map(String::as_str) != opts.service_proxy_name.as_deref() {
+        return Ok(());
+    }
     let f = f.map_err(|e| describe(&format_args!("Service {key}"), e))?;
     let left_out = cluster.left_out(key);
     out.warnings
@@ -298,6 +316,10 @@ fn backends(
                     // The tables' absent means "as ready": say it only when it differs.
                     serving: Some(ep.serving).filter(|s| *s != ready),
                     terminating: ep.terminating,
+                    hints: HintsSpec {
+                        zones: ep.hint_zones.clone(),
+                        nodes: ep.hint_nodes.clone(),
+                    },
                 });
             }
         }

@@ -928,7 +928,8 @@ fn a_cluster_ip_service_port_becomes_one_entry() {
             no_node: false,
             ready: true,
             serving: None,
-            terminating: false
+            terminating: false,
+            hints: Default::default(),
         }]
     );
     let dns = by_name(&s, "default/web:dns");
@@ -1521,4 +1522,152 @@ fn services_compiled_alone_match_the_whole_node_and_patch_its_tables() {
 
 fn changed_service(c: &Cluster, slice: &ObjectKey) -> Option<ObjectKey> {
     c.service_of_slice(slice)
+}
+
+// ---- service-proxy-name, headless slices, topology hints, one port two protocols ----
+
+/// kube-proxy leaves a Service with `service.kubernetes.io/service-proxy-name` to the
+/// proxy it names; `--service-proxy-name NAME` takes those labelled NAME instead, and
+/// leaves the unlabelled ones.
+#[test]
+fn a_service_for_another_proxy_is_left_to_it() {
+    let labelled = |name: &str, label: &str, ip: &str| {
+        service(name, &format!("  clusterIP: {ip}\n  ports:\n  - {{port: 80}}\n")).replace(
+            &format!("  name: {name}\n"),
+            &format!(
+                "  name: {name}\n  labels: {{service.kubernetes.io/service-proxy-name: \"{label}\"}}\n"
+            ),
+        )
+    };
+    let c = cluster(
+        &(two_nodes()
+            + &service(
+                "plain",
+                "  clusterIP: 10.96.0.50\n  ports:\n  - {port: 80}\n",
+            )
+            + &labelled("other", "other-proxy", "10.96.0.51")
+            + &labelled("ours", "ferry", "10.96.0.52")
+            + &labelled("empty", "", "10.96.0.53")),
+    );
+    let names = |opts: &CompileOptions| -> Vec<String> {
+        compile_with(&c, "node-a", None, opts)
+            .tables
+            .services
+            .iter()
+            .map(|s| s.name.clone())
+            .collect()
+    };
+    assert_eq!(names(&CompileOptions::default()), ["default/plain:80"]);
+    let named = CompileOptions {
+        service_proxy_name: Some("ferry".into()),
+        ..CompileOptions::default()
+    };
+    assert_eq!(names(&named), ["default/ours:80"]);
+}
+
+/// The slices the EndpointSlice controller labels `service.kubernetes.io/headless` are
+/// not read, as kube-proxy does not read them.
+#[test]
+fn slices_labelled_headless_are_not_read() {
+    let s = services(
+        &(service(
+            "web",
+            "  clusterIP: 10.96.0.10\n  ports:\n  - {name: http, port: 80}\n",
+        ) + &slice(
+            "web-1",
+            "web",
+            "IPv4",
+            "- {name: http, port: 8080, protocol: TCP}\n",
+            &endpoint("10.244.1.5", "node-a", "ready: true"),
+        ) + &slice(
+            "web-2",
+            "web",
+            "IPv4",
+            "- {name: http, port: 8080, protocol: TCP}\n",
+            &endpoint("10.244.1.6", "node-a", "ready: true"),
+        )
+        .replace(
+            "    kubernetes.io/service-name: web\n",
+            "    kubernetes.io/service-name: web\n    service.kubernetes.io/headless: \"\"\n",
+        )),
+    );
+    let web = by_name(&s, "default/web:http");
+    assert_eq!(web.backends.len(), 1);
+    assert_eq!(web.backends[0].addr, ip("10.244.1.5"));
+}
+
+/// An endpoint's hints go to its backend, and the Node's zone label to the tables'
+/// node, where the datapath reads them.
+#[test]
+fn topology_hints_and_the_nodes_zone_reach_the_tables() {
+    let zoned = |n: &str, zone: &str| -> String {
+        two_nodes().replace(
+            &format!("    kubernetes.io/hostname: {n}\n"),
+            &format!("    kubernetes.io/hostname: {n}\n    topology.kubernetes.io/zone: {zone}\n"),
+        )
+    };
+    let nodes = zoned("node-a", "zone-a");
+    let hinted = "- addresses: [\"10.244.1.5\"]\n  nodeName: node-a\n  zone: zone-a\n  conditions: {ready: true}\n  hints:\n    forZones: [{name: zone-a}]\n    forNodes: [{name: node-a}]\n";
+    let c = cluster(
+        &(nodes
+            + &service(
+                "web",
+                "  clusterIP: 10.96.0.10\n  ports:\n  - {name: http, port: 80}\n  trafficDistribution: PreferSameNode\n",
+            )
+            + &slice(
+                "web-1",
+                "web",
+                "IPv4",
+                "- {name: http, port: 8080, protocol: TCP}\n",
+                &(hinted.to_string() + &endpoint("10.244.2.5", "node-b", "ready: true")),
+            )),
+    );
+    let out = compile(&c, "node-a");
+    assert_eq!(out.tables.node.zone.as_deref(), Some("zone-a"));
+    let web = by_name(&out.tables.services, "default/web:http");
+    assert_eq!(web.backends[0].hints.zones, ["zone-a"]);
+    assert_eq!(web.backends[0].hints.nodes, ["node-a"]);
+    assert!(web.backends[1].hints.is_empty());
+    assert_eq!(
+        compile(&c, "node-b").tables.node.zone,
+        None,
+        "node-b has no zone label"
+    );
+}
+
+/// One Service port number with two protocols (DNS on TCP and UDP 53) is two tables
+/// entries, two frontends on the same address and port.
+#[test]
+fn one_port_number_with_two_protocols_is_two_frontends() {
+    let c = cluster(
+        &(two_nodes()
+            + &service(
+                "dns",
+                "  clusterIP: 10.96.0.53\n  type: NodePort\n  ports:\n  - {name: dns-tcp, port: 53, protocol: TCP, targetPort: 5353, nodePort: 30053}\n  - {name: dns, port: 53, protocol: UDP, targetPort: 5353, nodePort: 30053}\n",
+            )
+            + &slice(
+                "dns-1",
+                "dns",
+                "IPv4",
+                "- {name: dns-tcp, port: 5353, protocol: TCP}\n- {name: dns, port: 5353, protocol: UDP}\n",
+                &endpoint("10.244.1.5", "node-a", "ready: true"),
+            )),
+    );
+    let out = compile(&c, "node-a");
+    let s = &out.tables.services;
+    let tcp = by_name(s, "default/dns:dns-tcp");
+    let udp = by_name(s, "default/dns:dns");
+    assert_eq!(
+        (tcp.proto.as_str(), tcp.port, tcp.node_port),
+        ("tcp", 53, Some(30053))
+    );
+    assert_eq!(
+        (udp.proto.as_str(), udp.port, udp.node_port),
+        ("udp", 53, Some(30053))
+    );
+    assert_eq!(tcp.backends.len(), 1);
+    assert_eq!(udp.backends.len(), 1);
+    let t = &out.compiled.services;
+    assert!(t.is_frontend(ferry_datapath::proto::TCP, ip("10.96.0.53"), 53));
+    assert!(t.is_frontend(ferry_datapath::proto::UDP, ip("10.96.0.53"), 53));
 }

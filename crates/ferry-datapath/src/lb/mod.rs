@@ -44,7 +44,7 @@ use crate::flow::{FlowKey, proto};
 
 pub use balance::{Balanced, Cluster, Source, balance};
 pub(crate) use recover::{Candidate, MAX_RECOVERY_CANDIDATES};
-pub use spec::{BackendSpec, BalanceMode, BalanceSpec, Policy, ServiceSpec};
+pub use spec::{BackendSpec, BalanceMode, BalanceSpec, HintsSpec, Policy, ServiceSpec};
 
 /// Conntrack mark bit: the connection was load balanced to a Service endpoint by this
 /// node (its DNAT points at a backend; removing that backend removes the connection).
@@ -80,6 +80,8 @@ pub struct Backend {
     pub serving: bool,
     /// conditions.terminating.
     pub terminating: bool,
+    /// Its topology hints, when it has any.
+    pub hints: Option<Box<HintsSpec>>,
 }
 
 /// A compiled Service port.
@@ -95,7 +97,7 @@ pub struct Service {
     /// Every endpoint.
     pub backends: Vec<Backend>,
     /// Indices of the endpoints usable for cluster-wide traffic, per family (0: IPv4,
-    /// 1: IPv6).
+    /// 1: IPv6): with topology hints in use, those meant for this node or its zone.
     cluster: [Vec<u16>; 2],
     /// Indices of the usable local endpoints, per family.
     local: [Vec<u16>; 2],
@@ -127,6 +129,7 @@ impl Service {
                     ready: b.ready,
                     serving: (b.serving != b.ready).then_some(b.serving),
                     terminating: b.terminating,
+                    hints: b.hints.as_deref().cloned().unwrap_or_default(),
                 })
                 .collect(),
             ..self.spec.clone()
@@ -245,6 +248,8 @@ pub struct Services {
     balance: BalanceSpec,
     /// This node's name: endpoints on it are local.
     node: String,
+    /// This node's zone (`topology.kubernetes.io/zone`), for topology hints.
+    zone: Option<String>,
     /// Service ports in force (not emptied slots).
     live: usize,
     /// Identifies this value and its clones (none for the default); see
@@ -326,6 +331,64 @@ fn usable(backends: &[Backend], all: impl Iterator<Item = u16> + Clone) -> Vec<u
     .collect()
 }
 
+/// Which topology hints a Service port's cluster-wide endpoints of one family follow on
+/// this node (kube-proxy's `topologyModeFromHints`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Topology {
+    /// Hints are not used: every endpoint.
+    Any,
+    /// The endpoints whose node hints name this node.
+    SameNode,
+    /// The endpoints whose zone hints name this node's zone.
+    SameZone,
+}
+
+/// The topology `all` follow on node `node` in zone `zone`: node hints when every
+/// ready endpoint has some and one names this node, else zone hints when every ready
+/// endpoint has some and one names this node's zone, else none. An endpoint that is
+/// not ready has no say (kube-proxy's rule).
+fn topology(
+    backends: &[Backend],
+    all: impl Iterator<Item = u16>,
+    node: &str,
+    zone: Option<&str>,
+) -> Topology {
+    let (mut node_hints, mut for_node) = (true, false);
+    let (mut zone_hints, mut for_zone) = (true, false);
+    for i in all {
+        let b = &backends[usize::from(i)];
+        if !b.ready {
+            continue;
+        }
+        let h = b.hints.as_deref();
+        match h.map(|h| &h.nodes).filter(|n| !n.is_empty()) {
+            None => node_hints = false,
+            Some(n) => for_node |= n.iter().any(|n| n == node),
+        }
+        match h.map(|h| &h.zones).filter(|z| !z.is_empty()) {
+            None => zone_hints = false,
+            Some(z) => for_zone |= zone.is_some_and(|zone| z.iter().any(|z| z == zone)),
+        }
+    }
+    if node_hints && for_node {
+        Topology::SameNode
+    } else if zone_hints && for_zone {
+        Topology::SameZone
+    } else {
+        Topology::Any
+    }
+}
+
+/// True when endpoint `b` serves this node's cluster-wide traffic under `t`.
+fn meant_for(b: &Backend, t: Topology, node: &str, zone: Option<&str>) -> bool {
+    match (t, b.hints.as_deref()) {
+        (Topology::Any, _) => true,
+        (_, None) => false,
+        (Topology::SameNode, Some(h)) => h.nodes.iter().any(|n| n == node),
+        (Topology::SameZone, Some(h)) => zone.is_some_and(|z| h.zones.iter().any(|h| h == z)),
+    }
+}
+
 impl Services {
     /// Compiles `specs` for the node named `node` whose addresses are `local_addrs`. The
     /// error names the entry and the problem.
@@ -345,9 +408,22 @@ impl Services {
         local_addrs: impl IntoIterator<Item = IpAddr>,
         balance: BalanceSpec,
     ) -> Result<Services, String> {
+        Services::compile_on(specs, node, None, local_addrs, balance)
+    }
+
+    /// [`Services::compile_balanced`] for a node in zone `zone`, whose endpoints'
+    /// topology hints name it.
+    pub fn compile_on(
+        specs: &[ServiceSpec],
+        node: &str,
+        zone: Option<&str>,
+        local_addrs: impl IntoIterator<Item = IpAddr>,
+        balance: BalanceSpec,
+    ) -> Result<Services, String> {
         let mut s = Services {
             local_addrs: local_addrs.into_iter().collect(),
             node: node.to_string(),
+            zone: zone.map(str::to_string),
             id: Lineage::fresh(),
             balance,
             ..Services::default()
@@ -604,6 +680,7 @@ impl Services {
                 ready: b.ready,
                 serving: b.serving.unwrap_or(b.ready),
                 terminating: b.terminating,
+                hints: (!b.hints.is_empty()).then(|| Box::new(b.hints.clone())),
             });
             let k = (proto, b.addr, b.port);
             self.backends.entry(k).or_default().push(idx);
@@ -613,12 +690,17 @@ impl Services {
         }
         let of = |fam: usize, local: bool| {
             let bs = &backends;
+            let all =
+                (0..bs.len() as u16).filter(move |&k| family(&bs[usize::from(k)].addr) == fam);
+            if local {
+                // This node's endpoints: topology hints have no say.
+                return usable(bs, all.filter(|&k| bs[usize::from(k)].local));
+            }
+            let (node, zone) = (self.node.as_str(), self.zone.as_deref());
+            let t = topology(bs, all.clone(), node, zone);
             usable(
                 bs,
-                (0..bs.len() as u16).filter(move |&k| {
-                    let b = &bs[usize::from(k)];
-                    family(&b.addr) == fam && (!local || b.local)
-                }),
+                all.filter(|&k| meant_for(&bs[usize::from(k)], t, node, zone)),
             )
         };
         let cluster = [of(0, false), of(1, false)];

@@ -162,4 +162,31 @@ pub struct BackendSpec {
     /// conditions.terminating (default false).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub terminating: bool,
+    /// The EndpointSlice's topology hints for the endpoint (default none).
+    #[serde(default, skip_serializing_if = "HintsSpec::is_empty")]
+    pub hints: HintsSpec,
+}
+
+/// An endpoint's topology hints (EndpointSlice `hints`), which the EndpointSlice
+/// controller writes for a Service's `trafficDistribution`: the zones and nodes whose
+/// traffic it is meant for. When every ready endpoint of a Service port's family has
+/// node hints and one names this node, only those endpoints serve this node's
+/// cluster-wide traffic; else the same with zone hints and this node's zone; else
+/// hints are not used (kube-proxy's rule).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HintsSpec {
+    /// hints.forZones[].name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub zones: Vec<String>,
+    /// hints.forNodes[].name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+}
+
+impl HintsSpec {
+    /// True without any hint.
+    pub fn is_empty(&self) -> bool {
+        self.zones.is_empty() && self.nodes.is_empty()
+    }
 }

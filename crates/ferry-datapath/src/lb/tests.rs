@@ -20,6 +20,7 @@ fn svc(name: &str, proto: &str) -> ServiceSpec {
             ready: true,
             serving: None,
             terminating: false,
+            hints: Default::default(),
         }],
         ..ServiceSpec::default()
     }
@@ -415,6 +416,7 @@ fn spread(name: &str, nodes: std::ops::RangeInclusive<u8>) -> ServiceSpec {
             ready: true,
             serving: None,
             terminating: false,
+            hints: Default::default(),
         })
         .collect();
     s
@@ -598,6 +600,7 @@ fn test_the_chooser_of_a_set_follows_its_size_and_the_mode() {
                 ready: true,
                 serving: None,
                 terminating: false,
+                hints: Default::default(),
             })
             .collect();
         s
@@ -649,4 +652,106 @@ fn test_the_chooser_of_a_set_follows_its_size_and_the_mode() {
         let set = s.services[0].eligible(0, Policy::Cluster);
         assert_eq!(usize::from(set[t.pick(&k, s.balance().seed)]), b);
     }
+}
+
+/// `spread(1..=4)` with each endpoint's zone hints (`z`: its own zone, z1 for n1 and
+/// n2, z2 for n3 and n4) and node hints (its own node) as `hinted` says.
+fn hinted(zones: bool, nodes: bool) -> ServiceSpec {
+    let mut s = spread("t", 1..=4);
+    for (i, b) in s.backends.iter_mut().enumerate() {
+        if zones {
+            b.hints.zones = vec![format!("z{}", i / 2 + 1)];
+        }
+        if nodes {
+            b.hints.nodes = vec![format!("n{}", i + 1)];
+        }
+    }
+    s
+}
+
+/// The nodes of the endpoints `spec` gives cluster-wide IPv4 traffic on node `node` of
+/// zone `zone` (and, second, those of local traffic).
+fn topology_of(spec: &ServiceSpec, node: &str, zone: Option<&str>) -> (Vec<String>, Vec<String>) {
+    let s = Services::compile_on(
+        std::slice::from_ref(spec),
+        node,
+        zone,
+        [],
+        BalanceSpec::default(),
+    )
+    .unwrap();
+    let svc = &s.services[0];
+    let nodes = |p| {
+        svc.eligible(0, p)
+            .iter()
+            .map(|&i| svc.backends[usize::from(i)].node.clone().unwrap())
+            .collect()
+    };
+    (nodes(Policy::Cluster), nodes(Policy::Local))
+}
+
+/// kube-proxy's topologyModeFromHints and availableForTopology: zone hints when every
+/// ready endpoint has some and one names this node's zone, node hints before them on
+/// the same terms; otherwise every endpoint. Local traffic never looks at hints.
+#[test]
+fn test_topology_hints_narrow_cluster_endpoints_as_kube_proxy_does() {
+    let all = ["n1", "n2", "n3", "n4"];
+    let zoned = hinted(true, false);
+    assert_eq!(topology_of(&zoned, "n3", Some("z2")).0, ["n3", "n4"]);
+    assert_eq!(
+        topology_of(&zoned, "n1", Some("z1")),
+        (vec!["n1".into(), "n2".into()], vec!["n1".into()])
+    );
+    // A zone no endpoint is meant for, or a node without a zone: every endpoint.
+    assert_eq!(topology_of(&zoned, "n9", Some("z9")).0, all);
+    assert_eq!(topology_of(&zoned, "n3", None).0, all);
+    // One ready endpoint without hints: hints are not used.
+    let mut partial = zoned.clone();
+    partial.backends[0].hints = HintsSpec::default();
+    assert_eq!(topology_of(&partial, "n3", Some("z2")).0, all);
+    // ...unless it is not ready: it has no say, and serves no one anyway.
+    partial.backends[0].ready = false;
+    assert_eq!(topology_of(&partial, "n3", Some("z2")).0, ["n3", "n4"]);
+    assert_eq!(topology_of(&partial, "n1", Some("z1")).0, ["n2"]);
+
+    // PreferSameNode: node hints (with the zone hints the controller also writes).
+    let both = hinted(true, true);
+    assert_eq!(topology_of(&both, "n3", Some("z2")).0, ["n3"]);
+    // A node no endpoint is meant for falls back to its zone's.
+    assert_eq!(topology_of(&both, "n9", Some("z2")).0, ["n3", "n4"]);
+    // Node hints only, on a node without endpoints: every endpoint.
+    let nodes = hinted(false, true);
+    assert_eq!(topology_of(&nodes, "n2", Some("z1")).0, ["n2"]);
+    assert_eq!(topology_of(&nodes, "n9", Some("z1")).0, all);
+}
+
+/// Hints go through the tables file and back, and the terminating fallback (no ready
+/// endpoint) does not look at them: the mode comes from ready endpoints only.
+#[test]
+fn test_hints_round_trip_and_terminating_endpoints_ignore_them() {
+    let mut s = hinted(true, true);
+    for b in &mut s.backends {
+        b.ready = false;
+        b.serving = Some(true);
+        b.terminating = true;
+    }
+    assert_eq!(
+        topology_of(&s, "n3", Some("z2")).0,
+        ["n1", "n2", "n3", "n4"],
+        "no ready endpoint: every serving terminating one"
+    );
+    let compiled = Services::compile_on(
+        std::slice::from_ref(&s),
+        "n3",
+        Some("z2"),
+        [],
+        BalanceSpec::default(),
+    )
+    .unwrap();
+    assert_eq!(compiled.services[0].to_spec().backends, s.backends);
+    let json =
+        r#"{"addr": "10.244.1.5", "port": 8080, "hints": {"zones": ["z1"], "nodes": ["n1"]}}"#;
+    let b: BackendSpec = serde_json::from_str(json).unwrap();
+    assert_eq!(b.hints.zones, ["z1"]);
+    assert_eq!(b.hints.nodes, ["n1"]);
 }

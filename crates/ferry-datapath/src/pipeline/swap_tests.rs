@@ -119,6 +119,7 @@ fn backend(addr: &str) -> BackendSpec {
         ready: true,
         serving: None,
         terminating: false,
+        hints: Default::default(),
     }
 }
 

@@ -67,6 +67,7 @@ pub(super) fn node_spec(n: u8, mode: ModeSpec, peers: Vec<PeerSpec>) -> TablesSp
             name: format!("node{n}"),
             addresses: vec![],
             pod_cidrs: vec![],
+            zone: None,
         },
         overlay: Some(OverlaySpec {
             vni: 4096,
@@ -280,6 +281,7 @@ pub(super) fn be(addr: &str, port: u16, node: u8) -> BackendSpec {
         ready: true,
         serving: None,
         terminating: false,
+        hints: Default::default(),
     }
 }
 
