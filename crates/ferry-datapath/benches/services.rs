@@ -95,12 +95,22 @@ fn pipeline_balanced(balance: BalanceSpec) -> Pipeline {
 
 /// The same with `services`.
 fn pipeline_with(balance: BalanceSpec, services: Vec<ServiceSpec>) -> Pipeline {
+    let spec = TablesSpec {
+        services,
+        balance,
+        ..pipeline_spec()
+    };
+    Pipeline::new(Arc::new(spec.compile().unwrap()))
+}
+
+/// The tables of those pipelines, without Services.
+fn pipeline_spec() -> TablesSpec {
     let port = |name: &str, last: u8| PortSpec {
         name: name.into(),
         mac: MacAddr([2, 0, 0, 0, 0, last]),
         ..PortSpec::default()
     };
-    let spec = TablesSpec {
+    TablesSpec {
         ports: vec![port("clients", 1), port("endpoints", 2)],
         routes: vec![
             RouteSpec {
@@ -116,8 +126,6 @@ fn pipeline_with(balance: BalanceSpec, services: Vec<ServiceSpec>) -> Pipeline {
                 via: None,
             },
         ],
-        services,
-        balance,
         // Where connections of clients outside the cluster leave from.
         node: NodeSpec {
             name: "node0".into(),
@@ -125,8 +133,7 @@ fn pipeline_with(balance: BalanceSpec, services: Vec<ServiceSpec>) -> Pipeline {
             ..NodeSpec::default()
         },
         ..TablesSpec::default()
-    };
-    Pipeline::new(Arc::new(spec.compile().unwrap()))
+    }
 }
 
 fn to_service(client: u32, sport: u16, svc: u32) -> Vec<u8> {
@@ -395,6 +402,77 @@ fn source_ranges(c: &mut Criterion) {
     g.finish();
 }
 
+/// What topology hints cost, side by side in one run: compiling 10 000 Service ports
+/// of 10 endpoints on 10 nodes in 5 zones without hints and with PreferSameZone's, and
+/// a new connection's endpoint choice among them (the hints leave 2 of the 10).
+fn topology(c: &mut Criterion) {
+    let mut g = c.benchmark_group("topology");
+    let mut out = Vec::with_capacity(4);
+    let mut trace = Trace::disabled();
+    let hinted = |hints: bool| {
+        let mut s = specs(10_000);
+        for spec in &mut s {
+            for (j, b) in spec.backends.iter_mut().enumerate() {
+                if hints {
+                    b.hints.zones = vec![format!("zone-{}", j / 2)];
+                }
+            }
+        }
+        s
+    };
+    for (name, hints) in [("none", false), ("zone_hints", true)] {
+        let s = hinted(hints);
+        g.throughput(Throughput::Elements(s.len() as u64));
+        g.bench_function(format!("compile/{name}"), |b| {
+            b.iter(|| {
+                Services::compile_on(
+                    black_box(&s),
+                    "node0",
+                    Some("zone-0"),
+                    [],
+                    BalanceSpec::default(),
+                )
+                .unwrap()
+            })
+        });
+        let mut spec = TablesSpec {
+            services: s,
+            ..pipeline_spec()
+        };
+        spec.node.zone = Some("zone-0".into());
+        let mut p = Pipeline::new(Arc::new(spec.compile().unwrap()));
+        let mut n = 0u32;
+        g.throughput(Throughput::Elements(1));
+        g.bench_function(format!("new_connection/{name}"), |b| {
+            b.iter_batched(
+                || {
+                    n = n.wrapping_add(1);
+                    Packet::new(
+                        to_service(n >> 8, 1024 + (n & 0xff) as u16, n % 10_000),
+                        0,
+                        u64::from(n),
+                    )
+                },
+                |pkt| {
+                    out.clear();
+                    p.process(pkt, &mut out, &mut trace)
+                },
+                BatchSize::SmallInput,
+            )
+        });
+        assert!(n == 0 || p.stats().service_balanced > 0);
+        if hints && n > 0 {
+            // Every connection went to one of the zone's two endpoints (j = 0, 1).
+            let s = &p.tables().services.services[0];
+            assert_eq!(
+                s.eligible(0, ferry_datapath::TrafficPolicy::Cluster).len(),
+                2
+            );
+        }
+    }
+    g.finish();
+}
+
 /// Flow `i` of a stream of new connections: clients and ports that change every time.
 fn flow(i: u32) -> FlowKey {
     FlowKey {
@@ -523,7 +601,7 @@ fn choice(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, compile, packets, choice, source_ranges);
+criterion_group!(benches, compile, packets, choice, source_ranges, topology);
 criterion_main!(benches);
 
 /// Asks for transparent huge pages over the whole 2 MiB pages of `[ptr, ptr + len)`,

@@ -80,8 +80,9 @@ pub struct Backend {
     pub serving: bool,
     /// conditions.terminating.
     pub terminating: bool,
-    /// Its topology hints, when it has any.
-    pub hints: Option<Box<HintsSpec>>,
+    /// Its topology hints, when it has any: one value per distinct set of hints of the
+    /// node's Services (a zone's endpoints share theirs).
+    pub hints: Option<Arc<HintsSpec>>,
 }
 
 /// A compiled Service port.
@@ -250,6 +251,8 @@ pub struct Services {
     node: String,
     /// This node's zone (`topology.kubernetes.io/zone`), for topology hints.
     zone: Option<String>,
+    /// The distinct sets of topology hints the endpoints have, shared by them.
+    hint_sets: HashSet<Arc<HintsSpec>, RandomState>,
     /// Service ports in force (not emptied slots).
     live: usize,
     /// Identifies this value and its clones (none for the default); see
@@ -619,6 +622,16 @@ impl Services {
         self.live -= 1;
     }
 
+    /// The shared value of the hints `h`.
+    fn hint_set(&mut self, h: &HintsSpec) -> Arc<HintsSpec> {
+        if let Some(a) = self.hint_sets.get(h) {
+            return Arc::clone(a);
+        }
+        let a = Arc::new(h.clone());
+        self.hint_sets.insert(Arc::clone(&a));
+        a
+    }
+
     /// Checks and adds one Service port; `what` names it in errors. On an error the
     /// tables may hold part of it: callers work on a copy they drop then.
     fn add(&mut self, spec: &ServiceSpec, what: &str) -> Result<(), String> {
@@ -680,7 +693,7 @@ impl Services {
                 ready: b.ready,
                 serving: b.serving.unwrap_or(b.ready),
                 terminating: b.terminating,
-                hints: (!b.hints.is_empty()).then(|| Box::new(b.hints.clone())),
+                hints: (!b.hints.is_empty()).then(|| self.hint_set(&b.hints)),
             });
             let k = (proto, b.addr, b.port);
             self.backends.entry(k).or_default().push(idx);

@@ -173,7 +173,7 @@ pub struct BackendSpec {
 /// node hints and one names this node, only those endpoints serve this node's
 /// cluster-wide traffic; else the same with zone hints and this node's zone; else
 /// hints are not used (kube-proxy's rule).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HintsSpec {
     /// hints.forZones[].name.
