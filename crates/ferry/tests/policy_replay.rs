@@ -4,9 +4,7 @@
 //! names what decided. SCTP is here, not in the lab's suite: this kernel has no SCTP
 //! sockets to probe with. Needs nothing but the binary.
 
-use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
 /// Ingress to sticky pods from web pods on the named port `http` (9376 on sticky-0).
 const STICKY_FROM_WEB: &str = "
@@ -49,26 +47,6 @@ const WEB: &str = "pod.default.web-7c9d8f6b5-4xk2p";
 const WEB_MAC: [u8; 6] = [0x0a, 0x58, 0x0a, 0xf4, 0x01, 0x05];
 const WEB_IP: [u8; 4] = [10, 244, 1, 5];
 
-fn example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster")
-}
-
-/// The example cluster with the two policies, in a directory of its own.
-fn cluster(dir: &Path) -> PathBuf {
-    let c = dir.join("cluster");
-    fs::create_dir(&c).unwrap();
-    for e in fs::read_dir(example()).unwrap() {
-        let p = e.unwrap().path();
-        fs::copy(&p, c.join(p.file_name().unwrap())).unwrap();
-    }
-    fs::write(
-        c.join("policies.yaml"),
-        format!("{STICKY_FROM_WEB}---{WEB_EGRESS}---{STICKY_SCTP}"),
-    )
-    .unwrap();
-    c
-}
-
 fn tcp_syn(dst: [u8; 4], port: u16) -> Vec<u8> {
     let mut f = Vec::new();
     etherparse::PacketBuilder::ethernet2(WEB_MAC, [0xee; 6])
@@ -106,51 +84,16 @@ fn sctp_init(dst: [u8; 4], port: u16) -> Vec<u8> {
     f
 }
 
-/// Replays `frames` (received on the web pod's port, one a second) through node-a;
-/// the verdicts, in order.
+/// Replays `frames` (received on the web pod's port, one a second) through node-a with
+/// the three policies; the verdicts, in order.
 fn replay(frames: &[Vec<u8>]) -> Vec<serde_json::Value> {
-    use pcap_file::pcap::{PcapPacket, PcapWriter};
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("web.pcap");
-    let mut w = PcapWriter::new(fs::File::create(&input).unwrap()).unwrap();
-    for (i, f) in frames.iter().enumerate() {
-        let t = std::time::Duration::from_secs(1 + i as u64);
-        w.write_packet(&PcapPacket::new(t, f.len() as u32, f))
-            .unwrap();
-    }
-    drop(w);
-    let out = dir.path().join("out");
-    let c = cluster(dir.path());
-    let run = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["replay", "--cluster"])
-        .arg(&c)
-        .args(["--node", "node-a", "--in"])
-        .arg(format!("{WEB}={}", input.display()))
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    fs::read_to_string(out.join("verdicts.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    let policies = format!("{STICKY_FROM_WEB}---{WEB_EGRESS}---{STICKY_SCTP}");
+    common::replay::replay(&policies, WEB, frames)
 }
 
 /// The details of the trace's policy stage.
 fn policy(v: &serde_json::Value) -> Vec<String> {
-    v["trace"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["stage"] == "policy")
-        .map(|e| e["detail"].as_str().unwrap().to_string())
-        .collect()
+    common::replay::stage(v, "policy")
 }
 
 #[test]

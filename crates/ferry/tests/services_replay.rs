@@ -3,8 +3,8 @@
 //! is balanced or dropped with its reason, and the trace's service stage says why.
 //! Needs nothing but the binary.
 
-use std::fs;
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::process::Command;
 
 /// A LoadBalancer Service whose load balancer IP 203.0.113.50 only 198.51.100.0/24 may
@@ -42,22 +42,6 @@ endpoints:
 /// node-a's uplink MAC, derived from its address 192.168.10.2.
 const UPLINK_MAC: [u8; 6] = [0x02, 0xfe, 192, 168, 10, 2];
 
-fn example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster")
-}
-
-/// The example cluster with `extra` added, in a directory of its own.
-fn cluster(dir: &Path, extra: &str) -> PathBuf {
-    let c = dir.join("cluster");
-    fs::create_dir(&c).unwrap();
-    for e in fs::read_dir(example()).unwrap() {
-        let p = e.unwrap().path();
-        fs::copy(&p, c.join(p.file_name().unwrap())).unwrap();
-    }
-    fs::write(c.join("extra.yaml"), extra).unwrap();
-    c
-}
-
 /// A SYN from `src` outside the cluster, arriving on the uplink, to `dst`:`port`.
 fn syn(src: [u8; 4], dst: [u8; 4], port: u16) -> Vec<u8> {
     let mut f = Vec::new();
@@ -73,48 +57,12 @@ fn syn(src: [u8; 4], dst: [u8; 4], port: u16) -> Vec<u8> {
 /// Replays `frames` (received on node-a's uplink, one a second) through node-a of the
 /// example cluster with `extra`; the verdicts, in order.
 fn replay(extra: &str, frames: &[Vec<u8>]) -> Vec<serde_json::Value> {
-    use pcap_file::pcap::{PcapPacket, PcapWriter};
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("uplink.pcap");
-    let mut w = PcapWriter::new(fs::File::create(&input).unwrap()).unwrap();
-    for (i, f) in frames.iter().enumerate() {
-        let t = std::time::Duration::from_secs(1 + i as u64);
-        w.write_packet(&PcapPacket::new(t, f.len() as u32, f))
-            .unwrap();
-    }
-    drop(w);
-    let out = dir.path().join("out");
-    let c = cluster(dir.path(), extra);
-    let run = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["replay", "--cluster"])
-        .arg(&c)
-        .args(["--node", "node-a", "--in"])
-        .arg(format!("uplink={}", input.display()))
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    fs::read_to_string(out.join("verdicts.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    common::replay::replay(extra, "uplink", frames)
 }
 
 /// The details of the trace's service stage.
 fn service(v: &serde_json::Value) -> Vec<String> {
-    v["trace"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["stage"] == "service")
-        .map(|e| e["detail"].as_str().unwrap().to_string())
-        .collect()
+    common::replay::stage(v, "service")
 }
 
 #[test]
@@ -159,7 +107,7 @@ fn load_balancer_source_ranges_let_in_their_sources_and_drop_the_others() {
 #[test]
 fn a_bad_source_range_refuses_the_cluster_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    let c = cluster(dir.path(), &LB.replace("198.51.100.7/24", "198.51.100.7"));
+    let c = common::replay::cluster(dir.path(), &LB.replace("198.51.100.7/24", "198.51.100.7"));
     let run = Command::new(env!("CARGO_BIN_EXE_ferry"))
         .args(["tables", "--cluster"])
         .arg(&c)

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 pub mod lab;
 pub mod one_node;
 pub mod podman;
+pub mod replay;
 pub mod two_nodes;
 
 /// Runs `ferry ARGS` (the binary under test, on the test's side); its exit status,
