@@ -106,16 +106,20 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
     // The first good state starts the node (the Kubernetes datastore gives it once every
     // kind is listed).
     let mut early = Vec::new();
-    let mut in_force: Arc<Cluster> = loop {
+    let (mut in_force, first_read): (Arc<Cluster>, u64) = loop {
         if stop.load(Ordering::Relaxed) {
             return Ok(());
         }
         match watch.next_update(POLL) {
-            Some(Update::Applied { cluster, notes }) => {
+            Some(Update::Applied {
+                cluster,
+                notes,
+                read_unix_ms,
+            }) => {
                 for n in &notes {
                     tracing::warn!("{n}");
                 }
-                break cluster;
+                break (cluster, read_unix_ms);
             }
             Some(Update::Refused(r)) => {
                 tracing::error!("{datastore}: waiting for a good state:\n{r}");
@@ -168,7 +172,7 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
         status.datastore_refused(r);
     }
     status.synced(t0.elapsed());
-    status.datastore_applied();
+    status.datastore_applied(first_read);
     status.datastore_state(Arc::clone(&in_force));
     let mut api = match api_listener {
         Some(l) => ApiServer::from_listener(&api_socket, l),
@@ -231,18 +235,26 @@ pub fn run(settings: Settings, stop: &AtomicBool) -> Result<(), Error> {
                 agent.status_mut().datastore_refused(&r);
                 tracing::error!("{datastore}: change refused, the tables in force stay:\n{r}");
             }
-            Some(Update::Applied { cluster, notes }) => {
+            Some(Update::Applied {
+                cluster,
+                notes,
+                read_unix_ms,
+            }) => {
                 for n in &notes {
                     tracing::warn!("{n}");
                 }
                 agent.status_mut().datastore_state(Arc::clone(&cluster));
                 // A newer state replaces one waiting to be tried again.
                 retry.clear();
-                put_in_force(&mut agent, &mut in_force, cluster, &mut retry, started);
+                let read = Read {
+                    cluster,
+                    read_unix_ms,
+                };
+                put_in_force(&mut agent, &mut in_force, read, &mut retry, started);
             }
         }
-        if let Some(cluster) = retry.due(Instant::now()) {
-            put_in_force(&mut agent, &mut in_force, cluster, &mut retry, started);
+        if let Some(read) = retry.due(Instant::now()) {
+            put_in_force(&mut agent, &mut in_force, read, &mut retry, started);
         }
     }
     // The CNI plugin's pod interfaces stay (persistent TAPs, recorded in the state
@@ -335,9 +347,17 @@ struct Retry {
     since: Option<Instant>,
 }
 
+/// A state from the datastore and when it was read ([`Update::Applied`]).
+#[derive(Debug)]
+struct Read {
+    cluster: Arc<Cluster>,
+    read_unix_ms: u64,
+}
+
 #[derive(Debug)]
 struct Pending {
     cluster: Arc<Cluster>,
+    read_unix_ms: u64,
     /// Tries of this state that failed.
     failures: u32,
     /// When to try it again.
@@ -348,7 +368,13 @@ impl Retry {
     /// `cluster` was not applied at `now`, in a try that began at `began`: it is tried
     /// again later. Returns the number of failures of this state so far and the delay
     /// before the next try.
-    fn failed(&mut self, cluster: &Arc<Cluster>, began: Instant, now: Instant) -> (u32, Duration) {
+    fn failed(
+        &mut self,
+        cluster: &Arc<Cluster>,
+        read_unix_ms: u64,
+        began: Instant,
+        now: Instant,
+    ) -> (u32, Duration) {
         self.since.get_or_insert(began);
         let failures = match &self.pending {
             Some(p) if Arc::ptr_eq(&p.cluster, cluster) => p.failures + 1,
@@ -359,6 +385,7 @@ impl Retry {
             .min(RETRY_MAX);
         self.pending = Some(Pending {
             cluster: Arc::clone(cluster),
+            read_unix_ms,
             failures,
             at: now + delay,
         });
@@ -366,9 +393,12 @@ impl Retry {
     }
 
     /// The state to try again, once its time has come.
-    fn due(&self, now: Instant) -> Option<Arc<Cluster>> {
+    fn due(&self, now: Instant) -> Option<Read> {
         let p = self.pending.as_ref()?;
-        (now >= p.at).then(|| Arc::clone(&p.cluster))
+        (now >= p.at).then(|| Read {
+            cluster: Arc::clone(&p.cluster),
+            read_unix_ms: p.read_unix_ms,
+        })
     }
 
     /// Nothing to try again: a state was applied, or a newer one came. Returns the
@@ -446,10 +476,14 @@ fn programming_latencies(
 fn put_in_force(
     agent: &mut Agent,
     in_force: &mut Arc<Cluster>,
-    cluster: Arc<Cluster>,
+    read: Read,
     retry: &mut Retry,
     started: Timestamp,
 ) {
+    let Read {
+        cluster,
+        read_unix_ms,
+    } = read;
     let t0 = Instant::now();
     let changed = in_force.diff(&cluster);
     let diffed = t0.elapsed();
@@ -457,7 +491,7 @@ fn put_in_force(
         retry.clear();
         retry.since = None;
         agent.up_to_date();
-        agent.status_mut().datastore_applied();
+        agent.status_mut().datastore_applied(read_unix_ms);
         return;
     }
     match agent.apply_changes(Arc::clone(&cluster), &changed) {
@@ -470,7 +504,7 @@ fn put_in_force(
             {
                 status.programmed(l);
             }
-            status.datastore_applied();
+            status.datastore_applied(read_unix_ms);
             if failures > 0 {
                 tracing::info!(failures, "cluster state applied on another try");
             }
@@ -484,7 +518,7 @@ fn put_in_force(
         }
         Err(e) => {
             agent.status_mut().not_applied(&e);
-            let (failures, delay) = retry.failed(&cluster, t0, Instant::now());
+            let (failures, delay) = retry.failed(&cluster, read_unix_ms, t0, Instant::now());
             // The first failure is news; the same again is not worth an error each time.
             if failures == 1 {
                 tracing::error!(
@@ -606,16 +640,17 @@ mod tests {
         let t0 = Instant::now();
         assert!(r.due(t0).is_none(), "nothing failed yet");
         let state = Arc::new(Cluster::default());
-        assert_eq!(r.failed(&state, t0, t0), (1, Duration::from_secs(1)));
+        assert_eq!(r.failed(&state, 7, t0, t0), (1, Duration::from_secs(1)));
         assert!(r.due(t0 + Duration::from_millis(999)).is_none());
         let due = r.due(t0 + Duration::from_secs(1)).expect("due after 1 s");
-        assert!(Arc::ptr_eq(&due, &state));
+        assert!(Arc::ptr_eq(&due.cluster, &state));
+        assert_eq!(due.read_unix_ms, 7, "tried again as read");
         // The same state failing again waits twice as long each time, up to 30 s.
         let mut now = t0;
         let delays: Vec<u64> = (0..7)
             .map(|_| {
                 now += Duration::from_secs(1);
-                r.failed(&state, now, now).1.as_secs()
+                r.failed(&state, 7, now, now).1.as_secs()
             })
             .collect();
         assert_eq!(delays, [2, 4, 8, 16, 30, 30, 30]);
@@ -630,15 +665,15 @@ mod tests {
         let mut r = Retry::default();
         let t0 = Instant::now();
         let old = Arc::new(Cluster::default());
-        r.failed(&old, t0, t0);
-        r.failed(&old, t0, t0);
-        assert_eq!(r.failed(&old, t0, t0).1, Duration::from_secs(4));
+        r.failed(&old, 7, t0, t0);
+        r.failed(&old, 7, t0, t0);
+        assert_eq!(r.failed(&old, 7, t0, t0).1, Duration::from_secs(4));
         // A newer state (another Arc, even with the same objects) that fails too.
         let newer = Arc::new(Cluster::default());
-        assert_eq!(r.failed(&newer, t0, t0), (1, Duration::from_secs(1)));
+        assert_eq!(r.failed(&newer, 7, t0, t0), (1, Duration::from_secs(1)));
         let due = r.due(t0 + Duration::from_secs(1)).unwrap();
         assert!(
-            Arc::ptr_eq(&due, &newer),
+            Arc::ptr_eq(&due.cluster, &newer),
             "the newer state is the one tried"
         );
         assert_eq!(r.clear(), 1);
@@ -656,11 +691,11 @@ mod tests {
         // A state failing at t0 and again, replaced by a newer one that applies 40 s on:
         // the change waited from t0.
         let old = Arc::new(Cluster::default());
-        r.failed(&old, t0, t0 + ms(2));
-        r.failed(&old, t0 + ms(1000), t0 + ms(1002));
+        r.failed(&old, 7, t0, t0 + ms(2));
+        r.failed(&old, 7, t0 + ms(1000), t0 + ms(1002));
         r.clear();
         let newer = Arc::new(Cluster::default());
-        r.failed(&newer, t0 + ms(5000), t0 + ms(5002));
+        r.failed(&newer, 7, t0 + ms(5000), t0 + ms(5002));
         let done = t0 + ms(40_000);
         assert_eq!(r.in_force(done - ms(4), ms(4), done), ms(40_000));
         // And the next state starts afresh.

@@ -1005,7 +1005,7 @@ mod tests {
     fn every_line_is_help_type_a_sample_or_eof() {
         let mut status = crate::status::AgentStatus::new();
         status.set_datastore("file", "/etc/ferry/cluster");
-        status.datastore_applied();
+        status.datastore_applied(1);
         status.synced(Duration::from_millis(3));
         status.synced(Duration::from_secs(9));
         status.count(crate::status::ErrorKind::Api);

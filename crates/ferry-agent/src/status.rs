@@ -117,10 +117,12 @@ impl AgentStatus {
         self.datastore.source = source.to_string();
     }
 
-    /// A state from the datastore is in force now.
-    pub fn datastore_applied(&mut self) {
+    /// A state from the datastore, read at `read_unix_ms` (Unix time, ms), is in force
+    /// now.
+    pub fn datastore_applied(&mut self, read_unix_ms: u64) {
         self.datastore.synced = true;
         self.datastore.last_sync_unix_ms = Some(unix_ms());
+        self.datastore.last_read_unix_ms = Some(read_unix_ms);
         self.not_applied = None;
         self.file_refused = None;
     }
@@ -265,7 +267,7 @@ mod tests {
     fn a_file_refusal_or_a_state_not_applied_marks_the_policies_until_a_state_applies() {
         let mut s = AgentStatus::new();
         s.set_datastore("file", "/etc/ferry/cluster");
-        s.datastore_applied();
+        s.datastore_applied(1);
         let c = Cluster::default();
         assert_eq!(s.enforcement(&c).stale, None);
         let mut r = problem(Some("NetworkPolicy default/deny"));
@@ -275,12 +277,12 @@ mod tests {
         assert!(e.stale.is_some(), "{e:?}");
         assert_eq!(e.unenforced[0].policy, "default/deny");
         assert_eq!(e.unenforced[0].reasons, ["refused: np.yaml: bad"]);
-        s.datastore_applied();
+        s.datastore_applied(1);
         let e = s.enforcement(&c);
         assert_eq!((e.stale, e.unenforced.len()), (None, 0));
         s.not_applied("the worker is slow");
         assert!((s.enforcement(&c).stale).is_some_and(|x| x.ends_with("the worker is slow")));
-        s.datastore_applied();
+        s.datastore_applied(1);
         assert_eq!(s.enforcement(&c).stale, None);
     }
 
@@ -327,7 +329,7 @@ mod tests {
     fn a_refusal_unsyncs_unless_it_is_one_kubernetes_object() {
         let mut s = AgentStatus::new();
         s.set_datastore("kubernetes", "https://10.0.0.1:6443");
-        s.datastore_applied();
+        s.datastore_applied(1);
         s.datastore_refused(&problem(Some("Service default/broken")));
         let d = s.datastore();
         assert!(d.synced, "the rest of the state is in force");
@@ -335,19 +337,19 @@ mod tests {
         assert!(d.last_error.unwrap().contains("Service default/broken"));
         s.datastore_refused(&problem(None));
         assert!(!s.datastore().synced, "a watch error");
-        s.datastore_applied();
+        s.datastore_applied(1);
         assert!(s.datastore().synced);
         assert_eq!(s.errors().datastore, 2);
 
         let mut f = AgentStatus::new();
         f.set_datastore("file", "/etc/ferry/cluster");
-        f.datastore_applied();
+        f.datastore_applied(1);
         f.datastore_refused(&problem(Some("Service default/broken")));
         assert!(
             !f.datastore().synced,
             "the file datastore refuses whole states"
         );
-        f.datastore_applied();
+        f.datastore_applied(1);
         f.count(ErrorKind::Compile);
         f.not_applied("Service default/x: no port");
         assert!(!f.datastore().synced);

@@ -551,6 +551,11 @@ pub struct DatastoreHealth {
     /// When a state from the datastore was last put in force (Unix time, ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sync_unix_ms: Option<u64>,
+    /// When the datastore read the state in force (Unix time, ms): every change made
+    /// before then is in force. The file datastore's time is that of the directory scan
+    /// that found the manifests steady.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_read_unix_ms: Option<u64>,
     /// The last refusal or watch error, kept after the datastore recovers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
@@ -1358,6 +1363,7 @@ mod tests {
                 source: "/etc/ferry/cluster".into(),
                 synced: true,
                 last_sync_unix_ms: Some(1),
+                last_read_unix_ms: Some(1),
                 last_error: None,
                 errors_total: 0,
             },

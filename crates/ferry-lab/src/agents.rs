@@ -59,13 +59,19 @@ pub fn mark() -> u64 {
 pub const IN_FORCE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Waits up to `timeout` until every node's agent has put in force a state of the
-/// manifests read after `since` (a [`mark`] taken before changing them): its datastore
-/// synced at a later time. Only for a change the agents read (every kind they read,
-/// labels included): a state equal to the one in force brings no sync, and the wait
-/// then ends in its timeout. A state refused since (a datastore error counted) is an
-/// error with the agent's message.
+/// manifests read after the change (made after `since`, a [`mark`], and before this
+/// call): a state whose datastore read began after this call did. The file datastore
+/// reads a directory only when two of its scans, 100 ms apart, agree, so a read that
+/// has the change begins at least a scan after it and one that missed it began before
+/// it: the millisecond of the read tells them apart. (A state merely synced after
+/// `since` could have been read before the change: a pod's manifest read as the case
+/// file was written.) Only for a change the agents read (every kind they read, labels
+/// included): a state equal to the one in force brings no read, and the wait then ends
+/// in its timeout. A state refused since (a datastore error counted) is an error with
+/// the agent's message.
 pub fn wait_in_force(dir: &Path, state: &State, since: u64, timeout: Duration) -> Result<()> {
     let start = Instant::now();
+    let changed = (now_ms() + 1).max(since);
     let mut errors = Vec::new();
     for n in state.plan.node_numbers() {
         let sock = dir.join(format!("node{n}.sock"));
@@ -84,7 +90,7 @@ pub fn wait_in_force(dir: &Path, state: &State, since: u64, timeout: Duration) -
                     d.last_error.as_deref().unwrap_or("(no message)")
                 );
             }
-            if !(d.synced && d.last_sync_unix_ms.is_some_and(|t| t > since)) {
+            if !(d.synced && d.last_read_unix_ms.is_some_and(|t| t >= changed)) {
                 still.push(n);
             }
         }

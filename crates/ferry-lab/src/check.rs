@@ -19,6 +19,7 @@ use crate::state::State;
 use crate::sys;
 
 mod restart;
+pub mod services;
 
 /// What a scenario sees of the lab.
 pub struct Ctx<'a> {

@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agents;
+pub mod boom;
 pub mod check;
 pub mod cluster;
 pub mod cni;

@@ -39,6 +39,9 @@ pub const CLIENT2_SUBNET: &str = "10.20.1.0/24";
 /// with IP targets), so node1 sees traffic to a load balancer IP and checks its
 /// source ranges (a NAT load balancer's traffic to node ports is never checked).
 pub const VIP_ROUTED: &str = "10.31.0.1";
+/// The load balancer IP of `ferry lab check --suite services`' source ranges case,
+/// routed to node1 unchanged as [`VIP_ROUTED`] is.
+pub const VIP_SUITE: &str = "10.31.1.1";
 
 /// The cluster IPs of the lab's Services.
 pub mod cluster_ip {

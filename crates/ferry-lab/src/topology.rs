@@ -21,7 +21,7 @@ use ferry_linux::cmd::Cmd;
 use crate::plan::{
     CLIENT_IP, CLIENT_IP6, CLIENT_SUBNET, CLIENT_SUBNET6, CLIENT2_IP, CLIENT2_SUBNET,
     LB_CLIENT_SIDE_IP, LB_CLIENT_SIDE_IP6, LB_CLIENT2_SIDE_IP, LB_FABRIC_IP, LB_FABRIC_IP6, Plan,
-    VIP_ROUTED,
+    VIP_ROUTED, VIP_SUITE,
 };
 use crate::state::{DEFAULT_NAMESPACE, Pod, Process, Proto, Served, State};
 use crate::sys::{self, ip};
@@ -235,6 +235,7 @@ fn network(plan: &Plan) -> Result<()> {
     )?;
     // web-ranged's VIP, routed to node1 as it is.
     ip(&lb, &["route", "add", VIP_ROUTED, "via", &plan.node_ip(1)])?;
+    ip(&lb, &["route", "add", VIP_SUITE, "via", &plan.node_ip(1)])?;
     // IPv6 from the client to the nodes: routed through the load balancer, no listener.
     let nodad =
         |ns: &str, addr: String, dev: &str| ip(ns, &["addr", "add", &addr, "dev", dev, "nodad"]);

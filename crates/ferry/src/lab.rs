@@ -66,14 +66,15 @@ enum Sub {
     /// Run every scenario of a suite; exits non-zero when one fails.
     Check {
         /// `default`: the connectivity scenarios; `netpol`: the Kubernetes NetworkPolicy
-        /// e2e cases (namespaces x, y, z with pods a, b, c).
+        /// e2e cases (namespaces x, y, z with pods a, b, c); `services`: the scenarios of
+        /// the Kubernetes e2e Service tests (namespace svc).
         #[arg(long, value_enum, default_value = "default")]
         suite: Suite,
-        /// Only the cases whose name contains this (netpol).
+        /// Only the cases whose name contains this (netpol, services).
         #[arg(long)]
         case: Option<String>,
-        /// List the cases and what each checks, without running them (netpol; no lab
-        /// needed).
+        /// List the cases and what each checks, without running them (netpol, services;
+        /// no lab needed).
         #[arg(long)]
         list: bool,
     },
@@ -117,6 +118,17 @@ enum Sub {
     /// The load balancer's health checker (started by `up` in the lb namespace).
     #[command(hide = true)]
     LbHealth,
+    /// A TCP server that sends each client an out-of-window segment and counts the
+    /// resets that come back, as JSON when it ends (the services suite's INVALID case).
+    #[command(hide = true)]
+    BoomServer {
+        /// Its port.
+        #[arg(long, default_value_t = 9000)]
+        port: u16,
+        /// How long it runs, in seconds.
+        #[arg(long, default_value_t = 10)]
+        secs: u64,
+    },
     /// Probes of a matrix's row, run in the source pod's namespace.
     #[command(hide = true)]
     ProbeMatrix {
@@ -176,6 +188,8 @@ enum Suite {
     Default,
     /// The Kubernetes NetworkPolicy e2e cases.
     Netpol,
+    /// The Kubernetes e2e Service scenarios.
+    Services,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -268,15 +282,22 @@ pub fn run(args: Args) -> Result<()> {
         Sub::Check { suite, case, list } => {
             let out = &mut std::io::stdout();
             if matches!(suite, Suite::Default) && (case.is_some() || list) {
-                bail!("--case and --list are for --suite netpol; the default suite runs whole");
+                bail!(
+                    "--case and --list are for --suite netpol and services; the default suite runs whole"
+                );
             }
+            let only = case.as_deref();
             if list {
-                netpol::list(case.as_deref(), out)?;
+                match suite {
+                    Suite::Services => check::services::list(only, out)?,
+                    _ => netpol::list(only, out)?,
+                }
                 return Ok(());
             }
             let ok = match suite {
                 Suite::Default => check::run(dir, out)?,
-                Suite::Netpol => netpol::run(dir, case.as_deref(), out)?,
+                Suite::Netpol => netpol::run(dir, only, out)?,
+                Suite::Services => check::services::run(dir, only, out)?,
             };
             if !ok {
                 bail!("some scenarios failed");
@@ -352,6 +373,12 @@ pub fn run(args: Args) -> Result<()> {
             if !ferry_lab::demo(&p, dir, &b)? {
                 bail!("some scenarios failed");
             }
+        }
+        Sub::BoomServer { port, secs } => {
+            println!(
+                "{}",
+                serde_json::to_string(&ferry_lab::boom::serve(port, secs)?)?
+            );
         }
         Sub::LbHealth => {
             let state = ferry_lab::State::load(dir)?;

@@ -339,6 +339,7 @@ mod tests {
                 source: "/etc/ferry/cluster".into(),
                 synced: true,
                 last_sync_unix_ms: Some(1_700_000_000_000),
+                last_read_unix_ms: Some(1_699_999_999_900),
                 last_error: Some("a.yaml: Service x: bad\nb.yaml: bad".into()),
                 errors_total: 2,
             },

@@ -68,14 +68,16 @@ fn udp(dst: [u8; 4], port: u16) -> Vec<u8> {
     f
 }
 
-/// An SCTP packet with an INIT chunk (its checksum left zero: ferry does not check it).
+/// An SCTP packet with an INIT chunk, its CRC32c right (conntrack checks it on the
+/// chunks that start or change an association).
 fn sctp_init(dst: [u8; 4], port: u16) -> Vec<u8> {
-    let mut l4 = Vec::new();
-    l4.extend_from_slice(&42000u16.to_be_bytes());
-    l4.extend_from_slice(&port.to_be_bytes());
-    l4.extend_from_slice(&[0; 8]); // verification tag 0 (an INIT's), checksum
-    // INIT: type 1, flags, length 20, initiate tag, a_rwnd, streams out/in, initial TSN.
-    l4.extend_from_slice(&[1, 0, 0, 20, 0, 0, 0, 7, 0, 1, 0, 0, 0, 1, 0, 1, 0, 0, 0, 1]);
+    use ferry_datapath::wire::sctp;
+    let l4 = sctp::build(
+        42000,
+        port,
+        0,
+        &[(sctp::chunk::INIT, 0, &sctp::init_value(7))],
+    );
     let mut f = Vec::new();
     etherparse::PacketBuilder::ethernet2(WEB_MAC, [0xee; 6])
         .ipv4(WEB_IP, dst, 64)

@@ -128,13 +128,17 @@ fn one(
         return Ok(());
     };
     // A Service for another proxy (service.kubernetes.io/service-proxy-name) is left to
-    // it, as kube-proxy leaves it.
-    let proxy = cluster
+    // it, as kube-proxy leaves it; so is one labelled service.kubernetes.io/headless,
+    // which kube-proxy's informers do not even list (the label selector they share with
+    // the slices').
+    let labels = cluster
         .services
         .get(key)
-        .and_then(|s| s.metadata.labels.as_ref())
-        .and_then(|l| l.get(SERVICE_PROXY_NAME_LABEL));
-    if proxy.map(String::as_str) != opts.service_proxy_name.as_deref() {
+        .and_then(|s| s.metadata.labels.as_ref());
+    let proxy = labels.and_then(|l| l.get(SERVICE_PROXY_NAME_LABEL));
+    if proxy.map(String::as_str) != opts.service_proxy_name.as_deref()
+        || labels.is_some_and(|l| l.contains_key(HEADLESS_LABEL))
+    {
         return Ok(());
     }
     let f = f.map_err(|e| describe(&format_args!("Service {key}"), e))?;

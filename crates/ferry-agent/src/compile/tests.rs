@@ -1565,6 +1565,27 @@ fn a_service_for_another_proxy_is_left_to_it() {
     assert_eq!(names(&named), ["default/ours:80"]);
 }
 
+/// A Service labelled `service.kubernetes.io/headless` gets no frontend (kube-proxy's
+/// informers leave it out), whatever its cluster IP.
+#[test]
+fn a_service_labelled_headless_is_left_alone() {
+    let s = services(
+        &(service(
+            "plain",
+            "  clusterIP: 10.96.0.50\n  ports:\n  - {port: 80}\n",
+        ) + &service(
+            "labelled",
+            "  clusterIP: 10.96.0.51\n  ports:\n  - {port: 80}\n",
+        )
+        .replace(
+            "  name: labelled\n",
+            "  name: labelled\n  labels: {service.kubernetes.io/headless: \"\"}\n",
+        )),
+    );
+    let names: Vec<&str> = s.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["default/plain:80"]);
+}
+
 /// The slices the EndpointSlice controller labels `service.kubernetes.io/headless` are
 /// not read, as kube-proxy does not read them.
 #[test]

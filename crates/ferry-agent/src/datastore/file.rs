@@ -533,6 +533,9 @@ impl FileDatastore {
     /// a state equal to the one in force is not reported again (unless the previous
     /// read was refused: then it is news that the state in force is good again).
     pub fn poll(&mut self) -> Option<Update> {
+        // A write that ends before this scan begins is in what it reads: a write during
+        // the previous scan or between the two makes them differ, and nothing is read.
+        let scanned = super::unix_ms();
         let fp = Fingerprint::of(&self.dir);
         if fp != self.seen {
             self.seen = fp;
@@ -555,6 +558,7 @@ impl FileDatastore {
                 Some(Update::Applied {
                     cluster: self.current(),
                     notes,
+                    read_unix_ms: scanned,
                 })
             }
             Err(r) => {
@@ -567,6 +571,7 @@ impl FileDatastore {
     /// Reads `dir` and then polls it every `interval` on a thread of its own, until the
     /// returned [`Watch`] is dropped. The first update is the initial state.
     pub fn watch(dir: impl Into<PathBuf>, interval: Duration) -> Result<Watch, Refused> {
+        let read_unix_ms = super::unix_ms();
         let (mut ds, notes) = FileDatastore::open(dir)?;
         let current = Arc::new(Mutex::new(ds.current()));
         let (tx, updates) = mpsc::channel();
@@ -574,6 +579,7 @@ impl FileDatastore {
         tx.send(Update::Applied {
             cluster: ds.current(),
             notes,
+            read_unix_ms,
         })
         .expect("the receiver is still here");
         let shared = Arc::clone(&current);

@@ -458,6 +458,7 @@ impl KubeDatastore {
             out.push(Update::Applied {
                 cluster: self.current(),
                 notes: std::mem::take(&mut self.notes),
+                read_unix_ms: super::unix_ms(),
             });
         }
         if !self.problems.is_empty() {

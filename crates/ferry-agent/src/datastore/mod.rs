@@ -227,6 +227,13 @@ pub(crate) fn is_ferry_config(obj: &Object) -> bool {
         && obj.key() == Some(ObjectKey::new(CONFIG_NAMESPACE, CONFIG_NAME))
 }
 
+/// Now as Unix time in milliseconds (0 before 1970).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// What a datastore found when it looked again.
 #[derive(Clone, Debug)]
 pub enum Update {
@@ -236,6 +243,11 @@ pub enum Update {
         cluster: Arc<Cluster>,
         /// Documents left out.
         notes: Vec<Problem>,
+        /// When the datastore read this state (Unix time, ms): every change made
+        /// before then is in it. The file datastore's time is that of the directory scan
+        /// that found the manifests steady; the Kubernetes datastore's, of the batch of
+        /// events it last took in.
+        read_unix_ms: u64,
     },
     /// Something is wrong: what it names does not apply, the last good state stays in
     /// force. The file datastore refuses a whole directory this way; the Kubernetes

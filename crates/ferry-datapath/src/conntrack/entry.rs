@@ -8,6 +8,7 @@ use serde::ser::{SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
 
 use super::Timeouts;
+use super::sctp::SctpConn;
 use super::table::Links;
 use super::tcp::{TcpConn, TcpState};
 use crate::flow::{Addr, FlowKey, proto, proto_name};
@@ -83,6 +84,8 @@ pub enum ProtoState {
     Udp,
     /// ICMP or ICMPv6 echo, by identifier.
     Icmp,
+    /// SCTP: association state and verification tags.
+    Sctp(SctpConn),
     /// Any other protocol, tracked by addresses only.
     Other,
 }
@@ -645,6 +648,7 @@ impl Entry {
                 }
             }
             ProtoState::Icmp => t.icmp_ns,
+            ProtoState::Sctp(c) => t.sctp(c.state),
             ProtoState::Other => t.other_ns,
         }
     }
@@ -718,6 +722,9 @@ impl fmt::Display for Line<'_> {
         write!(f, "{} {} {} ", proto_name(o.proto), o.proto, self.secs_left)?;
         if let Some(s) = e.tcp_state() {
             write!(f, "{} ", s.name())?;
+        }
+        if let ProtoState::Sctp(c) = &e.proto_state {
+            write!(f, "{} ", c.state.name())?;
         }
         write_tuple(f, &o)?;
         if !e.status.has(Status::SEEN_REPLY) {

@@ -41,6 +41,7 @@ mod nat_tests;
 mod proptests;
 mod resync;
 pub(crate) mod saved;
+mod sctp;
 mod spec;
 mod table;
 mod tcp;
@@ -52,11 +53,13 @@ pub use crate::nat::{SNAT_PORTS, SNAT_PRIVILEGED_PORTS};
 pub use dump::Filter;
 pub use entry::{Entry, Line, ORIGINAL, ProtoState, REPLY, Status};
 pub(crate) use icmp::reverse;
+pub use sctp::{SctpConn, SctpState};
 pub use spec::CtSpec;
 pub use tcp::{TcpConn, TcpState};
 
 use self::icmp::Kind;
 use self::resync::Resync;
+use self::sctp::Verdict as SctpVerdict;
 use self::table::Table;
 use self::tcp::{Segment, Verdict};
 use crate::drop::DropReason;
@@ -118,6 +121,19 @@ pub struct Timeouts {
     pub icmp_ns: u64,
     /// Any other protocol: 600 s (`generic_timeout`).
     pub other_ns: u64,
+    /// SCTP COOKIE_WAIT and COOKIE_ECHOED: 3 s (`sctp_timeout_cookie_wait`,
+    /// `sctp_timeout_cookie_echoed`).
+    pub sctp_cookie_ns: u64,
+    /// SCTP ESTABLISHED: 210 s (`sctp_timeout_established`; heartbeats every 30 s by
+    /// default keep an idle association in it).
+    pub sctp_established_ns: u64,
+    /// SCTP SHUTDOWN_SENT and SHUTDOWN_ACK_SENT: 3 s (`sctp_timeout_shutdown_sent`,
+    /// `sctp_timeout_shutdown_ack_sent`).
+    pub sctp_shutdown_ns: u64,
+    /// SCTP HEARTBEAT_SENT: 30 s (`sctp_timeout_heartbeat_sent`).
+    pub sctp_heartbeat_ns: u64,
+    /// SCTP CLOSED: 10 s (`sctp_timeout_closed`).
+    pub sctp_closed_ns: u64,
 }
 
 impl Default for Timeouts {
@@ -138,6 +154,11 @@ impl Default for Timeouts {
             udp_assured_ns: 120 * SEC,
             icmp_ns: 30 * SEC,
             other_ns: 600 * SEC,
+            sctp_cookie_ns: 3 * SEC,
+            sctp_established_ns: 210 * SEC,
+            sctp_shutdown_ns: 3 * SEC,
+            sctp_heartbeat_ns: 30 * SEC,
+            sctp_closed_ns: 10 * SEC,
         }
     }
 }
@@ -154,6 +175,17 @@ impl Timeouts {
             TcpState::LastAck => self.tcp_last_ack_ns,
             TcpState::TimeWait => self.tcp_time_wait_ns,
             TcpState::Close => self.tcp_close_ns,
+        }
+    }
+
+    /// The timeout of an SCTP state.
+    pub fn sctp(&self, s: SctpState) -> u64 {
+        match s {
+            SctpState::CookieWait | SctpState::CookieEchoed => self.sctp_cookie_ns,
+            SctpState::Established => self.sctp_established_ns,
+            SctpState::ShutdownSent | SctpState::ShutdownAckSent => self.sctp_shutdown_ns,
+            SctpState::HeartbeatSent => self.sctp_heartbeat_ns,
+            SctpState::Closed => self.sctp_closed_ns,
         }
     }
 }
@@ -590,6 +622,14 @@ impl Conntrack {
                 }
             }
         }
+        if let ProtoState::Sctp(c) = &mut e.proto_state {
+            let ok =
+                sctp_packet(pkt, parsed).is_some_and(|p| c.packet(dir, &p) == SctpVerdict::Accept);
+            if !ok {
+                self.stats.invalid += 1;
+                return Ok(Begin::Tracked(invalid));
+            }
+        }
         let status_before = e.status;
         let replied_before = status_before.has(Status::SEEN_REPLY);
         let e = if reply && !replied_before {
@@ -608,6 +648,7 @@ impl Conntrack {
         }
         let assured = match &e.proto_state {
             ProtoState::Tcp(c) => c.state == TcpState::Established && (replied_before || reply),
+            ProtoState::Sctp(c) => c.state == SctpState::Established && (replied_before || reply),
             // Replied and still active after 2 s: a stream. The first time is read only
             // until the entry is assured.
             ProtoState::Udp => {
@@ -659,6 +700,9 @@ impl Conntrack {
                 .and_then(|seg| TcpConn::new(&seg, self.config.tcp_pickup))
                 .map(ProtoState::Tcp),
             proto::UDP => Some(ProtoState::Udp),
+            proto::SCTP => sctp_packet(pkt, parsed)
+                .and_then(|p| SctpConn::new(&p))
+                .map(ProtoState::Sctp),
             // An echo reply nobody asked for starts nothing.
             proto::ICMP | proto::ICMPV6 => (icmp::kind(key.proto, (key.dst_port >> 8) as u8)
                 == Kind::Request)
@@ -949,6 +993,28 @@ impl Conntrack {
 }
 
 /// Rewrites a packet to the tuple `to` and makes `to` its key.
+/// The SCTP packet of `pkt` as conntrack reads it, or None when it is malformed or, for a
+/// packet with a chunk that can change an association's state (anything but DATA,
+/// SACK and heartbeats), its CRC32c is wrong: the endpoint would drop it, and so a
+/// corrupted ABORT must not close the tracked association. The checksum is not checked
+/// on the packets of data (most of them), which cannot change the state, nor when the
+/// sender left it to an offload (virtio-net NEEDS_CSUM).
+fn sctp_packet(pkt: &Packet, parsed: &Parsed) -> Option<crate::wire::sctp::Packet> {
+    use crate::wire::sctp::{self, chunk};
+    let b = pkt.data.get(parsed.l4_off..parsed.ip_end)?;
+    let p = sctp::Packet::read(b)?;
+    let data_only = [
+        chunk::DATA,
+        chunk::SACK,
+        chunk::HEARTBEAT,
+        chunk::HEARTBEAT_ACK,
+    ]
+    .iter()
+    .fold(p.types, |t, &c| t & !(1 << c))
+        == 0;
+    (data_only || pkt.meta.vnet.needs_csum() || sctp::crc_ok(b)).then_some(p)
+}
+
 pub(crate) fn translate(
     pkt: &mut Packet,
     parsed: &mut Parsed,

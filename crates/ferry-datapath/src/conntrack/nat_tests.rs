@@ -653,3 +653,101 @@ fn adopt_copies_an_entry_with_its_nat_and_state() {
         "live entry untouched"
     );
 }
+
+/// An SCTP packet from `src`:`sport` to `dst`:`dport` with tag `vtag` and one chunk.
+fn sctp_pkt(src: &str, sport: u16, dst: &str, dport: u16, vtag: u32, c: (u8, &[u8])) -> tests::Pkt {
+    use crate::wire::{build, sctp};
+    let s = sctp::build(sport, dport, vtag, &[(c.0, 0, c.1)]);
+    pkt_in(
+        build::sctp(ip(src), ip(dst), &s, &build::IpOpts::default()),
+        0,
+    )
+}
+
+/// The CRC32c of the SCTP packet in `p` is right.
+fn sctp_crc_ok(p: &tests::Pkt) -> bool {
+    let q = parse(&p.pkt.data, 0).unwrap();
+    crate::wire::sctp::crc_ok(&p.pkt.data[q.l4_off..q.ip_end])
+}
+
+/// An SCTP association through a DNAT: its handshake tracked from INIT to ESTABLISHED,
+/// every packet translated with its CRC32c right, a packet with a wrong tag or a bad
+/// checksum INVALID, the state's timeout applied.
+#[test]
+fn sctp_association_is_tracked_and_translated_with_its_crc32c() {
+    use crate::wire::sctp::{chunk, init_value};
+    let mut ct = Conntrack::new(Config::default());
+    let nat = dnat("10.244.1.5", Some(8080));
+    let (c, svc, ep) = ("10.0.0.1", "10.96.0.10", "10.244.1.5");
+    let mut init = sctp_pkt(c, 40000, svc, 80, 0, (chunk::INIT, &init_value(0xa)));
+    let r = run(&mut ct, &mut init, Some(&nat), 0);
+    assert_eq!(r.state, CtState::New);
+    assert_eq!(key(&init), (ip(c), 40000, ip(ep), 8080));
+    assert!(sctp_crc_ok(&init), "CRC32c after the DNAT");
+    let id = r.entry.unwrap();
+    let line = ct.get(id).unwrap().to_string();
+    assert!(line.starts_with("sctp 132 3 COOKIE_WAIT "), "{line}");
+
+    let mut ack = sctp_pkt(ep, 8080, c, 40000, 0xa, (chunk::INIT_ACK, &init_value(0xb)));
+    let r = run(&mut ct, &mut ack, None, S);
+    assert_eq!((r.state, r.reply), (CtState::Established, true));
+    assert_eq!(key(&ack), (ip(svc), 80, ip(c), 40000), "the reply reversed");
+    assert!(sctp_crc_ok(&ack));
+
+    // A cookie echo with the wrong tag, or with a bad checksum, is not of it.
+    let mut wrong = sctp_pkt(c, 40000, svc, 80, 0xdead, (chunk::COOKIE_ECHO, b"cookie"));
+    assert_eq!(run(&mut ct, &mut wrong, None, S).state, CtState::Invalid);
+    let mut bad = sctp_pkt(c, 40000, svc, 80, 0xb, (chunk::COOKIE_ECHO, b"cookie"));
+    let at = bad.parsed.l4_off + 8;
+    bad.pkt.data[at] ^= 0xff;
+    assert_eq!(run(&mut ct, &mut bad, None, S).state, CtState::Invalid);
+    assert!(ct.get(id).unwrap().to_string().contains(" COOKIE_WAIT "));
+
+    let mut echo = sctp_pkt(c, 40000, svc, 80, 0xb, (chunk::COOKIE_ECHO, b"cookie"));
+    assert_eq!(
+        run(&mut ct, &mut echo, None, 2 * S).state,
+        CtState::Established
+    );
+    let mut cack = sctp_pkt(ep, 8080, c, 40000, 0xa, (chunk::COOKIE_ACK, &[]));
+    run(&mut ct, &mut cack, None, 2 * S);
+    let e = ct.get(id).unwrap();
+    let line = e.line(&Timeouts::default(), 2 * S).to_string();
+    assert!(line.starts_with("sctp 132 210 ESTABLISHED "), "{line}");
+    assert!(e.status.has(Status::ASSURED));
+
+    // Data both ways, translated; an ABORT with the T bit closes it.
+    let mut data = sctp_pkt(c, 40000, svc, 80, 0xb, (chunk::DATA, b"payload"));
+    assert_eq!(
+        run(&mut ct, &mut data, None, 3 * S).state,
+        CtState::Established
+    );
+    assert_eq!(key(&data), (ip(c), 40000, ip(ep), 8080));
+    assert!(sctp_crc_ok(&data));
+    let abort = crate::wire::sctp::build(8080, 40000, 0xb, &[(chunk::ABORT, 1, &[])]);
+    let mut abort = pkt_in(
+        crate::wire::build::sctp(
+            ip(ep),
+            ip(c),
+            &abort,
+            &crate::wire::build::IpOpts::default(),
+        ),
+        0,
+    );
+    assert_eq!(
+        run(&mut ct, &mut abort, None, 3 * S).state,
+        CtState::Established
+    );
+    let line = ct
+        .get(id)
+        .unwrap()
+        .line(&Timeouts::default(), 3 * S)
+        .to_string();
+    assert!(line.starts_with("sctp 132 10 CLOSED "), "{line}");
+
+    // A DATA chunk of no association starts none.
+    let mut stray = sctp_pkt(c, 40001, svc, 80, 0x77, (chunk::DATA, b"x"));
+    assert_eq!(
+        run(&mut ct, &mut stray, Some(&nat), 4 * S).state,
+        CtState::Invalid
+    );
+}

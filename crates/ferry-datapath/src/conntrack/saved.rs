@@ -3,6 +3,7 @@
 
 use super::Conntrack;
 use super::entry::{Entry, ProtoState, Status};
+use super::sctp::SctpConn;
 use super::tcp::{SideFlags, TcpConn};
 use crate::flow::{Addr, FlowKey};
 use crate::handover::{self, Connection, Removed, TcpSide, Tracking, Tuple};
@@ -55,6 +56,10 @@ pub(crate) fn record(e: &Entry, now_ns: u64) -> Connection {
         }),
         ProtoState::Udp => Tracking::Udp,
         ProtoState::Icmp => Tracking::Icmp,
+        ProtoState::Sctp(c) => Tracking::Sctp(handover::Sctp {
+            state: c.state.into(),
+            vtag: c.vtag,
+        }),
         ProtoState::Other => Tracking::Other,
     };
     Connection {
@@ -218,6 +223,7 @@ pub(crate) fn entry(c: &Connection, now_ns: u64, age_ns: u64) -> Entry {
         }
         Tracking::Udp => ProtoState::Udp,
         Tracking::Icmp => ProtoState::Icmp,
+        Tracking::Sctp(s) => ProtoState::Sctp(SctpConn::restored(s.state.into(), s.vtag)),
         Tracking::Other => ProtoState::Other,
     };
     let mut status = Status::default();

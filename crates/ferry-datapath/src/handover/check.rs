@@ -69,6 +69,8 @@ pub(crate) fn connection(c: &Connection) -> Result<(), String> {
             }
         }
         (Tracking::Udp, proto::UDP) => {}
+        // SCTP tracked by addresses only is a state of before version 4.
+        (Tracking::Sctp(_), proto::SCTP) => {}
         (Tracking::Icmp, proto::ICMP) if !v6 => {}
         (Tracking::Icmp, proto::ICMPV6) if v6 => {}
         (Tracking::Icmp, p @ (proto::ICMP | proto::ICMPV6)) => {
@@ -81,6 +83,7 @@ pub(crate) fn connection(c: &Connection) -> Result<(), String> {
                 Tracking::Tcp(_) => "TCP",
                 Tracking::Udp => "UDP",
                 Tracking::Icmp => "ICMP echo",
+                Tracking::Sctp(_) => "SCTP",
                 Tracking::Other => "address-only",
             };
             return Err(format!("{name} tracking of protocol {p}"));

@@ -11,7 +11,7 @@ use super::{SavedState, check};
 /// The first bytes of every saved state.
 pub const MAGIC: [u8; 8] = *b"FERRYHOS";
 /// The format version this build writes, and the newest it reads.
-pub const FORMAT: u16 = 3;
+pub const FORMAT: u16 = 4;
 /// The oldest format version this build reads.
 pub const OLDEST_FORMAT: u16 = 1;
 
@@ -77,7 +77,8 @@ fn sections(version: u16) -> &'static [Tag] {
     match version {
         1 => &[Tag::META, Tag::CONN, Tag::AFFN],
         2 => &[Tag::META, Tag::CONN, Tag::AFFN, Tag::NEIG, Tag::FRAG],
-        3 => &[
+        // Version 4 adds SCTP's tracking, a variant of the connection record's.
+        3 | 4 => &[
             Tag::META,
             Tag::CONN,
             Tag::AFFN,

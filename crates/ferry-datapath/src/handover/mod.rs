@@ -186,7 +186,7 @@ pub(crate) use format::check_state;
 pub use format::{FORMAT, MAGIC, OLDEST_FORMAT, Part, StateError, Tag, decode, encode};
 pub use records::{
     Affinity, Connection, Datagram, FirstHeaders, Fragment, Meta, NeighState, Neighbour, Removed,
-    Tcp, TcpSide, TcpState, Tracking, Tuple,
+    Sctp, SctpState, Tcp, TcpSide, TcpState, Tracking, Tuple,
 };
 
 /// The ferry version that writes a state, as its header says.

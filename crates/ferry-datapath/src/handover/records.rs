@@ -100,6 +100,36 @@ pub enum Tracking {
     Icmp,
     /// Another protocol, by addresses only.
     Other,
+    /// SCTP (since version 4): association state and verification tags.
+    Sctp(Sctp),
+}
+
+/// An SCTP association's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SctpState {
+    /// INIT seen.
+    CookieWait,
+    /// COOKIE ECHO seen.
+    CookieEchoed,
+    /// Up.
+    Established,
+    /// SHUTDOWN seen.
+    ShutdownSent,
+    /// SHUTDOWN ACK seen.
+    ShutdownAckSent,
+    /// Picked up from a HEARTBEAT.
+    HeartbeatSent,
+    /// Ended.
+    Closed,
+}
+
+/// An SCTP association's tracking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sctp {
+    /// Its state.
+    pub state: SctpState,
+    /// The verification tags of the original and reply directions (zero: not learnt).
+    pub vtag: [u32; 2],
 }
 
 /// One tracked connection (section `CONN`). The original tuple is its first packet's as

@@ -317,9 +317,31 @@ fn sections_v3(s: &SavedState) -> Vec<(Tag, Vec<u8>)> {
     v
 }
 
+/// The state of the fixture's version 4 bytes: version 3's, and an SCTP association
+/// through a cluster IP.
+fn state_v4() -> SavedState {
+    let mut v = state_v3();
+    let mut sctp = tcp_dnat();
+    sctp.proto = 132;
+    sctp.original.src_port = 40200;
+    sctp.reply.dst_port = 40200;
+    sctp.tracking = Tracking::Sctp(Sctp {
+        state: SctpState::Established,
+        vtag: [0x0102_0304, 0xa0b0_c0d0],
+    });
+    v.connections.push(sctp);
+    SavedState { format: 4, ..v }
+}
+
+/// The sections of `s` as version 4 writes them: version 3's.
+fn sections_v4(s: &SavedState) -> Vec<(Tag, Vec<u8>)> {
+    sections_v3(s)
+}
+
 const FIXTURE_V1: &[u8] = include_bytes!("../../tests/data/handover-v1.bin");
 const FIXTURE_V2: &[u8] = include_bytes!("../../tests/data/handover-v2.bin");
 const FIXTURE_V3: &[u8] = include_bytes!("../../tests/data/handover-v3.bin");
+const FIXTURE_V4: &[u8] = include_bytes!("../../tests/data/handover-v4.bin");
 
 /// Writes the current version's fixture instead of checking it, when asked
 /// (`FERRY_WRITE_FIXTURES=1`, after a deliberate format change with a new version).
@@ -340,7 +362,7 @@ fn fixture(version: u16, state: &SavedState, bytes: &[u8]) -> Vec<u8> {
 fn test_a_state_round_trips_through_its_bytes() {
     let s = SavedState {
         format: FORMAT,
-        ..state_v3()
+        ..state_v4()
     };
     let bytes = encode(&s);
     assert_eq!(&bytes[..8], b"FERRYHOS");
@@ -430,6 +452,18 @@ fn test_the_version_3_fixture_decodes_to_the_state_it_holds_and_version_2_still_
             .contains("section GONE (removed connections) record 1"),
         "{e}"
     );
+}
+
+/// Version 4 adds SCTP's tracking to the connection record; a version 3 state reads as
+/// it was.
+#[test]
+fn test_the_version_4_fixture_decodes_to_the_state_it_holds_and_version_3_still_reads() {
+    let bytes = fixture(4, &state_v4(), FIXTURE_V4);
+    assert_eq!(decode(&bytes), Ok(state_v4()));
+    assert_eq!(bytes, bytes_of(4, &sections_v4(&state_v4())));
+    let v3 = decode(FIXTURE_V3).unwrap();
+    assert_eq!(v3.format, 3);
+    assert_eq!(v3.connections, state_v3().connections);
 }
 
 #[test]

@@ -46,10 +46,11 @@ pub(crate) enum Refusal {
     Family,
 }
 
-/// The fields of a key that SNAT may choose: TCP/UDP source port, ICMP echo identifier.
+/// The fields of a key that SNAT may choose: TCP/UDP/SCTP source port, ICMP echo
+/// identifier.
 pub(crate) fn allocates(k: &FlowKey) -> bool {
     match k.proto {
-        proto::TCP | proto::UDP => true,
+        proto::TCP | proto::UDP | proto::SCTP => true,
         proto::ICMP | proto::ICMPV6 => matches!(
             (k.proto, (k.dst_port >> 8) as u8),
             (proto::ICMP, v4::ECHO_REQUEST) | (proto::ICMPV6, v6::ECHO_REQUEST)
@@ -92,7 +93,7 @@ pub(crate) fn decide(
     if let Some((addr, port)) = nat.dnat {
         post.dst = addr;
         same_family(key.dst, whole(&post.dst))?;
-        if matches!(key.proto, proto::TCP | proto::UDP) {
+        if matches!(key.proto, proto::TCP | proto::UDP | proto::SCTP) {
             post.dst_port = port.unwrap_or(key.dst_port);
         }
         if post != *key {

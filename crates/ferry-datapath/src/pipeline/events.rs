@@ -289,6 +289,14 @@ pub enum TraceEvent {
     SourceOk,
     /// A Service without endpoints refused a TCP connection with a reset.
     ServiceReset,
+    /// The reset refusing a TCP connection could not go back through the overlay.
+    ServiceResetNoPath {
+        /// Why.
+        #[serde(with = "forms::reason")]
+        reason: DropReason,
+        /// The node it was for.
+        peer: IpAddr,
+    },
     /// A Service has no endpoint for a new connection.
     ServiceNoEndpoint {
         /// The Service.
@@ -687,6 +695,7 @@ impl TraceEvent {
             Decap { .. } | DecapGso { .. } => Stage::Decap,
             SourceOk => Stage::Source,
             ServiceReset
+            | ServiceResetNoPath { .. }
             | ServiceNoEndpoint { .. }
             | ServiceNoNodeAddress { .. }
             | ServiceSourceDenied { .. }

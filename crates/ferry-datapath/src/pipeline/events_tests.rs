@@ -103,6 +103,13 @@ fn every_event() -> Vec<(TraceEvent, String)> {
         (SourceOk, "pod's own MAC and address".into()),
         (ServiceReset, "refused with a TCP reset".into()),
         (
+            ServiceResetNoPath {
+                reason: DropReason::NeighQueueOverflow,
+                peer: "10.0.0.2".parse().unwrap(),
+            },
+            "no TCP reset sent: neigh_queue_overflow towards node 10.0.0.2".into(),
+        ),
+        (
             ServiceNoEndpoint {
                 service: "default/web:http".into(),
                 scope: Scope::Internal,

@@ -59,14 +59,33 @@ impl Pipeline {
                     Ok(r) => r,
                     Err(r) => {
                         let r = *r;
-                        return self
-                            .refused(tables, r, &opening, &before, &pkt, &parsed, out, trace);
+                        return self.refused(
+                            tables,
+                            r,
+                            &opening,
+                            &before,
+                            &pkt,
+                            &parsed,
+                            tunnel_peer,
+                            out,
+                            trace,
+                        );
                     }
                 }
             }
             Err(r) => {
                 let r = *r;
-                return self.refused(tables, r, &opening, &before, &pkt, &parsed, out, trace);
+                return self.refused(
+                    tables,
+                    r,
+                    &opening,
+                    &before,
+                    &pkt,
+                    &parsed,
+                    tunnel_peer,
+                    out,
+                    trace,
+                );
             }
         };
         let conn = match self.tracked(

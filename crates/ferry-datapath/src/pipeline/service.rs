@@ -2,6 +2,8 @@
 //! refusal, and the immediate refusal of a new connection to a Service without
 //! endpoints. The choice itself is [`crate::lb::balance`], called from `track`.
 
+use std::net::IpAddr;
+
 use super::{Pipeline, ServicePath, Trace, TraceEvent};
 use crate::conntrack::Nat;
 use crate::drop::DropReason;
@@ -9,36 +11,74 @@ use crate::flow::{FlowKey, proto};
 use crate::icmp::ErrorKind;
 use crate::lb::{self, Balanced, Frontend};
 use crate::packet::{Packet, PortId};
-use crate::tables::Tables;
-use crate::wire::{L3, Parsed};
+use crate::tables::{NextHop, Tables};
+use crate::wire::{L3, Parsed, parse, rewrite};
 
 impl Pipeline {
     /// Refuses a new connection to a Service without endpoints at once: a TCP reset, or
-    /// an ICMP port unreachable for UDP, back out of the port it came in on.
+    /// an ICMP port unreachable for UDP, back the way the client is reached. That is
+    /// out of the port the packet came in on, except through the overlay when the
+    /// packet came through it or when its source is a pod the overlay reaches: a pod of
+    /// another node that asked this node's node port came through the underlay's
+    /// routers, which know no pod address, so a refusal sent back to them is lost.
     pub(super) fn reject(
         &mut self,
+        tables: &Tables,
         pkt: &Packet,
         parsed: &Parsed,
+        tunnel_peer: Option<IpAddr>,
         out: &mut Vec<(PortId, Packet)>,
         trace: &mut Trace,
     ) {
         let in_id = pkt.meta.in_port;
+        let back = tunnel_peer.or_else(|| {
+            let ov = tables.overlay.as_ref()?;
+            let route = tables.fib.lookup(parsed.key.src.ip())?.route()?;
+            match route.next_hop {
+                NextHop::Tunnel(i) => Some(ov.peers[usize::from(i)].address),
+                _ => None,
+            }
+        });
         match parsed.proto {
             proto::TCP => {
                 let mac = self.tables.ports[usize::from(in_id)].mac;
                 let Some(frame) = lb::reject::tcp_reset(&pkt.data, parsed, mac) else {
                     return;
                 };
-                self.stats.service_rejected += 1;
-                trace.note(|| TraceEvent::ServiceReset);
-                let rst = Packet::new(frame, in_id, pkt.meta.time_ns);
-                self.send(in_id, rst, out);
+                let mut rst = Packet::new(frame, in_id, pkt.meta.time_ns);
+                let peer = back.and_then(|a| {
+                    let ov = tables.overlay.as_ref()?;
+                    Some((a, ov.peer_index(a)?, ov.uplink))
+                });
+                let Some((peer, i, uplink)) = peer else {
+                    self.stats.service_rejected += 1;
+                    trace.note(|| TraceEvent::ServiceReset);
+                    self.send(in_id, rst, out);
+                    return;
+                };
+                let Ok(pr) = parse(&rst.data, tables.ports[usize::from(in_id)].zone) else {
+                    return;
+                };
+                let now = pkt.meta.time_ns;
+                match self.resolve(tables, uplink, NextHop::Tunnel(i), &pr, now, out, trace) {
+                    Ok(e) => {
+                        self.stats.service_rejected += 1;
+                        trace.note(|| TraceEvent::ServiceReset);
+                        rewrite::set_macs(&mut rst.data, e.dst_mac, e.src_mac);
+                        self.emit(&e, rst, out);
+                    }
+                    // Not queued, as an ICMP error is not: the client retries.
+                    Err(e) => trace.note(|| TraceEvent::ServiceResetNoPath {
+                        reason: e.reason(),
+                        peer,
+                    }),
+                }
             }
             proto::UDP => {
                 let code = if parsed.l3 == L3::Ipv4 { 3 } else { 4 };
                 let sent = self.stats.icmp_sent;
                 let kind = ErrorKind::Unreachable { code };
-                self.icmp_error(pkt, parsed, kind, false, None, out, trace);
+                self.icmp_error(pkt, parsed, kind, false, back, out, trace);
                 if self.stats.icmp_sent > sent {
                     self.stats.service_rejected += 1;
                 }

@@ -259,6 +259,66 @@ fn test_service_without_endpoints_refuses_udp_with_port_unreachable_in_both_fami
     assert_eq!(p.key.dst_port, 1 << 8 | 4, "type 1 code 4");
 }
 
+/// A pod of node 2 that asks node 1's node port reaches it through the underlay's
+/// routers (its packet is not tunnelled: node 1's address is no pod's), which know no
+/// pod address: node 1's refusal goes back to node 2 through the tunnel, not to them.
+#[test]
+fn test_a_refusal_for_another_nodes_pod_goes_back_through_the_tunnel() {
+    let udp_np = ServiceSpec {
+        name: "default/echo:udp".into(),
+        proto: "udp".into(),
+        port: 81,
+        cluster_ips: vec![ip("10.96.0.12")],
+        node_port: Some(30081),
+        ..ServiceSpec::default()
+    };
+    let mut a = node1(vec![web(vec![]), udp_np]);
+    let routed = IpOpts {
+        src_mac: GW_MAC,
+        dst_mac: uplink_mac(1),
+        ..IpOpts::default()
+    };
+    let syn = tcp("10.244.2.6", NODE1, 40000, 30080)
+        .seq(1000, 0)
+        .flags(tcp_flags::SYN)
+        .opts(&routed)
+        .frame(&[]);
+    let (v, out, tr) = traced(&mut a, syn, UPLINK, SEC);
+    assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoEndpoints));
+    assert_eq!(out.len(), 1, "{:?}", tr.events);
+    let outer = key_of(&out[0].1.data);
+    assert_eq!(
+        (out[0].0, outer.dst, outer.dst_port),
+        (UPLINK, ip("192.168.50.20").into(), 4789),
+        "to node 2, through the tunnel"
+    );
+    let inner = vxlan_inner(&out[0].1.data);
+    let p = parse(inner, 0).unwrap();
+    assert_eq!(
+        (p.key.src, p.key.src_port, p.key.dst, p.key.dst_port),
+        (ip(NODE1).into(), 30080, ip("10.244.2.6").into(), 40000)
+    );
+    assert_eq!(inner[p.l4_off + 13], tcp_flags::RST | tcp_flags::ACK);
+    assert_eq!(a.stats().service_rejected, 1);
+
+    let q = build::udp(ip("10.244.2.6"), ip(NODE1), 40001, 30081, b"q", &routed);
+    let (v, out, tr) = traced(&mut a, q, UPLINK, SEC);
+    assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoEndpoints));
+    assert_eq!(out.len(), 1, "{:?}", tr.events);
+    assert_eq!(key_of(&out[0].1.data).dst, ip("192.168.50.20"));
+    let p = parse(vxlan_inner(&out[0].1.data), 0).unwrap();
+    assert_eq!(
+        (p.key.proto, p.key.dst_port, p.key.dst),
+        (proto::ICMP, 3 << 8 | 3, ip("10.244.2.6").into())
+    );
+
+    // A client the overlay does not reach is answered back where it came from.
+    let (v, out) = run(&mut a, client_syn(NODE1, 40002, 30080, 7), UPLINK, SEC);
+    assert_eq!(v, Verdict::Dropped(DropReason::ServiceNoEndpoints));
+    assert_eq!(&out[0].1.data[0..6], &GW_MAC);
+    assert_eq!(key_of(&out[0].1.data).dst, ip(CLIENT));
+}
+
 #[test]
 fn test_a_frontend_goes_only_to_endpoints_of_its_family() {
     let backends = vec![be("10.244.1.6", 53, 1), be("fd00:10:244:1::6", 53, 1)];

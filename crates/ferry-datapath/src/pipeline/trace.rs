@@ -457,7 +457,7 @@ fn reply_frame(tables: &Tables, e: &Entry, dir: usize, left: &Left) -> Option<(P
             };
             (t, describe::DEFAULT_ICMP_LEN)
         }
-        ProtoState::Other => return None,
+        ProtoState::Sctp(_) | ProtoState::Other => return None,
     };
     let d = Described {
         src: k.src.ip(),

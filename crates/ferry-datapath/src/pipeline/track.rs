@@ -124,6 +124,7 @@ impl Pipeline {
         before: &FlowKey,
         pkt: &Packet,
         parsed: &Parsed,
+        tunnel_peer: Option<IpAddr>,
         out: &mut Vec<(PortId, Packet)>,
         trace: &mut Trace,
     ) -> Verdict {
@@ -134,7 +135,7 @@ impl Pipeline {
             }
         }
         if r == DropReason::ServiceNoEndpoints {
-            self.reject(pkt, parsed, out, trace);
+            self.reject(tables, pkt, parsed, tunnel_peer, out, trace);
         }
         self.drop(r, trace)
     }

@@ -99,6 +99,15 @@ pub fn udp(
     v
 }
 
+/// An Ethernet frame carrying the SCTP packet `sctp` (see [`super::sctp::build`]).
+pub fn sctp(src: IpAddr, dst: IpAddr, sctp: &[u8], o: &IpOpts) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(o.src_mac, o.dst_mac).ip(ip_headers(src, dst, 132, o));
+    let mut v = Vec::with_capacity(b.size(sctp.len()));
+    b.write(&mut v, etherparse::IpNumber(132), sctp)
+        .expect("SCTP frame fits");
+    v
+}
+
 /// An Ethernet frame carrying TCP with the given flags (see [`tcp_flags`]).
 #[allow(clippy::too_many_arguments)]
 pub fn tcp(

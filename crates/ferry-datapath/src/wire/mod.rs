@@ -14,6 +14,7 @@ pub(crate) mod ipv6;
 pub(crate) mod ipv6_ext;
 pub(crate) mod parse;
 pub(crate) mod rewrite;
+pub mod sctp;
 pub(crate) mod vxlan;
 
 pub use parse::{Frag, L3, Parsed, parse};

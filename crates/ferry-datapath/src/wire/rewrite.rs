@@ -8,10 +8,10 @@
 
 use crate::drop::DropReason;
 use crate::flow::{Addr, FlowKey, proto};
-use crate::wire::checksum;
 use crate::wire::icmp::is_echo;
 use crate::wire::icmp_error::{Embedded, ICMP_HDR, QUOTED_L4_MIN};
 use crate::wire::parse::{L3, Parsed};
+use crate::wire::{checksum, sctp};
 
 /// Where an address family keeps its addresses, relative to the IP header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,6 +188,16 @@ impl L4 {
         let (csum_at, pseudo, ids) = match p {
             proto::TCP => (16, true, Ids::Ports),
             proto::UDP => (6, true, Ids::Ports),
+            // No Internet checksum: its CRC32c covers the whole packet and no address
+            // (the caller computes it again when the ports change).
+            proto::SCTP => {
+                return Some(L4 {
+                    off,
+                    csum_off: None,
+                    pseudo: false,
+                    ids: if ids_present { Ids::Ports } else { Ids::None },
+                });
+            }
             p if p == fam.icmp() => {
                 let ty = *frame.get(off)?;
                 let ids = if is_echo(p, ty) {
@@ -254,8 +264,10 @@ fn store_l4(frame: &mut [u8], at: usize, p: u8, c: Csum) -> Result<(), DropReaso
 ///
 /// Works on a first fragment (the transport header is present and its checksum covers the
 /// whole datagram, which an incremental update keeps right) and on a later fragment (only
-/// the IP addresses; there is no transport header). Protocols other than TCP, UDP and
-/// ICMP/ICMPv6 get their addresses rewritten only.
+/// the IP addresses; there is no transport header). SCTP gets its ports rewritten and
+/// its CRC32c computed again over the packet (an SCTP first fragment whose ports would
+/// change is refused: its checksum covers bytes it does not hold). Other protocols get
+/// their addresses rewritten only.
 ///
 /// `parsed.key` is not updated (the caller does that). Errors, without a panic on any
 /// input: `DropReason::IpLengthInvalid` if `to` differs in family or protocol, for a
@@ -400,12 +412,24 @@ fn rewrite_any(
             Ids::EchoId => &[(4, to.src_port)],
             Ids::None => &[],
         };
+        // SCTP's CRC32c covers the whole packet, which a first fragment does not hold:
+        // its ports cannot change (the pipeline reassembles before it translates).
+        let sctp = parsed.proto == proto::SCTP;
+        let ports_change = ids
+            .iter()
+            .any(|&(off, v)| frame.get(t.off + off..t.off + off + 2) != Some(&v.to_be_bytes()[..]));
+        if sctp && ports_change && (parsed.frag.is_some() || !parsed.l4_complete) {
+            return Err(DropReason::IpLengthInvalid);
+        }
         let mut idents = 0;
         for &(off, v) in ids {
             let new = v.to_be_bytes();
             if let Some(old) = replace(frame, t.off + off, new)? {
                 idents += checksum::delta(&old, &new);
             }
+        }
+        if sctp && ports_change {
+            sctp::set_crc(&mut frame[t.off..end]);
         }
         if let (Some(mut c), Some(at)) = (l4_csum, t.csum_off) {
             // A partial sum covers only the pseudo-header: identifiers are not in it.
@@ -662,6 +686,54 @@ mod tests {
             }
         }
         p
+    }
+
+    /// SCTP NAT: the ports rewritten and the CRC32c computed again; addresses alone
+    /// leave it as it was (it covers no address); an SCTP first fragment's ports are
+    /// not rewritten.
+    #[test]
+    fn test_sctp_ports_are_rewritten_with_the_crc32c_fixed() {
+        use crate::wire::sctp::{self, chunk};
+        for (a, b) in [("10.0.0.1", "10.0.0.2"), ("fd00::1", "fd00::2")] {
+            let pkt = sctp::build(40000, 80, 0x1234, &[(chunk::DATA, 3, b"payload")]);
+            let orig = build::sctp(ip(a), ip(b), &pkt, &IpOpts::default());
+            let p = parse(&orig, 0).unwrap();
+            let mut to = p.key;
+            to.dst = ip(if a.contains(':') {
+                "fd00::9"
+            } else {
+                "10.0.0.9"
+            })
+            .into();
+            to.dst_port = 8080;
+            to.src_port = 41000;
+            let mut f = orig.clone();
+            rewrite(&mut f, &p, false, &to).unwrap();
+            let q = assert_checksums(&f);
+            assert_eq!(q.key, to);
+            let seg = &f[q.l4_off..q.ip_end];
+            assert!(sctp::crc_ok(seg), "CRC32c after the port change");
+            assert_eq!(&seg[4..8], &0x1234u32.to_be_bytes(), "tag kept");
+
+            let mut only_addr = p.key;
+            only_addr.src = to.dst;
+            let mut g = orig.clone();
+            rewrite(&mut g, &p, false, &only_addr).unwrap();
+            let q = assert_checksums(&g);
+            assert_eq!(&g[q.l4_off..q.ip_end], &orig[p.l4_off..p.ip_end]);
+        }
+        let pkt = sctp::build(40000, 80, 7, &[(chunk::DATA, 3, &build::pattern(3000, 1))]);
+        let whole = build::sctp(ip("10.0.0.1"), ip("10.0.0.2"), &pkt, &IpOpts::default());
+        let first = fragments(&whole, 1400).remove(0).data;
+        let p = parse(&first, 0).unwrap();
+        assert!(p.frag.is_some());
+        let mut to = p.key;
+        to.dst_port = 8080;
+        let mut f = first.clone();
+        assert_eq!(
+            rewrite(&mut f, &p, false, &to),
+            Err(DropReason::IpLengthInvalid)
+        );
     }
 
     fn frame(p: u8, src: IpAddr, dst: IpAddr, sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {

@@ -188,7 +188,7 @@ fn api_lists_make_the_cluster_the_file_datastore_reads_from_the_example() {
         list(&mut ds, kind, objects);
     }
     let u = ds.take_updates();
-    let [Update::Applied { cluster, notes }] = &u[..] else {
+    let [Update::Applied { cluster, notes, .. }] = &u[..] else {
         panic!("expected one state, got {u:?}");
     };
     assert!(notes.is_empty());
@@ -810,7 +810,7 @@ fn an_unknown_ferry_config_key_is_a_note_and_the_rest_applies() {
     });
     ds.event(Kind::ConfigMap, Event::Apply(typed::<ConfigMap>(cm)));
     let u = ds.take_updates();
-    let [Update::Applied { cluster, notes }] = &u[..] else {
+    let [Update::Applied { cluster, notes, .. }] = &u[..] else {
         panic!("{u:?}");
     };
     let notes: Vec<String> = notes.iter().map(ToString::to_string).collect();
@@ -891,7 +891,7 @@ fn next(w: &Watch) -> Update {
 
 fn applied(u: Update) -> Arc<Cluster> {
     match u {
-        Update::Applied { cluster, notes } => {
+        Update::Applied { cluster, notes, .. } => {
             assert!(notes.is_empty(), "{notes:?}");
             cluster
         }
@@ -1119,7 +1119,7 @@ fn a_cluster_without_the_cluster_network_policy_crd_runs_and_picks_it_up_once_in
     let w = start(&api);
     // The rest of the state goes out, with one note naming the missing CRD.
     let (c, notes) = match next(&w) {
-        Update::Applied { cluster, notes } => (cluster, notes),
+        Update::Applied { cluster, notes, .. } => (cluster, notes),
         Update::Refused(r) => panic!("expected a state, got:\n{r}"),
     };
     assert_same(&c, &expected());

@@ -97,6 +97,9 @@ impl fmt::Display for TraceEvent {
             ),
             SourceOk => f.write_str("pod's own MAC and address"),
             ServiceReset => f.write_str("refused with a TCP reset"),
+            ServiceResetNoPath { reason, peer } => {
+                write!(f, "no TCP reset sent: {reason} towards node {peer}")
+            }
             ServiceNoEndpoint {
                 service,
                 scope,
