@@ -45,12 +45,10 @@ pub fn now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-/// A mark to take before changing the manifests: the time, after a pause that makes
-/// every later sync stamp later than it.
-pub fn mark() -> u64 {
-    let t = now_ms();
-    sleep(Duration::from_millis(2));
-    t
+/// A mark to take once the manifests are changed, for [`wait_in_force`]: the next
+/// millisecond, which a datastore read that has the change begins in or after.
+pub fn changed() -> u64 {
+    now_ms() + 1
 }
 
 /// How long [`wait_in_force`] waits by default. The file datastore looks every 100 ms
@@ -59,19 +57,18 @@ pub fn mark() -> u64 {
 pub const IN_FORCE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Waits up to `timeout` until every node's agent has put in force a state of the
-/// manifests read after the change (made after `since`, a [`mark`], and before this
-/// call): a state whose datastore read began after this call did. The file datastore
-/// reads a directory only when two of its scans, 100 ms apart, agree, so a read that
-/// has the change begins at least a scan after it and one that missed it began before
-/// it: the millisecond of the read tells them apart. (A state merely synced after
-/// `since` could have been read before the change: a pod's manifest read as the case
+/// manifests read after the change: a state whose datastore read began at or after
+/// `since` (a [`changed`] mark taken after the change). The file datastore reads a
+/// directory only when two of its scans, 100 ms apart, agree, so a read that has the
+/// change begins at least a scan after it and one that missed it began before it: the
+/// millisecond of the read tells them apart. (A state merely synced after a mark taken
+/// before the change could have been read before it: a pod's manifest read as the case
 /// file was written.) Only for a change the agents read (every kind they read, labels
 /// included): a state equal to the one in force brings no read, and the wait then ends
 /// in its timeout. A state refused since (a datastore error counted) is an error with
 /// the agent's message.
 pub fn wait_in_force(dir: &Path, state: &State, since: u64, timeout: Duration) -> Result<()> {
     let start = Instant::now();
-    let changed = (now_ms() + 1).max(since);
     let mut errors = Vec::new();
     for n in state.plan.node_numbers() {
         let sock = dir.join(format!("node{n}.sock"));
@@ -90,7 +87,7 @@ pub fn wait_in_force(dir: &Path, state: &State, since: u64, timeout: Duration) -
                     d.last_error.as_deref().unwrap_or("(no message)")
                 );
             }
-            if !(d.synced && d.last_read_unix_ms.is_some_and(|t| t >= changed)) {
+            if !(d.synced && d.last_read_unix_ms.is_some_and(|t| t >= since)) {
                 still.push(n);
             }
         }

@@ -383,8 +383,8 @@ impl Scene<'_, '_> {
     /// The case's Services and slices are now `objects`; waits until every agent has
     /// them in force.
     fn apply(&mut self, objects: &str) -> Result<()> {
-        let mark = agents::mark();
         sys::write_atomic(&manifests(self.c.dir).join(CASE_FILE), objects)?;
+        let mark = agents::changed();
         agents::wait_in_force(self.c.dir, &self.c.state, mark, agents::IN_FORCE_TIMEOUT)
     }
 
@@ -396,8 +396,8 @@ impl Scene<'_, '_> {
                 first.get_or_insert(e);
             }
         }
-        let mark = agents::mark();
         if remove_case_file(self.c.dir)? {
+            let mark = agents::changed();
             let state = State::load(self.c.dir)?;
             agents::wait_in_force(self.c.dir, &state, mark, agents::IN_FORCE_TIMEOUT)?;
         }

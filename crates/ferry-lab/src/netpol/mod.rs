@@ -206,7 +206,6 @@ pub fn run(dir: &Path, only: Option<&str>, out: &mut dyn Write) -> Result<bool> 
 fn setup(dir: &Path) -> Result<()> {
     let state = State::load(dir)?;
     let nodes = state.plan.nodes;
-    let mark = agents::mark();
     let mut changed = false;
     for ns in NAMESPACES {
         let want = crate::cluster::namespace_labels(ns, &ns_labels(ns));
@@ -242,6 +241,7 @@ fn setup(dir: &Path) -> Result<()> {
             }
         }
     }
+    let mark = agents::changed();
     clean(dir)?;
     if changed {
         agents::wait_in_force(dir, &State::load(dir)?, mark, agents::IN_FORCE_TIMEOUT)?;
@@ -252,7 +252,6 @@ fn setup(dir: &Path) -> Result<()> {
 /// Takes the case's policies away and puts the labels back, waiting for the agents when
 /// something changed.
 fn clean(dir: &Path) -> Result<()> {
-    let mark = agents::mark();
     let mut changed = remove_case_file(dir)?;
     let state = State::load(dir)?;
     for ns in NAMESPACES {
@@ -270,6 +269,7 @@ fn clean(dir: &Path) -> Result<()> {
         }
     }
     if changed {
+        let mark = agents::changed();
         agents::wait_in_force(dir, &State::load(dir)?, mark, agents::IN_FORCE_TIMEOUT)
             .context("after the case, its policies removed and the labels put back")?;
     }
@@ -353,7 +353,6 @@ fn run_case(dir: &Path, case: &Case) -> Result<()> {
 /// Makes `change` and waits for it to be in force; says what it was.
 fn apply(dir: &Path, change: &Change) -> Result<String> {
     let state = State::load(dir)?;
-    let mark = agents::mark();
     let (what, changed) = match change {
         Change::Policies("") => ("no policy".to_string(), remove_case_file(dir)?),
         Change::Policies(text) => {
@@ -376,6 +375,7 @@ fn apply(dir: &Path, change: &Change) -> Result<String> {
         }
     };
     if changed {
+        let mark = agents::changed();
         agents::wait_in_force(dir, &State::load(dir)?, mark, agents::IN_FORCE_TIMEOUT)?;
     }
     Ok(what)
