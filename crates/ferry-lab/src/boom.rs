@@ -8,8 +8,8 @@
 //! dropped as invalid, or translated like the rest of the connection (the client then
 //! only acknowledges it again).
 //!
-//! The segment is written by hand on a raw socket (no crate sends one crafted TCP
-//! segment; the header and its checksum are a few lines).
+//! The segment goes out on a raw socket; etherparse writes its header and checksum and
+//! reads the segments the raw socket receives.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -17,6 +17,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use etherparse::{IpNumber, Ipv4Slice, TcpHeader, TcpHeaderSlice};
 use serde::{Deserialize, Serialize};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
@@ -76,23 +77,20 @@ pub fn serve(port: u16, secs: u64) -> Result<Report> {
             continue;
         }
         let from = SocketAddrV4::new(seg.src, seg.sport);
-        if seg.flags & RST != 0 {
+        if seg.rst {
             report.resets += 1;
             eprintln!("ERROR: RST received from {from}");
-        } else if seg.flags & SYN != 0 && seg.flags & ACK == 0 {
+        } else if seg.syn && !seg.ack_flag {
             opening.insert(from, seg.seq.wrapping_add(1));
-        } else if seg.flags & ACK != 0 && opening.get(&from) == Some(&seg.seq) {
+        } else if seg.ack_flag && opening.get(&from) == Some(&seg.seq) {
             opening.remove(&from);
             report.established += 1;
             eprintln!("connection established from {from}");
             let bad = segment(
-                seg.dst,
-                seg.src,
-                port,
-                seg.sport,
+                (seg.dst, port),
+                (seg.src, seg.sport),
                 seg.ack.wrapping_sub(BEHIND),
                 seg.seq,
-                PUSH | ACK,
                 PAYLOAD,
             );
             let to = SockAddr::from(SocketAddr::V4(from));
@@ -104,11 +102,6 @@ pub fn serve(port: u16, secs: u64) -> Result<Report> {
     Ok(report)
 }
 
-const SYN: u8 = 0x02;
-const RST: u8 = 0x04;
-const PUSH: u8 = 0x08;
-const ACK: u8 = 0x10;
-
 /// The parts of a received IPv4 TCP segment the server looks at.
 struct Segment {
     src: Ipv4Addr,
@@ -117,98 +110,92 @@ struct Segment {
     dport: u16,
     seq: u32,
     ack: u32,
-    flags: u8,
+    syn: bool,
+    ack_flag: bool,
+    rst: bool,
 }
 
 impl Segment {
     /// An IPv4 packet (a raw socket's read: header included) holding a TCP segment.
     fn parse(p: &[u8]) -> Option<Segment> {
-        let ihl = usize::from(*p.first()? & 0x0f) * 4;
-        if *p.first()? >> 4 != 4 || p.get(9) != Some(&6) || ihl < 20 {
+        let ip = Ipv4Slice::from_slice(p).ok()?;
+        if ip.header().protocol() != IpNumber::TCP {
             return None;
         }
-        let t = p.get(ihl..ihl + 20)?;
-        let u32_at = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+        let t = TcpHeaderSlice::from_slice(ip.payload().payload).ok()?;
         Some(Segment {
-            src: Ipv4Addr::new(p[12], p[13], p[14], p[15]),
-            dst: Ipv4Addr::new(p[16], p[17], p[18], p[19]),
-            sport: u16::from_be_bytes([t[0], t[1]]),
-            dport: u16::from_be_bytes([t[2], t[3]]),
-            seq: u32_at(&t[4..8]),
-            ack: u32_at(&t[8..12]),
-            flags: t[13],
+            src: ip.header().source_addr(),
+            dst: ip.header().destination_addr(),
+            sport: t.source_port(),
+            dport: t.destination_port(),
+            seq: t.sequence_number(),
+            ack: t.acknowledgment_number(),
+            syn: t.syn(),
+            ack_flag: t.ack(),
+            rst: t.rst(),
         })
     }
 }
 
-/// A TCP segment (header without options, and `payload`) from `src`:`sport` to
-/// `dst`:`dport`, its checksum over the IPv4 pseudo-header.
-#[allow(clippy::too_many_arguments)]
+/// A TCP segment with PSH and ACK (header without options, and `payload`) from
+/// `src`:`sport` to `dst`:`dport`, its checksum over the IPv4 pseudo-header.
 fn segment(
-    src: Ipv4Addr,
-    dst: Ipv4Addr,
-    sport: u16,
-    dport: u16,
+    (src, sport): (Ipv4Addr, u16),
+    (dst, dport): (Ipv4Addr, u16),
     seq: u32,
     ack: u32,
-    flags: u8,
     payload: &[u8],
 ) -> Vec<u8> {
-    let mut t = Vec::with_capacity(20 + payload.len());
-    t.extend_from_slice(&sport.to_be_bytes());
-    t.extend_from_slice(&dport.to_be_bytes());
-    t.extend_from_slice(&seq.to_be_bytes());
-    t.extend_from_slice(&ack.to_be_bytes());
-    t.extend_from_slice(&[5 << 4, flags]);
-    t.extend_from_slice(&64240u16.to_be_bytes());
-    t.extend_from_slice(&[0, 0, 0, 0]);
-    t.extend_from_slice(payload);
-    let mut pseudo = Vec::with_capacity(12 + t.len());
-    pseudo.extend_from_slice(&src.octets());
-    pseudo.extend_from_slice(&dst.octets());
-    pseudo.extend_from_slice(&[0, 6]);
-    pseudo.extend_from_slice(&(t.len() as u16).to_be_bytes());
-    pseudo.extend_from_slice(&t);
-    let sum = checksum(&pseudo);
-    t[16..18].copy_from_slice(&sum.to_be_bytes());
-    t
-}
-
-/// The Internet checksum of `data`.
-fn checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = data
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
+    let mut t = TcpHeader::new(sport, dport, seq, 64240);
+    t.acknowledgment_number = ack;
+    t.psh = true;
+    t.ack = true;
+    t.checksum = t
+        .calc_checksum_ipv4_raw(src.octets(), dst.octets(), payload)
+        .expect("a segment of a few bytes");
+    let mut v = t.to_bytes().to_vec();
+    v.extend_from_slice(payload);
+    v
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use etherparse::PacketBuilder;
 
     #[test]
-    fn a_segment_sums_to_zero_with_its_pseudo_header_and_parses_back() {
+    fn a_segment_has_its_checksum_right_and_parses_back() {
         let (src, dst) = (Ipv4Addr::new(10, 244, 2, 5), Ipv4Addr::new(10, 244, 1, 7));
-        let t = segment(src, dst, 9000, 40000, 5, 77, PUSH | ACK, PAYLOAD);
-        let mut pseudo = Vec::new();
-        pseudo.extend_from_slice(&src.octets());
-        pseudo.extend_from_slice(&dst.octets());
-        pseudo.extend_from_slice(&[0, 6, 0, t.len() as u8]);
-        pseudo.extend_from_slice(&t);
-        assert_eq!(checksum(&pseudo), 0);
-        let mut ip = vec![0x45, 0, 0, 0, 0, 0, 0, 0, 64, 6, 0, 0];
-        ip.extend_from_slice(&src.octets());
-        ip.extend_from_slice(&dst.octets());
-        ip.extend_from_slice(&t);
+        let t = segment((src, 9000), (dst, 40000), 5, 77, PAYLOAD);
+        let h = TcpHeaderSlice::from_slice(&t).unwrap().to_header();
+        assert_eq!(
+            h.checksum,
+            h.calc_checksum_ipv4_raw(src.octets(), dst.octets(), PAYLOAD)
+                .unwrap()
+        );
+        assert_ne!(h.checksum, 0);
+        assert!(h.psh && h.ack && !h.syn && !h.rst);
+        assert_eq!(&t[20..], PAYLOAD);
+        // As the raw socket reads a packet: the IPv4 header first.
+        let mut ip = Vec::new();
+        PacketBuilder::ipv4(src.octets(), dst.octets(), 64)
+            .tcp(9000, 40000, 5, 1000)
+            .syn()
+            .write(&mut ip, &[])
+            .unwrap();
         let s = Segment::parse(&ip).unwrap();
         assert_eq!(
-            (s.src, s.dst, s.sport, s.dport, s.seq, s.ack, s.flags),
-            (src, dst, 9000, 40000, 5, 77, PUSH | ACK)
+            (
+                s.src, s.dst, s.sport, s.dport, s.seq, s.syn, s.ack_flag, s.rst
+            ),
+            (src, dst, 9000, 40000, 5, true, false, false)
         );
         assert!(Segment::parse(&ip[..30]).is_none(), "a short segment");
+        let mut udp = Vec::new();
+        PacketBuilder::ipv4(src.octets(), dst.octets(), 64)
+            .udp(9000, 40000)
+            .write(&mut udp, &[0; 20])
+            .unwrap();
+        assert!(Segment::parse(&udp).is_none(), "not TCP");
     }
 }

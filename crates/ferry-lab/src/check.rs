@@ -137,6 +137,21 @@ pub const SCENARIOS: &[(&str, Scenario)] = &[
     ),
 ];
 
+/// curl's exit code and output (body, or error) for `url` from namespace `ns`, given
+/// `max_secs`.
+fn curl_in(ns: &str, url: &str, max_secs: u32) -> Result<(i32, String)> {
+    let m = max_secs.to_string();
+    let out = sys::exec_in(ns, max_secs + 2, &["curl", "-sS", "--max-time", &m, url])?;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    ))
+}
+
 /// Runs every scenario, writing a row each and a summary; true when all passed.
 pub fn run(dir: &Path, out: &mut dyn Write) -> Result<bool> {
     let mut ctx = Ctx {
@@ -144,36 +159,80 @@ pub fn run(dir: &Path, out: &mut dyn Write) -> Result<bool> {
         state: State::load(dir)?,
         note: None,
     };
-    let (mut failed, mut skipped) = (0, 0);
+    let mut rows = Rows::new(55);
     writeln!(out, "{:<4}  {:<55}  {:>6}  detail", "", "scenario", "time")?;
     for (name, f) in SCENARIOS {
         let start = Instant::now();
         let r = f(&mut ctx);
-        let t = format!("{:.2}s", start.elapsed().as_secs_f64());
         let note = ctx.note.take();
-        match r {
-            Ok(()) => match note {
-                Some(n) => writeln!(out, "PASS  {name:<55}  {t:>6}  {n}")?,
-                None => writeln!(out, "PASS  {name:<55}  {t:>6}")?,
-            },
+        rows.row(out, name, start.elapsed(), r, note)?;
+    }
+    rows.summary(out)
+}
+
+/// The rows of a suite's run: `PASS`, `SKIP` (the scenario does not apply to this lab)
+/// or `FAIL`, the name, the time and the detail; then the summary.
+pub(crate) struct Rows {
+    /// The width of the name column.
+    width: usize,
+    passed: usize,
+    failed: usize,
+    skipped: usize,
+}
+
+impl Rows {
+    pub(crate) fn new(width: usize) -> Rows {
+        Rows {
+            width,
+            passed: 0,
+            failed: 0,
+            skipped: 0,
+        }
+    }
+
+    /// The row of scenario `name`, which took `took` and ended in `r` (with `note` to
+    /// add when it passed).
+    pub(crate) fn row(
+        &mut self,
+        out: &mut dyn Write,
+        name: &str,
+        took: std::time::Duration,
+        r: Result<()>,
+        note: Option<String>,
+    ) -> Result<()> {
+        let t = format!("{:.2}s", took.as_secs_f64());
+        let w = self.width;
+        let (word, detail) = match r {
+            Ok(()) => {
+                self.passed += 1;
+                ("PASS", note)
+            }
             Err(e) if e.downcast_ref::<NotApplicable>().is_some() => {
-                skipped += 1;
-                writeln!(out, "SKIP  {name:<55}  {t:>6}  {e}")?;
+                self.skipped += 1;
+                ("SKIP", Some(e.to_string()))
             }
             Err(e) => {
-                failed += 1;
-                let detail = format!("{e:#}").replace('\n', " ");
-                writeln!(out, "FAIL  {name:<55}  {t:>6}  {detail}")?;
+                self.failed += 1;
+                ("FAIL", Some(format!("{e:#}").replace('\n', " ")))
             }
+        };
+        match detail {
+            Some(d) => writeln!(out, "{word}  {name:<w$}  {t:>6}  {d}")?,
+            None => writeln!(out, "{word}  {name:<w$}  {t:>6}")?,
         }
         out.flush()?;
+        Ok(())
     }
-    writeln!(
-        out,
-        "{} passed, {failed} failed, {skipped} skipped",
-        SCENARIOS.len() - failed - skipped
-    )?;
-    Ok(failed == 0)
+
+    /// The summary line; true when none failed.
+    pub(crate) fn summary(&self, out: &mut dyn Write) -> Result<bool> {
+        writeln!(
+            out,
+            "{} passed, {} failed, {} skipped",
+            self.passed, self.failed, self.skipped
+        )?;
+        Ok(self.failed == 0)
+    }
 }
 
 impl Ctx<'_> {
@@ -190,20 +249,7 @@ impl Ctx<'_> {
 
     /// curl's exit code and output (body, or error).
     fn curl_code(&self, from: &str, url: &str, max_secs: u32) -> Result<(i32, String)> {
-        let m = max_secs.to_string();
-        let out = sys::exec_in(
-            &self.ns(from)?,
-            max_secs + 2,
-            &["curl", "-sS", "--max-time", &m, url],
-        )?;
-        Ok((
-            out.status.code().unwrap_or(-1),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        ))
+        curl_in(&self.ns(from)?, url, max_secs)
     }
 
     /// What `url` answers from `from`.

@@ -30,6 +30,10 @@ use crate::state::{Pod, State};
 use crate::topology::{NewPod, manifests};
 use crate::{agents, pods, sys};
 
+mod conntrack;
+mod distribution;
+mod loadbalancer;
+
 /// The suite's namespace.
 pub const NAMESPACE: &str = "svc";
 /// The file of the manifest directory holding the current case's Services and slices.
@@ -55,37 +59,37 @@ pub const CASES: &[Case] = &[
         name: "should be able to preserve UDP traffic when server pod cycles for a NodePort service",
         file: "conntrack.go",
         what: "a client on node1 asks node2's node port over one UDP socket; server-1 (node2) is replaced by server-2: the answers move to server-2",
-        run: udp_cycle_node_port,
+        run: conntrack::udp_cycle_node_port,
     },
     Case {
         name: "should be able to preserve UDP traffic when server pod cycles for a ClusterIP service",
         file: "conntrack.go",
         what: "the same through the cluster IP, the servers on node2",
-        run: udp_cycle_cluster_ip,
+        run: conntrack::udp_cycle_cluster_ip,
     },
     Case {
         name: "should be able to preserve UDP traffic when server pod cycles for a ClusterIP service and client is hostNetwork",
         file: "conntrack.go",
         what: "the same from node1's own stack",
-        run: udp_cycle_host_network,
+        run: conntrack::udp_cycle_host_network,
     },
     Case {
         name: "should be able to preserve UDP traffic when server pod cycles for a ClusterIP service with InternalTrafficPolicy set to Local",
         file: "conntrack.go",
         what: "internalTrafficPolicy Local, server-1 on node1 (the client's) and server-2 on node2: the client gets server-1; server-1 deleted, 5 s without a local endpoint, server-3 on node1: the client gets server-3",
-        run: udp_cycle_local,
+        run: conntrack::udp_cycle_local,
     },
     Case {
         name: "should be able to preserve UDP traffic when initial unready endpoints get ready",
         file: "conntrack.go",
         what: "the client asks the cluster IP while its one endpoint is not ready, then it is: the answers come",
-        run: udp_unready_gets_ready,
+        run: conntrack::udp_unready_gets_ready,
     },
     Case {
         name: "should drop INVALID conntrack entries [Privileged]",
         file: "conntrack.go",
         what: "a client on node1 opens a connection through the cluster IP every second to a server on node2 that answers each with a segment far outside the window: no reset comes back",
-        run: invalid_dropped,
+        run: conntrack::invalid_dropped,
     },
     Case {
         name: "should be rejected when no endpoints exist",
@@ -169,25 +173,25 @@ pub const CASES: &[Case] = &[
         name: "should route traffic to an endpoint in the same zone when using PreferSameZone",
         file: "traffic_distribution.go",
         what: "endpoints in both zones hinted for their zone: each zone's client is answered only from its zone",
-        run: prefer_same_zone,
+        run: distribution::prefer_same_zone,
     },
     Case {
         name: "should route traffic to an endpoint on the same node or fall back to same zone when using PreferSameNode",
         file: "traffic_distribution.go",
         what: "a server and a client on node1 and node3 (one zone), hinted for their node: each client answered by its node's server; a client in the zone without a server (node2's) by every server",
-        run: prefer_same_node,
+        run: distribution::prefer_same_node,
     },
     Case {
         name: "should route traffic to an endpoint on the same node when using PreferSameNode and fall back when the endpoint becomes unavailable",
         file: "traffic_distribution.go",
         what: "a server and a client on node1 and node2: each client answered by its node's; node1's server deleted: both by node2's; a new server on node1: each by its own again",
-        run: prefer_same_node_fallback,
+        run: distribution::prefer_same_node_fallback,
     },
     Case {
         name: "should only allow access from service loadbalancer source ranges [Slow]",
         file: "loadbalancer.go",
         what: "no ranges: the accepting pod, the dropping pod, the outside client and node1's stack all reach the load balancer IP; ranges of the accepting pod and its node: only those two; allow-all ranges: all; deny-all: none; ranges removed: all",
-        run: lb_source_ranges,
+        run: loadbalancer::lb_source_ranges,
     },
 ];
 
@@ -227,7 +231,7 @@ pub fn run(dir: &Path, only: Option<&str>, out: &mut dyn Write) -> Result<bool> 
         "namespace {NAMESPACE} with its clients up in {:.1}s",
         t.elapsed().as_secs_f64()
     )?;
-    let (mut failed, mut skipped) = (0, 0);
+    let mut rows = super::Rows::new(130);
     for case in &cases {
         let start = Instant::now();
         let mut ctx = Ctx {
@@ -242,31 +246,10 @@ pub fn run(dir: &Path, only: Option<&str>, out: &mut dyn Write) -> Result<bool> 
         let r = (case.run)(&mut scene);
         let cleaned = scene.clean();
         let note = ctx.note.take();
-        let t = format!("{:.2}s", start.elapsed().as_secs_f64());
         let name = format!("{} ({})", case.name, case.file);
-        match r.and(cleaned) {
-            Ok(()) => match note {
-                Some(n) => writeln!(out, "PASS  {name:<130}  {t:>6}  {n}")?,
-                None => writeln!(out, "PASS  {name:<130}  {t:>6}")?,
-            },
-            Err(e) if e.downcast_ref::<super::NotApplicable>().is_some() => {
-                skipped += 1;
-                writeln!(out, "SKIP  {name:<130}  {t:>6}  {e}")?;
-            }
-            Err(e) => {
-                failed += 1;
-                let detail = format!("{e:#}").replace('\n', " ");
-                writeln!(out, "FAIL  {name:<130}  {t:>6}  {detail}")?;
-            }
-        }
-        out.flush()?;
+        rows.row(out, &name, start.elapsed(), r.and(cleaned), note)?;
     }
-    writeln!(
-        out,
-        "{} passed, {failed} failed, {skipped} skipped",
-        cases.len() - failed - skipped
-    )?;
-    Ok(failed == 0)
+    rows.summary(out)
 }
 
 /// The clients, made when missing; no case's file or servers (a run cut short left
@@ -419,20 +402,7 @@ impl Scene<'_, '_> {
 
     /// curl's exit code and output from `from`.
     fn curl_code(&self, from: &str, url: &str, secs: u32) -> Result<(i32, String)> {
-        let m = secs.to_string();
-        let out = sys::exec_in(
-            &self.ns(from)?,
-            secs + 2,
-            &["curl", "-sS", "--max-time", &m, url],
-        )?;
-        Ok((
-            out.status.code().unwrap_or(-1),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        ))
+        super::curl_in(&self.ns(from)?, url, secs)
     }
 
     /// Requires `url` to answer `want` from `from` (a first packet may wait for
@@ -579,198 +549,6 @@ fn node_port(n: u8) -> u16 {
 /// The load balancer IP of the suite's source ranges case (the lab's load balancer
 /// routes it to node1 unchanged).
 const LB_IP: &str = crate::plan::VIP_SUITE;
-
-/// A UDP Service `udp` at cluster IP `n` (with node port `n` when `node_port`) over the
-/// servers `eps`.
-fn udp_service(n: u8, node_port_too: bool, eps: &[String]) -> String {
-    let (kind, np) = match node_port_too {
-        true => ("NodePort", format!(", nodePort: {}", node_port(n))),
-        false => ("ClusterIP", String::new()),
-    };
-    let ip = cluster_ip(n);
-    service(
-        "udp",
-        "",
-        &format!(
-            "  type: {kind}\n  clusterIP: {ip}\n  clusterIPs: [{ip}]\n  ports: [{{ name: udp, protocol: UDP, port: 80, targetPort: 8081{np} }}]\n"
-        ),
-    ) + &slice("udp", "", UDP_PORT, eps)
-}
-
-/// The UDP cycling cases: `from` asks `to` over one socket; server-1 on the far node
-/// answers; server-2 comes (ready), server-1 goes (deleted: out of the slice, then its
-/// pod removed); the answers must end at server-2 (upstream waits for server-2 in the
-/// client's log; a connection left pinned to server-1 would go silent instead).
-fn udp_cycle(s: &mut Scene, n: u8, node_port_too: bool, from: &str, to: String) -> Result<()> {
-    let far = s.far();
-    let plan = s.plan().clone();
-    let one = s.server("server-1", far)?;
-    s.apply(&udp_service(
-        n,
-        node_port_too,
-        &[endpoint(&plan, &one, Cond::Ready, "")],
-    ))?;
-    let first = s.ask_udp(from, &to)?;
-    ensure!(
-        first == one.id(),
-        "{to} from {from}: answered {first:?}, not {}",
-        one.id()
-    );
-    let (answers, gap) = s.udp_stream_while(from, &to, 8, |s| {
-        let two = s.server("server-2", far)?;
-        let both = [
-            endpoint(&plan, &one, Cond::Ready, ""),
-            endpoint(&plan, &two, Cond::Ready, ""),
-        ];
-        s.apply(&udp_service(n, node_port_too, &both))?;
-        std::thread::sleep(Duration::from_secs(1));
-        s.apply(&udp_service(
-            n,
-            node_port_too,
-            &[endpoint(&plan, &two, Cond::Ready, "")],
-        ))?;
-        s.delete("server-1")
-    })?;
-    let want = format!("{NAMESPACE}/server-2");
-    ensure!(
-        answers.first().map(String::as_str) == Some(one.id().as_str())
-            && answers.last() == Some(&want),
-        "answers {answers:?}: wanted {} then {want}",
-        one.id()
-    );
-    s.c.note = Some(format!("answers {answers:?}, longest silence {gap} ms"));
-    Ok(())
-}
-
-fn udp_cycle_node_port(s: &mut Scene) -> Result<()> {
-    let to = format!("{}:{}", s.plan().node_ip(s.far()), node_port(1));
-    udp_cycle(s, 1, true, "client-1", to)
-}
-
-fn udp_cycle_cluster_ip(s: &mut Scene) -> Result<()> {
-    udp_cycle(s, 2, false, "client-1", format!("{}:80", cluster_ip(2)))
-}
-
-fn udp_cycle_host_network(s: &mut Scene) -> Result<()> {
-    udp_cycle(s, 3, false, "node1", format!("{}:80", cluster_ip(3)))
-}
-
-/// UDP Service `udp` at cluster IP `n`, internalTrafficPolicy Local, over `eps`.
-fn udp_local_service(n: u8, eps: &[String]) -> String {
-    let ip = cluster_ip(n);
-    service(
-        "udp",
-        "",
-        &format!(
-            "  clusterIP: {ip}\n  clusterIPs: [{ip}]\n  internalTrafficPolicy: Local\n  ports: [{{ name: udp, protocol: UDP, port: 80, targetPort: 8081 }}]\n"
-        ),
-    ) + &slice("udp", "", UDP_PORT, eps)
-}
-
-/// Upstream (a regression test of kubernetes#126934): while no local endpoint is left,
-/// the client's datagrams must not leave a connection behind that outlives the new
-/// local endpoint.
-fn udp_cycle_local(s: &mut Scene) -> Result<()> {
-    let plan = s.plan().clone();
-    let one = s.server("server-1", 1)?;
-    let two = s.server("server-2", s.far())?;
-    let ep = |p: &Pod| endpoint(&plan, p, Cond::Ready, "");
-    s.apply(&udp_local_service(22, &[ep(&one), ep(&two)]))?;
-    let to = format!("{}:80", cluster_ip(22));
-    let (answers, _) = s.udp_stream_while("client-1", &to, 14, |s| {
-        std::thread::sleep(Duration::from_secs(1));
-        s.apply(&udp_local_service(22, &[ep(&two)]))?;
-        s.delete("server-1")?;
-        std::thread::sleep(Duration::from_secs(5));
-        let three = s.server("server-3", 1)?;
-        s.apply(&udp_local_service(22, &[ep(&three), ep(&two)]))
-    })?;
-    let want = [one.id(), format!("{NAMESPACE}/server-3")];
-    ensure!(answers == want, "answers {answers:?}: wanted {want:?}");
-    Ok(())
-}
-
-/// Upstream: the client sends before its server's readiness passes (the Service has no
-/// ready endpoint: a kernel proxy may keep a conntrack entry of the rejection), then the
-/// server gets ready; its answers must arrive.
-fn udp_unready_gets_ready(s: &mut Scene) -> Result<()> {
-    let plan = s.plan().clone();
-    let one = s.server("server-1", s.far())?;
-    s.apply(&udp_service(
-        4,
-        false,
-        &[endpoint(&plan, &one, Cond::Unready, "")],
-    ))?;
-    let to = format!("{}:80", cluster_ip(4));
-    let (answers, _) = s.udp_stream_while("client-1", &to, 5, |s| {
-        std::thread::sleep(Duration::from_secs(1));
-        s.apply(&udp_service(
-            4,
-            false,
-            &[endpoint(&plan, &one, Cond::Ready, "")],
-        ))
-    })?;
-    ensure!(
-        answers == [one.id()],
-        "answers {answers:?}: wanted {} once ready",
-        one.id()
-    );
-    Ok(())
-}
-
-/// Upstream: the boom server (`ferry lab boom-server`, see [`crate::boom`]) on the
-/// server node, a client opening a connection to it through the cluster IP every
-/// couple of seconds; a reset from the client fails the case, and so does no
-/// connection established.
-fn invalid_dropped(s: &mut Scene) -> Result<()> {
-    let plan = s.plan().clone();
-    let one = s.server("boom-server", s.far())?;
-    let ip = cluster_ip(25);
-    s.apply(&(service(
-        "boom-server",
-        "",
-        &format!(
-            "  clusterIP: {ip}\n  clusterIPs: [{ip}]\n  ports: [{{ name: boom, protocol: TCP, port: 9000, targetPort: 9000 }}]\n"
-        ),
-    ) + &slice(
-        "boom-server",
-        "",
-        "[{ name: boom, protocol: TCP, port: 9000 }]",
-        &[endpoint(&plan, &one, Cond::Ready, "")],
-    )))?;
-    let ferry = s.c.state.ferry.display().to_string();
-    let server = Cmd::new(&ferry)
-        .args(["lab", "boom-server", "--port", "9000", "--secs", "8"])
-        .netns(s.ns("boom-server")?)
-        .command()
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    std::thread::sleep(Duration::from_millis(500));
-    let client = format!(
-        "for i in 1 2 3 4 5; do nc -w 3 {ip} 9000 </dev/null >/dev/null 2>&1 & sleep 1; done; wait"
-    );
-    let clients = sys::exec_in(&s.ns("client-1")?, 15, &["sh", "-c", &client]);
-    let out = server.wait_with_output()?;
-    clients?;
-    let log = String::from_utf8_lossy(&out.stderr);
-    ensure!(out.status.success(), "boom-server: {log}");
-    let report: crate::boom::Report = serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("boom-server's report: {log}"))?;
-    ensure!(
-        report.established > 0 && report.injected > 0,
-        "boom-server sent no bad segment: {report:?} {log}"
-    );
-    ensure!(
-        report.resets == 0,
-        "the client reset its connection: {report:?} {log}"
-    );
-    s.c.note = Some(format!(
-        "{} connections, {} out-of-window segments, no reset",
-        report.established, report.injected
-    ));
-    Ok(())
-}
 
 fn rejected_without_endpoints(s: &mut Scene) -> Result<()> {
     let ip = cluster_ip(5);
@@ -1067,201 +845,6 @@ fn internal_local_host_to_pod(s: &mut Scene) -> Result<()> {
     let far = format!("node{}", s.far());
     s.expect("node1", &url, &one.id())?;
     s.expect_fail(&far, &url, &[7, 28])?;
-    Ok(())
-}
-
-/// A Service at cluster IP `n` over `eps` (already hinted).
-fn hinted(s: &mut Scene, n: u8, distribution: &str, eps: &[String]) -> Result<String> {
-    let ip = cluster_ip(n);
-    s.apply(&(service(
-        "hinted",
-        "",
-        &format!(
-            "  clusterIP: {ip}\n  clusterIPs: [{ip}]\n  trafficDistribution: {distribution}\n  ports: [{{ name: http, protocol: TCP, port: 80, targetPort: 8080 }}]\n"
-        ),
-    ) + &slice("hinted", "", HTTP_PORT, eps)))?;
-    Ok(format!("http://{ip}/hostname"))
-}
-
-/// Each zone's client answered only by that zone's endpoints.
-fn prefer_same_zone(s: &mut Scene) -> Result<()> {
-    let plan = s.plan().clone();
-    let far = s.far();
-    if plan.zone_of(far) == plan.zone_of(1) {
-        return Err(super::NotApplicable("node1 and node2 are in one zone").into());
-    }
-    let mut eps = Vec::new();
-    let mut ids = BTreeMap::new();
-    for (name, node) in [("server-1", 1), ("server-2", 1), ("server-3", far)] {
-        let p = s.server(name, node)?;
-        let zone = Plan::zone_name(plan.zone_of(node));
-        eps.push(endpoint(
-            &plan,
-            &p,
-            Cond::Ready,
-            &format!("{{ forZones: [{{ name: {zone} }}] }}"),
-        ));
-        ids.entry(node).or_insert_with(Vec::new).push(p.id());
-    }
-    let url = hinted(s, 18, "PreferSameZone", &eps)?;
-    for (client, node) in [("client-1", 1), ("client-2", far)] {
-        let got = s.answering(client, &url)?;
-        ensure!(
-            got == ids[&node],
-            "{client}: answered by {got:?}, wanted {:?}",
-            ids[&node]
-        );
-    }
-    Ok(())
-}
-
-/// Pod `p` as a ready endpoint hinted as the EndpointSlice controller hints it for
-/// PreferSameNode: for its node, and for its zone (for proxies that read only zones).
-fn node_hinted(plan: &Plan, p: &Pod) -> String {
-    let zone = Plan::zone_name(plan.zone_of(p.node));
-    let hints = format!(
-        "{{ forZones: [{{ name: {zone} }}], forNodes: [{{ name: node{} }}] }}",
-        p.node
-    );
-    endpoint(plan, p, Cond::Ready, &hints)
-}
-
-/// Requires `from` to be answered by exactly `want` (sorted).
-fn answered_by(s: &Scene, from: &str, url: &str, want: &[String]) -> Result<()> {
-    let got = s.answering(from, url)?;
-    ensure!(got == want, "{from}: answered by {got:?}, wanted {want:?}");
-    Ok(())
-}
-
-/// Upstream's first zone: a client and a server on each of two nodes (node1 and node3,
-/// node1's zone in the default shape), each client answered only by its own node's
-/// server. Its third zone: a zone with a client and no server (node2's), answered by
-/// every server. Its second zone (a client on one node, the zone's server on another)
-/// needs two nodes in a zone besides node1's, four nodes: checked when the lab has them.
-fn prefer_same_node(s: &mut Scene) -> Result<()> {
-    let plan = s.plan().clone();
-    let zone = |n: u8| plan.zone_of(n);
-    let Some(third) = (3..=plan.nodes).find(|&n| zone(n) == zone(1)) else {
-        return Err(super::NotApplicable("no second node in node1's zone").into());
-    };
-    if zone(2) == zone(1) {
-        return Err(super::NotApplicable("node1 and node2 are in one zone").into());
-    }
-    let one = s.server("server-1", 1)?;
-    let three = s.server("server-3", third)?;
-    let client3 = s.server("client-3", third)?;
-    let mut eps = vec![node_hinted(&plan, &one), node_hinted(&plan, &three)];
-    let mut everyone = vec![one.id(), three.id()];
-    let second_zone = (2..=plan.nodes)
-        .filter(|&n| zone(n) != zone(1))
-        .collect::<Vec<_>>();
-    let mut far_zone = None;
-    if let [a, b, ..] = second_zone[..] {
-        let p = s.server("server-4", b)?;
-        eps.push(node_hinted(&plan, &p));
-        everyone.push(p.id());
-        let c = s.server("client-4", a)?;
-        far_zone = Some((c.name.clone(), p.id()));
-    }
-    everyone.sort();
-    let url = hinted(s, 19, "PreferSameNode", &eps)?;
-    answered_by(s, "client-1", &url, &[one.id()])?;
-    answered_by(s, &client3.name, &url, &[three.id()])?;
-    match &far_zone {
-        Some((client, server)) => answered_by(s, client, &url, std::slice::from_ref(server))?,
-        None => answered_by(s, "client-2", &url, &everyone)?,
-    }
-    if far_zone.is_none() {
-        s.c.note =
-            Some("no zone of two nodes besides node1's: upstream's second zone not checked".into());
-    }
-    Ok(())
-}
-
-/// Servers on node1 and node2 hinted for their nodes, a client on each: each answered
-/// by its own node's; server-1 deleted: both by server-2; a new server on node1: each
-/// by its own again.
-fn prefer_same_node_fallback(s: &mut Scene) -> Result<()> {
-    let plan = s.plan().clone();
-    let one = s.server("server-1", 1)?;
-    let two = s.server("server-2", s.far())?;
-    let url = hinted(
-        s,
-        21,
-        "PreferSameNode",
-        &[node_hinted(&plan, &one), node_hinted(&plan, &two)],
-    )?;
-    answered_by(s, "client-1", &url, &[one.id()])?;
-    answered_by(s, "client-2", &url, &[two.id()])?;
-    hinted(s, 21, "PreferSameNode", &[node_hinted(&plan, &two)])?;
-    s.delete("server-1")?;
-    answered_by(s, "client-1", &url, &[two.id()])?;
-    answered_by(s, "client-2", &url, &[two.id()])?;
-    let new = s.server("server-1-new", 1)?;
-    hinted(
-        s,
-        21,
-        "PreferSameNode",
-        &[node_hinted(&plan, &new), node_hinted(&plan, &two)],
-    )?;
-    answered_by(s, "client-1", &url, &[new.id()])?;
-    answered_by(s, "client-2", &url, &[two.id()])?;
-    Ok(())
-}
-
-/// Upstream: an accepting and a dropping pod; ranges of the accepting pod's address,
-/// then of the dropping pod's, then none.
-fn lb_source_ranges(s: &mut Scene) -> Result<()> {
-    let plan = s.plan().clone();
-    let one = s.server("server-1", s.far())?;
-    let accept = s.pod_ip("client-1")?;
-    let ip = cluster_ip(20);
-    let np = node_port(20);
-    let objects = |ranges: &str| {
-        service(
-            "ranged",
-            "",
-            &format!(
-                "  type: LoadBalancer\n  clusterIP: {ip}\n  clusterIPs: [{ip}]\n{ranges}  ports: [{{ name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: {np} }}]\nstatus:\n  loadBalancer:\n    ingress: [{{ ip: {LB_IP}, ipMode: VIP }}]\n"
-            ),
-        ) + &slice(
-            "ranged",
-            "",
-            HTTP_PORT,
-            &[endpoint(&plan, &one, Cond::Ready, "")],
-        )
-    };
-    let url = format!("http://{LB_IP}/hostname");
-    let node1 = plan.node_ip(1);
-    let ranges = |r: &[&str]| {
-        let quoted: Vec<String> = r.iter().map(|r| format!("\"{r}\"")).collect();
-        format!("  loadBalancerSourceRanges: [{}]\n", quoted.join(", "))
-    };
-    // The sources: the accepting pod, the dropping pod, a client outside the cluster
-    // (through the load balancer, which routes the IP to node1 unchanged), and node1's
-    // own stack (not upstream's: kubelet, host-network pods).
-    let all = ["client-1", "client-2", "client", "node1"];
-    let steps: [(String, &[&str]); 5] = [
-        (String::new(), &all),
-        (
-            ranges(&[&format!("{accept}/32"), &format!("{node1}/32")]),
-            &["client-1", "node1"],
-        ),
-        (ranges(&["0.0.0.0/1", "128.0.0.0/1"]), &all),
-        (ranges(&["255.0.0.0/32"]), &[]),
-        (String::new(), &all),
-    ];
-    for (r, allowed) in &steps {
-        s.apply(&objects(r))?;
-        for from in all {
-            match allowed.contains(&from) {
-                true => s.expect(from, &url, &one.id())?,
-                false => {
-                    s.expect_fail(from, &url, &[28])?;
-                }
-            }
-        }
-    }
     Ok(())
 }
 

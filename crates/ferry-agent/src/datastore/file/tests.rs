@@ -381,8 +381,16 @@ fn poll_reads_a_change_once_it_has_settled_and_reports_it_once() {
     fs::write(dir.path().join("web.yaml"), WEB).unwrap();
     // First look: the directory just changed; it may still be being written.
     assert!(ds.poll().is_none());
+    let written = crate::datastore::unix_ms();
     match ds.poll() {
-        Some(Update::Applied { cluster, .. }) => {
+        Some(Update::Applied {
+            cluster,
+            read_unix_ms,
+            ..
+        }) => {
+            // Stamped with the scan that read it, which began after the write ended.
+            assert!(read_unix_ms >= written, "{read_unix_ms} < {written}");
+            assert!(read_unix_ms <= crate::datastore::unix_ms());
             assert_eq!(cluster.len(), 2);
             let (node, was) = (cluster.nodes.values().next(), first.nodes.values().next());
             assert!(
